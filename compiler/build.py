@@ -1,0 +1,38 @@
+"""From a traced kernel body to a compiled, cached library: the compiler's entry points."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from . import cache, from_jaxpr, ir, printer, verify
+from . import jax_internals as ji
+from .passes.coverage import check_output_coverage
+from .passes.dce import eliminate_dead_code
+from .target import Target
+
+COMPILER_VERSION = "jaxtile-compiler-1"
+
+
+def to_tile_ir(name: str, jaxpr: ji.ClosedJaxpr, buffers: Sequence[ir.Buffer],
+               grid: tuple[int, ...], threads: int) -> ir.Kernel:
+    """Convert, verify and clean up a traced body; the result is ready for lowering."""
+    kernel = from_jaxpr.convert(name, jaxpr, buffers, grid, threads)
+    return eliminate_dead_code(check_output_coverage(verify.verify(kernel)))
+
+
+def kernel_key(kernel: ir.Kernel, target: Target) -> str:
+    """The content key of a kernel on a target: IR text, target, compiler version."""
+    return cache.content_key(printer.format_kernel(kernel, with_lines=False),
+                             target.describe(), COMPILER_VERSION)
+
+
+def build(kernel: ir.Kernel, target: Target) -> cache.Entry:
+    """Compile ``kernel`` for ``target``, or fetch it from the cache."""
+    key = kernel_key(kernel, target)
+    entry = cache.lookup(key)
+    if entry is not None:
+        return entry
+    from .cpu import lower  # imports TVM: only on a cache miss
+
+    library, symbol = lower.compile_to_library(kernel)
+    return cache.store(key, library, symbol, kernel.num_blocks)

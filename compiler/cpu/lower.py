@@ -1,0 +1,379 @@
+"""Tile IR -> TVM TIR -> a CPU shared library.
+
+The kernel becomes one function over a range of grid blocks (``block_begin``..``block_end``;
+the FFI handler spreads the range over threads). Shared, fragment and local buffers and
+materialised tile values become arrays allocated once per call; scalars become TIR
+variables; fused values (see :mod:`..passes.fusion`) are expanded inside their consumers'
+loop nests. Tile ops become loop nests: innermost loops over whole tiles are vectorised,
+copies take an unmasked fast path when the tile lies inside both buffers and a masked path
+(pad on read, drop on write) at the edges.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import re
+import tempfile
+from collections.abc import Iterator, Sequence
+
+from tvm import tirx
+from tvm.ir import Expr
+
+from .. import ir
+from ..passes.fusion import fuse_elementwise
+from . import elementwise as ew
+from . import tir_emit as te
+
+_VECTOR_LANES = 8
+
+
+def _is_true(cond: Expr | bool) -> bool:
+    if isinstance(cond, bool):
+        return cond
+    return isinstance(cond, tirx.IntImm) and bool(cond.value)
+
+
+def _and(conds: Sequence[Expr | bool]) -> Expr | bool:
+    out: Expr | bool = True
+    for c in conds:
+        if _is_true(c):
+            continue
+        out = c if out is True else tirx.And(out, c)
+    return out
+
+
+def symbol_name(kernel: ir.Kernel) -> str:
+    """The C-safe function name the kernel is compiled under."""
+    return "jt_" + re.sub(r"\W", "_", kernel.name)
+
+
+class _Lowering:
+    def __init__(self, kernel: ir.Kernel):
+        self.kernel = kernel
+        params = kernel.params
+        # XLA:CPU aligns buffers to 64 bytes; the FFI handler checks it before every call.
+        self.kb = te.KernelBuilder(symbol_name(kernel), data_alignment=64, buffers=[
+            (b.name, b.shape, ew.tvm_dtype(b.dtype)) for b in params])
+        self.bufs: dict[str, tirx.Buffer] = dict(zip((b.name for b in params),
+                                                     self.kb.buffers))
+        self.scopes = {b.name: b.scope for b in kernel.buffers}
+        for b in kernel.buffers:
+            if b.role == "scratch":
+                self.bufs[b.name] = self.kb.alloc_local(b.name, b.shape,
+                                                        ew.tvm_dtype(b.dtype))
+        self.scalars: dict[int, Expr] = {}
+        self.arrays: dict[int, tirx.Buffer] = {}
+        self.inline: dict[int, ir.Op] = {}
+        self._names = 0
+
+    def name(self, prefix: str) -> str:
+        self._names += 1
+        return f"{prefix}{self._names}"
+
+    # --- expressions ------------------------------------------------------
+    def at(self, v: ir.Value, idx: Sequence[Expr]) -> Expr:
+        """The element of value ``v`` at tile index ``idx``."""
+        if v.shape == ():
+            return self.scalars[v.id]
+        if v.id in self.arrays:
+            return self.arrays[v.id][tuple(idx)]
+        return self.expr(self.inline[v.id], idx)
+
+    def start(self, index: ir.Index, dim: int, clamp: bool) -> Expr:
+        """An index start as an int32 expression; with ``clamp``, JAX's ``get``/``swap``
+        rule: negative starts count from the end, then the slice is clamped into range."""
+        s = index.start
+        if not isinstance(s, ir.Value):
+            return tirx.const(s, "int32")
+        e = self.scalars[s.id]
+        if clamp:
+            size = 1 if index.size is None else index.size
+            e = tirx.Select(e < 0, e + dim, e)
+            e = tirx.max(tirx.min(e, tirx.const(dim - size, "int32")), tirx.const(0, "int32"))
+        return e
+
+    def element(self, name: str, index: tuple[ir.Index, ...], idx: Sequence[Expr],
+                clamp: bool) -> list[Expr]:
+        """Buffer coordinates of tile element ``idx`` within ``index``."""
+        buf = self.bufs[name]
+        coords, it = [], iter(idx)
+        for i, dim in zip(index, buf.shape):
+            s = self.start(i, int(dim), clamp)
+            coords.append(s if i.size is None else s + next(it))
+        return coords
+
+    def expr(self, op: ir.Op, idx: Sequence[Expr]) -> Expr:
+        """The value of ``op``'s result at tile index ``idx``."""
+        res = op.result
+        out = ew.tvm_dtype(res.dtype)
+        kind = op.kind
+        if kind == "const":
+            return tirx.const(op.attrs["value"], out)
+        if kind == "iota":
+            return tirx.Cast(out, idx[op.attrs["dimension"]])
+        if kind == "elementwise":
+            args = [self.at(v, _operand_index(v, idx)) for v in op.operands]
+            in_dtype = ew.tvm_dtype(op.operands[0].dtype)
+            return ew.elementwise(op.attrs["fn"], args, in_dtype, out)
+        if kind == "convert":
+            src = op.operands[0]
+            return ew.convert(self.at(src, idx), ew.tvm_dtype(src.dtype), out)
+        if kind == "select":
+            pred, on_false, on_true = (self.at(v, _operand_index(v, idx)) for v in op.operands)
+            return tirx.Select(pred, on_true, on_false)
+        if kind == "broadcast":
+            src = op.operands[0]
+            sub = [idx[d] if n == res.shape[d] else tirx.const(0, "int32")
+                   for d, n in zip(op.attrs["dims"], src.shape)]
+            return self.at(src, sub)
+        if kind == "transpose":
+            sub = [None] * len(idx)
+            for i, p in enumerate(op.attrs["perm"]):
+                sub[p] = idx[i]
+            return self.at(op.operands[0], sub)
+        if kind == "reshape":
+            return self.at(op.operands[0], _reindex(idx, res.shape, op.operands[0].shape))
+        if kind == "load":
+            coords = self.element(op.attrs["buffer"], op.attrs["index"], idx, clamp=True)
+            return self.bufs[op.attrs["buffer"]][tuple(coords)]
+        raise NotImplementedError(kind)
+
+    # --- statements -------------------------------------------------------
+    @contextlib.contextmanager
+    def nest(self, shape: Sequence[int], vectorize: bool = True) -> Iterator[list[Expr]]:
+        """Loops over a tile; the innermost is vectorised when it divides evenly."""
+        idx: list[Expr] = []
+        with contextlib.ExitStack() as stack:
+            for d, n in enumerate(shape):
+                if vectorize and d == len(shape) - 1 and n % _VECTOR_LANES == 0:
+                    outer = stack.enter_context(self.kb.loop(self.name("i"), n // _VECTOR_LANES))
+                    lane = stack.enter_context(
+                        self.kb.loop(self.name("v"), _VECTOR_LANES, kind="vectorized"))
+                    idx.append(outer * _VECTOR_LANES + lane)
+                else:
+                    idx.append(stack.enter_context(self.kb.loop(self.name("i"), n)))
+            yield idx
+
+    def body(self, stmts: list[ir.Stmt]) -> None:
+        for stmt in stmts:
+            if isinstance(stmt, ir.Op):
+                self.op(stmt)
+            elif isinstance(stmt, ir.For):
+                start = self.scalar(stmt.start)
+                kind = "unrolled" if stmt.kind == "unrolled" else "serial"
+                with self.kb.loop(self.name("k"), stmt.extent, start=start, kind=kind) as var:
+                    self.scalars[stmt.var.id] = var
+                    self.body(stmt.body)
+            else:
+                with self.kb.if_(self.scalars[stmt.cond.id]):
+                    self.body(stmt.then)
+                if stmt.otherwise:
+                    with self.kb.else_():
+                        self.body(stmt.otherwise)
+
+    def scalar(self, s: int | ir.Value) -> Expr:
+        return tirx.const(s, "int32") if isinstance(s, int) else self.scalars[s.id]
+
+    def op(self, op: ir.Op) -> None:
+        if op.attrs.get("inline"):
+            self.inline[op.result.id] = op
+        elif op.kind == "store":
+            self.store(op)
+        elif op.kind == "copy":
+            self.copy(op)
+        elif op.kind == "gemm":
+            self.gemm(op)
+        elif op.kind == "reduce":
+            self.reduce(op)
+        elif op.result.shape == ():
+            value = self.expr(op, ())
+            self.scalars[op.result.id] = (value if op.kind == "const"
+                                          else self.kb.let(self.name("s"), value))
+        else:
+            res = op.result
+            arr = self.kb.alloc_local(self.name("t"), res.shape, ew.tvm_dtype(res.dtype))
+            with self.nest(res.shape) as idx:
+                self.kb.store(arr, idx, self.expr(op, idx))
+            self.arrays[res.id] = arr
+
+    def store(self, op: ir.Op) -> None:
+        value = op.operands[0]
+        name = op.attrs["buffer"]
+        buf = self.bufs[name]
+        with self.nest(value.shape) as idx:
+            coords = self.element(name, op.attrs["index"], idx, clamp=True)
+            self.kb.store(buf, coords, ew.convert(self.at(value, idx),
+                                                  ew.tvm_dtype(value.dtype), str(buf.dtype)))
+
+    def copy(self, op: ir.Op) -> None:
+        a = op.attrs
+        src, dst = self.bufs[a["src"]], self.bufs[a["dst"]]
+        tile = ir.tile_shape(a["src_index"])
+        s_starts = [self.start(i, 0, clamp=False) for i in a["src_index"]]
+        d_starts = [self.start(i, 0, clamp=False) for i in a["dst_index"]]
+
+        def fits(buf, name, index, starts):
+            if self.scopes[name] != "global":
+                return True
+            return _and([tirx.And(s >= 0, s + (1 if i.size is None else i.size) <= int(n))
+                         for s, i, n in zip(starts, index, buf.shape)])
+
+        def element(buf, index, starts, idx):
+            it = iter(idx)
+            return [s if i.size is None else s + next(it) for s, i in zip(starts, index)]
+
+        def emit(masked: bool) -> None:
+            if masked:
+                self.masked_copy(op, src, dst, tile, s_starts, d_starts)
+                return
+            with self.nest(tile) as idx:
+                v = src[tuple(element(src, a["src_index"], s_starts, idx))]
+                self.kb.store(dst, element(dst, a["dst_index"], d_starts, idx),
+                              ew.convert(v, str(src.dtype), str(dst.dtype)))
+
+        inside = _and([fits(src, a["src"], a["src_index"], s_starts),
+                       fits(dst, a["dst"], a["dst_index"], d_starts)])
+        if _is_true(inside):
+            emit(False)
+            return
+        with self.kb.if_(inside):
+            emit(False)
+        with self.kb.else_():
+            emit(True)
+
+    def masked_copy(self, op, src, dst, tile, s_starts, d_starts) -> None:
+        """The edge path of a copy: read past the source end gives pad, write past the
+        destination end is skipped (by the loop bounds, so nothing is tested per element)."""
+        a = op.attrs
+        d_global = self.scopes[a["dst"]] == "global"
+        s_global = self.scopes[a["src"]] == "global"
+        lows, highs, point_ok = [], [], []
+        for s, i, n in zip(d_starts, a["dst_index"], dst.shape):
+            if i.size is None:
+                if d_global:
+                    point_ok.append(tirx.And(s >= 0, s < int(n)))
+                continue
+            if d_global:
+                lows.append(tirx.max(-s, tirx.const(0, "int32")))
+                highs.append(tirx.min(tirx.const(i.size, "int32"), int(n) - s))
+            else:
+                lows.append(tirx.const(0, "int32"))
+                highs.append(tirx.const(i.size, "int32"))
+        pad = a["pad"] if a["pad"] is not None else 0
+        with contextlib.ExitStack() as stack:
+            ok = _and(point_ok)
+            if not _is_true(ok):
+                stack.enter_context(self.kb.if_(ok))
+            idx = [stack.enter_context(self.kb.loop(self.name("i"), hi - lo, start=lo))
+                   for lo, hi in zip(lows, highs)]
+            coords, conds, it = [], [], iter(idx)
+            for s, i, n in zip(s_starts, a["src_index"], src.shape):
+                c = s if i.size is None else s + next(it)
+                if s_global:
+                    conds.append(tirx.And(c >= 0, c < int(n)))
+                    c = tirx.max(tirx.min(c, int(n) - 1), tirx.const(0, "int32"))
+                coords.append(c)
+            value = src[tuple(coords)]
+            in_bounds = _and(conds)
+            if not _is_true(in_bounds):
+                value = tirx.Select(in_bounds, value, tirx.const(pad, str(src.dtype)))
+            it = iter(idx)
+            d_coords = [s if i.size is None else s + next(it)
+                        for s, i in zip(d_starts, a["dst_index"])]
+            self.kb.store(dst, d_coords, ew.convert(value, str(src.dtype), str(dst.dtype)))
+
+    def gemm(self, op: ir.Op) -> None:
+        a = op.attrs
+        A, B, C = self.bufs[a["a"]], self.bufs[a["b"]], self.bufs[a["c"]]
+        m, n = (int(d) for d in C.shape)
+        k = int(A.shape[0] if a["transpose_a"] else A.shape[1])
+        acc = str(C.dtype)
+        with self.kb.loop(self.name("m"), m) as i, self.kb.loop(self.name("k"), k) as kk:
+            a_ik = A[kk, i] if a["transpose_a"] else A[i, kk]
+            a_val = self.kb.let(self.name("a"), ew.convert(a_ik, str(A.dtype), acc))
+            with self.nest((n,)) as (j,):
+                b_kj = B[j, kk] if a["transpose_b"] else B[kk, j]
+                self.kb.store(C, [i, j], C[i, j] + a_val * ew.convert(b_kj, str(B.dtype), acc))
+
+    def reduce(self, op: ir.Op) -> None:
+        src, res = op.operands[0], op.result
+        fn, axes = op.attrs["fn"], set(op.attrs["axes"])
+        dtype = ew.tvm_dtype(res.dtype)
+        keep = [d for d in range(len(src.shape)) if d not in axes]
+        red = sorted(axes)
+        acc = self.kb.alloc_local(self.name("acc"), (1,), dtype)
+        arr = (self.kb.alloc_local(self.name("t"), res.shape, dtype) if res.shape else None)
+        with self.nest(res.shape, vectorize=False) as out_idx:
+            self.kb.store(acc, [0], ew.reduce_init(fn, dtype))
+            with self.nest([src.shape[d] for d in red], vectorize=False) as red_idx:
+                full: list[Expr] = [None] * len(src.shape)
+                for d, e in zip(keep, out_idx):
+                    full[d] = e
+                for d, e in zip(red, red_idx):
+                    full[d] = e
+                x = ew.convert(self.at(src, full), ew.tvm_dtype(src.dtype), dtype)
+                self.kb.store(acc, [0], ew.reduce_combine(fn, acc[0], x, dtype))
+            if arr is not None:
+                self.kb.store(arr, out_idx, acc[0])
+        if arr is None:
+            self.scalars[res.id] = self.kb.let(self.name("s"), acc[0])
+        else:
+            self.arrays[res.id] = arr
+
+    def run(self) -> tirx.PrimFunc:
+        with self.kb.block_loop() as blk:
+            stride = 1
+            for v, extent in zip(self.kernel.block_indices, self.kernel.grid):
+                coord = tirx.floormod(tirx.floordiv(blk, stride), extent) if extent > 1 else 0
+                self.scalars[v.id] = self.kb.let(self.name("b"), tirx.Cast("int32", coord))
+                stride *= extent
+            self.body(self.kernel.body)
+        return self.kb.finish()
+
+
+def _operand_index(v: ir.Value, idx: Sequence[Expr]) -> list[Expr]:
+    """An elementwise operand's index: scalars have none, and dimensions of size 1 are
+    broadcast (JAX allows ``(4, 1) - (4, 8)`` in jaxprs)."""
+    if v.shape == ():
+        return []
+    return [tirx.const(0, "int32") if n == 1 else e for n, e in zip(v.shape, idx)]
+
+
+def _reindex(idx: Sequence[Expr], shape: Sequence[int], target: Sequence[int]) -> list[Expr]:
+    """Map an index of ``shape`` to the same element (row-major) of ``target``."""
+    if [d for d in shape if d != 1] == [d for d in target if d != 1]:
+        kept = iter(e for e, d in zip(idx, shape) if d != 1)
+        return [next(kept) if d != 1 else tirx.const(0, "int32") for d in target]
+    flat: Expr = tirx.const(0, "int32")
+    for e, d in zip(idx, shape):
+        flat = flat * d + e
+    out = []
+    for d in reversed(target):
+        out.append(tirx.floormod(flat, d))
+        flat = tirx.floordiv(flat, d)
+    return out[::-1]
+
+
+def to_tir(kernel: ir.Kernel) -> tirx.PrimFunc:
+    """The TIR function of a verified kernel (see the module docstring)."""
+    # Fusion annotates ops; work on a copy so the caller's kernel (and its key) stay as is.
+    return _Lowering(fuse_elementwise(copy.deepcopy(kernel))).run()
+
+
+def tir_source(kernel: ir.Kernel) -> str:
+    """The generated TIR as TVMScript text, for inspection."""
+    return to_tir(kernel).script()
+
+
+def compile_to_library(kernel: ir.Kernel) -> tuple[bytes, str]:
+    """Compile a kernel for the host CPU; returns the shared library's bytes and the
+    exported symbol of its entry point."""
+    module = te.build(to_tir(kernel), te.host_cpu())
+    with tempfile.TemporaryDirectory(prefix="jaxtile-build-") as tmp:
+        path = os.path.join(tmp, "kernel.so")
+        te.export(module, path)
+        with open(path, "rb") as f:
+            data = f.read()
+    return data, te.ffi_symbol(symbol_name(kernel))

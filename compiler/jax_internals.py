@@ -1,0 +1,120 @@
+"""Every use of JAX's private API in jaxtile, in one place.
+
+jaxtile traces kernel bodies into stateful jaxprs (refs, ``get``/``swap``, ``scan``/``cond``
+over refs) and reads them back. The public API covers making refs; reading an indexer out of
+``get``/``swap`` params, declaring ref effects on our own primitives, discharging state for the
+reference semantics and locating the user's source line need ``jax._src``. Tested with
+jax 0.10.x (pinned ``>=0.10.2,<0.11`` in pyproject); ``tests/compiler/test_jax_internals.py``
+checks each assumption so that a JAX upgrade fails there first.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from jax import tree_util
+from jax._src import core as _core
+from jax._src import source_info_util as _source_info
+from jax._src.state import discharge as _discharge
+from jax._src.state import indexing as _indexing
+from jax._src.state import types as _state_types
+
+AbstractRef = _state_types.AbstractRef
+TransformedRef = _state_types.TransformedRef
+NDIndexer = _indexing.NDIndexer
+Slice = _indexing.Slice
+ReadEffect = _state_types.ReadEffect
+WriteEffect = _state_types.WriteEffect
+ShapedArray = _core.ShapedArray
+Literal = _core.Literal
+Var = _core.Var
+ClosedJaxpr = _core.ClosedJaxpr
+Jaxpr = _core.Jaxpr
+JaxprEqn = _core.JaxprEqn
+Primitive = _core.Primitive
+
+discharge_state = _discharge.discharge_state
+register_discharge_rule = _discharge.register_discharge_rule
+
+
+def ref_aval(shape: tuple[int, ...], dtype: Any) -> AbstractRef:
+    """The abstract value of a mutable ref of ``shape`` and ``dtype``, for tracing."""
+    return AbstractRef(ShapedArray(tuple(shape), dtype))
+
+
+def is_ref(x: Any) -> bool:
+    """Whether ``x`` is a traced ref (plain or transformed)."""
+    if isinstance(x, TransformedRef):
+        return True
+    return isinstance(getattr(x, "aval", None), AbstractRef)
+
+
+def ref_indexers(eqn: JaxprEqn) -> tuple[Any, list[Any]]:
+    """The ref operand of a ``get``/``swap``/``addupdate`` eqn and its indexer transforms.
+
+    The transforms are unflattened from ``eqn.params["tree"]``; their leaves are jaxpr atoms
+    (``Var`` or ``Literal``). Returns ``(ref_var, [NDIndexer, ...])``.
+    """
+    ref = eqn.invars[0]
+    n_value = 1 if eqn.primitive.name in ("swap", "addupdate") else 0
+    leaves = eqn.invars[1 + n_value:]
+    transforms = tree_util.tree_unflatten(eqn.params["tree"], leaves)
+    return ref, list(transforms)
+
+
+def value_operand(eqn: JaxprEqn) -> Any:
+    """The stored value operand of a ``swap``/``addupdate`` eqn."""
+    return eqn.invars[1]
+
+
+def flatten_ref(x: Any) -> tuple[Any, tuple[Any, ...]]:
+    """Split a ref or transformed ref into ``(base_ref, transforms)``."""
+    if isinstance(x, TransformedRef):
+        return x.ref, tuple(x.transforms)
+    return x, ()
+
+
+def user_source_line(source_info: Any) -> str | None:
+    """``"file:line"`` of the innermost user frame of an eqn's source info, or None."""
+    frame = _source_info.user_frame(source_info.traceback)
+    if frame is None:
+        return None
+    return f"{frame.file_name}:{frame.start_line}"
+
+
+def exclude_from_source_lines(path: str) -> None:
+    """Treat frames in ``path`` (a file, or a folder and all below it) like JAX's own when
+    locating the user's source line."""
+    _source_info.register_exclusion(path + os.sep if os.path.isdir(path) else path)
+
+
+def effectful_abstract_eval(prim: Primitive, rule: Any) -> None:
+    """Define an abstract eval that returns ``(avals, effects)`` for ``prim``."""
+    prim.def_effectful_abstract_eval(rule)
+
+
+def literal_value(atom: Any) -> Any:
+    """The Python value of a jaxpr Literal, or None for a Var."""
+    return atom.val if isinstance(atom, Literal) else None
+
+
+def eval_jaxpr(closed: ClosedJaxpr, *args: Any) -> list[Any]:
+    """Evaluate a closed jaxpr on ``args`` (tracers or arrays) with JAX's own interpreter."""
+    return _core.eval_jaxpr(closed.jaxpr, closed.consts, *args)
+
+
+def concrete_int(x: Any) -> int | None:
+    """The value of an integer that is known at trace time (a Python int, or a tracer of a
+    constant such as the ``12`` in ``ref.at[12]``), else None."""
+    if isinstance(x, int):
+        return x
+    # A tracer of a Python constant keeps it as a Literal in ``.val`` (jax 0.10).
+    lit = getattr(x, "val", None)
+    if isinstance(lit, Literal):
+        return int(lit.val)
+    try:
+        value = _core.to_concrete_value(x)
+    except Exception:  # noqa: BLE001 - anything not concretisable is simply not static
+        return None
+    return None if value is None else int(value)

@@ -1,0 +1,1 @@
+"""Tile IR passes: functions from a kernel to a kernel."""

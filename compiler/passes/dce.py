@@ -1,0 +1,49 @@
+"""Dead-code elimination on Tile IR."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .. import ir
+
+
+def _used_values(body: list[ir.Stmt]) -> set[int]:
+    return {v.id for stmt in ir.walk(body) for v in ir.uses(stmt)}
+
+
+def _prune(body: list[ir.Stmt], live: set[int]) -> tuple[list[ir.Stmt], bool]:
+    out, changed = [], False
+    for stmt in body:
+        if isinstance(stmt, ir.Op):
+            if stmt.kind not in ir.SIDE_EFFECTS and stmt.result.id not in live:
+                changed = True
+                continue
+            out.append(stmt)
+        elif isinstance(stmt, ir.For):
+            new_body, c = _prune(stmt.body, live)
+            changed |= c
+            if new_body:
+                out.append(dataclasses.replace(stmt, body=new_body))
+            else:
+                changed = True
+        else:
+            then, c1 = _prune(stmt.then, live)
+            other, c2 = _prune(stmt.otherwise, live)
+            changed |= c1 or c2
+            if then or other:
+                out.append(dataclasses.replace(stmt, then=then, otherwise=other))
+            else:
+                changed = True
+    return out, changed
+
+
+def eliminate_dead_code(kernel: ir.Kernel) -> ir.Kernel:
+    """Remove pure ops whose results are never used, and loops/conditionals left empty.
+
+    Assumes a verified kernel. Guarantees every remaining pure op's result has a use; ops
+    with side effects (store, copy, gemm) are kept.
+    """
+    body, changed = kernel.body, True
+    while changed:
+        body, changed = _prune(body, _used_values(body))
+    return dataclasses.replace(kernel, body=body)

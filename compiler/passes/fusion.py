@@ -1,0 +1,123 @@
+"""Elementwise fusion: decide which tile values are computed inside their consumers.
+
+A fused ("inline") value is never stored anywhere; each consumer recomputes it per element.
+That is what a fused elementwise map is on any target. A value is fused when
+
+- it is a tile (scalars are always computed once where they are defined),
+- it is produced by a pure, per-element op (const, iota, broadcast, reshape, transpose,
+  convert, select, elementwise, load),
+- every use sits in the same statement list as the definition (not inside a nested loop or
+  conditional, where it would be recomputed per iteration),
+- it has one use, or it is a leaf-like op (const, iota, broadcast, convert, load, reshape,
+  transpose) that is cheap to recompute per use,
+- nothing between the definition and its last use writes a buffer that it (or a fused
+  operand) reads, so the recomputed value is the one the program defined.
+
+The pass marks fused ops with ``attrs["inline"] = True`` and returns the kernel.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from .. import ir
+
+_PURE = frozenset({"const", "iota", "broadcast", "reshape", "transpose", "convert", "select",
+                   "elementwise", "load"})
+_EXPENSIVE = frozenset({"div", "rem", "pow", "exp", "exp2", "log", "log1p", "expm1", "tanh",
+                        "logistic", "sqrt", "rsqrt", "sin", "cos", "erf"})
+
+
+def _writes(stmt: ir.Stmt) -> set[str]:
+    names = set()
+    for s in ir.walk([stmt]):
+        if isinstance(s, ir.Op):
+            if s.kind == "store":
+                names.add(s.attrs["buffer"])
+            elif s.kind == "copy":
+                names.add(s.attrs["dst"])
+            elif s.kind == "gemm":
+                names.add(s.attrs["c"])
+    return names
+
+
+_LEAF_LIKE = frozenset({"const", "iota", "broadcast", "convert", "load", "reshape",
+                        "transpose"})
+
+
+def _expensive(op: ir.Op) -> bool:
+    return op.kind == "elementwise" and op.attrs["fn"] in _EXPENSIVE
+
+
+_ALIGNED = frozenset({"const", "convert", "select", "elementwise"})
+
+
+def _fuse_list(body: list[ir.Stmt], counts: Counter, reads: dict[int, tuple]) -> None:
+    """``reads[v]``: (buffers v's inline tree reads, its loads as (buffer, index) pairs when
+    reached only through per-element ops, else None)."""
+    where: dict[int, list[int]] = {}
+    for pos, stmt in enumerate(body):
+        for sub in ir.walk([stmt]):
+            for v in ir.uses(sub):
+                where.setdefault(v.id, []).append(pos if sub is stmt else -1 - pos)
+    writes = [_writes(stmt) for stmt in body]
+    for pos, stmt in enumerate(body):
+        if isinstance(stmt, ir.For):
+            _fuse_list(stmt.body, counts, reads)
+            continue
+        if isinstance(stmt, ir.If):
+            _fuse_list(stmt.then, counts, reads)
+            _fuse_list(stmt.otherwise, counts, reads)
+            continue
+        res = stmt.result
+        if res is None:
+            continue
+        own: set[str] = set()
+        aligned: set | None = set()
+        if stmt.kind == "load":
+            own = {stmt.attrs["buffer"]}
+            aligned = {(stmt.attrs["buffer"], stmt.attrs["index"])}
+        elif stmt.kind not in _ALIGNED:
+            aligned = None
+        for v in stmt.operands:
+            v_own, v_aligned = reads.get(v.id, (set(), set()))
+            own = own | v_own
+            aligned = None if aligned is None or v_aligned is None else aligned | v_aligned
+        positions = where.get(res.id, [])
+        if (stmt.kind not in _PURE or res.shape == () or not positions
+                or any(p < 0 for p in positions)
+                # Recomputing per use multiplies work: only leaf-like ops may be shared, and
+                # an expensive op must not be repeated by a broadcast consumer.
+                or (counts[res.id] > 1 and stmt.kind not in _LEAF_LIKE)):
+            continue
+        last = max(positions)
+        consumer = body[last]
+        if _expensive(stmt) and isinstance(consumer, ir.Op) and consumer.kind == "broadcast":
+            continue
+        if any(own & writes[p] for p in range(pos + 1, last)):
+            continue
+        if own & writes[last] and not _same_place(body[last], aligned):
+            continue
+        stmt.attrs["inline"] = True
+        reads[res.id] = (own, aligned)
+
+
+def _same_place(consumer: ir.Stmt, aligned: set | None) -> bool:
+    """Whether a store may recompute a value that reads the buffer it writes: only when each
+    element is read at exactly the place it is written."""
+    if aligned is None or not isinstance(consumer, ir.Op) or consumer.kind != "store":
+        return False
+    target = consumer.attrs["buffer"]
+    return all(index == consumer.attrs["index"] for buf, index in aligned if buf == target)
+
+
+def fuse_elementwise(kernel: ir.Kernel) -> ir.Kernel:
+    """Mark the ops whose values are recomputed in their consumers (see module doc).
+
+    Assumes a verified kernel; guarantees that an ``inline`` op is pure, produces a tile,
+    and is only used in its own statement list after its definition with no intervening
+    write to what it reads.
+    """
+    counts = Counter(v.id for stmt in ir.walk(kernel.body) for v in ir.uses(stmt))
+    _fuse_list(kernel.body, counts, {})
+    return kernel

@@ -1,0 +1,140 @@
+#include "handler.h"
+
+#include <dlpack/dlpack.h>
+
+#include <cstdint>
+#include <exception>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "launch.h"
+#include "registry.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace jaxtile {
+namespace {
+
+// Operands + results handled without touching the heap.
+constexpr size_t kInlineBuffers = 30;
+
+bool to_dl_dtype(ffi::DataType t, DLDataType* out) {
+  auto set = [out](uint8_t code, uint8_t bits) {
+    *out = DLDataType{code, bits, 1};
+    return true;
+  };
+  switch (t) {
+    case ffi::DataType::PRED: return set(kDLBool, 8);
+    case ffi::DataType::S8: return set(kDLInt, 8);
+    case ffi::DataType::S16: return set(kDLInt, 16);
+    case ffi::DataType::S32: return set(kDLInt, 32);
+    case ffi::DataType::S64: return set(kDLInt, 64);
+    case ffi::DataType::U8: return set(kDLUInt, 8);
+    case ffi::DataType::U16: return set(kDLUInt, 16);
+    case ffi::DataType::U32: return set(kDLUInt, 32);
+    case ffi::DataType::U64: return set(kDLUInt, 64);
+    case ffi::DataType::F16: return set(kDLFloat, 16);
+    case ffi::DataType::F32: return set(kDLFloat, 32);
+    case ffi::DataType::F64: return set(kDLFloat, 64);
+    case ffi::DataType::BF16: return set(kDLBfloat, 16);
+    case ffi::DataType::C64: return set(kDLComplex, 64);
+    case ffi::DataType::C128: return set(kDLComplex, 128);
+    default: return false;
+  }
+}
+
+std::string describe(const Kernel& k) {
+  return "jaxtile: kernel '" + k.key + "' (" + k.symbol + " in " + k.path + ")";
+}
+
+// Zero-element buffers may come with a null pointer, which generated code rejects even though
+// it never dereferences it.
+alignas(256) char g_empty_buffer[256];
+
+ffi::Error to_tensor(const Kernel& k, const ffi::AnyBuffer& buf, size_t index, DLTensor* t) {
+  if (!to_dl_dtype(buf.element_type(), &t->dtype)) {
+    return ffi::Error::InvalidArgument(describe(k) + ": buffer #" + std::to_string(index) +
+                                       " has an element type jaxtile does not support (XLA "
+                                       "type " + std::to_string(int(buf.element_type())) + ")");
+  }
+  void* data = buf.untyped_data();
+  if (buf.element_count() == 0) data = g_empty_buffer;
+  auto dims = buf.dimensions();
+  t->data = data;
+  t->device = DLDevice{kDLCPU, 0};
+  t->ndim = static_cast<int32_t>(dims.size());
+  t->shape = const_cast<int64_t*>(dims.begin());
+  t->strides = nullptr;
+  t->byte_offset = 0;
+  return ffi::Error::Success();
+}
+
+ffi::Error call(std::string_view key, ffi::RemainingArgs args, ffi::RemainingRets rets) {
+  const Kernel* k = find_kernel(key);
+  if (k == nullptr) {
+    return ffi::Error::InvalidArgument(
+        "jaxtile: no kernel is loaded for key '" + std::string(key) +
+        "' in this process (jaxtile._ffi.load_kernel must run in every process that executes "
+        "the compiled computation, e.g. after deserialising a cached executable)");
+  }
+  const size_t num_buffers = args.size() + rets.size();
+  DLTensor inline_tensors[kInlineBuffers];
+  TVMFFIAny inline_packed[kInlineBuffers + 2];
+  std::vector<DLTensor> heap_tensors;
+  std::vector<TVMFFIAny> heap_packed;
+  DLTensor* tensors = inline_tensors;
+  TVMFFIAny* packed = inline_packed;
+  if (num_buffers > kInlineBuffers) {
+    heap_tensors.resize(num_buffers);
+    heap_packed.resize(num_buffers + 2);
+    tensors = heap_tensors.data();
+    packed = heap_packed.data();
+  }
+
+  for (size_t i = 0; i < num_buffers; ++i) {
+    ffi::Error err;
+    if (i < args.size()) {
+      auto buf = args.get<ffi::AnyBuffer>(i);
+      if (!buf.has_value()) return buf.error();
+      err = to_tensor(*k, *buf, i, &tensors[i]);
+    } else {
+      auto buf = rets.get<ffi::AnyBuffer>(i - args.size());
+      if (!buf.has_value()) return buf.error();
+      err = to_tensor(*k, **buf, i, &tensors[i]);
+    }
+    if (err.failure()) return err;
+    TVMFFIAny& a = packed[i + 2];
+    a.type_index = kTVMFFIDLTensorPtr;
+    a.zero_padding = 0;
+    a.v_ptr = &tensors[i];
+  }
+
+  std::string msg =
+      run_blocks(*k, packed, static_cast<int32_t>(num_buffers + 2), 0, k->num_blocks);
+  if (!msg.empty()) return ffi::Error::Internal(describe(*k) + " failed: " + msg);
+  return ffi::Error::Success();
+}
+
+ffi::Error call_noexcept(std::string_view key, ffi::RemainingArgs args,
+                         ffi::RemainingRets rets) {
+  // An exception escaping into XLA's C API would abort the process.
+  try {
+    return call(key, args, rets);
+  } catch (const std::exception& e) {
+    return ffi::Error::Internal(std::string("jaxtile: ") + e.what());
+  }
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxtileCpuCall, call_noexcept,
+                              ffi::Ffi::Bind()
+                                  .Attr<std::string_view>("key")
+                                  .RemainingArgs()
+                                  .RemainingRets());
+
+void* cpu_handler() { return reinterpret_cast<void*>(&JaxtileCpuCall); }
+
+}  // namespace jaxtile

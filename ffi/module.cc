@@ -1,0 +1,111 @@
+// Python bindings: the `jaxtile._ffi` extension module.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "handler.h"
+#include "launch.h"
+#include "registry.h"
+#include "thread_pool.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace jaxtile {
+namespace {
+
+using Array = nb::ndarray<nb::ro, nb::device::cpu>;
+
+DLTensor to_tensor(const Array& a, size_t index) {
+  int64_t expected_stride = 1;
+  for (size_t d = a.ndim(); d-- > 0;) {
+    const auto extent = static_cast<int64_t>(a.shape(d));
+    if (extent != 1 && a.stride(d) != expected_stride) {
+      throw std::invalid_argument("jaxtile: argument #" + std::to_string(index) +
+                                  " must be C-contiguous");
+    }
+    expected_stride *= extent;
+  }
+  DLTensor t{};
+  t.data = const_cast<void*>(a.data());
+  t.device = DLDevice{kDLCPU, 0};
+  t.ndim = static_cast<int32_t>(a.ndim());
+  t.dtype = DLDataType{a.dtype().code, a.dtype().bits, a.dtype().lanes};
+  t.shape = const_cast<int64_t*>(a.shape_ptr());
+  return t;
+}
+
+// Test hook: runs blocks of a loaded kernel directly on numpy arrays, writing results in place.
+void call_kernel(const std::string& key, const nb::list& arrays, int64_t block_begin,
+                 std::optional<int64_t> block_end) {
+  const Kernel* k = find_kernel(key);
+  if (k == nullptr) {
+    throw std::invalid_argument("jaxtile: no kernel is loaded for key '" + key + "'");
+  }
+  const int64_t end = block_end.value_or(k->num_blocks);
+  if (block_begin < 0 || block_begin > end || end > k->num_blocks) {
+    throw std::invalid_argument("jaxtile: block range must satisfy 0 <= begin <= end <= " +
+                                std::to_string(k->num_blocks));
+  }
+  // No conversion: a silently made contiguous copy would swallow the kernel's results.
+  std::vector<Array> held;
+  for (nb::handle h : arrays) {
+    if (!nb::try_cast<Array>(h, held.emplace_back(), /*convert=*/false)) {
+      throw nb::type_error(("jaxtile: argument #" + std::to_string(held.size() - 1) +
+                            " is not a CPU array supporting DLPack")
+                               .c_str());
+    }
+  }
+  std::vector<DLTensor> tensors(held.size());
+  std::vector<TVMFFIAny> packed(held.size() + 2);
+  for (size_t i = 0; i < held.size(); ++i) {
+    tensors[i] = to_tensor(held[i], i);
+    packed[i + 2].type_index = kTVMFFIDLTensorPtr;
+    packed[i + 2].v_ptr = &tensors[i];
+  }
+  std::string msg;
+  {
+    nb::gil_scoped_release release;
+    msg = run_blocks(*k, packed.data(), static_cast<int32_t>(packed.size()), block_begin, end);
+  }
+  if (!msg.empty()) throw std::runtime_error("jaxtile: kernel '" + key + "' failed: " + msg);
+}
+
+}  // namespace
+}  // namespace jaxtile
+
+NB_MODULE(_ffi, m) {
+  using namespace jaxtile;
+  m.doc() = "jaxtile's CPU runtime: loads compiled kernels and runs them from XLA.";
+
+  m.def(
+      "cpu_handler", [] { return nb::capsule(jaxtile::cpu_handler()); },
+      "XLA FFI handler for jax.ffi.register_ffi_target('jaxtile_cpu_call', ..., platform='cpu').");
+
+  m.def(
+      "load_kernel",
+      [](const std::string& key, const std::string& library_path, const std::string& symbol,
+         int64_t num_blocks, int64_t alignment) {
+        load_kernel(key, library_path, symbol, num_blocks, alignment);
+      },
+      "key"_a, "library_path"_a, "symbol"_a, "num_blocks"_a, "alignment"_a = 64,
+      nb::call_guard<nb::gil_scoped_release>(),
+      "Load kernel `symbol` from a TVM-exported library under `key` (a no-op if `key` is "
+      "already loaded). `alignment` is the buffer alignment the kernel was compiled to assume.");
+
+  m.def(
+      "is_loaded", [](const std::string& key) { return find_kernel(key) != nullptr; }, "key"_a);
+  m.def("loaded_keys", &loaded_keys);
+  m.def("num_threads", &num_threads, "Threads a multi-block kernel call is split across.");
+  m.def("call_kernel", &call_kernel, "key"_a, "arrays"_a, "block_begin"_a = 0,
+        "block_end"_a = nb::none(),
+        "Run blocks [block_begin, block_end) of a loaded kernel on numpy arrays (operands then "
+        "results, results written in place). Meant for tests.");
+}

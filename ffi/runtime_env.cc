@@ -1,0 +1,129 @@
+#include "runtime_env.h"
+
+#include <tvm/ffi/c_api.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <iterator>
+#include <mutex>
+
+namespace jaxtile {
+namespace {
+
+// What TVM's own runtime guarantees. Current codegen does not assume it for workspaces (only
+// for buffer arguments), but staying compatible costs nothing.
+constexpr size_t kWorkspaceAlign = 64;
+
+thread_local std::string t_last_error;
+
+void set_error(const char* kind, const char* const* parts, int32_t num_parts) {
+  std::string msg = kind != nullptr ? kind : "Error";
+  msg += ": ";
+  for (int32_t i = 0; i < num_parts; ++i) {
+    if (parts[i] != nullptr) msg += parts[i];
+  }
+  t_last_error = std::move(msg);
+}
+
+void* alloc_workspace(int /*device_type*/, int /*device_id*/, uint64_t nbytes,
+                      int /*dtype_code_hint*/, int /*dtype_bits_hint*/) {
+  // aligned_alloc wants a multiple of the alignment, and even a zero-byte request must give a
+  // non-null pointer because the generated code treats null as an allocation failure.
+  size_t size = (nbytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
+  if (size == 0) size = kWorkspaceAlign;
+  return std::aligned_alloc(kWorkspaceAlign, size);
+}
+
+int free_workspace(int /*device_type*/, int /*device_id*/, void* ptr) {
+  std::free(ptr);
+  return 0;
+}
+
+struct ParallelEnv {
+  void* sync_handle;
+  int32_t num_task;
+};
+using ParallelLambda = int (*)(int task_id, ParallelEnv* env, void* cdata);
+
+// jaxtile parallelises over grid blocks itself, so TVM-level parallel loops run serially.
+int parallel_launch(ParallelLambda fn, void* cdata, int /*num_task*/) {
+  ParallelEnv env{nullptr, 1};
+  return fn(0, &env, cdata);
+}
+
+int parallel_barrier(int /*task_id*/, ParallelEnv* /*env*/) { return 0; }
+
+void error_set_raised_from_cstr(const char* kind, const char* message) {
+  set_error(kind, &message, 1);
+}
+
+void error_set_raised_from_cstr_parts(const char* kind, const char** parts, int32_t num_parts) {
+  set_error(kind, parts, num_parts);
+}
+
+// Calling other packed functions needs the TVM runtime, which a cache hit must not load.
+int mod_lookup_from_imports(void* /*library_ctx*/, const char* name, void** /*out*/) {
+  const char* parts[] = {"jaxtile kernels cannot call the external function '", name, "'"};
+  set_error("RuntimeError", parts, 3);
+  return -1;
+}
+
+int function_call(void* /*func*/, TVMFFIAny* /*args*/, int32_t /*num_args*/,
+                  TVMFFIAny* /*result*/) {
+  const char* msg = "jaxtile kernels cannot call packed functions";
+  set_error("RuntimeError", &msg, 1);
+  return -1;
+}
+
+int handle_init_once(void** handle_addr, int (*init)(void** result)) {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  if (*handle_addr != nullptr) return 0;
+  void* result = nullptr;
+  if (int rc = init(&result); rc != 0) return rc;
+  *handle_addr = result;
+  return 0;
+}
+
+template <typename F>
+void* as_ptr(F* fn) {
+  return reinterpret_cast<void*>(fn);
+}
+
+const RuntimeSymbol kFunctions[] = {
+    {"TVMBackendAllocWorkspace", as_ptr(&alloc_workspace)},
+    {"TVMBackendFreeWorkspace", as_ptr(&free_workspace)},
+    {"TVMBackendParallelLaunch", as_ptr(&parallel_launch)},
+    {"TVMBackendParallelBarrier", as_ptr(&parallel_barrier)},
+    {"TVMFFIErrorSetRaisedFromCStr", as_ptr(&error_set_raised_from_cstr)},
+    {"TVMFFIErrorSetRaisedFromCStrParts", as_ptr(&error_set_raised_from_cstr_parts)},
+    {"TVMFFIEnvModLookupFromImports", as_ptr(&mod_lookup_from_imports)},
+    {"TVMFFIFunctionCall", as_ptr(&function_call)},
+    {"TVMFFIHandleInitOnce", as_ptr(&handle_init_once)},
+};
+
+int g_library_context;
+
+}  // namespace
+
+const RuntimeSymbol* runtime_functions(size_t* count) {
+  *count = std::size(kFunctions);
+  return kFunctions;
+}
+
+void* runtime_function(std::string_view name) {
+  for (const RuntimeSymbol& sym : kFunctions) {
+    if (sym.name == name) return sym.fn;
+  }
+  return nullptr;
+}
+
+void* library_context() { return &g_library_context; }
+
+std::string take_last_error() {
+  std::string msg = std::move(t_last_error);
+  t_last_error.clear();
+  return msg;
+}
+
+}  // namespace jaxtile

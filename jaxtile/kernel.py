@@ -1,0 +1,205 @@
+"""``@jt.kernel``: turn a tile-language body into a JAX-callable kernel."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import os
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxtile.compiler import build, printer
+from jaxtile.compiler import ir as tile_ir
+from jaxtile.compiler import jax_internals as ji
+from jaxtile.compiler.errors import KernelError, kernel_error, user_line
+from jaxtile.compiler.target import get_target
+from jaxtile.primitives import kernel_call, reference
+
+from . import _trace
+
+SUPPORTED_DTYPES = frozenset(np.dtype(d) for d in (
+    jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64, jnp.int8, jnp.int16, jnp.int32,
+    jnp.int64, jnp.uint8, jnp.uint16, jnp.uint32, jnp.uint64, jnp.bool_))
+
+
+def interpret_by_default() -> bool:
+    """Whether kernels without an explicit ``interpret=`` run their reference semantics
+    (``JAXTILE_INTERPRET=1`` in the environment, or :func:`set_interpret`)."""
+    return _interpret_default[0]
+
+
+_interpret_default = [os.environ.get("JAXTILE_INTERPRET", "0") not in ("", "0")]
+
+
+def set_interpret(enabled: bool) -> None:
+    """Make every kernel without an explicit ``interpret=`` run as plain JAX ops."""
+    _interpret_default[0] = bool(enabled)
+
+
+@dataclasses.dataclass(frozen=True)
+class Lowered:
+    """What a kernel compiles to, for inspection: ``print(kernel.lower(x).tile_ir)``."""
+
+    tile_ir: str
+    key: str
+    target: str
+    kernel: tile_ir.Kernel
+
+    @property
+    def source(self) -> str:
+        """The generated TVM TIR (TVMScript) of the CPU lowering."""
+        from jaxtile.compiler.cpu import lower
+
+        return lower.tir_source(self.kernel)
+
+
+@dataclasses.dataclass
+class _Specialisation:
+    traced: _trace.Traced
+    kernel: tile_ir.Kernel | None = None
+    handle: kernel_call.KernelHandle | None = None
+
+
+class Kernel:
+    """A tile kernel; call it like a JAX function. Create it with :func:`kernel`."""
+
+    def __init__(self, fn: Callable[..., Any], *, threads: int, interpret: bool | None,
+                 name: str | None):
+        self.fn = fn
+        self.name = name or fn.__name__
+        self.threads = threads
+        self.interpret = interpret
+        sig = inspect.signature(fn)
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        self.arg_names = [p.name for p in sig.parameters.values() if p.kind in kinds]
+        self.param_defaults = {p.name: p.default for p in sig.parameters.values()
+                               if p.kind == inspect.Parameter.KEYWORD_ONLY}
+        self._specs: dict[Any, _Specialisation] = {}
+        functools.update_wrapper(self, fn)
+
+    def __repr__(self) -> str:
+        return f"<jaxtile kernel {self.name}>"
+
+    # --- specialisation --------------------------------------------------
+    def _arg_specs(self, args: tuple[Any, ...]) -> tuple[jax.ShapeDtypeStruct, ...]:
+        if len(args) != len(self.arg_names):
+            raise kernel_error(self.name, f"takes {len(self.arg_names)} array argument(s) "
+                               f"({', '.join(self.arg_names)}), got {len(args)}", user_line())
+        specs = []
+        for name, a in zip(self.arg_names, args):
+            if not hasattr(a, "shape") or not hasattr(a, "dtype"):
+                raise kernel_error(self.name, f"argument '{name}' must be an array, got "
+                                   f"{type(a).__name__}", user_line())
+            dtype = np.dtype(a.dtype)
+            if dtype not in SUPPORTED_DTYPES:
+                raise kernel_error(self.name, f"argument '{name}' has unsupported dtype "
+                                   f"{dtype}", user_line())
+            specs.append(jax.ShapeDtypeStruct(tuple(a.shape), dtype))
+        return tuple(specs)
+
+    def _params(self, params: dict[str, Any]) -> dict[str, Any]:
+        unknown = set(params) - set(self.param_defaults)
+        if unknown:
+            raise kernel_error(self.name, f"unexpected parameter(s) {sorted(unknown)}; the "
+                               f"compile-time parameters are {sorted(self.param_defaults)}",
+                               user_line())
+        merged = {**self.param_defaults, **params}
+        missing = [k for k, v in merged.items() if v is inspect.Parameter.empty]
+        if missing:
+            raise kernel_error(self.name, f"missing compile-time parameter(s) {missing}",
+                               user_line())
+        return merged
+
+    def _specialise(self, args: tuple[Any, ...], params: dict[str, Any]) -> _Specialisation:
+        specs = self._arg_specs(args)
+        params = self._params(params)
+        try:
+            cache_key = (specs, tuple(sorted(params.items())))
+            hash(cache_key)
+        except TypeError:
+            raise kernel_error(self.name, "compile-time parameters must be hashable",
+                               user_line()) from None
+        spec = self._specs.get(cache_key)
+        if spec is None:
+            called = ", ".join(f"{n}: {s.dtype}{list(s.shape)}"
+                               for n, s in zip(self.arg_names, specs))
+            try:
+                traced = _trace.trace(self.fn, self.name, self.arg_names, specs, params)
+            except KernelError as e:
+                raise KernelError(f"{e} [called with {called}]") from None
+            spec = self._specs[cache_key] = _Specialisation(traced)
+        return spec
+
+    def _tile_ir(self, spec: _Specialisation) -> tile_ir.Kernel:
+        if spec.kernel is None:
+            t = spec.traced
+            spec.kernel = build.to_tile_ir(t.name, t.jaxpr, t.buffers, t.grid, self.threads)
+        return spec.kernel
+
+    def _handle(self, spec: _Specialisation) -> kernel_call.KernelHandle:
+        if spec.handle is None:
+            entry = build.build(self._tile_ir(spec), get_target("cpu"))
+            kernel_call.load(entry)
+            avals = tuple(ji.ShapedArray(b.shape, b.dtype) for b in spec.traced.outputs)
+            spec.handle = kernel_call.KernelHandle(entry.key, self.name, avals)
+        return spec.handle
+
+    # --- calling ---------------------------------------------------------
+    def __call__(self, *args: Any, **params: Any) -> Any:
+        interpret = self.interpret if self.interpret is not None else interpret_by_default()
+        return self._call(args, params, interpret)
+
+    def _call(self, args: tuple[Any, ...], params: dict[str, Any], interpret: bool) -> Any:
+        spec = self._specialise(args, params)
+        traced = spec.traced
+        if interpret:
+            outs = reference.run_reference(traced.jaxpr, traced.grid, traced.buffers,
+                                           [jnp.asarray(a) for a in args])
+        else:
+            outs = kernel_call.kernel_call_p.bind(*args, kernel=self._handle(spec))
+        # `outs` follows the output buffers' order; the body may return them in any order.
+        by_buffer = dict(zip((i for i, b in enumerate(traced.buffers) if b.role == "output"),
+                             outs))
+        return jax.tree.unflatten(traced.out_tree, [by_buffer[i] for i in traced.out_buffers])
+
+    def reference(self, *args: Any, **params: Any) -> Any:
+        """Run the kernel's reference semantics (its body as plain JAX ops)."""
+        return self._call(args, params, True)
+
+    def lower(self, *args: Any, target: str = "cpu", **params: Any) -> Lowered:
+        """Trace and lower for ``target`` without running; ``args`` may be
+        ``jax.ShapeDtypeStruct`` s. Returns the Tile IR, content key and generated source."""
+        spec = self._specialise(args, params)
+        kernel = self._tile_ir(spec)
+        tgt = get_target(target)
+        return Lowered(printer.format_kernel(kernel), build.kernel_key(kernel, tgt), tgt.name,
+                       kernel)
+
+
+def kernel(fn: Callable[..., Any] | None = None, *, threads: int = 128,
+           interpret: bool | None = None, name: str | None = None) -> Any:
+    """Decorator that makes a tile kernel from a Python body.
+
+    Positional parameters are the array inputs; keyword-only parameters are compile-time
+    constants (one specialisation per shapes, dtypes and parameter values). The body
+    allocates outputs with :func:`jaxtile.empty` and returns them.
+
+    >>> @jt.kernel(threads=128)                      # doctest: +SKIP
+    ... def add(x, y, *, block=1024):
+    ...     out = jt.empty(x.shape, x.dtype)
+    ...     i = jt.grid(jt.cdiv(x.shape[0], block))
+    ...     ...
+    ...     return out
+
+    ``interpret=True`` runs the body as plain JAX ops (the reference semantics) instead of
+    compiling it.
+    """
+    def wrap(f: Callable[..., Any]) -> Kernel:
+        return Kernel(f, threads=threads, interpret=interpret, name=name)
+
+    return wrap(fn) if fn is not None else wrap

@@ -1,0 +1,77 @@
+"""``kernel_call``: the primitive that stands for one compiled kernel in a user's program.
+
+Its only kernel-identifying parameter is the content key, so the lowered HLO is a plain FFI
+custom call (``jaxtile_cpu_call`` with a string attribute ``key``) that survives caching and
+serialisation. The kernel must be loaded into this process's registry (``jaxtile._ffi``) before
+the program runs; :func:`load` does that, and an unknown key fails with a clear error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
+
+from jaxtile import _ffi
+from jaxtile.compiler import cache
+from jaxtile.compiler import jax_internals as ji
+
+CPU_TARGET_NAME = "jaxtile_cpu_call"
+
+kernel_call_p = Primitive("jaxtile_kernel_call")
+kernel_call_p.multiple_results = True
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class KernelHandle:
+    """A compiled, loaded kernel: its content key, name and output types.
+
+    Equality and hashing go by the key, so JAX's caches treat two handles of the same
+    compiled kernel as the same parameter.
+    """
+
+    key: str
+    name: str
+    out_avals: tuple[ji.ShapedArray, ...]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, KernelHandle) and other.key == self.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __repr__(self) -> str:
+        return f"{self.name}@{self.key[:12]}"
+
+
+def load(entry: cache.Entry) -> None:
+    """Load a cached library into the FFI registry (a no-op if its key is loaded)."""
+    _ffi.load_kernel(entry.key, entry.library, entry.symbol, entry.num_blocks)
+
+
+def _abstract_eval(*avals: Any, kernel: KernelHandle) -> tuple[ji.ShapedArray, ...]:
+    del avals
+    return kernel.out_avals
+
+
+@functools.cache
+def _jitted(kernel: KernelHandle):
+    return jax.jit(functools.partial(kernel_call_p.bind, kernel=kernel))
+
+
+def _impl(*args: Any, kernel: KernelHandle) -> Any:
+    return _jitted(kernel)(*args)
+
+
+def _cpu_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
+    return jax.ffi.ffi_lowering(CPU_TARGET_NAME)(ctx, *args, key=kernel.key)
+
+
+kernel_call_p.def_abstract_eval(_abstract_eval)
+kernel_call_p.def_impl(_impl)
+mlir.register_lowering(kernel_call_p, _cpu_lowering, platform="cpu")
+jax.ffi.register_ffi_target(CPU_TARGET_NAME, _ffi.cpu_handler(), platform="cpu")

@@ -1,0 +1,105 @@
+"""The tile-language primitives that appear inside kernel bodies.
+
+Each primitive has an abstract eval (with the ref effects JAX's state system needs) and a
+discharge rule: the rule *is* the reference semantics of the op, used by ``interpret=True``
+and as the test oracle. The compiler recognises these primitives by name in the traced jaxpr.
+
+- ``jt_copy``: copy a region between two refs, casting to the destination dtype. Reads past
+  the end of the source yield ``pad``; writes past the end of the destination are dropped.
+- ``jt_gemm``: ``c += op(a) @ op(b)`` accumulated in ``c.dtype``.
+- ``jt_loop_info``: an identity on a loop index that tells the compiler the loop's kind.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+from jax.interpreters import mlir
+
+from jaxtile.compiler import jax_internals as ji
+
+COPY = "jt_copy"
+GEMM = "jt_gemm"
+LOOP_INFO = "jt_loop_info"
+
+copy_p = ji.Primitive(COPY)
+copy_p.multiple_results = True
+gemm_p = ji.Primitive(GEMM)
+gemm_p.multiple_results = True
+loop_info_p = ji.Primitive(LOOP_INFO)
+
+
+def _tile_shape(sizes: tuple[int | None, ...]) -> tuple[int, ...]:
+    return tuple(s for s in sizes if s is not None)
+
+
+def _copy_abstract_eval(src, dst, *starts, src_sizes, dst_sizes, pad):
+    del src, dst, starts, src_sizes, dst_sizes, pad
+    return [], {ji.ReadEffect(0), ji.WriteEffect(1)}
+
+
+def _region_indices(starts, sizes, shape):
+    """Open-mesh index arrays of a region, and a mask of the in-bounds positions."""
+    idx, valid = [], []
+    for d, (start, size) in enumerate(zip(starts, sizes)):
+        n = 1 if size is None else size
+        mesh_shape = [1] * len(sizes)
+        mesh_shape[d] = n
+        i = (jnp.asarray(start, jnp.int32) + lax.iota(jnp.int32, n)).reshape(mesh_shape)
+        idx.append(i)
+        valid.append((i >= 0) & (i < shape[d]))
+    mask = valid[0]
+    for v in valid[1:]:
+        mask = mask & v
+    return idx, mask
+
+
+def copy_reference(src_val, dst_val, src_starts, dst_starts, src_sizes, dst_sizes, pad):
+    """Reference semantics of ``jt_copy`` on array values; returns the new destination."""
+    sidx, smask = _region_indices(src_starts, src_sizes, src_val.shape)
+    safe = [jnp.clip(i, 0, n - 1) for i, n in zip(sidx, src_val.shape)]
+    tile = src_val[tuple(safe)]
+    pad_value = 0 if pad is None else pad
+    tile = jnp.where(smask, tile, jnp.asarray(pad_value, src_val.dtype))
+    tile = tile.reshape(_tile_shape(src_sizes)).astype(dst_val.dtype)
+    didx, dmask = _region_indices(dst_starts, dst_sizes, dst_val.shape)
+    # Out-of-bounds positions go to index `dim`, which scatter's mode="drop" discards
+    # (negative indices would wrap instead).
+    dropped = [jnp.where(dmask, i, n) for i, n in zip(didx, dst_val.shape)]
+    mesh_shape = tuple(1 if s is None else s for s in dst_sizes)
+    return dst_val.at[tuple(dropped)].set(tile.reshape(mesh_shape), mode="drop")
+
+
+@ji.register_discharge_rule(copy_p)
+def _copy_discharge(in_avals, out_avals, src, dst, *starts, src_sizes, dst_sizes, pad):
+    del in_avals, out_avals
+    n = len(src_sizes)
+    new_dst = copy_reference(src, dst, starts[:n], starts[n:], src_sizes, dst_sizes, pad)
+    return [None, new_dst] + [None] * len(starts), []
+
+
+def _gemm_abstract_eval(a, b, c, *, transpose_a, transpose_b):
+    del a, b, c, transpose_a, transpose_b
+    return [], {ji.ReadEffect(0), ji.ReadEffect(1), ji.ReadEffect(2), ji.WriteEffect(2)}
+
+
+def gemm_reference(a, b, c, transpose_a: bool, transpose_b: bool):
+    """Reference semantics of ``jt_gemm``: ``c + op(a) @ op(b)`` accumulated in c's dtype."""
+    a = a.T if transpose_a else a
+    b = b.T if transpose_b else b
+    prod = jnp.matmul(a, b, preferred_element_type=c.dtype, precision=lax.Precision.HIGHEST)
+    return c + prod
+
+
+@ji.register_discharge_rule(gemm_p)
+def _gemm_discharge(in_avals, out_avals, a, b, c, *, transpose_a, transpose_b):
+    del in_avals, out_avals
+    return [None, None, gemm_reference(a, b, c, transpose_a, transpose_b)], []
+
+
+ji.effectful_abstract_eval(copy_p, _copy_abstract_eval)
+ji.effectful_abstract_eval(gemm_p, _gemm_abstract_eval)
+
+loop_info_p.def_impl(lambda index, **_: index)
+loop_info_p.def_abstract_eval(lambda index, **_: index)
+mlir.register_lowering(loop_info_p, lambda ctx, index, **_: [index])

@@ -1,0 +1,99 @@
+"""The build cache: content keys, atomic entries, corruption recovery, concurrent builders."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxtile as jt
+from jaxtile.compiler import cache
+from jaxtile.compiler.cpu import lower
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("JAXTILE_CACHE_DIR", str(tmp_path))
+    cache.clear_memory()
+    yield tmp_path
+    cache.clear_memory()
+
+
+def _scale_kernel():
+    @jt.kernel
+    def scale(x, *, factor=3.0):
+        out = jt.empty(x.shape, x.dtype)
+        out[...] = x[...] * factor
+        return out
+
+    return scale
+
+
+def _count_compiles(monkeypatch):
+    calls = []
+    real = lower.compile_to_library
+
+    def counting(kernel):
+        calls.append(kernel.name)
+        return real(kernel)
+
+    monkeypatch.setattr(lower, "compile_to_library", counting)
+    return calls
+
+
+def test_warm_disk_cache_skips_compilation(fresh_cache, monkeypatch):
+    calls = _count_compiles(monkeypatch)
+    x = jnp.arange(8, dtype=jnp.float32)
+    np.testing.assert_array_equal(_scale_kernel()(x), np.arange(8) * 3.0)
+    assert calls == ["scale"]
+    assert list(fresh_cache.glob("*/*.so"))
+    cache.clear_memory()
+    np.testing.assert_array_equal(_scale_kernel()(x), np.arange(8) * 3.0)
+    assert calls == ["scale"], "a warm disk entry must be loaded, not rebuilt"
+
+
+def test_key_depends_on_params_shapes_and_dtypes(fresh_cache):
+    k = _scale_kernel()
+    keys = {k.lower(jnp.ones(8)).key, k.lower(jnp.ones(8), factor=2.0).key,
+            k.lower(jnp.ones(9)).key, k.lower(jnp.ones(8, jnp.bfloat16)).key}
+    assert len(keys) == 4
+    assert k.lower(jnp.ones(8)).key == _scale_kernel().lower(jnp.ones(8)).key
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "delete-meta"])
+def test_corrupt_entry_is_rebuilt(fresh_cache, monkeypatch, damage):
+    calls = _count_compiles(monkeypatch)
+    x = jnp.arange(8, dtype=jnp.float32)
+    _scale_kernel()(x)
+    (lib,) = fresh_cache.glob("*/*.so")
+    if damage == "truncate":
+        lib.write_bytes(lib.read_bytes()[:100])
+    elif damage == "garbage":
+        lib.write_bytes(b"\0" * 4096)
+    else:
+        lib.with_suffix(".json").unlink()
+    cache.clear_memory()
+    assert cache.lookup(_scale_kernel().lower(x).key) is None
+    np.testing.assert_array_equal(_scale_kernel()(x), np.arange(8) * 3.0)
+    assert len(calls) == 2
+
+
+def test_two_processes_compile_the_same_kernel(fresh_cache):
+    script = textwrap.dedent("""
+        import jax.numpy as jnp, numpy as np, jaxtile as jt
+        x = jnp.arange(4096, dtype=jnp.float32)
+        np.testing.assert_array_equal(jt.ops.add(x, x, block=512), np.asarray(x) * 2)
+        print("ok")
+    """)
+    env = {**os.environ, "JAXTILE_CACHE_DIR": str(fresh_cache)}
+    procs = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        assert "ok" in out
+    assert len(list(fresh_cache.glob("*/*.so"))) == 1
+    assert not list(fresh_cache.glob("*/.*")), "temporary files must not be left behind"

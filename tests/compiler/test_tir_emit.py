@@ -1,0 +1,430 @@
+"""Tests for compiler.cpu.tir_emit: build TIR kernels, compile, export, load and run them."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tvm
+from tvm import tirx
+
+from jaxtile.compiler.cpu import tir_emit as te
+
+CPU = te.host_cpu()
+
+
+def _compile_and_load(kb: te.KernelBuilder, tmp_path, **build_kwargs):
+    """Build, export and load a kernel; return (runtime module, function)."""
+    lib = te.build(kb.finish(), CPU, **build_kwargs)
+    path = str(tmp_path / f"{kb.name}.so")
+    te.export(lib, path)
+    mod = tvm.runtime.load_module(path)
+    return lib, mod[kb.name]
+
+
+def _vector_add(n: int, dtype: str) -> te.KernelBuilder:
+    """out = x + y; block b covers [b*64, min(b*64 + 64, n))."""
+    kb = te.KernelBuilder(
+        f"vadd_{dtype}", [("x", (n,), dtype), ("y", (n,), dtype), ("out", (n,), dtype)]
+    )
+    x, y, out = kb.buffers
+    with kb.block_loop() as b:
+        start = kb.let("start", b * 64)
+        with kb.if_(start + 64 <= n):
+            with kb.loop("i", 64, kind="vectorized") as i:
+                kb.store(out, [start + i], x[start + i] + y[start + i])
+        with kb.else_():
+            with kb.loop("t", n - start) as i:
+                kb.store(out, [start + i], x[start + i] + y[start + i])
+    return kb
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int32"])
+def test_blocked_vector_add_with_tail(dtype, tmp_path):
+    n = 1000  # 15 full blocks and a 40-element tail
+    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(n) * 100).astype(np_dtype)
+    y = (rng.standard_normal(n) * 100).astype(np_dtype)
+    _, fn = _compile_and_load(_vector_add(n, dtype), tmp_path)
+
+    out = tvm.runtime.tensor(np.zeros(n, np_dtype))
+    fn(0, 16, tvm.runtime.tensor(x), tvm.runtime.tensor(y), out)
+    expected = (x.astype(np.float32) + y.astype(np.float32)).astype(np_dtype)
+    np.testing.assert_array_equal(out.numpy(), expected)
+
+    # Only blocks [3, 5) are written.
+    out = tvm.runtime.tensor(np.zeros(n, np_dtype))
+    fn(3, 5, tvm.runtime.tensor(x), tvm.runtime.tensor(y), out)
+    got = out.numpy().astype(np.float32)
+    np.testing.assert_array_equal(got[192:320], expected[192:320].astype(np.float32))
+    assert not got[:192].any() and not got[320:].any()
+
+
+def test_vector_add_on_16_byte_aligned_data(tmp_path):
+    """Buffers are declared 16-byte aligned, so data that is not 64-byte aligned works."""
+    n = 1000
+    lib, _ = _compile_and_load(_vector_add(n, "float32"), tmp_path)
+    ll = lib.inspect_source("ll")
+    assumed = set(re.findall(r'"align"\(ptr %[\w.]+, i64 (\d+)\)', ll))
+    assert assumed == {"16"}, assumed
+    assert re.search(r"<(16|32|64) x float>", ll), "the 64-wide loop was not vectorised"
+
+    def misaligned(values):
+        base = np.zeros(n + 32, np.float32)
+        start = (-(base.ctypes.data // 4)) % 16 + 4  # 64-byte boundary + 16 bytes
+        view = base[start : start + n]
+        view[:] = values
+        assert view.ctypes.data % 64 == 16
+        return view
+
+    x = misaligned(np.arange(n))
+    y = misaligned(np.arange(n) * 2)
+    out = misaligned(np.zeros(n))
+    import tvm_ffi
+
+    mod = tvm_ffi.load_module(str(tmp_path / "vadd_float32.so"))
+    mod["vadd_float32"](0, 16, *(tvm_ffi.from_dlpack(a) for a in (x, y, out)))
+    np.testing.assert_array_equal(out, np.arange(n) * 3)
+
+
+def _row_softmax(rows: int, cols: int) -> te.KernelBuilder:
+    """Softmax over each row of x; block b is row b. Lane-parallel partial max/sum."""
+    lanes = 16
+    full = cols // lanes * lanes
+    kb = te.KernelBuilder(
+        "softmax", [("x", (rows, cols), "float32"), ("y", (rows, cols), "float32")]
+    )
+    x, y = kb.buffers
+    part = kb.alloc_local("part", (lanes,), "float32")
+    total = kb.alloc_local("total", (1,), "float32")
+    with kb.block_loop() as r:
+        with kb.loop("l0", lanes, kind="vectorized") as lane:
+            kb.store(part, [lane], float("-inf"))
+        with kb.loop("c0", full // lanes) as c:
+            with kb.loop("l1", lanes, kind="vectorized") as lane:
+                kb.store(part, [lane], te.maximum(part[lane], x[r, c * lanes + lane]))
+        kb.store(total, [0], float("-inf"))
+        with kb.loop("l2", lanes) as lane:
+            kb.store(total, [0], te.maximum(total[0], part[lane]))
+        with kb.loop("t0", cols - full) as t:
+            kb.store(total, [0], te.maximum(total[0], x[r, full + t]))
+        row_max = kb.let("row_max", total[0])
+
+        with kb.loop("l3", lanes, kind="vectorized") as lane:
+            kb.store(part, [lane], 0.0)
+        with kb.loop("c1", full // lanes) as c:
+            with kb.loop("l4", lanes, kind="vectorized") as lane:
+                e = te.exp_f32(x[r, c * lanes + lane] - row_max)
+                kb.store(y, [r, c * lanes + lane], e)
+                kb.store(part, [lane], part[lane] + y[r, c * lanes + lane])
+        kb.store(total, [0], 0.0)
+        with kb.loop("t1", cols - full) as t:
+            kb.store(y, [r, full + t], te.exp_f32(x[r, full + t] - row_max))
+            kb.store(total, [0], total[0] + y[r, full + t])
+        with kb.loop("l5", lanes) as lane:
+            kb.store(total, [0], total[0] + part[lane])
+        inv = kb.let("inv", tirx.const(1.0, "float32") / total[0])
+        with kb.loop("c2", full // lanes) as c:
+            with kb.loop("l6", lanes, kind="vectorized") as lane:
+                kb.store(y, [r, c * lanes + lane], y[r, c * lanes + lane] * inv)
+        with kb.loop("t2", cols - full) as t:
+            kb.store(y, [r, full + t], y[r, full + t] * inv)
+    return kb
+
+
+def test_row_softmax(tmp_path):
+    rows, cols = 37, 1003
+    lib, fn = _compile_and_load(_row_softmax(rows, cols), tmp_path)
+    ll = lib.inspect_source("ll")
+    assert "<16 x float>" in ll
+    assert not re.search(r"@(expf|llvm\.exp\.)", ll), "exp_f32 should not call expf"
+
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((rows, cols)) * 20).astype(np.float32)
+    x[3, 10] = 1e30  # one dominant entry
+    x[4, :] = -1e30  # constant row
+    y = tvm.runtime.tensor(np.zeros((rows, cols), np.float32))
+    fn(0, rows, tvm.runtime.tensor(x), y)
+    shifted = x - x.max(axis=1, keepdims=True)  # rounded to float32 like in the kernel
+    e = np.exp(shifted.astype(np.float64))
+    np.testing.assert_allclose(y.numpy(), e / e.sum(axis=1, keepdims=True), rtol=2e-6, atol=1e-37)
+
+
+def _tiled_matmul(
+    m: int, n: int, k: int, tm: int = 64, tn: int = 64, tk: int = 32
+) -> te.KernelBuilder:
+    """c = a @ b with a (tm, tn) output tile per block, k-steps of tk, zero-padded edge tiles."""
+    n_tiles_n, n_steps = -(-n // tn), -(-k // tk)
+    kb = te.KernelBuilder(
+        "matmul", [("a", (m, k), "float32"), ("b", (k, n), "float32"), ("c", (m, n), "float32")]
+    )
+    a, b, c = kb.buffers
+    acc = kb.alloc_local("acc", (tm, tn), "float32")
+    a_tile = kb.alloc_local("a_tile", (tm, tk), "float32")
+    b_tile = kb.alloc_local("b_tile", (tk, tn), "float32")
+
+    def load_tile(dst, src, r0, c0, rows, cols, src_rows, src_cols, tag):
+        with kb.if_(tirx.And(r0 + rows <= src_rows, c0 + cols <= src_cols)):
+            with kb.loop(tag + "_r", rows) as i:
+                with kb.loop(tag + "_c", cols, kind="vectorized") as j:
+                    kb.store(dst, [i, j], src[r0 + i, c0 + j])
+        with kb.else_():
+            with kb.loop(tag + "_pr", rows) as i:
+                with kb.loop(tag + "_pc", cols) as j:
+                    inside = tirx.And(r0 + i < src_rows, c0 + j < src_cols)
+                    value = tirx.if_then_else(
+                        inside, src[r0 + i, c0 + j], tirx.const(0.0, "float32")
+                    )
+                    kb.store(dst, [i, j], value)
+
+    with kb.block_loop() as blk:
+        m0 = kb.let("m0", tirx.Cast("int32", blk // n_tiles_n) * tm)
+        n0 = kb.let("n0", tirx.Cast("int32", blk % n_tiles_n) * tn)
+        with kb.loop("zi", tm) as i:
+            with kb.loop("zj", tn, kind="vectorized") as j:
+                kb.store(acc, [i, j], 0.0)
+        with kb.loop("ks", n_steps) as ks:
+            k0 = kb.let("k0", ks * tk)
+            load_tile(a_tile, a, m0, k0, tm, tk, m, k, "la")
+            load_tile(b_tile, b, k0, n0, tk, tn, k, n, "lb")
+            with kb.loop("i", tm) as i:
+                with kb.loop("kk", tk) as kk:
+                    with kb.loop("j", tn, kind="vectorized") as j:
+                        kb.store(acc, [i, j], acc[i, j] + a_tile[i, kk] * b_tile[kk, j])
+        with kb.if_(tirx.And(m0 + tm <= m, n0 + tn <= n)):
+            with kb.loop("si", tm) as i:
+                with kb.loop("sj", tn, kind="vectorized") as j:
+                    kb.store(c, [m0 + i, n0 + j], acc[i, j])
+        with kb.else_():
+            with kb.loop("pi", tm) as i:
+                with kb.loop("pj", tn) as j:
+                    with kb.if_(tirx.And(m0 + i < m, n0 + j < n)):
+                        kb.store(c, [m0 + i, n0 + j], acc[i, j])
+    return kb
+
+
+@pytest.mark.parametrize("shape", [(200, 150, 77), (128, 64, 64)])
+def test_tiled_matmul(shape, tmp_path):
+    m, n, k = shape
+    lib, fn = _compile_and_load(_tiled_matmul(m, n, k), tmp_path)
+    ll = lib.inspect_source("ll")
+    assert "TVMBackendAllocWorkspace" not in ll, "local tiles must be stack allocations"
+    assert re.search(r"alloca \[4096 x float\]", ll), "acc should be one 16 KiB stack array"
+
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    c = tvm.runtime.tensor(np.full((m, n), np.nan, np.float32))
+    blocks = -(-m // 64) * -(-n // 64)
+    fn(0, blocks, tvm.runtime.tensor(a), tvm.runtime.tensor(b), c)
+    np.testing.assert_allclose(c.numpy(), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+
+
+def _ordered(v: np.ndarray) -> np.ndarray:
+    """float32 bit patterns mapped to integers monotone in the value (ulp distance)."""
+    bits = v.view(np.int32).astype(np.int64)
+    return np.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
+
+
+def test_exp_f32_accuracy(tmp_path):
+    n = 1 << 20
+    kb = te.KernelBuilder("exp", [("x", (n,), "float32"), ("y", (n,), "float32")])
+    x, y = kb.buffers
+    with kb.block_loop() as b:
+        with kb.loop("i", 16, kind="vectorized") as i:
+            kb.store(y, [b * 16 + i], te.exp_f32(x[b * 16 + i]))
+    _, fn = _compile_and_load(kb, tmp_path)
+
+    edges = np.array(
+        [0.0, -0.0, 1.0, -1.0, 1e-40, -1e-40, 0.34657359, -0.34657359, 0.6931472,
+         88.0, 88.72283, 88.72284, 88.7229, 89.0, 100.0, 1e30, np.inf,
+         -87.33, -87.34, -100.0, -103.27, -103.97, -103.98, -104.0, -1e30, -np.inf, np.nan],
+        np.float32,
+    )  # fmt: skip
+    rng = np.random.default_rng(3)
+    xs = np.concatenate(
+        [
+            edges,
+            rng.uniform(-110.0, 95.0, n // 2).astype(np.float32),
+            rng.uniform(-1.0, 1.0, n // 4).astype(np.float32),
+            # random bit patterns: every exponent, NaNs, infs, subnormals
+            rng.integers(0, 2**32, n - n // 2 - n // 4 - len(edges), dtype=np.uint32).view(
+                np.float32
+            ),
+        ]
+    )
+    out = tvm.runtime.tensor(np.zeros(n, np.float32))
+    fn(0, n // 16, tvm.runtime.tensor(xs), out)
+    got = out.numpy()
+    with np.errstate(all="ignore"):
+        ref = np.exp(xs.astype(np.float64)).astype(np.float32)
+    nan = np.isnan(ref)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got[np.isinf(ref)], ref[np.isinf(ref)])
+    np.testing.assert_array_equal(got[ref == 0], 0.0)
+    assert np.abs(_ordered(got[~nan]) - _ordered(ref[~nan])).max() <= 2
+
+
+def test_tanh_f32_accuracy(tmp_path):
+    n = 1 << 18
+    kb = te.KernelBuilder("tanh", [("x", (n,), "float32"), ("y", (n,), "float32")])
+    x, y = kb.buffers
+    with kb.block_loop() as b:
+        with kb.loop("i", 16, kind="vectorized") as i:
+            kb.store(y, [b * 16 + i], te.tanh_f32(x[b * 16 + i]))
+    _, fn = _compile_and_load(kb, tmp_path)
+
+    edges = np.array(
+        [0.0, -0.0, 1e-30, -1e-8, 1e-6, 0.6249, 0.625, 0.6251, 9.0, 44.0, 89.0, 1e30,
+         np.inf, -np.inf, np.nan],
+        np.float32,
+    )  # fmt: skip
+    rng = np.random.default_rng(5)
+    magnitudes = 10.0 ** rng.uniform(-40, 2, n // 2) * rng.choice([-1.0, 1.0], n // 2)
+    xs = np.concatenate(
+        [edges, magnitudes.astype(np.float32), rng.uniform(-12, 12, n // 2 - len(edges))]
+    ).astype(np.float32)
+    out = tvm.runtime.tensor(np.zeros(n, np.float32))
+    fn(0, n // 16, tvm.runtime.tensor(xs), out)
+    got = out.numpy()
+    ref = np.tanh(xs.astype(np.float64)).astype(np.float32)
+    nan = np.isnan(ref)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(np.signbit(got[~nan]), np.signbit(ref[~nan]))
+    assert np.abs(_ordered(got[~nan]) - _ordered(ref[~nan])).max() <= 2
+
+
+def test_float_helpers(tmp_path):
+    vals = np.array([-3, -0.5, 0, 2, np.nan, np.inf, -np.inf, 4] * 2, np.float32)
+    n = len(vals)
+    kb = te.KernelBuilder(
+        "helpers", [("x", (n,), "float32"), ("h", (n,), "float16"), ("out", (4, n), "float32")]
+    )
+    x, h, out = kb.buffers
+    with kb.block_loop():
+        with kb.loop("i", n, kind="vectorized") as i:
+            kb.store(out, [0, i], te.maximum(x[i], 1.0))
+            kb.store(out, [1, i], te.minimum(x[i], 1.0))
+            kb.store(out, [2, i], te.rsqrt(x[i]))
+            kb.store(
+                out, [3, i], tirx.Cast("float32", te.maximum(h[i], tirx.const(1.0, "float16")))
+            )
+    lib, fn = _compile_and_load(kb, tmp_path)
+    assert "llvm.sqrt.v16f32" in lib.inspect_source("ll")
+    res = tvm.runtime.tensor(np.zeros((4, n), np.float32))
+    fn(0, 1, tvm.runtime.tensor(vals), tvm.runtime.tensor(vals.astype(np.float16)), res)
+    with np.errstate(all="ignore"):
+        expected = [
+            np.maximum(vals, 1),
+            np.minimum(vals, 1),
+            1 / np.sqrt(vals),
+            np.maximum(vals, 1),
+        ]
+    np.testing.assert_array_equal(res.numpy(), np.array(expected, np.float32))
+
+
+def test_bfloat16_bindings_and_rounding(tmp_path):
+    """let() of bfloat16-derived values, exp_f32 of them, and explicit bfloat16 rounding."""
+    n = 4096
+    kb = te.KernelBuilder(
+        "bf16", [("x", (n,), "bfloat16"), ("u", (n,), "float32"), ("out", (3, n), "float32")]
+    )
+    x, u, out = kb.buffers
+    local = kb.alloc_local("local", (16,), "bfloat16")
+    with kb.block_loop() as b:
+        with kb.loop("i", 16, kind="vectorized") as i:
+            kb.store(local, [i], x[b * 16 + i])
+        with kb.loop("j", 16, kind="vectorized") as j:
+            k = b * 16 + j
+            a = kb.let("a", tirx.Cast("float32", x[k]))  # bfloat16 parameter
+            c = kb.let("c", tirx.Cast("float32", local[j]) * 2.0)  # bfloat16 local array
+            kb.store(out, [0, k], te.exp_f32(a))
+            kb.store(out, [1, k], c)
+            kb.store(out, [2, k], te.round_to_bfloat16(u[k]))
+    _, fn = _compile_and_load(kb, tmp_path)
+
+    rng = np.random.default_rng(4)
+    xv = rng.uniform(-20, 20, n).astype(ml_dtypes.bfloat16)
+    uv = rng.integers(0, 2**32, n, dtype=np.uint32).view(np.float32)
+    uv[:4] = [np.inf, -np.inf, np.nan, 3.4028235e38]
+    res = tvm.runtime.tensor(np.zeros((3, n), np.float32))
+    fn(0, n // 16, tvm.runtime.tensor(xv), tvm.runtime.tensor(uv), res)
+    got = res.numpy()
+    xf = xv.astype(np.float32)
+    np.testing.assert_allclose(got[0], np.exp(xf.astype(np.float64)), rtol=3e-7)
+    np.testing.assert_array_equal(got[1], xf * 2)
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_array_equal(got[2], uv.astype(ml_dtypes.bfloat16).astype(np.float32))
+
+
+def test_bfloat16_bindings_tvm_would_miscompile_are_rejected():
+    kb = te.KernelBuilder("bad_let", [("x", (16,), "bfloat16"), ("y", (16,), "float32")])
+    x, y = kb.buffers
+    with pytest.raises(ValueError, match="bfloat16"):
+        te.exp_f32(tirx.Cast("float32", x[0]))
+    with kb.block_loop():
+        with kb.loop("i", 16) as i:
+            var = tirx.Var("v", "float32")
+            kb.store(y, [i], tirx.Let(var, tirx.Cast("float32", x[i]), var + 1.0))
+    with pytest.raises(ValueError, match="bfloat16"):
+        te.build(kb.finish(), CPU)
+
+
+def test_raw_c_abi_without_checks(tmp_path):
+    """Call the exported symbol directly through the tvm-ffi C calling convention."""
+
+    class DLTensor(ctypes.Structure):
+        _fields_ = [
+            ("data", ctypes.c_void_p),
+            ("device_type", ctypes.c_int32),
+            ("device_id", ctypes.c_int32),
+            ("ndim", ctypes.c_int32),
+            ("dtype_code", ctypes.c_uint8),
+            ("dtype_bits", ctypes.c_uint8),
+            ("dtype_lanes", ctypes.c_uint16),
+            ("shape", ctypes.POINTER(ctypes.c_int64)),
+            ("strides", ctypes.POINTER(ctypes.c_int64)),
+            ("byte_offset", ctypes.c_uint64),
+        ]
+
+    class TVMFFIAny(ctypes.Structure):
+        _fields_ = [
+            ("type_index", ctypes.c_int32),
+            ("pad", ctypes.c_uint32),
+            ("value", ctypes.c_int64),
+        ]
+
+    n = 200
+    _compile_and_load(_vector_add(n, "float32"), tmp_path, checks=False)
+    lib = ctypes.CDLL(str(tmp_path / "vadd_float32.so"))
+    func = getattr(lib, te.ffi_symbol("vadd_float32"))
+    func.restype = ctypes.c_int32
+
+    arrays = [np.arange(n, dtype=np.float32), np.full(n, 0.5, np.float32), np.zeros(n, np.float32)]
+    shape = (ctypes.c_int64 * 1)(n)
+    tensors = [DLTensor(a.ctypes.data, 1, 0, 1, 2, 32, 1, shape, None, 0) for a in arrays]
+    k_int, k_dltensor_ptr = 1, 7
+    args = (TVMFFIAny * 5)(
+        TVMFFIAny(k_int, 0, 0),
+        TVMFFIAny(k_int, 0, 4),
+        *(TVMFFIAny(k_dltensor_ptr, 0, ctypes.addressof(t)) for t in tensors),
+    )
+    result = TVMFFIAny(0, 0, 0)
+    assert func(None, args, 5, ctypes.byref(result)) == 0
+    np.testing.assert_array_equal(arrays[2], np.arange(n) + 0.5)
+
+
+def test_builder_rejects_misuse():
+    kb = te.KernelBuilder("bad", [("x", (8,), "float32")])
+    with pytest.raises(ValueError):
+        with kb.else_():
+            pass
+    with pytest.raises(ValueError):
+        with kb.loop("i", kb.block_end - kb.block_begin, kind="vectorized"):
+            pass
+    with pytest.raises(ValueError):
+        te.KernelBuilder("not-an-identifier", [])

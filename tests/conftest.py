@@ -1,0 +1,19 @@
+"""Test setup: a fresh on-disk kernel cache per test session, and shared helpers."""
+
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+_CACHE = tempfile.mkdtemp(prefix="jaxtile-test-cache-")
+os.environ["JAXTILE_CACHE_DIR"] = _CACHE
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
+
+
+def to_f32(x):
+    return np.asarray(x, dtype=np.float32)

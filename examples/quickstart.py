@@ -32,7 +32,7 @@ def main() -> None:
         ("vector add (1M + 1000 tail, f32)", jt.ops.add, lambda x, y: x + y,
          (jax.random.normal(kx, (1_049_576,)), jax.random.normal(ky, (1_049_576,))), 0.0),
         ("row softmax (4096 x 1000, f32)", jt.ops.softmax,
-         lambda x: jax.nn.softmax(x, axis=-1), (jax.random.normal(kx, (4096, 1000)) * 4,), 2e-6),
+         lambda x: jax.nn.softmax(x, axis=-1), (jax.random.normal(kx, (4096, 1000)) * 4,), 1e-5),
         ("matmul_relu (1000 x 700 x 900, f32)", jt.ops.matmul_relu,
          lambda a, b: jnp.maximum(jnp.matmul(a, b, precision="highest"), 0),
          (jax.random.normal(ka, (1000, 700)), jax.random.normal(kb, (700, 900))), 1e-4),

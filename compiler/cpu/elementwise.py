@@ -7,7 +7,7 @@ every op, as XLA:CPU does. Float-to-int conversion saturates and maps NaN to 0, 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from tvm import tirx
@@ -30,6 +30,21 @@ def is_float(dtype: str) -> bool:
 
 def _const(value: float | int | bool, dtype: str) -> Expr:
     return tirx.const(value, dtype)
+
+
+Bind = Callable[[Expr], Expr]
+
+
+def _to(dtype: str, x: Expr, bind: Bind) -> Expr:
+    """Cast float32 ``x`` to ``dtype``. bfloat16 is rounded explicitly first: TVM folds a
+    later ``Cast(float32, Cast(bfloat16, x))`` back to ``x``, which would skip the rounding
+    that every bfloat16 op must show. ``bind`` evaluates an expression once and returns an
+    equivalent one free of bfloat16 and of Let nodes (see ``KernelBuilder.let``)."""
+    if dtype == "bfloat16" and te.dtype_of(x) == "float32":
+        # The cast is legalised into bit operations that repeat its operand, and TVM's
+        # vectorizer rejects a repeated Let node, so the rounded value is bound too.
+        x = bind(te.round_to_bfloat16(bind(x)))
+    return tirx.Cast(dtype, x)
 
 
 def _exp(x: Expr, dtype: str) -> Expr:
@@ -88,6 +103,8 @@ def _unary(fn: str, x: Expr, dtype: str) -> Expr:
         return x * x
     if fn == "exp":
         return _exp(x, dtype)
+    if fn == "tanh" and dtype == "float32":
+        return te.tanh_f32(x)
     if fn == "exp2":
         return _exp(x * _const(_LN2, dtype), dtype) if dtype == "float32" else tirx.exp2(x)
     if fn == "expm1":
@@ -107,8 +124,10 @@ def _unary(fn: str, x: Expr, dtype: str) -> Expr:
     return simple[fn](x)
 
 
-def elementwise(fn: str, args: Sequence[Expr], in_dtype: str, out_dtype: str) -> Expr:
-    """``fn`` applied to ``args`` (all of ``in_dtype``), giving a value of ``out_dtype``."""
+def elementwise(fn: str, args: Sequence[Expr], in_dtype: str, out_dtype: str,
+                bind: Bind) -> Expr:
+    """``fn`` applied to ``args`` (all of ``in_dtype``), giving a value of ``out_dtype``;
+    ``bind`` as in :func:`convert`."""
     compute = "float32" if in_dtype in _LOW_FLOATS else in_dtype
     if compute != in_dtype:
         args = [tirx.Cast(compute, a) for a in args]
@@ -116,11 +135,12 @@ def elementwise(fn: str, args: Sequence[Expr], in_dtype: str, out_dtype: str) ->
         result = _binary(fn, args[0], args[1], compute)
     else:
         result = _unary(fn, args[0], compute)
-    return result if out_dtype in ("bool", compute) else tirx.Cast(out_dtype, result)
+    return result if out_dtype in ("bool", compute) else _to(out_dtype, result, bind)
 
 
-def convert(x: Expr, src: str, dst: str) -> Expr:
-    """``x`` converted from ``src`` to ``dst`` with XLA's semantics."""
+def convert(x: Expr, src: str, dst: str, bind: Bind) -> Expr:
+    """``x`` converted from ``src`` to ``dst`` with XLA's semantics. ``bind`` evaluates an
+    expression once and returns an equivalent one free of bfloat16 (see ``_to``)."""
     if src == dst:
         return x
     if dst == "bool":
@@ -133,7 +153,7 @@ def convert(x: Expr, src: str, dst: str) -> Expr:
         lo, hi = _const(float(info.min), "float64"), _const(float(info.max), "float64")
         clamped = tirx.Select(wide < lo, lo, tirx.Select(wide > hi, hi, wide))
         return tirx.Select(tirx.isnan(x), _const(0, dst), tirx.Cast(dst, clamped))
-    return tirx.Cast(dst, x)
+    return _to(dst, x, bind)
 
 
 def reduce_init(fn: str, dtype: str) -> Expr:
@@ -148,10 +168,10 @@ def reduce_init(fn: str, dtype: str) -> Expr:
     return _const(int(info.min if fn == "max" else info.max), dtype)
 
 
-def reduce_combine(fn: str, acc: Expr, x: Expr, dtype: str) -> Expr:
+def reduce_combine(fn: str, acc: Expr, x: Expr, dtype: str, bind: Bind) -> Expr:
     """One step of reduction ``fn``."""
     name = {"sum": "add", "prod": "mul", "max": "max", "min": "min", "and": "and",
             "or": "or"}[fn]
     if dtype == "bool" and fn == "sum":
         name = "or"
-    return elementwise(name, [acc, x], dtype, dtype)
+    return elementwise(name, [acc, x], dtype, dtype, bind)

@@ -27,6 +27,7 @@ from . import elementwise as ew
 from . import tir_emit as te
 
 _VECTOR_LANES = 8
+_BINDS_OPERANDS = frozenset({"exp", "exp2", "expm1", "logistic", "tanh", "round_away", "sign"})
 
 
 def _is_true(cond: Expr | bool) -> bool:
@@ -67,6 +68,11 @@ class _Lowering:
         self.arrays: dict[int, tirx.Buffer] = {}
         self.inline: dict[int, ir.Op] = {}
         self._names = 0
+
+    def bind(self, value: Expr) -> Expr:
+        """``value`` evaluated once, as an expression free of bfloat16 and of Let nodes
+        (TVM's vectorizer rejects a Let whose value holds further Lets)."""
+        return self.kb.let(self.name("r"), value)
 
     def name(self, prefix: str) -> str:
         self._names += 1
@@ -116,10 +122,16 @@ class _Lowering:
         if kind == "elementwise":
             args = [self.at(v, _operand_index(v, idx)) for v in op.operands]
             in_dtype = ew.tvm_dtype(op.operands[0].dtype)
-            return ew.elementwise(op.attrs["fn"], args, in_dtype, out)
+            if op.attrs["fn"] in _BINDS_OPERANDS and any(map(te.involves_bfloat16, args)):
+                # These expand into TIR Let expressions, which TVM miscompiles when the
+                # bound value involves bfloat16: compute in float32 from operands bound
+                # through a store (KernelBuilder.let).
+                args = [self.kb.let(self.name("h"), tirx.Cast("float32", a)) for a in args]
+                in_dtype = "float32"
+            return ew.elementwise(op.attrs["fn"], args, in_dtype, out, self.bind)
         if kind == "convert":
             src = op.operands[0]
-            return ew.convert(self.at(src, idx), ew.tvm_dtype(src.dtype), out)
+            return ew.convert(self.at(src, idx), ew.tvm_dtype(src.dtype), out, self.bind)
         if kind == "select":
             pred, on_false, on_true = (self.at(v, _operand_index(v, idx)) for v in op.operands)
             return tirx.Select(pred, on_true, on_false)
@@ -205,7 +217,8 @@ class _Lowering:
         with self.nest(value.shape) as idx:
             coords = self.element(name, op.attrs["index"], idx, clamp=True)
             self.kb.store(buf, coords, ew.convert(self.at(value, idx),
-                                                  ew.tvm_dtype(value.dtype), str(buf.dtype)))
+                                                  ew.tvm_dtype(value.dtype), str(buf.dtype),
+                                                  self.bind))
 
     def copy(self, op: ir.Op) -> None:
         a = op.attrs
@@ -231,7 +244,7 @@ class _Lowering:
             with self.nest(tile) as idx:
                 v = src[tuple(element(src, a["src_index"], s_starts, idx))]
                 self.kb.store(dst, element(dst, a["dst_index"], d_starts, idx),
-                              ew.convert(v, str(src.dtype), str(dst.dtype)))
+                              ew.convert(v, str(src.dtype), str(dst.dtype), self.bind))
 
         inside = _and([fits(src, a["src"], a["src_index"], s_starts),
                        fits(dst, a["dst"], a["dst_index"], d_starts)])
@@ -282,7 +295,8 @@ class _Lowering:
             it = iter(idx)
             d_coords = [s if i.size is None else s + next(it)
                         for s, i in zip(d_starts, a["dst_index"])]
-            self.kb.store(dst, d_coords, ew.convert(value, str(src.dtype), str(dst.dtype)))
+            self.kb.store(dst, d_coords,
+                          ew.convert(value, str(src.dtype), str(dst.dtype), self.bind))
 
     def gemm(self, op: ir.Op) -> None:
         a = op.attrs
@@ -292,10 +306,11 @@ class _Lowering:
         acc = str(C.dtype)
         with self.kb.loop(self.name("m"), m) as i, self.kb.loop(self.name("k"), k) as kk:
             a_ik = A[kk, i] if a["transpose_a"] else A[i, kk]
-            a_val = self.kb.let(self.name("a"), ew.convert(a_ik, str(A.dtype), acc))
+            a_val = self.kb.let(self.name("a"), ew.convert(a_ik, str(A.dtype), acc, self.bind))
             with self.nest((n,)) as (j,):
                 b_kj = B[j, kk] if a["transpose_b"] else B[kk, j]
-                self.kb.store(C, [i, j], C[i, j] + a_val * ew.convert(b_kj, str(B.dtype), acc))
+                b_val = ew.convert(b_kj, str(B.dtype), acc, self.bind)
+                self.kb.store(C, [i, j], C[i, j] + a_val * b_val)
 
     def reduce(self, op: ir.Op) -> None:
         src, res = op.operands[0], op.result
@@ -313,8 +328,8 @@ class _Lowering:
                     full[d] = e
                 for d, e in zip(red, red_idx):
                     full[d] = e
-                x = ew.convert(self.at(src, full), ew.tvm_dtype(src.dtype), dtype)
-                self.kb.store(acc, [0], ew.reduce_combine(fn, acc[0], x, dtype))
+                x = ew.convert(self.at(src, full), ew.tvm_dtype(src.dtype), dtype, self.bind)
+                self.kb.store(acc, [0], ew.reduce_combine(fn, acc[0], x, dtype, self.bind))
             if arr is not None:
                 self.kb.store(arr, out_idx, acc[0])
         if arr is None:

@@ -146,7 +146,7 @@ def _nodes(root: tirx.Stmt | Expr) -> Iterator[tirx.Stmt | Expr]:
             info = info.parent_type_info
 
 
-def _involves_bfloat16(value: Expr) -> bool:
+def involves_bfloat16(value: Expr) -> bool:
     """Whether any part of ``value`` (a load, cast, constant, variable) is bfloat16."""
     return any(
         isinstance(node, Expr)
@@ -164,7 +164,7 @@ def _check_bindings(func: tirx.PrimFunc) -> None:
     variable (local arrays), and a bfloat16 cast there fails to compile.
     """
     for node in _nodes(func.body):
-        if isinstance(node, tirx.Bind | tirx.Let) and _involves_bfloat16(node.value):
+        if isinstance(node, tirx.Bind | tirx.Let) and involves_bfloat16(node.value):
             raise ValueError(
                 f"binding of {node.var} involves bfloat16, which TVM miscompiles; "
                 "bind such values with KernelBuilder.let"
@@ -242,12 +242,16 @@ class KernelBuilder:
         of the current body.
 
         Normally that is a new variable bound by a ``Bind`` statement. TVM miscompiles
-        bindings that involve bfloat16 (see :func:`build`), so such a value is stored to a
+        bindings that involve bfloat16 (see :func:`build`) and cannot vectorise a binding
+        whose value holds ``Let`` expressions, so such a value is stored to a
         fresh local array instead (one element per lane of the enclosing vectorised loops),
         and a load of it is returned; LLVM keeps it in registers all the same.
         """
         dtype = dtype_of(value)
-        if not _involves_bfloat16(value):
+        # TVM's vectorizer also rejects a Bind whose value holds Let expressions (it binds
+        # their variables twice), so those go through a store as well.
+        if not involves_bfloat16(value) and not any(
+                isinstance(node, tirx.Let) for node in _nodes(value)):
             var = tirx.Var(name, dtype)
             self.emit(tirx.Bind(var, value))
             return var
@@ -378,7 +382,7 @@ def exp_f32(x: Expr) -> Expr:
     """
     if dtype_of(x) != "float32":
         raise TypeError(f"exp_f32 needs a float32 operand, got {dtype_of(x)}")
-    if _involves_bfloat16(x):
+    if involves_bfloat16(x):
         raise ValueError("exp_f32 operand involves bfloat16; bind it with KernelBuilder.let")
 
     def from_clamped(xc: Expr) -> Expr:
@@ -423,7 +427,7 @@ def tanh_f32(x: Expr) -> Expr:
     """
     if dtype_of(x) != "float32":
         raise TypeError(f"tanh_f32 needs a float32 operand, got {dtype_of(x)}")
-    if _involves_bfloat16(x):
+    if involves_bfloat16(x):
         raise ValueError("tanh_f32 operand involves bfloat16; bind it with KernelBuilder.let")
 
     def from_x(xv: Expr) -> Expr:

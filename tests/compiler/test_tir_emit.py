@@ -9,6 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from tvm import tirx
 
 from jaxtile.compiler.cpu import tir_emit as te
@@ -84,8 +85,6 @@ def test_vector_add_on_16_byte_aligned_data(tmp_path):
     x = misaligned(np.arange(n))
     y = misaligned(np.arange(n) * 2)
     out = misaligned(np.zeros(n))
-    import tvm_ffi
-
     mod = tvm_ffi.load_module(str(tmp_path / "vadd_float32.so"))
     mod["vadd_float32"](0, 16, *(tvm_ffi.from_dlpack(a) for a in (x, y, out)))
     np.testing.assert_array_equal(out, np.arange(n) * 3)

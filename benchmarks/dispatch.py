@@ -1,0 +1,87 @@
+"""Dispatch overhead: a jitted jaxtile kernel call on 8 floats vs the same op in jnp.
+
+Both contenders are ``jax.jit`` functions called on an 8-element f32 array with
+``block_until_ready`` after every call, so the kernel's own work is negligible and the time is
+XLA's executable dispatch plus, for jaxtile, the FFI custom call (registry lookup, buffer
+packing, kernel entry). A third contender calls the same FFI target through a bare
+``jax.ffi.ffi_call`` (no jaxtile Python involved), to tell jaxtile's wrapper from the FFI
+itself.
+
+Eager calls (no ``jax.jit`` around the call) are timed too, for information: they add
+jaxtile's Python per-call work (specialisation lookup, primitive bind) and have no target.
+
+    python benchmarks/dispatch.py [--rounds 20] [--calls 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from _timing import emit, environment, interleaved, log, ratio, summary
+
+import jaxtile as jt
+
+TARGET_RATIO = 1.3
+N = 8
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--calls", type=int, default=2000, help="calls per round")
+    args = parser.parse_args()
+
+    x = jnp.arange(N, dtype=jnp.float32)
+    y = jnp.full((N,), 0.5, jnp.float32)
+
+    ours = jax.jit(lambda x, y: jt.ops.add(x, y, block=N))
+    theirs = jax.jit(lambda x, y: x + y)
+    # The same custom call jaxtile lowers to, issued directly.
+    key = jt.ops.add.lower(x, y, block=N).key
+    raw_call = jax.ffi.ffi_call("jaxtile_cpu_call", jax.ShapeDtypeStruct((N,), jnp.float32))
+    raw = jax.jit(lambda x, y: raw_call(x, y, key=key))
+
+    want = np.asarray(x) + np.asarray(y)
+    for fn in (ours, theirs, raw):  # compiles (ours first: it loads the kernel) and checks
+        np.testing.assert_array_equal(np.asarray(fn(x, y)), want)
+
+    contenders = {
+        "jaxtile": lambda: ours(x, y).block_until_ready(),
+        "jnp": lambda: theirs(x, y).block_until_ready(),
+        "raw_ffi_call": lambda: raw(x, y).block_until_ready(),
+        "jaxtile_eager": lambda: jt.ops.add(x, y, block=N).block_until_ready(),
+        "jnp_eager": lambda: (x + y).block_until_ready(),
+    }
+    log(f"dispatch: {args.rounds} rounds x {args.calls} calls of each contender ...")
+    interleaved(contenders, rounds=2, calls=args.calls // 4 or 1)  # warm-up, discarded
+    samples = interleaved(contenders, rounds=args.rounds, calls=args.calls)
+
+    r = ratio(samples, "jaxtile", "jnp")
+    emit({
+        "benchmark": "dispatch",
+        "description": f"jax.jit call on a {N}-element f32 array, block_until_ready each call",
+        "unit": "us per call",
+        "rounds": args.rounds,
+        "calls_per_round": args.calls,
+        "jaxtile": summary(samples["jaxtile"], 1e6),
+        "jnp": summary(samples["jnp"], 1e6),
+        "raw_ffi_call": summary(samples["raw_ffi_call"], 1e6),
+        "ratio": r["of_medians"],
+        "ratio_paired_median": r["paired_median"],
+        "ratio_raw_ffi_call_vs_jnp": ratio(samples, "raw_ffi_call", "jnp")["of_medians"],
+        "target_ratio": TARGET_RATIO,
+        "meets_target": r["of_medians"] <= TARGET_RATIO,
+        "eager": {
+            "jaxtile": summary(samples["jaxtile_eager"], 1e6),
+            "jnp": summary(samples["jnp_eager"], 1e6),
+            "ratio": ratio(samples, "jaxtile_eager", "jnp_eager")["of_medians"],
+        },
+        "environment": environment(),
+    })
+
+
+if __name__ == "__main__":
+    main()

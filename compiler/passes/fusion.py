@@ -74,15 +74,15 @@ def _fuse_list(body: list[ir.Stmt], counts: Counter, reads: dict[int, tuple]) ->
             continue
         own: set[str] = set()
         aligned: set | None = set()
-        if stmt.kind == "load":
-            own = {stmt.attrs["buffer"]}
-            aligned = {(stmt.attrs["buffer"], stmt.attrs["index"])}
-        elif stmt.kind not in _ALIGNED:
-            aligned = None
         for v in stmt.operands:
             v_own, v_aligned = reads.get(v.id, (set(), set()))
             own = own | v_own
             aligned = None if aligned is None or v_aligned is None else aligned | v_aligned
+        if stmt.kind == "load":
+            own = {stmt.attrs["buffer"]}
+            aligned = {(stmt.attrs["buffer"], stmt.attrs["index"])}
+        elif stmt.kind not in _ALIGNED and own:
+            aligned = None  # moves elements around (broadcast, transpose...) of a buffer read
         positions = where.get(res.id, [])
         if (stmt.kind not in _PURE or res.shape == () or not positions
                 or any(p < 0 for p in positions)

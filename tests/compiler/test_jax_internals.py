@@ -1,0 +1,87 @@
+"""The assumptions jaxtile makes about JAX's private structures, checked one by one so that
+a JAX upgrade fails here first."""
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxtile.compiler import jax_internals as ji
+
+
+def _jaxpr(fn, *avals):
+    return jax.make_jaxpr(fn)(*avals)
+
+
+def test_get_and_swap_carry_an_ndindexer():
+    def body(x):
+        v = x[lax.div(3, 1), ji.Slice(2, 4)]
+        x[0, :] = jnp.zeros((8,))
+        return v
+
+    jaxpr = _jaxpr(body, ji.ref_aval((5, 8), jnp.float32)).jaxpr
+    get, swap = [e for e in jaxpr.eqns if e.primitive.name in ("get", "swap")]
+    ref, (indexer,) = ji.ref_indexers(get)
+    assert ref is jaxpr.invars[0]
+    assert isinstance(indexer, ji.NDIndexer)
+    assert isinstance(indexer.indices[1], ji.Slice) and indexer.indices[1].size == 4
+    _, (indexer,) = ji.ref_indexers(swap)
+    assert ji.value_operand(swap).aval.shape == (8,)
+    assert not isinstance(indexer.indices[0], ji.Slice)
+
+
+def test_constant_indices_are_known_at_trace_time():
+    seen = []
+
+    def body(x):
+        seen.append(ji.concrete_int(x.at[12].transforms[0].indices[0]))
+        return x[...]
+
+    _jaxpr(body, ji.ref_aval((16,), jnp.float32))
+    assert seen == [12]
+
+
+def test_static_fori_loop_is_a_scan_with_one_carry():
+    def body(x):
+        def step(i, c):
+            x[...] = x[...] + i
+            return c
+
+        lax.fori_loop(0, 5, step, 0)
+
+    (eqn,) = _jaxpr(body, ji.ref_aval((), jnp.int32)).jaxpr.eqns
+    assert eqn.primitive.name == "scan"
+    assert eqn.params["length"] == 5 and eqn.params["num_carry"] == 1
+    assert not eqn.params["reverse"]
+
+
+def test_cond_has_false_then_true_branch():
+    def body(p, x):
+        lax.cond(p, lambda: x.__setitem__(..., 1.0), lambda: None)
+
+    eqns = _jaxpr(body, jax.ShapeDtypeStruct((), jnp.bool_),
+                  ji.ref_aval((), jnp.float32)).jaxpr.eqns
+    (cond,) = [e for e in eqns if e.primitive.name == "cond"]
+    false_branch, true_branch = cond.params["branches"]
+    assert not false_branch.jaxpr.eqns and true_branch.jaxpr.eqns
+
+
+def test_discharge_and_eval_give_final_ref_values():
+    def body(x):
+        x[...] = x[...] * 2
+
+    closed = _jaxpr(body, ji.ref_aval((3,), jnp.float32))
+    pure = ji.discharge_state(closed)
+    (out,) = ji.eval_jaxpr(pure, jnp.arange(3.0))
+    assert list(out) == [0.0, 2.0, 4.0]
+
+
+def test_user_source_line_points_here():
+    def body(x):
+        x[...] = jnp.sin(x[...])  # THE-LINE
+
+    eqns = _jaxpr(body, ji.ref_aval((3,), jnp.float32)).jaxpr.eqns
+    (sin,) = [e for e in eqns if e.primitive.name == "sin"]
+    line = ji.user_source_line(sin.source_info)
+    with open(__file__) as f:
+        expected = next(i for i, t in enumerate(f, 1) if "# THE-LINE" in t and "expected" not in t)
+    assert line == f"{__file__}:{expected}"

@@ -146,7 +146,7 @@ class Kernel:
             entry = build.build(self._tile_ir(spec), get_target("cpu"))
             kernel_call.load(entry)
             avals = tuple(ji.ShapedArray(b.shape, b.dtype) for b in spec.traced.outputs)
-            spec.handle = kernel_call.KernelHandle(entry.key, self.name, avals)
+            spec.handle = kernel_call.KernelHandle(entry.key, self.name, avals, entry)
         return spec.handle
 
     # --- calling ---------------------------------------------------------

@@ -1,1 +1,3 @@
-"""placeholder"""
+"""JAX primitives: the tile-language ops used in kernel bodies and ``kernel_call``."""
+
+from . import kernel_call, lowering, reference, tile_ops  # noqa: F401  (registers the rules)

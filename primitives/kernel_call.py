@@ -14,13 +14,10 @@ from typing import Any
 
 import jax
 from jax.extend.core import Primitive
-from jax.interpreters import mlir
 
 from jaxtile import _ffi
 from jaxtile.compiler import cache
 from jaxtile.compiler import jax_internals as ji
-
-CPU_TARGET_NAME = "jaxtile_cpu_call"
 
 kernel_call_p = Primitive("jaxtile_kernel_call")
 kernel_call_p.multiple_results = True
@@ -37,6 +34,8 @@ class KernelHandle:
     key: str
     name: str
     out_avals: tuple[ji.ShapedArray, ...]
+    entry: cache.Entry
+    """Where the compiled library is (for loading it, and for embedding it in exports)."""
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, KernelHandle) and other.key == self.key
@@ -67,11 +66,5 @@ def _impl(*args: Any, kernel: KernelHandle) -> Any:
     return _jitted(kernel)(*args)
 
 
-def _cpu_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
-    return jax.ffi.ffi_lowering(CPU_TARGET_NAME)(ctx, *args, key=kernel.key)
-
-
 kernel_call_p.def_abstract_eval(_abstract_eval)
 kernel_call_p.def_impl(_impl)
-mlir.register_lowering(kernel_call_p, _cpu_lowering, platform="cpu")
-jax.ffi.register_ffi_target(CPU_TARGET_NAME, _ffi.cpu_handler(), platform="cpu")

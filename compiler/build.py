@@ -14,9 +14,10 @@ COMPILER_VERSION = "jaxtile-compiler-1"
 
 
 def to_tile_ir(name: str, jaxpr: ji.ClosedJaxpr, buffers: Sequence[ir.Buffer],
-               grid: tuple[int, ...], threads: int) -> ir.Kernel:
+               grid: tuple[int, ...], threads: int,
+               index_axes: Sequence[int | None]) -> ir.Kernel:
     """Convert, verify and clean up a traced body; the result is ready for lowering."""
-    kernel = from_jaxpr.convert(name, jaxpr, buffers, grid, threads)
+    kernel = from_jaxpr.convert(name, jaxpr, buffers, grid, threads, index_axes)
     return eliminate_dead_code(check_output_coverage(verify.verify(kernel)))
 
 

@@ -1,6 +1,6 @@
 """Traced kernel body (stateful jaxpr) -> Tile IR.
 
-Assumes the jaxpr's inputs are ``[3 block indices, *buffers]`` in the order of the given
+Assumes the jaxpr's inputs are ``[block indices, *buffers]`` in the order of the given
 buffers, as jaxtile's tracer produces. Guarantees a Tile IR kernel whose ops are those listed
 in :mod:`jaxtile.compiler.ir`; any primitive without a Tile IR meaning is rejected with the
 user's source line.
@@ -93,26 +93,32 @@ class _Converter:
 
     # indexing -------------------------------------------------------------
     def index(self, buf: ir.Buffer, transforms: list[Any], out: list[ir.Stmt]):
-        if not transforms:
-            return tuple(ir.Index(0, d) for d in buf.shape)
-        if len(transforms) != 1 or not isinstance(transforms[0], ji.NDIndexer):
-            raise self.error(f"unsupported view of buffer '{buf.name}' (only one level of "
-                             "indexing, e.g. x[i, ds(j, n)], is supported)")
-        index = []
-        for entry in transforms[0].indices:
-            if isinstance(entry, ji.Slice):
-                if entry.stride != 1:
-                    raise self.error(f"strided slices of '{buf.name}' are not supported")
-                size = entry.size
-                if not isinstance(size, int):
-                    raise self.error(f"slices of '{buf.name}' must have a static size")
-                index.append(ir.Index(self.scalar(entry.start, out), size))
-            else:
-                if getattr(getattr(entry, "aval", None), "shape", ()) != ():
-                    raise self.error(f"gather-style (array) indexing of '{buf.name}' is not "
-                                     "supported; use jt.copy with tile origins")
-                index.append(ir.Index(self.scalar(entry, out), None))
-        return tuple(index)
+        if not all(isinstance(t, ji.NDIndexer) for t in transforms):
+            raise self.error(f"unsupported view of buffer '{buf.name}' (only indexing views "
+                             "such as x.at[i, ds(j, n)] are supported)")
+        levels = [[self.index_entry(buf, e, out) for e in t.indices] for t in transforms]
+
+        def add(a, b):
+            res = ir.Value((), np.int32)
+            ops = [a if isinstance(a, ir.Value) else self.constant(a, np.int32, out),
+                   b if isinstance(b, ir.Value) else self.constant(b, np.int32, out)]
+            out.append(ir.Op("elementwise", tuple(ops), res, {"fn": "add"}, self.line))
+            return res
+
+        return tuple(ir.Index(s, z) for s, z in ir.compose_indices(levels, buf.shape, add))
+
+    def index_entry(self, buf: ir.Buffer, entry: Any, out: list[ir.Stmt]):
+        """``(start, size)`` of one indexer entry; size None for a single index."""
+        if isinstance(entry, ji.Slice):
+            if entry.stride != 1:
+                raise self.error(f"strided slices of '{buf.name}' are not supported")
+            if not isinstance(entry.size, int):
+                raise self.error(f"slices of '{buf.name}' must have a static size")
+            return self.scalar(entry.start, out), entry.size
+        if getattr(getattr(entry, "aval", None), "shape", ()) != ():
+            raise self.error(f"gather-style (array) indexing of '{buf.name}' is not "
+                             "supported; use jt.copy with tile origins")
+        return self.scalar(entry, out), None
 
     def scalar(self, atom: Any, out: list[ir.Stmt]) -> int | ir.Value:
         if isinstance(atom, int | np.integer):
@@ -307,21 +313,23 @@ class _Converter:
 
 
 def convert(name: str, closed: ji.ClosedJaxpr, buffers: Sequence[ir.Buffer],
-            grid: tuple[int, ...], threads: int) -> ir.Kernel:
-    """Convert a traced kernel body into a Tile IR kernel (see the module docstring)."""
+            grid: tuple[int, ...], threads: int,
+            index_axes: Sequence[int | None]) -> ir.Kernel:
+    """Convert a traced kernel body into a Tile IR kernel (see the module docstring).
+
+    ``index_axes[i]`` is the grid axis that the jaxpr's i-th block-index input reads, or
+    None for an unused one (it reads as 0).
+    """
     conv = _Converter(name, buffers)
     jaxpr = closed.jaxpr
     block_indices = tuple(ir.Value((), np.int32) for _ in grid)
-    zero_dims = len(jaxpr.invars) - len(buffers)
     body: list[ir.Stmt] = []
-    for i, var in enumerate(jaxpr.invars[:zero_dims]):
-        if i < len(grid):
-            conv.env[var] = block_indices[i]
+    for var, axis in zip(jaxpr.invars, index_axes):
+        if axis is None:
+            conv.env[var] = conv.constant(0, np.int32, body)
         else:
-            zero = ir.Value((), np.int32)
-            body.append(ir.Op("const", (), zero, {"value": 0}))
-            conv.env[var] = zero
-    for var, buf in zip(jaxpr.invars[zero_dims:], buffers):
+            conv.env[var] = block_indices[axis]
+    for var, buf in zip(jaxpr.invars[len(index_axes):], buffers):
         conv.env[var] = buf
     conv.bind_consts(jaxpr, closed.consts, body)
     conv.block(jaxpr, body)

@@ -181,3 +181,27 @@ SIDE_EFFECTS = frozenset({"store", "copy", "gemm"})
 def tile_shape(index: tuple[Index, ...]) -> tuple[int, ...]:
     """The shape of the tile an index selects."""
     return tuple(i.size for i in index if i.size is not None)
+
+
+def compose_indices(levels: list[list[tuple[Any, int | None]]], shape: tuple[int, ...],
+                    add: Any) -> list[tuple[Any, int | None]]:
+    """Fold views of views into one index of the base buffer.
+
+    ``levels`` holds, outermost view first, one ``(start, size)`` per dimension *of the view
+    it indexes* (``size`` None selects one element and drops the dimension). Returns one
+    ``(start, size)`` per base dimension; ``add(a, b)`` adds two starts (ints or the caller's
+    scalar values).
+    """
+    dims: list[tuple[Any, int | None]] = [(0, n) for n in shape]
+    open_dims = list(range(len(shape)))
+    for level in levels:
+        if len(level) != len(open_dims):
+            raise ValueError(f"a view with {len(level)} indices of a {len(open_dims)}-d ref")
+        still_open = []
+        for d, (start, size) in zip(open_dims, level):
+            base = dims[d][0]
+            dims[d] = (start if isinstance(base, int) and base == 0 else add(base, start), size)
+            if size is not None:
+                still_open.append(d)
+        open_dims = still_open
+    return dims

@@ -3,10 +3,14 @@
 The body runs twice under ``jax.make_jaxpr``. The first pass discovers what the body
 allocates (``jt.empty`` outputs, ``jt.shared``/``jt.fragment``/``jt.local`` scratch), the grid
 and which refs it returns. The second pass runs the body with every allocation already an input
-ref of the jaxpr, so the jaxpr's inputs are ``[block indices (3), kernel inputs, allocations]``
-and nothing is allocated inside it. That shape suits both the compiler (buffers are
-parameters or hoisted scratch) and the reference semantics (outputs persist across grid blocks,
-scratch is fresh per block).
+ref of the jaxpr, so the jaxpr's inputs are ``[block indices, kernel inputs, outputs (in the
+order the body returns them), scratch]`` and nothing is allocated inside it. That shape suits
+both the compiler (buffers are parameters or hoisted scratch) and the reference semantics
+(outputs persist across grid blocks, scratch is fresh per block).
+
+A batched (vmapped) specialisation traces the same body with extra grid axes, one per batch
+level: the batched inputs and all outputs carry the batch dimensions in front, and the body
+sees ``ref.at[batch indices]`` views of them, so it computes one batch element per block.
 """
 
 from __future__ import annotations
@@ -28,6 +32,15 @@ from jaxtile.compiler.errors import KernelError, kernel_error, user_line
 MAX_GRID_RANK = 3
 
 _SCOPE_PREFIX = {"global": "out", "shared": "smem", "fragment": "frag", "local": "local"}
+_API_NAME = {"global": "empty", "shared": "shared", "fragment": "fragment", "local": "local"}
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchLevel:
+    """One level of vmap: its size and which kernel inputs carry it."""
+
+    size: int
+    batched: tuple[bool, ...]
 
 
 @dataclasses.dataclass
@@ -39,15 +52,20 @@ class _Allocation:
 
 
 class _TraceState:
-    def __init__(self, kernel: str, expected: Sequence[_Allocation] | None):
+    def __init__(self, kernel: str, batch: Sequence[BatchLevel],
+                 expected: Sequence[_Allocation] | None):
         self.kernel = kernel
+        self.batch_shape = tuple(level.size for level in batch)
         self.expected = expected
         self.allocations: list[_Allocation] = []
         self.grid: tuple[int, ...] | None = None
         self.block_indices: tuple[Any, ...] = ()
+        self.batch_indices: tuple[Any, ...] = ()
         self.prepared_refs: Sequence[Any] = ()
+        self.slots: Sequence[int] = ()
         self.scopes: dict[int, str] = {}
         self.refs: list[Any] = []
+        self.result: Any = None
 
     def error(self, message: str) -> KernelError:
         return kernel_error(self.kernel, message, user_line())
@@ -56,23 +74,32 @@ class _TraceState:
         shape = _static_shape(self, shape, f"jt.{_API_NAME[scope]}")
         dtype = np.dtype(dtype)
         n = len(self.allocations)
+        lead = self.batch_shape if scope == "global" else ()
         if self.expected is None:
-            ref = jax.ref.new_ref(jnp.zeros(shape, dtype))
+            ref = jax.ref.new_ref(jnp.zeros(lead + shape, dtype))
         else:
             if n >= len(self.expected) or self.expected[n].shape != shape:
                 raise self.error("the body allocated different buffers on its second trace; "
                                  "kernel bodies must be deterministic")
-            ref = self.prepared_refs[n]
+            ref = self.prepared_refs[self.slots[n]]
         self.allocations.append(_Allocation(scope, shape, dtype, user_line()))
         self.scopes[id(ref)] = scope
-        self.refs.append(ref)
-        return ref
+        view = ref.at[tuple(self.batch_indices)] if lead else ref
+        self.refs.append(view)
+        return view
 
     def scope_of(self, ref: Any) -> str:
-        return self.scopes.get(id(ref), "global")
+        return self.scopes.get(id(ji.flatten_ref(ref)[0]), "global")
+
+    def input_views(self, refs: Sequence[Any], batch: Sequence[BatchLevel]) -> list[Any]:
+        views = []
+        for i, ref in enumerate(refs):
+            self.scopes[id(ref)] = "global"
+            idx = tuple(b for b, level in zip(self.batch_indices, batch) if level.batched[i])
+            views.append(ref.at[idx] if idx else ref)
+        return views
 
 
-_API_NAME = {"global": "empty", "shared": "shared", "fragment": "fragment", "local": "local"}
 _local = threading.local()
 
 
@@ -114,11 +141,14 @@ class Traced:
     name: str
     jaxpr: ji.ClosedJaxpr
     grid: tuple[int, ...]
+    """The full launch grid: the body's ``jt.grid`` axes, then one axis per batch level
+    (innermost level first). Axis 0 varies fastest."""
+    index_axes: tuple[int | None, ...]
+    """For each block-index input of the jaxpr, the grid axis it reads (None: always 0)."""
     buffers: tuple[ir.Buffer, ...]
+    """Inputs, outputs in the order the body returns them, then scratch."""
     num_inputs: int
     out_tree: Any
-    out_buffers: tuple[int, ...]
-    """Index (into ``buffers``) of each returned output, in the order of ``out_tree``'s leaves."""
 
     @property
     def outputs(self) -> tuple[ir.Buffer, ...]:
@@ -126,48 +156,61 @@ class Traced:
 
 
 def trace(fn: Callable[..., Any], name: str, arg_names: Sequence[str],
-          args: Sequence[jax.ShapeDtypeStruct], params: dict[str, Any]) -> Traced:
-    """Trace ``fn(*refs, **params)`` for inputs shaped like ``args``; see the module doc."""
-    index_avals = [jax.ShapeDtypeStruct((), jnp.int32)] * MAX_GRID_RANK
-    in_avals = [ji.ref_aval(a.shape, a.dtype) for a in args]
+          args: Sequence[jax.ShapeDtypeStruct], params: dict[str, Any],
+          batch: Sequence[BatchLevel] = ()) -> Traced:
+    """Trace ``fn(*refs, **params)`` for inputs shaped like ``args`` (their unbatched shapes),
+    under the batch levels ``batch`` (outermost first); see the module doc."""
+    n_idx = MAX_GRID_RANK + len(batch)
+    index_avals = [jax.ShapeDtypeStruct((), jnp.int32)] * n_idx
+    full_shapes = [tuple(level.size for level in batch if level.batched[i]) + tuple(a.shape)
+                   for i, a in enumerate(args)]
+    in_avals = [ji.ref_aval(s, a.dtype) for s, a in zip(full_shapes, args)]
+    n_in = len(args)
 
-    first = _TraceState(name, None)
+    def run(state: _TraceState, operands: Sequence[Any]) -> None:
+        state.block_indices = operands[:MAX_GRID_RANK]
+        state.batch_indices = operands[MAX_GRID_RANK:n_idx]
+        views = state.input_views(operands[n_idx:n_idx + n_in], batch)
+        with _active(state):
+            state.result = fn(*views, **params)
 
-    def first_pass(*operands):
-        first.block_indices = operands[:MAX_GRID_RANK]
-        for ref in operands[MAX_GRID_RANK:]:
-            first.scopes[id(ref)] = "global"
-        with _active(first):
-            result = fn(*operands[MAX_GRID_RANK:], **params)
-        first.result = result
-        return ()
+    first = _TraceState(name, batch, None)
+    _run_user(name, lambda: jax.make_jaxpr(lambda *ops: run(first, ops))(
+        *index_avals, *in_avals))
+    out_tree, returned = _returned_outputs(first)
 
-    _run_user(name, lambda: jax.make_jaxpr(first_pass)(*index_avals, *in_avals))
-    out_tree, out_allocs = _returned_outputs(first)
-
-    second = _TraceState(name, first.allocations)
-    alloc_avals = [ji.ref_aval(a.shape, a.dtype) for a in first.allocations]
+    # Second pass: outputs in returned order, then scratch in creation order.
+    scratch = [k for k, a in enumerate(first.allocations) if a.scope != "global"]
+    order = returned + scratch
+    second = _TraceState(name, batch, first.allocations)
+    second.slots = [order.index(k) for k in range(len(first.allocations))]
+    lead = tuple(level.size for level in batch)
+    alloc_avals = [ji.ref_aval((lead if first.allocations[k].scope == "global" else ())
+                               + first.allocations[k].shape, first.allocations[k].dtype)
+                   for k in order]
 
     def second_pass(*operands):
-        second.block_indices = operands[:MAX_GRID_RANK]
-        second.prepared_refs = operands[MAX_GRID_RANK + len(args):]
-        with _active(second):
-            fn(*operands[MAX_GRID_RANK:MAX_GRID_RANK + len(args)], **params)
+        second.prepared_refs = operands[n_idx + n_in:]
+        run(second, operands)
         return ()
 
-    jaxpr = _run_user(
-        name, lambda: jax.make_jaxpr(second_pass)(*index_avals, *in_avals, *alloc_avals))
-    buffers = [ir.Buffer(n, tuple(a.shape), np.dtype(a.dtype), "global", "input")
-               for n, a in zip(arg_names, args)]
-    counts: dict[str, int] = {}
-    for alloc in first.allocations:
-        k = counts.get(alloc.scope, 0)
-        counts[alloc.scope] = k + 1
+    jaxpr = _run_user(name, lambda: jax.make_jaxpr(second_pass)(
+        *index_avals, *in_avals, *alloc_avals))
+
+    buffers = [ir.Buffer(n, s, np.dtype(a.dtype), "global", "input")
+               for n, s, a in zip(arg_names, full_shapes, args)]
+    for pos, k in enumerate(order):
+        alloc = first.allocations[k]
+        same_scope = sum(1 for j in order[:pos] if first.allocations[j].scope == alloc.scope)
         role = "output" if alloc.scope == "global" else "scratch"
-        buffers.append(ir.Buffer(f"{_SCOPE_PREFIX[alloc.scope]}{k}", alloc.shape, alloc.dtype,
-                                 alloc.scope, role, line=alloc.line))
-    return Traced(name, jaxpr, first.grid or (1,), tuple(buffers), len(args), out_tree,
-                  tuple(len(args) + i for i in out_allocs))
+        shape = (lead if role == "output" else ()) + alloc.shape
+        buffers.append(ir.Buffer(f"{_SCOPE_PREFIX[alloc.scope]}{same_scope}", shape,
+                                 alloc.dtype, alloc.scope, role, line=alloc.line))
+    user_grid = first.grid or (1,)
+    index_axes = tuple(a if a < len(user_grid) else None for a in range(MAX_GRID_RANK)) + tuple(
+        len(user_grid) + len(batch) - 1 - level for level in range(len(batch)))
+    grid = tuple(user_grid) + tuple(level.size for level in reversed(batch))
+    return Traced(name, jaxpr, grid, index_axes, tuple(buffers), n_in, out_tree)
 
 
 def _returned_outputs(state: _TraceState) -> tuple[Any, list[int]]:
@@ -176,13 +219,17 @@ def _returned_outputs(state: _TraceState) -> tuple[Any, list[int]]:
     found = []
     for leaf in leaves:
         i = index.get(id(leaf))
-        if i is None or state.allocations[i].scope != "global":
+        if i is None or state.allocations[i].scope != "global" or i in found:
             raise kernel_error(state.kernel, "the body must return the output refs it created "
                                f"with jt.empty (a ref or a tuple of refs), got {leaf!r}")
         found.append(i)
     if not found:
         raise kernel_error(state.kernel, "the body returned no outputs; create them with "
                            "jt.empty(shape, dtype) and return them")
+    for k, alloc in enumerate(state.allocations):
+        if alloc.scope == "global" and k not in found:
+            raise kernel_error(state.kernel, "an output created with jt.empty is not returned "
+                               "by the body; return every output", alloc.line)
     return tree, found
 
 

@@ -15,12 +15,12 @@ import numpy as np
 
 from jaxtile.compiler import build, printer
 from jaxtile.compiler import ir as tile_ir
-from jaxtile.compiler import jax_internals as ji
-from jaxtile.compiler.errors import KernelError, kernel_error, user_line
+from jaxtile.compiler.errors import kernel_error, user_line
 from jaxtile.compiler.target import get_target
-from jaxtile.primitives import kernel_call, reference
+from jaxtile.primitives import kernel_call
 
 from . import _trace
+from ._specialisation import Specialisation, flat_outputs
 
 SUPPORTED_DTYPES = frozenset(np.dtype(d) for d in (
     jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64, jnp.int8, jnp.int16, jnp.int32,
@@ -58,13 +58,6 @@ class Lowered:
         return lower.tir_source(self.kernel)
 
 
-@dataclasses.dataclass
-class _Specialisation:
-    traced: _trace.Traced
-    kernel: tile_ir.Kernel | None = None
-    handle: kernel_call.KernelHandle | None = None
-
-
 class Kernel:
     """A tile kernel; call it like a JAX function. Create it with :func:`kernel`."""
 
@@ -79,7 +72,8 @@ class Kernel:
         self.arg_names = [p.name for p in sig.parameters.values() if p.kind in kinds]
         self.param_defaults = {p.name: p.default for p in sig.parameters.values()
                                if p.kind == inspect.Parameter.KEYWORD_ONLY}
-        self._specs: dict[Any, _Specialisation] = {}
+        self._specs: dict[Any, Specialisation] = {}
+        self.vjp_rule: tuple[Callable[..., Any], Callable[..., Any]] | None = None
         functools.update_wrapper(self, fn)
 
     def __repr__(self) -> str:
@@ -115,39 +109,22 @@ class Kernel:
                                user_line())
         return merged
 
-    def _specialise(self, args: tuple[Any, ...], params: dict[str, Any]) -> _Specialisation:
-        specs = self._arg_specs(args)
-        params = self._params(params)
+    def _specialise(self, args: tuple[Any, ...], params: dict[str, Any]) -> Specialisation:
+        return self.specialisation(self._arg_specs(args), self._params(params), ())
+
+    def specialisation(self, specs: tuple[jax.ShapeDtypeStruct, ...], params: dict[str, Any],
+                       batch: tuple[_trace.BatchLevel, ...]) -> Specialisation:
+        """The (cached) specialisation for argument specs, parameters and batch levels."""
         try:
-            cache_key = (specs, tuple(sorted(params.items())))
+            cache_key = (specs, tuple(sorted(params.items())), batch)
             hash(cache_key)
         except TypeError:
             raise kernel_error(self.name, "compile-time parameters must be hashable",
                                user_line()) from None
         spec = self._specs.get(cache_key)
         if spec is None:
-            called = ", ".join(f"{n}: {s.dtype}{list(s.shape)}"
-                               for n, s in zip(self.arg_names, specs))
-            try:
-                traced = _trace.trace(self.fn, self.name, self.arg_names, specs, params)
-            except KernelError as e:
-                raise KernelError(f"{e} [called with {called}]") from None
-            spec = self._specs[cache_key] = _Specialisation(traced)
+            spec = self._specs[cache_key] = Specialisation(self, specs, params, batch)
         return spec
-
-    def _tile_ir(self, spec: _Specialisation) -> tile_ir.Kernel:
-        if spec.kernel is None:
-            t = spec.traced
-            spec.kernel = build.to_tile_ir(t.name, t.jaxpr, t.buffers, t.grid, self.threads)
-        return spec.kernel
-
-    def _handle(self, spec: _Specialisation) -> kernel_call.KernelHandle:
-        if spec.handle is None:
-            entry = build.build(self._tile_ir(spec), get_target("cpu"))
-            kernel_call.load(entry)
-            avals = tuple(ji.ShapedArray(b.shape, b.dtype) for b in spec.traced.outputs)
-            spec.handle = kernel_call.KernelHandle(entry.key, self.name, avals, entry)
-        return spec.handle
 
     # --- calling ---------------------------------------------------------
     def __call__(self, *args: Any, **params: Any) -> Any:
@@ -156,26 +133,42 @@ class Kernel:
 
     def _call(self, args: tuple[Any, ...], params: dict[str, Any], interpret: bool) -> Any:
         spec = self._specialise(args, params)
-        traced = spec.traced
         if interpret:
-            outs = reference.run_reference(traced.jaxpr, traced.grid, traced.buffers,
-                                           [jnp.asarray(a) for a in args])
+            outs = spec.reference(*args)
         else:
-            outs = kernel_call.kernel_call_p.bind(*args, kernel=self._handle(spec))
-        # `outs` follows the output buffers' order; the body may return them in any order.
-        by_buffer = dict(zip((i for i, b in enumerate(traced.buffers) if b.role == "output"),
-                             outs))
-        return jax.tree.unflatten(traced.out_tree, [by_buffer[i] for i in traced.out_buffers])
+            outs = kernel_call.kernel_call_p.bind(*args, kernel=spec.handle())
+        return flat_outputs(spec, outs)
 
     def reference(self, *args: Any, **params: Any) -> Any:
         """Run the kernel's reference semantics (its body as plain JAX ops)."""
         return self._call(args, params, True)
 
+    def defvjp(self, fwd: Callable[..., Any], bwd: Callable[..., Any]) -> None:
+        """Give the kernel a reverse-mode rule, in the spirit of ``jax.custom_vjp``.
+
+        ``fwd(*args, **params) -> (outputs, residuals)`` computes the kernel's outputs (in the
+        structure the body returns) and anything the backward pass needs; it may call other
+        kernels, e.g. one that also returns a logsumexp. ``bwd(residuals, cotangents,
+        **params)`` returns one cotangent per array argument (None for zero). ``jax.grad``,
+        ``jax.vjp`` and ``jax.jacrev`` use the rule; ``jax.jvp`` and ``jax.jacfwd`` still work
+        (through the reference semantics). Without a rule the kernel is differentiated
+        through its reference semantics in both modes: correct, but it runs the body as
+        plain JAX ops, which is much slower than the compiled kernel.
+
+        >>> def fwd(x):                                   # doctest: +SKIP
+        ...     y = softmax(x)
+        ...     return y, y
+        >>> def bwd(y, g):                                # doctest: +SKIP
+        ...     return (y * (g - jnp.sum(g * y, axis=-1, keepdims=True)),)
+        >>> softmax.defvjp(fwd, bwd)                       # doctest: +SKIP
+        """
+        self.vjp_rule = (fwd, bwd)
+
     def lower(self, *args: Any, target: str = "cpu", **params: Any) -> Lowered:
         """Trace and lower for ``target`` without running; ``args`` may be
         ``jax.ShapeDtypeStruct`` s. Returns the Tile IR, content key and generated source."""
         spec = self._specialise(args, params)
-        kernel = self._tile_ir(spec)
+        kernel = spec.tile_ir
         tgt = get_target(target)
         return Lowered(printer.format_kernel(kernel), build.kernel_key(kernel, tgt), tgt.name,
                        kernel)

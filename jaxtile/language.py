@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxtile.compiler import ir
 from jaxtile.compiler import jax_internals as ji
 from jaxtile.primitives import tile_ops
 
@@ -71,38 +72,54 @@ def ds(start: Any, size: int) -> Any:
     return ji.Slice(start, size)
 
 
+def _entry(state: Any, entry: Any, role: str) -> tuple[Any, int | None]:
+    if isinstance(entry, ji.Slice):
+        if entry.stride != 1 or not isinstance(entry.size, int):
+            raise state.error(f"jt.copy: {role} slices must have stride 1 and static size")
+        return entry.start, entry.size
+    if jnp.shape(entry) != ():
+        raise state.error(f"jt.copy: {role} indices must be scalars or slices")
+    return entry, None
+
+
 def _region(state: Any, x: Any, role: str) -> tuple[Any, list[Any], list[int | None], bool]:
-    """``(base_ref, starts, sizes, is_origin)`` of a copy operand (see :func:`copy`)."""
+    """``(base_ref, starts, sizes, is_origin)`` of a copy operand (see :func:`copy`).
+
+    Views of views fold into one region of the base ref; the tile origin convention applies
+    to the last view: it is an origin when all of *its* indices are scalars.
+    """
     base, transforms = ji.flatten_ref(x)
     if not ji.is_ref(base):
         raise state.error(f"jt.copy: the {role} must be a ref (a kernel argument, a jt.empty/"
                           f"shared/fragment/local buffer or a .at[...] view), got "
                           f"{type(x).__name__}")
-    shape = base.shape
-    if not transforms:
-        return base, [0] * len(shape), list(shape), False
-    if len(transforms) != 1 or not isinstance(transforms[0], ji.NDIndexer):
-        raise state.error(f"jt.copy: unsupported view of the {role} (use one .at[...])")
-    starts, sizes = [], []
-    for entry in transforms[0].indices:
-        if isinstance(entry, ji.Slice):
-            if entry.stride != 1 or not isinstance(entry.size, int):
-                raise state.error(f"jt.copy: {role} slices must have stride 1 and static size")
-            starts.append(entry.start)
-            sizes.append(entry.size)
-        else:
-            if jnp.shape(entry) != ():
-                raise state.error(f"jt.copy: {role} indices must be scalars or slices")
-            starts.append(entry)
-            sizes.append(None)
-    return base, starts, sizes, all(s is None for s in sizes)
+    if not all(isinstance(t, ji.NDIndexer) for t in transforms):
+        raise state.error(f"jt.copy: unsupported view of the {role} (use .at[...] indexing)")
+    levels = [[_entry(state, e, role) for e in t.indices] for t in transforms]
+    dims = ir.compose_indices(levels, tuple(base.shape), lambda a, b: a + b)
+    is_origin = bool(levels) and all(size is None for _, size in levels[-1])
+    if is_origin:
+        # The origin's own indices get their extent from the other operand; dims selected by
+        # enclosing views (e.g. the batch index of a vmapped kernel) stay selected.
+        free = len(levels[-1])
+        selected = [d for d, (_, size) in enumerate(dims) if size is None]
+        origin_dims = set(selected[len(selected) - free:])
+        return (base, [s for s, _ in dims],
+                [None if d not in origin_dims else "origin" for d in range(len(dims))], True)
+    return base, [s for s, _ in dims], [z for _, z in dims], False
 
 
 def _resolve_origin(state: Any, sizes: list, tile: tuple[int, ...], role: str) -> list:
-    if len(tile) > len(sizes):
-        raise state.error(f"jt.copy: the {role} origin has {len(sizes)} indices but the tile "
+    """Give the origin dims (marked ``"origin"``) the tile's extent: the last r of them take
+    the tile's r dims, leading ones select a single index."""
+    origin = [d for d, s in enumerate(sizes) if s == "origin"]
+    if len(tile) > len(origin):
+        raise state.error(f"jt.copy: the {role} origin has {len(origin)} indices but the tile "
                           f"{tile} has rank {len(tile)}")
-    return [None] * (len(sizes) - len(tile)) + list(tile)
+    out = [None if s == "origin" else s for s in sizes]
+    for d, extent in zip(origin[len(origin) - len(tile):], tile):
+        out[d] = extent
+    return out
 
 
 def _start(state: Any, s: Any) -> Any:

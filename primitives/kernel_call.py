@@ -27,8 +27,8 @@ kernel_call_p.multiple_results = True
 class KernelHandle:
     """A compiled, loaded kernel: its content key, name and output types.
 
-    Equality and hashing go by the key, so JAX's caches treat two handles of the same
-    compiled kernel as the same parameter.
+    Equality goes by the key and the specialisation (whose rules may differ between two
+    kernels that compile to the same code), hashing by the key.
     """
 
     key: str
@@ -36,9 +36,13 @@ class KernelHandle:
     out_avals: tuple[ji.ShapedArray, ...]
     entry: cache.Entry
     """Where the compiled library is (for loading it, and for embedding it in exports)."""
+    spec: Any = None
+    """The frontend's specialisation: ``reference(*args)``, ``batched(flags, size)`` and
+    ``vjp`` (see ``jaxtile._specialisation``), used by the batching and AD rules."""
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, KernelHandle) and other.key == self.key
+        return (isinstance(other, KernelHandle) and other.key == self.key
+                and other.spec is self.spec)
 
     def __hash__(self) -> int:
         return hash(self.key)

@@ -21,21 +21,22 @@ from jaxtile.compiler import jax_internals as ji
 
 from . import tile_ops  # noqa: F401  (registers the discharge rules)
 
-GRID_RANK = 3
-
 
 def block_coordinates(flat: Any, grid: Sequence[int]) -> list[Any]:
-    """Unflatten a block number into per-axis block indices (axis 0 fastest), padded to 3."""
+    """Unflatten a block number into per-axis block indices (axis 0 fastest)."""
     coords, stride = [], 1
     for extent in grid:
         coords.append((flat // stride) % extent)
         stride *= extent
-    return coords + [jnp.int32(0)] * (GRID_RANK - len(coords))
+    return coords
 
 
-def run_reference(jaxpr: ji.ClosedJaxpr, grid: Sequence[int], buffers: Sequence[ir.Buffer],
+def run_reference(jaxpr: ji.ClosedJaxpr, grid: Sequence[int],
+                  index_axes: Sequence[int | None], buffers: Sequence[ir.Buffer],
                   inputs: Sequence[Any]) -> list[Any]:
-    """Run a traced kernel on ``inputs``; returns the final value of every output buffer."""
+    """Run a traced kernel on ``inputs``; returns the final value of every output buffer.
+
+    ``index_axes`` maps the jaxpr's block-index inputs to grid axes (None reads 0)."""
     pure = ji.discharge_state(jaxpr)
     n_in = len(inputs)
     allocs = buffers[n_in:]
@@ -46,7 +47,8 @@ def run_reference(jaxpr: ji.ClosedJaxpr, grid: Sequence[int], buffers: Sequence[
         for b in allocs:
             values.append(next(it) if b.role == "output" else jnp.zeros(b.shape, b.dtype))
         coords = block_coordinates(flat, grid)
-        final = ji.eval_jaxpr(pure, *coords, *inputs, *values)
+        index = [jnp.int32(0) if a is None else coords[a] for a in index_axes]
+        final = ji.eval_jaxpr(pure, *index, *inputs, *values)
         return [final[n_in + i] for i in out_pos]
 
     init = [jnp.zeros(allocs[i].shape, allocs[i].dtype) for i in out_pos]

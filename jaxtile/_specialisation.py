@@ -1,0 +1,134 @@
+"""One specialisation of a kernel: its trace, Tile IR, compiled handle, reference semantics,
+batched variants and differentiation rule.
+
+A specialisation is what ``kernel_call`` carries (as ``KernelHandle.spec``) so that the
+primitive's rules can ask for a batched kernel or for the rule the user gave with
+``Kernel.defvjp``, without the primitives layer importing the frontend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxtile.compiler import build
+from jaxtile.compiler import ir as tile_ir
+from jaxtile.compiler import jax_internals as ji
+from jaxtile.compiler.errors import KernelError, kernel_error
+from jaxtile.compiler.target import get_target
+from jaxtile.primitives import kernel_call, reference
+
+from . import _trace
+
+
+class Specialisation:
+    """A kernel traced for fixed argument shapes/dtypes, parameters and batch levels."""
+
+    def __init__(self, owner: Any, specs: tuple[jax.ShapeDtypeStruct, ...],
+                 params: dict[str, Any], batch: tuple[_trace.BatchLevel, ...]):
+        self.owner = owner
+        self.specs = specs
+        self.params = params
+        self.batch = batch
+        called = ", ".join(f"{n}: {s.dtype}{list(s.shape)}"
+                           for n, s in zip(owner.arg_names, specs))
+        try:
+            self.traced = _trace.trace(owner.fn, owner.name, owner.arg_names, specs, params,
+                                       batch)
+        except KernelError as e:
+            raise KernelError(f"{e} [called with {called}]") from None
+        self._ir: tile_ir.Kernel | None = None
+        self._handle: kernel_call.KernelHandle | None = None
+
+    @property
+    def tile_ir(self) -> tile_ir.Kernel:
+        if self._ir is None:
+            t = self.traced
+            self._ir = build.to_tile_ir(t.name, t.jaxpr, t.buffers, t.grid, self.owner.threads,
+                                        t.index_axes)
+        return self._ir
+
+    def handle(self) -> kernel_call.KernelHandle:
+        """Compile (or fetch from the cache), load, and describe the kernel for kernel_call."""
+        if self._handle is None:
+            entry = build.build(self.tile_ir, get_target("cpu"))
+            kernel_call.load(entry)
+            avals = tuple(ji.ShapedArray(b.shape, b.dtype) for b in self.traced.outputs)
+            self._handle = kernel_call.KernelHandle(entry.key, self.owner.name, avals, entry,
+                                                    self)
+        return self._handle
+
+    # --- what kernel_call's rules ask for -----------------------------------
+    def reference(self, *args: Any) -> list[Any]:
+        """The outputs (flat, in kernel_call order) of the body run as plain JAX ops."""
+        t = self.traced
+        return reference.run_reference(t.jaxpr, t.grid, t.index_axes, t.buffers,
+                                       [jnp.asarray(a) for a in args])
+
+    def batched(self, batched: tuple[bool, ...], size: int) -> kernel_call.KernelHandle:
+        """The handle of this kernel with one more (outermost) batch level."""
+        level = _trace.BatchLevel(size, tuple(batched))
+        return self.owner.specialisation(self.specs, self.params,
+                                         (level,) + self.batch).handle()
+
+    @property
+    def vjp(self) -> tuple[Callable[..., Any], Callable[..., Any]] | None:
+        """``(fwd, bwd)`` on flat outputs and cotangents, or None without a user rule.
+
+        ``fwd(*args) -> (outputs, residuals)``; ``bwd(residuals, cotangents) -> cotangent
+        per argument``. For a batched specialisation the user's rule is vmapped level by
+        level.
+        """
+        rule = self.owner.vjp_rule
+        if rule is None:
+            return None
+        if not self.batch:
+            return _flat_rule(self, *rule)
+        inner = self.owner.specialisation(self.specs, self.params, self.batch[1:])
+        return _vmapped_rule(inner.vjp, self.batch[0])
+
+
+def _flat_rule(spec: Specialisation, fwd: Callable, bwd: Callable):
+    tree, params, name = spec.traced.out_tree, spec.params, spec.owner.name
+    n_args = len(spec.specs)
+
+    def flat_fwd(*args):
+        outs, res = fwd(*args, **params)
+        leaves, got = jax.tree.flatten(outs)
+        if got != tree:
+            raise kernel_error(name, f"the vjp fwd rule returned outputs shaped {got}, but the "
+                               f"kernel returns {tree}")
+        return leaves, res
+
+    def flat_bwd(res, cts):
+        grads = bwd(res, jax.tree.unflatten(tree, list(cts)), **params)
+        if not isinstance(grads, tuple | list) or len(grads) != n_args:
+            raise kernel_error(name, f"the vjp bwd rule must return a tuple of {n_args} "
+                               "cotangents, one per array argument")
+        return [jnp.zeros(s.shape, s.dtype) if g is None else g
+                for g, s in zip(grads, spec.specs)]
+
+    return flat_fwd, flat_bwd
+
+
+def _vmapped_rule(rule: tuple[Callable, Callable], level: _trace.BatchLevel):
+    fwd, bwd = rule
+    in_axes = [0 if b else None for b in level.batched]
+
+    def batched_fwd(*args):
+        return jax.vmap(fwd, in_axes=in_axes, out_axes=0)(*args)
+
+    def batched_bwd(res, cts):
+        grads = jax.vmap(bwd, in_axes=(0, 0), out_axes=0)(res, list(cts))
+        # An argument shared by the whole batch gets the sum of the per-element cotangents.
+        return [g if b else jnp.sum(g, axis=0) for g, b in zip(grads, level.batched)]
+
+    return batched_fwd, batched_bwd
+
+
+def flat_outputs(spec: Specialisation, outs: Sequence[Any]) -> Any:
+    """Kernel_call's flat outputs in the structure the body returned."""
+    return jax.tree.unflatten(spec.traced.out_tree, list(outs))

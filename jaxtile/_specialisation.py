@@ -20,6 +20,7 @@ from jaxtile.compiler import jax_internals as ji
 from jaxtile.compiler.errors import KernelError, kernel_error
 from jaxtile.compiler.target import get_target
 from jaxtile.primitives import kernel_call, reference
+from jaxtile.primitives.sharding import ShardRule
 
 from . import _trace
 
@@ -73,6 +74,26 @@ class Specialisation:
         level = _trace.BatchLevel(size, tuple(batched))
         return self.owner.specialisation(self.specs, self.params,
                                          (level,) + self.batch).handle()
+
+    def resized(self, arg_shapes: Sequence[tuple[int, ...]]) -> kernel_call.KernelHandle:
+        """The handle of this kernel for other (e.g. per-shard) argument shapes, given with
+        their batch dimensions in front as kernel_call sees them."""
+        specs, sizes = [], [None] * len(self.batch)
+        for i, (shape, spec) in enumerate(zip(arg_shapes, self.specs)):
+            levels = [k for k, level in enumerate(self.batch) if level.batched[i]]
+            for k, n in zip(levels, shape):
+                sizes[k] = n
+            specs.append(jax.ShapeDtypeStruct(tuple(shape[len(levels):]), spec.dtype))
+        batch = tuple(_trace.BatchLevel(n, level.batched) for n, level in zip(sizes, self.batch))
+        return self.owner.specialisation(tuple(specs), self.params, batch).handle()
+
+    @property
+    def shard_rule(self) -> ShardRule | None:
+        """The kernel's sharding rule, extended by its batch levels (None: no rule)."""
+        rule = self.owner.sharding
+        if rule is None:
+            return None
+        return rule.with_batch([level.batched for level in self.batch]) if self.batch else rule
 
     @property
     def vjp(self) -> tuple[Callable[..., Any], Callable[..., Any]] | None:

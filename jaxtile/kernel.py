@@ -17,7 +17,7 @@ from jaxtile.compiler import build, printer
 from jaxtile.compiler import ir as tile_ir
 from jaxtile.compiler.errors import kernel_error, user_line
 from jaxtile.compiler.target import get_target
-from jaxtile.primitives import kernel_call
+from jaxtile.primitives import kernel_call, sharding
 
 from . import _trace
 from ._specialisation import Specialisation, flat_outputs
@@ -62,8 +62,9 @@ class Kernel:
     """A tile kernel; call it like a JAX function. Create it with :func:`kernel`."""
 
     def __init__(self, fn: Callable[..., Any], *, threads: int, interpret: bool | None,
-                 name: str | None):
+                 name: str | None, sharding: sharding.ShardRule | None = None):
         self.fn = fn
+        self.sharding = sharding
         self.name = name or fn.__name__
         self.threads = threads
         self.interpret = interpret
@@ -175,7 +176,8 @@ class Kernel:
 
 
 def kernel(fn: Callable[..., Any] | None = None, *, threads: int = 128,
-           interpret: bool | None = None, name: str | None = None) -> Any:
+           interpret: bool | None = None, name: str | None = None,
+           sharding: sharding.ShardRule | None = None) -> Any:
     """Decorator that makes a tile kernel from a Python body.
 
     Positional parameters are the array inputs; keyword-only parameters are compile-time
@@ -190,9 +192,11 @@ def kernel(fn: Callable[..., Any] | None = None, *, threads: int = 128,
     ...     return out
 
     ``interpret=True`` runs the body as plain JAX ops (the reference semantics) instead of
-    compiling it.
+    compiling it. ``sharding=jt.ShardRule(...)`` says along which dimensions the kernel's
+    blocks are independent, so that under ``jax.jit`` with sharded inputs each device runs it
+    on its own shard (see :class:`jaxtile.ShardRule`).
     """
     def wrap(f: Callable[..., Any]) -> Kernel:
-        return Kernel(f, threads=threads, interpret=interpret, name=name)
+        return Kernel(f, threads=threads, interpret=interpret, name=name, sharding=sharding)
 
     return wrap(fn) if fn is not None else wrap

@@ -37,12 +37,16 @@ class KernelHandle:
     entry: cache.Entry
     """Where the compiled library is (for loading it, and for embedding it in exports)."""
     spec: Any = None
-    """The frontend's specialisation: ``reference(*args)``, ``batched(flags, size)`` and
-    ``vjp`` (see ``jaxtile._specialisation``), used by the batching and AD rules."""
+    """The frontend's specialisation: ``reference(*args)``, ``batched(flags, size)``,
+    ``resized(shapes)``, ``vjp`` and ``shard_rule`` (see ``jaxtile._specialisation``), used
+    by the batching, AD and sharding rules."""
+    per_shard: bool = False
+    """Set on the per-device kernels that a sharded call lowers to, which must not be
+    partitioned again."""
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, KernelHandle) and other.key == self.key
-                and other.spec is self.spec)
+                and other.spec is self.spec and other.per_shard == self.per_shard)
 
     def __hash__(self) -> int:
         return hash(self.key)

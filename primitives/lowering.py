@@ -1,4 +1,11 @@
-"""MLIR lowering of ``kernel_call``: an XLA FFI custom call that names the kernel by its key."""
+"""MLIR lowering of ``kernel_call``: an XLA FFI custom call that names the kernel by its key.
+
+A program compiled in this process calls ``jaxtile_cpu_call {key}``; the kernel is already
+loaded here. A program lowered by ``jax.export`` must run elsewhere, so it calls
+``jaxtile_cpu_exported_call {key, payload}`` instead, whose payload carries the compiled
+library (``payload.py``); the handler loads it on the first call in a process that lacks it.
+Only the CPU has a lowering; any other platform is a clear error at lowering time.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +15,45 @@ import jax
 from jax.interpreters import mlir
 
 from jaxtile import _ffi
+from jaxtile.compiler.errors import kernel_error, user_line
 
+from . import payload
 from .kernel_call import KernelHandle, kernel_call_p
 
 CPU_TARGET_NAME = "jaxtile_cpu_call"
+CPU_EXPORTED_TARGET_NAME = "jaxtile_cpu_exported_call"
+SUPPORTED_PLATFORMS = ("cpu",)
+
+
+def _for_export(ctx: Any) -> bool:
+    # jax.export lowers with LoweringParameters(for_export=True); JAX (0.10) has no public way
+    # for a lowering rule to ask. Should the field go away, exports would hold plain
+    # jaxtile_cpu_call ops, which jax.export then rejects (export_checks() does not allow
+    # them) rather than writing a program that cannot run elsewhere.
+    return bool(getattr(ctx.module_context.lowering_parameters, "for_export", False))
 
 
 def _cpu_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
+    if _for_export(ctx):
+        return jax.ffi.ffi_lowering(CPU_EXPORTED_TARGET_NAME)(
+            ctx, *args, key=kernel.key, payload=payload.encode(kernel))
     return jax.ffi.ffi_lowering(CPU_TARGET_NAME)(ctx, *args, key=kernel.key)
 
 
+def _unsupported_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
+    del args
+    platforms = tuple(ctx.module_context.platforms)
+    others = [p for p in platforms if p not in SUPPORTED_PLATFORMS]
+    raise kernel_error(
+        kernel.name,
+        f"has no lowering for platform {' or '.join(map(repr, others))} (lowering for "
+        f"platforms {list(platforms)}): jaxtile compiles kernels for the CPU only for now; "
+        "lower or export for platforms=['cpu']", user_line())
+
+
+# A rule for every platform, which the CPU-specific rule overrides.
+mlir.register_lowering(kernel_call_p, _unsupported_lowering)
 mlir.register_lowering(kernel_call_p, _cpu_lowering, platform="cpu")
 jax.ffi.register_ffi_target(CPU_TARGET_NAME, _ffi.cpu_handler(), platform="cpu")
+jax.ffi.register_ffi_target(CPU_EXPORTED_TARGET_NAME, _ffi.cpu_exported_handler(),
+                            platform="cpu")

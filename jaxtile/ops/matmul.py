@@ -1,4 +1,5 @@
-"""Tiled matrix multiplication with a fused ReLU."""
+"""Tiled matrix multiplication: a general `matmul` (transposes, backward rule) and a
+matmul with a fused ReLU."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import jax.numpy as jnp
 import jaxtile as jt
 
 
-@jt.kernel(threads=128)
+@jt.kernel(threads=128, sharding=jt.ShardRule("m k, k n -> m n", parallel="m n"))
 def matmul_relu(a, b, *, bm=128, bn=128, bk=32, stages=3):
     """``relu(a @ b)`` accumulated in float32 and cast to ``a.dtype``; any M, N, K."""
     M, K = a.shape
@@ -29,3 +30,57 @@ def matmul_relu(a, b, *, bm=128, bn=128, bk=32, stages=3):
     acc[...] = jnp.maximum(acc[...], 0)
     jt.copy(acc, c.at[by * bm, bx * bn])
     return c
+
+
+@jt.kernel(threads=128)
+def matmul(a, b, *, transpose_a=False, transpose_b=False, bm=64, bn=64, bk=32, stages=2):
+    """``op(a) @ op(b)`` for 2-D floating ``a`` and ``b`` of one dtype, where ``op``
+    transposes when ``transpose_a``/``transpose_b`` is set. Accumulated in float32 and
+    returned in ``a.dtype``; any M, N, K (edge tiles read zeros past the end and drop writes
+    past it). Differentiable: its backward pass is two more ``matmul`` calls.
+
+    >>> jt.ops.matmul(a, b, transpose_b=True)           # doctest: +SKIP  (a @ b.T)
+    """
+    m, k = a.shape[::-1] if transpose_a else a.shape
+    k2, n = b.shape[::-1] if transpose_b else b.shape
+    if k != k2:
+        raise ValueError(f"matmul: contraction sizes differ: op(a) is {m}x{k}, "
+                         f"op(b) is {k2}x{n}")
+    c = jt.empty((m, n), a.dtype)
+    bx, by = jt.grid(jt.cdiv(n, bn), jt.cdiv(m, bm))
+    a_s = jt.shared((bk, bm) if transpose_a else (bm, bk), a.dtype)
+    b_s = jt.shared((bn, bk) if transpose_b else (bk, bn), b.dtype)
+    acc = jt.fragment((bm, bn), jnp.float32)
+    acc[...] = jnp.zeros((bm, bn), jnp.float32)
+
+    @jt.pipelined(jt.cdiv(k, bk), stages=stages)
+    def _(kk):
+        jt.copy(a.at[kk * bk, by * bm] if transpose_a else a.at[by * bm, kk * bk], a_s)
+        jt.copy(b.at[bx * bn, kk * bk] if transpose_b else b.at[kk * bk, bx * bn], b_s)
+        jt.gemm(a_s, b_s, acc, transpose_a=transpose_a, transpose_b=transpose_b)
+
+    jt.copy(acc, c.at[by * bm, bx * bn])
+    return c
+
+
+def _matmul_fwd(a, b, **params):
+    return matmul(a, b, **params), (a, b)
+
+
+def _matmul_bwd(res, g, *, transpose_a, transpose_b, **tiles):
+    """With ``A = op(a)``, ``B = op(b)`` and ``C = A @ B``: ``dA = g @ B.T`` and
+    ``dB = A.T @ g``, each one ``matmul`` whose transposes undo ``op``."""
+    a, b = res
+    g = g.astype(a.dtype)
+    if transpose_a:                       # a = A.T: da = dA.T = B @ g.T
+        da = matmul(b, g, transpose_a=transpose_b, transpose_b=True, **tiles)
+    else:                                 # da = g @ B.T
+        da = matmul(g, b, transpose_b=not transpose_b, **tiles)
+    if transpose_b:                       # b = B.T: db = dB.T = g.T @ A
+        db = matmul(g, a, transpose_a=True, transpose_b=transpose_a, **tiles)
+    else:                                 # db = A.T @ g
+        db = matmul(a, g, transpose_a=not transpose_a, **tiles)
+    return da.astype(a.dtype), db.astype(b.dtype)
+
+
+matmul.defvjp(_matmul_fwd, _matmul_bwd)

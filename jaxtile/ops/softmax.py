@@ -1,4 +1,4 @@
-"""Row softmax."""
+"""Row softmax and its backward pass."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import jaxtile as jt
 
 
-@jt.kernel(threads=128)
+@jt.kernel(threads=128, sharding=jt.ShardRule("r c -> r c", parallel="r"))
 def softmax(x, *, rows=4, block_cols=None):
     """Numerically stable softmax over the last axis of a 2-D array.
 
@@ -28,3 +28,37 @@ def softmax(x, *, rows=4, block_cols=None):
     tile[...] = e / jnp.sum(e, axis=1, keepdims=True)
     jt.copy(tile, out.at[r * rows, 0])
     return out
+
+
+@jt.kernel(threads=128)
+def softmax_bwd(y, g, *, rows=4, block_cols=None):
+    """The softmax's vector-Jacobian product: ``y * (g - sum(g * y, axis=-1))`` for its
+    output ``y`` and the output cotangent ``g`` (2-D, one shape), in float32, returned in
+    ``g.dtype``. Blocks and padding as in :func:`softmax` (padding reads zero, which adds
+    nothing to the row sums)."""
+    n_rows, n_cols = y.shape
+    cols = block_cols or jt.cdiv(n_cols, 128) * 128
+    if cols < n_cols:
+        raise ValueError(f"block_cols={cols} is smaller than the row length {n_cols}")
+    dx = jt.empty((n_rows, n_cols), g.dtype)
+    r = jt.grid(jt.cdiv(n_rows, rows))
+    y_t = jt.fragment((rows, cols), jnp.float32)
+    g_t = jt.fragment((rows, cols), jnp.float32)
+    jt.copy(y.at[r * rows, 0], y_t)
+    jt.copy(g.at[r * rows, 0], g_t)
+    yv, gv = y_t[...], g_t[...]
+    g_t[...] = yv * (gv - jnp.sum(gv * yv, axis=1, keepdims=True))
+    jt.copy(g_t, dx.at[r * rows, 0])
+    return dx
+
+
+def _softmax_fwd(x, **params):
+    y = softmax(x, **params)
+    return y, y
+
+
+def _softmax_bwd(y, g, **params):
+    return (softmax_bwd(y, g.astype(y.dtype), **params),)
+
+
+softmax.defvjp(_softmax_fwd, _softmax_bwd)

@@ -1,0 +1,32 @@
+"""Exporting programs that call jaxtile kernels with ``jax.export``.
+
+Each kernel call of an exported program carries the kernel's compiled library (versioned and
+checksummed), so the artifact runs in any process that has done ``import jaxtile`` on a
+machine of the same kind (architecture and CPU extensions), with no kernel cache and no
+compiler::
+
+    exported = jax.export.export(jax.jit(f), disabled_checks=jt.export_checks())(x)
+    blob = exported.serialize()
+    ...                                    # elsewhere, after `import jaxtile`:
+    y = jax.export.deserialize(blob).call(x)
+
+Only the CPU can be exported for today; other ``platforms`` raise :class:`jaxtile.KernelError`.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from jaxtile.primitives.lowering import CPU_EXPORTED_TARGET_NAME
+
+__all__ = ["export_checks"]
+
+
+def export_checks() -> list[jax.export.DisabledSafetyCheck]:
+    """The safety checks ``jax.export.export(..., disabled_checks=...)`` must skip for jaxtile.
+
+    ``jax.export`` rejects custom calls whose targets it does not know to be stable. jaxtile's
+    export target, ``jaxtile_cpu_exported_call``, is: its payload format is versioned, and a
+    jaxtile that cannot read a payload says so instead of running it.
+    """
+    return [jax.export.DisabledSafetyCheck.custom_call(CPU_EXPORTED_TARGET_NAME)]

@@ -150,8 +150,15 @@ def _kernel_call_jvp(primals: Sequence[Any], tangents: Sequence[Any], *,
                                          linear=_Linear(jvp, vjp, out_avals), counts=counts)
     it = iter(diff_out)
     out_tangents = [next(it, None) if d else None for d in out_diff]
-    return list(outs), [t if t is not None else ad.Zero.from_primal_value(o)
-                        for t, o in zip(out_tangents, outs)]
+    return list(outs), [t if t is not None else ad.Zero(_tangent_aval(a))
+                        for t, a in zip(out_tangents, kernel.out_avals)]
+
+
+def _tangent_aval(aval: Any) -> Any:
+    """The tangent type of a kernel output: float0 for integer outputs."""
+    if jnp.issubdtype(aval.dtype, jnp.inexact):
+        return aval
+    return jax.core.ShapedArray(aval.shape, jax.dtypes.float0)
 
 
 ad.primitive_jvps[kernel_call_p] = _kernel_call_jvp

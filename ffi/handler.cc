@@ -8,7 +8,9 @@
 #include <string_view>
 #include <vector>
 
+#include "exported_kernel.h"
 #include "launch.h"
+#include "payload.h"
 #include "registry.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -71,14 +73,7 @@ ffi::Error to_tensor(const Kernel& k, const ffi::AnyBuffer& buf, size_t index, D
   return ffi::Error::Success();
 }
 
-ffi::Error call(std::string_view key, ffi::RemainingArgs args, ffi::RemainingRets rets) {
-  const Kernel* k = find_kernel(key);
-  if (k == nullptr) {
-    return ffi::Error::InvalidArgument(
-        "jaxtile: no kernel is loaded for key '" + std::string(key) +
-        "' in this process (jaxtile._ffi.load_kernel must run in every process that executes "
-        "the compiled computation, e.g. after deserialising a cached executable)");
-  }
+ffi::Error run(const Kernel& k, ffi::RemainingArgs args, ffi::RemainingRets rets) {
   const size_t num_buffers = args.size() + rets.size();
   DLTensor inline_tensors[kInlineBuffers];
   TVMFFIAny inline_packed[kInlineBuffers + 2];
@@ -98,11 +93,11 @@ ffi::Error call(std::string_view key, ffi::RemainingArgs args, ffi::RemainingRet
     if (i < args.size()) {
       auto buf = args.get<ffi::AnyBuffer>(i);
       if (!buf.has_value()) return buf.error();
-      err = to_tensor(*k, *buf, i, &tensors[i]);
+      err = to_tensor(k, *buf, i, &tensors[i]);
     } else {
       auto buf = rets.get<ffi::AnyBuffer>(i - args.size());
       if (!buf.has_value()) return buf.error();
-      err = to_tensor(*k, **buf, i, &tensors[i]);
+      err = to_tensor(k, **buf, i, &tensors[i]);
     }
     if (err.failure()) return err;
     TVMFFIAny& a = packed[i + 2];
@@ -112,29 +107,65 @@ ffi::Error call(std::string_view key, ffi::RemainingArgs args, ffi::RemainingRet
   }
 
   std::string msg =
-      run_blocks(*k, packed, static_cast<int32_t>(num_buffers + 2), 0, k->num_blocks);
-  if (!msg.empty()) return ffi::Error::Internal(describe(*k) + " failed: " + msg);
+      run_blocks(k, packed, static_cast<int32_t>(num_buffers + 2), 0, k.num_blocks);
+  if (!msg.empty()) return ffi::Error::Internal(describe(k) + " failed: " + msg);
   return ffi::Error::Success();
 }
 
-ffi::Error call_noexcept(std::string_view key, ffi::RemainingArgs args,
-                         ffi::RemainingRets rets) {
-  // An exception escaping into XLA's C API would abort the process.
+// An exception escaping into XLA's C API would abort the process.
+template <typename F>
+ffi::Error guarded(F&& body) {
   try {
-    return call(key, args, rets);
+    return body();
+  } catch (const PayloadError& e) {
+    return ffi::Error::InvalidArgument(e.what());
   } catch (const std::exception& e) {
-    return ffi::Error::Internal(std::string("jaxtile: ") + e.what());
+    const std::string_view what = e.what();
+    const bool ours = what.substr(0, 8) == "jaxtile:";
+    return ffi::Error::Internal((ours ? "" : "jaxtile: ") + std::string(what));
   }
+}
+
+ffi::Error call(std::string_view key, ffi::RemainingArgs args, ffi::RemainingRets rets) {
+  return guarded([&] {
+    const Kernel* k = find_kernel(key);
+    if (k == nullptr) {
+      return ffi::Error::InvalidArgument(
+          "jaxtile: no kernel is loaded for key '" + std::string(key) +
+          "' in this process (jaxtile._ffi.load_kernel must run in every process that executes "
+          "the compiled computation, e.g. after deserialising a cached executable; a program "
+          "made with jax.export carries its kernels instead)");
+    }
+    return run(*k, args, rets);
+  });
+}
+
+// The call of an exported program: the kernel comes with it, loaded on first use.
+ffi::Error call_exported(std::string_view key, std::string_view payload, ffi::RemainingArgs args,
+                         ffi::RemainingRets rets) {
+  return guarded([&] {
+    const Kernel* k = find_kernel(key);
+    return run(k != nullptr ? *k : load_exported_kernel(key, payload), args, rets);
+  });
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxtileCpuCall, call_noexcept,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxtileCpuCall, call,
                               ffi::Ffi::Bind()
                                   .Attr<std::string_view>("key")
                                   .RemainingArgs()
                                   .RemainingRets());
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxtileCpuExportedCall, call_exported,
+                              ffi::Ffi::Bind()
+                                  .Attr<std::string_view>("key")
+                                  .Attr<std::string_view>("payload")
+                                  .RemainingArgs()
+                                  .RemainingRets());
+
 void* cpu_handler() { return reinterpret_cast<void*>(&JaxtileCpuCall); }
+
+void* cpu_exported_handler() { return reinterpret_cast<void*>(&JaxtileCpuExportedCall); }
 
 }  // namespace jaxtile

@@ -10,8 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "exported_kernel.h"
 #include "handler.h"
 #include "launch.h"
+#include "payload.h"
 #include "registry.h"
 #include "thread_pool.h"
 
@@ -88,6 +90,21 @@ NB_MODULE(_ffi, m) {
   m.def(
       "cpu_handler", [] { return nb::capsule(jaxtile::cpu_handler()); },
       "XLA FFI handler for jax.ffi.register_ffi_target('jaxtile_cpu_call', ..., platform='cpu').");
+
+  m.def(
+      "cpu_exported_handler", [] { return nb::capsule(jaxtile::cpu_exported_handler()); },
+      "XLA FFI handler for 'jaxtile_cpu_exported_call', the kernel call of an exported program "
+      "(attributes `key` and `payload`, the kernel library it carries).");
+  m.attr("PAYLOAD_FORMAT") = kPayloadFormat;
+  m.def(
+      "load_exported_kernel",
+      [](const std::string& key, const std::string& payload) {
+        load_exported_kernel(key, payload);
+      },
+      "key"_a, "payload"_a, nb::call_guard<nb::gil_scoped_release>(),
+      "Verify an exported kernel payload and load its library under `key`, as the first call "
+      "of an exported program does (a no-op if `key` is loaded). Raises RuntimeError naming "
+      "what is wrong with a bad payload.");
 
   m.def(
       "load_kernel",

@@ -45,7 +45,8 @@ KernelFn find_symbol(void* handle, const std::string& path, const std::string& s
 }  // namespace
 
 const Kernel& load_kernel(const std::string& key, const std::string& path,
-                          const std::string& symbol, int64_t num_blocks, int64_t alignment) {
+                          const std::string& symbol, int64_t num_blocks, int64_t alignment,
+                          const std::string& origin) {
   if (key.empty()) throw std::invalid_argument("jaxtile: kernel key must not be empty");
   if (num_blocks < 0) throw std::invalid_argument("jaxtile: num_blocks must be >= 0");
   if (alignment < 1 || (alignment & (alignment - 1)) != 0) {
@@ -56,8 +57,9 @@ const Kernel& load_kernel(const std::string& key, const std::string& path,
   if (const Kernel* k = find_kernel(key)) return *k;
 
   void* handle = open_kernel_library(path);
+  const std::string& where = origin.empty() ? path : origin;
   auto kernel = std::make_unique<Kernel>(
-      Kernel{key, path, symbol, find_symbol(handle, path, symbol), num_blocks, alignment});
+      Kernel{key, where, symbol, find_symbol(handle, where, symbol), num_blocks, alignment});
   const Kernel& ref = *kernel;
   std::unique_lock<std::shared_mutex> lock(r.mu);
   r.kernels.emplace(ref.key, std::move(kernel));

@@ -15,6 +15,7 @@ using KernelFn = int (*)(void* self, const TVMFFIAny* args, int32_t num_args, TV
 
 struct Kernel {
   std::string key;
+  // Where the library came from, for messages: its path, or what else held it.
   std::string path;
   std::string symbol;
   KernelFn fn;
@@ -25,9 +26,11 @@ struct Kernel {
 
 // Loads a kernel, or returns the one already registered under `key` (keys name immutable
 // compiled artifacts, so a second load is a no-op). `symbol` may be the exported name or the
-// bare function name. Throws std::invalid_argument or std::runtime_error.
+// bare function name. `origin` names the library in messages instead of `path` (which may be
+// a throwaway file). Throws std::invalid_argument or std::runtime_error.
 const Kernel& load_kernel(const std::string& key, const std::string& path,
-                          const std::string& symbol, int64_t num_blocks, int64_t alignment);
+                          const std::string& symbol, int64_t num_blocks, int64_t alignment,
+                          const std::string& origin = {});
 
 // Null if nothing is registered under `key`. Kernels are never unloaded, so the pointer stays
 // valid for the life of the process.

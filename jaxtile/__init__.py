@@ -12,6 +12,7 @@ from jaxtile.compiler.errors import KernelError
 from jaxtile.compiler.jax_internals import exclude_from_source_lines as _exclude
 from jaxtile.primitives.sharding import ShardRule
 
+from .export import export_checks
 from .kernel import Kernel, Lowered, interpret_by_default, kernel, set_interpret
 from .language import (
     cdiv,
@@ -31,9 +32,9 @@ from .language import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "Kernel", "KernelError", "Lowered", "ShardRule", "cdiv", "copy", "ds", "empty", "fragment",
-    "gemm", "grid", "interpret_by_default", "kernel", "local", "loop", "pipelined",
-    "set_interpret", "ops", "shared", "when",
+    "Kernel", "KernelError", "Lowered", "ShardRule", "cdiv", "copy", "ds", "empty",
+    "export_checks", "fragment", "gemm", "grid", "interpret_by_default", "kernel", "local",
+    "loop", "ops", "pipelined", "set_interpret", "shared", "when",
 ]
 
 

@@ -1,0 +1,16 @@
+// Loading the kernel library an exported program carries in its custom calls.
+#pragma once
+
+#include <string_view>
+
+#include "registry.h"
+
+namespace jaxtile {
+
+// The kernel registered under `key`, loaded from `payload` (see payload.h) if it is not yet:
+// decoded, verified, put in a process-private file and registered like a cached library.
+// Thread-safe; concurrent first calls load it once. Throws PayloadError for a bad payload
+// and std::runtime_error if a verified library still cannot be loaded.
+const Kernel& load_exported_kernel(std::string_view key, std::string_view payload);
+
+}  // namespace jaxtile

@@ -1,0 +1,161 @@
+#include "payload.h"
+
+#include <charconv>
+#include <utility>
+
+#include "base64.h"
+#include "host_cpu.h"
+#include "sha256.h"
+
+namespace jaxtile {
+namespace {
+
+constexpr std::string_view kMagic = "jaxtile-kernel-payload";
+
+// Reads a payload line by line, with errors that name the kernel being called.
+class Reader {
+ public:
+  Reader(std::string_view key, std::string_view text) : key_(key), text_(text) {}
+
+  [[noreturn]] void fail(const std::string& why) const {
+    const std::string kernel =
+        name_.empty() ? "an exported kernel" : "the exported kernel '" + name_ + "'";
+    throw PayloadError("jaxtile: cannot run " + kernel + " (key " +
+                       std::string(key_.substr(0, 16)) + "...): its embedded payload " + why);
+  }
+
+  void set_name(std::string name) { name_ = std::move(name); }
+
+  // The next line, without its newline; fails at the end of the text.
+  std::string_view line(std::string_view what) {
+    const size_t end = text_.find('\n', pos_);
+    if (end == std::string_view::npos) {
+      fail("is malformed: it ends before its " + std::string(what));
+    }
+    std::string_view l = text_.substr(pos_, end - pos_);
+    pos_ = end + 1;
+    return l;
+  }
+
+  // The value of the next line, which must read `<field>=<value>`.
+  std::string_view field(std::string_view field) {
+    std::string_view l = line(field);
+    if (l.size() <= field.size() || l.substr(0, field.size()) != field ||
+        l[field.size()] != '=') {
+      fail("is malformed: expected the field '" + std::string(field) + "', found '" +
+           std::string(l.substr(0, 40)) + "'");
+    }
+    return l.substr(field.size() + 1);
+  }
+
+  int64_t integer(std::string_view field_name) {
+    std::string_view v = field(field_name);
+    int64_t n = -1;
+    auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+    if (ec != std::errc() || end != v.data() + v.size() || n < 0) {
+      fail("is malformed: field '" + std::string(field_name) + "' is not a count");
+    }
+    return n;
+  }
+
+  size_t position() const { return pos_; }
+  std::string_view rest() const { return text_.substr(pos_); }
+
+ private:
+  std::string_view key_;
+  std::string_view text_;
+  size_t pos_ = 0;
+  std::string name_;
+};
+
+std::vector<std::string> split_commas(std::string_view list) {
+  std::vector<std::string> items;
+  while (!list.empty()) {
+    const size_t comma = list.find(',');
+    items.emplace_back(list.substr(0, comma));
+    if (comma == std::string_view::npos) break;
+    list.remove_prefix(comma + 1);
+  }
+  return items;
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const std::string& s : items) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+// Fails unless this machine has the architecture and instruction-set extensions the library
+// was compiled for: running it anyway could die on an illegal instruction.
+void check_machine(Reader& r, const Payload& p) {
+  if (p.arch != host_arch()) {
+    r.fail("was compiled for " + p.arch + " but this machine is " + host_arch() +
+           "; export the program again on a machine of this kind");
+  }
+  const auto* flags = host_cpu_flags();
+  if (flags == nullptr) return;  // no /proc/cpuinfo: nothing to check against
+  std::vector<std::string> missing;
+  for (const std::string& f : p.isa) {
+    if (!f.empty() && flags->count(f) == 0) missing.push_back(f);
+  }
+  if (!missing.empty()) {
+    r.fail("was compiled for a CPU with instruction-set extensions this machine lacks (" +
+           join(missing) + "); export the program again on a machine of this kind");
+  }
+}
+
+}  // namespace
+
+Payload decode_payload(std::string_view key, std::string_view text) {
+  Reader r(key, text);
+  if (text.empty()) r.fail("is empty");
+  const bool has_magic = text.substr(0, kMagic.size()) == kMagic &&
+                         text.substr(kMagic.size(), 1) == "\n";
+  if (!has_magic) {
+    r.fail("is not a jaxtile kernel payload (bad header): the exported program was altered");
+  }
+  r.line("header");
+  Payload p;
+  const int64_t format = r.integer("format");
+  p.jaxtile_version = std::string(r.field("jaxtile"));
+  if (format > kPayloadFormat) {
+    r.fail("was made by a newer jaxtile (jaxtile " + p.jaxtile_version + ", payload format " +
+           std::to_string(format) + "; this jaxtile reads formats up to " +
+           std::to_string(kPayloadFormat) + "): upgrade jaxtile to run this exported program");
+  }
+  if (format < 1) r.fail("is malformed: format " + std::to_string(format) + " does not exist");
+  p.format = static_cast<int>(format);
+  p.key = std::string(r.field("key"));
+  p.name = std::string(r.field("name"));
+  r.set_name(p.name);
+  p.symbol = std::string(r.field("symbol"));
+  p.num_blocks = r.integer("num_blocks");
+  p.alignment = r.integer("alignment");
+  p.arch = std::string(r.field("arch"));
+  p.isa = split_commas(r.field("isa"));
+  const int64_t size = r.integer("size");
+  const size_t header_size = r.position();
+  const std::string_view expected_sha = r.field("sha256");
+
+  if (!base64_decode(r.rest(), &p.library)) {
+    r.fail("is corrupted: its library is not valid base64 (the exported program was altered)");
+  }
+  if (static_cast<int64_t>(p.library.size()) != size) {
+    r.fail("is corrupted: its library has " + std::to_string(p.library.size()) +
+           " bytes where the header says " + std::to_string(size));
+  }
+  Sha256 sha;
+  sha.update(text.substr(0, header_size));
+  sha.update(p.library);
+  if (sha.hex_digest() != expected_sha) {
+    r.fail("is corrupted: checksum mismatch (the exported program was altered or damaged)");
+  }
+  if (p.key != key) {
+    r.fail("belongs to another kernel (key " + p.key.substr(0, 16) +
+           "...): the exported program was altered");
+  }
+  check_machine(r, p);
+  return p;
+}
+
+}  // namespace jaxtile

@@ -1,0 +1,58 @@
+// The kernel library an exported program carries: decoding and verifying its payload.
+//
+// jax.export lowers each kernel call to a "jaxtile_cpu_exported_call" custom call whose string
+// attribute `payload` holds the compiled library (primitives/payload.py writes it). Format 1:
+//
+//   jaxtile-kernel-payload\n        magic          } these three lines keep their meaning in
+//   format=1\n                      format         } every format, so that an old jaxtile can
+//   jaxtile=<version>\n             writer         } name the version a newer payload needs
+//   key=<content key>\n
+//   name=<kernel name>\n
+//   symbol=<function symbol>\n
+//   num_blocks=<int>\n
+//   alignment=<bytes>\n             buffer alignment the code assumes
+//   arch=<uname -m>\n
+//   isa=<flag>,<flag>,...\n         /proc/cpuinfo flags the code may use
+//   size=<library bytes>\n
+//   sha256=<hex>\n                  over every byte above and the library itself
+//   <base64 of the library>
+//
+// The checksum catches damage and edits made without care, not a deliberate forgery: running
+// an exported program means trusting whoever made it, as with any native code.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace jaxtile {
+
+// The newest payload format this jaxtile reads.
+constexpr int kPayloadFormat = 1;
+
+// A payload that is malformed, altered, too new, or made for another kind of machine.
+class PayloadError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct Payload {
+  int format = 0;
+  std::string jaxtile_version;
+  std::string key;
+  std::string name;
+  std::string symbol;
+  int64_t num_blocks = 0;
+  int64_t alignment = 0;
+  std::string arch;
+  std::vector<std::string> isa;
+  std::string library;  // the decoded shared library
+};
+
+// Decodes `text`, the payload of a call to the kernel `key`, and checks it: format, checksum,
+// key, and that this machine can run the library. Throws PayloadError saying what is wrong.
+Payload decode_payload(std::string_view key, std::string_view text);
+
+}  // namespace jaxtile

@@ -118,3 +118,26 @@ def concrete_int(x: Any) -> int | None:
     except Exception:  # noqa: BLE001 - anything not concretisable is simply not static
         return None
     return None if value is None else int(value)
+
+
+def lowering_for_export(ctx: Any) -> bool:
+    """Whether an MLIR lowering rule runs for ``jax.export`` (JAX has no public way to ask)."""
+    return bool(getattr(ctx.module_context.lowering_parameters, "for_export", False))
+
+
+def lowering_is_partitioned(ctx: Any) -> bool:
+    """Whether a lowering rule runs in a computation that XLA will partition over several
+    devices (``jit`` with a multi-device sharding), and not inside ``shard_map``, whose body
+    is already per device."""
+    axis_context = ctx.module_context.axis_context
+    if getattr(axis_context, "manual_axes", ()):
+        return False
+    return getattr(axis_context, "num_devices", 1) > 1
+
+
+def require_devices_when_lowering(prim: Primitive) -> None:
+    """Make JAX lower computations holding ``prim`` with their concrete device assignment,
+    which ``custom_partitioning`` (used for sharded kernels) needs."""
+    from jax._src import dispatch
+
+    dispatch.prim_requires_devices_during_lowering.add(prim)

@@ -4,20 +4,24 @@ A program compiled in this process calls ``jaxtile_cpu_call {key}``; the kernel 
 loaded here. A program lowered by ``jax.export`` must run elsewhere, so it calls
 ``jaxtile_cpu_exported_call {key, payload}`` instead, whose payload carries the compiled
 library (``payload.py``); the handler loads it on the first call in a process that lacks it.
-Only the CPU has a lowering; any other platform is a clear error at lowering time.
+Only the CPU has a lowering; any other platform is a clear error at lowering time. A kernel
+with a sharding rule, lowered for several devices outside ``shard_map``, is wrapped so that
+each device runs it on its shard (``sharding.py``).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
 from jax.interpreters import mlir
 
 from jaxtile import _ffi
+from jaxtile.compiler import jax_internals as ji
 from jaxtile.compiler.errors import kernel_error, user_line
 
-from . import payload
+from . import payload, sharding
 from .kernel_call import KernelHandle, kernel_call_p
 
 CPU_TARGET_NAME = "jaxtile_cpu_call"
@@ -25,16 +29,16 @@ CPU_EXPORTED_TARGET_NAME = "jaxtile_cpu_exported_call"
 SUPPORTED_PLATFORMS = ("cpu",)
 
 
-def _for_export(ctx: Any) -> bool:
-    # jax.export lowers with LoweringParameters(for_export=True); JAX (0.10) has no public way
-    # for a lowering rule to ask. Should the field go away, exports would hold plain
-    # jaxtile_cpu_call ops, which jax.export then rejects (export_checks() does not allow
-    # them) rather than writing a program that cannot run elsewhere.
-    return bool(getattr(ctx.module_context.lowering_parameters, "for_export", False))
-
-
 def _cpu_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
-    if _for_export(ctx):
+    rule = getattr(kernel.spec, "shard_rule", None)
+    if rule is not None and not kernel.per_shard and ji.lowering_is_partitioned(ctx):
+        return mlir.lower_fun(
+            functools.partial(sharding.sharded_call, kernel=kernel, rule=rule),
+            multiple_results=True)(ctx, *args)
+    # Should JAX stop flagging export lowerings, exports would hold plain jaxtile_cpu_call
+    # ops, which jax.export then rejects (export_checks() does not allow them) rather than
+    # writing a program that cannot run elsewhere.
+    if ji.lowering_for_export(ctx):
         return jax.ffi.ffi_lowering(CPU_EXPORTED_TARGET_NAME)(
             ctx, *args, key=kernel.key, payload=payload.encode(kernel))
     return jax.ffi.ffi_lowering(CPU_TARGET_NAME)(ctx, *args, key=kernel.key)
@@ -54,6 +58,7 @@ def _unsupported_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
 # A rule for every platform, which the CPU-specific rule overrides.
 mlir.register_lowering(kernel_call_p, _unsupported_lowering)
 mlir.register_lowering(kernel_call_p, _cpu_lowering, platform="cpu")
+ji.require_devices_when_lowering(kernel_call_p)
 jax.ffi.register_ffi_target(CPU_TARGET_NAME, _ffi.cpu_handler(), platform="cpu")
 jax.ffi.register_ffi_target(CPU_EXPORTED_TARGET_NAME, _ffi.cpu_exported_handler(),
                             platform="cpu")

@@ -201,21 +201,28 @@ class _Converter:
             raise self.error(f"the operation `{name}` is not supported in kernel bodies")
 
     def integer_pow(self, eqn: Any, out: list[ir.Stmt]) -> None:
+        """``x ** y`` by binary exponentiation, multiplying in XLA's order (so that floats
+        round the same way), then a reciprocal for negative ``y``."""
         x = self.value(eqn.invars[0], out)
         y = eqn.params["y"]
-        if y not in (2, 3, -1, -2):
-            ex = ir.Value((), x.dtype)
-            out.append(ir.Op("const", (), ex, {"value": float(y)}, self.line))
-            self.emit(out, "elementwise", [x, ex], eqn.outvars[0], fn="pow")
-            return
-        acc = x
-        for _ in range(abs(y) - 1):
-            nxt = ir.Value(x.shape, x.dtype)
-            out.append(ir.Op("elementwise", (acc, x), nxt, {"fn": "mul"}, self.line))
-            acc = nxt
-        if y < 0:
-            one = ir.Value((), x.dtype)
-            out.append(ir.Op("const", (), one, {"value": 1.0}, self.line))
+
+        def mul(a: ir.Value, b: ir.Value) -> ir.Value:
+            res = ir.Value(x.shape, x.dtype)
+            out.append(ir.Op("elementwise", (a, b), res, {"fn": "mul"}, self.line))
+            return res
+
+        acc, base, n = None, x, abs(y)
+        while n > 0:
+            if n & 1:
+                acc = base if acc is None else mul(acc, base)
+            n >>= 1
+            if n > 0:
+                base = mul(base, base)
+        if acc is None:
+            one = self.constant(1, x.dtype, out)
+            self.emit(out, "broadcast", [one], eqn.outvars[0], dims=())
+        elif y < 0:
+            one = self.constant(1, x.dtype, out)
             self.emit(out, "elementwise", [one, acc], eqn.outvars[0], fn="div")
         else:
             self.env[eqn.outvars[0]] = acc

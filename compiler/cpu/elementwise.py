@@ -40,10 +40,10 @@ def _to(dtype: str, x: Expr, bind: Bind) -> Expr:
     later ``Cast(float32, Cast(bfloat16, x))`` back to ``x``, which would skip the rounding
     that every bfloat16 op must show. ``bind`` evaluates an expression once and returns an
     equivalent one free of bfloat16 and of Let nodes (see ``KernelBuilder.let``)."""
-    if dtype == "bfloat16" and te.dtype_of(x) == "float32":
+    if dtype == "bfloat16" and te.dtype_of(x) in ("float32", "float16"):
         # The cast is legalised into bit operations that repeat its operand, and TVM's
         # vectorizer rejects a repeated Let node, so the rounded value is bound too.
-        x = bind(te.round_to_bfloat16(bind(x)))
+        x = bind(te.round_to_bfloat16(bind(tirx.Cast("float32", x))))
     return tirx.Cast(dtype, x)
 
 
@@ -61,36 +61,101 @@ def _round_away(x: Expr, dtype: str) -> Expr:
     return tirx.Select(tirx.abs(x - t) >= _const(0.5, dtype), t + _sign(x, dtype), t)
 
 
+def is_nan(x: Expr, dtype: str) -> Expr:
+    """NaN test from the bit pattern: TVM folds ``x != x`` to false, and ``tirx.isnan``
+    keeps a loop from vectorising."""
+    if dtype == "float64":
+        return tirx.isnan(x)
+    bits = tirx.reinterpret("uint32", x if dtype == "float32" else tirx.Cast("float32", x))
+    return tirx.GT(tirx.bitwise_and(bits, tirx.const(0x7FFFFFFF, "uint32")),
+                   tirx.const(0x7F800000, "uint32"))
+
+
+_ORDERED = {"lt": tirx.LT, "le": tirx.LE, "gt": tirx.GT, "ge": tirx.GE, "eq": tirx.EQ}
+
+
+def _compare(fn: str, a: Expr, b: Expr, dtype: str) -> Expr:
+    if dtype == "bool":
+        # LLVM has no ordered compares of i1 vectors: compare as integers.
+        a, b = tirx.Cast("int32", a), tirx.Cast("int32", b)
+    if fn == "ne":
+        ne = tirx.NE(a, b)
+        return tirx.Or(ne, tirx.Or(is_nan(a, dtype), is_nan(b, dtype))) if is_float(dtype) \
+            else ne
+    cmp = _ORDERED[fn](a, b)
+    if not is_float(dtype):
+        return cmp
+    # TVM folds x <= x and x == x to true; IEEE says false for NaN.
+    return tirx.And(cmp, tirx.Not(tirx.Or(is_nan(a, dtype), is_nan(b, dtype))))
+
+
+def _int_div(fn: str, a: Expr, b: Expr, dtype: str) -> Expr:
+    """Integer ``div``/``rem`` with XLA's results where C has none (no SIGFPE): x / 0 is -1
+    (all ones unsigned), x % 0 is x, INT_MIN / -1 is INT_MIN and INT_MIN % -1 is 0.
+
+    Narrow types divide in 64 bits, where INT_MIN / -1 cannot overflow and wraps back on the
+    cast; the divisor is made non-zero arithmetically (TVM turns a division by a select
+    into a select of divisions, and LLVM drops guards around a trapping division).
+    """
+    zero = tirx.EQ(b, _const(0, dtype))
+    info = np.iinfo(np.dtype(dtype))
+    wide = "int64" if info.bits < 64 else dtype
+    a_w = tirx.Cast(wide, a)
+    b_w = tirx.Add(tirx.Cast(wide, b), tirx.Cast(wide, zero))
+    if wide == dtype and not dtype.startswith("uint"):
+        overflow = tirx.And(tirx.EQ(a, _const(int(info.min), dtype)),
+                            tirx.EQ(b, _const(-1, dtype)))
+        b_w = tirx.Mul(b_w, tirx.Sub(_const(1, dtype), tirx.Mul(_const(2, dtype),
+                                                               tirx.Cast(dtype, overflow))))
+    if fn == "div":
+        all_ones = _const(int(info.max) if dtype.startswith("uint") else -1, dtype)
+        return tirx.Select(zero, all_ones, tirx.Cast(dtype, tirx.truncdiv(a_w, b_w)))
+    return tirx.Select(zero, a, tirx.Cast(dtype, tirx.truncmod(a_w, b_w)))
+
+
 def _binary(fn: str, a: Expr, b: Expr, dtype: str) -> Expr:
     flt = is_float(dtype)
+    # Node constructors, not Python operators: those fold x * 0.0 to 0.0 and x + 0.0 to x,
+    # which is wrong for NaN, inf and -0.0.
     if fn == "add":
-        return a + b
+        return tirx.Add(a, b)
     if fn == "sub":
-        return a - b
+        return tirx.Sub(a, b)
     if fn == "mul":
-        return a * b
+        return tirx.Mul(a, b)
+    if fn in ("div", "rem") and not flt:
+        return _int_div(fn, a, b, dtype)
     if fn == "div":
-        return a / b if flt else tirx.truncdiv(a, b)
+        return tirx.Div(a, b)
     if fn == "rem":
-        return tirx.fmod(a, b) if flt else tirx.truncmod(a, b)
+        return tirx.fmod(a, b)
     if fn == "max":
         return te.maximum(a, b)
     if fn == "min":
         return te.minimum(a, b)
     if fn == "pow":
         return tirx.pow(a, b)
-    if fn in ("lt", "le", "gt", "ge"):
-        return {"lt": a < b, "le": a <= b, "gt": a > b, "ge": a >= b}[fn]
-    if fn == "eq":
-        return tirx.EQ(a, b)
-    if fn == "ne":
-        return tirx.NE(a, b)
+    if fn in ("lt", "le", "gt", "ge", "eq", "ne"):
+        return _compare(fn, a, b, dtype)
     if dtype == "bool":
-        return {"and": tirx.And, "or": tirx.Or, "xor": tirx.NE}[fn](a, b)
+        if fn == "xor":
+            return tirx.NE(tirx.Cast("int32", a), tirx.Cast("int32", b))
+        return {"and": tirx.And, "or": tirx.Or}[fn](a, b)
     return {"and": tirx.bitwise_and, "or": tirx.bitwise_or, "xor": tirx.bitwise_xor}[fn](a, b)
 
 
-def _unary(fn: str, x: Expr, dtype: str) -> Expr:
+def _expm1(x: Expr, dtype: str, bind: Bind) -> Expr:
+    """exp(x) - 1 without the cancellation near 0: Kahan's (u - 1) * x / log(u), u = exp(x),
+    for |x| < 1 (a few ulp), plain exp(x) - 1 elsewhere."""
+    x = bind(x)
+    u = bind(_exp(x, dtype))
+    one = _const(1.0, dtype)
+    um1 = tirx.Sub(u, one)
+    kahan = tirx.Select(tirx.EQ(u, one), x, tirx.Div(tirx.Mul(um1, x), tirx.log(u)))
+    return tirx.Select(tirx.abs(x) < one, kahan, um1)
+
+
+def _unary(fn: str, x: Expr, dtype: str, bind: Bind) -> Expr:
     if fn == "neg":
         return -x
     if fn == "abs":
@@ -100,7 +165,7 @@ def _unary(fn: str, x: Expr, dtype: str) -> Expr:
     if fn == "not":
         return tirx.Not(x) if dtype == "bool" else tirx.bitwise_not(x)
     if fn == "square":
-        return x * x
+        return tirx.Mul(x, x)
     if fn == "exp":
         return _exp(x, dtype)
     if fn == "tanh" and dtype == "float32":
@@ -108,10 +173,7 @@ def _unary(fn: str, x: Expr, dtype: str) -> Expr:
     if fn == "exp2":
         return _exp(x * _const(_LN2, dtype), dtype) if dtype == "float32" else tirx.exp2(x)
     if fn == "expm1":
-        # exp(x) - 1 cancels badly near 0; there the Taylor series is exact to rounding.
-        small = x * (_const(1.0, dtype) + x * (_const(0.5, dtype) + x / _const(6.0, dtype)))
-        return tirx.Select(tirx.abs(x) < _const(1e-3, dtype), small,
-                           _exp(x, dtype) - _const(1.0, dtype))
+        return _expm1(x, dtype, bind)
     if fn == "logistic":
         return _const(1.0, dtype) / (_const(1.0, dtype) + _exp(-x, dtype))
     if fn == "rsqrt":
@@ -134,7 +196,7 @@ def elementwise(fn: str, args: Sequence[Expr], in_dtype: str, out_dtype: str,
     if len(args) == 2:
         result = _binary(fn, args[0], args[1], compute)
     else:
-        result = _unary(fn, args[0], compute)
+        result = _unary(fn, args[0], compute, bind)
     return result if out_dtype in ("bool", compute) else _to(out_dtype, result, bind)
 
 
@@ -144,15 +206,25 @@ def convert(x: Expr, src: str, dst: str, bind: Bind) -> Expr:
     if src == dst:
         return x
     if dst == "bool":
-        return tirx.NE(x, _const(0, src))
+        if src in ("float16", "bfloat16"):
+            # Like XLA: any bit set besides the sign (NaN and subnormals are true). For
+            # float32 XLA compares with 0, so subnormals follow the CPU's denormal mode.
+            bits = tirx.reinterpret("uint32", tirx.Cast("float32", x))
+            return tirx.NE(tirx.bitwise_and(bits, tirx.const(0x7FFFFFFF, "uint32")),
+                           tirx.const(0, "uint32"))
+        return _compare("ne", x, _const(0, src), src) if is_float(src) \
+            else tirx.NE(x, _const(0, src))
     if src == "bool":
         return tirx.Select(x, _const(1, dst), _const(0, dst))
+    if src in _LOW_FLOATS:
+        # Widening to float32 is exact; the rest of the conversion happens from there.
+        return convert(tirx.Cast("float32", x), "float32", dst, bind)
     if is_float(src) and not is_float(dst):
         info = np.iinfo(np.dtype(dst))
         wide = tirx.Cast("float64", x)
         lo, hi = _const(float(info.min), "float64"), _const(float(info.max), "float64")
         clamped = tirx.Select(wide < lo, lo, tirx.Select(wide > hi, hi, wide))
-        return tirx.Select(tirx.isnan(x), _const(0, dst), tirx.Cast(dst, clamped))
+        return tirx.Select(is_nan(x, src), _const(0, dst), tirx.Cast(dst, clamped))
     return _to(dst, x, bind)
 
 

@@ -222,6 +222,10 @@ class _Lowering:
 
     def copy(self, op: ir.Op) -> None:
         a = op.attrs
+        if a["src"] == a["dst"]:
+            # Regions of one buffer may overlap: read the whole source tile first.
+            self.copy_through_temporary(op)
+            return
         src, dst = self.bufs[a["src"]], self.bufs[a["dst"]]
         tile = ir.tile_shape(a["src_index"])
         s_starts = [self.start(i, 0, clamp=False) for i in a["src_index"]]
@@ -255,6 +259,16 @@ class _Lowering:
             emit(False)
         with self.kb.else_():
             emit(True)
+
+    def copy_through_temporary(self, op: ir.Op) -> None:
+        a = op.attrs
+        tile = ir.tile_shape(a["src_index"])
+        name = self.name("copy_tile")
+        self.bufs[name] = self.kb.alloc_local(name, list(tile), str(self.bufs[a["src"]].dtype))
+        self.scopes[name] = "local"
+        whole = tuple(ir.Index(0, n) for n in tile)
+        self.copy(ir.Op("copy", (), None, {**a, "dst": name, "dst_index": whole}, op.line))
+        self.copy(ir.Op("copy", (), None, {**a, "src": name, "src_index": whole}, op.line))
 
     def masked_copy(self, op, src, dst, tile, s_starts, d_starts) -> None:
         """The edge path of a copy: read past the source end gives pad, write past the
@@ -298,8 +312,22 @@ class _Lowering:
             self.kb.store(dst, d_coords,
                           ew.convert(value, str(src.dtype), str(dst.dtype), self.bind))
 
+    def snapshot(self, name: str) -> str:
+        """A fresh local copy of a whole on-chip buffer, for ops that read what they write."""
+        src = self.bufs[name]
+        copy_name = self.name(f"{name}_copy")
+        self.bufs[copy_name] = self.kb.alloc_local(copy_name, [int(d) for d in src.shape],
+                                                   str(src.dtype))
+        self.scopes[copy_name] = "local"
+        with self.nest([int(d) for d in src.shape]) as idx:
+            self.kb.store(self.bufs[copy_name], idx, src[tuple(idx)])
+        return copy_name
+
     def gemm(self, op: ir.Op) -> None:
-        a = op.attrs
+        a = dict(op.attrs)
+        for role in ("a", "b"):
+            if a[role] == a["c"]:
+                a[role] = self.snapshot(a[role])
         A, B, C = self.bufs[a["a"]], self.bufs[a["b"]], self.bufs[a["c"]]
         m, n = (int(d) for d in C.shape)
         k = int(A.shape[0] if a["transpose_a"] else A.shape[1])

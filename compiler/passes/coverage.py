@@ -1,11 +1,11 @@
 """Check that the grid covers every output: the classic ``N // bn`` instead of ``cdiv`` bug.
 
 For each output, the writes at the kernel's top level (not inside loops or conditionals)
-are examined. Where a write's start in a dimension is affine in one block index,
-``start = s * block + o``, the blocks together cover ``[o, s * (extent - 1) + o + size)``
-without gaps when ``s <= size``. If every write of an output is of that form and none of
-them reaches the end of some dimension (or leaves a gap), part of the output would never be
-written, and the kernel is rejected with the write's source line. Outputs written in ways this
+are examined. Where a write's start in a dimension is constant or affine in one block index,
+``start = s * block + o``, its blocks together cover ``[o, s * (extent - 1) + o + size)``
+without gaps when ``s <= size``. If every write of an output is of that form and in some
+dimension the union of their intervals misses an index, no element with that index is ever
+written, and the kernel is rejected with a write's source line. Outputs written in ways this
 analysis cannot follow are left alone.
 """
 
@@ -39,20 +39,31 @@ def _affine_defs(kernel: ir.Kernel) -> dict[int, _Affine]:
     return known
 
 
-def _covered_end(start: int | ir.Value, size: int, known: dict[int, _Affine],
-                 grid: tuple[int, ...]) -> int | None:
-    """How far from 0 the writes reach without a gap, or None if not analysable."""
+def _interval(start: int | ir.Value, size: int, known: dict[int, _Affine],
+              grid: tuple[int, ...]) -> tuple[int, int] | None:
+    """The indices ``[lo, hi)`` that one write's blocks cover without gaps, or None if the
+    write cannot be followed (or leaves gaps, which another write might fill)."""
     if isinstance(start, int):
-        return start + size if start <= 0 else 0
+        return start, start + size
     aff = known.get(start.id)
     if aff is None:
         return None
     axis, scale, offset = aff
     if axis == -1:
-        return offset + size if offset <= 0 else 0
-    if offset > 0 or scale > size or scale < 0:
-        return 0
-    return scale * (grid[axis] - 1) + offset + size
+        return offset, offset + size
+    if scale < 0 or scale > size:
+        return None
+    return offset, scale * (grid[axis] - 1) + offset + size
+
+
+def _first_gap(intervals: list[tuple[int, int]], dim: int) -> int | None:
+    """The first index in ``[0, dim)`` that no interval covers, or None."""
+    reach = 0
+    for lo, hi in sorted(intervals):
+        if lo > reach:
+            break
+        reach = max(reach, hi)
+    return reach if reach < dim else None
 
 
 def check_output_coverage(kernel: ir.Kernel) -> ir.Kernel:
@@ -76,15 +87,17 @@ def check_output_coverage(kernel: ir.Kernel) -> ir.Kernel:
         if buf is None or name in nested:
             continue
         for d, dim in enumerate(buf.shape):
-            reach = []
+            intervals = []
             for _, index in writes:
                 size = 1 if index[d].size is None else index[d].size
-                reach.append(_covered_end(index[d].start, size, known, kernel.grid))
-            if None in reach or max(reach) >= dim:
+                intervals.append(_interval(index[d].start, size, known, kernel.grid))
+            if None in intervals:
                 continue
-            op = writes[0][0]
+            gap = _first_gap(intervals, dim)
+            if gap is None:
+                continue
             raise kernel_error(
                 kernel.name, f"the grid {list(kernel.grid)} and tile sizes leave part of output "
-                f"'{name}' unwritten: dimension {d} has {dim} elements but the writes reach "
-                f"only {max(reach)} (size the grid with jt.cdiv)", op.line)
+                f"'{name}' unwritten: in dimension {d} ({dim} elements) no write reaches index "
+                f"{gap} (size the grid with jt.cdiv)", writes[-1][0].line)
     return kernel

@@ -1,0 +1,82 @@
+"""Scratch buffers start as zeros in every block, as in the reference semantics.
+
+Zeroing costs a fill per block, so it is inserted only where it can matter: for a scratch
+buffer that some statement may read before a store or copy of the whole buffer earlier in
+the same statement list (or an enclosing one) has overwritten it. Such a write inside a loop
+body covers the reads after it in that body, but not the code after the loop (the loop may
+run zero times).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from .. import ir
+
+
+def _reads(op: ir.Op) -> set[str]:
+    if op.kind == "load":
+        return {op.attrs["buffer"]}
+    if op.kind == "copy":
+        return {op.attrs["src"]}
+    if op.kind == "gemm":
+        return {op.attrs["a"], op.attrs["b"], op.attrs["c"]}
+    return set()
+
+
+def _whole(index: tuple[ir.Index, ...], shape: tuple[int, ...]) -> bool:
+    return all(i.start == 0 and not isinstance(i.start, ir.Value) and i.size == n
+               for i, n in zip(index, shape))
+
+
+def _overwritten(stmt: ir.Stmt, scratch: dict[str, ir.Buffer]) -> str | None:
+    if not isinstance(stmt, ir.Op):
+        return None
+    if stmt.kind == "store":
+        name, index = stmt.attrs["buffer"], stmt.attrs["index"]
+    elif stmt.kind == "copy":
+        name, index = stmt.attrs["dst"], stmt.attrs["dst_index"]
+    else:
+        return None
+    buf = scratch.get(name)
+    return name if buf is not None and _whole(index, buf.shape) else None
+
+
+def _scan(body: list[ir.Stmt], defined: set[str], scratch: dict[str, ir.Buffer],
+          needed: list[str]) -> None:
+    """Record in ``needed`` the scratch buffers read in ``body`` before a whole write in the
+    same or an enclosing statement list; a loop body or branch sees the writes before it,
+    but its own writes do not leave it."""
+    for stmt in body:
+        if isinstance(stmt, ir.For):
+            _scan(stmt.body, set(defined), scratch, needed)
+        elif isinstance(stmt, ir.If):
+            _scan(stmt.then, set(defined), scratch, needed)
+            _scan(stmt.otherwise, set(defined), scratch, needed)
+        else:
+            for name in sorted(_reads(stmt)):
+                if name in scratch and name not in defined and name not in needed:
+                    needed.append(name)
+            name = _overwritten(stmt, scratch)
+            if name is not None:
+                defined.add(name)
+
+
+def zero_uninitialised_scratch(kernel: ir.Kernel) -> ir.Kernel:
+    """Insert a zero fill at the start of the body for each scratch buffer that may be read
+    before being wholly written (see module doc). Assumes a verified kernel."""
+    scratch = {b.name: b for b in kernel.buffers if b.role == "scratch"}
+    needed: list[str] = []
+    _scan(kernel.body, set(), scratch, needed)
+    fills: list[ir.Stmt] = []
+    for name in needed:
+        buf = scratch[name]
+        zero = ir.Value((), buf.dtype)
+        tile = ir.Value(buf.shape, buf.dtype)
+        fills += [ir.Op("const", (), zero, {"value": np.zeros((), buf.dtype).item()}, buf.line),
+                  ir.Op("broadcast", (zero,), tile, {"dims": ()}, buf.line),
+                  ir.Op("store", (tile,), None, {"buffer": name, "index": tuple(
+                      ir.Index(0, n) for n in buf.shape)}, buf.line)]
+    return dataclasses.replace(kernel, body=fills + kernel.body) if fills else kernel

@@ -1,7 +1,16 @@
-"""jaxtile's kernel library: ready-made kernels written in the tile language."""
+"""jaxtile's kernel library: ready-made kernels written in the tile language.
+
+``matmul``, ``softmax``, ``rms_norm`` and ``layer_norm`` have backward rules
+(``Kernel.defvjp``) made of jaxtile kernels, so ``jax.grad`` runs compiled code; the ``*_fwd``
+and ``*_bwd`` kernels are those rules' pieces. All take 2-D operands (and 1-D weights); batch
+them with ``jax.vmap``.
+"""
 
 from .add import add
-from .matmul import matmul_relu
-from .softmax import softmax
+from .layer_norm import layer_norm, layer_norm_bwd, layer_norm_fwd
+from .matmul import matmul, matmul_relu
+from .rms_norm import rms_norm, rms_norm_bwd, rms_norm_fwd
+from .softmax import softmax, softmax_bwd
 
-__all__ = ["add", "matmul_relu", "softmax"]
+__all__ = ["add", "layer_norm", "layer_norm_bwd", "layer_norm_fwd", "matmul", "matmul_relu",
+           "rms_norm", "rms_norm_bwd", "rms_norm_fwd", "softmax", "softmax_bwd"]

@@ -1,0 +1,125 @@
+"""Layer normalisation over the last axis, with a backward rule made of jaxtile kernels.
+
+``layer_norm(x, w, b) = (x - mean) / sqrt(var + eps) * w + b`` per row. The rule saves each
+row's mean and ``rstd = 1 / sqrt(var + eps)`` (from :func:`layer_norm_fwd`) and runs
+:func:`layer_norm_bwd`, which returns ``dx`` and per-block partial sums of ``dw`` and ``db``.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+import jaxtile as jt
+
+from .rms_norm import _row_tile
+
+
+def _normalise(x, w, b, eps, rows, block_cols):
+    """Kernel-body helper: declare ``y`` and the grid, normalise this block's rows into
+    ``y``; returns ``(y, mean tile, rstd tile, block index)``."""
+    n_rows, n_cols = x.shape
+    cols = _row_tile(n_cols, block_cols)
+    y = jt.empty((n_rows, n_cols), x.dtype)
+    r = jt.grid(jt.cdiv(n_rows, rows))
+    x_t = jt.fragment((rows, cols), jnp.float32)
+    w_t = jt.fragment((cols,), jnp.float32)
+    b_t = jt.fragment((cols,), jnp.float32)
+    mean_t = jt.fragment((rows,), jnp.float32)
+    rstd_t = jt.fragment((rows,), jnp.float32)
+    jt.copy(x.at[r * rows, 0], x_t)
+    jt.copy(w.at[0], w_t)
+    jt.copy(b.at[0], b_t)
+    xv = x_t[...]
+    mean_t[...] = jnp.sum(xv, axis=1) * (1.0 / n_cols)
+    xc = xv - mean_t[...][:, None]
+    if cols > n_cols:                     # padding columns read 0, not the mean
+        col = lax.broadcasted_iota(jnp.int32, (rows, cols), 1)
+        xc = jnp.where(col < n_cols, xc, 0.0)
+    rstd_t[...] = lax.rsqrt(jnp.sum(xc * xc, axis=1) * (1.0 / n_cols) + eps)
+    x_t[...] = xc * rstd_t[...][:, None] * w_t[...][None, :] + b_t[...][None, :]
+    jt.copy(x_t, y.at[r * rows, 0])
+    return y, mean_t, rstd_t, r
+
+
+@jt.kernel(threads=128)
+def layer_norm(x, w, b, *, eps=1e-5, rows=4, block_cols=None):
+    """``(x - mean) / sqrt(var + eps) * w + b`` over the last axis of ``x`` (rows, features)
+    with ``w`` and ``b`` of shape (features,), computed in float32 and returned in
+    ``x.dtype``. Blocks as in :func:`jaxtile.ops.rms_norm`. Differentiable in ``x``, ``w``
+    and ``b`` with jaxtile backward kernels; batch it with ``jax.vmap``.
+    """
+    y, _, _, _ = _normalise(x, w, b, eps, rows, block_cols)
+    return y
+
+
+@jt.kernel(threads=128)
+def layer_norm_fwd(x, w, b, *, eps=1e-5, rows=4, block_cols=None):
+    """``(layer_norm(x, w, b), mean, rstd)``: also each row's mean and
+    ``1 / sqrt(var + eps)`` in float32, shape (rows,), for the backward pass."""
+    y, mean_t, rstd_t, r = _normalise(x, w, b, eps, rows, block_cols)
+    mean = jt.empty((x.shape[0],), jnp.float32)
+    rstd = jt.empty((x.shape[0],), jnp.float32)
+    jt.copy(mean_t, mean.at[r * rows])
+    jt.copy(rstd_t, rstd.at[r * rows])
+    return y, mean, rstd
+
+
+@jt.kernel(threads=128)
+def layer_norm_bwd(x, w, mean, rstd, g, *, rows=4, block_cols=None):
+    """The backward pass of :func:`layer_norm` for the cotangent ``g`` of its output.
+
+    With ``xhat = (x - mean) * rstd`` and ``gw = g * w``: ``dx = rstd * (gw - mean(gw) -
+    xhat * mean(gw * xhat))`` (in ``x.dtype``), and the float32 partial sums over each
+    block's rows of ``dw = sum(g * xhat, axis=0)`` and ``db = sum(g, axis=0)``, each of
+    shape (blocks, features). Padding contributes nothing: ``g`` reads zero there.
+    """
+    n_rows, n_cols = x.shape
+    cols = _row_tile(n_cols, block_cols)
+    blocks = jt.cdiv(n_rows, rows)
+    dx = jt.empty((n_rows, n_cols), x.dtype)
+    dw_part = jt.empty((blocks, n_cols), jnp.float32)
+    db_part = jt.empty((blocks, n_cols), jnp.float32)
+    r = jt.grid(blocks)
+    x_t = jt.fragment((rows, cols), jnp.float32)
+    g_t = jt.fragment((rows, cols), jnp.float32)
+    w_t = jt.fragment((cols,), jnp.float32)
+    mean_t = jt.fragment((rows,), jnp.float32)
+    rstd_t = jt.fragment((rows,), jnp.float32)
+    dw_t = jt.fragment((cols,), jnp.float32)
+    db_t = jt.fragment((cols,), jnp.float32)
+    jt.copy(x.at[r * rows, 0], x_t)
+    jt.copy(g.at[r * rows, 0], g_t)
+    jt.copy(w.at[0], w_t)
+    jt.copy(mean.at[r * rows], mean_t)
+    jt.copy(rstd.at[r * rows], rstd_t)
+    s = rstd_t[...][:, None]
+    xhat = (x_t[...] - mean_t[...][:, None]) * s
+    gv = g_t[...]
+    gw = gv * w_t[...][None, :]
+    scale = 1.0 / n_cols
+    mean_gw = jnp.sum(gw, axis=1, keepdims=True) * scale
+    mean_gwx = jnp.sum(gw * xhat, axis=1, keepdims=True) * scale
+    dw_t[...] = jnp.sum(gv * xhat, axis=0)
+    db_t[...] = jnp.sum(gv, axis=0)
+    x_t[...] = s * (gw - mean_gw - xhat * mean_gwx)
+    jt.copy(x_t, dx.at[r * rows, 0])
+    jt.copy(dw_t, dw_part.at[r, 0])
+    jt.copy(db_t, db_part.at[r, 0])
+    return dx, dw_part, db_part
+
+
+def _fwd(x, w, b, **params):
+    y, mean, rstd = layer_norm_fwd(x, w, b, **params)
+    return y, (x, w, b, mean, rstd)
+
+
+def _bwd(res, g, *, eps, **params):
+    del eps
+    x, w, b, mean, rstd = res
+    dx, dw_part, db_part = layer_norm_bwd(x, w, mean, rstd, g.astype(x.dtype), **params)
+    return (dx, jnp.sum(dw_part, axis=0).astype(w.dtype),
+            jnp.sum(db_part, axis=0).astype(b.dtype))
+
+
+layer_norm.defvjp(_fwd, _bwd)

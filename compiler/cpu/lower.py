@@ -312,15 +312,18 @@ class _Lowering:
             self.kb.store(dst, d_coords,
                           ew.convert(value, str(src.dtype), str(dst.dtype), self.bind))
 
-    def snapshot(self, name: str) -> str:
-        """A fresh local copy of a whole on-chip buffer, for ops that read what they write."""
+    def snapshot(self, name: str, transpose: bool = False) -> str:
+        """A fresh local copy of a whole 2-D on-chip buffer (transposed if asked), for ops
+        that read what they write or want another layout."""
         src = self.bufs[name]
+        shape = [int(d) for d in src.shape]
+        if transpose:
+            shape = shape[::-1]
         copy_name = self.name(f"{name}_copy")
-        self.bufs[copy_name] = self.kb.alloc_local(copy_name, [int(d) for d in src.shape],
-                                                   str(src.dtype))
+        self.bufs[copy_name] = self.kb.alloc_local(copy_name, shape, str(src.dtype))
         self.scopes[copy_name] = "local"
-        with self.nest([int(d) for d in src.shape]) as idx:
-            self.kb.store(self.bufs[copy_name], idx, src[tuple(idx)])
+        with self.nest(shape) as idx:
+            self.kb.store(self.bufs[copy_name], idx, src[tuple(idx[::-1] if transpose else idx)])
         return copy_name
 
     def gemm(self, op: ir.Op) -> None:
@@ -328,6 +331,9 @@ class _Lowering:
         for role in ("a", "b"):
             if a[role] == a["c"]:
                 a[role] = self.snapshot(a[role])
+        if a["transpose_b"]:
+            # The j loop is the vectorised one: give it unit-stride rows of op(b).
+            a["b"], a["transpose_b"] = self.snapshot(a["b"], transpose=True), False
         A, B, C = self.bufs[a["a"]], self.bufs[a["b"]], self.bufs[a["c"]]
         m, n = (int(d) for d in C.shape)
         k = int(A.shape[0] if a["transpose_a"] else A.shape[1])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jaxtile as jt
 
 
-@jt.kernel(threads=128)
+@jt.kernel(threads=128, sharding=jt.ShardRule("n, n -> n", parallel="n"))
 def add(x, y, *, block=1024):
     """``x + y`` for 1-D arrays of one shape and dtype; any length (the tail is masked).
 

@@ -30,7 +30,7 @@ def softmax(x, *, rows=4, block_cols=None):
     return out
 
 
-@jt.kernel(threads=128)
+@jt.kernel(threads=128, sharding=jt.ShardRule("r c, r c -> r c", parallel="r"))
 def softmax_bwd(y, g, *, rows=4, block_cols=None):
     """The softmax's vector-Jacobian product: ``y * (g - sum(g * y, axis=-1))`` for its
     output ``y`` and the output cotangent ``g`` (2-D, one shape), in float32, returned in

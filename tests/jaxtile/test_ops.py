@@ -122,3 +122,42 @@ def test_matmul_relu_in_a_larger_jit(rng):
 def test_eager_call_outside_jit(rng):
     x, y = _arr(rng, (300,), F32), _arr(rng, (300,), F32)
     np.testing.assert_array_equal(np.asarray(jt.ops.add(x, y)), np.asarray(x + y))
+
+
+def test_library_kernels_from_a_warm_disk_cache(rng, tmp_path):
+    """A fresh process loads the kernels compiled above from disk (compiling is made to fail
+    there) and gets the same results."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    x, y = _arr(rng, (3001,), F32), _arr(rng, (3001,), F32)
+    s = _arr(rng, (37, 1000), F32, scale=4.0)
+    a, b = _arr(rng, (100, 70), F32), _arr(rng, (70, 90), F32)
+    jax.block_until_ready((jt.ops.add(x, y), jt.ops.softmax(s),
+                           jt.ops.matmul_relu(a, b, **SMALL_TILES)))
+    np.savez(tmp_path / "inputs.npz", x=x, y=y, s=s, a=a, b=b)
+    script = textwrap.dedent(f"""
+        import jax, jax.numpy as jnp, numpy as np
+        import jaxtile as jt
+        from jaxtile.compiler.cpu import lower
+
+        def no_compiling(kernel):
+            raise AssertionError("compiled instead of loading from the cache")
+
+        lower.compile_to_library = no_compiling
+        d = np.load({str(tmp_path / "inputs.npz")!r})
+        x, y, s, a, b = (jnp.asarray(d[k]) for k in "xysab")
+        np.testing.assert_array_equal(jax.jit(jt.ops.add)(x, y), x + y)
+        np.testing.assert_allclose(jax.jit(jt.ops.softmax)(s), jax.nn.softmax(s, axis=-1),
+                                   rtol=1e-5, atol=1e-7)
+        got = jax.jit(lambda a, b: jt.ops.matmul_relu(a, b, bm=32, bn=64, bk=16))(a, b)
+        np.testing.assert_allclose(got, jnp.maximum(jnp.matmul(a, b, precision="highest"),
+                                   0), rtol=1e-5, atol=1e-5)
+        print("warm ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], env=dict(os.environ),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "warm ok" in out.stdout

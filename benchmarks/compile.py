@@ -20,6 +20,7 @@ uses JAX once before the clock starts, so JAX's own first-use costs are not coun
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -55,6 +56,9 @@ def child(mode: str) -> None:
 
         tvm_import_s = time.perf_counter() - t0
 
+    # A pending full garbage collection (tens of ms with JAX's heap) would otherwise land in
+    # whichever timed section allocates next.
+    gc.collect()
     t0 = time.perf_counter()
     traced = jax.jit(jt.ops.matmul_relu).trace(a, b)
     load_s = time.perf_counter() - t0

@@ -74,6 +74,7 @@ class Kernel:
         self.param_defaults = {p.name: p.default for p in sig.parameters.values()
                                if p.kind == inspect.Parameter.KEYWORD_ONLY}
         self._specs: dict[Any, Specialisation] = {}
+        self._by_call: dict[Any, Specialisation] = {}
         self.vjp_rule: tuple[Callable[..., Any], Callable[..., Any]] | None = None
         functools.update_wrapper(self, fn)
 
@@ -111,7 +112,18 @@ class Kernel:
         return merged
 
     def _specialise(self, args: tuple[Any, ...], params: dict[str, Any]) -> Specialisation:
-        return self.specialisation(self._arg_specs(args), self._params(params), ())
+        # A call with the same argument types and parameters as an earlier one skips the
+        # argument checks (which build ShapeDtypeStructs): this is the eager hot path.
+        try:
+            fast = (tuple((a.shape, a.dtype) for a in args), tuple(sorted(params.items())))
+            spec = self._by_call.get(fast)
+        except (AttributeError, TypeError):
+            fast, spec = None, None
+        if spec is None:
+            spec = self.specialisation(self._arg_specs(args), self._params(params), ())
+            if fast is not None:
+                self._by_call[fast] = spec
+        return spec
 
     def specialisation(self, specs: tuple[jax.ShapeDtypeStruct, ...], params: dict[str, Any],
                        batch: tuple[_trace.BatchLevel, ...]) -> Specialisation:
@@ -136,8 +148,10 @@ class Kernel:
         spec = self._specialise(args, params)
         if interpret:
             outs = spec.reference(*args)
-        else:
+        elif any(isinstance(a, jax.core.Tracer) for a in args):
             outs = kernel_call.kernel_call_p.bind(*args, kernel=spec.handle())
+        else:
+            outs = kernel_call.call_eagerly(spec.handle(), args)
         return flat_outputs(spec, outs)
 
     def reference(self, *args: Any, **params: Any) -> Any:

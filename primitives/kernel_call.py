@@ -74,5 +74,11 @@ def _impl(*args: Any, kernel: KernelHandle) -> Any:
     return _jitted(kernel)(*args)
 
 
+def call_eagerly(kernel: KernelHandle, args: Any) -> Any:
+    """Run a kernel on concrete arrays outside any trace: its cached jitted call, without
+    going through ``bind`` (what the primitive's impl would do anyway)."""
+    return _jitted(kernel)(*args)
+
+
 kernel_call_p.def_abstract_eval(_abstract_eval)
 kernel_call_p.def_impl(_impl)

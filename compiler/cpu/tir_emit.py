@@ -56,6 +56,7 @@ made any other way); use :func:`round_to_bfloat16` for the second.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import subprocess
 import tempfile
@@ -81,6 +82,11 @@ _LOOP_KINDS = {
 # that only the TVM runtime's loader fills in. With it the array is one fixed-size alloca in
 # the entry block.
 _STACK_ALLOCATION = {"disable_lower_builtin": tirx.IntImm("bool", 1)}
+
+#: Larger arrays go to the heap (TVMBackendAllocWorkspace, whose slot jaxtile's loader fills
+#: with an aligned malloc), once per call: the threads a kernel runs on (XLA's, the FFI
+#: pool's) may have small stacks.
+MAX_STACK_BYTES = 256 * 1024
 
 
 def host_cpu() -> str:
@@ -217,16 +223,18 @@ class KernelBuilder:
         self._vector_loops: list[tuple[tirx.Var, int]] = []
 
     def alloc_local(self, name: str, shape: Sequence[int], dtype: str) -> tirx.Buffer:
-        """Declare a local array, allocated once on the stack at function entry.
+        """Declare a local array, allocated once at function entry: on the stack up to
+        :data:`MAX_STACK_BYTES`, on the heap beyond.
 
-        The array lives for the whole call and is uninitialised. Sizes are only bounded by
-        the calling thread's stack (256 KiB arrays are fine on 8 MiB default stacks). A
-        one-element array is the way to get a mutable scalar; LLVM keeps it in a register.
+        The array lives for the whole call and is uninitialised. A one-element array is the
+        way to get a mutable scalar; LLVM keeps it in a register.
         """
         # The LLVM codegen gives stack arrays 16-byte alignment whatever is declared (and
         # only assumes that much), so declare what is actually provided.
         buf = _decl_buffer(name, shape, dtype, 16)
-        self._allocations.append(tirx.AllocBuffer(buf, _STACK_ALLOCATION))
+        nbytes = math.prod(shape) * max(1, tvm.runtime.DataType(dtype).bits // 8)
+        annotations = _STACK_ALLOCATION if nbytes <= MAX_STACK_BYTES else None
+        self._allocations.append(tirx.AllocBuffer(buf, annotations))
         return buf
 
     def emit(self, stmt: tirx.Stmt) -> None:

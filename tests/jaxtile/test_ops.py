@@ -161,3 +161,10 @@ def test_library_kernels_from_a_warm_disk_cache(rng, tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "warm ok" in out.stdout
+
+
+def test_scratch_larger_than_a_thread_stack(rng):
+    """A 9 MiB fragment (more than a default 8 MiB thread stack) lives on the heap."""
+    x = _arr(rng, (40, 70_000), F32)
+    got = jax.jit(lambda x: jt.ops.softmax(x, rows=32))(x)
+    np.testing.assert_allclose(got, jax.nn.softmax(x, axis=-1), rtol=1e-5, atol=1e-9)

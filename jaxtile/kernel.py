@@ -27,18 +27,19 @@ SUPPORTED_DTYPES = frozenset(np.dtype(d) for d in (
     jnp.int64, jnp.uint8, jnp.uint16, jnp.uint32, jnp.uint64, jnp.bool_))
 
 
+_interpret = os.environ.get("JAXTILE_INTERPRET", "0") not in ("", "0")
+
+
 def interpret_by_default() -> bool:
     """Whether kernels without an explicit ``interpret=`` run their reference semantics
     (``JAXTILE_INTERPRET=1`` in the environment, or :func:`set_interpret`)."""
-    return _interpret_default[0]
-
-
-_interpret_default = [os.environ.get("JAXTILE_INTERPRET", "0") not in ("", "0")]
+    return _interpret
 
 
 def set_interpret(enabled: bool) -> None:
     """Make every kernel without an explicit ``interpret=`` run as plain JAX ops."""
-    _interpret_default[0] = bool(enabled)
+    global _interpret
+    _interpret = bool(enabled)
 
 
 @dataclasses.dataclass(frozen=True)

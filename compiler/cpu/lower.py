@@ -350,20 +350,41 @@ class _Lowering:
         src, res = op.operands[0], op.result
         fn, axes = op.attrs["fn"], set(op.attrs["axes"])
         dtype = ew.tvm_dtype(res.dtype)
+        src_dtype = ew.tvm_dtype(src.dtype)
         keep = [d for d in range(len(src.shape)) if d not in axes]
         red = sorted(axes)
-        acc = self.kb.alloc_local(self.name("acc"), (1,), dtype)
+        # Reducing along the innermost (contiguous) axis: one partial result per vector lane,
+        # combined at the end. Vectorises, and the partial sums keep float sums more exact.
+        lanes = _VECTOR_LANES if red[-1] == len(src.shape) - 1 else 1
+        n_last = src.shape[red[-1]]
+        acc = self.kb.alloc_local(self.name("acc"), (lanes,), dtype)
         arr = (self.kb.alloc_local(self.name("t"), res.shape, dtype) if res.shape else None)
+
+        def accumulate(lane: Expr, red_idx: Sequence[Expr], last: Expr) -> None:
+            full: list[Expr] = [None] * len(src.shape)
+            for d, e in zip(keep, out_idx):
+                full[d] = e
+            for d, e in zip(red, [*red_idx, last]):
+                full[d] = e
+            x = ew.convert(self.at(src, full), src_dtype, dtype, self.bind)
+            self.kb.store(acc, [lane], ew.reduce_combine(fn, acc[lane], x, dtype, self.bind))
+
         with self.nest(res.shape, vectorize=False) as out_idx:
-            self.kb.store(acc, [0], ew.reduce_init(fn, dtype))
-            with self.nest([src.shape[d] for d in red], vectorize=False) as red_idx:
-                full: list[Expr] = [None] * len(src.shape)
-                for d, e in zip(keep, out_idx):
-                    full[d] = e
-                for d, e in zip(red, red_idx):
-                    full[d] = e
-                x = ew.convert(self.at(src, full), ew.tvm_dtype(src.dtype), dtype, self.bind)
-                self.kb.store(acc, [0], ew.reduce_combine(fn, acc[0], x, dtype, self.bind))
+            with self.kb.loop(self.name("l"), lanes, kind="vectorized" if lanes > 1 else
+                              "serial") as lane:
+                self.kb.store(acc, [lane], ew.reduce_init(fn, dtype))
+            with self.nest([src.shape[d] for d in red[:-1]], vectorize=False) as red_idx:
+                with self.kb.loop(self.name("c"), n_last // lanes) as chunk:
+                    with self.kb.loop(self.name("l"), lanes,
+                                      kind="vectorized" if lanes > 1 else "serial") as lane:
+                        accumulate(lane, red_idx, chunk * lanes + lane)
+                tail = n_last % lanes
+                if tail:
+                    with self.kb.loop(self.name("t"), tail, start=n_last - tail) as last:
+                        accumulate(tirx.const(0, "int32"), red_idx, last)
+            with self.kb.loop(self.name("l"), lanes - 1, start=1) as lane:
+                self.kb.store(acc, [0], ew.reduce_combine(fn, acc[0], acc[lane], dtype,
+                                                          self.bind))
             if arr is not None:
                 self.kb.store(arr, out_idx, acc[0])
         if arr is None:

@@ -12,14 +12,14 @@ from jax import lax
 
 import jaxtile as jt
 
-from .rms_norm import _row_tile
+from ._rows import row_tile
 
 
 def _normalise(x, w, b, eps, rows, block_cols):
     """Kernel-body helper: declare ``y`` and the grid, normalise this block's rows into
     ``y``; returns ``(y, mean tile, rstd tile, block index)``."""
     n_rows, n_cols = x.shape
-    cols = _row_tile(n_cols, block_cols)
+    cols = row_tile(n_cols, block_cols)
     y = jt.empty((n_rows, n_cols), x.dtype)
     r = jt.grid(jt.cdiv(n_rows, rows))
     x_t = jt.fragment((rows, cols), jnp.float32)
@@ -76,7 +76,7 @@ def layer_norm_bwd(x, w, mean, rstd, g, *, rows=4, block_cols=None):
     shape (blocks, features). Padding contributes nothing: ``g`` reads zero there.
     """
     n_rows, n_cols = x.shape
-    cols = _row_tile(n_cols, block_cols)
+    cols = row_tile(n_cols, block_cols)
     blocks = jt.cdiv(n_rows, rows)
     dx = jt.empty((n_rows, n_cols), x.dtype)
     dw_part = jt.empty((blocks, n_cols), jnp.float32)

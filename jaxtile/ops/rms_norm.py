@@ -13,19 +13,14 @@ from jax import lax
 
 import jaxtile as jt
 
-
-def _row_tile(n_cols: int, block_cols: int | None) -> int:
-    cols = block_cols or jt.cdiv(n_cols, 128) * 128
-    if cols < n_cols:
-        raise ValueError(f"block_cols={cols} is smaller than the row length {n_cols}")
-    return cols
+from ._rows import row_tile
 
 
 def _normalise(x, w, eps, rows, block_cols):
     """Kernel-body helper: declare ``y`` and the grid, normalise this block's rows into
     ``y``; returns ``(y, rstd tile, block index)``."""
     n_rows, n_cols = x.shape
-    cols = _row_tile(n_cols, block_cols)
+    cols = row_tile(n_cols, block_cols)
     y = jt.empty((n_rows, n_cols), x.dtype)
     r = jt.grid(jt.cdiv(n_rows, rows))
     x_t = jt.fragment((rows, cols), jnp.float32)
@@ -73,7 +68,7 @@ def rms_norm_bwd(x, w, rstd, g, *, rows=4, block_cols=None):
     block's rows, shape (blocks, features). Padding reads zero and contributes nothing.
     """
     n_rows, n_cols = x.shape
-    cols = _row_tile(n_cols, block_cols)
+    cols = row_tile(n_cols, block_cols)
     blocks = jt.cdiv(n_rows, rows)
     dx = jt.empty((n_rows, n_cols), x.dtype)
     dw_part = jt.empty((blocks, n_cols), jnp.float32)

@@ -6,6 +6,8 @@ import jax.numpy as jnp
 
 import jaxtile as jt
 
+from ._rows import row_tile
+
 
 @jt.kernel(threads=128, sharding=jt.ShardRule("r c -> r c", parallel="r"))
 def softmax(x, *, rows=4, block_cols=None):
@@ -16,9 +18,7 @@ def softmax(x, *, rows=4, block_cols=None):
     padded with ``-inf`` so they contribute nothing.
     """
     n_rows, n_cols = x.shape
-    cols = block_cols or jt.cdiv(n_cols, 128) * 128
-    if cols < n_cols:
-        raise ValueError(f"block_cols={cols} is smaller than the row length {n_cols}")
+    cols = row_tile(n_cols, block_cols)
     out = jt.empty((n_rows, n_cols), x.dtype)
     r = jt.grid(jt.cdiv(n_rows, rows))
     tile = jt.fragment((rows, cols), jnp.float32)
@@ -37,9 +37,7 @@ def softmax_bwd(y, g, *, rows=4, block_cols=None):
     ``g.dtype``. Blocks and padding as in :func:`softmax` (padding reads zero, which adds
     nothing to the row sums)."""
     n_rows, n_cols = y.shape
-    cols = block_cols or jt.cdiv(n_cols, 128) * 128
-    if cols < n_cols:
-        raise ValueError(f"block_cols={cols} is smaller than the row length {n_cols}")
+    cols = row_tile(n_cols, block_cols)
     dx = jt.empty((n_rows, n_cols), g.dtype)
     r = jt.grid(jt.cdiv(n_rows, rows))
     y_t = jt.fragment((rows, cols), jnp.float32)

@@ -128,6 +128,18 @@ def check(kernel, args, want, params=None, **tol):
 
 # --- generic kernels -----------------------------------------------------------------------
 
+def _store_each(results, m, n, rows, cols, bx, by):
+    """Kernel-body helper: one (m, n) output per tile value, written through a fragment."""
+    outs = []
+    for r in results:
+        out = jt.empty((m, n), r.dtype)
+        o = jt.fragment((rows, cols), r.dtype)
+        o[...] = r
+        jt.copy(o, out.at[by * rows, bx * cols])
+        outs.append(out)
+    return tuple(outs)
+
+
 @jt.kernel
 def map1(x, *, fns, rows=8, cols=16, pad=None):
     """Each of ``fns`` applied to each (rows, cols) tile of x (copied into a fragment); one
@@ -137,15 +149,7 @@ def map1(x, *, fns, rows=8, cols=16, pad=None):
     t = jt.fragment((rows, cols), x.dtype)
     jt.copy(x.at[by * rows, bx * cols], t, pad=pad)
     v = t[...]
-    outs = []
-    for fn in fns:
-        r = fn(v)
-        out = jt.empty((m, n), r.dtype)
-        o = jt.fragment((rows, cols), r.dtype)
-        o[...] = r
-        jt.copy(o, out.at[by * rows, bx * cols])
-        outs.append(out)
-    return tuple(outs)
+    return _store_each([fn(v) for fn in fns], m, n, rows, cols, bx, by)
 
 
 @jt.kernel
@@ -159,15 +163,7 @@ def map2(x, y, *, fns, rows=8, cols=16, pad=None):
     jt.copy(x.at[by * rows, bx * cols], tx, pad=pad)
     jt.copy(y.at[by * rows, bx * cols], ty, pad=pad)
     a, b = tx[...], ty[...]
-    outs = []
-    for fn in fns:
-        r = fn(a, b)
-        out = jt.empty((m, n), r.dtype)
-        o = jt.fragment((rows, cols), r.dtype)
-        o[...] = r
-        jt.copy(o, out.at[by * rows, bx * cols])
-        outs.append(out)
-    return tuple(outs)
+    return _store_each([fn(a, b) for fn in fns], m, n, rows, cols, bx, by)
 
 
 @jt.kernel

@@ -186,13 +186,23 @@ def _unary(fn: str, x: Expr, dtype: str, bind: Bind) -> Expr:
     return simple[fn](x)
 
 
+def _widen(x: Expr, dtype: str, bind: Bind) -> Expr:
+    # TVM's bfloat16 legalisation rebuilds the arithmetic around every bfloat16 load with
+    # constant folding, which turns x * 0.0 into 0.0 and x + 0.0 into x (wrong for NaN, inf
+    # and -0.0). A constant operand is therefore bound (stored and loaded, which LLVM
+    # forwards): the legaliser then sees no constant to fold.
+    if isinstance(x, tirx.FloatImm):
+        return bind(tirx.FloatImm(dtype, x.value))
+    return tirx.Cast(dtype, x)
+
+
 def elementwise(fn: str, args: Sequence[Expr], in_dtype: str, out_dtype: str,
                 bind: Bind) -> Expr:
     """``fn`` applied to ``args`` (all of ``in_dtype``), giving a value of ``out_dtype``;
     ``bind`` as in :func:`convert`."""
     compute = "float32" if in_dtype in _LOW_FLOATS else in_dtype
     if compute != in_dtype:
-        args = [tirx.Cast(compute, a) for a in args]
+        args = [_widen(a, compute, bind) for a in args]
     if len(args) == 2:
         result = _binary(fn, args[0], args[1], compute)
     else:

@@ -41,9 +41,10 @@ operands only), ``tirx.log/sqrt/abs/pow/floor`` (``log``, ``pow`` and ``tirx.exp
 scalar libm call per lane). The helpers here cover the cases where the plain TVM op is wrong
 or slow: :func:`exp_f32` and :func:`tanh_f32` (vectorised; ``tirx.tanh`` is inaccurate near
 0), :func:`maximum`/:func:`minimum` (NaN-propagating like ``lax.max``; ``tirx.max`` is not),
-:func:`rsqrt` (``tirx.rsqrt`` keeps its loop scalar) and :func:`round_to_bfloat16`. TVM folds
-``x * 0.0`` to ``0.0`` and ``x != x`` to false for floats, so never build NaN/inf tests from
-them.
+:func:`rsqrt` (``tirx.rsqrt`` keeps its loop scalar) and :func:`round_to_bfloat16`. The
+Python operators fold constants as if floats were real numbers (``x * 0.0`` -> ``0.0``), so
+float arithmetic that must stay IEEE-exact is built from node constructors (``tirx.Mul``);
+TVM's simplifier, which does the same for ``x - x`` and more, is not in the pipeline.
 
 bfloat16
 --------
@@ -67,6 +68,8 @@ import tvm_ffi
 from tvm import tirx
 from tvm.ir import Expr, PrimType
 from tvm.tirx.layout import S, TileLayout
+
+from jaxtile.compiler.cpu import pipeline
 
 ExprLike = Expr | int | float | bool
 
@@ -523,7 +526,8 @@ def build(
     Raises ``ValueError`` for a ``Bind`` or ``Let`` whose value involves bfloat16: TVM's
     bfloat16 legalisation skips those values and would silently compute garbage.
 
-    Uses TVM's ``"tirx"`` lowering pipeline. The default one (``"s_tir"``) adds
+    Uses the pipeline of :mod:`.pipeline`: TVM's ``"tirx"`` pipeline without its simplifier,
+    which applies float identities IEEE does not have. TVM's default (``"s_tir"``) adds
     schedule-oriented passes (buffer compaction, allocation re-planning, loop partitioning,
     storage rewriting) that hand-written kernels do not need, and its buffer compaction
     shrinks an array accessed only through ``address_of(buf[0])`` to one element.
@@ -531,7 +535,7 @@ def build(
     _check_bindings(func)
     target = tvm.target.Target({"kind": "llvm", "mcpu": cpu, "opt-level": opt_level})
     with tvm.transform.PassContext(config={"tirx.disable_assert": not checks}):
-        return tirx.build(func, target, pipeline="tirx")
+        return tirx.build(func, target, pipeline=pipeline.NAME)
 
 
 def export(module: tvm.runtime.Module, path: str) -> None:

@@ -53,5 +53,5 @@ def build(kernel: ir.Kernel, target: Target) -> cache.Entry:
         return entry
     from .cpu import lower  # imports TVM: only on a cache miss
 
-    library, symbol = lower.compile_to_library(kernel)
+    library, symbol = lower.compile_to_library(kernel, target)
     return cache.store(key, library, symbol, kernel.num_blocks)

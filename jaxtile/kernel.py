@@ -56,7 +56,7 @@ class Lowered:
         """The generated TVM TIR (TVMScript) of the CPU lowering."""
         from jaxtile.compiler.cpu import lower
 
-        return lower.tir_source(self.kernel)
+        return lower.tir_source(self.kernel, get_target(self.target))
 
 
 class Kernel:

@@ -23,8 +23,10 @@ from tvm.ir import Expr
 
 from .. import ir
 from ..passes.fusion import fuse_elementwise
+from ..target import Target
 from . import elementwise as ew
 from . import tir_emit as te
+from .gemm import lower_gemm
 
 _VECTOR_LANES = 8
 _BINDS_OPERANDS = frozenset({"exp", "exp2", "expm1", "logistic", "tanh", "round_away", "sign"})
@@ -51,8 +53,9 @@ def symbol_name(kernel: ir.Kernel) -> str:
 
 
 class _Lowering:
-    def __init__(self, kernel: ir.Kernel):
+    def __init__(self, kernel: ir.Kernel, target: Target):
         self.kernel = kernel
+        self.target = target
         params = kernel.params
         # XLA:CPU aligns buffers to 64 bytes; the FFI handler checks it before every call.
         self.kb = te.KernelBuilder(symbol_name(kernel), data_alignment=64, buffers=[
@@ -327,24 +330,7 @@ class _Lowering:
         return copy_name
 
     def gemm(self, op: ir.Op) -> None:
-        a = dict(op.attrs)
-        for role in ("a", "b"):
-            if a[role] == a["c"]:
-                a[role] = self.snapshot(a[role])
-        if a["transpose_b"]:
-            # The j loop is the vectorised one: give it unit-stride rows of op(b).
-            a["b"], a["transpose_b"] = self.snapshot(a["b"], transpose=True), False
-        A, B, C = self.bufs[a["a"]], self.bufs[a["b"]], self.bufs[a["c"]]
-        m, n = (int(d) for d in C.shape)
-        k = int(A.shape[0] if a["transpose_a"] else A.shape[1])
-        acc = str(C.dtype)
-        with self.kb.loop(self.name("m"), m) as i, self.kb.loop(self.name("k"), k) as kk:
-            a_ik = A[kk, i] if a["transpose_a"] else A[i, kk]
-            a_val = self.kb.let(self.name("a"), ew.convert(a_ik, str(A.dtype), acc, self.bind))
-            with self.nest((n,)) as (j,):
-                b_kj = B[j, kk] if a["transpose_b"] else B[kk, j]
-                b_val = ew.convert(b_kj, str(B.dtype), acc, self.bind)
-                self.kb.store(C, [i, j], C[i, j] + a_val * b_val)
+        lower_gemm(self, op.attrs, lanes=self.target.vector_bits // 32)
 
     def reduce(self, op: ir.Op) -> None:
         src, res = op.operands[0], op.result
@@ -426,21 +412,22 @@ def _reindex(idx: Sequence[Expr], shape: Sequence[int], target: Sequence[int]) -
     return out[::-1]
 
 
-def to_tir(kernel: ir.Kernel) -> tirx.PrimFunc:
-    """The TIR function of a verified kernel (see the module docstring)."""
+def to_tir(kernel: ir.Kernel, target: Target) -> tirx.PrimFunc:
+    """The TIR function of a verified kernel for a CPU ``target`` (see the module
+    docstring)."""
     # Fusion annotates ops; work on a copy so the caller's kernel (and its key) stay as is.
-    return _Lowering(fuse_elementwise(copy.deepcopy(kernel))).run()
+    return _Lowering(fuse_elementwise(copy.deepcopy(kernel)), target).run()
 
 
-def tir_source(kernel: ir.Kernel) -> str:
+def tir_source(kernel: ir.Kernel, target: Target) -> str:
     """The generated TIR as TVMScript text, for inspection."""
-    return to_tir(kernel).script()
+    return to_tir(kernel, target).script()
 
 
-def compile_to_library(kernel: ir.Kernel) -> tuple[bytes, str]:
-    """Compile a kernel for the host CPU; returns the shared library's bytes and the
-    exported symbol of its entry point."""
-    module = te.build(to_tir(kernel), te.host_cpu())
+def compile_to_library(kernel: ir.Kernel, target: Target) -> tuple[bytes, str]:
+    """Compile a kernel for the host CPU described by ``target``; returns the shared
+    library's bytes and the exported symbol of its entry point."""
+    module = te.build(to_tir(kernel, target), te.host_cpu())
     with tempfile.TemporaryDirectory(prefix="jaxtile-build-") as tmp:
         path = os.path.join(tmp, "kernel.so")
         te.export(module, path)

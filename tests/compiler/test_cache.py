@@ -36,9 +36,9 @@ def _count_compiles(monkeypatch):
     calls = []
     real = lower.compile_to_library
 
-    def counting(kernel):
+    def counting(kernel, target):
         calls.append(kernel.name)
-        return real(kernel)
+        return real(kernel, target)
 
     monkeypatch.setattr(lower, "compile_to_library", counting)
     return calls

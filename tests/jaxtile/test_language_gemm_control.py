@@ -73,6 +73,43 @@ def test_gemm_int32_is_exact(rng):
     check(gemm_k, [a, b], a @ b, {"acc_dtype": jnp.int32})
 
 
+# Fragments larger than the CPU's register tiles (4 rows x 2 vectors: 32 columns with
+# AVX-512, 16 with AVX2), with rows and columns left over: 18 = 4 * 4 + 2 rows, 80 and 70
+# columns (vectorised and serial leftovers), over shapes that do not divide the tiles.
+@pytest.mark.parametrize("tiles", [(18, 80), (20, 70)], ids=["18x80", "20x70"])
+@pytest.mark.parametrize("dtype,ta,tb", [(F32, False, False), (F32, True, True),
+                                         (BF16, False, True), (I32, False, False)],
+                         ids=["f32", "f32-aT-bT", "bf16-bT", "i32"])
+def test_gemm_register_tiles_and_leftovers(rng, tiles, dtype, ta, tb):
+    m, k, n = 45, 19, 150
+    bm, bn = tiles
+    if dtype == I32:
+        a = data(rng, (m, k), I32, low=-5)
+        b = data(rng, (k, n), I32, low=-5)
+        check(gemm_k, [a, b], a @ b, {"acc_dtype": jnp.int32, "bm": bm, "bn": bn})
+        return
+    a = data(rng, (k, m) if ta else (m, k), dtype, edges=False)
+    b = data(rng, (n, k) if tb else (k, n), dtype, edges=False)
+    exact = _exact_matmul(a, b, ta, tb)
+    check(gemm_k, [a, b], exact.astype(F32), {"ta": ta, "tb": tb, "bm": bm, "bn": bn},
+          rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("vector_bits", [128, 256, 512])
+def test_gemm_register_tiles_for_each_vector_width(rng, monkeypatch, vector_bits):
+    # The tile width follows the target's vector registers; code for narrower ones runs
+    # here too, so each width is compiled and checked on this machine.
+    from jaxtile.compiler import target
+
+    monkeypatch.setattr(target, "_cpu_vector_bits", lambda: vector_bits)
+    assert target.get_target("cpu").vector_bits == vector_bits
+    fresh = jt.kernel(gemm_k.fn, name=f"gemm_{vector_bits}")
+    a = data(rng, (45, 19), F32, edges=False)
+    b = data(rng, (19, 150), F32, edges=False)
+    check(fresh, [a, b], _exact_matmul(a, b, False, False).astype(F32),
+          {"bm": 18, "bn": 80}, rtol=1e-5, atol=1e-4)
+
+
 @jt.kernel
 def two_gemms(a1, b1, a2, b2, *, bm=16, bn=16, bk=8):
     """acc = a1 @ b1 + a2 @ b2.T, both accumulated into one fragment inside @jt.loop."""

@@ -143,7 +143,7 @@ def test_library_kernels_from_a_warm_disk_cache(rng, tmp_path):
         import jaxtile as jt
         from jaxtile.compiler.cpu import lower
 
-        def no_compiling(kernel):
+        def no_compiling(kernel, target):
             raise AssertionError("compiled instead of loading from the cache")
 
         lower.compile_to_library = no_compiling

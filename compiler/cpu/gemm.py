@@ -1,0 +1,118 @@
+"""``C += op(A) @ op(B)`` on on-chip tiles as TIR loop nests, for the CPU.
+
+The bulk of ``C`` is computed in register tiles of :data:`ROWS` rows by
+:data:`VECTORS_PER_ROW` vectors (of the target's width): the tile of ``C`` is loaded into a
+small local array once, then for every ``k`` one row segment of ``B`` (converted to the
+accumulator type) is multiplied by one element of ``A`` per row and added in, and the tile
+is stored back after the last ``k``. The rows and vectors of a tile are unrolled here, in
+Python, so every access to the local arrays has a constant offset and LLVM keeps them in
+vector registers: each ``k`` step is ``ROWS * VECTORS_PER_ROW`` fused multiply-adds on
+registers, with no load or store of ``C``. Rows and columns left over at
+the edges use a plain i-k-j nest with the j loop vectorised.
+
+``A`` is read as ``A[i, k]`` (or ``A[k, i]`` when transposed); a transposed ``B`` is first
+copied once into a local tile in ``[k, j]`` layout, so the j loop has unit stride.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from tvm import tirx
+from tvm.ir import Expr
+
+from . import elementwise as ew
+from . import tir_emit as te
+
+ROWS = 4
+VECTORS_PER_ROW = 2
+"""A register tile is ``ROWS`` x ``VECTORS_PER_ROW`` vectors of the target's width: 8
+accumulators, two vectors of ``B`` and a broadcast of ``A`` fit the 16 vector registers of
+AVX2 as well as the 32 of AVX-512. Measured on AVX-512 (Zen 4) for 1024^3 float32:
+4 x 2 vectors 12.0-12.9 ms, 4 x 4 12.2-12.7, 8 x 2 12.9-13.1, 6 x 3 12.9-13.2 (XLA 10.4-11.0);
+with half-width vectors (4 x 4 x 8 lanes) 13.8-14.7."""
+
+
+class _Lowering(Protocol):
+    kb: te.KernelBuilder
+    bufs: dict[str, tirx.Buffer]
+
+    def name(self, prefix: str) -> str: ...
+    def bind(self, value: Expr) -> Expr: ...
+    def snapshot(self, name: str, transpose: bool = False) -> str: ...
+
+
+def lower_gemm(low: _Lowering, attrs: dict, *, lanes: int) -> None:
+    """Emit ``c += op(a) @ op(b)`` for the buffer names and transposes in ``attrs``, with
+    vectors of ``lanes`` float32 elements."""
+    a = dict(attrs)
+    for role in ("a", "b"):
+        if a[role] == a["c"]:
+            a[role] = low.snapshot(a[role])
+    if a["transpose_b"]:
+        a["b"], a["transpose_b"] = low.snapshot(a["b"], transpose=True), False
+    A, B, C = low.bufs[a["a"]], low.bufs[a["b"]], low.bufs[a["c"]]
+    m, n = (int(d) for d in C.shape)
+    k = int(A.shape[0] if a["transpose_a"] else A.shape[1])
+    acc = str(C.dtype)
+
+    def a_at(i: Expr, kk: Expr) -> Expr:
+        return ew.convert(A[kk, i] if a["transpose_a"] else A[i, kk], str(A.dtype), acc,
+                          low.bind)
+
+    def b_at(kk: Expr, j: Expr) -> Expr:
+        return ew.convert(B[kk, j], str(B.dtype), acc, low.bind)
+
+    cols = VECTORS_PER_ROW * lanes
+    m_main, n_main = m - m % ROWS, n - n % cols
+    if m_main and n_main:
+        _register_tiles(low, C, a_at, b_at, (m_main, n_main, k), lanes)
+    if m_main < m:
+        _plain(low, C, a_at, b_at, (m_main, m), (0, n), k, lanes)
+    if m_main and n_main < n:
+        _plain(low, C, a_at, b_at, (0, m_main), (n_main, n), k, lanes)
+
+
+def _register_tiles(low: _Lowering, C: tirx.Buffer, a_at: Callable, b_at: Callable,
+                    mnk: tuple[int, int, int], lanes: int) -> None:
+    kb, acc = low.kb, str(C.dtype)
+    m, n, k = mnk
+    cols = VECTORS_PER_ROW * lanes
+    tile = kb.alloc_local(low.name("ctile"), (ROWS, cols), acc)
+    b_row = kb.alloc_local(low.name("brow"), (cols,), acc)
+
+    def each_vector(body: Callable[[int, int, Expr], None]) -> None:
+        for r in range(ROWS):
+            for w in range(0, cols, lanes):
+                with kb.loop(low.name("v"), lanes, kind="vectorized") as v:
+                    body(r, w, v)
+
+    with kb.loop(low.name("mt"), m // ROWS) as it, kb.loop(low.name("nt"), n // cols) as jt:
+        i0, j0 = it * ROWS, jt * cols
+        each_vector(lambda r, w, v: kb.store(tile, [r, w + v], C[i0 + r, j0 + w + v]))
+        with kb.loop(low.name("k"), k) as kk:
+            for w in range(0, cols, lanes):
+                with kb.loop(low.name("v"), lanes, kind="vectorized") as v:
+                    kb.store(b_row, [w + v], b_at(kk, j0 + w + v))
+            a_vals = [a_at(i0 + r, kk) for r in range(ROWS)]
+            each_vector(lambda r, w, v: kb.store(
+                tile, [r, w + v], tirx.Add(tile[r, w + v], tirx.Mul(a_vals[r], b_row[w + v]))))
+        each_vector(lambda r, w, v: kb.store(C, [i0 + r, j0 + w + v], tile[r, w + v]))
+
+
+def _plain(low: _Lowering, C: tirx.Buffer, a_at: Callable, b_at: Callable,
+           rows: tuple[int, int], cols: tuple[int, int], k: int, lanes: int) -> None:
+    kb = low.kb
+    width = cols[1] - cols[0]
+    with kb.loop(low.name("m"), rows[1] - rows[0], start=rows[0]) as i, \
+            kb.loop(low.name("k"), k) as kk:
+        a_val = kb.let(low.name("a"), a_at(i, kk))
+        with kb.loop(low.name("j"), width // lanes if width % lanes == 0 else width) as jo:
+            if width % lanes == 0:
+                with kb.loop(low.name("v"), lanes, kind="vectorized") as v:
+                    j = cols[0] + jo * lanes + v
+                    kb.store(C, [i, j], tirx.Add(C[i, j], tirx.Mul(a_val, b_at(kk, j))))
+            else:
+                j = cols[0] + jo
+                kb.store(C, [i, j], tirx.Add(C[i, j], tirx.Mul(a_val, b_at(kk, j))))

@@ -332,6 +332,17 @@ class _Lowering:
     def gemm(self, op: ir.Op) -> None:
         lower_gemm(self, op.attrs, lanes=self.target.vector_bits // 32)
 
+    def _reduction_lanes(self, extent: int) -> int:
+        """Partial results for a contiguous reduction of ``extent`` elements: up to four
+        vectors' worth (a power of two). The elements past the last whole group are added
+        one by one, each waiting on the previous (about 4 cycles), so the count with the
+        least estimated time wins."""
+        width = self.target.vector_bits // 32
+        candidates = [n for n in (4 * width, 2 * width, width, _VECTOR_LANES) if n <= extent]
+        if not candidates:
+            return 1
+        return min(candidates, key=lambda n: extent // n + 4 * (extent % n))
+
     def reduce(self, op: ir.Op) -> None:
         src, res = op.operands[0], op.result
         fn, axes = op.attrs["fn"], set(op.attrs["axes"])
@@ -339,10 +350,12 @@ class _Lowering:
         src_dtype = ew.tvm_dtype(src.dtype)
         keep = [d for d in range(len(src.shape)) if d not in axes]
         red = sorted(axes)
-        # Reducing along the innermost (contiguous) axis: one partial result per vector lane,
-        # combined at the end. Vectorises, and the partial sums keep float sums more exact.
-        lanes = _VECTOR_LANES if red[-1] == len(src.shape) - 1 else 1
         n_last = src.shape[red[-1]]
+        # Reducing along the innermost (contiguous) axis: partial results in several vectors
+        # of lanes, combined pairwise at the end. Several vectors keep the additions (or
+        # max) independent, so they run at the CPU's throughput rather than one dependent
+        # op per vector, and the partial sums keep float sums more exact.
+        lanes = (self._reduction_lanes(n_last) if red[-1] == len(src.shape) - 1 else 1)
         acc = self.kb.alloc_local(self.name("acc"), (lanes,), dtype)
         arr = (self.kb.alloc_local(self.name("t"), res.shape, dtype) if res.shape else None)
 
@@ -368,9 +381,13 @@ class _Lowering:
                 if tail:
                     with self.kb.loop(self.name("t"), tail, start=n_last - tail) as last:
                         accumulate(tirx.const(0, "int32"), red_idx, last)
-            with self.kb.loop(self.name("l"), lanes - 1, start=1) as lane:
-                self.kb.store(acc, [0], ew.reduce_combine(fn, acc[0], acc[lane], dtype,
-                                                          self.bind))
+            width = lanes
+            while width > 1:
+                width //= 2
+                with self.kb.loop(self.name("l"), width,
+                                  kind="vectorized" if width > 1 else "serial") as lane:
+                    self.kb.store(acc, [lane], ew.reduce_combine(
+                        fn, acc[lane], acc[lane + width], dtype, self.bind))
             if arr is not None:
                 self.kb.store(arr, out_idx, acc[0])
         if arr is None:

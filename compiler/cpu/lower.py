@@ -158,15 +158,18 @@ class _Lowering:
     # --- statements -------------------------------------------------------
     @contextlib.contextmanager
     def nest(self, shape: Sequence[int], vectorize: bool = True) -> Iterator[list[Expr]]:
-        """Loops over a tile; the innermost is vectorised when it divides evenly."""
+        """Loops over a tile; the innermost is vectorised when it divides evenly, in vectors
+        of the target's width or, failing that, of 8 lanes."""
         idx: list[Expr] = []
+        width = self.target.vector_bits // 32
         with contextlib.ExitStack() as stack:
             for d, n in enumerate(shape):
-                if vectorize and d == len(shape) - 1 and n % _VECTOR_LANES == 0:
-                    outer = stack.enter_context(self.kb.loop(self.name("i"), n // _VECTOR_LANES))
+                lanes = next((w for w in (width, _VECTOR_LANES) if n % w == 0), None)
+                if vectorize and d == len(shape) - 1 and lanes:
+                    outer = stack.enter_context(self.kb.loop(self.name("i"), n // lanes))
                     lane = stack.enter_context(
-                        self.kb.loop(self.name("v"), _VECTOR_LANES, kind="vectorized"))
-                    idx.append(outer * _VECTOR_LANES + lane)
+                        self.kb.loop(self.name("v"), lanes, kind="vectorized"))
+                    idx.append(outer * lanes + lane)
                 else:
                     idx.append(stack.enter_context(self.kb.loop(self.name("i"), n)))
             yield idx

@@ -96,9 +96,11 @@ def test_gemm_register_tiles_and_leftovers(rng, tiles, dtype, ta, tb):
 
 
 @pytest.mark.parametrize("vector_bits", [128, 256, 512])
-def test_gemm_register_tiles_for_each_vector_width(rng, monkeypatch, vector_bits):
-    # The tile width follows the target's vector registers; code for narrower ones runs
-    # here too, so each width is compiled and checked on this machine.
+def test_each_vector_width(rng, monkeypatch, vector_bits):
+    # Register tiles, vectorised loops and reduction lanes follow the target's vector
+    # registers; code for narrower ones runs here too, so each width is compiled and
+    # checked on this machine: a gemm, and a softmax (row reductions, exp, division) over
+    # rows of 1000 (not a multiple of any vector) and 40 (a multiple of 8, not of 16).
     from jaxtile.compiler import target
 
     monkeypatch.setattr(target, "_cpu_vector_bits", lambda: vector_bits)
@@ -108,6 +110,11 @@ def test_gemm_register_tiles_for_each_vector_width(rng, monkeypatch, vector_bits
     b = data(rng, (19, 150), F32, edges=False)
     check(fresh, [a, b], _exact_matmul(a, b, False, False).astype(F32),
           {"bm": 18, "bn": 80}, rtol=1e-5, atol=1e-4)
+    softmax = jt.kernel(jt.ops.softmax.fn, name=f"softmax_{vector_bits}")
+    for cols, block_cols in ((1000, None), (40, 40)):
+        x = data(rng, (13, cols), F32, edges=False)
+        check(softmax, [x], jax.nn.softmax(x, axis=-1), {"block_cols": block_cols},
+              rtol=2e-6, atol=1e-7)
 
 
 @jt.kernel

@@ -346,6 +346,25 @@ class _Lowering:
             return 1
         return min(candidates, key=lambda n: extent // n + 4 * (extent % n))
 
+    def _reduce_leading(self, op: ir.Op, keep: list[int], red: list[int]) -> None:
+        """A reduction that keeps the contiguous axis (``sum(x, axis=0)`` of a 2-D tile):
+        the result array is the accumulator, updated by one vectorised pass over each
+        reduced index, so the source is read row by row."""
+        src, res, fn = op.operands[0], op.result, op.attrs["fn"]
+        dtype, src_dtype = ew.tvm_dtype(res.dtype), ew.tvm_dtype(src.dtype)
+        arr = self.kb.alloc_local(self.name("t"), res.shape, dtype)
+        with self.nest(res.shape) as out_idx:
+            self.kb.store(arr, out_idx, ew.reduce_init(fn, dtype))
+        with self.nest([src.shape[d] for d in red], vectorize=False) as red_idx, \
+                self.nest(res.shape) as out_idx:
+            full: list[Expr] = [None] * len(src.shape)
+            for d, e in (*zip(keep, out_idx), *zip(red, red_idx)):
+                full[d] = e
+            x = ew.convert(self.at(src, full), src_dtype, dtype, self.bind)
+            self.kb.store(arr, out_idx, ew.reduce_combine(fn, arr[tuple(out_idx)], x, dtype,
+                                                          self.bind))
+        self.arrays[res.id] = arr
+
     def reduce(self, op: ir.Op) -> None:
         src, res = op.operands[0], op.result
         fn, axes = op.attrs["fn"], set(op.attrs["axes"])
@@ -353,6 +372,9 @@ class _Lowering:
         src_dtype = ew.tvm_dtype(src.dtype)
         keep = [d for d in range(len(src.shape)) if d not in axes]
         red = sorted(axes)
+        if red[-1] != len(src.shape) - 1 and res.shape:
+            self._reduce_leading(op, keep, red)
+            return
         n_last = src.shape[red[-1]]
         # Reducing along the innermost (contiguous) axis: partial results in several vectors
         # of lanes, combined pairwise at the end. Several vectors keep the additions (or

@@ -67,17 +67,19 @@ def layer_norm_fwd(x, w, b, *, eps=1e-5, rows=4, block_cols=None):
 
 
 @jt.kernel(threads=128)
-def layer_norm_bwd(x, w, mean, rstd, g, *, rows=4, block_cols=None):
+def layer_norm_bwd(x, w, mean, rstd, g, *, rows=4, block_cols=None, groups=8):
     """The backward pass of :func:`layer_norm` for the cotangent ``g`` of its output.
 
     With ``xhat = (x - mean) * rstd`` and ``gw = g * w``: ``dx = rstd * (gw - mean(gw) -
     xhat * mean(gw * xhat))`` (in ``x.dtype``), and the float32 partial sums over each
     block's rows of ``dw = sum(g * xhat, axis=0)`` and ``db = sum(g, axis=0)``, each of
-    shape (blocks, features). Padding contributes nothing: ``g`` reads zero there.
+    shape (blocks, features). A block handles ``groups`` tiles of ``rows`` rows in turn
+    (see :func:`jaxtile.ops.rms_norm_bwd`). Padding contributes nothing: ``g`` reads zero
+    there.
     """
     n_rows, n_cols = x.shape
     cols = row_tile(n_cols, block_cols)
-    blocks = jt.cdiv(n_rows, rows)
+    blocks = jt.cdiv(n_rows, rows * groups)
     dx = jt.empty((n_rows, n_cols), x.dtype)
     dw_part = jt.empty((blocks, n_cols), jnp.float32)
     db_part = jt.empty((blocks, n_cols), jnp.float32)
@@ -89,22 +91,29 @@ def layer_norm_bwd(x, w, mean, rstd, g, *, rows=4, block_cols=None):
     rstd_t = jt.fragment((rows,), jnp.float32)
     dw_t = jt.fragment((cols,), jnp.float32)
     db_t = jt.fragment((cols,), jnp.float32)
-    jt.copy(x.at[r * rows, 0], x_t)
-    jt.copy(g.at[r * rows, 0], g_t)
     jt.copy(w.at[0], w_t)
-    jt.copy(mean.at[r * rows], mean_t)
-    jt.copy(rstd.at[r * rows], rstd_t)
-    s = rstd_t[...][:, None]
-    xhat = (x_t[...] - mean_t[...][:, None]) * s
-    gv = g_t[...]
-    gw = gv * w_t[...][None, :]
-    scale = 1.0 / n_cols
-    mean_gw = jnp.sum(gw, axis=1, keepdims=True) * scale
-    mean_gwx = jnp.sum(gw * xhat, axis=1, keepdims=True) * scale
-    dw_t[...] = jnp.sum(gv * xhat, axis=0)
-    db_t[...] = jnp.sum(gv, axis=0)
-    x_t[...] = s * (gw - mean_gw - xhat * mean_gwx)
-    jt.copy(x_t, dx.at[r * rows, 0])
+    dw_t[...] = jnp.zeros((cols,), jnp.float32)
+    db_t[...] = jnp.zeros((cols,), jnp.float32)
+
+    @jt.loop(groups)
+    def _(i):
+        row = (r * groups + i) * rows
+        jt.copy(x.at[row, 0], x_t)
+        jt.copy(g.at[row, 0], g_t)
+        jt.copy(mean.at[row], mean_t)
+        jt.copy(rstd.at[row], rstd_t)
+        s = rstd_t[...][:, None]
+        xhat = (x_t[...] - mean_t[...][:, None]) * s
+        gv = g_t[...]
+        gw = gv * w_t[...][None, :]
+        scale = 1.0 / n_cols
+        mean_gw = jnp.sum(gw, axis=1, keepdims=True) * scale
+        mean_gwx = jnp.sum(gw * xhat, axis=1, keepdims=True) * scale
+        dw_t[...] = dw_t[...] + jnp.sum(gv * xhat, axis=0)
+        db_t[...] = db_t[...] + jnp.sum(gv, axis=0)
+        x_t[...] = s * (gw - mean_gw - xhat * mean_gwx)
+        jt.copy(x_t, dx.at[row, 0])
+
     jt.copy(dw_t, dw_part.at[r, 0])
     jt.copy(db_t, db_part.at[r, 0])
     return dx, dw_part, db_part

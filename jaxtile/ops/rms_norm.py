@@ -60,16 +60,18 @@ def rms_norm_fwd(x, w, *, eps=1e-6, rows=4, block_cols=None):
 
 
 @jt.kernel(threads=128)
-def rms_norm_bwd(x, w, rstd, g, *, rows=4, block_cols=None):
+def rms_norm_bwd(x, w, rstd, g, *, rows=4, block_cols=None, groups=8):
     """The backward pass of :func:`rms_norm` for the cotangent ``g`` of its output.
 
     With ``xhat = x * rstd``: ``dx = rstd * (g*w - xhat * mean(g*w*xhat, axis=-1))`` (in
     ``x.dtype``) and the float32 partial sums of ``dw = sum(g * xhat, axis=0)`` over each
-    block's rows, shape (blocks, features). Padding reads zero and contributes nothing.
+    block's rows, shape (blocks, features). A block handles ``groups`` tiles of ``rows``
+    rows in turn, which keeps the partial sums ``groups`` times smaller than one per tile.
+    Padding reads zero and contributes nothing.
     """
     n_rows, n_cols = x.shape
     cols = row_tile(n_cols, block_cols)
-    blocks = jt.cdiv(n_rows, rows)
+    blocks = jt.cdiv(n_rows, rows * groups)
     dx = jt.empty((n_rows, n_cols), x.dtype)
     dw_part = jt.empty((blocks, n_cols), jnp.float32)
     r = jt.grid(blocks)
@@ -78,18 +80,24 @@ def rms_norm_bwd(x, w, rstd, g, *, rows=4, block_cols=None):
     w_t = jt.fragment((cols,), jnp.float32)
     s_t = jt.fragment((rows,), jnp.float32)
     dw_t = jt.fragment((cols,), jnp.float32)
-    jt.copy(x.at[r * rows, 0], x_t)
-    jt.copy(g.at[r * rows, 0], g_t)
     jt.copy(w.at[0], w_t)
-    jt.copy(rstd.at[r * rows], s_t)
-    s = s_t[...][:, None]
-    xhat = x_t[...] * s
-    gv = g_t[...]
-    gw = gv * w_t[...][None, :]
-    mean = jnp.sum(gw * xhat, axis=1, keepdims=True) * (1.0 / n_cols)
-    dw_t[...] = jnp.sum(gv * xhat, axis=0)
-    x_t[...] = s * (gw - xhat * mean)
-    jt.copy(x_t, dx.at[r * rows, 0])
+    dw_t[...] = jnp.zeros((cols,), jnp.float32)
+
+    @jt.loop(groups)
+    def _(i):
+        row = (r * groups + i) * rows
+        jt.copy(x.at[row, 0], x_t)
+        jt.copy(g.at[row, 0], g_t)
+        jt.copy(rstd.at[row], s_t)
+        s = s_t[...][:, None]
+        xhat = x_t[...] * s
+        gv = g_t[...]
+        gw = gv * w_t[...][None, :]
+        mean = jnp.sum(gw * xhat, axis=1, keepdims=True) * (1.0 / n_cols)
+        dw_t[...] = dw_t[...] + jnp.sum(gv * xhat, axis=0)
+        x_t[...] = s * (gw - xhat * mean)
+        jt.copy(x_t, dx.at[row, 0])
+
     jt.copy(dw_t, dw_part.at[r, 0])
     return dx, dw_part
 

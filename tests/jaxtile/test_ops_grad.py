@@ -194,19 +194,36 @@ def test_softmax_bwd_kernel(rng):
     assert_close(got, jax.jit(jt.ops.softmax_bwd.reference)(y, g), 1e-5)
 
 
-def test_rms_norm_fwd_and_bwd_kernels(rng):
-    """The rule's kernels on their own; 6 rows in blocks of 4 (the last block is ragged)."""
-    x, w, g = _arrays(rng, ((6, 20), (20,), (6, 20)))
+@pytest.mark.parametrize("n_rows, groups, blocks", [(6, 1, 2), (26, 2, 4), (6, 8, 1)],
+                         ids=["one-tile-per-block", "ragged-last-group", "one-block"])
+def test_rms_norm_fwd_and_bwd_kernels(rng, n_rows, groups, blocks):
+    """The rule's kernels on their own, in tiles of 4 rows, ``groups`` tiles per block of
+    the backward kernel (the last tile, and with 26 rows the last group, are ragged)."""
+    x, w, g = _arrays(rng, ((n_rows, 20), (20,), (n_rows, 20)))
     y, rstd = jax.jit(jt.ops.rms_norm_fwd)(x, w)
     assert_close(y, rms_norm_formula(x, w), 1e-5)
     assert_close(rstd, 1 / jnp.sqrt(jnp.mean(x * x, axis=-1) + EPS), 1e-5)
-    dx, dw_part = jax.jit(jt.ops.rms_norm_bwd)(x, w, rstd, g)
-    assert dw_part.shape == (2, 20)
+    bwd = functools.partial(jt.ops.rms_norm_bwd, groups=groups)
+    dx, dw_part = jax.jit(bwd)(x, w, rstd, g)
+    assert dw_part.shape == (blocks, 20)
     want_dx, want_dw = jax.vjp(rms_norm_formula, x, w)[1](g)
     assert_close(dx, want_dx, 1e-5)
     assert_close(jnp.sum(dw_part, axis=0), want_dw, 1e-5)
-    assert_tree_close((dx, dw_part), jax.jit(jt.ops.rms_norm_bwd.reference)(x, w, rstd, g),
-                      1e-5)
+    reference = jax.jit(functools.partial(jt.ops.rms_norm_bwd.reference, groups=groups))
+    assert_tree_close((dx, dw_part), reference(x, w, rstd, g), 1e-5)
+
+
+@pytest.mark.parametrize("groups, blocks", [(1, 7), (2, 4)])
+def test_layer_norm_bwd_kernel_partial_sums(rng, groups, blocks):
+    x, w, b, g = _arrays(rng, ((26, 20), (20,), (20,), (26, 20)))
+    _, mean, rstd = jax.jit(jt.ops.layer_norm_fwd)(x, w, b)
+    bwd = functools.partial(jt.ops.layer_norm_bwd, groups=groups)
+    dx, dw_part, db_part = jax.jit(bwd)(x, w, mean, rstd, g)
+    assert dw_part.shape == db_part.shape == (blocks, 20)
+    want_dx, want_dw, want_db = jax.vjp(layer_norm_formula, x, w, b)[1](g)
+    assert_close(dx, want_dx, 1e-5)
+    assert_close(jnp.sum(dw_part, axis=0), want_dw, 1e-5)
+    assert_close(jnp.sum(db_part, axis=0), want_db, 1e-5)
 
 
 def test_matmul_rejects_mismatched_contraction():

@@ -278,7 +278,13 @@ class _Lowering:
 
     def masked_copy(self, op, src, dst, tile, s_starts, d_starts) -> None:
         """The edge path of a copy: read past the source end gives pad, write past the
-        destination end is skipped (by the loop bounds, so nothing is tested per element)."""
+        destination end is skipped (by the loop bounds, so nothing is tested per element).
+
+        When the tile's last dimension is the last (contiguous) axis of both buffers, that
+        dimension goes in vector-sized chunks: a chunk wholly inside both buffers is copied
+        as a vector, only the others element by element. A row tile rounded up past the end
+        of its rows then costs one partial chunk per row, not a scalar loop over the tile.
+        """
         a = op.attrs
         d_global = self.scopes[a["dst"]] == "global"
         s_global = self.scopes[a["src"]] == "global"
@@ -295,28 +301,55 @@ class _Lowering:
                 lows.append(tirx.const(0, "int32"))
                 highs.append(tirx.const(i.size, "int32"))
         pad = a["pad"] if a["pad"] is not None else 0
+        lanes = self.target.vector_bits // 32
+        chunked = (a["src_index"][-1].size is not None and a["dst_index"][-1].size is not None
+                   and tile[-1] % lanes == 0)
+
+        def coords(starts, index, idx):
+            it = iter(idx)
+            return [s if i.size is None else s + next(it) for s, i in zip(starts, index)]
+
+        def masked_element(idx: list[Expr]) -> None:
+            conds, src_at = [], []
+            for c, n in zip(coords(s_starts, a["src_index"], idx), src.shape):
+                if s_global:
+                    conds.append(tirx.And(c >= 0, c < int(n)))
+                    c = tirx.max(tirx.min(c, int(n) - 1), tirx.const(0, "int32"))
+                src_at.append(c)
+            value = src[tuple(src_at)]
+            in_bounds = _and(conds)
+            if not _is_true(in_bounds):
+                value = tirx.Select(in_bounds, value, tirx.const(pad, str(src.dtype)))
+            self.kb.store(dst, coords(d_starts, a["dst_index"], idx),
+                          ew.convert(value, str(src.dtype), str(dst.dtype), self.bind))
+
         with contextlib.ExitStack() as stack:
             ok = _and(point_ok)
             if not _is_true(ok):
                 stack.enter_context(self.kb.if_(ok))
+            n_outer = len(lows) - 1 if chunked else len(lows)
             idx = [stack.enter_context(self.kb.loop(self.name("i"), hi - lo, start=lo))
-                   for lo, hi in zip(lows, highs)]
-            coords, conds, it = [], [], iter(idx)
-            for s, i, n in zip(s_starts, a["src_index"], src.shape):
-                c = s if i.size is None else s + next(it)
-                if s_global:
-                    conds.append(tirx.And(c >= 0, c < int(n)))
-                    c = tirx.max(tirx.min(c, int(n) - 1), tirx.const(0, "int32"))
-                coords.append(c)
-            value = src[tuple(coords)]
-            in_bounds = _and(conds)
-            if not _is_true(in_bounds):
-                value = tirx.Select(in_bounds, value, tirx.const(pad, str(src.dtype)))
-            it = iter(idx)
-            d_coords = [s if i.size is None else s + next(it)
-                        for s, i in zip(d_starts, a["dst_index"])]
-            self.kb.store(dst, d_coords,
-                          ew.convert(value, str(src.dtype), str(dst.dtype), self.bind))
+                   for lo, hi in zip(lows[:n_outer], highs[:n_outer])]
+            if not chunked:
+                masked_element(idx)
+                return
+            jo = stack.enter_context(self.kb.loop(self.name("c"), tile[-1] // lanes))
+            j0 = jo * lanes
+            whole = [tirx.And(j0 >= lows[-1], j0 + lanes <= highs[-1])]
+            if s_global:
+                for c, n in zip(coords(s_starts, a["src_index"], [*idx, j0]), src.shape):
+                    whole.append(tirx.And(c >= 0, c < int(n)))
+                whole.append(coords(s_starts, a["src_index"], [*idx, j0])[-1] + lanes
+                             <= int(src.shape[-1]))
+            with self.kb.if_(_and(whole)):
+                with self.kb.loop(self.name("v"), lanes, kind="vectorized") as v:
+                    at = [*idx, j0 + v]
+                    value = src[tuple(coords(s_starts, a["src_index"], at))]
+                    self.kb.store(dst, coords(d_starts, a["dst_index"], at),
+                                  ew.convert(value, str(src.dtype), str(dst.dtype), self.bind))
+            with self.kb.else_(), self.kb.loop(self.name("v"), lanes) as v:
+                with self.kb.if_(tirx.And(j0 + v >= lows[-1], j0 + v < highs[-1])):
+                    masked_element([*idx, j0 + v])
 
     def snapshot(self, name: str, transpose: bool = False) -> str:
         """A fresh local copy of a whole 2-D on-chip buffer (transposed if asked), for ops

@@ -37,7 +37,10 @@ def interpret_by_default() -> bool:
 
 
 def set_interpret(enabled: bool) -> None:
-    """Make every kernel without an explicit ``interpret=`` run as plain JAX ops."""
+    """Make every kernel without an explicit ``interpret=`` run as plain JAX ops.
+
+    It applies to calls made from now on: a function JAX traced before (``jax.jit`` of the
+    same function on the same argument types) keeps the trace it cached."""
     global _interpret
     _interpret = bool(enabled)
 
@@ -76,6 +79,7 @@ class Kernel:
                                if p.kind == inspect.Parameter.KEYWORD_ONLY}
         self._specs: dict[Any, Specialisation] = {}
         self._by_call: dict[Any, Specialisation] = {}
+        self._eager: dict[Any, Callable[..., Any]] = {}
         self.vjp_rule: tuple[Callable[..., Any], Callable[..., Any]] | None = None
         functools.update_wrapper(self, fn)
 
@@ -92,7 +96,8 @@ class Kernel:
             if not hasattr(a, "shape") or not hasattr(a, "dtype"):
                 raise kernel_error(self.name, f"argument '{name}' must be an array, got "
                                    f"{type(a).__name__}", user_line())
-            dtype = np.dtype(a.dtype)
+            # As jnp would: a float64 NumPy array is float32 unless x64 is enabled.
+            dtype = np.dtype(jax.dtypes.canonicalize_dtype(a.dtype))
             if dtype not in SUPPORTED_DTYPES:
                 raise kernel_error(self.name, f"argument '{name}' has unsupported dtype "
                                    f"{dtype}", user_line())
@@ -114,12 +119,9 @@ class Kernel:
 
     def _specialise(self, args: tuple[Any, ...], params: dict[str, Any]) -> Specialisation:
         # A call with the same argument types and parameters as an earlier one skips the
-        # argument checks (which build ShapeDtypeStructs): this is the eager hot path.
-        try:
-            fast = (tuple((a.shape, a.dtype) for a in args), tuple(sorted(params.items())))
-            spec = self._by_call.get(fast)
-        except (AttributeError, TypeError):
-            fast, spec = None, None
+        # argument checks (which build ShapeDtypeStructs).
+        fast = _call_key(args, params)
+        spec = self._by_call.get(fast) if fast is not None else None
         if spec is None:
             spec = self.specialisation(self._arg_specs(args), self._params(params), ())
             if fast is not None:
@@ -143,17 +145,27 @@ class Kernel:
     # --- calling ---------------------------------------------------------
     def __call__(self, *args: Any, **params: Any) -> Any:
         interpret = self.interpret if self.interpret is not None else interpret_by_default()
+        if not interpret:
+            # The eager hot path: concrete arguments of types seen before go straight to
+            # the cached jitted call.
+            key = _call_key(args, params)
+            run = self._eager.get(key) if key is not None else None
+            if run is not None and not any(isinstance(a, jax.core.Tracer) for a in args):
+                return run(*args)
         return self._call(args, params, interpret)
 
     def _call(self, args: tuple[Any, ...], params: dict[str, Any], interpret: bool) -> Any:
         spec = self._specialise(args, params)
         if interpret:
-            outs = spec.reference(*args)
-        elif any(isinstance(a, jax.core.Tracer) for a in args):
-            outs = kernel_call.kernel_call_p.bind(*args, kernel=spec.handle())
-        else:
-            outs = kernel_call.call_eagerly(spec.handle(), args)
-        return flat_outputs(spec, outs)
+            return flat_outputs(spec, spec.reference(*args))
+        if any(isinstance(a, jax.core.Tracer) for a in args):
+            return flat_outputs(spec, kernel_call.kernel_call_p.bind(*args,
+                                                                     kernel=spec.handle()))
+        run = kernel_call.eager_function(spec.handle(), spec.traced.out_tree)
+        key = _call_key(args, params)
+        if key is not None:
+            self._eager[key] = run
+        return run(*args)
 
     def reference(self, *args: Any, **params: Any) -> Any:
         """Run the kernel's reference semantics (its body as plain JAX ops)."""
@@ -189,6 +201,18 @@ class Kernel:
         return Lowered(printer.format_kernel(kernel), build.kernel_key(kernel, tgt), tgt.name,
                        kernel)
 
+
+
+def _call_key(args: tuple[Any, ...], params: dict[str, Any]) -> Any:
+    """Argument shapes and dtypes plus parameters, or None when an argument has no shape or
+    a parameter is unhashable (such calls take the checked path and its errors)."""
+    try:
+        key = (tuple([(a.shape, a.dtype) for a in args]),
+               tuple(sorted(params.items())) if params else ())
+        hash(key)
+    except (AttributeError, TypeError):
+        return None
+    return key
 
 def kernel(fn: Callable[..., Any] | None = None, *, threads: int = 128,
            interpret: bool | None = None, name: str | None = None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -74,10 +75,13 @@ def _impl(*args: Any, kernel: KernelHandle) -> Any:
     return _jitted(kernel)(*args)
 
 
-def call_eagerly(kernel: KernelHandle, args: Any) -> Any:
-    """Run a kernel on concrete arrays outside any trace: its cached jitted call, without
-    going through ``bind`` (what the primitive's impl would do anyway)."""
-    return _jitted(kernel)(*args)
+@functools.cache
+def eager_function(kernel: KernelHandle, out_tree: Any) -> Callable[..., Any]:
+    """The kernel as a jitted function of concrete arrays returning its outputs in the
+    structure ``out_tree``: what an eager call runs, without going through ``bind`` (what
+    the primitive's impl would do anyway) or rebuilding the structure in Python."""
+    return jax.jit(lambda *args: jax.tree.unflatten(out_tree, kernel_call_p.bind(
+        *args, kernel=kernel)))
 
 
 kernel_call_p.def_abstract_eval(_abstract_eval)

@@ -59,3 +59,38 @@ def test_lower_shows_tile_ir_and_generated_source():
     assert lowered.target == "cpu" and len(lowered.key) == 64
     assert "kernel scale(grid=[1]" in lowered.tile_ir
     assert "T.prim_func" in lowered.source and "jt_scale" in lowered.source
+
+
+@jt.kernel
+def split_halves(x):
+    """Two outputs in a dict, to check the structure survives the eager fast path."""
+    n = x.shape[0] // 2
+    lo, hi = jt.empty((n,), x.dtype), jt.empty((n,), x.dtype)
+    lo[...] = x[:n]
+    hi[...] = x[n:] * 2
+    return {"lo": lo, "hi": hi}
+
+
+def test_repeated_eager_calls_reuse_the_compiled_call():
+    x = jnp.arange(8.0)
+    first = split_halves(x)
+    assert len(split_halves._eager) == 1
+    again = split_halves(x + 1)                 # same types: the cached call, new values
+    assert len(split_halves._eager) == 1
+    np.testing.assert_array_equal(first["hi"], x[4:] * 2)
+    np.testing.assert_array_equal(again["lo"], x[:4] + 1)
+    np.testing.assert_array_equal(again["hi"], (x[4:] + 1) * 2)
+    # numpy arguments of the same types, traced arguments and the interpret mode still
+    # take their own paths.
+    np.testing.assert_array_equal(split_halves(np.arange(8.0))["lo"], np.arange(4.0))
+    assert len(split_halves._eager) == 2        # float64 NumPy input: its own entry
+    assert _primitives(lambda x: split_halves(x), x) == {"jaxtile_kernel_call"}
+    np.testing.assert_array_equal(jax.jit(split_halves)(x)["hi"], x[4:] * 2)
+    jt.set_interpret(True)
+    try:
+        assert "jaxtile_kernel_call" not in _primitives(lambda x: split_halves(x), x)
+        np.testing.assert_array_equal(split_halves(x)["hi"], x[4:] * 2)
+    finally:
+        jt.set_interpret(False)
+    split_halves(x[:6])                          # another shape: another entry
+    assert len(split_halves._eager) == 3

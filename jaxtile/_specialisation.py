@@ -111,6 +111,45 @@ class Specialisation:
         inner = self.owner.specialisation(self.specs, self.params, self.batch[1:])
         return _vmapped_rule(inner.vjp, self.batch[0])
 
+    @property
+    def jvp(self) -> Callable[..., Any] | None:
+        """``jvp(primals, outputs, tangents) -> output tangents`` on flat lists (one tangent
+        per argument and per output), or None without a user rule; vmapped level by level
+        for a batched specialisation."""
+        rule = self.owner.jvp_rule
+        if rule is None:
+            return None
+        if not self.batch:
+            return _flat_jvp_rule(self, rule)
+        inner = self.owner.specialisation(self.specs, self.params, self.batch[1:])
+        return _vmapped_jvp_rule(inner.jvp, self.batch[0])
+
+
+def _flat_jvp_rule(spec: Specialisation, jvp: Callable):
+    tree, params, name = spec.traced.out_tree, spec.params, spec.owner.name
+
+    def flat_jvp(primals, outs, tangents):
+        got = jvp(tuple(primals), jax.tree.unflatten(tree, list(outs)), tuple(tangents),
+                  **params)
+        leaves, got_tree = jax.tree.flatten(got, is_leaf=lambda x: x is None)
+        if got_tree != tree:
+            raise kernel_error(name, f"the jvp rule returned tangents shaped {got_tree}, "
+                               f"but the kernel returns {tree}")
+        return [jnp.zeros(o.shape, o.dtype) if t is None else jnp.asarray(t, o.dtype)
+                for t, o in zip(leaves, outs)]
+
+    return flat_jvp
+
+
+def _vmapped_jvp_rule(jvp: Callable, level: _trace.BatchLevel):
+    in_axes = [0 if b else None for b in level.batched]
+
+    def batched_jvp(primals, outs, tangents):
+        return jax.vmap(jvp, in_axes=(in_axes, 0, in_axes), out_axes=0)(
+            list(primals), list(outs), list(tangents))
+
+    return batched_jvp
+
 
 def _flat_rule(spec: Specialisation, fwd: Callable, bwd: Callable):
     tree, params, name = spec.traced.out_tree, spec.params, spec.owner.name

@@ -81,6 +81,7 @@ class Kernel:
         self._by_call: dict[Any, Specialisation] = {}
         self._eager: dict[Any, Callable[..., Any]] = {}
         self.vjp_rule: tuple[Callable[..., Any], Callable[..., Any]] | None = None
+        self.jvp_rule: Callable[..., Any] | None = None
         functools.update_wrapper(self, fn)
 
     def __repr__(self) -> str:
@@ -178,8 +179,9 @@ class Kernel:
         structure the body returns) and anything the backward pass needs; it may call other
         kernels, e.g. one that also returns a logsumexp. ``bwd(residuals, cotangents,
         **params)`` returns one cotangent per array argument (None for zero). ``jax.grad``,
-        ``jax.vjp`` and ``jax.jacrev`` use the rule; ``jax.jvp`` and ``jax.jacfwd`` still work
-        (through the reference semantics). Without a rule the kernel is differentiated
+        ``jax.vjp`` and ``jax.jacrev`` use the rule; ``jax.jvp`` and ``jax.jacfwd`` use the
+        rule of :meth:`defjvp`, else the reference semantics. Without a rule the kernel is
+        differentiated
         through its reference semantics in both modes: correct, but it runs the body as
         plain JAX ops, which is much slower than the compiled kernel.
 
@@ -191,6 +193,23 @@ class Kernel:
         >>> softmax.defvjp(fwd, bwd)                       # doctest: +SKIP
         """
         self.vjp_rule = (fwd, bwd)
+
+    def defjvp(self, jvp: Callable[..., Any]) -> None:
+        """Give the kernel a forward-mode rule, for ``jax.jvp``, ``jax.jacfwd`` and
+        forward-over-reverse second derivatives.
+
+        ``jvp(args, outputs, tangents, **params)`` gets the array arguments and their
+        tangents as tuples (zeros for integer arguments) and the kernel's outputs (in the
+        structure the body returns), and returns the output tangents in that structure. It
+        must be linear in ``tangents``; it may call kernels. Reverse mode keeps using the
+        :meth:`defvjp` rule (or the reference semantics), so the two rules must agree.
+
+        >>> def jvp(args, y, tangents):                   # doctest: +SKIP
+        ...     t = tangents[0]
+        ...     return y * (t - jnp.sum(t * y, axis=-1, keepdims=True))
+        >>> softmax.defjvp(jvp)                            # doctest: +SKIP
+        """
+        self.jvp_rule = jvp
 
     def lower(self, *args: Any, target: str = "cpu", **params: Any) -> Lowered:
         """Trace and lower for ``target`` without running; ``args`` may be

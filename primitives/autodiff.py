@@ -2,11 +2,12 @@
 
 The JVP of a kernel call computes the primal outputs (with the compiled kernel, or with the
 user's ``fwd`` rule, which may also save residuals) and emits ``kernel_tangent``: a primitive
-that is linear in the tangents. Evaluating it runs forward mode through the kernel's
-reference semantics (``jax.jvp`` of the body as plain JAX ops); transposing it runs the
-user's ``bwd`` rule, or reverse mode through the reference semantics when there is none.
-So ``jax.grad``/``vjp``/``jacrev`` use the backward kernels, while ``jax.jvp``/``jacfwd``
-still work, which a ``jax.custom_vjp`` would forbid. The linear primitive carries its two
+that is linear in the tangents. Evaluating it runs the user's ``jvp`` rule (``defjvp``), or
+forward mode through the kernel's reference semantics (``jax.jvp`` of the body as plain JAX
+ops) when there is none; transposing it runs the user's ``bwd`` rule, or reverse mode
+through the reference semantics when there is none. So ``jax.grad``/``vjp``/``jacrev`` use
+the backward kernels and ``jax.jvp``/``jacfwd`` the forward rule's, and both modes work
+for every kernel, which a ``jax.custom_vjp`` would forbid. The linear primitive carries its two
 functions, so batching it (``vmap(grad(f))``) and differentiating it again (second order) are
 ``jax.vmap`` and ``jax.jvp`` of those functions.
 """
@@ -118,6 +119,10 @@ def _kernel_call_jvp(primals: Sequence[Any], tangents: Sequence[Any], *,
         res_leaves, res_tree = [], None
     in_diff = [_differentiable(p) for p in primals]
     out_diff = [_differentiable(a) for a in kernel.out_avals]
+    jvp_rule = spec.jvp
+    n_res = len(res_leaves)
+    if jvp_rule is not None:
+        res_leaves = [*res_leaves, *outs]   # the rule sees the primal outputs
 
     def reference_diff(diff_args, primals):
         args = list(primals)
@@ -126,6 +131,12 @@ def _kernel_call_jvp(primals: Sequence[Any], tangents: Sequence[Any], *,
         return [o for o, d in zip(spec.reference(*args), out_diff) if d]
 
     def jvp(primals, residuals, tangents):
+        if jvp_rule is not None:
+            it = iter(tangents)
+            full = [next(it) if d else jnp.zeros(p.shape, p.dtype)
+                    for p, d in zip(primals, in_diff)]
+            out = jvp_rule(primals, residuals[n_res:], full)
+            return [t for t, d in zip(out, out_diff) if d]
         diff = [p for p, d in zip(primals, in_diff) if d]
         _, out = jax.jvp(lambda *x: reference_diff(x, primals), diff, tangents)
         return out
@@ -138,7 +149,7 @@ def _kernel_call_jvp(primals: Sequence[Any], tangents: Sequence[Any], *,
         it = iter(cts)
         full = [next(it) if d else jnp.zeros(a.shape, a.dtype)
                 for a, d in zip(kernel.out_avals, out_diff)]
-        grads = rule[1](jax.tree.unflatten(res_tree, list(residuals)), full)
+        grads = rule[1](jax.tree.unflatten(res_tree, list(residuals[:n_res])), full)
         return [g for g, d in zip(grads, in_diff) if d]
 
     diff_tangents = [ad.instantiate_zeros(t) for t, d in zip(tangents, in_diff) if d]

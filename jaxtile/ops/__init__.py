@@ -2,8 +2,9 @@
 
 ``matmul``, ``softmax``, ``rms_norm`` and ``layer_norm`` have backward rules
 (``Kernel.defvjp``) made of jaxtile kernels, so ``jax.grad`` runs compiled code; the ``*_fwd``
-and ``*_bwd`` kernels are those rules' pieces. All take 2-D operands (and 1-D weights); batch
-them with ``jax.vmap``.
+and ``*_bwd`` kernels are those rules' pieces. Their forward-mode rules (``Kernel.defjvp``)
+are kernels too (``matmul``, ``softmax``) or a jnp formula of the tangent (the norms). All
+take 2-D operands (and 1-D weights); batch them with ``jax.vmap``.
 """
 
 from .add import add

@@ -132,4 +132,19 @@ def _bwd(res, g, *, eps, **params):
             jnp.sum(db_part, axis=0).astype(b.dtype))
 
 
+def _jvp(args, y, tangents, *, eps, **params):
+    """The tangent as a jnp formula (XLA fuses it), in float32 like the kernel: with
+    ``xc = x - mean(x)`` and its tangent ``tc``, ``(tc r + xc dr) w + xc r t_w + t_b`` where
+    ``dr = -r**3 mean(xc tc)``."""
+    del params
+    x, w, b = (a.astype(jnp.float32) for a in args)
+    tx, tw, tb = (t.astype(jnp.float32) for t in tangents)
+    xc = x - jnp.mean(x, axis=-1, keepdims=True)
+    tc = tx - jnp.mean(tx, axis=-1, keepdims=True)
+    r = lax.rsqrt(jnp.mean(xc * xc, axis=-1, keepdims=True) + eps)
+    dr = -(r ** 3) * jnp.mean(xc * tc, axis=-1, keepdims=True)
+    return ((tc * r + xc * dr) * w + xc * r * tw + tb).astype(y.dtype)
+
+
 layer_norm.defvjp(_fwd, _bwd)
+layer_norm.defjvp(_jvp)

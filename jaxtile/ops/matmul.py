@@ -83,4 +83,12 @@ def _matmul_bwd(res, g, *, transpose_a, transpose_b, **tiles):
     return da.astype(a.dtype), db.astype(b.dtype)
 
 
+def _matmul_jvp(args, c, tangents, **params):
+    """``op(ta) @ op(b) + op(a) @ op(tb)``: two more ``matmul`` calls."""
+    (a, b), (ta, tb) = args, tangents
+    return (matmul(ta.astype(a.dtype), b, **params)
+            + matmul(a, tb.astype(b.dtype), **params)).astype(c.dtype)
+
+
 matmul.defvjp(_matmul_fwd, _matmul_bwd)
+matmul.defjvp(_matmul_jvp)

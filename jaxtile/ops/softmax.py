@@ -59,4 +59,11 @@ def _softmax_bwd(y, g, **params):
     return (softmax_bwd(y, g.astype(y.dtype), **params),)
 
 
+def _softmax_jvp(args, y, tangents, **params):
+    # The softmax's Jacobian is symmetric: its JVP is the backward kernel applied to the
+    # tangent.
+    return softmax_bwd(y, tangents[0].astype(y.dtype), **params)
+
+
 softmax.defvjp(_softmax_fwd, _softmax_bwd)
+softmax.defjvp(_softmax_jvp)

@@ -94,3 +94,49 @@ def test_repeated_eager_calls_reuse_the_compiled_call():
         jt.set_interpret(False)
     split_halves(x[:6])                          # another shape: another entry
     assert len(split_halves._eager) == 3
+
+
+def _cube_kernel():
+    @jt.kernel
+    def cube(x, n):
+        """x ** 3, and an integer argument passed through (its tangent is zero)."""
+        out = jt.empty(x.shape, x.dtype)
+        out[...] = x[...] * x[...] * x[...]
+        count = jt.empty(n.shape, n.dtype)
+        count[...] = n[...]
+        return out, count
+    return cube
+
+
+def test_defjvp_rule_drives_forward_mode():
+    cube = _cube_kernel()
+    seen = []
+
+    def jvp(args, outputs, tangents):
+        (x, _), (tx, tn) = args, tangents
+        seen.append((tn.dtype, outputs[1].dtype))
+        return 3 * x * x * tx, None
+
+    cube.defjvp(jvp)
+    x, n = jnp.linspace(-1.0, 1.0, 8), jnp.arange(8, dtype=jnp.int32)
+    t = jnp.full(8, 0.5)
+    (y, m), (ty, _) = jax.jit(lambda x, t: jax.jvp(lambda x: cube(x, n), (x,), (t,)))(x, t)
+    np.testing.assert_allclose(y, x ** 3, rtol=1e-6)
+    np.testing.assert_array_equal(m, n)
+    np.testing.assert_allclose(ty, 3 * x ** 2 * 0.5, rtol=1e-6)
+    assert seen and seen[0] == (jnp.int32, jnp.int32)   # integer tangents arrive as zeros
+    # Forward mode of a vmapped call runs the rule vmapped; reverse mode (no vjp rule)
+    # still goes through the reference semantics.
+    xs = jnp.stack([x, 2 * x])
+    ts = jax.vmap(lambda x: jax.jvp(lambda x: cube(x, n)[0], (x,), (t,))[1])(xs)
+    np.testing.assert_allclose(ts, 3 * xs ** 2 * 0.5, rtol=1e-6)
+    np.testing.assert_allclose(jax.grad(lambda x: cube(x, n)[0].sum())(x), 3 * x ** 2,
+                               rtol=1e-6)
+
+
+def test_defjvp_rule_with_wrong_structure_is_an_error():
+    cube = _cube_kernel()
+    cube.defjvp(lambda args, outputs, tangents: tangents[0])
+    with pytest.raises(jt.KernelError, match="the jvp rule returned tangents shaped"):
+        jax.jvp(lambda x: cube(x, jnp.arange(4, dtype=jnp.int32)), (jnp.ones(4),),
+                (jnp.ones(4),))

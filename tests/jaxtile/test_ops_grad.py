@@ -246,6 +246,18 @@ def test_grad_runs_the_backward_kernels(rng, case, kernels):
     assert not {"while", "scan"} & {e.primitive.name for e in jaxpr.eqns}
 
 
+@pytest.mark.parametrize("case, kernels", [
+    (MATMUL_NT, 3), (SOFTMAX, 2), (RMS_NORM, 1), (LAYER_NORM, 1)],
+    ids=["matmul_nt", "softmax", "rms_norm", "layer_norm"])
+def test_jvp_runs_the_forward_rules(rng, case, kernels):
+    """jax.jvp runs the rules of ``defjvp`` (kernels, or a jnp formula for the norms), not
+    the reference semantics (a loop): the compiled program has no while loop."""
+    args = _arrays(rng, case.ragged)
+    text = jax.jit(lambda *a: _jvp(case.op, None, *a)).lower(*args).as_text()
+    assert text.count("jaxtile_cpu_call") == kernels
+    assert "stablehlo.while" not in text
+
+
 # --- transformations -----------------------------------------------------------------------
 
 def _tangents(args):

@@ -17,13 +17,12 @@ copied once into a local tile in ``[k, j]`` layout, so the j loop has unit strid
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
 
 from tvm import tirx
 from tvm.ir import Expr
 
 from . import elementwise as ew
-from . import tir_emit as te
+from .context import Lowering
 
 ROWS = 4
 VECTORS_PER_ROW = 2
@@ -34,16 +33,7 @@ AVX2 as well as the 32 of AVX-512. Measured on AVX-512 (Zen 4) for 1024^3 float3
 with half-width vectors (4 x 4 x 8 lanes) 13.8-14.7."""
 
 
-class _Lowering(Protocol):
-    kb: te.KernelBuilder
-    bufs: dict[str, tirx.Buffer]
-
-    def name(self, prefix: str) -> str: ...
-    def bind(self, value: Expr) -> Expr: ...
-    def snapshot(self, name: str, transpose: bool = False) -> str: ...
-
-
-def lower_gemm(low: _Lowering, attrs: dict, *, lanes: int) -> None:
+def lower_gemm(low: Lowering, attrs: dict, *, lanes: int) -> None:
     """Emit ``c += op(a) @ op(b)`` for the buffer names and transposes in ``attrs``, with
     vectors of ``lanes`` float32 elements."""
     a = dict(attrs)
@@ -74,7 +64,7 @@ def lower_gemm(low: _Lowering, attrs: dict, *, lanes: int) -> None:
         _plain(low, C, a_at, b_at, (0, m_main), (n_main, n), k, lanes)
 
 
-def _register_tiles(low: _Lowering, C: tirx.Buffer, a_at: Callable, b_at: Callable,
+def _register_tiles(low: Lowering, C: tirx.Buffer, a_at: Callable, b_at: Callable,
                     mnk: tuple[int, int, int], lanes: int) -> None:
     kb, acc = low.kb, str(C.dtype)
     m, n, k = mnk
@@ -101,7 +91,7 @@ def _register_tiles(low: _Lowering, C: tirx.Buffer, a_at: Callable, b_at: Callab
         each_vector(lambda r, w, v: kb.store(C, [i0 + r, j0 + w + v], tile[r, w + v]))
 
 
-def _plain(low: _Lowering, C: tirx.Buffer, a_at: Callable, b_at: Callable,
+def _plain(low: Lowering, C: tirx.Buffer, a_at: Callable, b_at: Callable,
            rows: tuple[int, int], cols: tuple[int, int], k: int, lanes: int) -> None:
     kb = low.kb
     width = cols[1] - cols[0]

@@ -26,25 +26,12 @@ from ..passes.fusion import fuse_elementwise
 from ..target import Target
 from . import elementwise as ew
 from . import tir_emit as te
+from .context import FALLBACK_LANES
+from .copies import lower_copy
 from .gemm import lower_gemm
+from .reductions import lower_reduce
 
-_VECTOR_LANES = 8
 _BINDS_OPERANDS = frozenset({"exp", "exp2", "expm1", "logistic", "tanh", "round_away", "sign"})
-
-
-def _is_true(cond: Expr | bool) -> bool:
-    if isinstance(cond, bool):
-        return cond
-    return isinstance(cond, tirx.IntImm) and bool(cond.value)
-
-
-def _and(conds: Sequence[Expr | bool]) -> Expr | bool:
-    out: Expr | bool = True
-    for c in conds:
-        if _is_true(c):
-            continue
-        out = c if out is True else tirx.And(out, c)
-    return out
 
 
 def symbol_name(kernel: ir.Kernel) -> str:
@@ -164,7 +151,7 @@ class _Lowering:
         width = self.target.vector_bits // 32
         with contextlib.ExitStack() as stack:
             for d, n in enumerate(shape):
-                lanes = next((w for w in (width, _VECTOR_LANES) if n % w == 0), None)
+                lanes = next((w for w in (width, FALLBACK_LANES) if n % w == 0), None)
                 if vectorize and d == len(shape) - 1 and lanes:
                     outer = stack.enter_context(self.kb.loop(self.name("i"), n // lanes))
                     lane = stack.enter_context(
@@ -227,129 +214,7 @@ class _Lowering:
                                                   self.bind))
 
     def copy(self, op: ir.Op) -> None:
-        a = op.attrs
-        if a["src"] == a["dst"]:
-            # Regions of one buffer may overlap: read the whole source tile first.
-            self.copy_through_temporary(op)
-            return
-        src, dst = self.bufs[a["src"]], self.bufs[a["dst"]]
-        tile = ir.tile_shape(a["src_index"])
-        s_starts = [self.start(i, 0, clamp=False) for i in a["src_index"]]
-        d_starts = [self.start(i, 0, clamp=False) for i in a["dst_index"]]
-
-        def fits(buf, name, index, starts):
-            if self.scopes[name] != "global":
-                return True
-            return _and([tirx.And(s >= 0, s + (1 if i.size is None else i.size) <= int(n))
-                         for s, i, n in zip(starts, index, buf.shape)])
-
-        def element(buf, index, starts, idx):
-            it = iter(idx)
-            return [s if i.size is None else s + next(it) for s, i in zip(starts, index)]
-
-        def emit(masked: bool) -> None:
-            if masked:
-                self.masked_copy(op, src, dst, tile, s_starts, d_starts)
-                return
-            with self.nest(tile) as idx:
-                v = src[tuple(element(src, a["src_index"], s_starts, idx))]
-                self.kb.store(dst, element(dst, a["dst_index"], d_starts, idx),
-                              ew.convert(v, str(src.dtype), str(dst.dtype), self.bind))
-
-        inside = _and([fits(src, a["src"], a["src_index"], s_starts),
-                       fits(dst, a["dst"], a["dst_index"], d_starts)])
-        if _is_true(inside):
-            emit(False)
-            return
-        with self.kb.if_(inside):
-            emit(False)
-        with self.kb.else_():
-            emit(True)
-
-    def copy_through_temporary(self, op: ir.Op) -> None:
-        a = op.attrs
-        tile = ir.tile_shape(a["src_index"])
-        name = self.name("copy_tile")
-        self.bufs[name] = self.kb.alloc_local(name, list(tile), str(self.bufs[a["src"]].dtype))
-        self.scopes[name] = "local"
-        whole = tuple(ir.Index(0, n) for n in tile)
-        self.copy(ir.Op("copy", (), None, {**a, "dst": name, "dst_index": whole}, op.line))
-        self.copy(ir.Op("copy", (), None, {**a, "src": name, "src_index": whole}, op.line))
-
-    def masked_copy(self, op, src, dst, tile, s_starts, d_starts) -> None:
-        """The edge path of a copy: read past the source end gives pad, write past the
-        destination end is skipped (by the loop bounds, so nothing is tested per element).
-
-        When the tile's last dimension is the last (contiguous) axis of both buffers, that
-        dimension goes in vector-sized chunks: a chunk wholly inside both buffers is copied
-        as a vector, only the others element by element. A row tile rounded up past the end
-        of its rows then costs one partial chunk per row, not a scalar loop over the tile.
-        """
-        a = op.attrs
-        d_global = self.scopes[a["dst"]] == "global"
-        s_global = self.scopes[a["src"]] == "global"
-        lows, highs, point_ok = [], [], []
-        for s, i, n in zip(d_starts, a["dst_index"], dst.shape):
-            if i.size is None:
-                if d_global:
-                    point_ok.append(tirx.And(s >= 0, s < int(n)))
-                continue
-            if d_global:
-                lows.append(tirx.max(-s, tirx.const(0, "int32")))
-                highs.append(tirx.min(tirx.const(i.size, "int32"), int(n) - s))
-            else:
-                lows.append(tirx.const(0, "int32"))
-                highs.append(tirx.const(i.size, "int32"))
-        pad = a["pad"] if a["pad"] is not None else 0
-        lanes = self.target.vector_bits // 32
-        chunked = (a["src_index"][-1].size is not None and a["dst_index"][-1].size is not None
-                   and tile[-1] % lanes == 0)
-
-        def coords(starts, index, idx):
-            it = iter(idx)
-            return [s if i.size is None else s + next(it) for s, i in zip(starts, index)]
-
-        def masked_element(idx: list[Expr]) -> None:
-            conds, src_at = [], []
-            for c, n in zip(coords(s_starts, a["src_index"], idx), src.shape):
-                if s_global:
-                    conds.append(tirx.And(c >= 0, c < int(n)))
-                    c = tirx.max(tirx.min(c, int(n) - 1), tirx.const(0, "int32"))
-                src_at.append(c)
-            value = src[tuple(src_at)]
-            in_bounds = _and(conds)
-            if not _is_true(in_bounds):
-                value = tirx.Select(in_bounds, value, tirx.const(pad, str(src.dtype)))
-            self.kb.store(dst, coords(d_starts, a["dst_index"], idx),
-                          ew.convert(value, str(src.dtype), str(dst.dtype), self.bind))
-
-        with contextlib.ExitStack() as stack:
-            ok = _and(point_ok)
-            if not _is_true(ok):
-                stack.enter_context(self.kb.if_(ok))
-            n_outer = len(lows) - 1 if chunked else len(lows)
-            idx = [stack.enter_context(self.kb.loop(self.name("i"), hi - lo, start=lo))
-                   for lo, hi in zip(lows[:n_outer], highs[:n_outer])]
-            if not chunked:
-                masked_element(idx)
-                return
-            jo = stack.enter_context(self.kb.loop(self.name("c"), tile[-1] // lanes))
-            j0 = jo * lanes
-            whole = [tirx.And(j0 >= lows[-1], j0 + lanes <= highs[-1])]
-            if s_global:
-                for c, n in zip(coords(s_starts, a["src_index"], [*idx, j0]), src.shape):
-                    whole.append(tirx.And(c >= 0, c < int(n)))
-                whole.append(coords(s_starts, a["src_index"], [*idx, j0])[-1] + lanes
-                             <= int(src.shape[-1]))
-            with self.kb.if_(_and(whole)):
-                with self.kb.loop(self.name("v"), lanes, kind="vectorized") as v:
-                    at = [*idx, j0 + v]
-                    value = src[tuple(coords(s_starts, a["src_index"], at))]
-                    self.kb.store(dst, coords(d_starts, a["dst_index"], at),
-                                  ew.convert(value, str(src.dtype), str(dst.dtype), self.bind))
-            with self.kb.else_(), self.kb.loop(self.name("v"), lanes) as v:
-                with self.kb.if_(tirx.And(j0 + v >= lows[-1], j0 + v < highs[-1])):
-                    masked_element([*idx, j0 + v])
+        lower_copy(self, op)
 
     def snapshot(self, name: str, transpose: bool = False) -> str:
         """A fresh local copy of a whole 2-D on-chip buffer (transposed if asked), for ops
@@ -368,90 +233,8 @@ class _Lowering:
     def gemm(self, op: ir.Op) -> None:
         lower_gemm(self, op.attrs, lanes=self.target.vector_bits // 32)
 
-    def _reduction_lanes(self, extent: int) -> int:
-        """Partial results for a contiguous reduction of ``extent`` elements: up to four
-        vectors' worth (a power of two). The elements past the last whole group are added
-        one by one, each waiting on the previous (about 4 cycles), so the count with the
-        least estimated time wins."""
-        width = self.target.vector_bits // 32
-        candidates = [n for n in (4 * width, 2 * width, width, _VECTOR_LANES) if n <= extent]
-        if not candidates:
-            return 1
-        return min(candidates, key=lambda n: extent // n + 4 * (extent % n))
-
-    def _reduce_leading(self, op: ir.Op, keep: list[int], red: list[int]) -> None:
-        """A reduction that keeps the contiguous axis (``sum(x, axis=0)`` of a 2-D tile):
-        the result array is the accumulator, updated by one vectorised pass over each
-        reduced index, so the source is read row by row."""
-        src, res, fn = op.operands[0], op.result, op.attrs["fn"]
-        dtype, src_dtype = ew.tvm_dtype(res.dtype), ew.tvm_dtype(src.dtype)
-        arr = self.kb.alloc_local(self.name("t"), res.shape, dtype)
-        with self.nest(res.shape) as out_idx:
-            self.kb.store(arr, out_idx, ew.reduce_init(fn, dtype))
-        with self.nest([src.shape[d] for d in red], vectorize=False) as red_idx, \
-                self.nest(res.shape) as out_idx:
-            full: list[Expr] = [None] * len(src.shape)
-            for d, e in (*zip(keep, out_idx), *zip(red, red_idx)):
-                full[d] = e
-            x = ew.convert(self.at(src, full), src_dtype, dtype, self.bind)
-            self.kb.store(arr, out_idx, ew.reduce_combine(fn, arr[tuple(out_idx)], x, dtype,
-                                                          self.bind))
-        self.arrays[res.id] = arr
-
     def reduce(self, op: ir.Op) -> None:
-        src, res = op.operands[0], op.result
-        fn, axes = op.attrs["fn"], set(op.attrs["axes"])
-        dtype = ew.tvm_dtype(res.dtype)
-        src_dtype = ew.tvm_dtype(src.dtype)
-        keep = [d for d in range(len(src.shape)) if d not in axes]
-        red = sorted(axes)
-        if red[-1] != len(src.shape) - 1 and res.shape:
-            self._reduce_leading(op, keep, red)
-            return
-        n_last = src.shape[red[-1]]
-        # Reducing along the innermost (contiguous) axis: partial results in several vectors
-        # of lanes, combined pairwise at the end. Several vectors keep the additions (or
-        # max) independent, so they run at the CPU's throughput rather than one dependent
-        # op per vector, and the partial sums keep float sums more exact.
-        lanes = (self._reduction_lanes(n_last) if red[-1] == len(src.shape) - 1 else 1)
-        acc = self.kb.alloc_local(self.name("acc"), (lanes,), dtype)
-        arr = (self.kb.alloc_local(self.name("t"), res.shape, dtype) if res.shape else None)
-
-        def accumulate(lane: Expr, red_idx: Sequence[Expr], last: Expr) -> None:
-            full: list[Expr] = [None] * len(src.shape)
-            for d, e in zip(keep, out_idx):
-                full[d] = e
-            for d, e in zip(red, [*red_idx, last]):
-                full[d] = e
-            x = ew.convert(self.at(src, full), src_dtype, dtype, self.bind)
-            self.kb.store(acc, [lane], ew.reduce_combine(fn, acc[lane], x, dtype, self.bind))
-
-        with self.nest(res.shape, vectorize=False) as out_idx:
-            with self.kb.loop(self.name("l"), lanes, kind="vectorized" if lanes > 1 else
-                              "serial") as lane:
-                self.kb.store(acc, [lane], ew.reduce_init(fn, dtype))
-            with self.nest([src.shape[d] for d in red[:-1]], vectorize=False) as red_idx:
-                with self.kb.loop(self.name("c"), n_last // lanes) as chunk:
-                    with self.kb.loop(self.name("l"), lanes,
-                                      kind="vectorized" if lanes > 1 else "serial") as lane:
-                        accumulate(lane, red_idx, chunk * lanes + lane)
-                tail = n_last % lanes
-                if tail:
-                    with self.kb.loop(self.name("t"), tail, start=n_last - tail) as last:
-                        accumulate(tirx.const(0, "int32"), red_idx, last)
-            width = lanes
-            while width > 1:
-                width //= 2
-                with self.kb.loop(self.name("l"), width,
-                                  kind="vectorized" if width > 1 else "serial") as lane:
-                    self.kb.store(acc, [lane], ew.reduce_combine(
-                        fn, acc[lane], acc[lane + width], dtype, self.bind))
-            if arr is not None:
-                self.kb.store(arr, out_idx, acc[0])
-        if arr is None:
-            self.scalars[res.id] = self.kb.let(self.name("s"), acc[0])
-        else:
-            self.arrays[res.id] = arr
+        lower_reduce(self, op)
 
     def run(self) -> tirx.PrimFunc:
         with self.kb.block_loop() as blk:

@@ -1,0 +1,38 @@
+"""What the per-op lowerings (``gemm``, ``copies``, ``reductions``) use of the kernel
+lowering in ``lower.py``: its builder, buffers and values, and a few helpers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Protocol
+
+from tvm import tirx
+from tvm.ir import Expr
+
+from .. import ir
+from ..target import Target
+from . import tir_emit as te
+
+FALLBACK_LANES = 8
+"""Vector lanes tried when the target's width does not divide a loop."""
+
+
+class Lowering(Protocol):
+    kb: te.KernelBuilder
+    target: Target
+    bufs: dict[str, tirx.Buffer]
+    """TIR buffer of each Tile IR buffer name (and of temporaries made while lowering)."""
+    scopes: dict[str, str]
+    scalars: dict[int, Expr]
+    """Scalar Tile IR values by id."""
+    arrays: dict[int, tirx.Buffer]
+    """Materialised tile values by id."""
+
+    def name(self, prefix: str) -> str: ...
+    def bind(self, value: Expr) -> Expr: ...
+    def at(self, v: ir.Value, idx: Sequence[Expr]) -> Expr: ...
+    def start(self, index: ir.Index, dim: int, clamp: bool) -> Expr: ...
+    def nest(self, shape: Sequence[int],
+             vectorize: bool = True) -> AbstractContextManager[list[Expr]]: ...
+    def snapshot(self, name: str, transpose: bool = False) -> str: ...

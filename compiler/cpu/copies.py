@@ -1,0 +1,165 @@
+"""``jt.copy`` as TIR loop nests for the CPU.
+
+A copy tests once per tile whether the tile lies inside both buffers and then takes a
+vectorised unmasked path; otherwise a masked path whose loop bounds skip dropped writes and
+whose reads select ``pad`` (see :func:`_masked_copy`). Copies between regions of one buffer
+go through a temporary, so they behave as if the whole source were read first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+from tvm import tirx
+from tvm.ir import Expr
+
+from .. import ir
+from . import elementwise as ew
+from .context import Lowering
+
+
+def _is_true(cond: Expr | bool) -> bool:
+    if isinstance(cond, bool):
+        return cond
+    return isinstance(cond, tirx.IntImm) and bool(cond.value)
+
+
+def _and(conds: Sequence[Expr | bool]) -> Expr | bool:
+    out: Expr | bool = True
+    for c in conds:
+        if _is_true(c):
+            continue
+        out = c if out is True else tirx.And(out, c)
+    return out
+
+
+def lower_copy(low: Lowering, op: ir.Op) -> None:
+    """Emit ``jt.copy``: the fast path when the tile lies inside both buffers, else the
+    masked path (see :func:`_masked_copy`); copies within one buffer go through a
+    temporary."""
+    a = op.attrs
+    if a["src"] == a["dst"]:
+        # Regions of one buffer may overlap: read the whole source tile first.
+        _through_temporary(low, op)
+        return
+    src, dst = low.bufs[a["src"]], low.bufs[a["dst"]]
+    tile = ir.tile_shape(a["src_index"])
+    s_starts = [low.start(i, 0, clamp=False) for i in a["src_index"]]
+    d_starts = [low.start(i, 0, clamp=False) for i in a["dst_index"]]
+
+    def fits(buf, name, index, starts):
+        if low.scopes[name] != "global":
+            return True
+        return _and([tirx.And(s >= 0, s + (1 if i.size is None else i.size) <= int(n))
+                     for s, i, n in zip(starts, index, buf.shape)])
+
+    def element(buf, index, starts, idx):
+        it = iter(idx)
+        return [s if i.size is None else s + next(it) for s, i in zip(starts, index)]
+
+    def emit(masked: bool) -> None:
+        if masked:
+            _masked_copy(low, op, src, dst, tile, s_starts, d_starts)
+            return
+        with low.nest(tile) as idx:
+            v = src[tuple(element(src, a["src_index"], s_starts, idx))]
+            low.kb.store(dst, element(dst, a["dst_index"], d_starts, idx),
+                          ew.convert(v, str(src.dtype), str(dst.dtype), low.bind))
+
+    inside = _and([fits(src, a["src"], a["src_index"], s_starts),
+                   fits(dst, a["dst"], a["dst_index"], d_starts)])
+    if _is_true(inside):
+        emit(False)
+        return
+    with low.kb.if_(inside):
+        emit(False)
+    with low.kb.else_():
+        emit(True)
+
+
+def _through_temporary(low: Lowering, op: ir.Op) -> None:
+    a = op.attrs
+    tile = ir.tile_shape(a["src_index"])
+    name = low.name("copy_tile")
+    low.bufs[name] = low.kb.alloc_local(name, list(tile), str(low.bufs[a["src"]].dtype))
+    low.scopes[name] = "local"
+    whole = tuple(ir.Index(0, n) for n in tile)
+    lower_copy(low, ir.Op("copy", (), None, {**a, "dst": name, "dst_index": whole}, op.line))
+    lower_copy(low, ir.Op("copy", (), None, {**a, "src": name, "src_index": whole}, op.line))
+
+
+def _masked_copy(low: Lowering, op, src, dst, tile, s_starts, d_starts) -> None:
+    """The edge path of a copy: read past the source end gives pad, write past the
+    destination end is skipped (by the loop bounds, so nothing is tested per element).
+
+    When the tile's last dimension is the last (contiguous) axis of both buffers, that
+    dimension goes in vector-sized chunks: a chunk wholly inside both buffers is copied
+    as a vector, only the others element by element. A row tile rounded up past the end
+    of its rows then costs one partial chunk per row, not a scalar loop over the tile.
+    """
+    a = op.attrs
+    d_global = low.scopes[a["dst"]] == "global"
+    s_global = low.scopes[a["src"]] == "global"
+    lows, highs, point_ok = [], [], []
+    for s, i, n in zip(d_starts, a["dst_index"], dst.shape):
+        if i.size is None:
+            if d_global:
+                point_ok.append(tirx.And(s >= 0, s < int(n)))
+            continue
+        if d_global:
+            lows.append(tirx.max(-s, tirx.const(0, "int32")))
+            highs.append(tirx.min(tirx.const(i.size, "int32"), int(n) - s))
+        else:
+            lows.append(tirx.const(0, "int32"))
+            highs.append(tirx.const(i.size, "int32"))
+    pad = a["pad"] if a["pad"] is not None else 0
+    lanes = low.target.vector_bits // 32
+    chunked = (a["src_index"][-1].size is not None and a["dst_index"][-1].size is not None
+               and tile[-1] % lanes == 0)
+
+    def coords(starts, index, idx):
+        it = iter(idx)
+        return [s if i.size is None else s + next(it) for s, i in zip(starts, index)]
+
+    def masked_element(idx: list[Expr]) -> None:
+        conds, src_at = [], []
+        for c, n in zip(coords(s_starts, a["src_index"], idx), src.shape):
+            if s_global:
+                conds.append(tirx.And(c >= 0, c < int(n)))
+                c = tirx.max(tirx.min(c, int(n) - 1), tirx.const(0, "int32"))
+            src_at.append(c)
+        value = src[tuple(src_at)]
+        in_bounds = _and(conds)
+        if not _is_true(in_bounds):
+            value = tirx.Select(in_bounds, value, tirx.const(pad, str(src.dtype)))
+        low.kb.store(dst, coords(d_starts, a["dst_index"], idx),
+                      ew.convert(value, str(src.dtype), str(dst.dtype), low.bind))
+
+    with contextlib.ExitStack() as stack:
+        ok = _and(point_ok)
+        if not _is_true(ok):
+            stack.enter_context(low.kb.if_(ok))
+        n_outer = len(lows) - 1 if chunked else len(lows)
+        idx = [stack.enter_context(low.kb.loop(low.name("i"), hi - lo, start=lo))
+               for lo, hi in zip(lows[:n_outer], highs[:n_outer])]
+        if not chunked:
+            masked_element(idx)
+            return
+        jo = stack.enter_context(low.kb.loop(low.name("c"), tile[-1] // lanes))
+        j0 = jo * lanes
+        whole = [tirx.And(j0 >= lows[-1], j0 + lanes <= highs[-1])]
+        if s_global:
+            for c, n in zip(coords(s_starts, a["src_index"], [*idx, j0]), src.shape):
+                whole.append(tirx.And(c >= 0, c < int(n)))
+            whole.append(coords(s_starts, a["src_index"], [*idx, j0])[-1] + lanes
+                         <= int(src.shape[-1]))
+        with low.kb.if_(_and(whole)):
+            with low.kb.loop(low.name("v"), lanes, kind="vectorized") as v:
+                at = [*idx, j0 + v]
+                value = src[tuple(coords(s_starts, a["src_index"], at))]
+                low.kb.store(dst, coords(d_starts, a["dst_index"], at),
+                              ew.convert(value, str(src.dtype), str(dst.dtype), low.bind))
+        with low.kb.else_(), low.kb.loop(low.name("v"), lanes) as v:
+            with low.kb.if_(tirx.And(j0 + v >= lows[-1], j0 + v < highs[-1])):
+                masked_element([*idx, j0 + v])

@@ -1,0 +1,107 @@
+"""``reduce`` of tile values as TIR loop nests for the CPU.
+
+Reductions along the contiguous axis keep partial results in up to four vectors, so the
+combining ops are independent, and combine them pairwise at the end. Reductions that keep
+the contiguous axis (``sum(x, axis=0)``) update the result array by one vectorised pass per
+reduced index. Reductions along other axes only are serial.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tvm import tirx
+from tvm.ir import Expr
+
+from .. import ir
+from . import elementwise as ew
+from .context import FALLBACK_LANES, Lowering
+
+
+def _lanes(low: Lowering, extent: int) -> int:
+    """Partial results for a contiguous reduction of ``extent`` elements: up to four
+    vectors' worth (a power of two). The elements past the last whole group are added
+    one by one, each waiting on the previous (about 4 cycles), so the count with the
+    least estimated time wins."""
+    width = low.target.vector_bits // 32
+    candidates = [n for n in (4 * width, 2 * width, width, FALLBACK_LANES) if n <= extent]
+    if not candidates:
+        return 1
+    return min(candidates, key=lambda n: extent // n + 4 * (extent % n))
+
+
+def _reduce_leading(low: Lowering, op: ir.Op, keep: list[int], red: list[int]) -> None:
+    """A reduction that keeps the contiguous axis (``sum(x, axis=0)`` of a 2-D tile):
+    the result array is the accumulator, updated by one vectorised pass over each
+    reduced index, so the source is read row by row."""
+    src, res, fn = op.operands[0], op.result, op.attrs["fn"]
+    dtype, src_dtype = ew.tvm_dtype(res.dtype), ew.tvm_dtype(src.dtype)
+    arr = low.kb.alloc_local(low.name("t"), res.shape, dtype)
+    with low.nest(res.shape) as out_idx:
+        low.kb.store(arr, out_idx, ew.reduce_init(fn, dtype))
+    with low.nest([src.shape[d] for d in red], vectorize=False) as red_idx, \
+            low.nest(res.shape) as out_idx:
+        full: list[Expr] = [None] * len(src.shape)
+        for d, e in (*zip(keep, out_idx), *zip(red, red_idx)):
+            full[d] = e
+        x = ew.convert(low.at(src, full), src_dtype, dtype, low.bind)
+        low.kb.store(arr, out_idx, ew.reduce_combine(fn, arr[tuple(out_idx)], x, dtype,
+                                                      low.bind))
+    low.arrays[res.id] = arr
+
+
+def lower_reduce(low: Lowering, op: ir.Op) -> None:
+    """Emit a ``reduce`` of a tile value into an array (or a scalar)."""
+    src, res = op.operands[0], op.result
+    fn, axes = op.attrs["fn"], set(op.attrs["axes"])
+    dtype = ew.tvm_dtype(res.dtype)
+    src_dtype = ew.tvm_dtype(src.dtype)
+    keep = [d for d in range(len(src.shape)) if d not in axes]
+    red = sorted(axes)
+    if red[-1] != len(src.shape) - 1 and res.shape:
+        _reduce_leading(low, op, keep, red)
+        return
+    n_last = src.shape[red[-1]]
+    # Reducing along the innermost (contiguous) axis: partial results in several vectors
+    # of lanes, combined pairwise at the end. Several vectors keep the additions (or
+    # max) independent, so they run at the CPU's throughput rather than one dependent
+    # op per vector, and the partial sums keep float sums more exact.
+    lanes = (_lanes(low, n_last) if red[-1] == len(src.shape) - 1 else 1)
+    acc = low.kb.alloc_local(low.name("acc"), (lanes,), dtype)
+    arr = (low.kb.alloc_local(low.name("t"), res.shape, dtype) if res.shape else None)
+
+    def accumulate(lane: Expr, red_idx: Sequence[Expr], last: Expr) -> None:
+        full: list[Expr] = [None] * len(src.shape)
+        for d, e in zip(keep, out_idx):
+            full[d] = e
+        for d, e in zip(red, [*red_idx, last]):
+            full[d] = e
+        x = ew.convert(low.at(src, full), src_dtype, dtype, low.bind)
+        low.kb.store(acc, [lane], ew.reduce_combine(fn, acc[lane], x, dtype, low.bind))
+
+    with low.nest(res.shape, vectorize=False) as out_idx:
+        with low.kb.loop(low.name("l"), lanes, kind="vectorized" if lanes > 1 else
+                          "serial") as lane:
+            low.kb.store(acc, [lane], ew.reduce_init(fn, dtype))
+        with low.nest([src.shape[d] for d in red[:-1]], vectorize=False) as red_idx:
+            with low.kb.loop(low.name("c"), n_last // lanes) as chunk:
+                with low.kb.loop(low.name("l"), lanes,
+                                  kind="vectorized" if lanes > 1 else "serial") as lane:
+                    accumulate(lane, red_idx, chunk * lanes + lane)
+            tail = n_last % lanes
+            if tail:
+                with low.kb.loop(low.name("t"), tail, start=n_last - tail) as last:
+                    accumulate(tirx.const(0, "int32"), red_idx, last)
+        width = lanes
+        while width > 1:
+            width //= 2
+            with low.kb.loop(low.name("l"), width,
+                              kind="vectorized" if width > 1 else "serial") as lane:
+                low.kb.store(acc, [lane], ew.reduce_combine(
+                    fn, acc[lane], acc[lane + width], dtype, low.bind))
+        if arr is not None:
+            low.kb.store(arr, out_idx, acc[0])
+    if arr is None:
+        low.scalars[res.id] = low.kb.let(low.name("s"), acc[0])
+    else:
+        low.arrays[res.id] = arr

@@ -14,6 +14,7 @@ from tvm import tirx
 from tvm.ir import Expr
 
 from . import tir_emit as te
+from . import vector_math as vm
 
 _LOW_FLOATS = ("float16", "bfloat16")
 _LN2 = math.log(2.0)
@@ -43,12 +44,12 @@ def _to(dtype: str, x: Expr, bind: Bind) -> Expr:
     if dtype == "bfloat16" and te.dtype_of(x) in ("float32", "float16"):
         # The cast is legalised into bit operations that repeat its operand, and TVM's
         # vectorizer rejects a repeated Let node, so the rounded value is bound too.
-        x = bind(te.round_to_bfloat16(bind(tirx.Cast("float32", x))))
+        x = bind(vm.round_to_bfloat16(bind(tirx.Cast("float32", x))))
     return tirx.Cast(dtype, x)
 
 
 def _exp(x: Expr, dtype: str) -> Expr:
-    return te.exp_f32(x) if dtype == "float32" else tirx.exp(x)
+    return vm.exp_f32(x) if dtype == "float32" else tirx.exp(x)
 
 
 def _sign(x: Expr, dtype: str) -> Expr:
@@ -130,9 +131,9 @@ def _binary(fn: str, a: Expr, b: Expr, dtype: str) -> Expr:
     if fn == "rem":
         return tirx.fmod(a, b)
     if fn == "max":
-        return te.maximum(a, b)
+        return vm.maximum(a, b)
     if fn == "min":
-        return te.minimum(a, b)
+        return vm.minimum(a, b)
     if fn == "pow":
         return tirx.pow(a, b)
     if fn in ("lt", "le", "gt", "ge", "eq", "ne"):
@@ -169,7 +170,7 @@ def _unary(fn: str, x: Expr, dtype: str, bind: Bind) -> Expr:
     if fn == "exp":
         return _exp(x, dtype)
     if fn == "tanh" and dtype == "float32":
-        return te.tanh_f32(x)
+        return vm.tanh_f32(x)
     if fn == "exp2":
         return _exp(x * _const(_LN2, dtype), dtype) if dtype == "float32" else tirx.exp2(x)
     if fn == "expm1":
@@ -177,7 +178,7 @@ def _unary(fn: str, x: Expr, dtype: str, bind: Bind) -> Expr:
     if fn == "logistic":
         return _const(1.0, dtype) / (_const(1.0, dtype) + _exp(-x, dtype))
     if fn == "rsqrt":
-        return te.rsqrt(x)
+        return vm.rsqrt(x)
     if fn == "round_away":
         return _round_away(x, dtype)
     simple = {"floor": tirx.floor, "ceil": tirx.ceil, "round": tirx.nearbyint, "log": tirx.log,

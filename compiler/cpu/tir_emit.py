@@ -38,20 +38,18 @@ Expressions
 Use ``tvm.tirx`` directly for expressions: ``buf[i, j]`` loads, Python operators,
 ``tirx.Cast``, ``tirx.Select``, comparisons, ``tirx.floordiv``/``tirx.floormod`` (integer
 operands only), ``tirx.log/sqrt/abs/pow/floor`` (``log``, ``pow`` and ``tirx.exp`` become one
-scalar libm call per lane). The helpers here cover the cases where the plain TVM op is wrong
-or slow: :func:`exp_f32` and :func:`tanh_f32` (vectorised; ``tirx.tanh`` is inaccurate near
-0), :func:`maximum`/:func:`minimum` (NaN-propagating like ``lax.max``; ``tirx.max`` is not),
-:func:`rsqrt` (``tirx.rsqrt`` keeps its loop scalar) and :func:`round_to_bfloat16`. The
-Python operators fold constants as if floats were real numbers (``x * 0.0`` -> ``0.0``), so
-float arithmetic that must stay IEEE-exact is built from node constructors (``tirx.Mul``);
-TVM's simplifier, which does the same for ``x - x`` and more, is not in the pipeline.
+scalar libm call per lane). :mod:`.vector_math` covers the cases where the plain TVM op is
+wrong or slow. The Python operators fold constants as if floats were real numbers
+(``x * 0.0`` -> ``0.0``), so float arithmetic that must stay IEEE-exact is built from node
+constructors (``tirx.Mul``); TVM's simplifier, which does the same for ``x - x`` and more, is
+not in the pipeline.
 
 bfloat16
 --------
 bfloat16 buffers and casts work in stores, but TVM 0.27 miscompiles any ``Bind``/``Let``
 whose value involves bfloat16 and folds ``Cast("float32", Cast("bfloat16", x))`` to ``x``.
 :meth:`KernelBuilder.let` works around the first (and :func:`build` rejects such bindings
-made any other way); use :func:`round_to_bfloat16` for the second.
+made any other way); use :func:`.vector_math.round_to_bfloat16` for the second.
 """
 
 from __future__ import annotations
@@ -61,7 +59,7 @@ import math
 import os
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import tvm
 import tvm_ffi
@@ -111,14 +109,14 @@ def dtype_of(value: Expr) -> str:
     return str(value.ty.dtype)
 
 
-def _as_expr(value: ExprLike, dtype: str) -> Expr:
+def as_expr(value: ExprLike, dtype: str) -> Expr:
     """Turn a Python scalar into a constant of ``dtype``; pass expressions through."""
     return value if isinstance(value, Expr) else tirx.const(value, dtype)
 
 
 def _as_index(value: ExprLike, dtype: str) -> Expr:
     """An integer constant or expression of exactly ``dtype``."""
-    value = _as_expr(value, dtype)
+    value = as_expr(value, dtype)
     return value if dtype_of(value) == dtype else tirx.Cast(dtype, value)
 
 
@@ -246,7 +244,7 @@ class KernelBuilder:
 
     def store(self, buf: tirx.Buffer, indices: Sequence[ExprLike], value: ExprLike) -> None:
         """Append ``buf[indices] = value``; a Python scalar ``value`` takes ``buf``'s dtype."""
-        self.emit(tirx.BufferStore(buf, _as_expr(value, buf.dtype), list(indices)))
+        self.emit(tirx.BufferStore(buf, as_expr(value, buf.dtype), list(indices)))
 
     def let(self, name: str, value: Expr) -> Expr:
         """Evaluate ``value`` once, here; return an expression for it that is valid in the rest
@@ -347,167 +345,6 @@ def _seq(stmts: list[tirx.Stmt]) -> tirx.Stmt:
     if not stmts:
         return tirx.Evaluate(tirx.const(0, "int32"))
     return stmts[0] if len(stmts) == 1 else tirx.SeqStmt(stmts)
-
-
-def _f32(value: float) -> Expr:
-    return tirx.const(value, "float32")
-
-
-def _u32(value: int) -> Expr:
-    return tirx.const(value, "uint32")
-
-
-def _bind(name: str, value: Expr, body: Callable[[Expr], Expr]) -> Expr:
-    """``let name = value in body(name)`` as a TIR expression (evaluates ``value`` once)."""
-    var = tirx.Var(name, dtype_of(value))
-    return tirx.Let(var, value, body(var))
-
-
-def _pow2(n: Expr) -> Expr:
-    """2.0**n as float32 for an int32 ``n`` in [-126, 127], built from exponent bits."""
-    return tirx.reinterpret("float32", (n + 127) << 23)
-
-
-# Cephes expf: exp(x) = 2**n * exp(r), n = round(x / ln 2), r = x - n ln 2 (Cody-Waite split
-# of ln 2 into a 9-bit head and a tail, so n * _LN2_HI is exact), exp(r) = 1 + r + r^2 P(r).
-_LOG2E = 1.44269504088896341
-_LN2_HI = 0.693359375
-_LN2_LO = -2.12194440e-4
-_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
-             1.6666665459e-1, 5.0000001201e-1)  # fmt: skip
-# Inputs are clamped to [_EXP_LO, _EXP_HI]: exp(-104) rounds to 0 and exp(89) overflows, so
-# the clamp only saturates results that are 0 or inf anyway.
-_EXP_LO = -104.0
-_EXP_HI = 89.0
-
-
-def exp_f32(x: Expr) -> Expr:
-    """Vectorisable float32 ``exp(x)``, within 1 ulp (checked on 2**28 inputs spanning all
-    of float32, subnormal results included).
-
-    Built only from arithmetic, ``floor``, casts, shifts and bit reinterprets, so it
-    vectorises inside ``"vectorized"`` loops, unlike ``tirx.exp`` which LLVM turns into one
-    scalar ``expf`` call per lane. Gives +inf for x > 88.72, 0 for x < -103.98 (and -inf),
-    NaN for NaN. ``x`` is evaluated once, through ``Let`` bindings, so it must not involve
-    bfloat16 (see :func:`build`): pass such a value through :meth:`KernelBuilder.let` first.
-    """
-    if dtype_of(x) != "float32":
-        raise TypeError(f"exp_f32 needs a float32 operand, got {dtype_of(x)}")
-    if involves_bfloat16(x):
-        raise ValueError("exp_f32 operand involves bfloat16; bind it with KernelBuilder.let")
-
-    def from_clamped(xc: Expr) -> Expr:
-        def from_n(n: Expr) -> Expr:
-            # NaN-free copy of n for the int conversion (fptosi of NaN is poison in LLVM);
-            # a NaN x still yields NaN through r.
-            ni = tirx.Cast("int32", tirx.max(n, _f32(-150.0)))
-            half = ni >> 1
-
-            def from_r(r: Expr) -> Expr:
-                p = _f32(_EXP_POLY[0])
-                for coeff in _EXP_POLY[1:]:
-                    p = p * r + _f32(coeff)
-                y = p * (r * r) + r + _f32(1.0)
-                # Two exact power-of-two scalings reach 2**-150 .. 2**128 without overflow
-                # in the exponent field; the final multiply rounds subnormals correctly.
-                return y * _pow2(half) * _pow2(ni - half)
-
-            return _bind("exp_r", xc - n * _f32(_LN2_HI) - n * _f32(_LN2_LO), from_r)
-
-        return _bind("exp_n", tirx.floor(xc * _f32(_LOG2E) + _f32(0.5)), from_n)
-
-    # Selects written so that a NaN x falls through both (TIR's max/min would replace it).
-    def clamp_hi(xl: Expr) -> Expr:
-        return _bind("exp_x", tirx.Select(xl > _f32(_EXP_HI), _f32(_EXP_HI), xl), from_clamped)
-
-    return _bind("exp_xl", tirx.Select(x < _f32(_EXP_LO), _f32(_EXP_LO), x), clamp_hi)
-
-
-# Cephes tanhf: x + x^3 P(x^2) for |x| < 0.625, else 1 - 2 / (exp(2|x|) + 1).
-_TANH_POLY = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1,
-              -3.33332819422e-1)  # fmt: skip
-
-
-def tanh_f32(x: Expr) -> Expr:
-    """Vectorisable float32 ``tanh(x)``, within 1 ulp (checked on 4M inputs), built on
-    :func:`exp_f32`; keeps the sign of zero.
-
-    ``tirx.tanh`` is ``(exp(2x) - 1) / (exp(2x) + 1)`` with scalar ``expf`` calls, which
-    loses all accuracy near 0 (``tanh(1e-8)`` gives 0, ``tanh(1e-6)`` is 1% off). Same
-    operand rules as :func:`exp_f32`.
-    """
-    if dtype_of(x) != "float32":
-        raise TypeError(f"tanh_f32 needs a float32 operand, got {dtype_of(x)}")
-    if involves_bfloat16(x):
-        raise ValueError("tanh_f32 operand involves bfloat16; bind it with KernelBuilder.let")
-
-    def from_x(xv: Expr) -> Expr:
-        def small(z: Expr) -> Expr:
-            p = _f32(_TANH_POLY[0])
-            for coeff in _TANH_POLY[1:]:
-                p = p * z + _f32(coeff)
-            return xv * (_f32(1.0) + z * p)  # this form keeps the sign of -0.0
-
-        def large(t: Expr) -> Expr:
-            return tirx.Select(xv < _f32(0.0), -t, t)
-
-        magnitude = _f32(1.0) - _f32(2.0) / (exp_f32(tirx.abs(xv) * _f32(2.0)) + _f32(1.0))
-        return tirx.Select(
-            tirx.abs(xv) < _f32(0.625),
-            _bind("tanh_z", xv * xv, small),
-            _bind("tanh_t", magnitude, large),
-        )
-
-    return _bind("tanh_x", x, from_x)
-
-
-def _float_minmax(intrinsic: str, a: Expr, b: Expr) -> Expr:
-    dtype = dtype_of(a)
-    if dtype in ("float16", "bfloat16"):
-        # Exact through float32: max/min only select one of the operands.
-        wide = _float_minmax(intrinsic, tirx.Cast("float32", a), tirx.Cast("float32", b))
-        return tirx.Cast(dtype, wide)
-    return tirx.call_llvm_pure_intrin(dtype, intrinsic, a, b)
-
-
-def maximum(a: Expr, b: ExprLike) -> Expr:
-    """Elementwise max; for floats NaN-propagating like ``lax.max`` (``tirx.max`` is not)."""
-    b = _as_expr(b, dtype_of(a))
-    if dtype_of(a).startswith(("float", "bfloat")):
-        return _float_minmax("llvm.maximum", a, b)
-    return tirx.max(a, b)
-
-
-def minimum(a: Expr, b: ExprLike) -> Expr:
-    """Elementwise min; for floats NaN-propagating like ``lax.min`` (``tirx.min`` is not)."""
-    b = _as_expr(b, dtype_of(a))
-    if dtype_of(a).startswith(("float", "bfloat")):
-        return _float_minmax("llvm.minimum", a, b)
-    return tirx.min(a, b)
-
-
-def rsqrt(x: Expr) -> Expr:
-    """``1 / sqrt(x)``; unlike ``tirx.rsqrt`` it vectorises."""
-    return tirx.const(1.0, dtype_of(x)) / tirx.sqrt(x)
-
-
-def round_to_bfloat16(x: Expr) -> Expr:
-    """Round float32 ``x`` to the nearest bfloat16 value (ties to even), as float32.
-
-    Use this for bfloat16 rounding inside an expression: TVM drops the round trip
-    ``Cast("float32", Cast("bfloat16", x))`` entirely. NaN stays NaN; vectorises.
-    """
-    if dtype_of(x) != "float32":
-        raise TypeError(f"round_to_bfloat16 needs a float32 operand, got {dtype_of(x)}")
-
-    def rounded(bits: Expr) -> Expr:
-        is_nan = (bits & _u32(0x7FFFFFFF)) > _u32(0x7F800000)
-        even = bits + _u32(0x7FFF) + ((bits >> _u32(16)) & _u32(1))
-        # A NaN is kept (made quiet, so truncation cannot turn it into inf).
-        out = tirx.Select(is_nan, bits | _u32(0x400000), even) & _u32(0xFFFF0000)
-        return tirx.reinterpret("float32", out)
-
-    return _bind("bf16_bits", tirx.reinterpret("uint32", x), rounded)
 
 
 def build(

@@ -1,4 +1,5 @@
-"""Tests for compiler.cpu.tir_emit: build TIR kernels, compile, export, load and run them."""
+"""Tests for compiler.cpu.tir_emit (build TIR kernels, compile, export, load and run them)
+and for the compiler.cpu.vector_math expressions, compiled through it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import tvm_ffi
 from tvm import tirx
 
 from jaxtile.compiler.cpu import tir_emit as te
+from jaxtile.compiler.cpu import vector_math as vm
 
 CPU = te.host_cpu()
 
@@ -105,24 +107,24 @@ def _row_softmax(rows: int, cols: int) -> te.KernelBuilder:
             kb.store(part, [lane], float("-inf"))
         with kb.loop("c0", full // lanes) as c:
             with kb.loop("l1", lanes, kind="vectorized") as lane:
-                kb.store(part, [lane], te.maximum(part[lane], x[r, c * lanes + lane]))
+                kb.store(part, [lane], vm.maximum(part[lane], x[r, c * lanes + lane]))
         kb.store(total, [0], float("-inf"))
         with kb.loop("l2", lanes) as lane:
-            kb.store(total, [0], te.maximum(total[0], part[lane]))
+            kb.store(total, [0], vm.maximum(total[0], part[lane]))
         with kb.loop("t0", cols - full) as t:
-            kb.store(total, [0], te.maximum(total[0], x[r, full + t]))
+            kb.store(total, [0], vm.maximum(total[0], x[r, full + t]))
         row_max = kb.let("row_max", total[0])
 
         with kb.loop("l3", lanes, kind="vectorized") as lane:
             kb.store(part, [lane], 0.0)
         with kb.loop("c1", full // lanes) as c:
             with kb.loop("l4", lanes, kind="vectorized") as lane:
-                e = te.exp_f32(x[r, c * lanes + lane] - row_max)
+                e = vm.exp_f32(x[r, c * lanes + lane] - row_max)
                 kb.store(y, [r, c * lanes + lane], e)
                 kb.store(part, [lane], part[lane] + y[r, c * lanes + lane])
         kb.store(total, [0], 0.0)
         with kb.loop("t1", cols - full) as t:
-            kb.store(y, [r, full + t], te.exp_f32(x[r, full + t] - row_max))
+            kb.store(y, [r, full + t], vm.exp_f32(x[r, full + t] - row_max))
             kb.store(total, [0], total[0] + y[r, full + t])
         with kb.loop("l5", lanes) as lane:
             kb.store(total, [0], total[0] + part[lane])
@@ -235,7 +237,7 @@ def test_exp_f32_accuracy(tmp_path):
     x, y = kb.buffers
     with kb.block_loop() as b:
         with kb.loop("i", 16, kind="vectorized") as i:
-            kb.store(y, [b * 16 + i], te.exp_f32(x[b * 16 + i]))
+            kb.store(y, [b * 16 + i], vm.exp_f32(x[b * 16 + i]))
     _, fn = _compile_and_load(kb, tmp_path)
 
     edges = np.array(
@@ -274,7 +276,7 @@ def test_tanh_f32_accuracy(tmp_path):
     x, y = kb.buffers
     with kb.block_loop() as b:
         with kb.loop("i", 16, kind="vectorized") as i:
-            kb.store(y, [b * 16 + i], te.tanh_f32(x[b * 16 + i]))
+            kb.store(y, [b * 16 + i], vm.tanh_f32(x[b * 16 + i]))
     _, fn = _compile_and_load(kb, tmp_path)
 
     edges = np.array(
@@ -306,11 +308,11 @@ def test_float_helpers(tmp_path):
     x, h, out = kb.buffers
     with kb.block_loop():
         with kb.loop("i", n, kind="vectorized") as i:
-            kb.store(out, [0, i], te.maximum(x[i], 1.0))
-            kb.store(out, [1, i], te.minimum(x[i], 1.0))
-            kb.store(out, [2, i], te.rsqrt(x[i]))
+            kb.store(out, [0, i], vm.maximum(x[i], 1.0))
+            kb.store(out, [1, i], vm.minimum(x[i], 1.0))
+            kb.store(out, [2, i], vm.rsqrt(x[i]))
             kb.store(
-                out, [3, i], tirx.Cast("float32", te.maximum(h[i], tirx.const(1.0, "float16")))
+                out, [3, i], tirx.Cast("float32", vm.maximum(h[i], tirx.const(1.0, "float16")))
             )
     lib, fn = _compile_and_load(kb, tmp_path)
     assert "llvm.sqrt.v16f32" in lib.inspect_source("ll")
@@ -341,9 +343,9 @@ def test_bfloat16_bindings_and_rounding(tmp_path):
             k = b * 16 + j
             a = kb.let("a", tirx.Cast("float32", x[k]))  # bfloat16 parameter
             c = kb.let("c", tirx.Cast("float32", local[j]) * 2.0)  # bfloat16 local array
-            kb.store(out, [0, k], te.exp_f32(a))
+            kb.store(out, [0, k], vm.exp_f32(a))
             kb.store(out, [1, k], c)
-            kb.store(out, [2, k], te.round_to_bfloat16(u[k]))
+            kb.store(out, [2, k], vm.round_to_bfloat16(u[k]))
     _, fn = _compile_and_load(kb, tmp_path)
 
     rng = np.random.default_rng(4)
@@ -364,7 +366,7 @@ def test_bfloat16_bindings_tvm_would_miscompile_are_rejected():
     kb = te.KernelBuilder("bad_let", [("x", (16,), "bfloat16"), ("y", (16,), "float32")])
     x, y = kb.buffers
     with pytest.raises(ValueError, match="bfloat16"):
-        te.exp_f32(tirx.Cast("float32", x[0]))
+        vm.exp_f32(tirx.Cast("float32", x[0]))
     with kb.block_loop():
         with kb.loop("i", 16) as i:
             var = tirx.Var("v", "float32")

@@ -34,6 +34,12 @@ def _and(conds: Sequence[Expr | bool]) -> Expr | bool:
     return out
 
 
+def _coords(starts: Sequence[Expr], index: Sequence[ir.Index], idx: Sequence[Expr]) -> list[Expr]:
+    """Buffer coordinates of tile element ``idx`` of an access starting at ``starts``."""
+    it = iter(idx)
+    return [s if i.size is None else s + next(it) for s, i in zip(starts, index)]
+
+
 def lower_copy(low: Lowering, op: ir.Op) -> None:
     """Emit ``jt.copy``: the fast path when the tile lies inside both buffers, else the
     masked path (see :func:`_masked_copy`); copies within one buffer go through a
@@ -54,17 +60,13 @@ def lower_copy(low: Lowering, op: ir.Op) -> None:
         return _and([tirx.And(s >= 0, s + (1 if i.size is None else i.size) <= int(n))
                      for s, i, n in zip(starts, index, buf.shape)])
 
-    def element(buf, index, starts, idx):
-        it = iter(idx)
-        return [s if i.size is None else s + next(it) for s, i in zip(starts, index)]
-
     def emit(masked: bool) -> None:
         if masked:
             _masked_copy(low, op, src, dst, tile, s_starts, d_starts)
             return
         with low.nest(tile) as idx:
-            v = src[tuple(element(src, a["src_index"], s_starts, idx))]
-            low.kb.store(dst, element(dst, a["dst_index"], d_starts, idx),
+            v = src[tuple(_coords(s_starts, a["src_index"], idx))]
+            low.kb.store(dst, _coords(d_starts, a["dst_index"], idx),
                           ew.convert(v, str(src.dtype), str(dst.dtype), low.bind))
 
     inside = _and([fits(src, a["src"], a["src_index"], s_starts),
@@ -118,13 +120,9 @@ def _masked_copy(low: Lowering, op, src, dst, tile, s_starts, d_starts) -> None:
     chunked = (a["src_index"][-1].size is not None and a["dst_index"][-1].size is not None
                and tile[-1] % lanes == 0)
 
-    def coords(starts, index, idx):
-        it = iter(idx)
-        return [s if i.size is None else s + next(it) for s, i in zip(starts, index)]
-
     def masked_element(idx: list[Expr]) -> None:
         conds, src_at = [], []
-        for c, n in zip(coords(s_starts, a["src_index"], idx), src.shape):
+        for c, n in zip(_coords(s_starts, a["src_index"], idx), src.shape):
             if s_global:
                 conds.append(tirx.And(c >= 0, c < int(n)))
                 c = tirx.max(tirx.min(c, int(n) - 1), tirx.const(0, "int32"))
@@ -133,7 +131,7 @@ def _masked_copy(low: Lowering, op, src, dst, tile, s_starts, d_starts) -> None:
         in_bounds = _and(conds)
         if not _is_true(in_bounds):
             value = tirx.Select(in_bounds, value, tirx.const(pad, str(src.dtype)))
-        low.kb.store(dst, coords(d_starts, a["dst_index"], idx),
+        low.kb.store(dst, _coords(d_starts, a["dst_index"], idx),
                       ew.convert(value, str(src.dtype), str(dst.dtype), low.bind))
 
     with contextlib.ExitStack() as stack:
@@ -150,15 +148,15 @@ def _masked_copy(low: Lowering, op, src, dst, tile, s_starts, d_starts) -> None:
         j0 = jo * lanes
         whole = [tirx.And(j0 >= lows[-1], j0 + lanes <= highs[-1])]
         if s_global:
-            for c, n in zip(coords(s_starts, a["src_index"], [*idx, j0]), src.shape):
+            first = _coords(s_starts, a["src_index"], [*idx, j0])
+            for c, n in zip(first, src.shape):
                 whole.append(tirx.And(c >= 0, c < int(n)))
-            whole.append(coords(s_starts, a["src_index"], [*idx, j0])[-1] + lanes
-                         <= int(src.shape[-1]))
+            whole.append(first[-1] + lanes <= int(src.shape[-1]))
         with low.kb.if_(_and(whole)):
             with low.kb.loop(low.name("v"), lanes, kind="vectorized") as v:
                 at = [*idx, j0 + v]
-                value = src[tuple(coords(s_starts, a["src_index"], at))]
-                low.kb.store(dst, coords(d_starts, a["dst_index"], at),
+                value = src[tuple(_coords(s_starts, a["src_index"], at))]
+                low.kb.store(dst, _coords(d_starts, a["dst_index"], at),
                               ew.convert(value, str(src.dtype), str(dst.dtype), low.bind))
         with low.kb.else_(), low.kb.loop(low.name("v"), lanes) as v:
             with low.kb.if_(tirx.And(j0 + v >= lows[-1], j0 + v < highs[-1])):

@@ -98,11 +98,8 @@ def _plain(low: Lowering, C: tirx.Buffer, a_at: Callable, b_at: Callable,
     with kb.loop(low.name("m"), rows[1] - rows[0], start=rows[0]) as i, \
             kb.loop(low.name("k"), k) as kk:
         a_val = kb.let(low.name("a"), a_at(i, kk))
-        with kb.loop(low.name("j"), width // lanes if width % lanes == 0 else width) as jo:
-            if width % lanes == 0:
-                with kb.loop(low.name("v"), lanes, kind="vectorized") as v:
-                    j = cols[0] + jo * lanes + v
-                    kb.store(C, [i, j], tirx.Add(C[i, j], tirx.Mul(a_val, b_at(kk, j))))
-            else:
-                j = cols[0] + jo
-                kb.store(C, [i, j], tirx.Add(C[i, j], tirx.Mul(a_val, b_at(kk, j))))
+        step = lanes if width % lanes == 0 else 1
+        with kb.loop(low.name("j"), width // step) as jo, \
+                kb.loop(low.name("v"), step, kind="vectorized" if step > 1 else "serial") as v:
+            j = cols[0] + jo * step + v
+            kb.store(C, [i, j], tirx.Add(C[i, j], tirx.Mul(a_val, b_at(kk, j))))

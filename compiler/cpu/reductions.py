@@ -3,7 +3,7 @@
 Reductions along the contiguous axis keep partial results in up to four vectors, so the
 combining ops are independent, and combine them pairwise at the end. Reductions that keep
 the contiguous axis (``sum(x, axis=0)``) update the result array by one vectorised pass per
-reduced index. Reductions along other axes only are serial.
+reduced index.
 """
 
 from __future__ import annotations
@@ -30,6 +30,15 @@ def _lanes(low: Lowering, extent: int) -> int:
     return min(candidates, key=lambda n: extent // n + 4 * (extent % n))
 
 
+def _source_index(rank: int, keep: Sequence[int], kept_idx: Sequence[Expr],
+                  red: Sequence[int], red_idx: Sequence[Expr]) -> list[Expr]:
+    """The source element at result index ``kept_idx`` and reduced index ``red_idx``."""
+    full: list[Expr] = [None] * rank
+    for d, e in (*zip(keep, kept_idx), *zip(red, red_idx)):
+        full[d] = e
+    return full
+
+
 def _reduce_leading(low: Lowering, op: ir.Op, keep: list[int], red: list[int]) -> None:
     """A reduction that keeps the contiguous axis (``sum(x, axis=0)`` of a 2-D tile):
     the result array is the accumulator, updated by one vectorised pass over each
@@ -41,9 +50,7 @@ def _reduce_leading(low: Lowering, op: ir.Op, keep: list[int], red: list[int]) -
         low.kb.store(arr, out_idx, ew.reduce_init(fn, dtype))
     with low.nest([src.shape[d] for d in red], vectorize=False) as red_idx, \
             low.nest(res.shape) as out_idx:
-        full: list[Expr] = [None] * len(src.shape)
-        for d, e in (*zip(keep, out_idx), *zip(red, red_idx)):
-            full[d] = e
+        full = _source_index(len(src.shape), keep, out_idx, red, red_idx)
         x = ew.convert(low.at(src, full), src_dtype, dtype, low.bind)
         low.kb.store(arr, out_idx, ew.reduce_combine(fn, arr[tuple(out_idx)], x, dtype,
                                                       low.bind))
@@ -58,7 +65,8 @@ def lower_reduce(low: Lowering, op: ir.Op) -> None:
     src_dtype = ew.tvm_dtype(src.dtype)
     keep = [d for d in range(len(src.shape)) if d not in axes]
     red = sorted(axes)
-    if red[-1] != len(src.shape) - 1 and res.shape:
+    if red[-1] != len(src.shape) - 1:
+        # A reduction to a scalar reduces the last axis too, so res.shape is not empty.
         _reduce_leading(low, op, keep, red)
         return
     n_last = src.shape[red[-1]]
@@ -66,16 +74,12 @@ def lower_reduce(low: Lowering, op: ir.Op) -> None:
     # of lanes, combined pairwise at the end. Several vectors keep the additions (or
     # max) independent, so they run at the CPU's throughput rather than one dependent
     # op per vector, and the partial sums keep float sums more exact.
-    lanes = (_lanes(low, n_last) if red[-1] == len(src.shape) - 1 else 1)
+    lanes = _lanes(low, n_last)
     acc = low.kb.alloc_local(low.name("acc"), (lanes,), dtype)
     arr = (low.kb.alloc_local(low.name("t"), res.shape, dtype) if res.shape else None)
 
     def accumulate(lane: Expr, red_idx: Sequence[Expr], last: Expr) -> None:
-        full: list[Expr] = [None] * len(src.shape)
-        for d, e in zip(keep, out_idx):
-            full[d] = e
-        for d, e in zip(red, [*red_idx, last]):
-            full[d] = e
+        full = _source_index(len(src.shape), keep, out_idx, red, [*red_idx, last])
         x = ew.convert(low.at(src, full), src_dtype, dtype, low.bind)
         low.kb.store(acc, [lane], ew.reduce_combine(fn, acc[lane], x, dtype, low.bind))
 

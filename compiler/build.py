@@ -41,7 +41,7 @@ def to_tile_ir(name: str, jaxpr: ji.ClosedJaxpr, buffers: Sequence[ir.Buffer],
 
 def kernel_key(kernel: ir.Kernel, target: Target) -> str:
     """The content key of a kernel on a target: IR text, target, compiler version."""
-    return cache.content_key(printer.format_kernel(kernel, with_lines=False),
+    return cache.content_key(printer.key_text(kernel),
                              target.describe(), compiler_version())
 
 

@@ -1,20 +1,21 @@
 """Traced kernel body (stateful jaxpr) -> Tile IR.
 
 Assumes the jaxpr's inputs are ``[block indices, *buffers]`` in the order of the given
-buffers, as jaxtile's tracer produces. Guarantees a Tile IR kernel whose ops are those listed
-in :mod:`jaxtile.compiler.ir`; any primitive without a Tile IR meaning is rejected with the
-user's source line.
+buffers, as jaxtile's tracer produces. Guarantees a Tile IR kernel whose ops are defined in
+:mod:`.op_defs`; any primitive without a Tile IR meaning is rejected with the user's source
+line. Each primitive has one converter in :data:`CONVERTERS`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from . import ir
 from . import jax_internals as ji
+from . import tile_primitives as tp
 from .errors import KernelError, kernel_error
 
 _UNARY = {
@@ -33,16 +34,27 @@ _REDUCE = {
     "reduce_sum": "sum", "reduce_max": "max", "reduce_min": "min", "reduce_prod": "prod",
     "reduce_and": "and", "reduce_or": "or",
 }
-_INLINE = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr",
-           "custom_jvp_call": "call_jaxpr",
-           "custom_vjp_call": "call_jaxpr", "remat": "jaxpr", "checkpoint": "jaxpr"}
-_IDENTITY = {"copy", "copy_p", "optimization_barrier", "jt_loop_info", "stop_gradient"}
+_INLINE = {"jit": "jaxpr", "closed_call": "call_jaxpr", "custom_jvp_call": "call_jaxpr",
+           "custom_vjp_call": "call_jaxpr", "remat2": "jaxpr"}
+"""Call-like primitives whose body is converted in place, and the param holding it."""
+_IDENTITY = ("copy", "optimization_barrier", tp.LOOP_INFO, "stop_gradient")
+
+Converter = Callable[["_Converter", Any, list], None]
+CONVERTERS: dict[str, Converter] = {}
+"""Primitive name -> converter ``(converter, eqn, out)`` appending statements to ``out``."""
+
+
+def _converts(*names: str) -> Callable[[Converter], Converter]:
+    def register(fn: Converter) -> Converter:
+        for name in names:
+            CONVERTERS[name] = fn
+        return fn
+    return register
 
 
 class _Converter:
-    def __init__(self, kernel: str, buffers: Sequence[ir.Buffer]):
+    def __init__(self, kernel: str):
         self.kernel = kernel
-        self.buffers = {id(b): b for b in buffers}
         self.env: dict[Any, Any] = {}
         self.line: str | None = None
         # Eqns traced inside library code (e.g. jnp.sort's own jit) have no user frame;
@@ -63,9 +75,7 @@ class _Converter:
         if val.shape != ():
             raise self.error("array constants captured by a kernel body are not supported; "
                              "pass them as kernel arguments")
-        res = ir.Value((), dtype)
-        out.append(ir.Op("const", (), res, {"value": val.item()}, self.line))
-        return res
+        return self.op(out, "const", (), ir.Value((), dtype), value=val.item())
 
     def bind_consts(self, jaxpr: Any, consts: Sequence[Any], out: list[ir.Stmt]) -> None:
         for var, const in zip(jaxpr.constvars, consts):
@@ -84,28 +94,35 @@ class _Converter:
             raise self.error("expected a ref operand")
         return b
 
+    def op(self, out: list[ir.Stmt], kind: str, operands: Sequence[ir.Value],
+           result: ir.Value | None, **attrs: Any) -> ir.Value | None:
+        out.append(ir.Op(kind, tuple(operands), result, attrs, self.line))
+        return result
+
     def emit(self, out: list[ir.Stmt], kind: str, operands: Sequence[ir.Value], outvar: Any,
              **attrs: Any) -> ir.Value:
-        res = ir.Value(outvar.aval.shape, outvar.aval.dtype)
-        out.append(ir.Op(kind, tuple(operands), res, attrs, self.line))
+        res = self.op(out, kind, operands, ir.Value(outvar.aval.shape, outvar.aval.dtype),
+                      **attrs)
         self.env[outvar] = res
         return res
 
+    def binary(self, out: list[ir.Stmt], fn: str, a: ir.Value, b: ir.Value) -> ir.Value:
+        return self.op(out, "elementwise", (a, b), ir.Value(a.shape, a.dtype), fn=fn)
+
     # indexing -------------------------------------------------------------
-    def index(self, buf: ir.Buffer, transforms: list[Any], out: list[ir.Stmt]):
+    def region(self, buf: ir.Buffer, transforms: list[Any], out: list[ir.Stmt]) -> ir.Region:
         if not all(isinstance(t, ji.NDIndexer) for t in transforms):
             raise self.error(f"unsupported view of buffer '{buf.name}' (only indexing views "
                              "such as x.at[i, ds(j, n)] are supported)")
         levels = [[self.index_entry(buf, e, out) for e in t.indices] for t in transforms]
 
-        def add(a, b):
-            res = ir.Value((), np.int32)
-            ops = [a if isinstance(a, ir.Value) else self.constant(a, np.int32, out),
-                   b if isinstance(b, ir.Value) else self.constant(b, np.int32, out)]
-            out.append(ir.Op("elementwise", tuple(ops), res, {"fn": "add"}, self.line))
-            return res
+        def add(a: int | ir.Value, b: int | ir.Value) -> ir.Value:
+            ops = [x if isinstance(x, ir.Value) else self.constant(x, np.int32, out)
+                   for x in (a, b)]
+            return self.binary(out, "add", *ops)
 
-        return tuple(ir.Index(s, z) for s, z in ir.compose_indices(levels, buf.shape, add))
+        return ir.Region(buf.name, tuple(
+            ir.Index(s, z) for s, z in ir.compose_indices(levels, buf.shape, add)))
 
     def index_entry(self, buf: ir.Buffer, entry: Any, out: list[ir.Stmt]):
         """``(start, size)`` of one indexer entry; size None for a single index."""
@@ -128,195 +145,225 @@ class _Converter:
             return int(lit)
         return self.value(atom, out)
 
+    def starts_region(self, buf: ir.Buffer, starts: Sequence[Any],
+                      sizes: Sequence[int | None], out: list[ir.Stmt]) -> ir.Region:
+        return ir.Region(buf.name, tuple(ir.Index(self.scalar(s, out), z)
+                                         for s, z in zip(starts, sizes)))
+
     # statements -----------------------------------------------------------
     def block(self, jaxpr: ji.Jaxpr, out: list[ir.Stmt]) -> None:
         outer = self.fallback_line
         for eqn in jaxpr.eqns:
             self.line = ji.user_source_line(eqn.source_info) or outer
             self.fallback_line = self.line
-            self.eqn(eqn, out)
+            convert = CONVERTERS.get(eqn.primitive.name)
+            if convert is None:
+                raise self.error(f"the operation `{eqn.primitive.name}` is not supported in "
+                                 "kernel bodies")
+            convert(self, eqn, out)
         self.fallback_line = outer
 
-    def eqn(self, eqn: Any, out: list[ir.Stmt]) -> None:
-        name = eqn.primitive.name
-        p = eqn.params
-        if name == "round":
-            fn = "round" if int(p["rounding_method"]) == 1 else "round_away"
-            self.emit(out, "elementwise", [self.value(eqn.invars[0], out)], eqn.outvars[0], fn=fn)
-        elif name in _BINARY or name in _UNARY:
-            ops = [self.value(v, out) for v in eqn.invars]
-            self.emit(out, "elementwise", ops, eqn.outvars[0], fn=_BINARY.get(name) or _UNARY[name])
-        elif name == "integer_pow":
-            self.integer_pow(eqn, out)
-        elif name == "convert_element_type":
-            self.emit(out, "convert", [self.value(eqn.invars[0], out)], eqn.outvars[0])
-        elif name == "select_n":
-            if len(eqn.invars) != 3:
-                raise self.error("select_n with more than two cases is not supported")
-            self.emit(out, "select", [self.value(v, out) for v in eqn.invars], eqn.outvars[0])
-        elif name == "clamp":
-            lo, x, hi = (self.value(v, out) for v in eqn.invars)
-            tmp = ir.Value(x.shape, x.dtype)
-            out.append(ir.Op("elementwise", (x, lo), tmp, {"fn": "max"}, self.line))
-            self.emit(out, "elementwise", [tmp, hi], eqn.outvars[0], fn="min")
-        elif name == "broadcast_in_dim":
-            self.emit(out, "broadcast", [self.value(eqn.invars[0], out)], eqn.outvars[0],
-                      dims=tuple(p["broadcast_dimensions"]))
-        elif name in ("reshape", "squeeze", "expand_dims"):
-            self.emit(out, "reshape", [self.value(eqn.invars[0], out)], eqn.outvars[0])
-        elif name == "transpose":
-            self.emit(out, "transpose", [self.value(eqn.invars[0], out)], eqn.outvars[0],
-                      perm=tuple(p["permutation"]))
-        elif name == "iota":
-            self.emit(out, "iota", [], eqn.outvars[0], dimension=p["dimension"])
-        elif name in _REDUCE:
-            self.emit(out, "reduce", [self.value(eqn.invars[0], out)], eqn.outvars[0],
-                      fn=_REDUCE[name], axes=tuple(p["axes"]))
-        elif name in _IDENTITY:
-            self.env[eqn.outvars[0]] = self.read(eqn.invars[0], out)
-        elif name in _INLINE:
-            self.inline(eqn, p[_INLINE[name]], out)
-        elif name == "get":
-            ref, transforms = ji.ref_indexers(eqn)
-            buf = self.buffer(ref)
-            self.emit(out, "load", [], eqn.outvars[0], buffer=buf.name,
-                      index=self.index(buf, transforms, out))
-        elif name in ("swap", "addupdate"):
-            self.store(eqn, out)
-        elif name == "jt_copy":
-            self.copy(eqn, out)
-        elif name == "jt_gemm":
-            a, b, c = (self.buffer(v) for v in eqn.invars)
-            out.append(ir.Op("gemm", (), None, {"a": a.name, "b": b.name, "c": c.name,
-                                                "transpose_a": p["transpose_a"],
-                                                "transpose_b": p["transpose_b"]}, self.line))
-        elif name == "scan":
-            self.scan(eqn, out)
-        elif name == "cond":
-            self.cond(eqn, out)
-        elif name == "while":
-            raise self.error("loops with traced bounds are not supported yet; give "
-                             "jt.loop/jt.pipelined static (Python int) bounds")
-        else:
-            raise self.error(f"the operation `{name}` is not supported in kernel bodies")
-
-    def integer_pow(self, eqn: Any, out: list[ir.Stmt]) -> None:
-        """``x ** y`` by binary exponentiation, multiplying in XLA's order (so that floats
-        round the same way), then a reciprocal for negative ``y``."""
-        x = self.value(eqn.invars[0], out)
-        y = eqn.params["y"]
-
-        def mul(a: ir.Value, b: ir.Value) -> ir.Value:
-            res = ir.Value(x.shape, x.dtype)
-            out.append(ir.Op("elementwise", (a, b), res, {"fn": "mul"}, self.line))
-            return res
-
-        acc, base, n = None, x, abs(y)
-        while n > 0:
-            if n & 1:
-                acc = base if acc is None else mul(acc, base)
-            n >>= 1
-            if n > 0:
-                base = mul(base, base)
-        if acc is None:
-            one = self.constant(1, x.dtype, out)
-            self.emit(out, "broadcast", [one], eqn.outvars[0], dims=())
-        elif y < 0:
-            one = self.constant(1, x.dtype, out)
-            self.emit(out, "elementwise", [one, acc], eqn.outvars[0], fn="div")
-        else:
-            self.env[eqn.outvars[0]] = acc
-
-    def store(self, eqn: Any, out: list[ir.Stmt]) -> None:
-        ref, transforms = ji.ref_indexers(eqn)
-        buf = self.buffer(ref)
-        if buf.role == "input":
-            raise self.error(f"kernel inputs are read-only: the body writes to '{buf.name}'")
-        index = self.index(buf, transforms, out)
-        val = self.value(ji.value_operand(eqn), out)
-        if eqn.primitive.name == "addupdate":
-            old = ir.Value(val.shape, buf.dtype)
-            out.append(ir.Op("load", (), old, {"buffer": buf.name, "index": index}, self.line))
-            new = ir.Value(val.shape, buf.dtype)
-            out.append(ir.Op("elementwise", (old, val), new, {"fn": "add"}, self.line))
-            val = new
-        else:
-            # swap returns the old contents; dead-code elimination drops the load if unused.
-            old = ir.Value(val.shape, buf.dtype)
-            out.append(ir.Op("load", (), old, {"buffer": buf.name, "index": index}, self.line))
-            self.env[eqn.outvars[0]] = old
-        out.append(ir.Op("store", (val,), None, {"buffer": buf.name, "index": index},
-                         self.line))
-
-    def copy(self, eqn: Any, out: list[ir.Stmt]) -> None:
-        p = eqn.params
-        src, dst = self.buffer(eqn.invars[0]), self.buffer(eqn.invars[1])
-        if dst.role == "input":
-            raise self.error(f"kernel inputs are read-only: jt.copy writes to '{dst.name}'")
-        starts = [self.scalar(v, out) for v in eqn.invars[2:]]
-        n = len(p["src_sizes"])
-        src_index = tuple(ir.Index(s, z) for s, z in zip(starts[:n], p["src_sizes"]))
-        dst_index = tuple(ir.Index(s, z) for s, z in zip(starts[n:], p["dst_sizes"]))
-        out.append(ir.Op("copy", (), None, {"src": src.name, "src_index": src_index,
-                                            "dst": dst.name, "dst_index": dst_index,
-                                            "pad": p["pad"]}, self.line))
-
-    def inline(self, eqn: Any, sub: Any, out: list[ir.Stmt]) -> None:
-        closed = sub if isinstance(sub, ji.ClosedJaxpr) else None
-        jaxpr = closed.jaxpr if closed else sub
-        if closed is not None:
-            self.bind_consts(jaxpr, closed.consts, out)
-        for var, atom in zip(jaxpr.invars, eqn.invars):
+    def nested(self, jaxpr: ji.Jaxpr, consts: Sequence[Any], invars: Sequence[Any],
+               atoms: Sequence[Any], out: list[ir.Stmt], body: list[ir.Stmt]) -> None:
+        """Convert ``jaxpr`` into ``body``, binding its constants (into ``out``) and its
+        inputs to ``atoms``."""
+        self.bind_consts(jaxpr, consts, out)
+        for var, atom in zip(invars, atoms):
             self.env[var] = self.read(atom, out)
         line = self.line
-        self.block(jaxpr, out)
+        self.block(jaxpr, body)
         self.line = line
-        for var, atom in zip(eqn.outvars, jaxpr.outvars):
-            self.env[var] = self.read(atom, out)
 
-    def scan(self, eqn: Any, out: list[ir.Stmt]) -> None:
-        p = eqn.params
-        closed = p["jaxpr"]
-        body = closed.jaxpr
-        n_consts, n_carry = p["num_consts"], p["num_carry"]
-        if n_carry != 1 or len(eqn.invars) != n_consts + 1 or p["reverse"]:
-            raise self.error("lax.scan / fori_loop with loop-carried values is not supported "
-                             "in kernel bodies; use @jt.loop and keep state in refs")
-        self.bind_consts(body, closed.consts, out)
-        for var, atom in zip(body.invars[:n_consts], eqn.invars[:n_consts]):
-            self.env[var] = self.read(atom, out)
-        start = self.scalar(eqn.invars[n_consts], out)
-        var = ir.Value((), np.int32)
-        self.env[body.invars[n_consts]] = var
-        kind, stages = "serial", 1
-        for e in body.eqns:
-            if e.primitive.name == "jt_loop_info" and e.invars[0] is body.invars[n_consts]:
-                kind, stages = e.params["kind"], e.params["stages"]
-        loop = ir.For(var, start, int(p["length"]), kind, stages, [], self.line)
-        line = self.line
-        self.block(body, loop.body)
-        self.line = line
-        out.append(loop)
 
-    def cond(self, eqn: Any, out: list[ir.Stmt]) -> None:
-        branches = eqn.params["branches"]
-        if len(branches) != 2 or eqn.outvars:
-            raise self.error("only two-way conditions without results are supported; "
-                             "use @jt.when and write results to refs")
-        index = self.value(eqn.invars[0], out)
-        zero = ir.Value((), index.dtype)
-        out.append(ir.Op("const", (), zero, {"value": 0}, self.line))
-        pred = ir.Value((), np.bool_)
-        out.append(ir.Op("elementwise", (index, zero), pred, {"fn": "ne"}, self.line))
-        stmt = ir.If(pred, [], [], self.line)
-        line = self.line
-        for target, branch in ((stmt.otherwise, branches[0]), (stmt.then, branches[1])):
-            self.bind_consts(branch.jaxpr, branch.consts, out)
-            for var, atom in zip(branch.jaxpr.invars, eqn.invars[1:]):
-                self.env[var] = self.read(atom, out)
-            self.block(branch.jaxpr, target)
-            self.line = line
-        out.append(stmt)
+def _elementwise(fn: str) -> Converter:
+    def convert(c: _Converter, eqn: Any, out: list) -> None:
+        c.emit(out, "elementwise", [c.value(v, out) for v in eqn.invars], eqn.outvars[0], fn=fn)
+    return convert
+
+
+for _prim, _fn in {**_UNARY, **_BINARY}.items():
+    CONVERTERS[_prim] = _elementwise(_fn)
+
+
+@_converts("round")
+def _round(c: _Converter, eqn: Any, out: list) -> None:
+    fn = "round" if int(eqn.params["rounding_method"]) == 1 else "round_away"
+    c.emit(out, "elementwise", [c.value(eqn.invars[0], out)], eqn.outvars[0], fn=fn)
+
+
+@_converts("integer_pow")
+def _integer_pow(c: _Converter, eqn: Any, out: list) -> None:
+    """``x ** y`` by binary exponentiation, multiplying in XLA's order (so that floats round
+    the same way), then a reciprocal for negative ``y``."""
+    x = c.value(eqn.invars[0], out)
+    y = eqn.params["y"]
+    acc, base, n = None, x, abs(y)
+    while n > 0:
+        if n & 1:
+            acc = base if acc is None else c.binary(out, "mul", acc, base)
+        n >>= 1
+        if n > 0:
+            base = c.binary(out, "mul", base, base)
+    if acc is None:
+        c.emit(out, "broadcast", [c.constant(1, x.dtype, out)], eqn.outvars[0], dims=())
+    elif y < 0:
+        c.emit(out, "elementwise", [c.constant(1, x.dtype, out), acc], eqn.outvars[0],
+               fn="div")
+    else:
+        c.env[eqn.outvars[0]] = acc
+
+
+@_converts("convert_element_type")
+def _convert(c: _Converter, eqn: Any, out: list) -> None:
+    c.emit(out, "convert", [c.value(eqn.invars[0], out)], eqn.outvars[0])
+
+
+@_converts("select_n")
+def _select(c: _Converter, eqn: Any, out: list) -> None:
+    if len(eqn.invars) != 3:
+        raise c.error("select_n with more than two cases is not supported")
+    c.emit(out, "select", [c.value(v, out) for v in eqn.invars], eqn.outvars[0])
+
+
+@_converts("clamp")
+def _clamp(c: _Converter, eqn: Any, out: list) -> None:
+    lo, x, hi = (c.value(v, out) for v in eqn.invars)
+    c.emit(out, "elementwise", [c.binary(out, "max", x, lo), hi], eqn.outvars[0], fn="min")
+
+
+@_converts("broadcast_in_dim")
+def _broadcast(c: _Converter, eqn: Any, out: list) -> None:
+    c.emit(out, "broadcast", [c.value(eqn.invars[0], out)], eqn.outvars[0],
+           dims=tuple(eqn.params["broadcast_dimensions"]))
+
+
+@_converts("reshape", "squeeze", "expand_dims")
+def _reshape(c: _Converter, eqn: Any, out: list) -> None:
+    c.emit(out, "reshape", [c.value(eqn.invars[0], out)], eqn.outvars[0])
+
+
+@_converts("transpose")
+def _transpose(c: _Converter, eqn: Any, out: list) -> None:
+    c.emit(out, "transpose", [c.value(eqn.invars[0], out)], eqn.outvars[0],
+           perm=tuple(eqn.params["permutation"]))
+
+
+@_converts("iota")
+def _iota(c: _Converter, eqn: Any, out: list) -> None:
+    c.emit(out, "iota", [], eqn.outvars[0], dimension=eqn.params["dimension"])
+
+
+@_converts(*_REDUCE)
+def _reduce(c: _Converter, eqn: Any, out: list) -> None:
+    c.emit(out, "reduce", [c.value(eqn.invars[0], out)], eqn.outvars[0],
+           fn=_REDUCE[eqn.primitive.name], axes=tuple(eqn.params["axes"]))
+
+
+@_converts(*_IDENTITY)
+def _identity(c: _Converter, eqn: Any, out: list) -> None:
+    c.env[eqn.outvars[0]] = c.read(eqn.invars[0], out)
+
+
+@_converts(*_INLINE)
+def _inline(c: _Converter, eqn: Any, out: list) -> None:
+    sub = eqn.params[_INLINE[eqn.primitive.name]]
+    closed = sub if isinstance(sub, ji.ClosedJaxpr) else None
+    jaxpr = closed.jaxpr if closed else sub
+    c.nested(jaxpr, closed.consts if closed else (), jaxpr.invars, eqn.invars, out, out)
+    for var, atom in zip(eqn.outvars, jaxpr.outvars):
+        c.env[var] = c.read(atom, out)
+
+
+@_converts("get")
+def _get(c: _Converter, eqn: Any, out: list) -> None:
+    ref, transforms = ji.ref_indexers(eqn)
+    buf = c.buffer(ref)
+    c.emit(out, "load", [], eqn.outvars[0], src=c.region(buf, transforms, out))
+
+
+@_converts("swap", "addupdate")
+def _store(c: _Converter, eqn: Any, out: list) -> None:
+    ref, transforms = ji.ref_indexers(eqn)
+    buf = c.buffer(ref)
+    if buf.role == "input":
+        raise c.error(f"kernel inputs are read-only: the body writes to '{buf.name}'")
+    region = c.region(buf, transforms, out)
+    val = c.value(ji.value_operand(eqn), out)
+    # swap returns the old contents; dead-code elimination drops the load if unused.
+    old = c.op(out, "load", (), ir.Value(val.shape, buf.dtype), src=region)
+    if eqn.primitive.name == "addupdate":
+        val = c.binary(out, "add", old, val)
+    else:
+        c.env[eqn.outvars[0]] = old
+    c.op(out, "store", (val,), None, dst=region)
+
+
+@_converts(tp.COPY)
+def _copy(c: _Converter, eqn: Any, out: list) -> None:
+    p = eqn.params
+    src, dst = c.buffer(eqn.invars[0]), c.buffer(eqn.invars[1])
+    if dst.role == "input":
+        raise c.error(f"kernel inputs are read-only: jt.copy writes to '{dst.name}'")
+    starts = eqn.invars[2:]
+    n = len(p["src_sizes"])
+    c.op(out, "copy", (), None, src=c.starts_region(src, starts[:n], p["src_sizes"], out),
+         dst=c.starts_region(dst, starts[n:], p["dst_sizes"], out), pad=p["pad"])
+
+
+@_converts(tp.GEMM)
+def _gemm(c: _Converter, eqn: Any, out: list) -> None:
+    p = eqn.params
+    regions, starts = {}, list(eqn.invars[3:])
+    for role, atom in zip("abc", eqn.invars[:3]):
+        sizes = p[f"{role}_sizes"]
+        regions[role] = c.starts_region(c.buffer(atom), starts[:len(sizes)], sizes, out)
+        starts = starts[len(sizes):]
+    c.op(out, "gemm", (), None, **regions, transpose_a=p["transpose_a"],
+         transpose_b=p["transpose_b"])
+
+
+@_converts("scan")
+def _scan(c: _Converter, eqn: Any, out: list) -> None:
+    p = eqn.params
+    closed = p["jaxpr"]
+    body = closed.jaxpr
+    n_consts, n_carry = p["num_consts"], p["num_carry"]
+    if n_carry != 1 or len(eqn.invars) != n_consts + 1 or p["reverse"]:
+        raise c.error("lax.scan / fori_loop with loop-carried values is not supported "
+                      "in kernel bodies; use @jt.loop and keep state in refs")
+    start = c.scalar(eqn.invars[n_consts], out)
+    var = ir.Value((), np.int32)
+    c.env[body.invars[n_consts]] = var
+    kind, stages = "serial", 1
+    for e in body.eqns:
+        if e.primitive.name == tp.LOOP_INFO and e.invars[0] is body.invars[n_consts]:
+            kind, stages = e.params["kind"], e.params["stages"]
+    stmts: list[ir.Stmt] = []
+    c.nested(body, closed.consts, body.invars[:n_consts], eqn.invars[:n_consts], out, stmts)
+    out.append(ir.For(var, start, int(p["length"]), kind, stages, stmts, c.line))
+
+
+@_converts("cond")
+def _cond(c: _Converter, eqn: Any, out: list) -> None:
+    branches = eqn.params["branches"]
+    if len(branches) != 2 or eqn.outvars:
+        raise c.error("only two-way conditions without results are supported; "
+                      "use @jt.when and write results to refs")
+    index = c.value(eqn.invars[0], out)
+    zero = c.op(out, "const", (), ir.Value((), index.dtype), value=0)
+    pred = c.op(out, "elementwise", (index, zero), ir.Value((), np.bool_), fn="ne")
+    cases = []
+    for branch in branches:
+        stmts: list[ir.Stmt] = []
+        c.nested(branch.jaxpr, branch.consts, branch.jaxpr.invars, eqn.invars[1:], out, stmts)
+        cases.append(stmts)
+    out.append(ir.If(pred, cases[1], cases[0], c.line))
+
+
+@_converts("while")
+def _while(c: _Converter, eqn: Any, out: list) -> None:
+    raise c.error("loops with traced bounds are not supported yet; give "
+                  "jt.loop/jt.pipelined static (Python int) bounds")
 
 
 def convert(name: str, closed: ji.ClosedJaxpr, buffers: Sequence[ir.Buffer],
@@ -327,7 +374,7 @@ def convert(name: str, closed: ji.ClosedJaxpr, buffers: Sequence[ir.Buffer],
     ``index_axes[i]`` is the grid axis that the jaxpr's i-th block-index input reads, or
     None for an unused one (it reads as 0).
     """
-    conv = _Converter(name, buffers)
+    conv = _Converter(name)
     jaxpr = closed.jaxpr
     block_indices = tuple(ir.Value((), np.int32) for _ in grid)
     body: list[ir.Stmt] = []

@@ -7,48 +7,42 @@ unrolled or software-pipelined) and :class:`If`. Values defined in a scope are v
 nested scopes. The IR is target independent; layouts, thread mapping and synchronisation are
 decided by later passes and lowerings.
 
-Op kinds (``Op.kind``) and their attrs:
+Every op kind has one definition in :mod:`.op_defs` (operands, typed attributes, result
+rule, the buffer regions it reads and writes, purity, a verify hook); passes ask it rather
+than re-deriving what an op does.
 
-=============  ==================================================================
-``const``      ``value``: a Python scalar broadcast to the result shape
-``iota``       ``dimension``
-``elementwise``  ``fn``: name in :data:`ELEMENTWISE`; operands are scalars or have the
-               result's rank with each dimension equal to the result's or 1 (broadcast)
-``convert``    result dtype is the target dtype
-``broadcast``  ``dims``: operand dim i becomes result dim ``dims[i]``
-``reshape``    result shape only (element order preserved)
-``transpose``  ``perm``
-``reduce``     ``fn`` (sum/max/min/prod/and/or), ``axes``
-``select``     operands ``(pred, on_false, on_true)``
-``load``       ``buffer``, ``index`` -> tile read with JAX ``get`` semantics (clamped)
-``store``      ``buffer``, ``index``; operand: the value
-``copy``       ``src``, ``src_index``, ``dst``, ``dst_index``, ``pad``: masked tile copy
-``gemm``       ``a``, ``b``, ``c``, ``transpose_a``, ``transpose_b``: ``c += a @ b``
-=============  ==================================================================
-
-An ``index`` is a tuple with one :class:`Index` per buffer dimension.
+The IR is immutable: statements and kernels are frozen, bodies are tuples, attributes are
+read-only mappings. A pass returns new IR. ``Op.attrs`` carry meaning (they are part of the
+printed text and so of the content key); ``Op.notes`` carry what passes decide for later
+ones (fusion, layouts) and are left out of the key.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import types
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-ELEMENTWISE = frozenset({
-    "add", "sub", "mul", "div", "rem", "max", "min", "pow",
-    "neg", "abs", "sign", "floor", "ceil", "round", "round_away", "exp", "exp2", "log", "log1p",
-    "expm1",
-    "tanh", "logistic", "sqrt", "rsqrt", "sin", "cos", "erf", "square",
-    "lt", "le", "gt", "ge", "eq", "ne", "and", "or", "xor", "not",
-})
-REDUCTIONS = frozenset({"sum", "max", "min", "prod", "and", "or"})
 SCOPES = ("global", "shared", "fragment", "local")
+"""Where a buffer lives. ``local`` is a small tile replicated in every thread of a block:
+every thread holds the whole tile and sees the same values (so it is written only with
+values that are the same in every thread, e.g. computed from block indices and loop
+counters); the reference semantics and the CPU keep one copy per block."""
+ROLES = ("input", "output", "scratch")
 LOOP_KINDS = ("serial", "unrolled", "pipelined")
 
 _ids = itertools.count()
+_EMPTY: Mapping[str, Any] = types.MappingProxyType({})
+
+
+def _frozen_map(m: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    if not m:
+        return _EMPTY
+    return m if isinstance(m, types.MappingProxyType) else types.MappingProxyType(dict(m))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,8 +53,9 @@ class Buffer:
     shape: tuple[int, ...]
     dtype: np.dtype
     scope: str
+    """One of :data:`SCOPES`."""
     role: str
-    """``input``, ``output`` or ``scratch``."""
+    """One of :data:`ROLES`."""
     line: str | None = dataclasses.field(default=None, compare=False)
 
 
@@ -69,10 +64,13 @@ class Value:
 
     __slots__ = ("id", "shape", "dtype")
 
-    def __init__(self, shape: tuple[int, ...], dtype: Any):
-        self.id = next(_ids)
-        self.shape = tuple(int(d) for d in shape)
-        self.dtype = np.dtype(dtype)
+    def __init__(self, shape: Sequence[int], dtype: Any):
+        object.__setattr__(self, "id", next(_ids))
+        object.__setattr__(self, "shape", tuple(int(d) for d in shape))
+        object.__setattr__(self, "dtype", np.dtype(dtype))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Tile IR values are immutable")
 
     def __repr__(self) -> str:
         return f"%{self.id}"
@@ -87,38 +85,85 @@ class Index:
     size: int | None
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
+class Region:
+    """A rectangular part of a buffer: one :class:`Index` per buffer dimension. The tile it
+    denotes has the sizes of its sized dimensions (:attr:`shape`)."""
+
+    buffer: str
+    index: tuple[Index, ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tile_shape(self.index)
+
+    def values(self) -> list[Value]:
+        """The Values the region's starts refer to."""
+        return [i.start for i in self.index if isinstance(i.start, Value)]
+
+    def is_whole(self, shape: Sequence[int]) -> bool:
+        """Whether the region is all of a buffer of ``shape``."""
+        return all(not isinstance(i.start, Value) and i.start == 0 and i.size == n
+                   for i, n in zip(self.index, shape))
+
+
+def whole(buffer: str, shape: Sequence[int]) -> Region:
+    """The region covering all of a buffer of ``shape``."""
+    return Region(buffer, tuple(Index(0, int(n)) for n in shape))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class Op:
+    """One op: ``kind`` names its definition in :mod:`.op_defs`."""
+
     kind: str
     operands: tuple[Value, ...]
     result: Value | None
-    attrs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    attrs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     line: str | None = None
+    notes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """Pass annotations (not part of the content key), e.g. ``inline`` from fusion."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "operands", tuple(self.operands))
+        object.__setattr__(self, "attrs", _frozen_map(self.attrs))
+        object.__setattr__(self, "notes", _frozen_map(self.notes))
+
+    def with_notes(self, **notes: Any) -> Op:
+        """A copy of the op with ``notes`` added."""
+        return dataclasses.replace(self, notes={**self.notes, **notes})
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True, eq=False)
 class For:
     var: Value
     start: int | Value
     extent: int
     kind: str
     stages: int
-    body: list[Stmt]
+    body: tuple[Stmt, ...]
     line: str | None = None
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "body", tuple(self.body))
 
-@dataclasses.dataclass
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class If:
     cond: Value
-    then: list[Stmt]
-    otherwise: list[Stmt]
+    then: tuple[Stmt, ...]
+    otherwise: tuple[Stmt, ...]
     line: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "then", tuple(self.then))
+        object.__setattr__(self, "otherwise", tuple(self.otherwise))
 
 
 Stmt = Op | For | If
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True, eq=False)
 class Kernel:
     """One kernel specialisation in Tile IR."""
 
@@ -127,7 +172,13 @@ class Kernel:
     threads: int
     buffers: tuple[Buffer, ...]
     block_indices: tuple[Value, ...]
-    body: list[Stmt]
+    body: tuple[Stmt, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "grid", tuple(self.grid))
+        object.__setattr__(self, "buffers", tuple(self.buffers))
+        object.__setattr__(self, "block_indices", tuple(self.block_indices))
+        object.__setattr__(self, "body", tuple(self.body))
 
     @property
     def num_blocks(self) -> int:
@@ -146,7 +197,7 @@ class Kernel:
             b for b in self.buffers if b.role == "output")
 
 
-def walk(body: list[Stmt]):
+def walk(body: Sequence[Stmt]) -> Iterator[Stmt]:
     """Yield every statement of ``body``, nested ones included, in program order."""
     for stmt in body:
         yield stmt
@@ -157,28 +208,24 @@ def walk(body: list[Stmt]):
             yield from walk(stmt.otherwise)
 
 
-def index_values(index: tuple[Index, ...]) -> list[Value]:
-    """The Values an index refers to (its dynamic starts)."""
-    return [i.start for i in index if isinstance(i, Index) and isinstance(i.start, Value)]
+def regions(op: Op) -> list[Region]:
+    """Every region among an op's attributes."""
+    return [v for v in op.attrs.values() if isinstance(v, Region)]
 
 
 def uses(stmt: Stmt) -> list[Value]:
     """Values a statement reads directly (not those of nested statements)."""
     if isinstance(stmt, Op):
         vals = list(stmt.operands)
-        for key in ("index", "src_index", "dst_index"):
-            if key in stmt.attrs:
-                vals += index_values(stmt.attrs[key])
+        for r in regions(stmt):
+            vals += r.values()
         return vals
     if isinstance(stmt, For):
         return [stmt.start] if isinstance(stmt.start, Value) else []
     return [stmt.cond]
 
 
-SIDE_EFFECTS = frozenset({"store", "copy", "gemm"})
-
-
-def tile_shape(index: tuple[Index, ...]) -> tuple[int, ...]:
+def tile_shape(index: Sequence[Index]) -> tuple[int, ...]:
     """The shape of the tile an index selects."""
     return tuple(i.size for i in index if i.size is not None)
 

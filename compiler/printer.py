@@ -1,12 +1,26 @@
-"""Text form of Tile IR, for people and for content keys.
+"""Text form of Tile IR, for people, for content keys and for golden pass tests.
 
 Values are renumbered in order of definition, so two structurally equal kernels print the
-same text; ``with_lines=False`` leaves out source lines (the content key must not change when
-code merely moves).
+same text. ``with_lines=False`` leaves out source lines and ``with_notes=False`` pass
+annotations: the content key is the text without either, so it changes neither when code
+merely moves nor when a later pass annotates the IR. :mod:`.parser` reads the text back.
+
+::
+
+    kernel k(grid=[3], threads=128) blocks(%0):
+      input x: global float32[10, 16]
+      scratch frag0: fragment float32[4, 16]  # user.py:7
+      %1: int32[] = const() {value=4}
+      %2: int32[] = elementwise(%0, %1) {fn='mul'}
+      copy() {dst=frag0[0:+4, 0:+16], pad=None, src=x[%2:+4, 0:+16]}  # user.py:8
+      %3: float32[4, 16] = load() {src=frag0[0:+4, 0:+16]} !{inline=True}
+      for %4 in serial(0, +8):
+        ...
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import ir
@@ -26,57 +40,87 @@ class _Names:
         return repr(v)
 
 
-def _ty(v: ir.Value) -> str:
-    return f"{v.dtype.name}{list(v.shape)}"
+def type_text(shape: Sequence[int], dtype: Any) -> str:
+    """``float32[4, 16]``: how the IR text writes a tile type."""
+    return f"{dtype.name}{list(shape)}"
 
 
-def _index(names: _Names, index: tuple[ir.Index, ...]) -> str:
+def _region(names: _Names, region: ir.Region) -> str:
     parts = []
-    for i in index:
+    for i in region.index:
         start = names(i.start)
         parts.append(start if i.size is None else f"{start}:+{i.size}")
-    return "[" + ", ".join(parts) + "]"
+    return f"{region.buffer}[{', '.join(parts)}]"
 
 
-def _attrs(names: _Names, op: ir.Op) -> str:
-    items = []
-    for key in sorted(op.attrs):
-        val = op.attrs[key]
-        text = _index(names, val) if key.endswith("index") else repr(val)
-        items.append(f"{key}={text}")
-    return " {" + ", ".join(items) + "}" if items else ""
+def _value(names: _Names, val: Any) -> str:
+    if isinstance(val, ir.Region):
+        return _region(names, val)
+    if isinstance(val, tuple):
+        inner = ", ".join(_value(names, v) for v in val)
+        return f"({inner},)" if len(val) == 1 else f"({inner})"
+    return repr(val)
 
 
-def _stmts(body: list[ir.Stmt], names: _Names, depth: int, lines: bool, out: list[str]):
-    pad = "  " * depth
-    for stmt in body:
-        where = f"  # {stmt.line}" if lines and stmt.line else ""
-        if isinstance(stmt, ir.Op):
-            args = ", ".join(names(v) for v in stmt.operands)
-            lhs = f"{names.define(stmt.result)}: {_ty(stmt.result)} = " if stmt.result else ""
-            out.append(f"{pad}{lhs}{stmt.kind}({args}){_attrs(names, stmt)}{where}")
-        elif isinstance(stmt, ir.For):
-            var = names.define(stmt.var)
-            stages = f", stages={stmt.stages}" if stmt.kind == "pipelined" else ""
-            out.append(f"{pad}for {var} in {stmt.kind}({names(stmt.start)}, +{stmt.extent}"
-                       f"{stages}):{where}")
-            _stmts(stmt.body, names, depth + 1, lines, out)
-        else:
-            out.append(f"{pad}if {names(stmt.cond)}:{where}")
-            _stmts(stmt.then, names, depth + 1, lines, out)
-            if stmt.otherwise:
-                out.append(f"{pad}else:")
-                _stmts(stmt.otherwise, names, depth + 1, lines, out)
+def _mapping(names: _Names, attrs: Mapping[str, Any]) -> str:
+    return "{" + ", ".join(f"{k}={_value(names, attrs[k])}" for k in sorted(attrs)) + "}"
 
 
-def format_kernel(kernel: ir.Kernel, *, with_lines: bool = True) -> str:
+class _Printer:
+    def __init__(self, lines: bool, notes: bool):
+        self.names = _Names()
+        self.lines = lines
+        self.notes = notes
+        self.out: list[str] = []
+
+    def where(self, line: str | None) -> str:
+        return f"  # {line}" if self.lines and line else ""
+
+    def stmts(self, body: Sequence[ir.Stmt], depth: int) -> None:
+        pad = "  " * depth
+        for stmt in body:
+            where = self.where(stmt.line)
+            if isinstance(stmt, ir.Op):
+                self.out.append(f"{pad}{self.op(stmt)}{where}")
+            elif isinstance(stmt, ir.For):
+                start = self.names(stmt.start)
+                var = self.names.define(stmt.var)
+                stages = f", stages={stmt.stages}" if stmt.kind == "pipelined" else ""
+                self.out.append(f"{pad}for {var} in {stmt.kind}({start}, +{stmt.extent}"
+                                f"{stages}):{where}")
+                self.stmts(stmt.body, depth + 1)
+            else:
+                self.out.append(f"{pad}if {self.names(stmt.cond)}:{where}")
+                self.stmts(stmt.then, depth + 1)
+                if stmt.otherwise:
+                    self.out.append(f"{pad}else:")
+                    self.stmts(stmt.otherwise, depth + 1)
+
+    def op(self, op: ir.Op) -> str:
+        args = ", ".join(self.names(v) for v in op.operands)
+        attrs = f" {_mapping(self.names, op.attrs)}" if op.attrs else ""
+        notes = f" !{_mapping(self.names, op.notes)}" if self.notes and op.notes else ""
+        lhs = ""
+        if op.result is not None:
+            res = op.result
+            lhs = f"{self.names.define(res)}: {type_text(res.shape, res.dtype)} = "
+        return f"{lhs}{op.kind}({args}){attrs}{notes}"
+
+
+def format_kernel(kernel: ir.Kernel, *, with_lines: bool = True,
+                  with_notes: bool = True) -> str:
     """The kernel as text; see the module docstring."""
-    names = _Names()
-    blocks = ", ".join(names.define(v) for v in kernel.block_indices)
-    out = [f"kernel {kernel.name}(grid={list(kernel.grid)}, threads={kernel.threads}) "
-           f"blocks({blocks}):"]
+    p = _Printer(with_lines, with_notes)
+    blocks = ", ".join(p.names.define(v) for v in kernel.block_indices)
+    p.out.append(f"kernel {kernel.name}(grid={list(kernel.grid)}, threads={kernel.threads}) "
+                 f"blocks({blocks}):")
     for b in kernel.buffers:
-        where = f"  # {b.line}" if with_lines and b.line else ""
-        out.append(f"  {b.role} {b.name}: {b.scope} {b.dtype.name}{list(b.shape)}{where}")
-    _stmts(kernel.body, names, 1, with_lines, out)
-    return "\n".join(out)
+        p.out.append(f"  {b.role} {b.name}: {b.scope} {type_text(b.shape, b.dtype)}"
+                     f"{p.where(b.line)}")
+    p.stmts(kernel.body, 1)
+    return "\n".join(p.out)
+
+
+def key_text(kernel: ir.Kernel) -> str:
+    """The text a content key hashes: no source lines, no pass annotations."""
+    return format_kernel(kernel, with_lines=False, with_notes=False)

@@ -1,9 +1,18 @@
-"""Tile IR verifier: structural and type checks with errors at the user's source line."""
+"""Tile IR verifier: everything the op definitions state, with errors at the user's line.
+
+Checks buffers (scope and role from closed sets, positive static shapes), SSA scoping,
+loops and conditions, and every op against its :mod:`.op_defs` definition: operand count,
+attribute names and types, regions (known buffer, one index per dimension, on-chip tiles
+that fit), read-only inputs, and the kind's own rule (result shape and dtype, reduce axes,
+broadcast dimensions, gemm shapes...).
+"""
 
 from __future__ import annotations
 
-from . import ir
-from .errors import kernel_error
+from collections.abc import Sequence
+
+from . import ir, op_defs
+from .errors import KernelError, kernel_error
 
 
 class _Verifier:
@@ -11,76 +20,103 @@ class _Verifier:
         self.kernel = kernel
         self.buffers = {b.name: b for b in kernel.buffers}
 
-    def fail(self, stmt: ir.Stmt, message: str):
-        raise kernel_error(self.kernel.name, message, getattr(stmt, "line", None))
+    def fail(self, where: ir.Stmt | ir.Buffer, message: str) -> KernelError:
+        return kernel_error(self.kernel.name, message, getattr(where, "line", None))
 
-    def body(self, body: list[ir.Stmt], scope: set[int]) -> None:
+    def check_buffers(self) -> None:
+        if len(self.buffers) != len(self.kernel.buffers):
+            raise self.fail(self.kernel.buffers[0], "internal: two buffers share a name")
+        for b in self.kernel.buffers:
+            if b.scope not in ir.SCOPES:
+                raise self.fail(b, f"buffer '{b.name}' has unknown scope {b.scope!r} "
+                                f"(expected one of {list(ir.SCOPES)})")
+            if b.role not in ir.ROLES:
+                raise self.fail(b, f"buffer '{b.name}' has unknown role {b.role!r} "
+                                f"(expected one of {list(ir.ROLES)})")
+            if (b.role == "scratch") == (b.scope == "global"):
+                raise self.fail(b, f"buffer '{b.name}': a {b.role} cannot live in {b.scope} "
+                                "memory")
+            if any(not isinstance(n, int) or n < 0 for n in b.shape):
+                raise self.fail(b, f"buffer '{b.name}' has invalid shape {b.shape}")
+
+    def body(self, body: Sequence[ir.Stmt], scope: set[int]) -> None:
         scope = set(scope)
         for stmt in body:
             for v in ir.uses(stmt):
                 if v.id not in scope:
-                    self.fail(stmt, f"internal: value {v!r} used outside its scope")
+                    raise self.fail(stmt, f"internal: value {v!r} used outside its scope")
             if isinstance(stmt, ir.Op):
                 self.op(stmt)
                 if stmt.result is not None:
                     scope.add(stmt.result.id)
             elif isinstance(stmt, ir.For):
-                if stmt.kind not in ir.LOOP_KINDS or stmt.extent < 0:
-                    self.fail(stmt, f"invalid loop ({stmt.kind}, extent {stmt.extent})")
+                if stmt.kind not in ir.LOOP_KINDS or stmt.extent < 0 or stmt.stages < 1:
+                    raise self.fail(stmt, f"invalid loop ({stmt.kind}, extent {stmt.extent}, "
+                                    f"stages {stmt.stages})")
+                if stmt.var.shape != () or (isinstance(stmt.start, ir.Value)
+                                            and stmt.start.shape != ()):
+                    raise self.fail(stmt, "a loop index and start must be scalars")
                 self.body(stmt.body, scope | {stmt.var.id})
             else:
                 if stmt.cond.shape != ():
-                    self.fail(stmt, "a condition must be a scalar")
+                    raise self.fail(stmt, "a condition must be a scalar")
                 self.body(stmt.then, scope)
                 self.body(stmt.otherwise, scope)
 
-    def access(self, op: ir.Op, name: str, index: tuple[ir.Index, ...]) -> ir.Buffer:
-        buf = self.buffers.get(name)
+    def region(self, op: ir.Op, name: str, region: ir.Region) -> None:
+        buf = self.buffers.get(region.buffer)
         if buf is None:
-            self.fail(op, f"internal: unknown buffer '{name}'")
-        if len(index) != len(buf.shape):
-            self.fail(op, f"{op.kind} of '{name}' has {len(index)} indices for rank "
-                      f"{len(buf.shape)}")
-        for i, dim in zip(index, buf.shape):
-            if i.size is not None and i.size > dim and buf.scope != "global":
-                self.fail(op, f"{op.kind}: a tile of {i.size} does not fit dimension {dim} "
-                          f"of {buf.scope} buffer '{name}'")
-        return buf
+            raise self.fail(op, f"{op.kind}: unknown buffer '{region.buffer}'")
+        if len(region.index) != len(buf.shape):
+            raise self.fail(op, f"{op.kind} of '{buf.name}' has {len(region.index)} indices "
+                            f"for rank {len(buf.shape)}")
+        for i, dim in zip(region.index, buf.shape):
+            if i.size is not None and i.size < 1:
+                raise self.fail(op, f"{op.kind}: empty tile of '{buf.name}'")
+            if isinstance(i.start, ir.Value) and i.start.shape != ():
+                raise self.fail(op, f"{op.kind}: a start into '{buf.name}' must be a scalar")
+            if buf.scope == "global":
+                continue
+            size = 1 if i.size is None else i.size
+            if size > dim:
+                raise self.fail(op, f"{op.kind}: a tile of {size} does not fit dimension "
+                                f"{dim} of {buf.scope} buffer '{buf.name}'")
+        if name in op_defs.get(op.kind).writes and buf.role == "input":
+            what = "jt.copy writes" if op.kind == "copy" else "the body writes"
+            raise self.fail(op, f"kernel inputs are read-only: {what} to '{buf.name}'")
 
     def op(self, op: ir.Op) -> None:
-        a = op.attrs
-        if op.kind in ("load", "store"):
-            buf = self.access(op, a["buffer"], a["index"])
-            if op.kind == "store" and buf.role == "input":
-                self.fail(op, f"kernel inputs are read-only: the body writes to '{buf.name}'")
-            val = op.result if op.kind == "load" else op.operands[0]
-            if val.shape != ir.tile_shape(a["index"]):
-                self.fail(op, f"{op.kind} of '{buf.name}': value shape {val.shape} does not "
-                          f"match the indexed tile {ir.tile_shape(a['index'])}")
-        elif op.kind == "copy":
-            self.access(op, a["src"], a["src_index"])
-            dst = self.access(op, a["dst"], a["dst_index"])
-            if dst.role == "input":
-                self.fail(op, f"kernel inputs are read-only: jt.copy writes to '{dst.name}'")
-            if ir.tile_shape(a["src_index"]) != ir.tile_shape(a["dst_index"]):
-                self.fail(op, "jt.copy: source and destination tiles differ in shape")
-        elif op.kind == "gemm":
-            for role in ("a", "b", "c"):
-                if self.buffers[a[role]].scope == "global":
-                    self.fail(op, f"jt.gemm: operand {role} must be an on-chip tile")
-        elif op.kind == "elementwise":
-            if a["fn"] not in ir.ELEMENTWISE:
-                self.fail(op, f"internal: unknown elementwise function {a['fn']}")
-            for v in op.operands:
-                if v.shape != () and (len(v.shape) != len(op.result.shape) or any(
-                        n not in (1, m) for n, m in zip(v.shape, op.result.shape))):
-                    self.fail(op, f"{a['fn']}: operand shape {v.shape} does not match "
-                              f"{op.result.shape}")
-        elif op.kind == "reduce" and a["fn"] not in ir.REDUCTIONS:
-            self.fail(op, f"unsupported reduction {a['fn']}")
+        try:
+            d = op_defs.get(op.kind)
+        except KeyError:
+            raise self.fail(op, f"unknown op kind {op.kind!r}") from None
+        if len(op.operands) not in d.arity:
+            raise self.fail(op, f"{op.kind} takes {' or '.join(map(str, d.arity))} operand(s), "
+                            f"got {len(op.operands)}")
+        if (op.result is not None) != d.has_result:
+            raise self.fail(op, f"{op.kind} {'must' if d.has_result else 'cannot'} have a "
+                            "result")
+        if set(op.attrs) != set(d.attrs):
+            raise self.fail(op, f"{op.kind} has attributes {sorted(op.attrs)}, expected "
+                            f"{sorted(d.attrs)}")
+        for name, type_name in d.attrs.items():
+            test, expected = op_defs.ATTR_TYPES[type_name]
+            if not test(op.attrs[name]):
+                raise self.fail(op, f"{op.kind}: attribute {name}={op.attrs[name]!r} must be "
+                                f"{expected}")
+            if type_name == "region":
+                self.region(op, name, op.attrs[name])
+        message = d.check(op, self.buffers) if d.check is not None else None
+        if message is not None:
+            raise self.fail(op, message)
 
 
 def verify(kernel: ir.Kernel) -> ir.Kernel:
     """Check ``kernel`` and return it unchanged; raise KernelError at the first fault."""
-    _Verifier(kernel).body(kernel.body, {v.id for v in kernel.block_indices})
+    v = _Verifier(kernel)
+    v.check_buffers()
+    if any(n < 1 for n in kernel.grid) or kernel.threads < 1:
+        raise kernel_error(kernel.name, f"invalid launch: grid {list(kernel.grid)}, "
+                           f"{kernel.threads} threads", None)
+    v.body(kernel.body, {b.id for b in kernel.block_indices})
     return kernel

@@ -40,7 +40,14 @@ def fragment(shape: tuple[int, ...], dtype: Any) -> Any:
 
 
 def local(shape: tuple[int, ...], dtype: Any) -> Any:
-    """Per-thread scratch (expert use): each thread has its own copy."""
+    """A small tile replicated in every thread of the block (expert use).
+
+    Every thread holds the whole tile, so reading it costs no communication; a write must
+    store the same values in every thread (values computed from block indices, loop
+    counters, other local tiles or reductions), which is what the language can express.
+    The reference semantics and the CPU keep one copy per block. Use it for per-block
+    scalars and small tables (e.g. running maxima); use :func:`fragment` for tiles the
+    compiler should split over threads."""
     return _trace.current("jt.local").allocate("local", shape, dtype)
 
 
@@ -72,30 +79,32 @@ def ds(start: Any, size: int) -> Any:
     return ji.Slice(start, size)
 
 
-def _entry(state: Any, entry: Any, role: str) -> tuple[Any, int | None]:
+def _entry(state: Any, entry: Any, role: str, op: str) -> tuple[Any, int | None]:
     if isinstance(entry, ji.Slice):
         if entry.stride != 1 or not isinstance(entry.size, int):
-            raise state.error(f"jt.copy: {role} slices must have stride 1 and static size")
+            raise state.error(f"{op}: {role} slices must have stride 1 and static size")
         return entry.start, entry.size
     if jnp.shape(entry) != ():
-        raise state.error(f"jt.copy: {role} indices must be scalars or slices")
+        raise state.error(f"{op}: {role} indices must be scalars or slices")
     return entry, None
 
 
-def _region(state: Any, x: Any, role: str) -> tuple[Any, list[Any], list[int | None], bool]:
-    """``(base_ref, starts, sizes, is_origin)`` of a copy operand (see :func:`copy`).
+def _region(state: Any, x: Any, role: str,
+            op: str = "jt.copy") -> tuple[Any, list[Any], list[int | None], bool]:
+    """``(base_ref, starts, sizes, is_origin)`` of a copy or gemm operand (see
+    :func:`copy`).
 
     Views of views fold into one region of the base ref; the tile origin convention applies
     to the last view: it is an origin when all of *its* indices are scalars.
     """
     base, transforms = ji.flatten_ref(x)
     if not ji.is_ref(base):
-        raise state.error(f"jt.copy: the {role} must be a ref (a kernel argument, a jt.empty/"
+        raise state.error(f"{op}: the {role} must be a ref (a kernel argument, a jt.empty/"
                           f"shared/fragment/local buffer or a .at[...] view), got "
                           f"{type(x).__name__}")
     if not all(isinstance(t, ji.NDIndexer) for t in transforms):
-        raise state.error(f"jt.copy: unsupported view of the {role} (use .at[...] indexing)")
-    levels = [[_entry(state, e, role) for e in t.indices] for t in transforms]
+        raise state.error(f"{op}: unsupported view of the {role} (use .at[...] indexing)")
+    levels = [[_entry(state, e, role, op) for e in t.indices] for t in transforms]
     dims = ir.compose_indices(levels, tuple(base.shape), lambda a, b: a + b)
     is_origin = bool(levels) and all(size is None for _, size in levels[-1])
     if is_origin:
@@ -122,15 +131,16 @@ def _resolve_origin(state: Any, sizes: list, tile: tuple[int, ...], role: str) -
     return out
 
 
-def _start(state: Any, s: Any) -> Any:
+def _start(state: Any, s: Any, op: str = "jt.copy") -> Any:
     if isinstance(s, int | np.integer):
         return jnp.int32(int(s))
     if not jnp.issubdtype(jnp.result_type(s), jnp.integer):
-        raise state.error(f"jt.copy: indices must be integers, got {jnp.result_type(s)}")
+        raise state.error(f"{op}: indices must be integers, got {jnp.result_type(s)}")
     return jnp.asarray(s, jnp.int32)
 
 
-def _check_fits(state: Any, ref: Any, starts: list, sizes: list, role: str) -> None:
+def _check_fits(state: Any, ref: Any, starts: list, sizes: list, role: str,
+                op: str = "jt.copy") -> None:
     """On-chip buffers have no edge semantics: a static region must fit inside them."""
     if state.scope_of(ref) == "global":
         return
@@ -138,7 +148,7 @@ def _check_fits(state: Any, ref: Any, starts: list, sizes: list, role: str) -> N
         n = 1 if size is None else size
         start = ji.concrete_int(start)
         if start is not None and not 0 <= start <= dim - n:
-            raise state.error(f"jt.copy: the {role} region [{start}, {start + n}) in dimension "
+            raise state.error(f"{op}: the {role} region [{start}, {start + n}) in dimension "
                               f"{d} does not fit the {state.scope_of(ref)} buffer of shape "
                               f"{tuple(ref.shape)}")
 
@@ -187,31 +197,46 @@ def gemm(a: Any, b: Any, c: Any, *, transpose_a: bool = False,
          transpose_b: bool = False) -> None:
     """Accumulate a matrix product into ``c``: ``c += op(a) @ op(b)``.
 
-    ``a``, ``b`` and ``c`` are 2-D on-chip tiles (``jt.shared``/``jt.fragment``/``jt.local``);
+    ``a``, ``b`` and ``c`` are 2-D tiles of on-chip buffers (``jt.shared``/``jt.fragment``/
+    ``jt.local``): whole 2-D buffers or views that select a 2-D tile, such as one stage of
+    a multi-buffered tile (``a_s.at[k % stages]``) or a slice (``q_s.at[:, jt.ds(0, 64)]``).
     ``op`` transposes when asked. The product is accumulated in ``c.dtype``.
     """
     state = _trace.current("jt.gemm")
+    tiles, starts, sizes = {}, [], {}
     for role, x in (("a", a), ("b", b), ("c", c)):
-        if not ji.is_ref(x) or ji.flatten_ref(x)[1]:
-            raise state.error(f"jt.gemm: operand {role} must be a whole tile ref, got "
-                              f"{type(x).__name__}")
-        if state.scope_of(x) == "global":
+        if not ji.is_ref(ji.flatten_ref(x)[0]):
+            raise state.error(f"jt.gemm: operand {role} must be an on-chip tile ref or a view "
+                              f"of one, got {type(x).__name__}")
+        base, r_starts, r_sizes, origin = _region(state, x, f"operand {role}", "jt.gemm")
+        if origin:
+            raise state.error(f"jt.gemm: operand {role} is a view of single elements; select "
+                              "a 2-D tile with slices (jt.ds or :)")
+        if state.scope_of(base) == "global":
             raise state.error(f"jt.gemm: operand {role} is in global memory; copy it into a "
                               "jt.shared or jt.fragment tile first")
-        if len(x.shape) != 2:
-            raise state.error(f"jt.gemm: operand {role} must be 2-D, got shape {x.shape}")
-    m, k = a.shape[::-1] if transpose_a else a.shape
-    k2, n = b.shape[::-1] if transpose_b else b.shape
-    if k != k2 or tuple(c.shape) != (m, n):
-        raise state.error(f"jt.gemm: shape mismatch: a {tuple(a.shape)}"
-                          f"{'.T' if transpose_a else ''} @ b {tuple(b.shape)}"
-                          f"{'.T' if transpose_b else ''} cannot accumulate into c "
-                          f"{tuple(c.shape)}")
-    if a.dtype != b.dtype:
-        raise state.error(f"jt.gemm: dtype mismatch: a is {a.dtype} but b is {b.dtype}")
-    if jnp.issubdtype(a.dtype, jnp.floating) != jnp.issubdtype(c.dtype, jnp.floating):
-        raise state.error(f"jt.gemm: cannot accumulate {a.dtype} products into {c.dtype}")
-    tile_ops.gemm_p.bind(a, b, c, transpose_a=bool(transpose_a), transpose_b=bool(transpose_b))
+        tile = tuple(z for z in r_sizes if z is not None)
+        if len(tile) != 2:
+            raise state.error(f"jt.gemm: operand {role} must be a 2-D tile, got shape {tile}")
+        _check_fits(state, base, r_starts, r_sizes, f"operand {role}", "jt.gemm")
+        tiles[role], sizes[role] = (base, tile), tuple(r_sizes)
+        starts += [_start(state, s, "jt.gemm") for s in r_starts]
+    (a_ref, a_tile), (b_ref, b_tile), (c_ref, c_tile) = tiles["a"], tiles["b"], tiles["c"]
+    m, k = a_tile[::-1] if transpose_a else a_tile
+    k2, n = b_tile[::-1] if transpose_b else b_tile
+    if k != k2 or c_tile != (m, n):
+        raise state.error(f"jt.gemm: shape mismatch: a {a_tile}"
+                          f"{'.T' if transpose_a else ''} @ b {b_tile}"
+                          f"{'.T' if transpose_b else ''} cannot accumulate into c {c_tile}")
+    if a_ref.dtype != b_ref.dtype:
+        raise state.error(f"jt.gemm: dtype mismatch: a is {a_ref.dtype} but b is "
+                          f"{b_ref.dtype}")
+    if jnp.issubdtype(a_ref.dtype, jnp.floating) != jnp.issubdtype(c_ref.dtype, jnp.floating):
+        raise state.error(f"jt.gemm: cannot accumulate {a_ref.dtype} products into "
+                          f"{c_ref.dtype}")
+    tile_ops.gemm_p.bind(a_ref, b_ref, c_ref, *starts, a_sizes=sizes["a"], b_sizes=sizes["b"],
+                         c_sizes=sizes["c"], transpose_a=bool(transpose_a),
+                         transpose_b=bool(transpose_b))
 
 
 def _run_loop(start: Any, stop: Any, body: Callable[[Any], Any], kind: str,

@@ -6,7 +6,7 @@ and as the test oracle. The compiler recognises these primitives by name in the 
 
 - ``jt_copy``: copy a region between two refs, casting to the destination dtype. Reads past
   the end of the source yield ``pad``; writes past the end of the destination are dropped.
-- ``jt_gemm``: ``c += op(a) @ op(b)`` accumulated in ``c.dtype``.
+- ``jt_gemm``: ``c += op(a) @ op(b)`` on regions of tiles, accumulated in ``c.dtype``.
 - ``jt_loop_info``: an identity on a loop index that tells the compiler the loop's kind.
 """
 
@@ -17,16 +17,13 @@ from jax import lax
 from jax.interpreters import mlir
 
 from jaxtile.compiler import jax_internals as ji
+from jaxtile.compiler import tile_primitives as tp
 
-COPY = "jt_copy"
-GEMM = "jt_gemm"
-LOOP_INFO = "jt_loop_info"
-
-copy_p = ji.Primitive(COPY)
+copy_p = ji.Primitive(tp.COPY)
 copy_p.multiple_results = True
-gemm_p = ji.Primitive(GEMM)
+gemm_p = ji.Primitive(tp.GEMM)
 gemm_p.multiple_results = True
-loop_info_p = ji.Primitive(LOOP_INFO)
+loop_info_p = ji.Primitive(tp.LOOP_INFO)
 
 
 def _tile_shape(sizes: tuple[int | None, ...]) -> tuple[int, ...]:
@@ -78,23 +75,39 @@ def _copy_discharge(in_avals, out_avals, src, dst, *starts, src_sizes, dst_sizes
     return [None, new_dst] + [None] * len(starts), []
 
 
-def _gemm_abstract_eval(a, b, c, *, transpose_a, transpose_b):
-    del a, b, c, transpose_a, transpose_b
+def _gemm_abstract_eval(a, b, c, *starts, a_sizes, b_sizes, c_sizes, transpose_a,
+                        transpose_b):
+    del a, b, c, starts, a_sizes, b_sizes, c_sizes, transpose_a, transpose_b
     return [], {ji.ReadEffect(0), ji.ReadEffect(1), ji.ReadEffect(2), ji.WriteEffect(2)}
 
 
 def gemm_reference(a, b, c, transpose_a: bool, transpose_b: bool):
-    """Reference semantics of ``jt_gemm``: ``c + op(a) @ op(b)`` accumulated in c's dtype."""
+    """Reference semantics of ``jt_gemm`` on tiles: ``c + op(a) @ op(b)`` accumulated in
+    c's dtype."""
     a = a.T if transpose_a else a
     b = b.T if transpose_b else b
     prod = jnp.matmul(a, b, preferred_element_type=c.dtype, precision=lax.Precision.HIGHEST)
     return c + prod
 
 
+def _tile(x, starts, sizes):
+    """The tile of ``x`` a region selects (starts clamped into range, as ``get`` does)."""
+    full = lax.dynamic_slice(x, starts, [1 if s is None else s for s in sizes])
+    return full.reshape(_tile_shape(sizes))
+
+
 @ji.register_discharge_rule(gemm_p)
-def _gemm_discharge(in_avals, out_avals, a, b, c, *, transpose_a, transpose_b):
+def _gemm_discharge(in_avals, out_avals, a, b, c, *starts, a_sizes, b_sizes, c_sizes,
+                    transpose_a, transpose_b):
     del in_avals, out_avals
-    return [None, None, gemm_reference(a, b, c, transpose_a, transpose_b)], []
+    starts = [jnp.asarray(s, jnp.int32) for s in starts]
+    sa, sb = starts[:len(a_sizes)], starts[len(a_sizes):len(a_sizes) + len(b_sizes)]
+    sc = starts[len(a_sizes) + len(b_sizes):]
+    new = gemm_reference(_tile(a, sa, a_sizes), _tile(b, sb, b_sizes), _tile(c, sc, c_sizes),
+                         transpose_a, transpose_b)
+    shape = [1 if s is None else s for s in c_sizes]
+    new_c = lax.dynamic_update_slice(c, new.reshape(shape).astype(c.dtype), sc)
+    return [None, None, new_c] + [None] * len(starts), []
 
 
 ji.effectful_abstract_eval(copy_p, _copy_abstract_eval)

@@ -45,14 +45,14 @@ def lower_copy(low: Lowering, op: ir.Op) -> None:
     masked path (see :func:`_masked_copy`); copies within one buffer go through a
     temporary."""
     a = op.attrs
-    if a["src"] == a["dst"]:
+    if a["src"].buffer == a["dst"].buffer:
         # Regions of one buffer may overlap: read the whole source tile first.
         _through_temporary(low, op)
         return
-    src, dst = low.bufs[a["src"]], low.bufs[a["dst"]]
-    tile = ir.tile_shape(a["src_index"])
-    s_starts = [low.start(i, 0, clamp=False) for i in a["src_index"]]
-    d_starts = [low.start(i, 0, clamp=False) for i in a["dst_index"]]
+    src, dst = low.bufs[a["src"].buffer], low.bufs[a["dst"].buffer]
+    tile = ir.tile_shape(a["src"].index)
+    s_starts = [low.start(i, 0, clamp=False) for i in a["src"].index]
+    d_starts = [low.start(i, 0, clamp=False) for i in a["dst"].index]
 
     def fits(buf, name, index, starts):
         if low.scopes[name] != "global":
@@ -65,12 +65,12 @@ def lower_copy(low: Lowering, op: ir.Op) -> None:
             _masked_copy(low, op, src, dst, tile, s_starts, d_starts)
             return
         with low.nest(tile) as idx:
-            v = src[tuple(_coords(s_starts, a["src_index"], idx))]
-            low.kb.store(dst, _coords(d_starts, a["dst_index"], idx),
+            v = src[tuple(_coords(s_starts, a["src"].index, idx))]
+            low.kb.store(dst, _coords(d_starts, a["dst"].index, idx),
                           ew.convert(v, str(src.dtype), str(dst.dtype), low.bind))
 
-    inside = _and([fits(src, a["src"], a["src_index"], s_starts),
-                   fits(dst, a["dst"], a["dst_index"], d_starts)])
+    inside = _and([fits(src, a["src"].buffer, a["src"].index, s_starts),
+                   fits(dst, a["dst"].buffer, a["dst"].index, d_starts)])
     if _is_true(inside):
         emit(False)
         return
@@ -82,13 +82,13 @@ def lower_copy(low: Lowering, op: ir.Op) -> None:
 
 def _through_temporary(low: Lowering, op: ir.Op) -> None:
     a = op.attrs
-    tile = ir.tile_shape(a["src_index"])
+    tile = ir.tile_shape(a["src"].index)
     name = low.name("copy_tile")
-    low.bufs[name] = low.kb.alloc_local(name, list(tile), str(low.bufs[a["src"]].dtype))
+    low.bufs[name] = low.kb.alloc_local(name, list(tile), str(low.bufs[a["src"].buffer].dtype))
     low.scopes[name] = "local"
-    whole = tuple(ir.Index(0, n) for n in tile)
-    lower_copy(low, ir.Op("copy", (), None, {**a, "dst": name, "dst_index": whole}, op.line))
-    lower_copy(low, ir.Op("copy", (), None, {**a, "src": name, "src_index": whole}, op.line))
+    whole = ir.Region(name, tuple(ir.Index(0, n) for n in tile))
+    lower_copy(low, ir.Op("copy", (), None, {**a, "dst": whole}, op.line))
+    lower_copy(low, ir.Op("copy", (), None, {**a, "src": whole}, op.line))
 
 
 def _masked_copy(low: Lowering, op, src, dst, tile, s_starts, d_starts) -> None:
@@ -101,10 +101,10 @@ def _masked_copy(low: Lowering, op, src, dst, tile, s_starts, d_starts) -> None:
     of its rows then costs one partial chunk per row, not a scalar loop over the tile.
     """
     a = op.attrs
-    d_global = low.scopes[a["dst"]] == "global"
-    s_global = low.scopes[a["src"]] == "global"
+    d_global = low.scopes[a["dst"].buffer] == "global"
+    s_global = low.scopes[a["src"].buffer] == "global"
     lows, highs, point_ok = [], [], []
-    for s, i, n in zip(d_starts, a["dst_index"], dst.shape):
+    for s, i, n in zip(d_starts, a["dst"].index, dst.shape):
         if i.size is None:
             if d_global:
                 point_ok.append(tirx.And(s >= 0, s < int(n)))
@@ -117,12 +117,12 @@ def _masked_copy(low: Lowering, op, src, dst, tile, s_starts, d_starts) -> None:
             highs.append(tirx.const(i.size, "int32"))
     pad = a["pad"] if a["pad"] is not None else 0
     lanes = low.target.vector_bits // 32
-    chunked = (a["src_index"][-1].size is not None and a["dst_index"][-1].size is not None
+    chunked = (a["src"].index[-1].size is not None and a["dst"].index[-1].size is not None
                and tile[-1] % lanes == 0)
 
     def masked_element(idx: list[Expr]) -> None:
         conds, src_at = [], []
-        for c, n in zip(_coords(s_starts, a["src_index"], idx), src.shape):
+        for c, n in zip(_coords(s_starts, a["src"].index, idx), src.shape):
             if s_global:
                 conds.append(tirx.And(c >= 0, c < int(n)))
                 c = tirx.max(tirx.min(c, int(n) - 1), tirx.const(0, "int32"))
@@ -131,7 +131,7 @@ def _masked_copy(low: Lowering, op, src, dst, tile, s_starts, d_starts) -> None:
         in_bounds = _and(conds)
         if not _is_true(in_bounds):
             value = tirx.Select(in_bounds, value, tirx.const(pad, str(src.dtype)))
-        low.kb.store(dst, _coords(d_starts, a["dst_index"], idx),
+        low.kb.store(dst, _coords(d_starts, a["dst"].index, idx),
                       ew.convert(value, str(src.dtype), str(dst.dtype), low.bind))
 
     with contextlib.ExitStack() as stack:
@@ -148,15 +148,15 @@ def _masked_copy(low: Lowering, op, src, dst, tile, s_starts, d_starts) -> None:
         j0 = jo * lanes
         whole = [tirx.And(j0 >= lows[-1], j0 + lanes <= highs[-1])]
         if s_global:
-            first = _coords(s_starts, a["src_index"], [*idx, j0])
+            first = _coords(s_starts, a["src"].index, [*idx, j0])
             for c, n in zip(first, src.shape):
                 whole.append(tirx.And(c >= 0, c < int(n)))
             whole.append(first[-1] + lanes <= int(src.shape[-1]))
         with low.kb.if_(_and(whole)):
             with low.kb.loop(low.name("v"), lanes, kind="vectorized") as v:
                 at = [*idx, j0 + v]
-                value = src[tuple(_coords(s_starts, a["src_index"], at))]
-                low.kb.store(dst, _coords(d_starts, a["dst_index"], at),
+                value = src[tuple(_coords(s_starts, a["src"].index, at))]
+                low.kb.store(dst, _coords(d_starts, a["dst"].index, at),
                               ew.convert(value, str(src.dtype), str(dst.dtype), low.bind))
         with low.kb.else_(), low.kb.loop(low.name("v"), lanes) as v:
             with low.kb.if_(tirx.And(j0 + v >= lows[-1], j0 + v < highs[-1])):

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from tvm import tirx
 from tvm.ir import Expr
 
+from .. import ir
 from . import elementwise as ew
 from .context import Lowering
 
@@ -33,15 +34,26 @@ AVX2 as well as the 32 of AVX-512. Measured on AVX-512 (Zen 4) for 1024^3 float3
 with half-width vectors (4 x 4 x 8 lanes) 13.8-14.7."""
 
 
-def lower_gemm(low: Lowering, attrs: dict, *, lanes: int) -> None:
-    """Emit ``c += op(a) @ op(b)`` for the buffer names and transposes in ``attrs``, with
-    vectors of ``lanes`` float32 elements."""
-    a = dict(attrs)
+def lower_gemm(low: Lowering, op: ir.Op, *, lanes: int) -> None:
+    """Emit ``c += op(a) @ op(b)`` for the regions and transposes of a ``gemm`` op, with
+    vectors of ``lanes`` float32 elements. Operands that are part of a buffer (or read the
+    buffer ``c`` writes) are first copied into local tiles, and a partial ``c`` is written
+    back after."""
+    a = dict(op.attrs)
+
+    def whole(region: ir.Region) -> bool:
+        shape = [int(d) for d in low.bufs[region.buffer].shape]
+        return len(shape) == 2 and region.is_whole(shape)
+
+    c_region = a["c"]
+    a["c"] = c_region.buffer if whole(c_region) else low.snapshot(c_region)
     for role in ("a", "b"):
-        if a[role] == a["c"]:
-            a[role] = low.snapshot(a[role])
+        r = a[role]
+        a[role] = r.buffer if whole(r) and r.buffer != c_region.buffer else low.snapshot(r)
     if a["transpose_b"]:
-        a["b"], a["transpose_b"] = low.snapshot(a["b"], transpose=True), False
+        b = a["b"]
+        a["b"] = low.snapshot(ir.whole(b, low.bufs[b].shape), transpose=True)
+        a["transpose_b"] = False
     A, B, C = low.bufs[a["a"]], low.bufs[a["b"]], low.bufs[a["c"]]
     m, n = (int(d) for d in C.shape)
     k = int(A.shape[0] if a["transpose_a"] else A.shape[1])
@@ -62,6 +74,8 @@ def lower_gemm(low: Lowering, attrs: dict, *, lanes: int) -> None:
         _plain(low, C, a_at, b_at, (m_main, m), (0, n), k, lanes)
     if m_main and n_main < n:
         _plain(low, C, a_at, b_at, (0, m_main), (n_main, n), k, lanes)
+    if a["c"] != c_region.buffer:
+        low.write_back(a["c"], c_region)
 
 
 def _register_tiles(low: Lowering, C: tirx.Buffer, a_at: Callable, b_at: Callable,

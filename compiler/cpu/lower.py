@@ -12,7 +12,6 @@ copies take an unmasked fast path when the tile lies inside both buffers and a m
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
 import re
 import tempfile
@@ -90,12 +89,11 @@ class _Lowering:
             e = tirx.max(tirx.min(e, tirx.const(dim - size, "int32")), tirx.const(0, "int32"))
         return e
 
-    def element(self, name: str, index: tuple[ir.Index, ...], idx: Sequence[Expr],
-                clamp: bool) -> list[Expr]:
-        """Buffer coordinates of tile element ``idx`` within ``index``."""
-        buf = self.bufs[name]
+    def element(self, region: ir.Region, idx: Sequence[Expr], clamp: bool) -> list[Expr]:
+        """Buffer coordinates of tile element ``idx`` of ``region``."""
+        buf = self.bufs[region.buffer]
         coords, it = [], iter(idx)
-        for i, dim in zip(index, buf.shape):
+        for i, dim in zip(region.index, buf.shape):
             s = self.start(i, int(dim), clamp)
             coords.append(s if i.size is None else s + next(it))
         return coords
@@ -138,8 +136,8 @@ class _Lowering:
         if kind == "reshape":
             return self.at(op.operands[0], _reindex(idx, res.shape, op.operands[0].shape))
         if kind == "load":
-            coords = self.element(op.attrs["buffer"], op.attrs["index"], idx, clamp=True)
-            return self.bufs[op.attrs["buffer"]][tuple(coords)]
+            src = op.attrs["src"]
+            return self.bufs[src.buffer][tuple(self.element(src, idx, clamp=True))]
         raise NotImplementedError(kind)
 
     # --- statements -------------------------------------------------------
@@ -182,7 +180,7 @@ class _Lowering:
         return tirx.const(s, "int32") if isinstance(s, int) else self.scalars[s.id]
 
     def op(self, op: ir.Op) -> None:
-        if op.attrs.get("inline"):
+        if op.notes.get("inline"):
             self.inline[op.result.id] = op
         elif op.kind == "store":
             self.store(op)
@@ -204,11 +202,10 @@ class _Lowering:
             self.arrays[res.id] = arr
 
     def store(self, op: ir.Op) -> None:
-        value = op.operands[0]
-        name = op.attrs["buffer"]
-        buf = self.bufs[name]
+        value, dst = op.operands[0], op.attrs["dst"]
+        buf = self.bufs[dst.buffer]
         with self.nest(value.shape) as idx:
-            coords = self.element(name, op.attrs["index"], idx, clamp=True)
+            coords = self.element(dst, idx, clamp=True)
             self.kb.store(buf, coords, ew.convert(self.at(value, idx),
                                                   ew.tvm_dtype(value.dtype), str(buf.dtype),
                                                   self.bind))
@@ -216,22 +213,30 @@ class _Lowering:
     def copy(self, op: ir.Op) -> None:
         lower_copy(self, op)
 
-    def snapshot(self, name: str, transpose: bool = False) -> str:
-        """A fresh local copy of a whole 2-D on-chip buffer (transposed if asked), for ops
-        that read what they write or want another layout."""
-        src = self.bufs[name]
-        shape = [int(d) for d in src.shape]
+    def snapshot(self, region: ir.Region, transpose: bool = False) -> str:
+        """A fresh local copy of a 2-D tile of an on-chip buffer (transposed if asked), for
+        ops that read what they write, want another layout, or work on whole buffers."""
+        src = self.bufs[region.buffer]
+        shape = list(region.shape)
         if transpose:
             shape = shape[::-1]
-        copy_name = self.name(f"{name}_copy")
+        copy_name = self.name(f"{region.buffer}_copy")
         self.bufs[copy_name] = self.kb.alloc_local(copy_name, shape, str(src.dtype))
         self.scopes[copy_name] = "local"
         with self.nest(shape) as idx:
-            self.kb.store(self.bufs[copy_name], idx, src[tuple(idx[::-1] if transpose else idx)])
+            at = self.element(region, idx[::-1] if transpose else idx, clamp=True)
+            self.kb.store(self.bufs[copy_name], idx, src[tuple(at)])
         return copy_name
 
+    def write_back(self, name: str, region: ir.Region) -> None:
+        """Store the whole local tile ``name`` into ``region``."""
+        dst = self.bufs[region.buffer]
+        with self.nest(region.shape) as idx:
+            self.kb.store(dst, self.element(region, idx, clamp=True),
+                          self.bufs[name][tuple(idx)])
+
     def gemm(self, op: ir.Op) -> None:
-        lower_gemm(self, op.attrs, lanes=self.target.vector_bits // 32)
+        lower_gemm(self, op, lanes=self.target.vector_bits // 32)
 
     def reduce(self, op: ir.Op) -> None:
         lower_reduce(self, op)
@@ -273,8 +278,7 @@ def _reindex(idx: Sequence[Expr], shape: Sequence[int], target: Sequence[int]) -
 def to_tir(kernel: ir.Kernel, target: Target) -> tirx.PrimFunc:
     """The TIR function of a verified kernel for a CPU ``target`` (see the module
     docstring)."""
-    # Fusion annotates ops; work on a copy so the caller's kernel (and its key) stay as is.
-    return _Lowering(fuse_elementwise(copy.deepcopy(kernel)), target).run()
+    return _Lowering(fuse_elementwise(kernel), target).run()
 
 
 def tir_source(kernel: ir.Kernel, target: Target) -> str:

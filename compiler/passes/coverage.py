@@ -11,7 +11,7 @@ analysis cannot follow are left alone.
 
 from __future__ import annotations
 
-from .. import ir
+from .. import ir, op_defs
 from ..errors import kernel_error
 
 _Affine = tuple[int, int, int]  # (block axis or -1, scale, offset)
@@ -75,13 +75,13 @@ def check_output_coverage(kernel: ir.Kernel) -> ir.Kernel:
     nested = set()
     for stmt in kernel.body:
         for sub in ir.walk([stmt]):
-            if isinstance(sub, ir.Op) and sub.kind in ("store", "copy"):
-                name = sub.attrs["buffer" if sub.kind == "store" else "dst"]
-                index = sub.attrs["index" if sub.kind == "store" else "dst_index"]
+            if not isinstance(sub, ir.Op):
+                continue
+            for region in op_defs.writes(sub):
                 if sub is stmt:
-                    top_writes.setdefault(name, []).append((sub, index))
+                    top_writes.setdefault(region.buffer, []).append((sub, region.index))
                 else:
-                    nested.add(name)
+                    nested.add(region.buffer)
     for name, writes in top_writes.items():
         buf = outputs.get(name)
         if buf is None or name in nested:

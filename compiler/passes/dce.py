@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 
-from .. import ir
+from .. import ir, op_defs
 
 
-def _used_values(body: list[ir.Stmt]) -> set[int]:
+def _used_values(body: tuple[ir.Stmt, ...]) -> set[int]:
     return {v.id for stmt in ir.walk(body) for v in ir.uses(stmt)}
 
 
-def _prune(body: list[ir.Stmt], live: set[int]) -> tuple[list[ir.Stmt], bool]:
+def _prune(body: tuple[ir.Stmt, ...], live: set[int]) -> tuple[list[ir.Stmt], bool]:
     out, changed = [], False
     for stmt in body:
         if isinstance(stmt, ir.Op):
-            if stmt.kind not in ir.SIDE_EFFECTS and stmt.result.id not in live:
+            if op_defs.is_pure(stmt) and stmt.result.id not in live:
                 changed = True
                 continue
             out.append(stmt)
@@ -41,7 +41,7 @@ def eliminate_dead_code(kernel: ir.Kernel) -> ir.Kernel:
     """Remove pure ops whose results are never used, and loops/conditionals left empty.
 
     Assumes a verified kernel. Guarantees every remaining pure op's result has a use; ops
-    with side effects (store, copy, gemm) are kept.
+    that are not pure by their definition (store, copy, gemm) are kept.
     """
     body, changed = kernel.body, True
     while changed:

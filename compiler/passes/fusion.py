@@ -13,32 +13,26 @@ That is what a fused elementwise map is on any target. A value is fused when
 - nothing between the definition and its last use writes a buffer that it (or a fused
   operand) reads, so the recomputed value is the one the program defined.
 
-The pass marks fused ops with ``attrs["inline"] = True`` and returns the kernel.
+The pass returns a new kernel whose fused ops carry the note ``inline=True``; the kernel
+it is given is left as it was.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
+from collections.abc import Sequence
 
-from .. import ir
+from .. import ir, op_defs
 
-_PURE = frozenset({"const", "iota", "broadcast", "reshape", "transpose", "convert", "select",
-                   "elementwise", "load"})
-_EXPENSIVE = frozenset({"div", "rem", "pow", "exp", "exp2", "log", "log1p", "expm1", "tanh",
-                        "logistic", "sqrt", "rsqrt", "sin", "cos", "erf"})
+_FUSIBLE = frozenset(d.kind for d in op_defs.OPS.values()
+                     if d.pure and d.has_result and d.kind != "reduce")
+"""Pure ops that make one element at a time (a reduction needs its whole operand)."""
 
 
 def _writes(stmt: ir.Stmt) -> set[str]:
-    names = set()
-    for s in ir.walk([stmt]):
-        if isinstance(s, ir.Op):
-            if s.kind == "store":
-                names.add(s.attrs["buffer"])
-            elif s.kind == "copy":
-                names.add(s.attrs["dst"])
-            elif s.kind == "gemm":
-                names.add(s.attrs["c"])
-    return names
+    return {r.buffer for s in ir.walk([stmt]) if isinstance(s, ir.Op)
+            for r in op_defs.writes(s)}
 
 
 _LEAF_LIKE = frozenset({"const", "iota", "broadcast", "convert", "load", "reshape",
@@ -46,15 +40,14 @@ _LEAF_LIKE = frozenset({"const", "iota", "broadcast", "convert", "load", "reshap
 
 
 def _expensive(op: ir.Op) -> bool:
-    return op.kind == "elementwise" and op.attrs["fn"] in _EXPENSIVE
+    return op.kind == "elementwise" and op.attrs["fn"] in op_defs.EXPENSIVE
 
 
-_ALIGNED = frozenset({"const", "convert", "select", "elementwise"})
-
-
-def _fuse_list(body: list[ir.Stmt], counts: Counter, reads: dict[int, tuple]) -> None:
-    """``reads[v]``: (buffers v's inline tree reads, its loads as (buffer, index) pairs when
-    reached only through per-element ops, else None)."""
+def _fuse_list(body: Sequence[ir.Stmt], counts: Counter, reads: dict[int, tuple],
+               fused: set[int]) -> None:
+    """Add to ``fused`` the result ids of the ops to fuse. ``reads[v]``: (buffers v's inline
+    tree reads, its loads as regions when reached only through per-element ops, else
+    None)."""
     where: dict[int, list[int]] = {}
     for pos, stmt in enumerate(body):
         for sub in ir.walk([stmt]):
@@ -63,11 +56,11 @@ def _fuse_list(body: list[ir.Stmt], counts: Counter, reads: dict[int, tuple]) ->
     writes = [_writes(stmt) for stmt in body]
     for pos, stmt in enumerate(body):
         if isinstance(stmt, ir.For):
-            _fuse_list(stmt.body, counts, reads)
+            _fuse_list(stmt.body, counts, reads, fused)
             continue
         if isinstance(stmt, ir.If):
-            _fuse_list(stmt.then, counts, reads)
-            _fuse_list(stmt.otherwise, counts, reads)
+            _fuse_list(stmt.then, counts, reads, fused)
+            _fuse_list(stmt.otherwise, counts, reads, fused)
             continue
         res = stmt.result
         if res is None:
@@ -79,12 +72,12 @@ def _fuse_list(body: list[ir.Stmt], counts: Counter, reads: dict[int, tuple]) ->
             own = own | v_own
             aligned = None if aligned is None or v_aligned is None else aligned | v_aligned
         if stmt.kind == "load":
-            own = {stmt.attrs["buffer"]}
-            aligned = {(stmt.attrs["buffer"], stmt.attrs["index"])}
-        elif stmt.kind not in _ALIGNED and own:
+            own = {stmt.attrs["src"].buffer}
+            aligned = {stmt.attrs["src"]}
+        elif not op_defs.get(stmt.kind).per_element and own:
             aligned = None  # moves elements around (broadcast, transpose...) of a buffer read
         positions = where.get(res.id, [])
-        if (stmt.kind not in _PURE or res.shape == () or not positions
+        if (stmt.kind not in _FUSIBLE or res.shape == () or not positions
                 or any(p < 0 for p in positions)
                 # Recomputing per use multiplies work: only leaf-like ops may be shared, and
                 # an expensive op must not be repeated by a broadcast consumer.
@@ -98,7 +91,7 @@ def _fuse_list(body: list[ir.Stmt], counts: Counter, reads: dict[int, tuple]) ->
             continue
         if own & writes[last] and not _same_place(body[last], aligned):
             continue
-        stmt.attrs["inline"] = True
+        fused.add(res.id)
         reads[res.id] = (own, aligned)
 
 
@@ -107,17 +100,32 @@ def _same_place(consumer: ir.Stmt, aligned: set | None) -> bool:
     element is read at exactly the place it is written."""
     if aligned is None or not isinstance(consumer, ir.Op) or consumer.kind != "store":
         return False
-    target = consumer.attrs["buffer"]
-    return all(index == consumer.attrs["index"] for buf, index in aligned if buf == target)
+    target = consumer.attrs["dst"]
+    return all(region == target for region in aligned if region.buffer == target.buffer)
+
+
+def _annotate(body: Sequence[ir.Stmt], fused: set[int]) -> list[ir.Stmt]:
+    out: list[ir.Stmt] = []
+    for stmt in body:
+        if isinstance(stmt, ir.For):
+            stmt = dataclasses.replace(stmt, body=_annotate(stmt.body, fused))
+        elif isinstance(stmt, ir.If):
+            stmt = dataclasses.replace(stmt, then=_annotate(stmt.then, fused),
+                                       otherwise=_annotate(stmt.otherwise, fused))
+        elif stmt.result is not None and stmt.result.id in fused:
+            stmt = stmt.with_notes(inline=True)
+        out.append(stmt)
+    return out
 
 
 def fuse_elementwise(kernel: ir.Kernel) -> ir.Kernel:
-    """Mark the ops whose values are recomputed in their consumers (see module doc).
+    """Note the ops whose values are recomputed in their consumers (see module doc).
 
     Assumes a verified kernel; guarantees that an ``inline`` op is pure, produces a tile,
     and is only used in its own statement list after its definition with no intervening
     write to what it reads.
     """
     counts = Counter(v.id for stmt in ir.walk(kernel.body) for v in ir.uses(stmt))
-    _fuse_list(kernel.body, counts, {})
-    return kernel
+    fused: set[int] = set()
+    _fuse_list(kernel.body, counts, {}, fused)
+    return dataclasses.replace(kernel, body=_annotate(kernel.body, fused))

@@ -13,38 +13,17 @@ import dataclasses
 
 import numpy as np
 
-from .. import ir
+from .. import ir, op_defs
 
 
-def _reads(op: ir.Op) -> set[str]:
-    if op.kind == "load":
-        return {op.attrs["buffer"]}
-    if op.kind == "copy":
-        return {op.attrs["src"]}
-    if op.kind == "gemm":
-        return {op.attrs["a"], op.attrs["b"], op.attrs["c"]}
-    return set()
-
-
-def _whole(index: tuple[ir.Index, ...], shape: tuple[int, ...]) -> bool:
-    return all(i.start == 0 and not isinstance(i.start, ir.Value) and i.size == n
-               for i, n in zip(index, shape))
-
-
-def _overwritten(stmt: ir.Stmt, scratch: dict[str, ir.Buffer]) -> str | None:
+def _overwritten(stmt: ir.Stmt, scratch: dict[str, ir.Buffer]) -> list[str]:
     if not isinstance(stmt, ir.Op):
-        return None
-    if stmt.kind == "store":
-        name, index = stmt.attrs["buffer"], stmt.attrs["index"]
-    elif stmt.kind == "copy":
-        name, index = stmt.attrs["dst"], stmt.attrs["dst_index"]
-    else:
-        return None
-    buf = scratch.get(name)
-    return name if buf is not None and _whole(index, buf.shape) else None
+        return []
+    return [r.buffer for r in op_defs.writes(stmt)
+            if r.buffer in scratch and r.is_whole(scratch[r.buffer].shape)]
 
 
-def _scan(body: list[ir.Stmt], defined: set[str], scratch: dict[str, ir.Buffer],
+def _scan(body: tuple[ir.Stmt, ...], defined: set[str], scratch: dict[str, ir.Buffer],
           needed: list[str]) -> None:
     """Record in ``needed`` the scratch buffers read in ``body`` before a whole write in the
     same or an enclosing statement list; a loop body or branch sees the writes before it,
@@ -56,12 +35,10 @@ def _scan(body: list[ir.Stmt], defined: set[str], scratch: dict[str, ir.Buffer],
             _scan(stmt.then, set(defined), scratch, needed)
             _scan(stmt.otherwise, set(defined), scratch, needed)
         else:
-            for name in sorted(_reads(stmt)):
+            for name in sorted({r.buffer for r in op_defs.reads(stmt)}):
                 if name in scratch and name not in defined and name not in needed:
                     needed.append(name)
-            name = _overwritten(stmt, scratch)
-            if name is not None:
-                defined.add(name)
+            defined.update(_overwritten(stmt, scratch))
 
 
 def zero_uninitialised_scratch(kernel: ir.Kernel) -> ir.Kernel:
@@ -77,6 +54,5 @@ def zero_uninitialised_scratch(kernel: ir.Kernel) -> ir.Kernel:
         tile = ir.Value(buf.shape, buf.dtype)
         fills += [ir.Op("const", (), zero, {"value": np.zeros((), buf.dtype).item()}, buf.line),
                   ir.Op("broadcast", (zero,), tile, {"dims": ()}, buf.line),
-                  ir.Op("store", (tile,), None, {"buffer": name, "index": tuple(
-                      ir.Index(0, n) for n in buf.shape)}, buf.line)]
-    return dataclasses.replace(kernel, body=fills + kernel.body) if fills else kernel
+                  ir.Op("store", (tile,), None, {"dst": ir.whole(name, buf.shape)}, buf.line)]
+    return dataclasses.replace(kernel, body=(*fills, *kernel.body)) if fills else kernel

@@ -1,0 +1,274 @@
+"""One definition per Tile IR op kind.
+
+An :class:`OpDef` says everything passes need to know about an op without looking at its
+kind: how many operands it takes, its attributes and their types, the rule its result obeys,
+the buffer regions it reads and writes, whether it is pure, and whether it works element by
+element. The verifier checks every op against its definition; DCE, fusion, scratch
+initialisation, coverage (and later barrier insertion and pipelining) ask the definition.
+
+=============  =====================================================================
+``const``      ``value``: a Python scalar broadcast to the result shape
+``iota``       ``dimension``: the result dimension that counts
+``elementwise``  ``fn``: name in :data:`UNARY` or :data:`BINARY`; operands are scalars or
+               have the result's rank with each dimension equal to the result's or 1
+``convert``    to the result dtype
+``broadcast``  ``dims``: operand dim i becomes result dim ``dims[i]``
+``reshape``    result shape only (element order preserved)
+``transpose``  ``perm``: result dim i is operand dim ``perm[i]``
+``reduce``     ``fn`` (:data:`REDUCTIONS`), ``axes``
+``select``     operands ``(pred, on_false, on_true)``
+``load``       ``src``: region read with JAX ``get`` semantics (dynamic starts clamped)
+``store``      ``dst``: region written with JAX ``swap`` semantics; operand: the value
+``copy``       ``src``, ``dst``: regions, ``pad``: masked tile copy (reads past a global
+               edge give ``pad``, writes past it are dropped), casting to ``dst``'s dtype
+``gemm``       ``a``, ``b``, ``c``: 2-D tile regions, ``transpose_a``, ``transpose_b``:
+               ``c += op(a) @ op(b)``
+=============  =====================================================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from .ir import Buffer, Op, Region, Value
+
+UNARY = frozenset({
+    "neg", "abs", "sign", "floor", "ceil", "round", "round_away", "exp", "exp2", "log",
+    "log1p", "expm1", "tanh", "logistic", "sqrt", "rsqrt", "sin", "cos", "erf", "square",
+    "not",
+})
+BINARY = frozenset({
+    "add", "sub", "mul", "div", "rem", "max", "min", "pow",
+    "lt", "le", "gt", "ge", "eq", "ne", "and", "or", "xor",
+})
+COMPARISONS = frozenset({"lt", "le", "gt", "ge", "eq", "ne"})
+EXPENSIVE = frozenset({"div", "rem", "pow", "exp", "exp2", "log", "log1p", "expm1", "tanh",
+                       "logistic", "sqrt", "rsqrt", "sin", "cos", "erf"})
+"""Elementwise functions worth computing once rather than per use."""
+REDUCTIONS = frozenset({"sum", "max", "min", "prod", "and", "or"})
+
+Buffers = Mapping[str, Buffer]
+Check = Callable[[Op, Buffers], "str | None"]
+
+
+def _is_scalar(v: Any) -> bool:
+    return isinstance(v, bool | int | float) and not isinstance(v, np.generic)
+
+
+def _is_int_tuple(v: Any) -> bool:
+    return isinstance(v, tuple) and all(isinstance(x, int) and not isinstance(x, bool)
+                                        for x in v)
+
+
+ATTR_TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "scalar": (_is_scalar, "a Python int, float or bool"),
+    "pad": (lambda v: v is None or _is_scalar(v), "None or a Python scalar"),
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an int"),
+    "bool": (lambda v: isinstance(v, bool), "a bool"),
+    "ints": (_is_int_tuple, "a tuple of ints"),
+    "region": (lambda v: isinstance(v, Region), "a buffer region"),
+    "elementwise": (lambda v: v in UNARY or v in BINARY, "an elementwise function name"),
+    "reduction": (lambda v: v in REDUCTIONS, f"one of {sorted(REDUCTIONS)}"),
+}
+"""Attribute types: a test and what it expects, for messages."""
+
+
+@dataclasses.dataclass(frozen=True)
+class OpDef:
+    """What an op kind is; see the module docstring."""
+
+    kind: str
+    attrs: Mapping[str, str]
+    """Attribute name -> type name in :data:`ATTR_TYPES`."""
+    arity: tuple[int, ...]
+    """Allowed numbers of operands."""
+    has_result: bool
+    pure: bool
+    """No effect besides its result: removable when the result is unused."""
+    per_element: bool
+    """Result element ``i`` depends only on element ``i`` of each operand (broadcast
+    dimensions aside): fusion may recompute it in a consumer that writes where it reads."""
+    reads: tuple[str, ...] = ()
+    """Region attributes the op reads."""
+    writes: tuple[str, ...] = ()
+    """Region attributes the op writes."""
+    check: Check | None = None
+    """Further rules (result shape and dtype, attribute values): returns a message."""
+
+    def read_regions(self, op: Op) -> list[Region]:
+        return [op.attrs[a] for a in self.reads]
+
+    def write_regions(self, op: Op) -> list[Region]:
+        return [op.attrs[a] for a in self.writes]
+
+
+def _broadcastable(v: Value, shape: tuple[int, ...]) -> bool:
+    return v.shape == () or (len(v.shape) == len(shape)
+                             and all(n in (1, m) for n, m in zip(v.shape, shape)))
+
+
+def _check_iota(op: Op, bufs: Buffers) -> str | None:
+    d = op.attrs["dimension"]
+    return None if 0 <= d < len(op.result.shape) else \
+        f"iota dimension {d} out of range for rank {len(op.result.shape)}"
+
+
+def _check_elementwise(op: Op, bufs: Buffers) -> str | None:
+    fn, res = op.attrs["fn"], op.result
+    want = 1 if fn in UNARY else 2
+    if len(op.operands) != want:
+        return f"{fn} takes {want} operand(s), got {len(op.operands)}"
+    for v in op.operands:
+        if not _broadcastable(v, res.shape):
+            return f"{fn}: operand shape {v.shape} does not match {res.shape}"
+    if len({v.dtype for v in op.operands}) > 1:
+        return f"{fn}: operands differ in dtype ({', '.join(str(v.dtype) for v in op.operands)})"
+    expected = np.dtype(np.bool_) if fn in COMPARISONS else op.operands[0].dtype
+    if res.dtype != expected:
+        return f"{fn}: result dtype {res.dtype}, expected {expected}"
+    return None
+
+
+def _check_same_shape(op: Op, bufs: Buffers) -> str | None:
+    src = op.operands[0]
+    return None if src.shape == op.result.shape else \
+        f"{op.kind}: result shape {op.result.shape} differs from operand shape {src.shape}"
+
+
+def _check_broadcast(op: Op, bufs: Buffers) -> str | None:
+    dims, src, res = op.attrs["dims"], op.operands[0], op.result
+    if len(dims) != len(src.shape):
+        return f"broadcast: {len(dims)} dims for an operand of rank {len(src.shape)}"
+    if list(dims) != sorted(set(dims)) or any(not 0 <= d < len(res.shape) for d in dims):
+        return f"broadcast: dims {dims} must increase within the result rank {len(res.shape)}"
+    if any(n not in (1, res.shape[d]) for n, d in zip(src.shape, dims)):
+        return f"broadcast: operand shape {src.shape} does not fit {res.shape} at dims {dims}"
+    return None if src.dtype == res.dtype else "broadcast: dtype changes"
+
+
+def _check_reshape(op: Op, bufs: Buffers) -> str | None:
+    src, res = op.operands[0], op.result
+    if math.prod(src.shape) != math.prod(res.shape) or src.dtype != res.dtype:
+        return f"reshape of {src.dtype}{list(src.shape)} to {res.dtype}{list(res.shape)}"
+    return None
+
+
+def _check_transpose(op: Op, bufs: Buffers) -> str | None:
+    perm, src, res = op.attrs["perm"], op.operands[0], op.result
+    if sorted(perm) != list(range(len(src.shape))):
+        return f"transpose: {perm} is not a permutation of {len(src.shape)} dimensions"
+    if res.shape != tuple(src.shape[p] for p in perm):
+        return f"transpose: result shape {res.shape} does not match perm {perm}"
+    return None
+
+
+def _check_reduce(op: Op, bufs: Buffers) -> str | None:
+    axes, src, res = op.attrs["axes"], op.operands[0], op.result
+    rank = len(src.shape)
+    if len(set(axes)) != len(axes) or any(not 0 <= a < rank for a in axes):
+        return f"reduce over axes {axes} of a rank-{rank} value"
+    kept = tuple(n for d, n in enumerate(src.shape) if d not in axes)
+    if res.shape != kept or res.dtype != src.dtype:
+        return f"reduce: result {res.dtype}{list(res.shape)}, expected {src.dtype}{list(kept)}"
+    return None
+
+
+def _check_select(op: Op, bufs: Buffers) -> str | None:
+    pred, on_false, on_true = op.operands
+    res = op.result
+    if pred.dtype != np.bool_:
+        return f"select: predicate of dtype {pred.dtype}"
+    if not all(_broadcastable(v, res.shape) for v in op.operands):
+        return "select: operand shapes do not match the result"
+    if on_false.dtype != res.dtype or on_true.dtype != res.dtype:
+        return "select: case dtypes differ from the result"
+    return None
+
+
+def _check_load(op: Op, bufs: Buffers) -> str | None:
+    src, res = op.attrs["src"], op.result
+    if res.shape != src.shape:
+        return (f"load of '{src.buffer}': value shape {res.shape} does not match the indexed "
+                f"tile {src.shape}")
+    if res.dtype != bufs[src.buffer].dtype:
+        return f"load of '{src.buffer}': value dtype {res.dtype} differs from the buffer's"
+    return None
+
+
+def _check_store(op: Op, bufs: Buffers) -> str | None:
+    dst, val = op.attrs["dst"], op.operands[0]
+    if val.shape != dst.shape:
+        return (f"store of '{dst.buffer}': value shape {val.shape} does not match the indexed "
+                f"tile {dst.shape}")
+    return None
+
+
+def _check_copy(op: Op, bufs: Buffers) -> str | None:
+    if op.attrs["src"].shape != op.attrs["dst"].shape:
+        return "jt.copy: source and destination tiles differ in shape"
+    return None
+
+
+def _check_gemm(op: Op, bufs: Buffers) -> str | None:
+    a, b, c = (op.attrs[r] for r in ("a", "b", "c"))
+    for role, r in (("a", a), ("b", b), ("c", c)):
+        if bufs[r.buffer].scope == "global":
+            return f"jt.gemm: operand {role} must be an on-chip tile"
+        if len(r.shape) != 2:
+            return f"jt.gemm: operand {role} must be a 2-D tile, got shape {r.shape}"
+    (m, k) = a.shape[::-1] if op.attrs["transpose_a"] else a.shape
+    (k2, n) = b.shape[::-1] if op.attrs["transpose_b"] else b.shape
+    if k != k2 or c.shape != (m, n):
+        return (f"jt.gemm: shapes {a.shape} @ {b.shape} -> {c.shape} do not agree "
+                f"(transpose_a={op.attrs['transpose_a']}, "
+                f"transpose_b={op.attrs['transpose_b']})")
+    return None
+
+
+_DEFS = (
+    OpDef("const", {"value": "scalar"}, (0,), True, True, True),
+    OpDef("iota", {"dimension": "int"}, (0,), True, True, False, check=_check_iota),
+    OpDef("elementwise", {"fn": "elementwise"}, (1, 2), True, True, True,
+          check=_check_elementwise),
+    OpDef("convert", {}, (1,), True, True, True, check=_check_same_shape),
+    OpDef("broadcast", {"dims": "ints"}, (1,), True, True, False, check=_check_broadcast),
+    OpDef("reshape", {}, (1,), True, True, False, check=_check_reshape),
+    OpDef("transpose", {"perm": "ints"}, (1,), True, True, False, check=_check_transpose),
+    OpDef("reduce", {"fn": "reduction", "axes": "ints"}, (1,), True, True, False,
+          check=_check_reduce),
+    OpDef("select", {}, (3,), True, True, True, check=_check_select),
+    OpDef("load", {"src": "region"}, (0,), True, True, True, reads=("src",),
+          check=_check_load),
+    OpDef("store", {"dst": "region"}, (1,), False, False, False, writes=("dst",),
+          check=_check_store),
+    OpDef("copy", {"src": "region", "dst": "region", "pad": "pad"}, (0,), False, False, False,
+          reads=("src",), writes=("dst",), check=_check_copy),
+    OpDef("gemm", {"a": "region", "b": "region", "c": "region", "transpose_a": "bool",
+                   "transpose_b": "bool"}, (0,), False, False, False,
+          reads=("a", "b", "c"), writes=("c",), check=_check_gemm),
+)
+OPS: Mapping[str, OpDef] = {d.kind: d for d in _DEFS}
+
+
+def get(kind: str) -> OpDef:
+    """The definition of op kind ``kind`` (KeyError if there is none)."""
+    return OPS[kind]
+
+
+def reads(op: Op) -> list[Region]:
+    """The buffer regions ``op`` reads."""
+    return OPS[op.kind].read_regions(op)
+
+
+def writes(op: Op) -> list[Region]:
+    """The buffer regions ``op`` writes."""
+    return OPS[op.kind].write_regions(op)
+
+
+def is_pure(op: Op) -> bool:
+    return OPS[op.kind].pure

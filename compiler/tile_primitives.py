@@ -1,0 +1,14 @@
+"""Names of the tile-language primitives that kernel bodies bind.
+
+The primitives themselves (abstract evaluation, reference semantics) live in
+``jaxtile.primitives.tile_ops``; the converter recognises them in traced bodies by these
+names. Both import them from here, the lower layer.
+"""
+
+COPY = "jt_copy"
+"""``jt_copy(src, dst, *starts, src_sizes, dst_sizes, pad)``: a masked tile copy."""
+GEMM = "jt_gemm"
+"""``jt_gemm(a, b, c, *starts, a_sizes, b_sizes, c_sizes, transpose_a, transpose_b)``:
+``c += op(a) @ op(b)`` on regions of on-chip tiles."""
+LOOP_INFO = "jt_loop_info"
+"""An identity on a loop index that records the loop's kind and pipeline stages."""

@@ -1,20 +1,28 @@
-"""From a traced kernel body to a compiled, cached library: the compiler's entry points."""
+"""From a traced kernel body to a compiled, cached artifact: the compiler's entry points.
+
+``to_tile_ir`` converts a traced body and runs the target-neutral pipeline once per
+specialisation. ``build`` compiles that IR for one target: its content key (the neutral IR's
+text, the target's description and the compiler's version) is looked up in the cache; on a
+miss the target's own passes run and its backend (imported only then) compiles.
+"""
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import cache, from_jaxpr, ir, printer, verify
+from . import cache, from_jaxpr, ir, pipelines, printer
 from . import jax_internals as ji
-from .passes.coverage import check_output_coverage
-from .passes.dce import eliminate_dead_code
-from .passes.scratch_init import zero_uninitialised_scratch
+from .errors import KernelError
 from .target import Target
 
 _FORMAT = "jaxtile-compiler-1"
+_BACKENDS = {"cpu": ".cpu.lower"}
+"""Target kind -> the module that lowers and compiles for it, imported on first use: it
+provides ``compile_to_library(kernel, target)`` and ``source(kernel, target)``."""
 
 
 @functools.cache
@@ -33,16 +41,46 @@ def compiler_version() -> str:
 def to_tile_ir(name: str, jaxpr: ji.ClosedJaxpr, buffers: Sequence[ir.Buffer],
                grid: tuple[int, ...], threads: int,
                index_axes: Sequence[int | None]) -> ir.Kernel:
-    """Convert, verify and clean up a traced body; the result is ready for lowering."""
+    """Convert a traced body and run the neutral pipeline; the result is what every target
+    builds from."""
     kernel = from_jaxpr.convert(name, jaxpr, buffers, grid, threads, index_axes)
-    kernel = check_output_coverage(verify.verify(kernel))
-    return zero_uninitialised_scratch(eliminate_dead_code(kernel))
+    return pipelines.run(kernel, pipelines.NEUTRAL)
+
+
+def ir_key(kernel: ir.Kernel) -> str:
+    """A target-neutral identity of a kernel: its IR text and the compiler version."""
+    return cache.content_key(printer.key_text(kernel), "", compiler_version())
 
 
 def kernel_key(kernel: ir.Kernel, target: Target) -> str:
     """The content key of a kernel on a target: IR text, target, compiler version."""
-    return cache.content_key(printer.key_text(kernel),
-                             target.describe(), compiler_version())
+    return cache.content_key(printer.key_text(kernel), target.describe(), compiler_version())
+
+
+def check_backend(target: Target) -> None:
+    """Raise a clear error if no backend compiles for ``target`` yet."""
+    if target.kind not in _BACKENDS:
+        raise KernelError(
+            f"jaxtile cannot compile for {target.name} yet: only the CPU backend exists (the "
+            f"CUDA lowering and the GPU emulator are being built); backends: "
+            f"{', '.join(sorted(_BACKENDS))}")
+
+
+def backend(target: Target):
+    """The module that compiles for ``target`` (imported now); see :func:`check_backend`."""
+    check_backend(target)
+    return importlib.import_module(_BACKENDS[target.kind], __package__)
+
+
+def lowered_ir(kernel: ir.Kernel, target: Target) -> ir.Kernel:
+    """The IR after ``target``'s own passes, as its backend receives it."""
+    return pipelines.run(kernel, pipelines.for_target(target))
+
+
+def source(kernel: ir.Kernel, target: Target) -> str:
+    """The source the backend generates for ``kernel`` on ``target``, for inspection."""
+    be = backend(target)
+    return be.source(lowered_ir(kernel, target), target)
 
 
 def build(kernel: ir.Kernel, target: Target) -> cache.Entry:
@@ -51,7 +89,6 @@ def build(kernel: ir.Kernel, target: Target) -> cache.Entry:
     entry = cache.lookup(key)
     if entry is not None:
         return entry
-    from .cpu import lower  # imports TVM: only on a cache miss
-
-    library, symbol = lower.compile_to_library(kernel, target)
+    be = backend(target)
+    library, symbol = be.compile_to_library(lowered_ir(kernel, target), target)
     return cache.store(key, library, symbol, kernel.num_blocks)

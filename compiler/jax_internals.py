@@ -125,6 +125,13 @@ def lowering_for_export(ctx: Any) -> bool:
     return bool(getattr(ctx.module_context.lowering_parameters, "for_export", False))
 
 
+def compute_capability(ctx: Any) -> str | None:
+    """The compute capability (``"9.0"``) of the first device a lowering is for, where
+    JAX says (it lowers with devices only when it must; see below)."""
+    devices = getattr(ctx.module_context, "devices", None) or ()
+    return getattr(devices[0], "compute_capability", None) if len(devices) else None
+
+
 def lowering_is_partitioned(ctx: Any) -> bool:
     """Whether a lowering rule runs in a computation that XLA will partition over several
     devices (``jit`` with a multi-device sharding), and not inside ``shard_map``, whose body

@@ -14,11 +14,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxtile.compiler import build
+from jaxtile.compiler import build, cache
 from jaxtile.compiler import ir as tile_ir
 from jaxtile.compiler import jax_internals as ji
 from jaxtile.compiler.errors import KernelError, kernel_error
-from jaxtile.compiler.target import get_target
+from jaxtile.compiler.target import Target
 from jaxtile.primitives import kernel_call, reference
 from jaxtile.primitives.sharding import ShardRule
 
@@ -43,6 +43,7 @@ class Specialisation:
             raise KernelError(f"{e} [called with {called}]") from None
         self._ir: tile_ir.Kernel | None = None
         self._handle: kernel_call.KernelHandle | None = None
+        self._entries: dict[Target, cache.Entry] = {}
 
     @property
     def tile_ir(self) -> tile_ir.Kernel:
@@ -53,14 +54,20 @@ class Specialisation:
         return self._ir
 
     def handle(self) -> kernel_call.KernelHandle:
-        """Compile (or fetch from the cache), load, and describe the kernel for kernel_call."""
+        """The target-neutral description of the kernel that kernel_call carries; each
+        platform's lowering compiles it with :meth:`build`."""
         if self._handle is None:
-            entry = build.build(self.tile_ir, get_target("cpu"))
-            kernel_call.load(entry)
             avals = tuple(ji.ShapedArray(b.shape, b.dtype) for b in self.traced.outputs)
-            self._handle = kernel_call.KernelHandle(entry.key, self.owner.name, avals, entry,
-                                                    self)
+            self._handle = kernel_call.KernelHandle(build.ir_key(self.tile_ir),
+                                                    self.owner.name, avals, self)
         return self._handle
+
+    def build(self, target: Target) -> cache.Entry:
+        """The kernel compiled for ``target`` (or fetched from the cache)."""
+        entry = self._entries.get(target)
+        if entry is None:
+            entry = self._entries[target] = build.build(self.tile_ir, target)
+        return entry
 
     # --- what kernel_call's rules ask for -----------------------------------
     def reference(self, *args: Any) -> list[Any]:

@@ -16,7 +16,7 @@ import numpy as np
 from jaxtile.compiler import build, printer
 from jaxtile.compiler import ir as tile_ir
 from jaxtile.compiler.errors import kernel_error, user_line
-from jaxtile.compiler.target import get_target
+from jaxtile.compiler.target import parse_target
 from jaxtile.primitives import kernel_call, sharding
 
 from . import _trace
@@ -56,10 +56,8 @@ class Lowered:
 
     @property
     def source(self) -> str:
-        """The generated TVM TIR (TVMScript) of the CPU lowering."""
-        from jaxtile.compiler.cpu import lower
-
-        return lower.tir_source(self.kernel, get_target(self.target))
+        """The source the target's backend generates (TVMScript TIR for the CPU)."""
+        return build.source(self.kernel, parse_target(self.target))
 
 
 class Kernel:
@@ -212,11 +210,14 @@ class Kernel:
         self.jvp_rule = jvp
 
     def lower(self, *args: Any, target: str = "cpu", **params: Any) -> Lowered:
-        """Trace and lower for ``target`` without running; ``args`` may be
-        ``jax.ShapeDtypeStruct`` s. Returns the Tile IR, content key and generated source."""
+        """Trace and lower for ``target`` (``"cpu"``, ``"cuda:sm_80"``, ``"cuda:sm_90"``,
+        ``"hip:gfx90a"``...) without running; ``args`` may be ``jax.ShapeDtypeStruct`` s.
+        Returns the Tile IR, the content key and (``.source``) the generated source. A
+        target that has no backend yet is a KernelError saying so."""
+        tgt = parse_target(target)
+        build.check_backend(tgt)
         spec = self._specialise(args, params)
         kernel = spec.tile_ir
-        tgt = get_target(target)
         return Lowered(printer.format_kernel(kernel), build.kernel_key(kernel, tgt), tgt.name,
                        kernel)
 

@@ -26,21 +26,22 @@ kernel_call_p.multiple_results = True
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class KernelHandle:
-    """A compiled, loaded kernel: its content key, name and output types.
+    """A traced kernel, target-neutral: its IR's key, name and output types. Each
+    platform's lowering rule compiles it for its own target (``spec.build(target)``).
 
     Equality goes by the key and the specialisation (whose rules may differ between two
     kernels that compile to the same code), hashing by the key.
     """
 
     key: str
+    """The target-neutral key of the kernel's Tile IR (``build.ir_key``)."""
     name: str
     out_avals: tuple[ji.ShapedArray, ...]
-    entry: cache.Entry
-    """Where the compiled library is (for loading it, and for embedding it in exports)."""
     spec: Any = None
-    """The frontend's specialisation: ``reference(*args)``, ``batched(flags, size)``,
-    ``resized(shapes)``, ``vjp`` and ``shard_rule`` (see ``jaxtile._specialisation``), used
-    by the batching, AD and sharding rules."""
+    """The frontend's specialisation: ``build(target)`` (compile or fetch from the cache),
+    ``reference(*args)``, ``batched(flags, size)``, ``resized(shapes)``, ``vjp`` and
+    ``shard_rule`` (see ``jaxtile._specialisation``), used by the lowering, batching, AD and
+    sharding rules."""
     per_shard: bool = False
     """Set on the per-device kernels that a sharded call lowers to, which must not be
     partitioned again."""

@@ -4,7 +4,10 @@ A program compiled in this process calls ``jaxtile_cpu_call {key}``; the kernel 
 loaded here. A program lowered by ``jax.export`` must run elsewhere, so it calls
 ``jaxtile_cpu_exported_call {key, payload}`` instead, whose payload carries the compiled
 library (``payload.py``); the handler loads it on the first call in a process that lacks it.
-Only the CPU has a lowering; any other platform is a clear error at lowering time. A kernel
+Each platform's rule chooses the target (the host CPU; on a GPU, from the device's compute
+capability) and compiles the kernel for it there, so one traced call can be lowered for
+several platforms. Only the CPU has a backend; the ``cuda`` and ``rocm`` slots and any
+other platform are a clear error at lowering time. A kernel
 with a sharding rule, lowered for several devices outside ``shard_map``, is wrapped so that
 each device runs it on its shard (``sharding.py``).
 """
@@ -19,10 +22,11 @@ from jax.interpreters import mlir
 
 from jaxtile import _ffi
 from jaxtile.compiler import jax_internals as ji
-from jaxtile.compiler.errors import kernel_error, user_line
+from jaxtile.compiler.errors import KernelError, kernel_error, user_line
+from jaxtile.compiler.target import for_platform
 
 from . import payload, sharding
-from .kernel_call import KernelHandle, kernel_call_p
+from .kernel_call import KernelHandle, kernel_call_p, load
 
 CPU_TARGET_NAME = "jaxtile_cpu_call"
 CPU_EXPORTED_TARGET_NAME = "jaxtile_cpu_exported_call"
@@ -35,13 +39,32 @@ def _cpu_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
         return mlir.lower_fun(
             functools.partial(sharding.sharded_call, kernel=kernel, rule=rule),
             multiple_results=True)(ctx, *args)
+    entry = kernel.spec.build(for_platform("cpu"))
+    load(entry)
     # Should JAX stop flagging export lowerings, exports would hold plain jaxtile_cpu_call
     # ops, which jax.export then rejects (export_checks() does not allow them) rather than
     # writing a program that cannot run elsewhere.
     if ji.lowering_for_export(ctx):
         return jax.ffi.ffi_lowering(CPU_EXPORTED_TARGET_NAME)(
-            ctx, *args, key=kernel.key, payload=payload.encode(kernel))
-    return jax.ffi.ffi_lowering(CPU_TARGET_NAME)(ctx, *args, key=kernel.key)
+            ctx, *args, key=entry.key, payload=payload.encode(kernel.name, entry))
+    return jax.ffi.ffi_lowering(CPU_TARGET_NAME)(ctx, *args, key=entry.key)
+
+
+def _gpu_lowering(platform: str) -> Any:
+    """The lowering slot of a GPU platform: it chooses the target from the device and
+    builds for it, which fails with a clear error while that platform has no backend."""
+    def lower(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
+        del args
+        platforms = list(ctx.module_context.platforms)
+        try:
+            kernel.spec.build(for_platform(platform, ji.compute_capability(ctx)))
+        except KernelError as e:
+            raise kernel_error(
+                kernel.name, f"has no lowering for platform {platform!r} (lowering for "
+                f"platforms {platforms}): {e}; jaxtile runs kernels on the CPU only for now: "
+                "lower or export for platforms=['cpu']", user_line()) from None
+        raise AssertionError(f"a {platform} backend exists but has no lowering rule")
+    return lower
 
 
 def _unsupported_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
@@ -58,6 +81,8 @@ def _unsupported_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
 # A rule for every platform, which the CPU-specific rule overrides.
 mlir.register_lowering(kernel_call_p, _unsupported_lowering)
 mlir.register_lowering(kernel_call_p, _cpu_lowering, platform="cpu")
+for _gpu in ("cuda", "rocm"):
+    mlir.register_lowering(kernel_call_p, _gpu_lowering(_gpu), platform=_gpu)
 ji.require_devices_when_lowering(kernel_call_p)
 jax.ffi.register_ffi_target(CPU_TARGET_NAME, _ffi.cpu_handler(), platform="cpu")
 jax.ffi.register_ffi_target(CPU_EXPORTED_TARGET_NAME, _ffi.cpu_exported_handler(),

@@ -33,42 +33,15 @@ import hashlib
 import importlib.metadata
 import platform
 
+from jaxtile.compiler import cache
 from jaxtile.compiler.errors import kernel_error
+from jaxtile.compiler.target import host_isa
 
-from .kernel_call import KernelHandle
 
 MAGIC = "jaxtile-kernel-payload"
 FORMAT = 1
 ALIGNMENT = 64
 """Buffer alignment compiled CPU kernels assume (``_ffi.load_kernel``'s default)."""
-
-# Instruction-set extensions, as /proc/cpuinfo names them, that compiled code may use. A
-# kernel is compiled for the host CPU (LLVM's -mcpu), so a machine lacking one of the
-# exporting host's extensions could die on an illegal instruction; the loader refuses such a
-# payload instead. Flags outside this list (e.g. "hypervisor") say nothing about code.
-_ISA_FLAGS = frozenset("""
-    sse sse2 pni ssse3 sse4_1 sse4_2 sse4a popcnt abm movbe cx16 lahf_lm f16c fma fma4 xop
-    avx avx2 bmi1 bmi2 adx aes pclmulqdq vpclmulqdq vaes gfni sha_ni avx_vnni avx_vnni_int8
-    avx_ifma avx512f avx512cd avx512bw avx512dq avx512vl avx512ifma avx512vbmi avx512_vbmi2
-    avx512_vnni avx512_bitalg avx512_vpopcntdq avx512_bf16 avx512_fp16 amx_tile amx_bf16
-    amx_int8
-    fp asimd fphp asimdhp asimdrdm asimddp asimdfhm atomics crc32 pmull sha1 sha2 sha3 sha512
-    sve sve2 svebf16 svei8mm svef32mm svef64mm bf16 i8mm sme sme2 fcma jscvt lrcpc ilrcpc
-""".split())
-
-
-@functools.cache
-def host_isa() -> tuple[str, ...]:
-    """The instruction-set extensions of this machine's CPU that compiled code may use."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return tuple(sorted(_ISA_FLAGS.intersection(line.split(":", 1)[1].split())))
-    except OSError:
-        pass
-    return ()
-
 
 def _version() -> str:
     try:
@@ -100,16 +73,15 @@ def pack(*, key: str, name: str, symbol: str, num_blocks: int, library: bytes,
 
 
 @functools.lru_cache(maxsize=64)
-def encode(kernel: KernelHandle) -> str:
-    """The payload of a loaded kernel, read from its library in the build cache."""
-    entry = kernel.entry
+def encode(kernel_name: str, entry: cache.Entry) -> str:
+    """The payload of a compiled kernel, read from its library in the build cache."""
     try:
         with open(entry.library, "rb") as f:
             library = f.read()
     except OSError as e:
-        raise kernel_error(kernel.name, f"cannot embed the compiled library in an export: {e}"
+        raise kernel_error(kernel_name, f"cannot embed the compiled library in an export: {e}"
                            " (was the kernel cache cleared while this process ran?)") from e
     # Kernel names are Python names, but a generated one could hold anything.
-    name = " ".join(kernel.name.split()) or "kernel"
-    return pack(key=kernel.key, name=name, symbol=entry.symbol,
+    name = " ".join(kernel_name.split()) or "kernel"
+    return pack(key=entry.key, name=name, symbol=entry.symbol,
                 num_blocks=entry.num_blocks, library=library)

@@ -116,7 +116,7 @@ def _masked_copy(low: Lowering, op, src, dst, tile, s_starts, d_starts) -> None:
             lows.append(tirx.const(0, "int32"))
             highs.append(tirx.const(i.size, "int32"))
     pad = a["pad"] if a["pad"] is not None else 0
-    lanes = low.target.vector_bits // 32
+    lanes = low.target.caps.vector_bits // 32
     chunked = (a["src"].index[-1].size is not None and a["dst"].index[-1].size is not None
                and tile[-1] % lanes == 0)
 

@@ -21,7 +21,6 @@ from tvm import tirx
 from tvm.ir import Expr
 
 from .. import ir
-from ..passes.fusion import fuse_elementwise
 from ..target import Target
 from . import elementwise as ew
 from . import tir_emit as te
@@ -146,7 +145,7 @@ class _Lowering:
         """Loops over a tile; the innermost is vectorised when it divides evenly, in vectors
         of the target's width or, failing that, of 8 lanes."""
         idx: list[Expr] = []
-        width = self.target.vector_bits // 32
+        width = self.target.caps.vector_bits // 32
         with contextlib.ExitStack() as stack:
             for d, n in enumerate(shape):
                 lanes = next((w for w in (width, FALLBACK_LANES) if n % w == 0), None)
@@ -236,7 +235,7 @@ class _Lowering:
                           self.bufs[name][tuple(idx)])
 
     def gemm(self, op: ir.Op) -> None:
-        lower_gemm(self, op, lanes=self.target.vector_bits // 32)
+        lower_gemm(self, op, lanes=self.target.caps.vector_bits // 32)
 
     def reduce(self, op: ir.Op) -> None:
         lower_reduce(self, op)
@@ -276,12 +275,12 @@ def _reindex(idx: Sequence[Expr], shape: Sequence[int], target: Sequence[int]) -
 
 
 def to_tir(kernel: ir.Kernel, target: Target) -> tirx.PrimFunc:
-    """The TIR function of a verified kernel for a CPU ``target`` (see the module
-    docstring)."""
-    return _Lowering(fuse_elementwise(kernel), target).run()
+    """The TIR function of a kernel that went through the CPU's pass pipeline (see
+    :mod:`..pipelines`), for a CPU ``target`` (see the module docstring)."""
+    return _Lowering(kernel, target).run()
 
 
-def tir_source(kernel: ir.Kernel, target: Target) -> str:
+def source(kernel: ir.Kernel, target: Target) -> str:
     """The generated TIR as TVMScript text, for inspection."""
     return to_tir(kernel, target).script()
 

@@ -23,7 +23,7 @@ def _lanes(low: Lowering, extent: int) -> int:
     vectors' worth (a power of two). The elements past the last whole group are added
     one by one, each waiting on the previous (about 4 cycles), so the count with the
     least estimated time wins."""
-    width = low.target.vector_bits // 32
+    width = low.target.caps.vector_bits // 32
     candidates = [n for n in (4 * width, 2 * width, width, FALLBACK_LANES) if n <= extent]
     if not candidates:
         return 1

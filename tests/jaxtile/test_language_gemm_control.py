@@ -104,7 +104,7 @@ def test_each_vector_width(rng, monkeypatch, vector_bits):
     from jaxtile.compiler import target
 
     monkeypatch.setattr(target, "_cpu_vector_bits", lambda: vector_bits)
-    assert target.get_target("cpu").vector_bits == vector_bits
+    assert target.parse_target("cpu").caps.vector_bits == vector_bits
     fresh = jt.kernel(gemm_k.fn, name=f"gemm_{vector_bits}")
     a = data(rng, (45, 19), F32, edges=False)
     b = data(rng, (19, 150), F32, edges=False)

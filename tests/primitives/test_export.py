@@ -18,6 +18,7 @@ import pytest
 
 import jaxtile as jt
 from jaxtile import _ffi
+from jaxtile.compiler.target import parse_target
 from jaxtile.export import export_checks
 from jaxtile.primitives import payload
 from jaxtile.primitives.lowering import CPU_EXPORTED_TARGET_NAME
@@ -114,11 +115,10 @@ def fresh_run(tmp_path_factory):
     good = _export()
     blob = good.serialize()
 
-    def newer(kernel):
-        e = kernel.entry
+    def newer(name, e):
         with open(e.library, "rb") as f:
             library = f.read()
-        return payload.pack(key=kernel.key, name=kernel.name, symbol=e.symbol,
+        return payload.pack(key=e.key, name=name, symbol=e.symbol,
                             num_blocks=e.num_blocks, library=library, format=payload.FORMAT + 1,
                             version="99.0.0")
 
@@ -201,11 +201,13 @@ def _fake_key():
 
 
 def _handle_of(kernel, *args, **params):
-    """The handle of a kernel specialisation (compiled and loaded here), and its library."""
+    """The handle of a kernel specialisation, its CPU cache entry (compiled here) and its
+    library."""
     jaxpr = jax.make_jaxpr(functools.partial(kernel, **params))(*args)
     (handle,) = [e.params["kernel"] for e in jaxpr.eqns if "kernel" in e.params]
-    with open(handle.entry.library, "rb") as f:
-        return handle, f.read()
+    entry = handle.spec.build(parse_target("cpu"))
+    with open(entry.library, "rb") as f:
+        return handle, entry, f.read()
 
 
 def _load(key, text):
@@ -225,8 +227,7 @@ def test_payload_format_matches_the_runtime():
 
 def test_the_first_exported_call_loads_the_payload():
     x = jnp.arange(40, dtype=jnp.float32)
-    handle, library = _handle_of(jt.ops.add, x, x, block=16)
-    entry = handle.entry
+    handle, entry, library = _handle_of(jt.ops.add, x, x, block=16)
     key = _fake_key()
     text = payload.pack(key=key, name="add", symbol=entry.symbol, num_blocks=entry.num_blocks,
                         library=library)
@@ -286,9 +287,9 @@ def test_checksums_of_every_padding_case(size, tmp_path, monkeypatch):
 
 def test_encode_describes_the_kernel():
     x = jnp.ones((8, 40), jnp.float32)
-    handle, library = _handle_of(jt.ops.softmax, x)
-    entry = handle.entry
-    fields = dict(line.split("=", 1) for line in payload.encode(handle).split("\n")[1:-1])
-    assert fields["key"] == handle.key and fields["symbol"] == entry.symbol
+    handle, entry, library = _handle_of(jt.ops.softmax, x)
+    text = payload.encode(handle.name, entry)
+    fields = dict(line.split("=", 1) for line in text.split("\n")[1:-1])
+    assert fields["key"] == entry.key and fields["symbol"] == entry.symbol
     assert int(fields["num_blocks"]) == entry.num_blocks and int(fields["size"]) == len(library)
     assert fields["format"] == str(payload.FORMAT) and fields["name"] == "softmax"

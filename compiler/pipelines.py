@@ -1,0 +1,81 @@
+"""Pass pipelines: the named Tile IR passes each target runs, in order.
+
+A kernel goes through two pipelines. The *neutral* one (verify, coverage, dce,
+scratch_init) runs once per specialisation, whatever the target; its result is the IR that
+the content key hashes and that ``kernel.lower(...)`` shows. Each target kind then has one
+function listing its own passes, run by the build on the neutral IR before the target's
+lowering: the CPU fuses elementwise chains into their consumers. The CUDA pipeline will run
+pipeline planning, layout inference, tile-op lowering, barrier insertion and masks
+(docs/design.md).
+
+``JAXTILE_DUMP_IR=<pass>[,<pass>...]`` (or ``all``) prints the IR after the named passes to
+standard error; ``JAXTILE_VERIFY_IR=1`` verifies the IR after every pass (the test suite
+sets it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from . import ir, printer, verify
+from .passes.coverage import check_output_coverage
+from .passes.dce import eliminate_dead_code
+from .passes.fusion import fuse_elementwise
+from .passes.scratch_init import zero_uninitialised_scratch
+from .target import Target
+
+
+@dataclasses.dataclass(frozen=True)
+class Pass:
+    """A named function from Tile IR to Tile IR."""
+
+    name: str
+    run: Callable[[ir.Kernel], ir.Kernel]
+
+
+NEUTRAL = (
+    Pass("verify", verify.verify),
+    Pass("coverage", check_output_coverage),
+    Pass("dce", eliminate_dead_code),
+    Pass("scratch_init", zero_uninitialised_scratch),
+)
+"""Target-neutral passes, run on every specialisation before its key is computed."""
+
+
+def cpu(target: Target) -> tuple[Pass, ...]:
+    """The CPU's passes: elementwise chains are computed inside their consumers."""
+    del target
+    return (Pass("fusion", fuse_elementwise),)
+
+
+TARGET_PIPELINES: dict[str, Callable[[Target], tuple[Pass, ...]]] = {"cpu": cpu}
+"""Target kind -> the function listing its passes."""
+
+
+def for_target(target: Target) -> tuple[Pass, ...]:
+    """The passes ``target`` runs after the neutral ones (none for a kind that has no
+    backend yet: its build fails with its own error)."""
+    pipeline = TARGET_PIPELINES.get(target.kind)
+    return pipeline(target) if pipeline is not None else ()
+
+
+def _dumped() -> set[str]:
+    return {n.strip() for n in os.environ.get("JAXTILE_DUMP_IR", "").split(",") if n.strip()}
+
+
+def run(kernel: ir.Kernel, passes: Sequence[Pass]) -> ir.Kernel:
+    """Run ``passes`` in order; verify after each when ``JAXTILE_VERIFY_IR`` is set, and
+    print the IR after those named in ``JAXTILE_DUMP_IR``."""
+    dump = _dumped()
+    check = os.environ.get("JAXTILE_VERIFY_IR", "") not in ("", "0")
+    for p in passes:
+        kernel = p.run(kernel)
+        if check:
+            verify.verify(kernel)
+        if p.name in dump or "all" in dump:
+            print(f"// Tile IR after {p.name}\n{printer.format_kernel(kernel)}",
+                  file=sys.stderr)
+    return kernel

@@ -145,6 +145,11 @@ class _Converter:
             return int(lit)
         return self.value(atom, out)
 
+    def scalar_value(self, atom: Any, out: list[ir.Stmt]) -> ir.Value:
+        """A scalar index as a Value (a constant for a static one)."""
+        s = self.scalar(atom, out)
+        return s if isinstance(s, ir.Value) else self.constant(s, np.int32, out)
+
     def starts_region(self, buf: ir.Buffer, starts: Sequence[Any],
                       sizes: Sequence[int | None], out: list[ir.Stmt]) -> ir.Region:
         return ir.Region(buf.name, tuple(ir.Index(self.scalar(s, out), z)
@@ -334,10 +339,7 @@ def _scan(c: _Converter, eqn: Any, out: list) -> None:
     start = c.scalar(eqn.invars[n_consts], out)
     var = ir.Value((), np.int32)
     c.env[body.invars[n_consts]] = var
-    kind, stages = "serial", 1
-    for e in body.eqns:
-        if e.primitive.name == tp.LOOP_INFO and e.invars[0] is body.invars[n_consts]:
-            kind, stages = e.params["kind"], e.params["stages"]
+    kind, stages = _loop_kind(body, body.invars[n_consts])
     stmts: list[ir.Stmt] = []
     c.nested(body, closed.consts, body.invars[:n_consts], eqn.invars[:n_consts], out, stmts)
     out.append(ir.For(var, start, int(p["length"]), kind, stages, stmts, c.line))
@@ -360,10 +362,52 @@ def _cond(c: _Converter, eqn: Any, out: list) -> None:
     out.append(ir.If(pred, cases[1], cases[0], c.line))
 
 
+def _loop_kind(body: Any, index: Any) -> tuple[str, int]:
+    """The kind and stages jt.loop/jt.pipelined recorded on a loop's index."""
+    for e in body.eqns:
+        if e.primitive.name == tp.LOOP_INFO and e.invars[0] is index:
+            return e.params["kind"], e.params["stages"]
+    return "serial", 1
+
+
+def _counted(cond: Any, body: Any, n_consts: int) -> bool:
+    """Whether a ``while`` is a counted loop as ``fori_loop`` with traced bounds makes it:
+    carries ``(i, stop, *unchanged)``, condition ``i < stop``, and the body adds 1 to i."""
+    if len(cond.eqns) != 1 or len(cond.invars) < 2:
+        return False
+    test = cond.eqns[0]
+    if (test.primitive.name != "lt" or list(test.invars) != list(cond.invars[:2])
+            or list(cond.outvars) != list(test.outvars)):
+        return False
+    carries = body.invars[n_consts:]
+    step = next((e for e in body.eqns if e.outvars[0] is body.outvars[0]), None)
+    return (step is not None and step.primitive.name == "add" and step.invars[0] is carries[0]
+            and ji.literal_value(step.invars[1]) == 1
+            and all(o is i for o, i in zip(body.outvars[1:], carries[1:])))
+
+
 @_converts("while")
 def _while(c: _Converter, eqn: Any, out: list) -> None:
-    raise c.error("loops with traced bounds are not supported yet; give "
-                  "jt.loop/jt.pipelined static (Python int) bounds")
+    p = eqn.params
+    nc, nb = p["cond_nconsts"], p["body_nconsts"]
+    body = p["body_jaxpr"].jaxpr
+    if nc or not _counted(p["cond_jaxpr"].jaxpr, body, nb):
+        raise c.error("only counted loops are supported on the device: use jt.loop or "
+                      "jt.pipelined (their bounds may be traced values); lax.while_loop with "
+                      "loop-carried values is not supported")
+    carries = eqn.invars[nc + nb:]
+    start = c.scalar(carries[0], out)
+    kind, stages = _loop_kind(body, body.invars[nb])
+    extent = c.binary(out, "sub", c.scalar_value(carries[1], out),
+                      c.scalar_value(carries[0], out))
+    var = ir.Value((), np.int32)
+    c.env[body.invars[nb]] = var
+    for inner, atom in zip(body.invars[nb + 1:], carries[1:]):
+        c.env[inner] = c.read(atom, out)
+    stmts: list[ir.Stmt] = []
+    c.nested(body, p["body_jaxpr"].consts, body.invars[:nb], eqn.invars[nc:nc + nb], out,
+             stmts)
+    out.append(ir.For(var, start, extent, kind, stages, stmts, c.line))
 
 
 def convert(name: str, closed: ji.ClosedJaxpr, buffers: Sequence[ir.Buffer],

@@ -136,9 +136,13 @@ class Op:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class For:
+    """``for var in range(start, start + extent)``; a Value start or extent is computed on
+    the device (block indices, values read from inputs) and an extent below 1 runs no
+    iteration."""
+
     var: Value
     start: int | Value
-    extent: int
+    extent: int | Value
     kind: str
     stages: int
     body: tuple[Stmt, ...]
@@ -221,7 +225,7 @@ def uses(stmt: Stmt) -> list[Value]:
             vals += r.values()
         return vals
     if isinstance(stmt, For):
-        return [stmt.start] if isinstance(stmt.start, Value) else []
+        return [v for v in (stmt.start, stmt.extent) if isinstance(v, Value)]
     return [stmt.cond]
 
 

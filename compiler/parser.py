@@ -208,15 +208,14 @@ class _Parser:
         return out
 
     def stmt(self, code: str, where: str | None, depth: int) -> ir.Stmt:
-        m = re.match(r"for (%\d+) in (\w+)\((\S+), \+(\d+)(?:, stages=(\d+))?\):$", code)
+        m = re.match(r"for (%\d+) in (\w+)\((\S+), \+(\S+?)(?:, stages=(\d+))?\):$", code)
         if m is not None:
-            toks = _Tokens(m.group(3), self.values)
-            start = toks.start()
+            start = _Tokens(m.group(3), self.values).start()
+            extent = _Tokens(m.group(4), self.values).start()
             var = self.define(m.group(1), (), np.int32)
             self.pos += 1
             body = self.body(depth + 1)
-            return ir.For(var, start, int(m.group(4)), m.group(2), int(m.group(5) or 1), body,
-                          where)
+            return ir.For(var, start, extent, m.group(2), int(m.group(5) or 1), body, where)
         m = re.match(r"if (%\d+):$", code)
         if m is not None:
             cond = _Tokens(m.group(1), self.values).start()

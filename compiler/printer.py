@@ -83,10 +83,10 @@ class _Printer:
             if isinstance(stmt, ir.Op):
                 self.out.append(f"{pad}{self.op(stmt)}{where}")
             elif isinstance(stmt, ir.For):
-                start = self.names(stmt.start)
+                start, extent = self.names(stmt.start), self.names(stmt.extent)
                 var = self.names.define(stmt.var)
                 stages = f", stages={stmt.stages}" if stmt.kind == "pipelined" else ""
-                self.out.append(f"{pad}for {var} in {stmt.kind}({start}, +{stmt.extent}"
+                self.out.append(f"{pad}for {var} in {stmt.kind}({start}, +{extent}"
                                 f"{stages}):{where}")
                 self.stmts(stmt.body, depth + 1)
             else:

@@ -50,12 +50,15 @@ class _Verifier:
                 if stmt.result is not None:
                     scope.add(stmt.result.id)
             elif isinstance(stmt, ir.For):
-                if stmt.kind not in ir.LOOP_KINDS or stmt.extent < 0 or stmt.stages < 1:
+                static_extent = not isinstance(stmt.extent, ir.Value)
+                if (stmt.kind not in ir.LOOP_KINDS or stmt.stages < 1
+                        or (static_extent and stmt.extent < 0)
+                        or (stmt.kind == "unrolled" and not static_extent)):
                     raise self.fail(stmt, f"invalid loop ({stmt.kind}, extent {stmt.extent}, "
                                     f"stages {stmt.stages})")
-                if stmt.var.shape != () or (isinstance(stmt.start, ir.Value)
-                                            and stmt.start.shape != ()):
-                    raise self.fail(stmt, "a loop index and start must be scalars")
+                if any(isinstance(v, ir.Value) and v.shape != ()
+                       for v in (stmt.var, stmt.start, stmt.extent)):
+                    raise self.fail(stmt, "a loop index, start and extent must be scalars")
                 self.body(stmt.body, scope | {stmt.var.id})
             else:
                 if stmt.cond.shape != ():

@@ -239,9 +239,22 @@ def gemm(a: Any, b: Any, c: Any, *, transpose_a: bool = False,
                          transpose_b=bool(transpose_b))
 
 
+def _bound(state: Any, b: Any) -> Any:
+    """A loop bound: a Python int, or a traced integer scalar (computed on the device)."""
+    if isinstance(b, int | np.integer):
+        return int(b)
+    if jnp.shape(b) != () or not jnp.issubdtype(jnp.result_type(b), jnp.integer):
+        raise state.error(f"loop bounds must be ints or integer scalars, got "
+                          f"{jnp.result_type(b)}{list(jnp.shape(b))}")
+    return jnp.asarray(b, jnp.int32)
+
+
 def _run_loop(start: Any, stop: Any, body: Callable[[Any], Any], kind: str,
               stages: int) -> None:
     state = _trace.current(f"jt.{'pipelined' if kind == 'pipelined' else 'loop'}")
+    start, stop = _bound(state, start), _bound(state, stop)
+    if kind == "unrolled" and not (isinstance(start, int) and isinstance(stop, int)):
+        raise state.error("jt.loop(..., unroll=True) needs static (Python int) bounds")
 
     def step(i, carry):
         result = body(tile_ops.loop_info_p.bind(i, kind=kind, stages=stages))
@@ -252,8 +265,13 @@ def _run_loop(start: Any, stop: Any, body: Callable[[Any], Any], kind: str,
     lax.fori_loop(start, stop, step, 0)
 
 
-def loop(start: int, stop: int | None = None, *, unroll: bool = False) -> Callable:
+def loop(start: Any, stop: Any = None, *, unroll: bool = False) -> Callable:
     """Decorator: run the body for ``i`` in ``range(start, stop)`` on the device.
+
+    The bounds are Python ints or traced integer scalars computed in the body (from block
+    indices or values read from inputs), e.g. causal attention's
+    ``jnp.minimum(jt.cdiv(S, bn), jt.cdiv((bx + 1) * bm, bn))``; a loop whose stop is not
+    above its start runs no iteration.
 
     >>> @jt.loop(n)                               # doctest: +SKIP
     ... def _(i):
@@ -264,9 +282,10 @@ def loop(start: int, stop: int | None = None, *, unroll: bool = False) -> Callab
     return lambda body: _run_loop(start, stop, body, "unrolled" if unroll else "serial", 1)
 
 
-def pipelined(n: int, *, stages: int = 2) -> Callable:
+def pipelined(n: Any, *, stages: int = 2) -> Callable:
     """Decorator: a loop over ``range(n)`` whose copies the compiler may software-pipeline
-    ``stages`` deep (on the CPU it is a plain loop)."""
+    ``stages`` deep (on the CPU it is a plain loop). ``n`` may be traced, and smaller than
+    ``stages``."""
     if not isinstance(stages, int) or stages < 1:
         raise _trace.current("jt.pipelined").error(
             f"jt.pipelined: stages must be a positive int, got {stages!r}")

@@ -37,7 +37,6 @@ from jaxtile.compiler import cache
 from jaxtile.compiler.errors import kernel_error
 from jaxtile.compiler.target import host_isa
 
-
 MAGIC = "jaxtile-kernel-payload"
 FORMAT = 1
 ALIGNMENT = 64

@@ -1,4 +1,5 @@
-"""Test setup: a fresh on-disk kernel cache per test session, and shared helpers."""
+"""Test setup: a fresh on-disk kernel cache per test session, the IR verified after every
+compiler pass, and shared helpers."""
 
 import os
 import tempfile
@@ -8,6 +9,7 @@ import pytest
 
 _CACHE = tempfile.mkdtemp(prefix="jaxtile-test-cache-")
 os.environ["JAXTILE_CACHE_DIR"] = _CACHE
+os.environ["JAXTILE_VERIFY_IR"] = "1"
 
 
 @pytest.fixture

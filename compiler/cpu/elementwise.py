@@ -1,7 +1,6 @@
-"""Per-element math of Tile IR as TIR expressions, with JAX's semantics on the CPU.
-
-Half-precision floats (float16, bfloat16) are computed in float32 and rounded back after
-every op, as XLA:CPU does. Float-to-int conversion saturates and maps NaN to 0, like XLA.
+"""Per-element math of Tile IR as TIR expressions: the CPU's implementation of the rules
+that :mod:`..semantics` states (XLA's per-element semantics), with its own math library
+(:mod:`.vector_math`).
 """
 
 from __future__ import annotations
@@ -9,14 +8,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+import ml_dtypes
 import numpy as np
 from tvm import tirx
 from tvm.ir import Expr
 
+from .. import semantics
 from . import tir_emit as te
 from . import vector_math as vm
 
-_LOW_FLOATS = ("float16", "bfloat16")
+_LOW_FLOATS = tuple(sorted(d.name for d in semantics.LOW_FLOATS))
 _LN2 = math.log(2.0)
 
 
@@ -109,8 +110,8 @@ def _int_div(fn: str, a: Expr, b: Expr, dtype: str) -> Expr:
         b_w = tirx.Mul(b_w, tirx.Sub(_const(1, dtype), tirx.Mul(_const(2, dtype),
                                                                tirx.Cast(dtype, overflow))))
     if fn == "div":
-        all_ones = _const(int(info.max) if dtype.startswith("uint") else -1, dtype)
-        return tirx.Select(zero, all_ones, tirx.Cast(dtype, tirx.truncdiv(a_w, b_w)))
+        by_zero = _const(semantics.int_div_by_zero(np.dtype(dtype)), dtype)
+        return tirx.Select(zero, by_zero, tirx.Cast(dtype, tirx.truncdiv(a_w, b_w)))
     return tirx.Select(zero, a, tirx.Cast(dtype, tirx.truncmod(a_w, b_w)))
 
 
@@ -201,7 +202,7 @@ def elementwise(fn: str, args: Sequence[Expr], in_dtype: str, out_dtype: str,
                 bind: Bind) -> Expr:
     """``fn`` applied to ``args`` (all of ``in_dtype``), giving a value of ``out_dtype``;
     ``bind`` as in :func:`convert`."""
-    compute = "float32" if in_dtype in _LOW_FLOATS else in_dtype
+    compute = semantics.compute_dtype(_np_dtype(in_dtype)).name
     if compute != in_dtype:
         args = [_widen(a, compute, bind) for a in args]
     if len(args) == 2:
@@ -231,30 +232,24 @@ def convert(x: Expr, src: str, dst: str, bind: Bind) -> Expr:
         # Widening to float32 is exact; the rest of the conversion happens from there.
         return convert(tirx.Cast("float32", x), "float32", dst, bind)
     if is_float(src) and not is_float(dst):
-        info = np.iinfo(np.dtype(dst))
         wide = tirx.Cast("float64", x)
-        lo, hi = _const(float(info.min), "float64"), _const(float(info.max), "float64")
+        lo, hi = (_const(b, "float64") for b in semantics.saturation_bounds(np.dtype(dst)))
         clamped = tirx.Select(wide < lo, lo, tirx.Select(wide > hi, hi, wide))
-        return tirx.Select(is_nan(x, src), _const(0, dst), tirx.Cast(dst, clamped))
+        return tirx.Select(is_nan(x, src), _const(semantics.NAN_TO_INT, dst),
+                           tirx.Cast(dst, clamped))
     return _to(dst, x, bind)
 
 
 def reduce_init(fn: str, dtype: str) -> Expr:
     """The identity of reduction ``fn`` in ``dtype``."""
-    if fn in ("sum", "or"):
-        return _const(False if dtype == "bool" else 0, dtype)
-    if fn in ("prod", "and"):
-        return _const(True if dtype == "bool" else (1 if fn == "prod" else -1), dtype)
-    if is_float(dtype):
-        return _const(-math.inf if fn == "max" else math.inf, dtype)
-    info = np.iinfo(np.dtype(dtype))
-    return _const(int(info.min if fn == "max" else info.max), dtype)
+    return _const(semantics.reduce_identity(fn, _np_dtype(dtype)), dtype)
 
 
 def reduce_combine(fn: str, acc: Expr, x: Expr, dtype: str, bind: Bind) -> Expr:
     """One step of reduction ``fn``."""
-    name = {"sum": "add", "prod": "mul", "max": "max", "min": "min", "and": "and",
-            "or": "or"}[fn]
-    if dtype == "bool" and fn == "sum":
-        name = "or"
+    name = semantics.reduce_combiner(fn, _np_dtype(dtype))
     return elementwise(name, [acc, x], dtype, dtype, bind)
+
+
+def _np_dtype(name: str) -> np.dtype:
+    return np.dtype(getattr(ml_dtypes, name)) if name == "bfloat16" else np.dtype(name)

@@ -164,8 +164,10 @@ class _Lowering:
                 self.op(stmt)
             elif isinstance(stmt, ir.For):
                 start = self.scalar(stmt.start)
+                extent = stmt.extent if isinstance(stmt.extent, int) else \
+                    tirx.max(self.scalars[stmt.extent.id], tirx.const(0, "int32"))
                 kind = "unrolled" if stmt.kind == "unrolled" else "serial"
-                with self.kb.loop(self.name("k"), stmt.extent, start=start, kind=kind) as var:
+                with self.kb.loop(self.name("k"), extent, start=start, kind=kind) as var:
                     self.scalars[stmt.var.id] = var
                     self.body(stmt.body)
             else:

@@ -153,10 +153,8 @@ def test_tile_language_outside_a_kernel():
 
 
 def test_unknown_key_is_a_python_error():
-    from jaxtile.compiler.cache import Entry
-    from jaxtile.primitives import kernel_call
+    from jaxtile.primitives.lowering import CPU_TARGET_NAME
 
-    aval = jax.core.ShapedArray((4,), jnp.float32)
-    handle = kernel_call.KernelHandle("0" * 64, "ghost", (aval,), Entry("0" * 64, "", "", 1))
+    call = jax.ffi.ffi_call(CPU_TARGET_NAME, jax.ShapeDtypeStruct((4,), jnp.float32))
     with pytest.raises(Exception, match="no kernel is loaded"):
-        jax.block_until_ready(kernel_call.kernel_call_p.bind(X[:4], kernel=handle))
+        jax.block_until_ready(call(X[:4], key="0" * 64))

@@ -1,0 +1,149 @@
+"""Tile IR passes, as golden before/after texts, and the pass pipelines."""
+
+import textwrap
+
+import pytest
+
+from jaxtile.compiler import parser, pipelines, printer, verify
+from jaxtile.compiler.errors import KernelError
+from jaxtile.compiler.passes.coverage import check_output_coverage
+from jaxtile.compiler.passes.dce import eliminate_dead_code
+from jaxtile.compiler.passes.fusion import fuse_elementwise
+from jaxtile.compiler.passes.scratch_init import zero_uninitialised_scratch
+from jaxtile.compiler.target import parse_target
+
+
+def _text(s: str) -> str:
+    return "\n".join(ln for ln in textwrap.dedent(s).splitlines() if ln.strip())
+
+
+def _check(pass_fn, before: str, after: str) -> None:
+    kernel = parser.parse_kernel(_text(before))
+    verify.verify(kernel)
+    result = pass_fn(kernel)
+    assert printer.format_kernel(result) == _text(after)
+    verify.verify(result)
+    # passes return new IR: what they were given is unchanged
+    assert printer.format_kernel(kernel) == _text(before)
+
+
+_HEAD = """
+    kernel k(grid=[1], threads=128) blocks(%0):
+      input x: global float32[8]
+      output y: global float32[8]
+"""
+
+
+def test_dce_drops_unused_pure_ops_and_empty_loops():
+    _check(eliminate_dead_code, _HEAD + """
+      %1: float32[8] = load() {src=x[0:+8]}
+      %2: float32[8] = elementwise(%1) {fn='exp'}
+      %3: float32[8] = load() {src=y[0:+8]}
+      store(%1) {dst=y[0:+8]}  # user.py:4
+      for %4 in serial(0, +2):
+        %5: float32[8] = load() {src=x[0:+8]}
+    """, _HEAD + """
+      %1: float32[8] = load() {src=x[0:+8]}
+      store(%1) {dst=y[0:+8]}  # user.py:4
+    """)
+
+
+def test_scratch_init_fills_only_buffers_read_before_written():
+    head = """
+    kernel k(grid=[1], threads=128) blocks(%0):
+      output y: global float32[4]
+      scratch a: fragment float32[4]
+      scratch b: fragment float32[4]
+    """
+    _check(zero_uninitialised_scratch, head + """
+      copy() {dst=b[0:+4], pad=None, src=a[0:+4]}
+      %1: float32[4] = load() {src=b[0:+4]}
+      store(%1) {dst=y[0:+4]}
+    """, head + """
+      %1: float32[] = const() {value=0.0}
+      %2: float32[4] = broadcast(%1) {dims=()}
+      store(%2) {dst=a[0:+4]}
+      copy() {dst=b[0:+4], pad=None, src=a[0:+4]}
+      %3: float32[4] = load() {src=b[0:+4]}
+      store(%3) {dst=y[0:+4]}
+    """)
+
+
+def test_fusion_inlines_single_use_chains_but_not_shared_expensive_values():
+    _check(fuse_elementwise, _HEAD + """
+      %1: float32[8] = load() {src=x[0:+8]}
+      %2: float32[8] = elementwise(%1) {fn='exp'}
+      %3: float32[] = reduce(%2) {axes=(0,), fn='sum'}
+      %4: float32[8] = broadcast(%3) {dims=()}
+      %5: float32[8] = elementwise(%2, %4) {fn='div'}
+      store(%5) {dst=y[0:+8]}
+    """, _HEAD + """
+      %1: float32[8] = load() {src=x[0:+8]} !{inline=True}
+      %2: float32[8] = elementwise(%1) {fn='exp'}
+      %3: float32[] = reduce(%2) {axes=(0,), fn='sum'}
+      %4: float32[8] = broadcast(%3) {dims=()} !{inline=True}
+      %5: float32[8] = elementwise(%2, %4) {fn='div'} !{inline=True}
+      store(%5) {dst=y[0:+8]}
+    """)
+
+
+def test_fusion_does_not_move_a_load_past_a_write_of_its_buffer():
+    head = _HEAD + "      scratch t: fragment float32[8]\n"
+    _check(fuse_elementwise, head + """
+      %1: float32[8] = load() {src=t[0:+8]}
+      copy() {dst=t[0:+8], pad=None, src=x[0:+8]}
+      %2: float32[8] = elementwise(%1) {fn='neg'}
+      store(%2) {dst=y[0:+8]}
+    """, head + """
+      %1: float32[8] = load() {src=t[0:+8]}
+      copy() {dst=t[0:+8], pad=None, src=x[0:+8]}
+      %2: float32[8] = elementwise(%1) {fn='neg'} !{inline=True}
+      store(%2) {dst=y[0:+8]}
+    """)
+
+
+_STRIPED = """
+    kernel k(grid=[2], threads=128) blocks(%0):
+      input x: global float32[10]
+      output y: global float32[10]
+      %1: int32[] = const() {value=4}
+      %2: int32[] = elementwise(%0, %1) {fn='mul'}
+      %3: float32[4] = load() {src=x[%2:+4]}
+      store(%3) {dst=y[%2:+4]}  # user.py:9
+"""
+
+
+def test_coverage_rejects_a_grid_that_misses_part_of_an_output():
+    with pytest.raises(KernelError, match=r"no write reaches index 8.*user.py:9"):
+        check_output_coverage(parser.parse_kernel(_text(_STRIPED)))
+    covered = _text(_STRIPED).replace("grid=[2]", "grid=[3]")
+    _check(check_output_coverage, covered, covered)
+
+
+def test_pipelines_name_their_passes_in_order():
+    assert [p.name for p in pipelines.NEUTRAL] == ["verify", "coverage", "dce", "scratch_init"]
+    assert [p.name for p in pipelines.for_target(parse_target("cpu"))] == ["fusion"]
+    assert pipelines.for_target(parse_target("cuda:sm_80")) == ()
+
+
+def test_dump_prints_the_ir_after_the_named_pass(monkeypatch, capsys):
+    kernel = parser.parse_kernel(_text(_STRIPED).replace("grid=[2]", "grid=[3]"))
+    monkeypatch.setenv("JAXTILE_DUMP_IR", "fusion")
+    pipelines.run(kernel, pipelines.NEUTRAL + pipelines.for_target(parse_target("cpu")))
+    err = capsys.readouterr().err
+    assert err.count("// Tile IR after") == 1 and "// Tile IR after fusion" in err
+    assert "!{inline=True}" in err
+
+
+def test_verify_after_every_pass_catches_a_broken_pass(monkeypatch):
+    kernel = parser.parse_kernel(_text(_STRIPED).replace("grid=[2]", "grid=[3]"))
+
+    def breaks(k):  # drops the definition of a value that is still used
+        return type(k)(k.name, k.grid, k.threads, k.buffers, k.block_indices, k.body[1:])
+
+    bad = pipelines.Pass("breaks", breaks)
+    monkeypatch.setenv("JAXTILE_VERIFY_IR", "1")
+    with pytest.raises(KernelError, match="outside its scope"):
+        pipelines.run(kernel, (bad,))
+    monkeypatch.setenv("JAXTILE_VERIFY_IR", "0")
+    pipelines.run(kernel, (bad,))

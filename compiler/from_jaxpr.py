@@ -264,6 +264,23 @@ def _reduce(c: _Converter, eqn: Any, out: list) -> None:
            fn=_REDUCE[eqn.primitive.name], axes=tuple(eqn.params["axes"]))
 
 
+_SCANS = {"cumsum": "sum", "cumprod": "prod", "cummax": "max", "cummin": "min"}
+
+
+@_converts(*_SCANS)
+def _scan_op(c: _Converter, eqn: Any, out: list) -> None:
+    c.emit(out, "scan", [c.value(eqn.invars[0], out)], eqn.outvars[0],
+           fn=_SCANS[eqn.primitive.name], axis=int(eqn.params["axis"]),
+           reverse=bool(eqn.params["reverse"]))
+
+
+@_converts("argmax", "argmin")
+def _argreduce(c: _Converter, eqn: Any, out: list) -> None:
+    (axis,) = eqn.params["axes"]
+    c.emit(out, "argreduce", [c.value(eqn.invars[0], out)], eqn.outvars[0],
+           fn=eqn.primitive.name[3:], axis=int(axis))
+
+
 @_converts(*_IDENTITY)
 def _identity(c: _Converter, eqn: Any, out: list) -> None:
     c.env[eqn.outvars[0]] = c.read(eqn.invars[0], out)

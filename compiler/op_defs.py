@@ -23,6 +23,10 @@ initialisation, coverage (and later barrier insertion and pipelining) ask the de
                edge give ``pad``, writes past it are dropped), casting to ``dst``'s dtype
 ``gemm``       ``a``, ``b``, ``c``: 2-D tile regions, ``transpose_a``, ``transpose_b``:
                ``c += op(a) @ op(b)``
+``scan``       ``fn`` (sum/prod/max/min), ``axis``, ``reverse``: inclusive running
+               reduction along one axis (``jnp.cumsum``, ``lax.cummax``...)
+``argreduce``  ``fn`` (max/min), ``axis``: index of the first maximum (minimum) along one
+               axis, NaN counting as the extreme, as XLA does
 =============  =====================================================================
 """
 
@@ -51,6 +55,8 @@ EXPENSIVE = frozenset({"div", "rem", "pow", "exp", "exp2", "log", "log1p", "expm
                        "logistic", "sqrt", "rsqrt", "sin", "cos", "erf"})
 """Elementwise functions worth computing once rather than per use."""
 REDUCTIONS = frozenset({"sum", "max", "min", "prod", "and", "or"})
+SCANS = frozenset({"sum", "prod", "max", "min"})
+ARG_REDUCTIONS = frozenset({"max", "min"})
 
 Buffers = Mapping[str, Buffer]
 Check = Callable[[Op, Buffers], "str | None"]
@@ -74,6 +80,8 @@ ATTR_TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "region": (lambda v: isinstance(v, Region), "a buffer region"),
     "elementwise": (lambda v: v in UNARY or v in BINARY, "an elementwise function name"),
     "reduction": (lambda v: v in REDUCTIONS, f"one of {sorted(REDUCTIONS)}"),
+    "scan": (lambda v: v in SCANS, f"one of {sorted(SCANS)}"),
+    "arg": (lambda v: v in ARG_REDUCTIONS, f"one of {sorted(ARG_REDUCTIONS)}"),
 }
 """Attribute types: a test and what it expects, for messages."""
 
@@ -93,6 +101,10 @@ class OpDef:
     per_element: bool
     """Result element ``i`` depends only on element ``i`` of each operand (broadcast
     dimensions aside): fusion may recompute it in a consumer that writes where it reads."""
+    one_at_a_time: bool = False
+    """Each result element can be computed alone from a few operand elements (per-element
+    ops and index mappings such as broadcast or transpose, not reductions or scans): what
+    fusion may recompute inside a consumer."""
     reads: tuple[str, ...] = ()
     """Region attributes the op reads."""
     writes: tuple[str, ...] = ()
@@ -178,6 +190,25 @@ def _check_reduce(op: Op, bufs: Buffers) -> str | None:
     return None
 
 
+def _check_scan(op: Op, bufs: Buffers) -> str | None:
+    src, res, axis = op.operands[0], op.result, op.attrs["axis"]
+    if not 0 <= axis < len(src.shape):
+        return f"scan along axis {axis} of a rank-{len(src.shape)} value"
+    if res.shape != src.shape or res.dtype != src.dtype:
+        return "scan: the result's type differs from the operand's"
+    return None
+
+
+def _check_argreduce(op: Op, bufs: Buffers) -> str | None:
+    src, res, axis = op.operands[0], op.result, op.attrs["axis"]
+    if not 0 <= axis < len(src.shape) or src.shape[axis] == 0:
+        return f"argreduce along axis {axis} of a value of shape {src.shape}"
+    kept = tuple(n for d, n in enumerate(src.shape) if d != axis)
+    if res.shape != kept or not np.issubdtype(res.dtype, np.integer):
+        return f"argreduce: result {res.dtype}{list(res.shape)}, expected an integer {kept}"
+    return None
+
+
 def _check_select(op: Op, bufs: Buffers) -> str | None:
     pred, on_false, on_true = op.operands
     res = op.result
@@ -231,18 +262,24 @@ def _check_gemm(op: Op, bufs: Buffers) -> str | None:
 
 
 _DEFS = (
-    OpDef("const", {"value": "scalar"}, (0,), True, True, True),
-    OpDef("iota", {"dimension": "int"}, (0,), True, True, False, check=_check_iota),
-    OpDef("elementwise", {"fn": "elementwise"}, (1, 2), True, True, True,
+    OpDef("const", {"value": "scalar"}, (0,), True, True, True, True),
+    OpDef("iota", {"dimension": "int"}, (0,), True, True, False, True, check=_check_iota),
+    OpDef("elementwise", {"fn": "elementwise"}, (1, 2), True, True, True, True,
           check=_check_elementwise),
-    OpDef("convert", {}, (1,), True, True, True, check=_check_same_shape),
-    OpDef("broadcast", {"dims": "ints"}, (1,), True, True, False, check=_check_broadcast),
-    OpDef("reshape", {}, (1,), True, True, False, check=_check_reshape),
-    OpDef("transpose", {"perm": "ints"}, (1,), True, True, False, check=_check_transpose),
+    OpDef("convert", {}, (1,), True, True, True, True, check=_check_same_shape),
+    OpDef("broadcast", {"dims": "ints"}, (1,), True, True, False, True,
+          check=_check_broadcast),
+    OpDef("reshape", {}, (1,), True, True, False, True, check=_check_reshape),
+    OpDef("transpose", {"perm": "ints"}, (1,), True, True, False, True,
+          check=_check_transpose),
     OpDef("reduce", {"fn": "reduction", "axes": "ints"}, (1,), True, True, False,
           check=_check_reduce),
-    OpDef("select", {}, (3,), True, True, True, check=_check_select),
-    OpDef("load", {"src": "region"}, (0,), True, True, True, reads=("src",),
+    OpDef("scan", {"fn": "scan", "axis": "int", "reverse": "bool"}, (1,), True, True, False,
+          check=_check_scan),
+    OpDef("argreduce", {"fn": "arg", "axis": "int"}, (1,), True, True, False,
+          check=_check_argreduce),
+    OpDef("select", {}, (3,), True, True, True, True, check=_check_select),
+    OpDef("load", {"src": "region"}, (0,), True, True, True, True, reads=("src",),
           check=_check_load),
     OpDef("store", {"dst": "region"}, (1,), False, False, False, writes=("dst",),
           check=_check_store),

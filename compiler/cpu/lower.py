@@ -28,6 +28,7 @@ from .context import FALLBACK_LANES
 from .copies import lower_copy
 from .gemm import lower_gemm
 from .reductions import lower_reduce
+from .scans import lower_argreduce, lower_scan
 
 _BINDS_OPERANDS = frozenset({"exp", "exp2", "expm1", "logistic", "tanh", "round_away", "sign"})
 
@@ -191,6 +192,10 @@ class _Lowering:
             self.gemm(op)
         elif op.kind == "reduce":
             self.reduce(op)
+        elif op.kind == "scan":
+            lower_scan(self, op)
+        elif op.kind == "argreduce":
+            lower_argreduce(self, op)
         elif op.result.shape == ():
             value = self.expr(op, ())
             self.scalars[op.result.id] = (value if op.kind == "const"

@@ -25,9 +25,9 @@ from collections.abc import Sequence
 
 from .. import ir, op_defs
 
-_FUSIBLE = frozenset(d.kind for d in op_defs.OPS.values()
-                     if d.pure and d.has_result and d.kind != "reduce")
-"""Pure ops that make one element at a time (a reduction needs its whole operand)."""
+_FUSIBLE = frozenset(d.kind for d in op_defs.OPS.values() if d.pure and d.one_at_a_time)
+"""Pure ops whose result elements can be computed one at a time (not reductions and
+scans, which need their whole operand)."""
 
 
 def _writes(stmt: ir.Stmt) -> set[str]:

@@ -1,1 +1,13 @@
-"""placeholder"""
+"""jaxtile's compiler: from a traced kernel body to a compiled, cached kernel library.
+
+``from_jaxpr`` converts the jaxpr of a kernel body into Tile IR (``ir``: buffers, grid, tile
+ops, structured loops); ``verify`` checks it and ``passes`` rewrite or check it (coverage,
+dead-code elimination, scratch initialisation, fusion); ``target`` describes the machine;
+``cpu`` lowers the IR to TVM TIR and builds a shared library; ``cache`` keeps built libraries
+in memory and on disk under a content key. ``build`` is the entry point that strings these
+together. ``errors`` and ``jax_internals`` serve the whole package: errors that point at the
+user's source line, and the one place that reaches into JAX's internals.
+
+This layer knows nothing of JAX primitives or the user API (``jaxtile.primitives`` and
+``jaxtile`` sit above it); it is imported as ``jaxtile.compiler``.
+"""

@@ -11,11 +11,13 @@ checks each assumption so that a JAX upgrade fails there first.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 from jax import tree_util
 from jax._src import core as _core
 from jax._src import source_info_util as _source_info
+from jax._src.export import _export as _jax_export
 from jax._src.state import discharge as _discharge
 from jax._src.state import indexing as _indexing
 from jax._src.state import types as _state_types
@@ -86,7 +88,8 @@ def user_source_line(source_info: Any) -> str | None:
 def exclude_from_source_lines(path: str) -> None:
     """Treat frames in ``path`` (a file, or a folder and all below it) like JAX's own when
     locating the user's source line."""
-    _source_info.register_exclusion(path + os.sep if os.path.isdir(path) else path)
+    folder = os.path.isdir(path) and not path.endswith(os.sep)
+    _source_info.register_exclusion(path + os.sep if folder else path)
 
 
 def effectful_abstract_eval(prim: Primitive, rule: Any) -> None:
@@ -130,6 +133,24 @@ def compute_capability(ctx: Any) -> str | None:
     JAX says (it lowers with devices only when it must; see below)."""
     devices = getattr(ctx.module_context, "devices", None) or ()
     return getattr(devices[0], "compute_capability", None) if len(devices) else None
+
+
+def export_disabled_checks() -> tuple[Any, ...] | None:
+    """The ``disabled_checks`` of the ``jax.export.export`` call whose lowering is running, or
+    None when none is found.
+
+    JAX hands them only to the check that follows lowering, whose error for a custom call it
+    does not know prints the whole op (payload included); reading them here lets a lowering
+    rule say what to pass instead. They are a local of JAX's ``do_export`` on the stack.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "do_export" and code.co_filename == _jax_export.__file__:
+            checks = frame.f_locals.get("disabled_checks")
+            return None if checks is None else tuple(checks)
+        frame = frame.f_back
+    return None
 
 
 def lowering_is_partitioned(ctx: Any) -> bool:

@@ -9,6 +9,7 @@ Tile language (inside a kernel body): :func:`empty`, :func:`grid`, :func:`shared
 """
 
 from jaxtile.compiler.errors import KernelError
+from jaxtile.compiler.errors import own_code_paths as _own_code_paths
 from jaxtile.compiler.jax_internals import exclude_from_source_lines as _exclude
 from jaxtile.primitives.sharding import ShardRule
 
@@ -40,18 +41,9 @@ __all__ = [
 
 def _exclude_own_frames() -> None:
     # JAX reports an eqn's source line as its innermost frame outside JAX; our frames must
-    # be skipped too so that the line is the user's. jaxtile.ops is kernel-body code, so its
-    # lines are the ones to report and it stays included.
-    import os
-
-    import jaxtile.compiler
-    import jaxtile.primitives
-
-    for mod in (jaxtile.compiler, jaxtile.primitives):
-        _exclude(os.path.dirname(mod.__file__))
-    here = os.path.dirname(__file__)
-    for name in ("__init__.py", "_trace.py", "kernel.py", "language.py"):
-        _exclude(os.path.join(here, name))
+    # be skipped too so that the line is the user's: the same frames as jaxtile's errors skip.
+    for path in _own_code_paths():
+        _exclude(path)
 
 
 _exclude_own_frames()

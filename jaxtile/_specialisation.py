@@ -8,6 +8,7 @@ primitive's rules can ask for a batched kernel or for the rule the user gave wit
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,7 +21,7 @@ from jaxtile.compiler import jax_internals as ji
 from jaxtile.compiler.errors import KernelError, kernel_error
 from jaxtile.compiler.target import Target
 from jaxtile.primitives import kernel_call, reference
-from jaxtile.primitives.sharding import ShardRule
+from jaxtile.primitives.sharding import ShardRule, infer_rule
 
 from . import _trace
 
@@ -96,11 +97,17 @@ class Specialisation:
 
     @property
     def shard_rule(self) -> ShardRule | None:
-        """The kernel's sharding rule, extended by its batch levels (None: no rule)."""
+        """The kernel's sharding rule, extended by its batch levels; without one, the rule
+        inferred from its grid (None: no rule)."""
         rule = self.owner.sharding
         if rule is None:
-            return None
+            return self.inferred_sharding[0]
         return rule.with_batch([level.batched for level in self.batch]) if self.batch else rule
+
+    @functools.cached_property
+    def inferred_sharding(self) -> tuple[ShardRule | None, str]:
+        """The rule inferred from the Tile IR, and what was inferred or why not."""
+        return infer_rule(self.tile_ir)
 
     @property
     def vjp(self) -> tuple[Callable[..., Any], Callable[..., Any]] | None:

@@ -11,6 +11,14 @@ compiler::
     y = jax.export.deserialize(blob).call(x)
 
 Only the CPU can be exported for today; other ``platforms`` raise :class:`jaxtile.KernelError`.
+
+Errors, and what to do:
+
+- ``jaxtile.KernelError: ... pass disabled_checks=jt.export_checks()``: the export was made
+  without ``disabled_checks``; pass :func:`export_checks`.
+- ``No FFI handler registered for jaxtile_cpu_exported_call``: the process running the
+  artifact never imported jaxtile, whose import registers the handler with XLA; add
+  ``import jaxtile`` before calling it.
 """
 
 from __future__ import annotations

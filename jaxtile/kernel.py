@@ -53,6 +53,9 @@ class Lowered:
     key: str
     target: str
     kernel: tile_ir.Kernel
+    sharding: str = ""
+    """How the kernel runs under ``jax.jit`` with sharded inputs: its explicit ShardRule, the
+    rule inferred from its grid, or why none was inferred (it then runs unsharded)."""
 
     @property
     def source(self) -> str:
@@ -218,8 +221,10 @@ class Kernel:
         build.check_backend(tgt)
         spec = self._specialise(args, params)
         kernel = spec.tile_ir
+        sharded = (f"explicit {spec.shard_rule}" if self.sharding is not None
+                   else spec.inferred_sharding[1])
         return Lowered(printer.format_kernel(kernel), build.kernel_key(kernel, tgt), tgt.name,
-                       kernel)
+                       kernel, sharded)
 
 
 

@@ -45,6 +45,7 @@ def _cpu_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
     # ops, which jax.export then rejects (export_checks() does not allow them) rather than
     # writing a program that cannot run elsewhere.
     if ji.lowering_for_export(ctx):
+        _require_export_checks(kernel)
         return jax.ffi.ffi_lowering(CPU_EXPORTED_TARGET_NAME)(
             ctx, *args, key=entry.key, payload=payload.encode(kernel.name, entry))
     return jax.ffi.ffi_lowering(CPU_TARGET_NAME)(ctx, *args, key=entry.key)
@@ -65,6 +66,21 @@ def _gpu_lowering(platform: str) -> Any:
                 "lower or export for platforms=['cpu']", user_line()) from None
         raise AssertionError(f"a {platform} backend exists but has no lowering rule")
     return lower
+
+
+def _require_export_checks(kernel: KernelHandle) -> None:
+    # Without this, jax.export's own check rejects the call after lowering, in a message that
+    # prints the whole op with its base64 payload (tens of thousands of characters).
+    checks = ji.export_disabled_checks()
+    if checks is None:  # not found on the stack: JAX's own check will speak
+        return
+    allowed = {check.is_custom_call() for check in checks}
+    if not allowed & {CPU_EXPORTED_TARGET_NAME, "ALL"}:
+        raise kernel_error(
+            kernel.name, "jax.export only accepts custom calls it knows to be stable: pass "
+            "disabled_checks=jt.export_checks() to jax.export.export (jaxtile's custom call "
+            f"{CPU_EXPORTED_TARGET_NAME!r} is stable: its payload format is versioned)",
+            user_line())
 
 
 def _unsupported_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:

@@ -7,6 +7,10 @@ names each dimension, and the *parallel* factors are those along which the kerne
 are independent (rows of a softmax, ``m`` and ``n`` of a matmul, every vmap axis). Those may
 stay sharded; every other factor is replicated. Each device then runs the kernel specialised
 for its local shapes, with no collective in between.
+
+A kernel declared without a rule gets one inferred from how its grid indexes its arguments
+and outputs (:func:`infer_rule`, from ``compiler/passes/shard_inference.py``); an explicit
+rule wins.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ from typing import Any
 
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec
+
+from jaxtile.compiler import ir
+from jaxtile.compiler.passes.shard_inference import infer_parallel_dims
 
 from .kernel_call import KernelHandle, kernel_call_p
 
@@ -31,11 +38,16 @@ class ShardRule:
     independent, so that a shard of the inputs gives exactly the matching shard of the
     outputs.
 
+    ``multiple_of`` gives, for some parallel factors, a number each device's shard of them
+    must be a multiple of (the kernel's block size along it, where its blocks depend on
+    each other's elements); a factor whose shards would not be stays replicated.
+
     >>> jt.kernel(sharding=jt.ShardRule("r c -> r c", parallel="r"))   # doctest: +SKIP
     """
 
     rule: str
     parallel: tuple[str, ...] | str = ()
+    multiple_of: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.parallel, str):
@@ -66,7 +78,7 @@ class ShardRule:
         results = [names + dims for dims in results]
         text = (", ".join(" ".join(d) for d in operands) + " -> "
                 + ", ".join(" ".join(d) for d in results))
-        return ShardRule(text, tuple(self.parallel) + tuple(names))
+        return ShardRule(text, tuple(self.parallel) + tuple(names), self.multiple_of)
 
     @property
     def replicated(self) -> tuple[str, ...]:
@@ -87,6 +99,7 @@ def _parallel_axes(rule: ShardRule, mesh: Any, arg_shapes: Sequence[Any]) -> dic
     """Mesh axes for each parallel factor, taken from the operands' shardings, kept only
     where they divide the dimension."""
     operands, _ = rule.mappings()
+    multiple = dict(rule.multiple_of)
     axes: dict[str, tuple] = {}
     for dims, arg in zip(operands, arg_shapes):
         sharding = getattr(arg, "sharding", None)
@@ -97,7 +110,8 @@ def _parallel_axes(rule: ShardRule, mesh: Any, arg_shapes: Sequence[Any]) -> dic
             names = _mesh_axes(entry)
             if not names or factor not in rule.parallel or factor in axes:
                 continue
-            if size % math.prod(mesh.shape[n] for n in names) == 0:
+            shards = math.prod(mesh.shape[n] for n in names)
+            if size % shards == 0 and (size // shards) % multiple.get(factor, 1) == 0:
                 axes[factor] = names
     return axes
 
@@ -148,3 +162,26 @@ def sharded_call(*args: Any, kernel: KernelHandle, rule: ShardRule) -> list[Any]
     call.def_partition(partition=partition, infer_sharding_from_operands=infer,
                        sharding_rule=rule.rule, need_replication_factors=rule.replicated)
     return list(call(*args))
+
+
+def infer_rule(kernel: ir.Kernel) -> tuple[ShardRule | None, str]:
+    """The rule the kernel's grid implies (see ``compiler/passes/shard_inference.py``), and a
+    sentence saying what was inferred or, with None, why nothing was.
+
+    Each grid axis found parallel becomes a factor ``gridN`` whose shards must be multiples
+    of the block size; every other dimension gets a factor of its own and is replicated.
+    """
+    if not any(b.role == "input" for b in kernel.params):
+        return None, "not inferred, the kernel runs unsharded: it has no inputs"
+    found = infer_parallel_dims(kernel)
+    if not found.parallel:
+        return None, "not inferred, the kernel runs unsharded: " + "; ".join(found.declined)
+    params = kernel.params
+    names = [[f"grid{a}" if a is not None else f"d_{buf.name}_{d}" for d, a in enumerate(row)]
+             for buf, row in zip(params, found.dims)]
+    sides = [", ".join(" ".join(n) for n, b in zip(names, params) if b.role == role)
+             for role in ("input", "output")]
+    rule = ShardRule(" -> ".join(sides), tuple(f"grid{a}" for a in found.parallel),
+                     tuple((f"grid{a}", size) for a, size in found.parallel.items()))
+    notes = f"; not split: {'; '.join(found.declined)}" if found.declined else ""
+    return rule, f"inferred {rule}{notes}"

@@ -27,10 +27,20 @@ def test_wheel_builds_installs_and_runs(tmp_path):
         assert jt._ffi.__file__.startswith({str(target)!r}), jt._ffi.__file__
         x = jnp.arange(100, dtype=jnp.float32)
         np.testing.assert_array_equal(jt.ops.add(x, x, block=32), np.asarray(x) * 2)
+        lines = open(__file__).read().splitlines()
+        line = next(n for n, text in enumerate(lines, 1) if text.startswith("    jt.ops.add"))
+        try:
+            jt.ops.add(x)  # a bad call: the error names this script's line
+        except jt.KernelError as e:
+            assert f"{{__file__}}:{{line}}" in str(e), str(e)
+        else:
+            raise AssertionError("no KernelError")
         print("wheel ok")
     """)
     env = {**os.environ, "JAXTILE_CACHE_DIR": str(tmp_path / "cache")}
-    out = subprocess.run([sys.executable, "-S", "-c", script], cwd=tmp_path, env=env,
+    run = tmp_path / "run.py"
+    run.write_text(script)
+    out = subprocess.run([sys.executable, "-S", str(run)], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "wheel ok" in out.stdout

@@ -158,3 +158,32 @@ def test_unknown_key_is_a_python_error():
     call = jax.ffi.ffi_call(CPU_TARGET_NAME, jax.ShapeDtypeStruct((4,), jnp.float32))
     with pytest.raises(Exception, match="no kernel is loaded"):
         jax.block_until_ready(call(X[:4], key="0" * 64))
+
+
+def test_one_list_of_internal_frames_found_by_import_path():
+    """jaxtile's errors and JAX's source lines skip the same frames: those of the modules
+    jaxtile was imported from, found by path (a clone of the repository in a folder named
+    `jaxtile` must not turn the user's files into internal ones; `.ci/run` runs the suite
+    from such a clone). The kernel library and the user's files are not internal."""
+    import importlib
+    import os
+
+    from jax._src import source_info_util
+
+    from jaxtile.compiler import errors
+
+    def file_of(module):
+        return importlib.import_module(module).__file__
+
+    own = [file_of(m) for m in ("jaxtile", "jaxtile.kernel", "jaxtile.export",
+                                "jaxtile.compiler.errors", "jaxtile.compiler.cpu.lower",
+                                "jaxtile.primitives.sharding")]
+    # In a source checkout the repository root is the folder above the jaxtile package.
+    root = os.path.dirname(os.path.dirname(file_of("jaxtile")))
+    users = [HERE, file_of("jaxtile.ops.softmax"), os.path.join(root, "my_script.py")]
+    for path in own:
+        assert errors._is_internal(path), path
+        assert not source_info_util.is_user_filename(path), path
+    for path in users:
+        assert not errors._is_internal(path), path
+        assert source_info_util.is_user_filename(path), path

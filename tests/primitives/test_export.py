@@ -178,10 +178,26 @@ def test_only_exports_carry_the_payload():
     assert "@jaxtile_cpu_call(" not in exported
 
 
-def test_export_needs_the_checks():
+def test_export_without_the_checks_says_to_pass_them():
+    """jax.export's own rejection of an unknown custom call prints the op, base64 payload and
+    all (tens of thousands of characters); the lowering says what to pass instead."""
     spec = jax.ShapeDtypeStruct(SHAPES["x"], jnp.float32)
-    with pytest.raises(ValueError, match="jaxtile_cpu_exported_call"):
-        jax.export.export(jax.jit(jt.ops.softmax))(spec)
+    with pytest.raises(jt.KernelError) as info:
+        jax.export.export(jax.jit(jt.ops.softmax))(spec)  # MARK-export
+    msg = str(info.value)
+    for words in ("'softmax'", "disabled_checks=jt.export_checks()", CPU_EXPORTED_TARGET_NAME):
+        assert words in msg, msg
+    assert len(msg) < 1000, len(msg)
+    with open(__file__) as f:
+        line = next(n for n, text in enumerate(f, 1) if "# MARK-export" in text)
+    assert f"{__file__}:{line}" in msg, msg
+    # Checks that do not cover jaxtile's call are still refused; allowing every call works.
+    other = [jax.export.DisabledSafetyCheck.custom_call("some_other_target")]
+    with pytest.raises(jt.KernelError, match="export_checks"):
+        jax.export.export(jax.jit(jt.ops.softmax), disabled_checks=other)(spec)
+    every = [jax.export.DisabledSafetyCheck.custom_call("ALL")]
+    exported = jax.export.export(jax.jit(jt.ops.softmax), disabled_checks=every)(spec)
+    assert CPU_EXPORTED_TARGET_NAME in exported.mlir_module()
 
 
 @pytest.mark.parametrize("platforms", [["cuda"], ["cpu", "cuda"]])

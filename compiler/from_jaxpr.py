@@ -22,13 +22,15 @@ _UNARY = {
     "neg": "neg", "abs": "abs", "sign": "sign", "floor": "floor", "ceil": "ceil",
     "exp": "exp", "exp2": "exp2", "log": "log", "log1p": "log1p",
     "expm1": "expm1", "tanh": "tanh", "logistic": "logistic", "sqrt": "sqrt",
-    "rsqrt": "rsqrt", "sin": "sin", "cos": "cos", "erf": "erf", "not": "not",
-    "square": "square",
+    "rsqrt": "rsqrt", "sin": "sin", "cos": "cos", "tan": "tan", "asin": "asin",
+    "acos": "acos", "atan": "atan", "sinh": "sinh", "cosh": "cosh", "asinh": "asinh",
+    "acosh": "acosh", "atanh": "atanh", "erf": "erf", "erfc": "erfc", "not": "not",
+    "square": "square", "is_finite": "is_finite",
 }
 _BINARY = {
     "add": "add", "sub": "sub", "mul": "mul", "div": "div", "rem": "rem", "max": "max",
     "min": "min", "pow": "pow", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "eq": "eq",
-    "ne": "ne", "and": "and", "or": "or", "xor": "xor",
+    "ne": "ne", "and": "and", "or": "or", "xor": "xor", "atan2": "atan2",
 }
 _REDUCE = {
     "reduce_sum": "sum", "reduce_max": "max", "reduce_min": "min", "reduce_prod": "prod",
@@ -251,6 +253,33 @@ def _reshape(c: _Converter, eqn: Any, out: list) -> None:
 def _transpose(c: _Converter, eqn: Any, out: list) -> None:
     c.emit(out, "transpose", [c.value(eqn.invars[0], out)], eqn.outvars[0],
            perm=tuple(eqn.params["permutation"]))
+
+
+@_converts("rev")
+def _rev(c: _Converter, eqn: Any, out: list) -> None:
+    c.emit(out, "rev", [c.value(eqn.invars[0], out)], eqn.outvars[0],
+           dims=tuple(int(d) for d in eqn.params["dimensions"]))
+
+
+@_converts("slice")
+def _slice(c: _Converter, eqn: Any, out: list) -> None:
+    p = eqn.params
+    rank = len(p["start_indices"])
+    c.emit(out, "slice", [c.value(eqn.invars[0], out)], eqn.outvars[0],
+           start=tuple(int(s) for s in p["start_indices"]),
+           stride=tuple(int(s) for s in (p["strides"] or (1,) * rank)))
+
+
+@_converts("concatenate")
+def _concatenate(c: _Converter, eqn: Any, out: list) -> None:
+    c.emit(out, "concatenate", [c.value(v, out) for v in eqn.invars], eqn.outvars[0],
+           dimension=int(eqn.params["dimension"]))
+
+
+@_converts("dot_general")
+def _dot(c: _Converter, eqn: Any, out: list) -> None:
+    raise c.error("jnp.dot / matmul of tile values is not supported; put the operands in "
+                  "jt.shared or jt.fragment tiles and use jt.gemm(a, b, acc)")
 
 
 @_converts("iota")

@@ -25,6 +25,9 @@ initialisation, coverage (and later barrier insertion and pipelining) ask the de
                ``c += op(a) @ op(b)``
 ``scan``       ``fn`` (sum/prod/max/min), ``axis``, ``reverse``: inclusive running
                reduction along one axis (``jnp.cumsum``, ``lax.cummax``...)
+``rev``        ``dims``: the operand reversed along those dimensions
+``slice``      ``start``, ``stride``: the elements ``start + i * stride`` of the operand
+``concatenate``  ``dimension``: the operands (one or more) joined along it
 ``argreduce``  ``fn`` (max/min), ``axis``: index of the first maximum (minimum) along one
                axis, NaN counting as the extreme, as XLA does
 =============  =====================================================================
@@ -43,16 +46,21 @@ from .ir import Buffer, Op, Region, Value
 
 UNARY = frozenset({
     "neg", "abs", "sign", "floor", "ceil", "round", "round_away", "exp", "exp2", "log",
-    "log1p", "expm1", "tanh", "logistic", "sqrt", "rsqrt", "sin", "cos", "erf", "square",
-    "not",
+    "log1p", "expm1", "tanh", "logistic", "sqrt", "rsqrt", "sin", "cos", "tan", "asin",
+    "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erf", "erfc", "square",
+    "not", "is_finite",
 })
 BINARY = frozenset({
-    "add", "sub", "mul", "div", "rem", "max", "min", "pow",
+    "add", "sub", "mul", "div", "rem", "max", "min", "pow", "atan2",
     "lt", "le", "gt", "ge", "eq", "ne", "and", "or", "xor",
 })
 COMPARISONS = frozenset({"lt", "le", "gt", "ge", "eq", "ne"})
+BOOL_RESULTS = COMPARISONS | {"is_finite"}
+"""Elementwise functions whose result is bool whatever the operands."""
 EXPENSIVE = frozenset({"div", "rem", "pow", "exp", "exp2", "log", "log1p", "expm1", "tanh",
-                       "logistic", "sqrt", "rsqrt", "sin", "cos", "erf"})
+                       "logistic", "sqrt", "rsqrt", "sin", "cos", "tan", "asin", "acos",
+                       "atan", "atan2", "sinh", "cosh", "asinh", "acosh", "atanh", "erf",
+                       "erfc"})
 """Elementwise functions worth computing once rather than per use."""
 REDUCTIONS = frozenset({"sum", "max", "min", "prod", "and", "or"})
 SCANS = frozenset({"sum", "prod", "max", "min"})
@@ -93,8 +101,8 @@ class OpDef:
     kind: str
     attrs: Mapping[str, str]
     """Attribute name -> type name in :data:`ATTR_TYPES`."""
-    arity: tuple[int, ...]
-    """Allowed numbers of operands."""
+    arity: tuple[int, ...] | None
+    """Allowed numbers of operands (None: one or more)."""
     has_result: bool
     pure: bool
     """No effect besides its result: removable when the result is unused."""
@@ -140,7 +148,7 @@ def _check_elementwise(op: Op, bufs: Buffers) -> str | None:
             return f"{fn}: operand shape {v.shape} does not match {res.shape}"
     if len({v.dtype for v in op.operands}) > 1:
         return f"{fn}: operands differ in dtype ({', '.join(str(v.dtype) for v in op.operands)})"
-    expected = np.dtype(np.bool_) if fn in COMPARISONS else op.operands[0].dtype
+    expected = np.dtype(np.bool_) if fn in BOOL_RESULTS else op.operands[0].dtype
     if res.dtype != expected:
         return f"{fn}: result dtype {res.dtype}, expected {expected}"
     return None
@@ -209,6 +217,37 @@ def _check_argreduce(op: Op, bufs: Buffers) -> str | None:
     return None
 
 
+def _check_rev(op: Op, bufs: Buffers) -> str | None:
+    dims, src = op.attrs["dims"], op.operands[0]
+    if len(set(dims)) != len(dims) or any(not 0 <= d < len(src.shape) for d in dims):
+        return f"rev: dims {dims} of a rank-{len(src.shape)} value"
+    return _check_same_shape(op, bufs) if op.result.dtype == src.dtype else "rev: dtype changes"
+
+
+def _check_slice(op: Op, bufs: Buffers) -> str | None:
+    start, stride, src, res = op.attrs["start"], op.attrs["stride"], op.operands[0], op.result
+    rank = len(src.shape)
+    if len(start) != rank or len(stride) != rank or len(res.shape) != rank:
+        return f"slice: start {start} and stride {stride} for a rank-{rank} value"
+    for s, st, n, m in zip(start, stride, res.shape, src.shape):
+        if st < 1 or s < 0 or (n and s + (n - 1) * st >= m):
+            return f"slice: {n} elements from {s} by {st} exceed a dimension of {m}"
+    return None if res.dtype == src.dtype else "slice: dtype changes"
+
+
+def _check_concatenate(op: Op, bufs: Buffers) -> str | None:
+    d, res = op.attrs["dimension"], op.result
+    if not 0 <= d < len(res.shape):
+        return f"concatenate along dimension {d} of rank {len(res.shape)}"
+    for v in op.operands:
+        if (len(v.shape) != len(res.shape) or v.dtype != res.dtype
+                or any(a != b for i, (a, b) in enumerate(zip(v.shape, res.shape)) if i != d)):
+            return f"concatenate: operand {v.dtype}{list(v.shape)} does not fit {res.shape}"
+    if sum(v.shape[d] for v in op.operands) != res.shape[d]:
+        return "concatenate: operand sizes do not add up to the result's"
+    return None
+
+
 def _check_select(op: Op, bufs: Buffers) -> str | None:
     pred, on_false, on_true = op.operands
     res = op.result
@@ -270,6 +309,11 @@ _DEFS = (
     OpDef("broadcast", {"dims": "ints"}, (1,), True, True, False, True,
           check=_check_broadcast),
     OpDef("reshape", {}, (1,), True, True, False, True, check=_check_reshape),
+    OpDef("rev", {"dims": "ints"}, (1,), True, True, False, True, check=_check_rev),
+    OpDef("slice", {"start": "ints", "stride": "ints"}, (1,), True, True, False, True,
+          check=_check_slice),
+    OpDef("concatenate", {"dimension": "int"}, None, True, True, False, True,
+          check=_check_concatenate),
     OpDef("transpose", {"perm": "ints"}, (1,), True, True, False, True,
           check=_check_transpose),
     OpDef("reduce", {"fn": "reduction", "axes": "ints"}, (1,), True, True, False,

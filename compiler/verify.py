@@ -93,9 +93,9 @@ class _Verifier:
             d = op_defs.get(op.kind)
         except KeyError:
             raise self.fail(op, f"unknown op kind {op.kind!r}") from None
-        if len(op.operands) not in d.arity:
-            raise self.fail(op, f"{op.kind} takes {' or '.join(map(str, d.arity))} operand(s), "
-                            f"got {len(op.operands)}")
+        if len(op.operands) not in (d.arity or range(1, len(op.operands) + 1)):
+            arity = " or ".join(map(str, d.arity)) if d.arity else "one or more"
+            raise self.fail(op, f"{op.kind} takes {arity} operand(s), got {len(op.operands)}")
         if (op.result is not None) != d.has_result:
             raise self.fail(op, f"{op.kind} {'must' if d.has_result else 'cannot'} have a "
                             "result")

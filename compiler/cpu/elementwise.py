@@ -73,6 +73,25 @@ def is_nan(x: Expr, dtype: str) -> Expr:
                    tirx.const(0x7F800000, "uint32"))
 
 
+def _is_finite(x: Expr, dtype: str) -> Expr:
+    """Neither inf nor NaN: the exponent bits are not all ones."""
+    if dtype == "float64":
+        return tirx.Not(tirx.Or(tirx.isnan(x), tirx.isinf(x)))
+    bits = tirx.reinterpret("uint32", x)
+    exponent = tirx.const(0x7F800000, "uint32")
+    return tirx.NE(tirx.bitwise_and(bits, exponent), exponent)
+
+
+_LIBM = frozenset({"tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
+                   "erfc"})
+"""Functions TVM's CPU code generator lacks, called from the C math library."""
+
+
+def _libm(dtype: str, name: str, *args: Expr) -> Expr:
+    """A call of the C math library's ``name`` (``namef`` for float32)."""
+    return tirx.call_pure_extern(dtype, name + ("f" if dtype == "float32" else ""), *args)
+
+
 _ORDERED = {"lt": tirx.LT, "le": tirx.LE, "gt": tirx.GT, "ge": tirx.GE, "eq": tirx.EQ}
 
 
@@ -130,7 +149,10 @@ def _binary(fn: str, a: Expr, b: Expr, dtype: str) -> Expr:
     if fn == "div":
         return tirx.Div(a, b)
     if fn == "rem":
-        return tirx.fmod(a, b)
+        # C's fmod is exact, as XLA's rem; TVM has no CPU lowering of tirx.fmod.
+        return _libm(dtype, "fmod", a, b)
+    if fn == "atan2":
+        return _libm(dtype, "atan2", a, b)
     if fn == "max":
         return vm.maximum(a, b)
     if fn == "min":
@@ -182,6 +204,10 @@ def _unary(fn: str, x: Expr, dtype: str, bind: Bind) -> Expr:
         return vm.rsqrt(x)
     if fn == "round_away":
         return _round_away(x, dtype)
+    if fn in _LIBM:
+        return _libm(dtype, fn, x)
+    if fn == "is_finite":
+        return _is_finite(x, dtype)
     simple = {"floor": tirx.floor, "ceil": tirx.ceil, "round": tirx.nearbyint, "log": tirx.log,
               "log1p": tirx.log1p, "tanh": tirx.tanh, "sqrt": tirx.sqrt, "sin": tirx.sin,
               "cos": tirx.cos, "erf": tirx.erf}

@@ -135,10 +135,34 @@ class _Lowering:
             return self.at(op.operands[0], sub)
         if kind == "reshape":
             return self.at(op.operands[0], _reindex(idx, res.shape, op.operands[0].shape))
+        if kind == "rev":
+            dims = op.attrs["dims"]
+            return self.at(op.operands[0], [n - 1 - e if d in dims else e
+                                            for d, (n, e) in enumerate(zip(res.shape, idx))])
+        if kind == "slice":
+            return self.at(op.operands[0], [s + e * t for s, t, e in zip(
+                op.attrs["start"], op.attrs["stride"], idx)])
+        if kind == "concatenate":
+            return self.concatenated(op, idx)
         if kind == "load":
             src = op.attrs["src"]
             return self.bufs[src.buffer][tuple(self.element(src, idx, clamp=True))]
         raise NotImplementedError(kind)
+
+    def concatenated(self, op: ir.Op, idx: Sequence[Expr]) -> Expr:
+        """Element ``idx`` of a concatenation: every operand is read at an index clamped
+        into it (so no read leaves its array), and the one that holds ``idx`` selected."""
+        d = op.attrs["dimension"]
+        value, offset = None, 0
+        for v in op.operands:
+            n = v.shape[d]
+            at = list(idx)
+            at[d] = tirx.max(tirx.min(idx[d] - offset, tirx.const(n - 1, "int32")),
+                             tirx.const(0, "int32"))
+            x = self.at(v, at)
+            value = x if value is None else tirx.Select(idx[d] < offset, value, x)
+            offset += n
+        return value
 
     # --- statements -------------------------------------------------------
     @contextlib.contextmanager

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import os
 import re
 import tempfile
@@ -22,14 +23,21 @@ from tvm import tirx
 from tvm.ir import Expr
 
 from .. import ir
+from ..errors import kernel_error
 from ..passes.fusion import fuse_elementwise
+from ..passes.liveness import live_intervals, share_storage
 from ..target import Target
+from . import abi
 from . import elementwise as ew
 from . import tir_emit as te
 from .context import FALLBACK_LANES
 from .copies import lower_copy
 from .gemm import lower_gemm
 from .reductions import lower_reduce
+
+MAX_SCRATCH_BYTES = 1 << 30
+"""Scratch memory (on-chip buffers, tile values, temporaries) one call of a CPU kernel may
+use, per thread it runs on; a kernel that needs more is rejected when it is compiled."""
 
 _BINDS_OPERANDS = frozenset({"exp", "exp2", "expm1", "logistic", "tanh", "round_away", "sign"})
 
@@ -44,9 +52,9 @@ class _Lowering:
         self.kernel = kernel
         self.target = target
         params = kernel.params
-        # XLA:CPU aligns buffers to 64 bytes; the FFI handler checks it before every call.
-        self.kb = te.KernelBuilder(symbol_name(kernel), data_alignment=64, buffers=[
-            (b.name, b.shape, ew.tvm_dtype(b.dtype)) for b in params])
+        self.kb = te.KernelBuilder(
+            symbol_name(kernel), data_alignment=abi.DATA_ALIGNMENT,
+            buffers=[(b.name, b.shape, ew.tvm_dtype(b.dtype)) for b in params])
         self.bufs: dict[str, tirx.Buffer] = dict(zip((b.name for b in params),
                                                      self.kb.buffers))
         self.scopes = {b.name: b.scope for b in kernel.buffers}
@@ -56,6 +64,10 @@ class _Lowering:
                                                         ew.tvm_dtype(b.dtype))
         self.scalars: dict[int, Expr] = {}
         self.arrays: dict[int, tirx.Buffer] = {}
+        # Materialised values whose lifetimes do not overlap share one array.
+        self._slot_of = share_storage(live_intervals(kernel),
+                                      lambda v: (v.shape, v.dtype.name))
+        self._slots: dict[int, tirx.Buffer] = {}
         self.inline: dict[int, ir.Op] = {}
         self._names = 0
 
@@ -63,6 +75,17 @@ class _Lowering:
         """``value`` evaluated once, as an expression free of bfloat16 and of Let nodes
         (TVM's vectorizer rejects a Let whose value holds further Lets)."""
         return self.kb.let(self.name("r"), value)
+
+    def value_array(self, v: ir.Value) -> tirx.Buffer:
+        """The array that holds materialised value ``v`` (shared with values that are dead
+        by the time ``v`` is defined) and makes ``at`` read it."""
+        slot = self._slot_of[v.id]
+        arr = self._slots.get(slot)
+        if arr is None:
+            arr = self._slots[slot] = self.kb.alloc_local(self.name("t"), v.shape,
+                                                          ew.tvm_dtype(v.dtype))
+        self.arrays[v.id] = arr
+        return arr
 
     def name(self, prefix: str) -> str:
         self._names += 1
@@ -197,11 +220,9 @@ class _Lowering:
             self.scalars[op.result.id] = (value if op.kind == "const"
                                           else self.kb.let(self.name("s"), value))
         else:
-            res = op.result
-            arr = self.kb.alloc_local(self.name("t"), res.shape, ew.tvm_dtype(res.dtype))
-            with self.nest(res.shape) as idx:
+            arr = self.value_array(op.result)
+            with self.nest(op.result.shape) as idx:
                 self.kb.store(arr, idx, self.expr(op, idx))
-            self.arrays[res.id] = arr
 
     def store(self, op: ir.Op) -> None:
         value = op.operands[0]
@@ -272,9 +293,35 @@ def _reindex(idx: Sequence[Expr], shape: Sequence[int], target: Sequence[int]) -
 
 def to_tir(kernel: ir.Kernel, target: Target) -> tirx.PrimFunc:
     """The TIR function of a verified kernel for a CPU ``target`` (see the module
-    docstring)."""
+    docstring). Raises KernelError if it needs more than :data:`MAX_SCRATCH_BYTES`."""
     # Fusion annotates ops; work on a copy so the caller's kernel (and its key) stay as is.
-    return _Lowering(fuse_elementwise(copy.deepcopy(kernel)), target).run()
+    lowering = _Lowering(fuse_elementwise(copy.deepcopy(kernel)), target)
+    func = lowering.run()
+    _check_scratch(kernel, lowering.kb.scratch_bytes)
+    return func
+
+
+def _check_scratch(kernel: ir.Kernel, nbytes: int) -> None:
+    if nbytes <= MAX_SCRATCH_BYTES:
+        return
+    scratch = [b for b in kernel.buffers if b.role == "scratch"]
+    biggest = max(scratch, key=lambda b: b.dtype.itemsize * math.prod(b.shape), default=None)
+    detail = ""
+    if biggest is not None:
+        size = biggest.dtype.itemsize * math.prod(biggest.shape)
+        detail = (f"; the largest on-chip buffer, {biggest.scope} {biggest.name} "
+                  f"{list(biggest.shape)} {biggest.dtype}, takes {_bytes(size)}")
+    raise kernel_error(kernel.name, f"needs {_bytes(nbytes)} of scratch memory (on-chip "
+                       f"buffers and tile values) per call, more than the "
+                       f"{_bytes(MAX_SCRATCH_BYTES)} a CPU kernel may use{detail}; use "
+                       "smaller tiles", biggest.line if biggest is not None else None)
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} bytes"
 
 
 def tir_source(kernel: ir.Kernel, target: Target) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxtile.compiler import build
+from jaxtile.compiler import build, cache
 from jaxtile.compiler import ir as tile_ir
 from jaxtile.compiler import jax_internals as ji
 from jaxtile.compiler.errors import KernelError, kernel_error
@@ -55,8 +55,15 @@ class Specialisation:
     def handle(self) -> kernel_call.KernelHandle:
         """Compile (or fetch from the cache), load, and describe the kernel for kernel_call."""
         if self._handle is None:
-            entry = build.build(self.tile_ir, get_target("cpu"))
-            kernel_call.load(entry)
+            target = get_target("cpu")
+            entry = build.build(self.tile_ir, target)
+            try:
+                kernel_call.load(entry)
+            except (RuntimeError, ValueError):
+                # The entry passed its checksums yet cannot be loaded: a miss, rebuilt once.
+                cache.discard(entry.key)
+                entry = build.build(self.tile_ir, target)
+                kernel_call.load(entry)
             avals = tuple(ji.ShapedArray(b.shape, b.dtype) for b in self.traced.outputs)
             self._handle = kernel_call.KernelHandle(entry.key, self.owner.name, avals, entry,
                                                     self)

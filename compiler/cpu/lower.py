@@ -22,12 +22,12 @@ from collections.abc import Iterator, Sequence
 from tvm import tirx
 from tvm.ir import Expr
 
+from .. import cpu_abi as abi
 from .. import ir
 from ..errors import kernel_error
 from ..passes.fusion import fuse_elementwise
 from ..passes.liveness import live_intervals, share_storage
 from ..target import Target
-from . import abi
 from . import elementwise as ew
 from . import tir_emit as te
 from .context import FALLBACK_LANES

@@ -153,10 +153,11 @@ def test_tile_language_outside_a_kernel():
 
 
 def test_unknown_key_is_a_python_error():
-    from jaxtile.compiler.cache import Entry
+    from jaxtile.compiler.cache import CPU_SHARED_LIBRARY, Entry, Metadata
     from jaxtile.primitives import kernel_call
 
     aval = jax.core.ShapedArray((4,), jnp.float32)
-    handle = kernel_call.KernelHandle("0" * 64, "ghost", (aval,), Entry("0" * 64, "", "", 1))
+    entry = Entry("0" * 64, CPU_SHARED_LIBRARY, "", Metadata("ghost", 1, 64), "")
+    handle = kernel_call.KernelHandle("0" * 64, "ghost", (aval,), entry)
     with pytest.raises(Exception, match="no kernel is loaded"):
         jax.block_until_ready(kernel_call.kernel_call_p.bind(X[:4], kernel=handle))

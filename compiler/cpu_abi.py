@@ -1,4 +1,4 @@
-"""Facts of the CPU kernel ABI that code outside the lowering relies on, without importing
+"""Facts of the CPU kernel ABI that code outside the CPU backend relies on, without importing
 TVM: the cache records them per entry, and the loader and export payload read them from
 there."""
 

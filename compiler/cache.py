@@ -1,33 +1,101 @@
 """Content-addressed build cache, in memory and on disk.
 
-An entry is a compiled library ``<key>.so`` plus ``<key>.json`` (metadata with the library's
-sha256) under ``$JAXTILE_CACHE_DIR`` (default ``~/.cache/jaxtile``). Files are written to a
-temporary name and renamed into place, so readers never see a half-written entry and two
-processes building the same kernel both succeed (the contents are identical). An entry whose
-library is missing, truncated or altered fails its checksum and is rebuilt, never loaded.
+An entry is a compiled artifact ``<key>.so`` plus ``<key>.json``, its record: the artifact's
+kind (see :data:`KINDS`), its metadata (entry symbol, number of blocks, buffer alignment)
+and checksums, under ``$JAXTILE_CACHE_DIR`` (default ``~/.cache/jaxtile``). Files are
+written to a temporary name and renamed into place, so readers never see a half-written
+entry and two processes building the same kernel both succeed (the contents are identical).
+
+Integrity: the record's checksum covers every field of the record, the key included, and
+the record holds the artifact's sha256. An entry whose record or artifact is missing,
+truncated or altered fails these checks and is a miss, rebuilt and rewritten; so is an
+entry that passes them but cannot be loaded (see ``discard``). The checksums detect damage,
+not forgery: whoever can write the cache directory can make jaxtile run native code, so the
+directory must be as trusted as the Python packages themselves.
+
+A cache directory that cannot be written (read-only, full, not a directory) costs the
+cache, not the kernel: entries then go to a temporary directory of this process, with one
+warning that says why.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import tempfile
+import threading
+import time
+import warnings
 from pathlib import Path
 
-FORMAT = 1
+from .cpu_abi import DATA_ALIGNMENT
+
+FORMAT = 2
+
+CPU_SHARED_LIBRARY = "cpu-shared-library"
+KINDS = frozenset({CPU_SHARED_LIBRARY})
+"""Artifact kinds an entry may hold. Later: CUDA cubins, HIP code objects, emulator
+libraries, each with the metadata its loader needs."""
+
+STALE_SECONDS = 3600
+"""Temporary files older than this were left by a writer that died mid-write."""
+
+
+class CacheWarning(UserWarning):
+    """The kernel cache directory is unusable; kernels still compile and run."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Metadata:
+    """What a loader needs besides the artifact's bytes."""
+
+    symbol: str
+    """The entry point's symbol in the artifact."""
+    num_blocks: int
+    """Blocks of the launch grid."""
+    alignment: int
+    """Byte alignment the code assumes for every buffer's data pointer."""
+
+    def check(self) -> None:
+        """Raise ValueError unless every field has a usable type and value."""
+        if not isinstance(self.symbol, str) or not self.symbol:
+            raise ValueError(f"bad symbol {self.symbol!r}")
+        for name in ("num_blocks", "alignment"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"bad {name} {value!r}")
+        if self.alignment & (self.alignment - 1):
+            raise ValueError(f"alignment {self.alignment} is not a power of two")
 
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
-    """A compiled kernel library on disk and what is needed to load it."""
+    """A compiled artifact on disk and what is needed to load it."""
 
     key: str
+    kind: str
     library: str
-    symbol: str
-    num_blocks: int
+    """Path of the artifact."""
+    meta: Metadata
+    sha256: str
+    """Hex sha256 of the artifact's bytes when it was compiled."""
+
+    @property
+    def symbol(self) -> str:
+        return self.meta.symbol
+
+    @property
+    def num_blocks(self) -> int:
+        return self.meta.num_blocks
+
+    @property
+    def alignment(self) -> int:
+        return self.meta.alignment
 
 
 def cache_dir() -> Path:
@@ -46,15 +114,45 @@ def content_key(*parts: str) -> str:
 
 
 _memory: dict[str, Entry] = {}
+_lock = threading.Lock()
+_warned = False
+_swept: set[Path] = set()
+_fallback: Path | None = None
 
 
-def _paths(key: str) -> tuple[Path, Path]:
-    folder = cache_dir() / key[:2]
+def _paths(root: Path, key: str) -> tuple[Path, Path]:
+    folder = root / key[:2]
     return folder / f"{key}.so", folder / f"{key}.json"
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def _record_digest(record: dict) -> str:
+    """The checksum of a record: sha256 of its canonical JSON without the checksum."""
+    fields = {k: v for k, v in record.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+def _record(key: str, kind: str, meta: Metadata, sha256: str) -> dict:
+    record = {"format": FORMAT, "key": key, "kind": kind, "sha256": sha256,
+              **dataclasses.asdict(meta)}
+    record["checksum"] = _record_digest(record)
+    return record
+
+
+def _read_entry(root: Path, key: str) -> Entry | None:
+    lib, meta_path = _paths(root, key)
+    try:
+        record = json.loads(meta_path.read_text())
+        if (not isinstance(record, dict) or record.get("format") != FORMAT
+                or record.get("checksum") != _record_digest(record)
+                or record.get("key") != key or record.get("kind") not in KINDS):
+            return None
+        meta = Metadata(record["symbol"], record["num_blocks"], record["alignment"])
+        meta.check()
+        if hashlib.sha256(lib.read_bytes()).hexdigest() != record["sha256"]:
+            return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return Entry(key, record["kind"], str(lib), meta, record["sha256"])
 
 
 def lookup(key: str) -> Entry | None:
@@ -62,16 +160,21 @@ def lookup(key: str) -> Entry | None:
     entry = _memory.get(key)
     if entry is not None:
         return entry
-    lib, meta = _paths(key)
-    try:
-        info = json.loads(meta.read_text())
-        if info.get("format") != FORMAT or _sha256(lib) != info["sha256"]:
-            return None
-        entry = Entry(key, str(lib), info["symbol"], int(info["num_blocks"]))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    _memory[key] = entry
+    entry = _read_entry(cache_dir(), key)
+    if entry is not None:
+        _memory[key] = entry
     return entry
+
+
+def discard(key: str) -> None:
+    """Forget the entry for ``key`` and delete its files: it passed its checks but could
+    not be loaded, so the next :func:`lookup` is a miss and the kernel is rebuilt."""
+    entry = _memory.pop(key, None)
+    paths = [Path(entry.library)] if entry is not None else []
+    lib, meta = _paths(cache_dir(), key)
+    for path in [meta, lib, *paths]:
+        with contextlib.suppress(OSError):
+            path.unlink()
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -88,15 +191,71 @@ def _write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
-def store(key: str, library_bytes: bytes, symbol: str, num_blocks: int) -> Entry:
-    """Write a compiled library for ``key`` atomically and return its entry."""
-    lib, meta = _paths(key)
+def _sweep(root: Path) -> None:
+    """Remove, once per process and directory, temporary files that writers killed
+    mid-write left behind (young ones may belong to a live writer and stay)."""
+    if root in _swept:
+        return
+    _swept.add(root)
+    cutoff = time.time() - STALE_SECONDS
+    with contextlib.suppress(OSError):
+        for path in root.glob("*/.*"):
+            with contextlib.suppress(OSError):
+                if path.is_file() and path.stat().st_mtime < cutoff:
+                    path.unlink()
+
+
+def _write_entry(root: Path, key: str, data: bytes, record: dict) -> Path:
+    lib, meta = _paths(root, key)
     lib.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomic(lib, library_bytes)
-    info = {"format": FORMAT, "symbol": symbol, "num_blocks": num_blocks,
-            "sha256": hashlib.sha256(library_bytes).hexdigest()}
-    _write_atomic(meta, json.dumps(info).encode())
-    entry = Entry(key, str(lib), symbol, num_blocks)
+    _sweep(root)
+    _write_atomic(lib, data)
+    _write_atomic(meta, json.dumps(record).encode())
+    return lib
+
+
+def _fallback_dir() -> Path:
+    global _fallback
+    if _fallback is None:
+        _fallback = Path(tempfile.mkdtemp(prefix="jaxtile-cache-"))
+        atexit.register(shutil.rmtree, _fallback, True)
+    return _fallback
+
+
+def _warn_unusable(root: Path, error: OSError) -> None:
+    global _warned
+    if _warned:
+        return
+    _warned = True
+    why = error.strerror or str(error)
+    warnings.warn(
+        f"jaxtile: cannot write the kernel cache directory {root} ({why}); compiled kernels "
+        f"are kept in a temporary directory for this process only. Set JAXTILE_CACHE_DIR "
+        "to a writable directory to keep them.", CacheWarning, stacklevel=4)
+
+
+def store(key: str, library_bytes: bytes, symbol: str, num_blocks: int, *,
+          alignment: int | None = None, kind: str = CPU_SHARED_LIBRARY) -> Entry:
+    """Write a compiled artifact for ``key`` atomically and return its entry.
+
+    ``alignment`` defaults to what the CPU lowering assumes (``cpu_abi.DATA_ALIGNMENT``).
+    If the cache directory cannot be written, the entry goes to a temporary directory of
+    this process instead, with one :class:`CacheWarning`.
+    """
+    meta = Metadata(symbol, num_blocks, DATA_ALIGNMENT if alignment is None else alignment)
+    meta.check()
+    if kind not in KINDS:
+        raise ValueError(f"unknown artifact kind {kind!r}; expected one of {sorted(KINDS)}")
+    sha256 = hashlib.sha256(library_bytes).hexdigest()
+    record = _record(key, kind, meta, sha256)
+    root = cache_dir()
+    with _lock:
+        try:
+            lib = _write_entry(root, key, library_bytes, record)
+        except OSError as e:
+            _warn_unusable(root, e)
+            lib = _write_entry(_fallback_dir(), key, library_bytes, record)
+    entry = Entry(key, kind, str(lib), meta, sha256)
     _memory[key] = entry
     return entry
 

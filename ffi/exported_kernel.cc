@@ -23,10 +23,8 @@ const Kernel& load_exported_kernel(std::string_view key, std::string_view payloa
   for (FileKind kind : {FileKind::kMemory, FileKind::kTemporary}) {
     try {
       LibraryFile file(p.library, p.key, kind);
-      const Kernel& k = load_kernel(p.key, file.path(), p.symbol, p.num_blocks, p.alignment,
-                                    origin);
-      file.keep();
-      return k;
+      // The file is closed on leaving this scope; the loaded library stays mapped.
+      return load_kernel(p.key, file.path(), p.symbol, p.num_blocks, p.alignment, origin);
     } catch (const std::exception& e) {
       errors += errors.empty() ? "" : "; then ";
       errors += e.what();

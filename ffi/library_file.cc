@@ -4,7 +4,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -26,11 +28,20 @@ void write_all(int fd, std::string_view bytes, const std::string& path) {
   }
 }
 
+// "/proc/self/fd/<fd>", spelled uniquely for `serial`: each bit adds a "." component,
+// followed by one slash for 0 and two for 1 (the kernel reads all spellings alike).
+std::string unique_fd_path(int fd, uint64_t serial) {
+  std::string path = "/proc/self/fd/";
+  for (; serial != 0; serial >>= 1) path += (serial & 1) != 0 ? ".//" : "./";
+  return path + std::to_string(fd);
+}
+
 int open_memory_file(std::string* path) {
 #if defined(__linux__)
+  static std::atomic<uint64_t> serial{0};
   const int fd = memfd_create("jaxtile-kernel", MFD_CLOEXEC);
   if (fd < 0) fail("memfd_create failed");
-  *path = "/proc/self/fd/" + std::to_string(fd);
+  *path = unique_fd_path(fd, serial.fetch_add(1));
   return fd;
 #else
   (void)path;
@@ -69,10 +80,8 @@ LibraryFile::~LibraryFile() { close(); }
 void LibraryFile::close() {
   if (fd_ < 0) return;
   if (kind_ == FileKind::kTemporary) ::unlink(path_.c_str());
-  if (!(kept_ && kind_ == FileKind::kMemory)) ::close(fd_);
+  ::close(fd_);
   fd_ = -1;
 }
-
-void LibraryFile::keep() { kept_ = true; }
 
 }  // namespace jaxtile

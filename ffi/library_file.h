@@ -7,7 +7,8 @@
 namespace jaxtile {
 
 // How the bytes become a file: an anonymous memory file (Linux memfd, nothing on disk), or a
-// private temporary file under $TMPDIR (default /tmp) that is deleted once dlopen()ed.
+// private temporary file under $TMPDIR (default /tmp). Either is closed (and deleted) when
+// the LibraryFile goes, which is fine once it is dlopen()ed: the mapping keeps the library.
 enum class FileKind { kMemory, kTemporary };
 
 class LibraryFile {
@@ -19,12 +20,10 @@ class LibraryFile {
   LibraryFile(const LibraryFile&) = delete;
   LibraryFile& operator=(const LibraryFile&) = delete;
 
+  // A path no earlier LibraryFile of this process had: dlopen() returns the library already
+  // loaded under a name instead of opening the file, and descriptor numbers are reused once
+  // closed, so a memory file's /proc/self/fd path is spelled differently every time.
   const std::string& path() const { return path_; }
-
-  // Call once the library is loaded for good. A memory file then stays open for the life of
-  // the process: the loader knows the library by its /proc/self/fd path, and a later memory
-  // file reusing the descriptor number would otherwise be mistaken for it.
-  void keep();
 
  private:
   void close();
@@ -32,7 +31,6 @@ class LibraryFile {
   FileKind kind_;
   int fd_ = -1;
   std::string path_;
-  bool kept_ = false;
 };
 
 }  // namespace jaxtile

@@ -112,7 +112,7 @@ NB_MODULE(_ffi, m) {
          int64_t num_blocks, int64_t alignment) {
         load_kernel(key, library_path, symbol, num_blocks, alignment);
       },
-      "key"_a, "library_path"_a, "symbol"_a, "num_blocks"_a, "alignment"_a = 64,
+      "key"_a, "library_path"_a, "symbol"_a, "num_blocks"_a, "alignment"_a,
       nb::call_guard<nb::gil_scoped_release>(),
       "Load kernel `symbol` from a TVM-exported library under `key` (a no-op if `key` is "
       "already loaded). `alignment` is the buffer alignment the kernel was compiled to assume.");

@@ -114,8 +114,33 @@ Payload decode_payload(std::string_view key, std::string_view text) {
   if (!has_magic) {
     r.fail("is not a jaxtile kernel payload (bad header): the exported program was altered");
   }
-  r.line("header");
+  // Integrity first: a damaged field (the format digit included) must read as damage, not
+  // as a payload from a newer jaxtile. In every format the header ends with the sha256
+  // line, which covers every byte before it and the decoded library after it.
+  const size_t sha_at = text.find("\nsha256=");
+  if (sha_at == std::string_view::npos) r.fail("is malformed: it has no checksum line");
+  const size_t header_size = sha_at + 1;
+  const size_t sha_end = text.find('\n', header_size);
+  if (sha_end == std::string_view::npos) r.fail("is malformed: it ends in its checksum line");
+  const std::string_view expected_sha =
+      text.substr(header_size + 7, sha_end - header_size - 7);
+  // The kernel's name, unverified yet but worth showing in a message about damage.
+  if (const size_t at = text.substr(0, sha_at).find("\nname="); at != std::string_view::npos) {
+    const size_t begin = at + 6;
+    r.set_name(std::string(text.substr(begin, text.find('\n', begin) - begin)));
+  }
   Payload p;
+  if (!base64_decode(text.substr(sha_end + 1), &p.library)) {
+    r.fail("is corrupted: its library is not valid base64 (the exported program was altered)");
+  }
+  Sha256 sha;
+  sha.update(text.substr(0, header_size));
+  sha.update(p.library);
+  if (sha.hex_digest() != expected_sha) {
+    r.fail("is corrupted: checksum mismatch (the exported program was altered or damaged)");
+  }
+
+  r.line("header");
   const int64_t format = r.integer("format");
   p.jaxtile_version = std::string(r.field("jaxtile"));
   if (format > kPayloadFormat) {
@@ -134,21 +159,15 @@ Payload decode_payload(std::string_view key, std::string_view text) {
   p.arch = std::string(r.field("arch"));
   p.isa = split_commas(r.field("isa"));
   const int64_t size = r.integer("size");
-  const size_t header_size = r.position();
-  const std::string_view expected_sha = r.field("sha256");
-
-  if (!base64_decode(r.rest(), &p.library)) {
-    r.fail("is corrupted: its library is not valid base64 (the exported program was altered)");
+  if (r.position() != header_size) {
+    r.fail("is malformed: unexpected fields after 'size'");
   }
   if (static_cast<int64_t>(p.library.size()) != size) {
     r.fail("is corrupted: its library has " + std::to_string(p.library.size()) +
            " bytes where the header says " + std::to_string(size));
   }
-  Sha256 sha;
-  sha.update(text.substr(0, header_size));
-  sha.update(p.library);
-  if (sha.hex_digest() != expected_sha) {
-    r.fail("is corrupted: checksum mismatch (the exported program was altered or damaged)");
+  if (p.num_blocks < 1 || p.alignment < 1 || (p.alignment & (p.alignment - 1)) != 0) {
+    r.fail("is malformed: num_blocks must be positive and alignment a power of two");
   }
   if (p.key != key) {
     r.fail("belongs to another kernel (key " + p.key.substr(0, 16) +

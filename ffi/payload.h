@@ -17,8 +17,11 @@
 //   sha256=<hex>\n                  over every byte above and the library itself
 //   <base64 of the library>
 //
-// The checksum catches damage and edits made without care, not a deliberate forgery: running
-// an exported program means trusting whoever made it, as with any native code.
+// In every format the header ends with the sha256 line, which covers every byte before it and
+// the decoded library: integrity is checked first, so that a damaged `format` digit reads as
+// damage rather than as a payload from a newer jaxtile. The checksum catches damage and edits
+// made without care, not a deliberate forgery: running an exported program means trusting
+// whoever made it, as with any native code.
 #pragma once
 
 #include <cstdint>
@@ -51,8 +54,8 @@ struct Payload {
   std::string library;  // the decoded shared library
 };
 
-// Decodes `text`, the payload of a call to the kernel `key`, and checks it: format, checksum,
-// key, and that this machine can run the library. Throws PayloadError saying what is wrong.
+// Decodes `text`, the payload of a call to the kernel `key`, and checks it: checksum, then
+// format, key, and that this machine can run the library. Throws PayloadError saying what is wrong.
 Payload decode_payload(std::string_view key, std::string_view text);
 
 }  // namespace jaxtile

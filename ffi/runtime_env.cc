@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <iterator>
 #include <mutex>
+#include <string>
 
 namespace jaxtile {
 namespace {
@@ -31,7 +32,16 @@ void* alloc_workspace(int /*device_type*/, int /*device_id*/, uint64_t nbytes,
   // non-null pointer because the generated code treats null as an allocation failure.
   size_t size = (nbytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
   if (size == 0) size = kWorkspaceAlign;
-  return std::aligned_alloc(kWorkspaceAlign, size);
+  void* ptr = std::aligned_alloc(kWorkspaceAlign, size);
+  if (ptr == nullptr) {
+    // The generated code returns -1 without a message of its own.
+    const std::string n = std::to_string(nbytes);
+    const char* parts[] = {"out of memory: the kernel's scratch memory (", n.c_str(),
+                           " bytes for one of its on-chip buffers or tile values) could not "
+                           "be allocated"};
+    set_error("MemoryError", parts, 3);
+  }
+  return ptr;
 }
 
 int free_workspace(int /*device_type*/, int /*device_id*/, void* ptr) {

@@ -63,11 +63,20 @@ class Specialisation:
                                                     self.owner.name, avals, self)
         return self._handle
 
-    def build(self, target: Target) -> cache.Entry:
-        """The kernel compiled for ``target`` (or fetched from the cache)."""
+    def build(self, target: Target, load: Callable[[cache.Entry], None]) -> cache.Entry:
+        """The kernel compiled for ``target`` (or fetched from the cache) and loaded with
+        the platform's ``load``. An entry that passes its checksums yet cannot be loaded
+        is a cache miss: it is discarded and rebuilt, once."""
         entry = self._entries.get(target)
         if entry is None:
-            entry = self._entries[target] = build.build(self.tile_ir, target)
+            entry = build.build(self.tile_ir, target)
+            try:
+                load(entry)
+            except (RuntimeError, ValueError):
+                cache.discard(entry.key)
+                entry = build.build(self.tile_ir, target)
+                load(entry)
+            self._entries[target] = entry
         return entry
 
     # --- what kernel_call's rules ask for -----------------------------------

@@ -134,7 +134,7 @@ class Kernel:
                        batch: tuple[_trace.BatchLevel, ...]) -> Specialisation:
         """The (cached) specialisation for argument specs, parameters and batch levels."""
         try:
-            cache_key = (specs, tuple(sorted(params.items())), batch)
+            cache_key = (specs, _params_key(params), batch)
             hash(cache_key)
         except TypeError:
             raise kernel_error(self.name, "compile-time parameters must be hashable",
@@ -229,15 +229,37 @@ class Kernel:
 
 
 def _call_key(args: tuple[Any, ...], params: dict[str, Any]) -> Any:
-    """Argument shapes and dtypes plus parameters, or None when an argument has no shape or
-    a parameter is unhashable (such calls take the checked path and its errors)."""
+    """Argument shapes and dtypes, the x64 mode (which decides their canonical dtypes) and
+    parameters, or None when an argument has no shape or a parameter is unhashable (such
+    calls take the checked path and its errors)."""
     try:
-        key = (tuple([(a.shape, a.dtype) for a in args]),
-               tuple(sorted(params.items())) if params else ())
+        key = (jax.config.jax_enable_x64, tuple([(a.shape, a.dtype) for a in args]),
+               _params_key(params) if params else ())
         hash(key)
     except (AttributeError, TypeError):
         return None
     return key
+
+
+def _params_key(params: dict[str, Any]) -> tuple[Any, ...]:
+    """Parameters as a key that tells apart values Python deems equal but a trace does not
+    (``2``, ``2.0``, ``True``; ``0.0`` and ``-0.0``), and in which a NaN equals itself."""
+    return tuple(sorted((name, _value_key(v)) for name, v in params.items()))
+
+
+def _value_key(v: Any) -> Any:
+    t = type(v)
+    if t is int or t is str or t is bool or v is None:
+        return t, v
+    if isinstance(v, float | np.floating):
+        return t, float(v).hex()   # exact, signed zeros differ, and 'nan' == 'nan'
+    if isinstance(v, complex | np.complexfloating):
+        return t, float(v.real).hex(), float(v.imag).hex()
+    if isinstance(v, tuple | frozenset):
+        items = [_value_key(x) for x in v]
+        return t, tuple(items if t is tuple else sorted(items, key=repr))
+    return t, v
+
 
 def kernel(fn: Callable[..., Any] | None = None, *, threads: int = 128,
            interpret: bool | None = None, name: str | None = None,

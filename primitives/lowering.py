@@ -39,8 +39,7 @@ def _cpu_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
         return mlir.lower_fun(
             functools.partial(sharding.sharded_call, kernel=kernel, rule=rule),
             multiple_results=True)(ctx, *args)
-    entry = kernel.spec.build(for_platform("cpu"))
-    load(entry)
+    entry = kernel.spec.build(for_platform("cpu"), load)
     # Should JAX stop flagging export lowerings, exports would hold plain jaxtile_cpu_call
     # ops, which jax.export then rejects (export_checks() does not allow them) rather than
     # writing a program that cannot run elsewhere.
@@ -58,7 +57,7 @@ def _gpu_lowering(platform: str) -> Any:
         del args
         platforms = list(ctx.module_context.platforms)
         try:
-            kernel.spec.build(for_platform(platform, ji.compute_capability(ctx)))
+            kernel.spec.build(for_platform(platform, ji.compute_capability(ctx)), load)
         except KernelError as e:
             raise kernel_error(
                 kernel.name, f"has no lowering for platform {platform!r} (lowering for "

@@ -21,8 +21,12 @@ text: a header of ``field=value`` lines, then the library in base64::
     <base64 library>
 
 The first three lines keep their meaning in every format, so that an older jaxtile can say
-which version a newer payload needs. Bump ``FORMAT`` (and ``kPayloadFormat`` in
-``ffi/payload.h``) whenever the format changes.
+which version a newer payload needs, and so does the last header line: the checksum, which
+the reader verifies first (a damaged ``format`` digit is damage, not a newer format).
+
+Only the library that was compiled is ever embedded: :func:`encode` checks the bytes it reads
+from the cache against the checksum recorded when the kernel was compiled. Bump ``FORMAT``
+(and ``kPayloadFormat`` in ``ffi/payload.h``) whenever the format changes.
 """
 
 from __future__ import annotations
@@ -34,13 +38,12 @@ import importlib.metadata
 import platform
 
 from jaxtile.compiler import cache
+from jaxtile.compiler.cpu_abi import DATA_ALIGNMENT
 from jaxtile.compiler.errors import kernel_error
 from jaxtile.compiler.target import host_isa
 
 MAGIC = "jaxtile-kernel-payload"
 FORMAT = 1
-ALIGNMENT = 64
-"""Buffer alignment compiled CPU kernels assume (``_ffi.load_kernel``'s default)."""
 
 def _version() -> str:
     try:
@@ -50,7 +53,8 @@ def _version() -> str:
 
 
 def pack(*, key: str, name: str, symbol: str, num_blocks: int, library: bytes,
-         alignment: int = ALIGNMENT, arch: str | None = None, isa: tuple[str, ...] | None = None,
+         alignment: int = DATA_ALIGNMENT, arch: str | None = None,
+         isa: tuple[str, ...] | None = None,
          format: int = FORMAT, version: str | None = None) -> str:
     """The payload text for a library; the keyword defaults describe this machine and jaxtile.
 
@@ -73,14 +77,20 @@ def pack(*, key: str, name: str, symbol: str, num_blocks: int, library: bytes,
 
 @functools.lru_cache(maxsize=64)
 def encode(kernel_name: str, entry: cache.Entry) -> str:
-    """The payload of a compiled kernel, read from its library in the build cache."""
+    """The payload of a compiled kernel, read from its library in the build cache and
+    checked against the checksum recorded when it was compiled."""
     try:
         with open(entry.library, "rb") as f:
             library = f.read()
     except OSError as e:
         raise kernel_error(kernel_name, f"cannot embed the compiled library in an export: {e}"
                            " (was the kernel cache cleared while this process ran?)") from e
+    if hashlib.sha256(library).hexdigest() != entry.sha256:
+        raise kernel_error(
+            kernel_name, f"cannot embed the compiled library in an export: {entry.library} "
+            "changed on disk since it was compiled (checksum mismatch), so it is not the code "
+            "this process runs. Delete it and run the program again to rebuild it.")
     # Kernel names are Python names, but a generated one could hold anything.
     name = " ".join(kernel_name.split()) or "kernel"
-    return pack(key=entry.key, name=name, symbol=entry.symbol,
-                num_blocks=entry.num_blocks, library=library)
+    return pack(key=entry.key, name=name, symbol=entry.symbol, num_blocks=entry.num_blocks,
+                alignment=entry.alignment, library=library)

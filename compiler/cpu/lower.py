@@ -12,6 +12,7 @@ copies take an unmasked fast path when the tile lies inside both buffers and a m
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import tempfile
@@ -20,7 +21,10 @@ from collections.abc import Iterator, Sequence
 from tvm import tirx
 from tvm.ir import Expr
 
+from .. import cpu_abi as abi
 from .. import ir
+from ..errors import kernel_error
+from ..passes.liveness import live_intervals, share_storage
 from ..target import Target
 from . import elementwise as ew
 from . import tir_emit as te
@@ -29,6 +33,10 @@ from .copies import lower_copy
 from .gemm import lower_gemm
 from .reductions import lower_reduce
 from .scans import lower_argreduce, lower_scan
+
+MAX_SCRATCH_BYTES = 1 << 30
+"""Scratch memory (on-chip buffers, tile values, temporaries) one call of a CPU kernel may
+use, per thread it runs on; a kernel that needs more is rejected when it is compiled."""
 
 _BINDS_OPERANDS = frozenset({"exp", "exp2", "expm1", "logistic", "tanh", "round_away", "sign"})
 
@@ -43,9 +51,9 @@ class _Lowering:
         self.kernel = kernel
         self.target = target
         params = kernel.params
-        # XLA:CPU aligns buffers to 64 bytes; the FFI handler checks it before every call.
-        self.kb = te.KernelBuilder(symbol_name(kernel), data_alignment=64, buffers=[
-            (b.name, b.shape, ew.tvm_dtype(b.dtype)) for b in params])
+        self.kb = te.KernelBuilder(
+            symbol_name(kernel), data_alignment=abi.DATA_ALIGNMENT,
+            buffers=[(b.name, b.shape, ew.tvm_dtype(b.dtype)) for b in params])
         self.bufs: dict[str, tirx.Buffer] = dict(zip((b.name for b in params),
                                                      self.kb.buffers))
         self.scopes = {b.name: b.scope for b in kernel.buffers}
@@ -55,6 +63,10 @@ class _Lowering:
                                                         ew.tvm_dtype(b.dtype))
         self.scalars: dict[int, Expr] = {}
         self.arrays: dict[int, tirx.Buffer] = {}
+        # Materialised values whose lifetimes do not overlap share one array.
+        self._slot_of = share_storage(live_intervals(kernel),
+                                      lambda v: (v.shape, v.dtype.name))
+        self._slots: dict[int, tirx.Buffer] = {}
         self.inline: dict[int, ir.Op] = {}
         self._names = 0
 
@@ -62,6 +74,17 @@ class _Lowering:
         """``value`` evaluated once, as an expression free of bfloat16 and of Let nodes
         (TVM's vectorizer rejects a Let whose value holds further Lets)."""
         return self.kb.let(self.name("r"), value)
+
+    def value_array(self, v: ir.Value) -> tirx.Buffer:
+        """The array that holds materialised value ``v`` (shared with values that are dead
+        by the time ``v`` is defined) and makes ``at`` read it."""
+        slot = self._slot_of[v.id]
+        arr = self._slots.get(slot)
+        if arr is None:
+            arr = self._slots[slot] = self.kb.alloc_local(self.name("t"), v.shape,
+                                                          ew.tvm_dtype(v.dtype))
+        self.arrays[v.id] = arr
+        return arr
 
     def name(self, prefix: str) -> str:
         self._names += 1
@@ -225,11 +248,9 @@ class _Lowering:
             self.scalars[op.result.id] = (value if op.kind == "const"
                                           else self.kb.let(self.name("s"), value))
         else:
-            res = op.result
-            arr = self.kb.alloc_local(self.name("t"), res.shape, ew.tvm_dtype(res.dtype))
-            with self.nest(res.shape) as idx:
+            arr = self.value_array(op.result)
+            with self.nest(op.result.shape) as idx:
                 self.kb.store(arr, idx, self.expr(op, idx))
-            self.arrays[res.id] = arr
 
     def store(self, op: ir.Op) -> None:
         value, dst = op.operands[0], op.attrs["dst"]
@@ -307,8 +328,35 @@ def _reindex(idx: Sequence[Expr], shape: Sequence[int], target: Sequence[int]) -
 
 def to_tir(kernel: ir.Kernel, target: Target) -> tirx.PrimFunc:
     """The TIR function of a kernel that went through the CPU's pass pipeline (see
-    :mod:`..pipelines`), for a CPU ``target`` (see the module docstring)."""
-    return _Lowering(kernel, target).run()
+    :mod:`..pipelines`), for a CPU ``target`` (see the module docstring). Raises
+    KernelError if it needs more than :data:`MAX_SCRATCH_BYTES`."""
+    lowering = _Lowering(kernel, target)
+    func = lowering.run()
+    _check_scratch(kernel, lowering.kb.scratch_bytes)
+    return func
+
+
+def _check_scratch(kernel: ir.Kernel, nbytes: int) -> None:
+    if nbytes <= MAX_SCRATCH_BYTES:
+        return
+    scratch = [b for b in kernel.buffers if b.role == "scratch"]
+    biggest = max(scratch, key=lambda b: b.dtype.itemsize * math.prod(b.shape), default=None)
+    detail = ""
+    if biggest is not None:
+        size = biggest.dtype.itemsize * math.prod(biggest.shape)
+        detail = (f"; the largest on-chip buffer, {biggest.scope} {biggest.name} "
+                  f"{list(biggest.shape)} {biggest.dtype}, takes {_bytes(size)}")
+    raise kernel_error(kernel.name, f"needs {_bytes(nbytes)} of scratch memory (on-chip "
+                       f"buffers and tile values) per call, more than the "
+                       f"{_bytes(MAX_SCRATCH_BYTES)} a CPU kernel may use{detail}; use "
+                       "smaller tiles", biggest.line if biggest is not None else None)
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} bytes"
 
 
 def source(kernel: ir.Kernel, target: Target) -> str:

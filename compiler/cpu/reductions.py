@@ -45,7 +45,7 @@ def _reduce_leading(low: Lowering, op: ir.Op, keep: list[int], red: list[int]) -
     reduced index, so the source is read row by row."""
     src, res, fn = op.operands[0], op.result, op.attrs["fn"]
     dtype, src_dtype = ew.tvm_dtype(res.dtype), ew.tvm_dtype(src.dtype)
-    arr = low.kb.alloc_local(low.name("t"), res.shape, dtype)
+    arr = low.value_array(res)
     with low.nest(res.shape) as out_idx:
         low.kb.store(arr, out_idx, ew.reduce_init(fn, dtype))
     with low.nest([src.shape[d] for d in red], vectorize=False) as red_idx, \
@@ -54,7 +54,6 @@ def _reduce_leading(low: Lowering, op: ir.Op, keep: list[int], red: list[int]) -
         x = ew.convert(low.at(src, full), src_dtype, dtype, low.bind)
         low.kb.store(arr, out_idx, ew.reduce_combine(fn, arr[tuple(out_idx)], x, dtype,
                                                       low.bind))
-    low.arrays[res.id] = arr
 
 
 def lower_reduce(low: Lowering, op: ir.Op) -> None:
@@ -76,7 +75,7 @@ def lower_reduce(low: Lowering, op: ir.Op) -> None:
     # op per vector, and the partial sums keep float sums more exact.
     lanes = _lanes(low, n_last)
     acc = low.kb.alloc_local(low.name("acc"), (lanes,), dtype)
-    arr = (low.kb.alloc_local(low.name("t"), res.shape, dtype) if res.shape else None)
+    arr = low.value_array(res) if res.shape else None
 
     def accumulate(lane: Expr, red_idx: Sequence[Expr], last: Expr) -> None:
         full = _source_index(len(src.shape), keep, out_idx, red, [*red_idx, last])
@@ -107,5 +106,3 @@ def lower_reduce(low: Lowering, op: ir.Op) -> None:
             low.kb.store(arr, out_idx, acc[0])
     if arr is None:
         low.scalars[res.id] = low.kb.let(low.name("s"), acc[0])
-    else:
-        low.arrays[res.id] = arr

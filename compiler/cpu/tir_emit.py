@@ -84,9 +84,10 @@ _LOOP_KINDS = {
 # the entry block.
 _STACK_ALLOCATION = {"disable_lower_builtin": tirx.IntImm("bool", 1)}
 
-#: Larger arrays go to the heap (TVMBackendAllocWorkspace, whose slot jaxtile's loader fills
-#: with an aligned malloc), once per call: the threads a kernel runs on (XLA's, the FFI
-#: pool's) may have small stacks.
+#: Local arrays share this much stack per call, smallest first; the rest go to the heap
+#: (TVMBackendAllocWorkspace, whose slot jaxtile's loader fills with an aligned malloc), once
+#: per call. The threads a kernel runs on (XLA's, the FFI pool's, the caller's) may have
+#: small stacks, and the budget is per call whatever the number of arrays.
 MAX_STACK_BYTES = 256 * 1024
 
 
@@ -219,13 +220,13 @@ class KernelBuilder:
         self.buffers = [
             _decl_buffer(bname, shape, dtype, data_alignment) for bname, shape, dtype in buffers
         ]
-        self._allocations: list[tirx.Stmt] = []
+        self._allocations: list[tuple[int, tirx.Buffer]] = []
         self._stack: list[list[tirx.Stmt]] = [[]]
         self._vector_loops: list[tuple[tirx.Var, int]] = []
 
     def alloc_local(self, name: str, shape: Sequence[int], dtype: str) -> tirx.Buffer:
-        """Declare a local array, allocated once at function entry: on the stack up to
-        :data:`MAX_STACK_BYTES`, on the heap beyond.
+        """Declare a local array, allocated once at function entry: on the stack while the
+        arrays fit in :data:`MAX_STACK_BYTES` together (smallest first), on the heap beyond.
 
         The array lives for the whole call and is uninitialised. A one-element array is the
         way to get a mutable scalar; LLVM keeps it in a register.
@@ -234,9 +235,13 @@ class KernelBuilder:
         # only assumes that much), so declare what is actually provided.
         buf = _decl_buffer(name, shape, dtype, 16)
         nbytes = math.prod(shape) * max(1, tvm.runtime.DataType(dtype).bits // 8)
-        annotations = _STACK_ALLOCATION if nbytes <= MAX_STACK_BYTES else None
-        self._allocations.append(tirx.AllocBuffer(buf, annotations))
+        self._allocations.append((nbytes, buf))
         return buf
+
+    @property
+    def scratch_bytes(self) -> int:
+        """Bytes of local arrays declared so far (stack and heap): one call's scratch."""
+        return sum(nbytes for nbytes, _ in self._allocations)
 
     def emit(self, stmt: tirx.Stmt) -> None:
         """Append an arbitrary TIR statement at the insertion point."""
@@ -331,10 +336,21 @@ class KernelBuilder:
         """Return the finished ``PrimFunc``; the builder must not be used afterwards."""
         if len(self._stack) != 1:
             raise ValueError("finish() called inside an open loop/if block")
-        body = self._allocations + self._stack.pop()
+        body = self._placed_allocations() + self._stack.pop()
         params = [self.block_begin, self.block_end, *self.buffers]
         attrs = tvm.ir.make_node("ir.DictAttrs", global_symbol=self.name)
         return tirx.PrimFunc(params, _seq(body), attrs=attrs)
+
+    def _placed_allocations(self) -> list[tirx.Stmt]:
+        """One allocation per local array: the smallest on the stack (where LLVM can keep
+        them in registers) within the stack budget, the others on the heap."""
+        stack_left = MAX_STACK_BYTES
+        placed = []
+        for nbytes, buf in sorted(self._allocations, key=lambda a: a[0]):
+            on_stack = nbytes <= stack_left
+            stack_left -= nbytes if on_stack else 0
+            placed.append(tirx.AllocBuffer(buf, _STACK_ALLOCATION if on_stack else None))
+        return placed
 
     def _pop_body(self) -> tirx.Stmt:
         return _seq(self._stack.pop())

@@ -9,6 +9,7 @@ from tvm.script import tirx as T
 
 BLOCK = 8  # elements per block of `vadd`
 ROW = 4096  # floats per block of `reverse_rows`: 16 KiB of scratch, beyond TVM's stack limit
+TVM_ALIGNMENT = 64  # the data alignment TVM compiles these kernels to assume (its default)
 
 
 @T.prim_func

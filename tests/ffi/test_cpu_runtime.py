@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from ffi_kernels import BLOCK, ROW
+from ffi_kernels import BLOCK, ROW, TVM_ALIGNMENT
 
 
 def ffi_call(key, out_shape, out_dtype, *operands):
@@ -39,7 +39,7 @@ def blocks_for(n):
 @pytest.mark.parametrize("n", [1, 8, 21, 1000])
 def test_vadd_under_jit(ffi, kernel_lib, n):
     key = f"vadd-{n}"
-    ffi.load_kernel(key, kernel_lib, "vadd", blocks_for(n))
+    ffi.load_kernel(key, kernel_lib, "vadd", blocks_for(n), alignment=TVM_ALIGNMENT)
     x = jnp.arange(n, dtype=jnp.float32)
     y = jnp.full(n, 0.5, jnp.float32)
     np.testing.assert_array_equal(jitted_vadd(key)(x, y), np.asarray(x) + np.asarray(y))
@@ -49,7 +49,7 @@ def test_parallel_split_uneven(ffi, kernel_lib):
     # 13 blocks never divide evenly between 2, 3 or 4 threads; a block skipped or run twice
     # shows up as uninitialised output.
     n = 13 * BLOCK - 3
-    ffi.load_kernel("vadd-uneven", kernel_lib, "vadd", blocks_for(n))
+    ffi.load_kernel("vadd-uneven", kernel_lib, "vadd", blocks_for(n), alignment=TVM_ALIGNMENT)
     x = jnp.linspace(-1, 1, n, dtype=jnp.float32)
     fn = jitted_vadd("vadd-uneven")
     for _ in range(20):
@@ -65,7 +65,7 @@ def test_workspace_allocation_across_threads(ffi, kernel_lib):
     # The scratch row is too big for the stack, so TVM allocates it through its runtime slot.
     assert library_mentions(kernel_lib, "__TVMBackendAllocWorkspace")
     rows = 7
-    ffi.load_kernel("reverse-rows", kernel_lib, "reverse_rows", rows)
+    ffi.load_kernel("reverse-rows", kernel_lib, "reverse_rows", rows, alignment=TVM_ALIGNMENT)
     x = jnp.arange(rows * ROW, dtype=jnp.float32).reshape(rows, ROW)
     out = jax.jit(lambda a: ffi_call("reverse-rows", a.shape, a.dtype, a))(x)
     np.testing.assert_array_equal(out, 2 * np.asarray(x)[:, ::-1])
@@ -73,14 +73,14 @@ def test_workspace_allocation_across_threads(ffi, kernel_lib):
 
 def test_tvm_parallel_loop_runs_serially(ffi, kernel_lib):
     assert library_mentions(kernel_lib, "__TVMBackendParallelLaunch")
-    ffi.load_kernel("parallel-scale", kernel_lib, "parallel_scale", 1)
+    ffi.load_kernel("parallel-scale", kernel_lib, "parallel_scale", 1, alignment=TVM_ALIGNMENT)
     x = jnp.arange(64, dtype=jnp.float32)
     out = jax.jit(lambda a: ffi_call("parallel-scale", a.shape, a.dtype, a))(x)
     np.testing.assert_array_equal(out, 3 * np.asarray(x))
 
 
 def test_dtype_mapping(ffi, kernel_lib):
-    ffi.load_kernel("mixed-sum", kernel_lib, "__tvm_ffi_mixed_sum", 1)
+    ffi.load_kernel("mixed-sum", kernel_lib, "__tvm_ffi_mixed_sum", 1, alignment=TVM_ALIGNMENT)
     rng = np.random.default_rng(0)
     operands = [
         rng.integers(-100, 100, 16).astype(np.int8),
@@ -96,7 +96,7 @@ def test_dtype_mapping(ffi, kernel_lib):
 
 def test_call_kernel_subrange(ffi, kernel_lib):
     n = 10 * BLOCK
-    ffi.load_kernel("vadd-direct", kernel_lib, "vadd", 10)
+    ffi.load_kernel("vadd-direct", kernel_lib, "vadd", 10, alignment=TVM_ALIGNMENT)
     x, y, out = (aligned_empty((n,), np.float32) for _ in range(3))
     x[:] = np.arange(n)
     y[:] = 1
@@ -110,7 +110,7 @@ def test_call_kernel_subrange(ffi, kernel_lib):
 def test_concurrent_callers(ffi, kernel_lib):
     # Callers that find the pool busy run their blocks themselves; results must not mix.
     n = 64 * BLOCK
-    ffi.load_kernel("vadd-threads", kernel_lib, "vadd", 64)
+    ffi.load_kernel("vadd-threads", kernel_lib, "vadd", 64, alignment=TVM_ALIGNMENT)
     errors = []
 
     def worker(seed):
@@ -132,14 +132,14 @@ def test_concurrent_callers(ffi, kernel_lib):
 
 
 def test_zero_blocks_is_a_no_op(ffi, kernel_lib):
-    ffi.load_kernel("vadd-empty", kernel_lib, "vadd", 0)
+    ffi.load_kernel("vadd-empty", kernel_lib, "vadd", 0, alignment=TVM_ALIGNMENT)
     x = jnp.ones(8, jnp.float32)
     jitted_vadd("vadd-empty")(x, x).block_until_ready()
 
 
 def test_load_is_idempotent(ffi, kernel_lib):
-    ffi.load_kernel("vadd-twice", kernel_lib, "vadd", 2)
-    ffi.load_kernel("vadd-twice", kernel_lib, "vadd", 2)
+    ffi.load_kernel("vadd-twice", kernel_lib, "vadd", 2, alignment=TVM_ALIGNMENT)
+    ffi.load_kernel("vadd-twice", kernel_lib, "vadd", 2, alignment=TVM_ALIGNMENT)
     assert ffi.is_loaded("vadd-twice")
     assert ffi.loaded_keys().count("vadd-twice") == 1
     assert not ffi.is_loaded("never-loaded")
@@ -153,7 +153,7 @@ def test_unknown_key_raises(ffi):
 
 
 def test_kernel_error_raises_and_process_survives(ffi, kernel_lib):
-    ffi.load_kernel("vadd-mismatch", kernel_lib, "vadd", 1)
+    ffi.load_kernel("vadd-mismatch", kernel_lib, "vadd", 1, alignment=TVM_ALIGNMENT)
     x = jnp.ones(8, jnp.float32)
     bad = jax.jit(lambda a, b: ffi_call("vadd-mismatch", (8,), jnp.float32, a, b))
     with pytest.raises(Exception, match=r"vadd-mismatch.*Mismatched B\.shape\[0\]"):
@@ -164,20 +164,20 @@ def test_kernel_error_raises_and_process_survives(ffi, kernel_lib):
 def test_load_errors(ffi, kernel_lib, tmp_path):
     missing = str(tmp_path / "missing.so")
     with pytest.raises(RuntimeError, match="missing.so"):
-        ffi.load_kernel("bad-path", missing, "vadd", 1)
+        ffi.load_kernel("bad-path", missing, "vadd", 1, alignment=TVM_ALIGNMENT)
     not_a_library = tmp_path / "junk.so"
     not_a_library.write_text("not an ELF file")
     with pytest.raises(RuntimeError, match="junk.so"):
-        ffi.load_kernel("bad-file", str(not_a_library), "vadd", 1)
+        ffi.load_kernel("bad-file", str(not_a_library), "vadd", 1, alignment=TVM_ALIGNMENT)
     with pytest.raises(RuntimeError, match="__tvm_ffi_nope"):
-        ffi.load_kernel("bad-symbol", kernel_lib, "nope", 1)
+        ffi.load_kernel("bad-symbol", kernel_lib, "nope", 1, alignment=TVM_ALIGNMENT)
     with pytest.raises(ValueError, match="num_blocks"):
-        ffi.load_kernel("bad-blocks", kernel_lib, "vadd", -1)
+        ffi.load_kernel("bad-blocks", kernel_lib, "vadd", -1, alignment=TVM_ALIGNMENT)
     assert not any(ffi.is_loaded(k) for k in ["bad-path", "bad-file", "bad-symbol", "bad-blocks"])
 
 
 def test_misaligned_buffer_is_rejected(ffi, kernel_lib):
-    ffi.load_kernel("vadd-align", kernel_lib, "vadd", 1)
+    ffi.load_kernel("vadd-align", kernel_lib, "vadd", 1, alignment=TVM_ALIGNMENT)
     x = aligned_empty((BLOCK + 1,), np.float32)[1:]
     with pytest.raises(RuntimeError, match="not 64-byte aligned"):
         ffi.call_kernel("vadd-align", [x, x, x])
@@ -191,7 +191,7 @@ CACHE_HIT_SCRIPT = textwrap.dedent(
 
     lib, n = sys.argv[1], int(sys.argv[2])
     jax.ffi.register_ffi_target("jaxtile_cpu_call", ffi.cpu_handler(), platform="cpu")
-    ffi.load_kernel("vadd", lib, "vadd", -(-n // 8))
+    ffi.load_kernel("vadd", lib, "vadd", -(-n // 8), alignment=64)
     out = jax.ffi.ffi_call("jaxtile_cpu_call", jax.ShapeDtypeStruct((n,), jnp.float32))
     x = jnp.arange(n, dtype=jnp.float32)
     np.testing.assert_array_equal(jax.jit(lambda a: out(a, a, key="vadd"))(x), 2 * np.asarray(x))

@@ -4,7 +4,9 @@ Exported artifacts are run in a fresh Python process with an empty kernel cache,
 never compiled or loaded the kernels: that is the point of a self-contained export.
 """
 
+import base64
 import functools
+import hashlib
 import json
 import os
 import subprocess
@@ -20,7 +22,7 @@ import jaxtile as jt
 from jaxtile import _ffi
 from jaxtile.compiler.target import parse_target
 from jaxtile.export import export_checks
-from jaxtile.primitives import payload
+from jaxtile.primitives import kernel_call, payload
 from jaxtile.primitives.lowering import CPU_EXPORTED_TARGET_NAME
 
 matmul_relu = functools.partial(jt.ops.matmul_relu, bm=32, bn=32, bk=16)
@@ -221,7 +223,7 @@ def _handle_of(kernel, *args, **params):
     library."""
     jaxpr = jax.make_jaxpr(functools.partial(kernel, **params))(*args)
     (handle,) = [e.params["kernel"] for e in jaxpr.eqns if "kernel" in e.params]
-    entry = handle.spec.build(parse_target("cpu"))
+    entry = handle.spec.build(parse_target("cpu"), kernel_call.load)
     with open(entry.library, "rb") as f:
         return handle, entry, f.read()
 
@@ -256,13 +258,27 @@ def test_the_first_exported_call_loads_the_payload():
     _ffi.load_exported_kernel(key, "junk")  # a no-op too
 
 
+def _sealed(header: str, library: bytes = b"") -> str:
+    """A payload of ``header`` lines and ``library`` with a valid checksum line."""
+    digest = hashlib.sha256(header.encode() + library).hexdigest()
+    return f"{header}sha256={digest}\n{base64.b64encode(library).decode()}"
+
+
+def _reseal(text: str, old: str, new: str) -> str:
+    """``text`` with ``old`` replaced by ``new`` in its header, checksummed again."""
+    header, rest = text.split("sha256=", 1)
+    return _sealed(header.replace(old, new, 1), base64.b64decode(rest.split("\n", 1)[1]))
+
+
 @pytest.mark.parametrize("text,words", [
     ("", "is empty"),
     ("MZ\x90\x00", "not a jaxtile kernel payload"),
-    ("jaxtile-kernel-payload\nformat=1\n", "ends before its jaxtile"),
-    ("jaxtile-kernel-payload\nformat=x\njaxtile=1\n", "'format' is not a count"),
-    ("jaxtile-kernel-payload\nformat=0\njaxtile=1\n", "format 0 does not exist"),
-    ("jaxtile-kernel-payload\nformat=1\njaxtile=1\nname=x\n", "expected the field 'key'"),
+    ("jaxtile-kernel-payload\nformat=1\n", "has no checksum line"),
+    (_sealed("jaxtile-kernel-payload\nformat=1\n"), "expected the field 'jaxtile'"),
+    (_sealed("jaxtile-kernel-payload\nformat=x\njaxtile=1\n"), "'format' is not a count"),
+    (_sealed("jaxtile-kernel-payload\nformat=0\njaxtile=1\n"), "format 0 does not exist"),
+    (_sealed("jaxtile-kernel-payload\nformat=1\njaxtile=1\nname=x\n"),
+     "expected the field 'key'"),
 ])
 def test_malformed_payloads(text, words):
     msg = _load(_fake_key(), text)
@@ -275,8 +291,11 @@ def test_damaged_payloads():
     good = _fake(key)
     header, body = good.rsplit("\n", 1)
     assert "not valid base64" in _load(key, header + "\n" + body[:-1] + "*")
-    assert "bytes where the header says" in _load(key, header + "\n" + body[:-4])
+    # Integrity comes first: a cut library, or any edited field, is a checksum mismatch.
+    assert "checksum mismatch" in _load(key, header + "\n" + body[:-4])
     assert "checksum mismatch" in _load(key, good.replace("name=fake", "name=faux"))
+    size = next(line for line in good.split("\n") if line.startswith("size="))
+    assert "bytes where the header says" in _load(key, _reseal(good, size, size + "0"))
     assert "belongs to another kernel" in _load(_fake_key(), good)
 
 

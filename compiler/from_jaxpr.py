@@ -276,10 +276,21 @@ def _concatenate(c: _Converter, eqn: Any, out: list) -> None:
            dimension=int(eqn.params["dimension"]))
 
 
-@_converts("dot_general")
-def _dot(c: _Converter, eqn: Any, out: list) -> None:
-    raise c.error("jnp.dot / matmul of tile values is not supported; put the operands in "
-                  "jt.shared or jt.fragment tiles and use jt.gemm(a, b, acc)")
+_REJECTED = {
+    "dot_general": "jnp.dot / matmul of tile values is not supported; put the operands in "
+                   "jt.shared or jt.fragment tiles and use jt.gemm(a, b, acc)",
+}
+"""Primitives that get an error pointing to what to use instead."""
+
+
+def _rejected(message: str) -> Converter:
+    def convert(c: _Converter, eqn: Any, out: list) -> None:
+        raise c.error(message)
+    return convert
+
+
+for _prim, _message in _REJECTED.items():
+    CONVERTERS[_prim] = _rejected(_message)
 
 
 @_converts("iota")
@@ -454,6 +465,40 @@ def _while(c: _Converter, eqn: Any, out: list) -> None:
     c.nested(body, p["body_jaxpr"].consts, body.invars[:nb], eqn.invars[nc:nc + nb], out,
              stmts)
     out.append(ir.For(var, start, extent, kind, stages, stmts, c.line))
+
+
+_GROUPS = (
+    ("Elementwise", lambda n: n in _UNARY or n in _BINARY or n in (
+        "round", "integer_pow", "convert_element_type", "select_n", "clamp")),
+    ("Reductions and scans", lambda n: n in _REDUCE or n in _SCANS or n in (
+        "argmax", "argmin")),
+    ("Shapes", lambda n: n in ("broadcast_in_dim", "reshape", "squeeze", "expand_dims",
+                               "transpose", "iota", "rev", "slice", "concatenate")),
+    ("Refs and tile ops", lambda n: n in ("get", "swap", "addupdate", tp.COPY, tp.GEMM)),
+    ("Control flow and calls", lambda n: n in ("scan", "while", "cond") or n in _INLINE
+     or n in _IDENTITY),
+)
+
+
+def operations_markdown() -> str:
+    """The table of JAX primitives kernel bodies may use, generated from
+    :data:`CONVERTERS` (``docs/operations.md`` holds it; a test keeps it current)."""
+    lines = ["# Operations kernel bodies may use", "",
+             "Generated from the converter's table (`compiler/from_jaxpr.py`, "
+             "`operations_markdown()`): the JAX primitives that `jnp`/`lax` calls in a "
+             "kernel body may produce. `while` is a counted loop (`jt.loop`/`jt.pipelined` "
+             "with traced bounds); `dot_general` is rejected with a pointer to `jt.gemm`. "
+             "Anything else is a `KernelError` at the line that uses it.", "",
+             "| group | primitives |", "| --- | --- |"]
+    seen: set[str] = set()
+    for title, member in _GROUPS:
+        names = sorted(n for n in CONVERTERS if member(n) and n not in seen)
+        seen.update(names)
+        lines.append(f"| {title} | {', '.join(f'`{n}`' for n in names)} |")
+    rest = sorted(set(CONVERTERS) - seen - set(_REJECTED))
+    if rest:
+        lines.append(f"| Other | {', '.join(f'`{n}`' for n in rest)} |")
+    return "\n".join(lines) + "\n"
 
 
 def convert(name: str, closed: ji.ClosedJaxpr, buffers: Sequence[ir.Buffer],

@@ -1,5 +1,7 @@
 """The converter from traced bodies to Tile IR (compiler/from_jaxpr.py)."""
 
+import pathlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -51,3 +53,10 @@ def test_an_unsupported_primitive_names_itself_and_the_line():
 
     with pytest.raises(jt.KernelError, match=r"`sort` is not supported.*test_from_jaxpr.py"):
         sort.lower(jnp.ones((2, 8)))
+
+
+def test_the_operations_table_in_the_docs_is_current():
+    path = pathlib.Path(__file__).parents[2] / "docs" / "operations.md"
+    assert path.read_text() == from_jaxpr.operations_markdown(), (
+        "docs/operations.md is stale: regenerate it with from_jaxpr.operations_markdown()")
+    assert "| Other |" not in path.read_text()

@@ -154,8 +154,12 @@ class _Converter:
 
     def starts_region(self, buf: ir.Buffer, starts: Sequence[Any],
                       sizes: Sequence[int | None], out: list[ir.Stmt]) -> ir.Region:
-        return ir.Region(buf.name, tuple(ir.Index(self.scalar(s, out), z)
-                                         for s, z in zip(starts, sizes)))
+        """A region from per-dimension starts: scalars, or 1-D index tiles (gather)."""
+        def start(atom: Any) -> int | ir.Value:
+            if getattr(getattr(atom, "aval", None), "shape", ()) != ():
+                return self.value(atom, out)
+            return self.scalar(atom, out)
+        return ir.Region(buf.name, tuple(ir.Index(start(s), z) for s, z in zip(starts, sizes)))
 
     # statements -----------------------------------------------------------
     def block(self, jaxpr: ji.Jaxpr, out: list[ir.Stmt]) -> None:

@@ -20,7 +20,9 @@ initialisation, coverage (and later barrier insertion and pipelining) ask the de
 ``load``       ``src``: region read with JAX ``get`` semantics (dynamic starts clamped)
 ``store``      ``dst``: region written with JAX ``swap`` semantics; operand: the value
 ``copy``       ``src``, ``dst``: regions, ``pad``: masked tile copy (reads past a global
-               edge give ``pad``, writes past it are dropped), casting to ``dst``'s dtype
+               edge give ``pad``, writes past it are dropped), casting to ``dst``'s dtype;
+               a region dimension may take its positions from a 1-D integer tile
+               (gather, scatter)
 ``gemm``       ``a``, ``b``, ``c``: 2-D tile regions, ``transpose_a``, ``transpose_b``:
                ``c += op(a) @ op(b)``
 ``scan``       ``fn`` (sum/prod/max/min), ``axis``, ``reverse``: inclusive running
@@ -110,6 +112,9 @@ class OpDef:
     """Result element ``i`` depends only on element ``i`` of each operand (broadcast
     dimensions aside): fusion may recompute it in a consumer that writes where it reads."""
     one_at_a_time: bool = False
+    indexed: bool = False
+    """Its regions may have a dimension whose positions are a 1-D index tile (the start is
+    a Value of shape ``(size,)``): gather and scatter copies."""
     """Each result element can be computed alone from a few operand elements (per-element
     ops and index mappings such as broadcast or transpose, not reductions or scans): what
     fusion may recompute inside a consumer."""
@@ -328,7 +333,7 @@ _DEFS = (
     OpDef("store", {"dst": "region"}, (1,), False, False, False, writes=("dst",),
           check=_check_store),
     OpDef("copy", {"src": "region", "dst": "region", "pad": "pad"}, (0,), False, False, False,
-          reads=("src",), writes=("dst",), check=_check_copy),
+          indexed=True, reads=("src",), writes=("dst",), check=_check_copy),
     OpDef("gemm", {"a": "region", "b": "region", "c": "region", "transpose_a": "bool",
                    "transpose_b": "bool"}, (0,), False, False, False,
           reads=("a", "b", "c"), writes=("c",), check=_check_gemm),

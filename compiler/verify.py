@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from . import ir, op_defs
 from .errors import KernelError, kernel_error
 
@@ -77,7 +79,12 @@ class _Verifier:
             if i.size is not None and i.size < 1:
                 raise self.fail(op, f"{op.kind}: empty tile of '{buf.name}'")
             if isinstance(i.start, ir.Value) and i.start.shape != ():
-                raise self.fail(op, f"{op.kind}: a start into '{buf.name}' must be a scalar")
+                if not (op_defs.get(op.kind).indexed and i.start.shape == (i.size,)
+                        and np.issubdtype(i.start.dtype, np.integer)):
+                    raise self.fail(op, f"{op.kind}: a start into '{buf.name}' must be a "
+                                    "scalar" + (f" or {i.size} integer positions"
+                                                if op_defs.get(op.kind).indexed else ""))
+                continue
             if buf.scope == "global":
                 continue
             size = 1 if i.size is None else i.size

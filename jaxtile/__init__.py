@@ -4,8 +4,8 @@ A kernel is a Python body written with the tile language below and decorated wit
 :func:`kernel`; it is called like any JAX function, inside or outside ``jax.jit``.
 
 Tile language (inside a kernel body): :func:`empty`, :func:`grid`, :func:`shared`,
-:func:`fragment`, :func:`local`, :func:`copy`, :func:`gemm`, :func:`loop`,
-:func:`pipelined`, :func:`when`, :func:`ds`, :func:`cdiv`.
+:func:`fragment`, :func:`local`, :func:`copy`, :func:`gather`, :func:`scatter`,
+:func:`gemm`, :func:`loop`, :func:`pipelined`, :func:`when`, :func:`ds`, :func:`cdiv`.
 """
 
 from jaxtile.compiler.errors import KernelError
@@ -21,11 +21,13 @@ from .language import (
     ds,
     empty,
     fragment,
+    gather,
     gemm,
     grid,
     local,
     loop,
     pipelined,
+    scatter,
     shared,
     when,
 )
@@ -34,8 +36,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Kernel", "KernelError", "Lowered", "ShardRule", "cdiv", "copy", "ds", "empty",
-    "export_checks", "fragment", "gemm", "grid", "interpret_by_default", "kernel", "local",
-    "loop", "ops", "pipelined", "set_interpret", "shared", "when",
+    "export_checks", "fragment", "gather", "gemm", "grid", "interpret_by_default", "kernel",
+    "local", "loop", "ops", "pipelined", "scatter", "set_interpret", "shared", "when",
 ]
 
 

@@ -193,6 +193,76 @@ def copy(src: Any, dst: Any, *, pad: float | int | None = None) -> None:
                          dst_sizes=tuple(dsizes), pad=pad)
 
 
+def _index_tile(state: Any, rows: Any, op: str) -> Any:
+    if jnp.ndim(rows) != 1:
+        raise state.error(f"{op}: the index tile must be 1-D, got shape {jnp.shape(rows)}")
+    if not jnp.issubdtype(jnp.result_type(rows), jnp.integer):
+        raise state.error(f"{op}: the index tile must hold integers, got "
+                          f"{jnp.result_type(rows)}")
+    return jnp.asarray(rows, jnp.int32)
+
+
+def _indexed_region(state: Any, x: Any, rows: Any, axis: int, role: str, op: str):
+    """``(ref, starts, sizes)`` of a view whose dimension ``axis`` is indexed by ``rows``."""
+    base, starts, sizes, origin = _region(state, x, role, op)
+    if origin:
+        raise state.error(f"{op}: give the {role} as a ref or a view with slices "
+                          "(x.at[:, jt.ds(c, n)]), not a tile origin")
+    open_dims = [d for d, z in enumerate(sizes) if z is not None]
+    if not 0 <= axis < len(open_dims):
+        raise state.error(f"{op}: axis {axis} out of range for a {len(open_dims)}-d {role}")
+    d = open_dims[axis]
+    starts, sizes = list(starts), list(sizes)
+    starts[d], sizes[d] = rows, int(jnp.shape(rows)[0])
+    return base, starts, sizes
+
+
+def _indexed_copy(src: Any, dst: Any, rows: Any, axis: int, pad: Any, gather_src: bool,
+                  op: str) -> None:
+    state = _trace.current(op)
+    rows = _index_tile(state, rows, op)
+    if gather_src:
+        sref, sstarts, ssizes = _indexed_region(state, src, rows, axis, "source", op)
+        dref, dstarts, dsizes, origin = _region(state, dst, "destination", op)
+    else:
+        sref, sstarts, ssizes, origin = _region(state, src, "source", op)
+        dref, dstarts, dsizes = _indexed_region(state, dst, rows, axis, "destination", op)
+    if origin:
+        raise state.error(f"{op}: the tile must be a ref or a view with slices")
+    stile = tuple(z for z in ssizes if z is not None)
+    dtile = tuple(z for z in dsizes if z is not None)
+    if stile != dtile:
+        raise state.error(f"{op}: shape mismatch: the source tile is {stile} but the "
+                          f"destination tile is {dtile}")
+    if state.scope_of(sref if gather_src else dref) != "global":
+        raise state.error(f"{op}: the indexed operand must be a global tensor")
+    starts = [s if s is rows else _start(state, s, op) for s in sstarts + dstarts]
+    tile_ops.copy_p.bind(sref, dref, *starts, src_sizes=tuple(ssizes),
+                         dst_sizes=tuple(dsizes), pad=pad)
+
+
+def gather(src: Any, rows: Any, dst: Any, *, axis: int = 0, pad: float | int | None = None
+           ) -> None:
+    """Copy the slices of ``src`` that ``rows`` selects along ``axis`` into the tile ``dst``:
+    ``dst[i, ...] = src[rows[i], ...]`` for ``axis=0``, casting to ``dst``'s dtype.
+
+    ``src`` is a global tensor or a view with slices (``x.at[:, jt.ds(c, 64)]``); ``rows`` a
+    1-D integer tile value (e.g. read from an index input). Rows out of range read ``pad``
+    (default 0), as copies past an edge do. Embedding lookups, MoE token dispatch, paged
+    attention.
+
+    >>> jt.gather(table.at[:, jt.ds(0, d)], ids_s[...], rows_f)    # doctest: +SKIP
+    """
+    _indexed_copy(src, dst, rows, axis, pad, True, "jt.gather")
+
+
+def scatter(src: Any, rows: Any, dst: Any, *, axis: int = 0) -> None:
+    """Write the tile ``src`` to the slices of the global ``dst`` that ``rows`` selects along
+    ``axis``: ``dst[rows[i], ...] = src[i, ...]``. Writes to rows out of range are dropped;
+    if two indices are equal, one of the writes wins."""
+    _indexed_copy(src, dst, rows, axis, None, False, "jt.scatter")
+
+
 def gemm(a: Any, b: Any, c: Any, *, transpose_a: bool = False,
          transpose_b: bool = False) -> None:
     """Accumulate a matrix product into ``c``: ``c += op(a) @ op(b)``.

@@ -6,6 +6,7 @@ and as the test oracle. The compiler recognises these primitives by name in the 
 
 - ``jt_copy``: copy a region between two refs, casting to the destination dtype. Reads past
   the end of the source yield ``pad``; writes past the end of the destination are dropped.
+  A start may be a vector of positions (``jt.gather``/``jt.scatter``).
 - ``jt_gemm``: ``c += op(a) @ op(b)`` on regions of tiles, accumulated in ``c.dtype``.
 - ``jt_loop_info``: an identity on a loop index that tells the compiler the loop's kind.
 """
@@ -36,13 +37,16 @@ def _copy_abstract_eval(src, dst, *starts, src_sizes, dst_sizes, pad):
 
 
 def _region_indices(starts, sizes, shape):
-    """Open-mesh index arrays of a region, and a mask of the in-bounds positions."""
+    """Open-mesh index arrays of a region, and a mask of the in-bounds positions. A start is
+    a scalar (positions ``start + i``) or a vector of ``size`` positions (a gather or
+    scatter dimension)."""
     idx, valid = [], []
     for d, (start, size) in enumerate(zip(starts, sizes)):
         n = 1 if size is None else size
         mesh_shape = [1] * len(sizes)
         mesh_shape[d] = n
-        i = (jnp.asarray(start, jnp.int32) + lax.iota(jnp.int32, n)).reshape(mesh_shape)
+        start = jnp.asarray(start, jnp.int32)
+        i = (start if start.ndim else start + lax.iota(jnp.int32, n)).reshape(mesh_shape)
         idx.append(i)
         valid.append((i >= 0) & (i < shape[d]))
     mask = valid[0]

@@ -45,6 +45,10 @@ def lower_copy(low: Lowering, op: ir.Op) -> None:
     masked path (see :func:`_masked_copy`); copies within one buffer go through a
     temporary."""
     a = op.attrs
+    if any(isinstance(i.start, ir.Value) and i.start.shape != ()
+           for r in (a["src"], a["dst"]) for i in r.index):
+        _indexed_copy(low, op)
+        return
     if a["src"].buffer == a["dst"].buffer:
         # Regions of one buffer may overlap: read the whole source tile first.
         _through_temporary(low, op)
@@ -78,6 +82,38 @@ def lower_copy(low: Lowering, op: ir.Op) -> None:
         emit(False)
     with low.kb.else_():
         emit(True)
+
+
+def _indexed_copy(low: Lowering, op: ir.Op) -> None:
+    """A gather or scatter: some region dimension takes its positions from a 1-D index
+    tile. Element by element, each position checked against the global buffer's bounds
+    (reads there give pad, writes are skipped)."""
+    a = op.attrs
+    src, dst = low.bufs[a["src"].buffer], low.bufs[a["dst"].buffer]
+    pad = a["pad"] if a["pad"] is not None else 0
+
+    def positions(region: ir.Region, idx: list[Expr]) -> list[Expr]:
+        coords, it = [], iter(idx)
+        for i in region.index:
+            if i.size is None:
+                coords.append(low.start(i, 0, clamp=False))
+            elif isinstance(i.start, ir.Value) and i.start.shape != ():
+                coords.append(tirx.Cast("int32", low.at(i.start, [next(it)])))
+            else:
+                coords.append(low.start(i, 0, clamp=False) + next(it))
+        return coords
+
+    def inside(buf, coords) -> Expr:
+        return _and([tirx.And(c >= 0, c < int(n)) for c, n in zip(coords, buf.shape)])
+
+    with low.nest(a["src"].shape, vectorize=False) as idx:
+        s, d = positions(a["src"], idx), positions(a["dst"], idx)
+        s_ok = low.bind(inside(src, s))
+        clamped = [tirx.max(tirx.min(c, int(n) - 1), 0) for c, n in zip(s, src.shape)]
+        value = tirx.Select(s_ok, src[tuple(clamped)], tirx.const(pad, str(src.dtype)))
+        value = ew.convert(value, str(src.dtype), str(dst.dtype), low.bind)
+        with low.kb.if_(inside(dst, d)):
+            low.kb.store(dst, d, value)
 
 
 def _through_temporary(low: Lowering, op: ir.Op) -> None:

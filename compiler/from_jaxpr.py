@@ -376,6 +376,18 @@ def _copy(c: _Converter, eqn: Any, out: list) -> None:
          dst=c.starts_region(dst, starts[n:], p["dst_sizes"], out), pad=p["pad"])
 
 
+@_converts(tp.ATOMIC)
+def _atomic(c: _Converter, eqn: Any, out: list) -> None:
+    dst = c.buffer(eqn.invars[0])
+    if dst.role == "input":
+        raise c.error(f"kernel inputs are read-only: an atomic update writes to '{dst.name}'")
+    region = c.starts_region(dst, eqn.invars[2:], eqn.params["sizes"], out)
+    value = c.value(eqn.invars[1], out)
+    if value.dtype != dst.dtype:
+        value = c.op(out, "convert", (value,), ir.Value(value.shape, dst.dtype))
+    c.op(out, "atomic", (value,), None, dst=region, fn=eqn.params["fn"])
+
+
 @_converts(tp.GEMM)
 def _gemm(c: _Converter, eqn: Any, out: list) -> None:
     p = eqn.params
@@ -478,7 +490,8 @@ _GROUPS = (
         "argmax", "argmin")),
     ("Shapes", lambda n: n in ("broadcast_in_dim", "reshape", "squeeze", "expand_dims",
                                "transpose", "iota", "rev", "slice", "concatenate")),
-    ("Refs and tile ops", lambda n: n in ("get", "swap", "addupdate", tp.COPY, tp.GEMM)),
+    ("Refs and tile ops", lambda n: n in ("get", "swap", "addupdate", tp.COPY, tp.GEMM,
+                                          tp.ATOMIC)),
     ("Control flow and calls", lambda n: n in ("scan", "while", "cond") or n in _INLINE
      or n in _IDENTITY),
 )

@@ -32,7 +32,10 @@ SCOPES = ("global", "shared", "fragment", "local")
 every thread holds the whole tile and sees the same values (so it is written only with
 values that are the same in every thread, e.g. computed from block indices and loop
 counters); the reference semantics and the CPU keep one copy per block."""
-ROLES = ("input", "output", "scratch")
+ROLES = ("input", "output", "scratch", "init")
+"""``init``: a global input that holds the initial contents of an output (its ``aliases``):
+the caller passes zeros in the same memory as the output (outputs updated atomically start
+as zeros)."""
 LOOP_KINDS = ("serial", "unrolled", "pipelined")
 
 _ids = itertools.count()
@@ -57,6 +60,8 @@ class Buffer:
     role: str
     """One of :data:`ROLES`."""
     line: str | None = dataclasses.field(default=None, compare=False)
+    aliases: str | None = None
+    """For an ``init`` buffer, the output whose memory it shares."""
 
 
 class Value:
@@ -196,9 +201,9 @@ class Kernel:
 
     @property
     def params(self) -> tuple[Buffer, ...]:
-        """The buffers passed in by the caller: inputs, then outputs."""
-        return tuple(b for b in self.buffers if b.role == "input") + tuple(
-            b for b in self.buffers if b.role == "output")
+        """The buffers passed in by the caller: inputs, inits, then outputs."""
+        return tuple(b for role in ("input", "init", "output") for b in self.buffers
+                     if b.role == role)
 
 
 def walk(body: Sequence[Stmt]) -> Iterator[Stmt]:

@@ -128,6 +128,13 @@ def lowering_for_export(ctx: Any) -> bool:
     return bool(getattr(ctx.module_context.lowering_parameters, "for_export", False))
 
 
+def zeros(ctx: Any, aval: Any) -> Any:
+    """An MLIR value of zeros of ``aval``'s type, inside a lowering rule."""
+    from jax._src.interpreters import mlir as _mlir
+
+    return _mlir.full_like_aval(ctx, 0, aval)
+
+
 def compute_capability(ctx: Any) -> str | None:
     """The compute capability (``"9.0"``) of the first device a lowering is for, where
     JAX says (it lowers with devices only when it must; see below)."""

@@ -25,6 +25,8 @@ initialisation, coverage (and later barrier insertion and pipelining) ask the de
                (gather, scatter)
 ``gemm``       ``a``, ``b``, ``c``: 2-D tile regions, ``transpose_a``, ``transpose_b``:
                ``c += op(a) @ op(b)``
+``atomic``     ``dst``: region, ``fn`` (add/max/min); operand: the value. Each element is
+               updated atomically; writes past a global edge are dropped
 ``scan``       ``fn`` (sum/prod/max/min), ``axis``, ``reverse``: inclusive running
                reduction along one axis (``jnp.cumsum``, ``lax.cummax``...)
 ``rev``        ``dims``: the operand reversed along those dimensions
@@ -66,6 +68,8 @@ EXPENSIVE = frozenset({"div", "rem", "pow", "exp", "exp2", "log", "log1p", "expm
 """Elementwise functions worth computing once rather than per use."""
 REDUCTIONS = frozenset({"sum", "max", "min", "prod", "and", "or"})
 SCANS = frozenset({"sum", "prod", "max", "min"})
+ATOMICS = frozenset({"add", "max", "min"})
+ATOMIC_DTYPES = frozenset(np.dtype(d) for d in (np.float32, np.float64, np.int32, np.int64))
 ARG_REDUCTIONS = frozenset({"max", "min"})
 
 Buffers = Mapping[str, Buffer]
@@ -92,6 +96,7 @@ ATTR_TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "reduction": (lambda v: v in REDUCTIONS, f"one of {sorted(REDUCTIONS)}"),
     "scan": (lambda v: v in SCANS, f"one of {sorted(SCANS)}"),
     "arg": (lambda v: v in ARG_REDUCTIONS, f"one of {sorted(ARG_REDUCTIONS)}"),
+    "atomic": (lambda v: v in ATOMICS, f"one of {sorted(ATOMICS)}"),
 }
 """Attribute types: a test and what it expects, for messages."""
 
@@ -289,6 +294,16 @@ def _check_copy(op: Op, bufs: Buffers) -> str | None:
     return None
 
 
+def _check_atomic(op: Op, bufs: Buffers) -> str | None:
+    dst, val = op.attrs["dst"], op.operands[0]
+    dtype = bufs[dst.buffer].dtype
+    if dtype not in ATOMIC_DTYPES:
+        return f"atomic {op.attrs['fn']} on {dtype}, which has no atomic support"
+    if val.shape != dst.shape:
+        return f"atomic of '{dst.buffer}': value shape {val.shape} differs from {dst.shape}"
+    return None
+
+
 def _check_gemm(op: Op, bufs: Buffers) -> str | None:
     a, b, c = (op.attrs[r] for r in ("a", "b", "c"))
     for role, r in (("a", a), ("b", b), ("c", c)):
@@ -334,6 +349,8 @@ _DEFS = (
           check=_check_store),
     OpDef("copy", {"src": "region", "dst": "region", "pad": "pad"}, (0,), False, False, False,
           indexed=True, reads=("src",), writes=("dst",), check=_check_copy),
+    OpDef("atomic", {"dst": "region", "fn": "atomic"}, (1,), False, False, False,
+          reads=("dst",), writes=("dst",), check=_check_atomic),
     OpDef("gemm", {"a": "region", "b": "region", "c": "region", "transpose_a": "bool",
                    "transpose_b": "bool"}, (0,), False, False, False,
           reads=("a", "b", "c"), writes=("c",), check=_check_gemm),

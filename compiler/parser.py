@@ -180,11 +180,12 @@ class _Parser:
         buffers = []
         while self.pos < len(self.lines):
             _, code, where = _split_line(self.lines[self.pos])
-            m = re.match(r"(input|output|scratch|\w+) (\w+): (\w+) (.+)$", code)
+            m = re.match(r"(\w+) (\w+): (\w+) (\S+\[[0-9, ]*\])(?: -> (\w+))?$", code)
             if m is None or code.startswith(("%", "for ", "if ")) or "(" in code:
                 break
             shape, dtype = _type(m.group(4))
-            buffers.append(ir.Buffer(m.group(2), shape, dtype, m.group(3), m.group(1), where))
+            buffers.append(ir.Buffer(m.group(2), shape, dtype, m.group(3), m.group(1), where,
+                                     m.group(5)))
             self.pos += 1
         body = self.body(1)
         if self.pos != len(self.lines):

@@ -115,8 +115,9 @@ def format_kernel(kernel: ir.Kernel, *, with_lines: bool = True,
     p.out.append(f"kernel {kernel.name}(grid={list(kernel.grid)}, threads={kernel.threads}) "
                  f"blocks({blocks}):")
     for b in kernel.buffers:
+        aliases = f" -> {b.aliases}" if b.aliases else ""
         p.out.append(f"  {b.role} {b.name}: {b.scope} {type_text(b.shape, b.dtype)}"
-                     f"{p.where(b.line)}")
+                     f"{aliases}{p.where(b.line)}")
     p.stmts(kernel.body, 1)
     return "\n".join(p.out)
 

@@ -12,3 +12,7 @@ GEMM = "jt_gemm"
 ``c += op(a) @ op(b)`` on regions of on-chip tiles."""
 LOOP_INFO = "jt_loop_info"
 """An identity on a loop index that records the loop's kind and pipeline stages."""
+ATOMIC = "jt_atomic"
+"""``jt_atomic(dst, value, *starts, fn, sizes)``: ``dst[region] = fn(dst[region], value)``
+element by element, atomically (``fn``: add, max, min); writes past a global edge are
+dropped."""

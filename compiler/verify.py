@@ -35,6 +35,10 @@ class _Verifier:
             if b.role not in ir.ROLES:
                 raise self.fail(b, f"buffer '{b.name}' has unknown role {b.role!r} "
                                 f"(expected one of {list(ir.ROLES)})")
+            if b.role == "init" and not any(o.name == b.aliases and o.role == "output"
+                                            and o.shape == b.shape and o.dtype == b.dtype
+                                            for o in self.kernel.buffers):
+                raise self.fail(b, f"init buffer '{b.name}' must alias an output of its type")
             if (b.role == "scratch") == (b.scope == "global"):
                 raise self.fail(b, f"buffer '{b.name}': a {b.role} cannot live in {b.scope} "
                                 "memory")
@@ -91,7 +95,7 @@ class _Verifier:
             if size > dim:
                 raise self.fail(op, f"{op.kind}: a tile of {size} does not fit dimension "
                                 f"{dim} of {buf.scope} buffer '{buf.name}'")
-        if name in op_defs.get(op.kind).writes and buf.role == "input":
+        if name in op_defs.get(op.kind).writes and buf.role in ("input", "init"):
             what = "jt.copy writes" if op.kind == "copy" else "the body writes"
             raise self.fail(op, f"kernel inputs are read-only: {what} to '{buf.name}'")
 

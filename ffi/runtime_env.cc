@@ -100,7 +100,61 @@ void* as_ptr(F* fn) {
   return reinterpret_cast<void*>(fn);
 }
 
+// Atomic updates for jaxtile's `atomic` op: generated code calls jaxtile_atomic_<fn>_<type>
+// (an undefined symbol bound when the library is loaded). Relaxed ordering suffices: the end
+// of a call, where the thread pool joins, orders every update before anyone reads them.
+// Floats, and max/min of any type, update by compare-and-swap; max/min propagate NaN as
+// jnp.maximum/minimum do.
+template <typename T>
+T combine_max(T a, T b) {
+  if (a != a) return a;
+  if (b != b) return b;
+  return a < b ? b : a;
+}
+
+template <typename T>
+T combine_min(T a, T b) {
+  if (a != a) return a;
+  if (b != b) return b;
+  return b < a ? b : a;
+}
+
+template <typename T, T (*Combine)(T, T)>
+int32_t atomic_update(T* ptr, T value) {
+  T old;
+  __atomic_load(ptr, &old, __ATOMIC_RELAXED);
+  T desired = Combine(old, value);
+  while (!__atomic_compare_exchange(ptr, &old, &desired, /*weak=*/true, __ATOMIC_RELAXED,
+                                    __ATOMIC_RELAXED)) {
+    desired = Combine(old, value);
+  }
+  return 0;
+}
+
+template <typename T>
+T combine_add(T a, T b) {
+  return a + b;
+}
+
+template <typename T>
+int32_t atomic_add_int(T* ptr, T value) {
+  __atomic_fetch_add(ptr, value, __ATOMIC_RELAXED);
+  return 0;
+}
+
 const RuntimeSymbol kFunctions[] = {
+    {"jaxtile_atomic_add_f32", as_ptr(&atomic_update<float, combine_add<float>>)},
+    {"jaxtile_atomic_add_f64", as_ptr(&atomic_update<double, combine_add<double>>)},
+    {"jaxtile_atomic_add_i32", as_ptr(&atomic_add_int<int32_t>)},
+    {"jaxtile_atomic_add_i64", as_ptr(&atomic_add_int<int64_t>)},
+    {"jaxtile_atomic_max_f32", as_ptr(&atomic_update<float, combine_max<float>>)},
+    {"jaxtile_atomic_max_f64", as_ptr(&atomic_update<double, combine_max<double>>)},
+    {"jaxtile_atomic_max_i32", as_ptr(&atomic_update<int32_t, combine_max<int32_t>>)},
+    {"jaxtile_atomic_max_i64", as_ptr(&atomic_update<int64_t, combine_max<int64_t>>)},
+    {"jaxtile_atomic_min_f32", as_ptr(&atomic_update<float, combine_min<float>>)},
+    {"jaxtile_atomic_min_f64", as_ptr(&atomic_update<double, combine_min<double>>)},
+    {"jaxtile_atomic_min_i32", as_ptr(&atomic_update<int32_t, combine_min<int32_t>>)},
+    {"jaxtile_atomic_min_i64", as_ptr(&atomic_update<int64_t, combine_min<int64_t>>)},
     {"TVMBackendAllocWorkspace", as_ptr(&alloc_workspace)},
     {"TVMBackendFreeWorkspace", as_ptr(&free_workspace)},
     {"TVMBackendParallelLaunch", as_ptr(&parallel_launch)},

@@ -5,7 +5,8 @@ A kernel is a Python body written with the tile language below and decorated wit
 
 Tile language (inside a kernel body): :func:`empty`, :func:`grid`, :func:`shared`,
 :func:`fragment`, :func:`local`, :func:`copy`, :func:`gather`, :func:`scatter`,
-:func:`gemm`, :func:`loop`, :func:`pipelined`, :func:`when`, :func:`ds`, :func:`cdiv`.
+:func:`gemm`, :func:`atomic_add` (``_max``, ``_min``), :func:`loop`, :func:`pipelined`,
+:func:`when`, :func:`ds`, :func:`cdiv`.
 """
 
 from jaxtile.compiler.errors import KernelError
@@ -16,6 +17,9 @@ from jaxtile.primitives.sharding import ShardRule
 from .export import export_checks
 from .kernel import Kernel, Lowered, interpret_by_default, kernel, set_interpret
 from .language import (
+    atomic_add,
+    atomic_max,
+    atomic_min,
     cdiv,
     copy,
     ds,
@@ -35,7 +39,8 @@ from .language import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "Kernel", "KernelError", "Lowered", "ShardRule", "cdiv", "copy", "ds", "empty",
+    "Kernel", "KernelError", "Lowered", "ShardRule", "atomic_add", "atomic_max", "atomic_min",
+    "cdiv", "copy", "ds", "empty",
     "export_checks", "fragment", "gather", "gemm", "grid", "interpret_by_default", "kernel",
     "local", "loop", "ops", "pipelined", "scatter", "set_interpret", "shared", "when",
 ]

@@ -263,6 +263,58 @@ def scatter(src: Any, rows: Any, dst: Any, *, axis: int = 0) -> None:
     _indexed_copy(src, dst, rows, axis, None, False, "jt.scatter")
 
 
+ATOMIC_DTYPES = frozenset(np.dtype(d) for d in (jnp.float32, jnp.float64, jnp.int32,
+                                                jnp.int64))
+"""Element types atomic updates support on every target."""
+
+
+def _atomic(dst: Any, value: Any, fn: str) -> None:
+    op = f"jt.atomic_{fn}"
+    state = _trace.current(op)
+    ref, starts, sizes, origin = _region(state, dst, "destination", op)
+    value = jnp.asarray(value)
+    if origin:
+        sizes = _resolve_origin(state, sizes, tuple(value.shape), "destination")
+    tile = tuple(z for z in sizes if z is not None)
+    if np.dtype(ref.dtype) not in ATOMIC_DTYPES:
+        raise state.error(f"{op}: atomic updates of {ref.dtype} are not supported; the "
+                          f"destination must be one of "
+                          f"{', '.join(sorted(str(d) for d in ATOMIC_DTYPES))}")
+    if value.shape != tile:
+        if value.shape != ():
+            raise state.error(f"{op}: the value has shape {value.shape} but the destination "
+                              f"tile is {tile}")
+        value = jnp.broadcast_to(value, tile)
+    _check_fits(state, ref, starts, sizes, "destination", op)
+    tile_ops.atomic_p.bind(ref, value, *[_start(state, s, op) for s in starts], fn=fn,
+                           sizes=tuple(sizes))
+
+
+def atomic_add(dst: Any, value: Any) -> None:
+    """Add ``value`` (a tile value, or a scalar) into ``dst`` atomically: blocks that run at
+    the same time never lose an update.
+
+    ``dst`` is a global output or an on-chip tile, as a ref, a view with slices, or a tile
+    origin (``out.at[i, j]``, the extent coming from ``value``). Additions past the end of a
+    global output are dropped. An output that a kernel updates atomically starts as zeros,
+    in the compiled kernel as in the reference semantics. Supported element types: float32,
+    float64, int32, int64.
+
+    >>> jt.atomic_add(c.at[by * bm, bx * bn], acc[...])    # split-K    # doctest: +SKIP
+    """
+    _atomic(dst, value, "add")
+
+
+def atomic_max(dst: Any, value: Any) -> None:
+    """Like :func:`atomic_add`, keeping the maximum (NaN wins, as in ``jnp.maximum``)."""
+    _atomic(dst, value, "max")
+
+
+def atomic_min(dst: Any, value: Any) -> None:
+    """Like :func:`atomic_add`, keeping the minimum (NaN wins, as in ``jnp.minimum``)."""
+    _atomic(dst, value, "min")
+
+
 def gemm(a: Any, b: Any, c: Any, *, transpose_a: bool = False,
          transpose_b: bool = False) -> None:
     """Accumulate a matrix product into ``c``: ``c += op(a) @ op(b)``.

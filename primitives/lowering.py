@@ -40,14 +40,30 @@ def _cpu_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
             functools.partial(sharding.sharded_call, kernel=kernel, rule=rule),
             multiple_results=True)(ctx, *args)
     entry = kernel.spec.build(for_platform("cpu"), load)
+    ctx, args, aliases = _with_output_inits(ctx, args, kernel)
     # Should JAX stop flagging export lowerings, exports would hold plain jaxtile_cpu_call
     # ops, which jax.export then rejects (export_checks() does not allow them) rather than
     # writing a program that cannot run elsewhere.
     if ji.lowering_for_export(ctx):
         _require_export_checks(kernel)
-        return jax.ffi.ffi_lowering(CPU_EXPORTED_TARGET_NAME)(
+        return jax.ffi.ffi_lowering(CPU_EXPORTED_TARGET_NAME, **aliases)(
             ctx, *args, key=entry.key, payload=payload.encode(kernel.name, entry))
-    return jax.ffi.ffi_lowering(CPU_TARGET_NAME)(ctx, *args, key=entry.key)
+    return jax.ffi.ffi_lowering(CPU_TARGET_NAME, **aliases)(ctx, *args, key=entry.key)
+
+
+def _with_output_inits(ctx: Any, args: tuple, kernel: KernelHandle) -> tuple[Any, tuple, dict]:
+    """Zeros for the kernel's ``init`` buffers (outputs it updates atomically), passed in the
+    memory of the outputs they alias."""
+    params = kernel.spec.tile_ir.params
+    inits = [b for b in params if b.role == "init"]
+    if not inits:
+        return ctx, args, {}
+    outputs = [b.name for b in params if b.role == "output"]
+    avals = [ctx.avals_out[outputs.index(b.aliases)] for b in inits]
+    zeros = [ji.zeros(ctx, aval) for aval in avals]
+    aliases = {len(args) + i: outputs.index(b.aliases) for i, b in enumerate(inits)}
+    ctx = ctx.replace(avals_in=[*ctx.avals_in, *avals])
+    return ctx, (*args, *zeros), {"operand_output_aliases": aliases}
 
 
 def _gpu_lowering(platform: str) -> Any:

@@ -176,7 +176,7 @@ def infer_rule(kernel: ir.Kernel) -> tuple[ShardRule | None, str]:
     found = infer_parallel_dims(kernel)
     if not found.parallel:
         return None, "not inferred, the kernel runs unsharded: " + "; ".join(found.declined)
-    params = kernel.params
+    params = [b for b in kernel.params if b.role != "init"]
     names = [[f"grid{a}" if a is not None else f"d_{buf.name}_{d}" for d, a in enumerate(row)]
              for buf, row in zip(params, found.dims)]
     sides = [", ".join(" ".join(n) for n, b in zip(names, params) if b.role == role)

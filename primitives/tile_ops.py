@@ -8,6 +8,9 @@ and as the test oracle. The compiler recognises these primitives by name in the 
   the end of the source yield ``pad``; writes past the end of the destination are dropped.
   A start may be a vector of positions (``jt.gather``/``jt.scatter``).
 - ``jt_gemm``: ``c += op(a) @ op(b)`` on regions of tiles, accumulated in ``c.dtype``.
+- ``jt_atomic``: ``dst[region] = fn(dst[region], value)`` (add, max, min); the reference
+  applies the updates of every block in turn, as the atomic updates of concurrent blocks
+  amount to. Writes past the end of a global destination are dropped.
 - ``jt_loop_info``: an identity on a loop index that tells the compiler the loop's kind.
 """
 
@@ -25,6 +28,8 @@ copy_p.multiple_results = True
 gemm_p = ji.Primitive(tp.GEMM)
 gemm_p.multiple_results = True
 loop_info_p = ji.Primitive(tp.LOOP_INFO)
+atomic_p = ji.Primitive(tp.ATOMIC)
+atomic_p.multiple_results = True
 
 
 def _tile_shape(sizes: tuple[int | None, ...]) -> tuple[int, ...]:
@@ -114,6 +119,27 @@ def _gemm_discharge(in_avals, out_avals, a, b, c, *starts, a_sizes, b_sizes, c_s
     return [None, None, new_c] + [None] * len(starts), []
 
 
+def _atomic_abstract_eval(dst, value, *starts, fn, sizes):
+    del dst, value, starts, fn, sizes
+    return [], {ji.ReadEffect(0), ji.WriteEffect(0)}
+
+
+_ATOMIC_UPDATE = {"add": "add", "max": "max", "min": "min"}
+
+
+@ji.register_discharge_rule(atomic_p)
+def _atomic_discharge(in_avals, out_avals, dst, value, *starts, fn, sizes):
+    del in_avals, out_avals
+    idx, mask = _region_indices(starts, sizes, dst.shape)
+    dropped = [jnp.where(mask, i, n) for i, n in zip(idx, dst.shape)]
+    mesh_shape = tuple(1 if s is None else s for s in sizes)
+    update = value.astype(dst.dtype).reshape(mesh_shape)
+    at = dst.at[tuple(dropped)]
+    new_dst = getattr(at, _ATOMIC_UPDATE[fn])(update, mode="drop")
+    return [new_dst, None] + [None] * len(starts), []
+
+
+ji.effectful_abstract_eval(atomic_p, _atomic_abstract_eval)
 ji.effectful_abstract_eval(copy_p, _copy_abstract_eval)
 ji.effectful_abstract_eval(gemm_p, _gemm_abstract_eval)
 

@@ -28,6 +28,7 @@ from ..passes.liveness import live_intervals, share_storage
 from ..target import Target
 from . import elementwise as ew
 from . import tir_emit as te
+from .atomics import lower_atomic
 from .context import FALLBACK_LANES
 from .copies import lower_copy
 from .gemm import lower_gemm
@@ -241,6 +242,8 @@ class _Lowering:
             self.reduce(op)
         elif op.kind == "scan":
             lower_scan(self, op)
+        elif op.kind == "atomic":
+            lower_atomic(self, op)
         elif op.kind == "argreduce":
             lower_argreduce(self, op)
         elif op.result.shape == ():

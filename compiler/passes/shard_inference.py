@@ -96,7 +96,10 @@ def _cdiv(a: int, b: int) -> int:
 
 def infer_parallel_dims(kernel: ir.Kernel) -> ShardAnalysis:
     """Find the dimensions the kernel's grid splits independently; see the module doc."""
-    params = kernel.params
+    params = tuple(b for b in kernel.params if b.role != "init")
+    if len(params) != len(kernel.params):
+        return ShardAnalysis(tuple((None,) * len(b.shape) for b in params), {},
+                             ("its outputs are updated atomically, across blocks",))
     names = {b.name for b in params}
     known = _affine_values(kernel)
     # Per (parameter, dimension): the (axis, block size) every access agrees on, or a reason.

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from . import cache, from_jaxpr, ir, printer, verify
 from . import jax_internals as ji
+from .passes.clamp_check import warn_clamped_accesses
 from .passes.coverage import check_output_coverage
 from .passes.dce import eliminate_dead_code
 from .passes.scratch_init import zero_uninitialised_scratch
@@ -36,6 +37,7 @@ def to_tile_ir(name: str, jaxpr: ji.ClosedJaxpr, buffers: Sequence[ir.Buffer],
     """Convert, verify and clean up a traced body; the result is ready for lowering."""
     kernel = from_jaxpr.convert(name, jaxpr, buffers, grid, threads, index_axes)
     kernel = check_output_coverage(verify.verify(kernel))
+    warn_clamped_accesses(kernel)
     return zero_uninitialised_scratch(eliminate_dead_code(kernel))
 
 

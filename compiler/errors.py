@@ -20,6 +20,11 @@ class KernelError(Exception):
     the op or argument at fault and, where known, the user's source line."""
 
 
+class ClampedIndexWarning(UserWarning):
+    """A kernel indexes a ref directly at a start that JAX's rule may clamp (a ragged edge):
+    that block then reads or writes elements another block owns."""
+
+
 def _package_dir(name: str) -> str:
     # The folder of the package's __init__.py: an editable install's search path for the
     # jaxtile package also holds the repository root (where primitives/ and compiler/ sit).

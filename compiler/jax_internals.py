@@ -3,7 +3,8 @@
 jaxtile traces kernel bodies into stateful jaxprs (refs, ``get``/``swap``, ``scan``/``cond``
 over refs) and reads them back. The public API covers making refs; reading an indexer out of
 ``get``/``swap`` params, declaring ref effects on our own primitives, discharging state for the
-reference semantics and locating the user's source line need ``jax._src``. Tested with
+reference semantics, locating the user's source line and reading the checks a running
+``jax.export`` was given need ``jax._src``. Tested with
 jax 0.10.x (pinned ``>=0.10.2,<0.11`` in pyproject); ``tests/compiler/test_jax_internals.py``
 checks each assumption so that a JAX upgrade fails there first.
 """

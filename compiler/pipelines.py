@@ -1,11 +1,11 @@
 """Pass pipelines: the named Tile IR passes each target runs, in order.
 
 A kernel goes through two pipelines. The *neutral* one (verify, coverage, dce,
-scratch_init, output_init) runs once per specialisation, whatever the target; its result
-is the IR that the content key hashes and that ``kernel.lower(...)`` shows. Each target
-kind then has one function listing its own passes, run by the build on the neutral IR
-before the target's lowering: the CPU fuses elementwise chains into their consumers. The
-CUDA pipeline will run pipeline planning, layout inference, tile-op lowering, barrier
+clamp_check, scratch_init, output_init) runs once per specialisation, whatever the target;
+its result is the IR that the content key hashes and that ``kernel.lower(...)`` shows. Each
+target kind then has one function listing its own passes, run by the build on the neutral
+IR before the target's lowering: the CPU fuses elementwise chains into their consumers.
+The CUDA pipeline will run pipeline planning, layout inference, tile-op lowering, barrier
 insertion and masks (docs/design.md).
 
 ``JAXTILE_DUMP_IR=<pass>[,<pass>...]`` (or ``all``) prints the IR after the named passes to
@@ -21,6 +21,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from . import ir, printer, verify
+from .passes.clamp_check import warn_clamped_accesses
 from .passes.coverage import check_output_coverage
 from .passes.dce import eliminate_dead_code
 from .passes.fusion import fuse_elementwise
@@ -41,6 +42,7 @@ NEUTRAL = (
     Pass("verify", verify.verify),
     Pass("coverage", check_output_coverage),
     Pass("dce", eliminate_dead_code),
+    Pass("clamp_check", warn_clamped_accesses),
     Pass("scratch_init", zero_uninitialised_scratch),
     Pass("output_init", add_output_inits),
 )

@@ -58,6 +58,10 @@ class ShardRule:
         if unknown:
             raise ValueError(f"ShardRule: parallel factors {sorted(unknown)} do not appear in "
                              f"{self.rule!r}")
+        stray = {f for f, _ in self.multiple_of} - set(self.parallel)
+        if stray:
+            raise ValueError(f"ShardRule: multiple_of names {sorted(stray)}, which are not "
+                             "parallel factors")
 
     def mappings(self) -> tuple[list[list[str]], list[list[str]]]:
         """The factor names of each operand's and each result's dimensions."""

@@ -85,3 +85,23 @@ def test_user_source_line_points_here():
     with open(__file__) as f:
         expected = next(i for i, t in enumerate(f, 1) if "# THE-LINE" in t and "expected" not in t)
     assert line == f"{__file__}:{expected}"
+
+
+def test_a_lowering_rule_sees_the_disabled_checks_of_a_running_export():
+    from jax.interpreters import mlir
+
+    seen = []
+    probe = ji.Primitive("jaxtile_test_export_probe")
+    probe.def_abstract_eval(lambda x: x)
+
+    def lowering(ctx, x):
+        seen.append(ji.export_disabled_checks())
+        return [x]
+
+    mlir.register_lowering(probe, lowering)
+    spec = jax.ShapeDtypeStruct((2,), jnp.float32)
+    checks = [jax.export.DisabledSafetyCheck.custom_call("some_target")]
+    jax.export.export(jax.jit(probe.bind), disabled_checks=checks)(spec)
+    jax.export.export(jax.jit(lambda x: probe.bind(x) + 1))(spec)
+    jax.jit(lambda x: probe.bind(x) * 2).lower(spec)
+    assert seen == [tuple(checks), (), None]

@@ -11,6 +11,7 @@ import textwrap
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 import jaxtile as jt
 from jaxtile.compiler.passes.shard_inference import infer_parallel_dims
@@ -203,3 +204,10 @@ def test_scratch_carries_the_block_index():
 
     found = _analysis(through_scratch, (16, 8))
     assert found.parallel == {}, found
+
+
+def test_multiple_of_names_parallel_factors():
+    rule = jt.ShardRule("r c -> r c", parallel="r", multiple_of=(("r", 4),))
+    assert rule.with_batch([(True,)]).multiple_of == (("r", 4),)
+    with pytest.raises(ValueError, match="multiple_of"):
+        jt.ShardRule("r c -> r c", parallel="r", multiple_of=(("c", 4),))

@@ -22,9 +22,11 @@ class KernelError(Exception):
 def _is_internal(filename: str) -> bool:
     if filename.startswith("<"):  # generated code (dataclasses, exec) is nobody's source
         return True
-    # The kernel library is kernel-body code: its lines are the ones worth reporting.
-    if f"{os.sep}jaxtile{os.sep}ops{os.sep}" in filename:
-        return False
+    # The kernel library is kernel-body code: its lines are the ones worth reporting (those
+    # of the op, not of its private helpers such as the operand checks).
+    ops = f"{os.sep}jaxtile{os.sep}ops{os.sep}"
+    if ops in filename:
+        return filename.rsplit(ops, 1)[1].startswith("_")
     if filename.startswith(_INTERNAL_DIRS):
         return True
     parts = filename.replace("\\", "/").split("/")

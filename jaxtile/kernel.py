@@ -157,7 +157,7 @@ class Kernel:
 
     def _call(self, args: tuple[Any, ...], params: dict[str, Any], interpret: bool) -> Any:
         spec = self._specialise(args, params)
-        if interpret:
+        if interpret or spec.empty:
             return flat_outputs(spec, spec.reference(*args))
         if any(isinstance(a, jax.core.Tracer) for a in args):
             return flat_outputs(spec, kernel_call.kernel_call_p.bind(*args,

@@ -295,10 +295,33 @@ def to_tir(kernel: ir.Kernel, target: Target) -> tirx.PrimFunc:
     """The TIR function of a verified kernel for a CPU ``target`` (see the module
     docstring). Raises KernelError if it needs more than :data:`MAX_SCRATCH_BYTES`."""
     # Fusion annotates ops; work on a copy so the caller's kernel (and its key) stay as is.
-    lowering = _Lowering(fuse_elementwise(copy.deepcopy(kernel)), target)
+    fused = _limit_fusion_depth(fuse_elementwise(copy.deepcopy(kernel)))
+    lowering = _Lowering(fused, target)
     func = lowering.run()
     _check_scratch(kernel, lowering.kb.scratch_bytes)
     return func
+
+
+MAX_FUSION_DEPTH = 48
+"""Fused ops nested deeper than this inside one expression are materialised instead: the
+lowering expands fused values recursively, and a few hundred levels would exhaust Python's
+stack (as would TVM's expression visitors, later)."""
+
+
+def _limit_fusion_depth(kernel: ir.Kernel) -> ir.Kernel:
+    """Un-fuse every op whose fused expression tree would nest more than
+    :data:`MAX_FUSION_DEPTH` levels, so long elementwise chains compile. Only drops
+    ``inline`` marks, which keeps every guarantee of the fusion pass."""
+    depth: dict[int, int] = {}
+    for stmt in ir.walk(kernel.body):
+        if not isinstance(stmt, ir.Op) or not stmt.attrs.get("inline"):
+            continue
+        d = 1 + max((depth.get(v.id, 0) for v in stmt.operands), default=0)
+        if d > MAX_FUSION_DEPTH:
+            stmt.attrs["inline"] = False
+        else:
+            depth[stmt.result.id] = d
+    return kernel
 
 
 def _check_scratch(kernel: ir.Kernel, nbytes: int) -> None:

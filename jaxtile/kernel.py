@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +18,7 @@ from jaxtile.compiler.errors import kernel_error, user_line
 from jaxtile.compiler.target import get_target
 from jaxtile.primitives import kernel_call, sharding
 
-from . import _trace
+from . import _config, _trace
 from ._specialisation import Specialisation, flat_outputs
 
 SUPPORTED_DTYPES = frozenset(np.dtype(d) for d in (
@@ -27,12 +26,13 @@ SUPPORTED_DTYPES = frozenset(np.dtype(d) for d in (
     jnp.int64, jnp.uint8, jnp.uint16, jnp.uint32, jnp.uint64, jnp.bool_))
 
 
-_interpret = os.environ.get("JAXTILE_INTERPRET", "0") not in ("", "0")
+_interpret = _config.get("JAXTILE_INTERPRET")
 
 
 def interpret_by_default() -> bool:
     """Whether kernels without an explicit ``interpret=`` run their reference semantics
-    (``JAXTILE_INTERPRET=1`` in the environment, or :func:`set_interpret`)."""
+    (``JAXTILE_INTERPRET=1``, ``true``, ``yes`` or ``on`` in the environment, or
+    :func:`set_interpret`)."""
     return _interpret
 
 

@@ -10,12 +10,13 @@
 #include <string>
 #include <vector>
 
-#include "exported_kernel.h"
-#include "handler.h"
-#include "launch.h"
-#include "payload.h"
-#include "registry.h"
-#include "thread_pool.h"
+#include "common/payload.h"
+#include "common/registry.h"
+#include "cpu/exported_kernel.h"
+#include "cpu/handler.h"
+#include "cpu/launch.h"
+#include "cpu/loader.h"
+#include "cpu/thread_pool.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;

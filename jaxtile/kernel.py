@@ -238,17 +238,25 @@ def _call_key(args: tuple[Any, ...], params: dict[str, Any]) -> Any:
 def _params_key(params: dict[str, Any]) -> tuple[Any, ...]:
     """Parameters as a key that tells apart values Python deems equal but a trace does not
     (``2``, ``2.0``, ``True``; ``0.0`` and ``-0.0``), and in which a NaN equals itself."""
-    return tuple(sorted((name, _value_key(v)) for name, v in params.items()))
+    return tuple([(name, _value_key(v)) for name, v in sorted(params.items())])
+
+
+# Types whose equal values are interchangeable (once the type is part of the key).
+_PLAIN = frozenset({int, str, bool, type(None)})
+_FLOATS = (float, np.floating)
+_COMPLEX = (complex, np.complexfloating)
 
 
 def _value_key(v: Any) -> Any:
     t = type(v)
-    if t is int or t is str or t is bool or v is None:
+    if t in _PLAIN:
         return t, v
-    if isinstance(v, float | np.floating):
-        return t, float(v).hex()   # exact, signed zeros differ, and 'nan' == 'nan'
-    if isinstance(v, complex | np.complexfloating):
-        return t, float(v.real).hex(), float(v.imag).hex()
+    if isinstance(v, _FLOATS):
+        # Nonzero, non-NaN floats are equal exactly when interchangeable; zeros differ by
+        # sign and a NaN must equal itself.
+        return (t, v) if v == v and v != 0 else (t, float(v).hex())
+    if isinstance(v, _COMPLEX):
+        return t, _value_key(float(v.real)), _value_key(float(v.imag))
     if isinstance(v, tuple | frozenset):
         items = [_value_key(x) for x in v]
         return t, tuple(items if t is tuple else sorted(items, key=repr))

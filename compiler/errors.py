@@ -66,9 +66,11 @@ def _is_internal(filename: str) -> bool:
         return True
     if filename.startswith(own_code_paths()):
         return True
-    # The kernel library ships inside the package, which may be in site-packages.
+    # The kernel library is kernel-body code (it ships inside the package, which may be in
+    # site-packages): its lines are the ones worth reporting, not those of its private
+    # helpers such as the operand checks.
     if filename.startswith(_package_dir("jaxtile.ops") + os.sep):
-        return False
+        return os.path.basename(filename).startswith("_")
     return filename.startswith(_library_paths()) or "site-packages" in filename.split(os.sep)
 
 

@@ -10,12 +10,13 @@
 #include <string>
 #include <vector>
 
-#include "exported_kernel.h"
-#include "handler.h"
-#include "launch.h"
-#include "payload.h"
-#include "registry.h"
-#include "thread_pool.h"
+#include "common/payload.h"
+#include "common/registry.h"
+#include "cpu/exported_kernel.h"
+#include "cpu/handler.h"
+#include "cpu/launch.h"
+#include "cpu/loader.h"
+#include "cpu/thread_pool.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -121,6 +122,9 @@ NB_MODULE(_ffi, m) {
       "is_loaded", [](const std::string& key) { return find_kernel(key) != nullptr; }, "key"_a);
   m.def("loaded_keys", &loaded_keys);
   m.def("num_threads", &num_threads, "Threads a multi-block kernel call is split across.");
+  m.def("set_num_threads", &set_num_threads, "n"_a,
+        "Set the threads a kernel call is split across; only before the first kernel call "
+        "(returns False, changing nothing, after it or for n < 1).");
   m.def("call_kernel", &call_kernel, "key"_a, "arrays"_a, "block_begin"_a = 0,
         "block_end"_a = nb::none(),
         "Run blocks [block_begin, block_end) of a loaded kernel on numpy arrays (operands then "

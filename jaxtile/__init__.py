@@ -55,4 +55,8 @@ def _exclude_own_frames() -> None:
 
 _exclude_own_frames()
 
+from . import _config  # noqa: E402
+
+_config.configure_runtime()
+
 from . import ops  # noqa: E402  (the kernel library needs the names above)

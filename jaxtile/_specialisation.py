@@ -54,10 +54,22 @@ class Specialisation:
                                         t.index_axes)
         return self._ir
 
+    @property
+    def empty(self) -> bool:
+        """Whether a buffer has no elements or the grid no blocks. Such a kernel has nothing
+        to compile: its calls run the reference semantics, which handle it exactly."""
+        t = self.traced
+        return 0 in t.grid or any(0 in b.shape for b in t.buffers)
+
     def handle(self) -> kernel_call.KernelHandle:
         """The target-neutral description of the kernel that kernel_call carries; each
         platform's lowering compiles it with :meth:`build`."""
         if self._handle is None:
+            if self.empty:
+                shapes = ", ".join(f"{b.name}{list(b.shape)}" for b in self.traced.buffers)
+                raise kernel_error(self.owner.name, "has a zero-size buffer or grid (buffers "
+                                   f"{shapes}, grid {list(self.traced.grid)}), which only a "
+                                   "direct call of the kernel supports", _definition(self.owner))
             avals = tuple(ji.ShapedArray(b.shape, b.dtype) for b in self.traced.outputs)
             self._handle = kernel_call.KernelHandle(build.ir_key(self.tile_ir),
                                                     self.owner.name, avals, self)
@@ -69,15 +81,28 @@ class Specialisation:
         is a cache miss: it is discarded and rebuilt, once."""
         entry = self._entries.get(target)
         if entry is None:
-            entry = build.build(self.tile_ir, target)
+            entry = self._build(target)
             try:
                 load(entry)
             except (RuntimeError, ValueError):
                 cache.discard(entry.key)
-                entry = build.build(self.tile_ir, target)
+                entry = self._build(target)
                 load(entry)
             self._entries[target] = entry
         return entry
+
+    def _build(self, target: Target) -> cache.Entry:
+        """``build.build``, with any failure of the compiler below the Tile IR turned into
+        a KernelError that names the kernel (a bug or limit of jaxtile, not of the body)."""
+        try:
+            return build.build(self.tile_ir, target)
+        except KernelError:
+            raise
+        except Exception as e:  # noqa: BLE001 - e.g. TVM's errors, a RecursionError
+            first = (str(e).strip().splitlines() or [""])[0][:300]
+            raise kernel_error(self.owner.name, f"the {target.name} compiler failed on this "
+                               f"kernel ({type(e).__name__}: {first}); please report it",
+                               _definition(self.owner)) from e
 
     # --- what kernel_call's rules ask for -----------------------------------
     def reference(self, *args: Any) -> list[Any]:
@@ -146,6 +171,12 @@ class Specialisation:
             return _flat_jvp_rule(self, rule)
         inner = self.owner.specialisation(self.specs, self.params, self.batch[1:])
         return _vmapped_jvp_rule(inner.jvp, self.batch[0])
+
+
+def _definition(kernel: Any) -> str | None:
+    """``file:line`` of a kernel's body."""
+    code = getattr(kernel.fn, "__code__", None)
+    return f"{code.co_filename}:{code.co_firstlineno}" if code is not None else None
 
 
 def _flat_jvp_rule(spec: Specialisation, jvp: Callable):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -71,10 +72,15 @@ class _TraceState:
         return kernel_error(self.kernel, message, user_line())
 
     def allocate(self, scope: str, shape: Any, dtype: Any) -> Any:
-        shape = _static_shape(self, shape, f"jt.{_API_NAME[scope]}")
+        shape = _static_shape(self, shape, f"jt.{_API_NAME[scope]}",
+                              allow_zero=scope == "global")
         dtype = np.dtype(dtype)
         n = len(self.allocations)
         lead = self.batch_shape if scope == "global" else ()
+        if math.prod(lead + shape) > MAX_ELEMENTS:
+            raise self.error(f"jt.empty: the output of shape {shape} has "
+                             f"{math.prod(lead + shape)} elements with its batch levels; at "
+                             f"most {MAX_ELEMENTS} (32-bit indexing)")
         if self.expected is None:
             ref = jax.ref.new_ref(jnp.zeros(lead + shape, dtype))
         else:
@@ -121,7 +127,12 @@ def _active(state: _TraceState):
         _local.state = previous
 
 
-def _static_shape(state: _TraceState, shape: Any, api: str) -> tuple[int, ...]:
+MAX_ELEMENTS = 2**31 - 1
+"""Elements of one buffer, and blocks of one grid, at most: kernels index with int32."""
+
+
+def _static_shape(state: _TraceState, shape: Any, api: str,
+                  allow_zero: bool = False) -> tuple[int, ...]:
     if isinstance(shape, int | np.integer):
         shape = (shape,)
     try:
@@ -129,9 +140,23 @@ def _static_shape(state: _TraceState, shape: Any, api: str) -> tuple[int, ...]:
     except (TypeError, jax.errors.ConcretizationTypeError):
         raise state.error(f"{api}: the shape must be a tuple of Python ints, got {shape!r}") \
             from None
-    if any(d <= 0 for d in dims):
-        raise state.error(f"{api}: every dimension must be positive, got {dims}")
+    if any(d < 0 or (d == 0 and not allow_zero) for d in dims):
+        kind = "non-negative" if allow_zero else "positive"
+        raise state.error(f"{api}: every dimension must be {kind}, got {dims}")
+    if math.prod(dims) > MAX_ELEMENTS:
+        raise state.error(f"{api}: a buffer of shape {dims} has {math.prod(dims)} elements; "
+                          f"jaxtile indexes with 32-bit integers, so at most {MAX_ELEMENTS}")
     return dims
+
+
+def checked_grid(state: _TraceState, extents: tuple[int, ...]) -> tuple[int, ...]:
+    """``extents`` if a grid of that many blocks (with the batch levels) can be launched."""
+    blocks = math.prod(extents) * math.prod(state.batch_shape)
+    if blocks > MAX_ELEMENTS:
+        raise state.error(f"jt.grid{extents} has {blocks} blocks (batch levels included); "
+                          f"jaxtile numbers blocks with 32-bit integers, so at most "
+                          f"{MAX_ELEMENTS}: give each block more work")
+    return extents
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +186,12 @@ def trace(fn: Callable[..., Any], name: str, arg_names: Sequence[str],
     """Trace ``fn(*refs, **params)`` for inputs shaped like ``args`` (their unbatched shapes),
     under the batch levels ``batch`` (outermost first); see the module doc."""
     n_idx = MAX_GRID_RANK + len(batch)
+    for arg_name, a in zip(arg_names, args):
+        size = math.prod(a.shape) * math.prod(level.size for level in batch)
+        if size > MAX_ELEMENTS:
+            raise kernel_error(name, f"argument '{arg_name}' has {size} elements (batch "
+                               f"levels included); jaxtile indexes with 32-bit integers, so "
+                               f"at most {MAX_ELEMENTS}", user_line())
     index_avals = [jax.ShapeDtypeStruct((), jnp.int32)] * n_idx
     full_shapes = [tuple(level.size for level in batch if level.batched[i]) + tuple(a.shape)
                    for i, a in enumerate(args)]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +18,7 @@ from jaxtile.compiler.errors import kernel_error, user_line
 from jaxtile.compiler.target import parse_target
 from jaxtile.primitives import kernel_call, sharding
 
-from . import _trace
+from . import _config, _trace
 from ._specialisation import Specialisation, flat_outputs
 
 SUPPORTED_DTYPES = frozenset(np.dtype(d) for d in (
@@ -27,12 +26,13 @@ SUPPORTED_DTYPES = frozenset(np.dtype(d) for d in (
     jnp.int64, jnp.uint8, jnp.uint16, jnp.uint32, jnp.uint64, jnp.bool_))
 
 
-_interpret = os.environ.get("JAXTILE_INTERPRET", "0") not in ("", "0")
+_interpret = _config.get("JAXTILE_INTERPRET")
 
 
 def interpret_by_default() -> bool:
     """Whether kernels without an explicit ``interpret=`` run their reference semantics
-    (``JAXTILE_INTERPRET=1`` in the environment, or :func:`set_interpret`)."""
+    (``JAXTILE_INTERPRET=1``, ``true``, ``yes`` or ``on`` in the environment, or
+    :func:`set_interpret`)."""
     return _interpret
 
 
@@ -158,7 +158,7 @@ class Kernel:
 
     def _call(self, args: tuple[Any, ...], params: dict[str, Any], interpret: bool) -> Any:
         spec = self._specialise(args, params)
-        if interpret:
+        if interpret or spec.empty:
             return flat_outputs(spec, spec.reference(*args))
         if any(isinstance(a, jax.core.Tracer) for a in args):
             return flat_outputs(spec, kernel_call.kernel_call_p.bind(*args,
@@ -244,17 +244,25 @@ def _call_key(args: tuple[Any, ...], params: dict[str, Any]) -> Any:
 def _params_key(params: dict[str, Any]) -> tuple[Any, ...]:
     """Parameters as a key that tells apart values Python deems equal but a trace does not
     (``2``, ``2.0``, ``True``; ``0.0`` and ``-0.0``), and in which a NaN equals itself."""
-    return tuple(sorted((name, _value_key(v)) for name, v in params.items()))
+    return tuple([(name, _value_key(v)) for name, v in sorted(params.items())])
+
+
+# Types whose equal values are interchangeable (once the type is part of the key).
+_PLAIN = frozenset({int, str, bool, type(None)})
+_FLOATS = (float, np.floating)
+_COMPLEX = (complex, np.complexfloating)
 
 
 def _value_key(v: Any) -> Any:
     t = type(v)
-    if t is int or t is str or t is bool or v is None:
+    if t in _PLAIN:
         return t, v
-    if isinstance(v, float | np.floating):
-        return t, float(v).hex()   # exact, signed zeros differ, and 'nan' == 'nan'
-    if isinstance(v, complex | np.complexfloating):
-        return t, float(v.real).hex(), float(v.imag).hex()
+    if isinstance(v, _FLOATS):
+        # Nonzero, non-NaN floats are equal exactly when interchangeable; zeros differ by
+        # sign and a NaN must equal itself.
+        return (t, v) if v == v and v != 0 else (t, float(v).hex())
+    if isinstance(v, _COMPLEX):
+        return t, _value_key(float(v.real)), _value_key(float(v.imag))
     if isinstance(v, tuple | frozenset):
         items = [_value_key(x) for x in v]
         return t, tuple(items if t is tuple else sorted(items, key=repr))

@@ -62,9 +62,9 @@ def grid(*extents: int) -> Any:
     if not 1 <= len(extents) <= _trace.MAX_GRID_RANK:
         raise state.error(f"jt.grid takes 1 to {_trace.MAX_GRID_RANK} extents, got "
                           f"{len(extents)}")
-    if not all(isinstance(e, int | np.integer) and e >= 1 for e in extents):
-        raise state.error(f"jt.grid extents must be positive Python ints, got {extents}")
-    state.grid = tuple(int(e) for e in extents)
+    if not all(isinstance(e, int | np.integer) and e >= 0 for e in extents):
+        raise state.error(f"jt.grid extents must be non-negative Python ints, got {extents}")
+    state.grid = _trace.checked_grid(state, tuple(int(e) for e in extents))
     idx = state.block_indices[:len(extents)]
     return idx[0] if len(extents) == 1 else tuple(idx)
 

@@ -19,6 +19,9 @@ from .kernel_call import KernelHandle, kernel_call_p
 def _batch_kernel_call(args: Any, dims: Any, *, kernel: KernelHandle):
     # JAX marks an unbatched operand with dimension None.
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    if size == 0:  # an empty batch: every output is empty, and nothing is compiled
+        return [jnp.zeros((0, *a.shape), a.dtype) for a in kernel.out_avals], \
+            [0] * len(kernel.out_avals)
     flags = tuple(d is not None for d in dims)
     moved = [jnp.moveaxis(a, d, 0) if d is not None else a for a, d in zip(args, dims)]
     outs = kernel_call_p.bind(*moved, kernel=kernel.spec.batched(flags, size))

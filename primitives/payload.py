@@ -3,7 +3,7 @@
 ``jax.export`` lowers a kernel call to the custom call ``jaxtile_cpu_exported_call`` with two
 string attributes, ``key`` and ``payload``, so that the exported program runs in a process
 that never compiled (or cached) the kernel. The C++ handler decodes and verifies the payload
-on the first call there (``ffi/payload.cc``, which documents the same format). Format 1 is
+on the first call there (``ffi/common/payload.cc``, which documents the same format). Format 1 is
 text: a header of ``field=value`` lines, then the library in base64::
 
     jaxtile-kernel-payload
@@ -26,7 +26,7 @@ the reader verifies first (a damaged ``format`` digit is damage, not a newer for
 
 Only the library that was compiled is ever embedded: :func:`encode` checks the bytes it reads
 from the cache against the checksum recorded when the kernel was compiled. Bump ``FORMAT``
-(and ``kPayloadFormat`` in ``ffi/payload.h``) whenever the format changes.
+(and ``kPayloadFormat`` in ``ffi/common/payload.h``) whenever the format changes.
 """
 
 from __future__ import annotations

@@ -63,10 +63,12 @@ def _region_indices(starts, sizes, shape):
 def copy_reference(src_val, dst_val, src_starts, dst_starts, src_sizes, dst_sizes, pad):
     """Reference semantics of ``jt_copy`` on array values; returns the new destination."""
     sidx, smask = _region_indices(src_starts, src_sizes, src_val.shape)
-    safe = [jnp.clip(i, 0, n - 1) for i, n in zip(sidx, src_val.shape)]
-    tile = src_val[tuple(safe)]
-    pad_value = 0 if pad is None else pad
-    tile = jnp.where(smask, tile, jnp.asarray(pad_value, src_val.dtype))
+    pad_value = jnp.asarray(0 if pad is None else pad, src_val.dtype)
+    if src_val.size == 0:  # nothing is in bounds (and nothing could be gathered)
+        tile = jnp.broadcast_to(pad_value, smask.shape)
+    else:
+        safe = [jnp.clip(i, 0, n - 1) for i, n in zip(sidx, src_val.shape)]
+        tile = jnp.where(smask, src_val[tuple(safe)], pad_value)
     tile = tile.reshape(_tile_shape(src_sizes)).astype(dst_val.dtype)
     didx, dmask = _region_indices(dst_starts, dst_sizes, dst_val.shape)
     # Out-of-bounds positions go to index `dim`, which scatter's mode="drop" discards

@@ -12,14 +12,14 @@ from tvm.ir import Expr
 
 from .. import ir
 from ..target import Target
-from . import tir_emit as te
+from . import tir_emit
 
 FALLBACK_LANES = 8
 """Vector lanes tried when the target's width does not divide a loop."""
 
 
 class Lowering(Protocol):
-    kb: te.KernelBuilder
+    kb: tir_emit.KernelBuilder
     target: Target
     bufs: dict[str, tirx.Buffer]
     """TIR buffer of each Tile IR buffer name (and of temporaries made while lowering)."""

@@ -14,7 +14,7 @@ from tvm import tirx
 from tvm.ir import Expr
 
 from .. import semantics
-from . import tir_emit as te
+from . import tir_emit
 from . import vector_math as vm
 
 _LOW_FLOATS = tuple(sorted(d.name for d in semantics.LOW_FLOATS))
@@ -42,7 +42,7 @@ def _to(dtype: str, x: Expr, bind: Bind) -> Expr:
     later ``Cast(float32, Cast(bfloat16, x))`` back to ``x``, which would skip the rounding
     that every bfloat16 op must show. ``bind`` evaluates an expression once and returns an
     equivalent one free of bfloat16 and of Let nodes (see ``KernelBuilder.let``)."""
-    if dtype == "bfloat16" and te.dtype_of(x) in ("float32", "float16"):
+    if dtype == "bfloat16" and tir_emit.dtype_of(x) in ("float32", "float16"):
         # The cast is legalised into bit operations that repeat its operand, and TVM's
         # vectorizer rejects a repeated Let node, so the rounded value is bound too.
         x = bind(vm.round_to_bfloat16(bind(tirx.Cast("float32", x))))

@@ -27,7 +27,7 @@ from ..errors import kernel_error
 from ..passes.liveness import live_intervals, share_storage
 from ..target import Target
 from . import elementwise as ew
-from . import tir_emit as te
+from . import tir_emit
 from .atomics import lower_atomic
 from .context import FALLBACK_LANES
 from .copies import lower_copy
@@ -52,7 +52,7 @@ class _Lowering:
         self.kernel = kernel
         self.target = target
         params = kernel.params
-        self.kb = te.KernelBuilder(
+        self.kb = tir_emit.KernelBuilder(
             symbol_name(kernel), data_alignment=abi.DATA_ALIGNMENT,
             buffers=[(b.name, b.shape, ew.tvm_dtype(b.dtype)) for b in params])
         self.bufs: dict[str, tirx.Buffer] = dict(zip((b.name for b in params),
@@ -134,7 +134,7 @@ class _Lowering:
         if kind == "elementwise":
             args = [self.at(v, _operand_index(v, idx)) for v in op.operands]
             in_dtype = ew.tvm_dtype(op.operands[0].dtype)
-            if op.attrs["fn"] in _BINDS_OPERANDS and any(map(te.involves_bfloat16, args)):
+            if op.attrs["fn"] in _BINDS_OPERANDS and any(map(tir_emit.involves_bfloat16, args)):
                 # These expand into TIR Let expressions, which TVM miscompiles when the
                 # bound value involves bfloat16: compute in float32 from operands bound
                 # through a store (KernelBuilder.let).
@@ -370,10 +370,10 @@ def source(kernel: ir.Kernel, target: Target) -> str:
 def compile_to_library(kernel: ir.Kernel, target: Target) -> tuple[bytes, str]:
     """Compile a kernel for the host CPU described by ``target``; returns the shared
     library's bytes and the exported symbol of its entry point."""
-    module = te.build(to_tir(kernel, target), te.host_cpu())
+    module = tir_emit.build(to_tir(kernel, target), tir_emit.host_cpu())
     with tempfile.TemporaryDirectory(prefix="jaxtile-build-") as tmp:
         path = os.path.join(tmp, "kernel.so")
-        te.export(module, path)
+        tir_emit.export(module, path)
         with open(path, "rb") as f:
             data = f.read()
-    return data, te.ffi_symbol(symbol_name(kernel))
+    return data, tir_emit.ffi_symbol(symbol_name(kernel))

@@ -11,7 +11,8 @@ That is what a fused elementwise map is on any target. A value is fused when
 - it has one use, or it is a leaf-like op (const, iota, broadcast, convert, load, reshape,
   transpose) that is cheap to recompute per use,
 - nothing between the definition and its last use writes a buffer that it (or a fused
-  operand) reads, so the recomputed value is the one the program defined.
+  operand) reads, so the recomputed value is the one the program defined,
+- and the fused expression it makes nests at most :data:`MAX_DEPTH` levels deep.
 
 The pass returns a new kernel whose fused ops carry the note ``inline=True``; the kernel
 it is given is left as it was.
@@ -24,6 +25,11 @@ from collections import Counter
 from collections.abc import Sequence
 
 from .. import ir, op_defs
+
+MAX_DEPTH = 48
+"""Fused ops nested deeper than this inside one expression are materialised instead:
+lowerings expand fused values recursively (as do TVM's expression visitors), and a few
+hundred levels would exhaust Python's stack."""
 
 _FUSIBLE = frozenset(d.kind for d in op_defs.OPS.values() if d.pure and d.one_at_a_time)
 """Pure ops whose result elements can be computed one at a time (not reductions and
@@ -104,6 +110,19 @@ def _same_place(consumer: ir.Stmt, aligned: set | None) -> bool:
     return all(region == target for region in aligned if region.buffer == target.buffer)
 
 
+def _limit_depth(body: Sequence[ir.Stmt], fused: set[int]) -> None:
+    """Drop from ``fused`` the ops whose fused expression would nest deeper than
+    :data:`MAX_DEPTH` (which keeps every guarantee of the pass)."""
+    depth: dict[int, int] = {}
+    for stmt in ir.walk(body):
+        if isinstance(stmt, ir.Op) and stmt.result is not None and stmt.result.id in fused:
+            d = 1 + max((depth.get(v.id, 0) for v in stmt.operands), default=0)
+            if d > MAX_DEPTH:
+                fused.discard(stmt.result.id)
+            else:
+                depth[stmt.result.id] = d
+
+
 def _annotate(body: Sequence[ir.Stmt], fused: set[int]) -> list[ir.Stmt]:
     out: list[ir.Stmt] = []
     for stmt in body:
@@ -128,4 +147,5 @@ def fuse_elementwise(kernel: ir.Kernel) -> ir.Kernel:
     counts = Counter(v.id for stmt in ir.walk(kernel.body) for v in ir.uses(stmt))
     fused: set[int] = set()
     _fuse_list(kernel.body, counts, {}, fused)
+    _limit_depth(kernel.body, fused)
     return dataclasses.replace(kernel, body=_annotate(kernel.body, fused))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import jaxtile as jt
 
+from . import _checks
+
 
 @jt.kernel(threads=128, sharding=jt.ShardRule("n, n -> n", parallel="n"))
 def add(x, y, *, block=1024):
@@ -11,6 +13,9 @@ def add(x, y, *, block=1024):
 
     >>> jt.ops.add(jnp.ones(5), jnp.ones(5))          # doctest: +SKIP
     """
+    _checks.rank("add", "x", x, 1)
+    _checks.same_shape("add", x=x, y=y)
+    _checks.same_dtype("add", x=x, y=y)
     (n,) = x.shape
     out = jt.empty((n,), x.dtype)
     i = jt.grid(jt.cdiv(n, block))

@@ -12,12 +12,13 @@ from jax import lax
 
 import jaxtile as jt
 
-from ._rows import row_tile
+from ._rows import NormBackward, check_norm, row_tile
 
 
 def _normalise(x, w, b, eps, rows, block_cols):
     """Kernel-body helper: declare ``y`` and the grid, normalise this block's rows into
     ``y``; returns ``(y, mean tile, rstd tile, block index)``."""
+    check_norm("layer_norm", x, w=w, b=b)
     n_rows, n_cols = x.shape
     cols = row_tile(n_cols, block_cols)
     y = jt.empty((n_rows, n_cols), x.dtype)
@@ -36,7 +37,11 @@ def _normalise(x, w, b, eps, rows, block_cols):
     if cols > n_cols:                     # padding columns read 0, not the mean
         col = lax.broadcasted_iota(jnp.int32, (rows, cols), 1)
         xc = jnp.where(col < n_cols, xc, 0.0)
-    rstd_t[...] = lax.rsqrt(jnp.sum(xc * xc, axis=1) * (1.0 / n_cols) + eps)
+    var = jnp.sum(xc * xc, axis=1) * (1.0 / n_cols)
+    # A variance that overflowed makes every output NaN, as in jnp's formula (where the
+    # mean overflows first): a zero rstd would make finite-looking zeros instead, and only
+    # where the summation order happened to keep the mean finite.
+    rstd_t[...] = jnp.where(var < jnp.inf, lax.rsqrt(var + eps), jnp.nan)
     x_t[...] = xc * rstd_t[...][:, None] * w_t[...][None, :] + b_t[...][None, :]
     jt.copy(x_t, y.at[r * rows, 0])
     return y, mean_t, rstd_t, r
@@ -73,50 +78,33 @@ def layer_norm_bwd(x, w, mean, rstd, g, *, rows=4, block_cols=None, groups=8):
     With ``xhat = (x - mean) * rstd`` and ``gw = g * w``: ``dx = rstd * (gw - mean(gw) -
     xhat * mean(gw * xhat))`` (in ``x.dtype``), and the float32 partial sums over each
     block's rows of ``dw = sum(g * xhat, axis=0)`` and ``db = sum(g, axis=0)``, each of
-    shape (blocks, features). A block handles ``groups`` tiles of ``rows`` rows in turn
-    (see :func:`jaxtile.ops.rms_norm_bwd`). Padding contributes nothing: ``g`` reads zero
-    there.
+    shape (blocks, features); blocks as in ``_rows.NormBackward``. Padding contributes
+    nothing: ``g`` reads zero there.
     """
-    n_rows, n_cols = x.shape
-    cols = row_tile(n_cols, block_cols)
-    blocks = jt.cdiv(n_rows, rows * groups)
-    dx = jt.empty((n_rows, n_cols), x.dtype)
-    dw_part = jt.empty((blocks, n_cols), jnp.float32)
-    db_part = jt.empty((blocks, n_cols), jnp.float32)
-    r = jt.grid(blocks)
-    x_t = jt.fragment((rows, cols), jnp.float32)
-    g_t = jt.fragment((rows, cols), jnp.float32)
-    w_t = jt.fragment((cols,), jnp.float32)
+    nb = NormBackward("layer_norm_bwd", x, w, g, {"mean": mean, "rstd": rstd}, rows=rows,
+                      block_cols=block_cols, groups=groups, sums=2)
     mean_t = jt.fragment((rows,), jnp.float32)
     rstd_t = jt.fragment((rows,), jnp.float32)
-    dw_t = jt.fragment((cols,), jnp.float32)
-    db_t = jt.fragment((cols,), jnp.float32)
-    jt.copy(w.at[0], w_t)
-    dw_t[...] = jnp.zeros((cols,), jnp.float32)
-    db_t[...] = jnp.zeros((cols,), jnp.float32)
+    dw_t, db_t = nb.sums
 
     @jt.loop(groups)
     def _(i):
-        row = (r * groups + i) * rows
-        jt.copy(x.at[row, 0], x_t)
-        jt.copy(g.at[row, 0], g_t)
+        row = nb.load(i)
         jt.copy(mean.at[row], mean_t)
         jt.copy(rstd.at[row], rstd_t)
         s = rstd_t[...][:, None]
-        xhat = (x_t[...] - mean_t[...][:, None]) * s
-        gv = g_t[...]
-        gw = gv * w_t[...][None, :]
-        scale = 1.0 / n_cols
+        xhat = (nb.x_t[...] - mean_t[...][:, None]) * s
+        gv = nb.g_t[...]
+        gw = gv * nb.w_t[...][None, :]
+        scale = 1.0 / nb.n_cols
         mean_gw = jnp.sum(gw, axis=1, keepdims=True) * scale
         mean_gwx = jnp.sum(gw * xhat, axis=1, keepdims=True) * scale
         dw_t[...] = dw_t[...] + jnp.sum(gv * xhat, axis=0)
         db_t[...] = db_t[...] + jnp.sum(gv, axis=0)
-        x_t[...] = s * (gw - mean_gw - xhat * mean_gwx)
-        jt.copy(x_t, dx.at[row, 0])
+        nb.x_t[...] = s * (gw - mean_gw - xhat * mean_gwx)
+        nb.store_dx(row)
 
-    jt.copy(dw_t, dw_part.at[r, 0])
-    jt.copy(db_t, db_part.at[r, 0])
-    return dx, dw_part, db_part
+    return nb.finish()
 
 
 def _fwd(x, w, b, **params):

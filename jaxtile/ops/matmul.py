@@ -7,10 +7,13 @@ import jax.numpy as jnp
 
 import jaxtile as jt
 
+from . import _checks
+
 
 @jt.kernel(threads=128, sharding=jt.ShardRule("m k, k n -> m n", parallel="m n"))
 def matmul_relu(a, b, *, bm=128, bn=128, bk=32, stages=3):
     """``relu(a @ b)`` accumulated in float32 and cast to ``a.dtype``; any M, N, K."""
+    _check_operands("matmul_relu", a, b, False, False)
     M, K = a.shape
     N = b.shape[1]
     c = jt.empty((M, N), a.dtype)
@@ -41,11 +44,9 @@ def matmul(a, b, *, transpose_a=False, transpose_b=False, bm=64, bn=64, bk=32, s
 
     >>> jt.ops.matmul(a, b, transpose_b=True)           # doctest: +SKIP  (a @ b.T)
     """
+    _check_operands("matmul", a, b, transpose_a, transpose_b)
     m, k = a.shape[::-1] if transpose_a else a.shape
-    k2, n = b.shape[::-1] if transpose_b else b.shape
-    if k != k2:
-        raise ValueError(f"matmul: contraction sizes differ: op(a) is {m}x{k}, "
-                         f"op(b) is {k2}x{n}")
+    n = b.shape[0] if transpose_b else b.shape[1]
     c = jt.empty((m, n), a.dtype)
     bx, by = jt.grid(jt.cdiv(n, bn), jt.cdiv(m, bm))
     a_s = jt.shared((bk, bm) if transpose_a else (bm, bk), a.dtype)
@@ -61,6 +62,17 @@ def matmul(a, b, *, transpose_a=False, transpose_b=False, bm=64, bn=64, bk=32, s
 
     jt.copy(acc, c.at[by * bm, bx * bn])
     return c
+
+
+def _check_operands(op, a, b, transpose_a, transpose_b):
+    _checks.rank(op, "a", a, 2)
+    _checks.rank(op, "b", b, 2)
+    _checks.same_dtype(op, a=a, b=b)
+    m, k = a.shape[::-1] if transpose_a else a.shape
+    k2, n = b.shape[::-1] if transpose_b else b.shape
+    if k != k2:
+        raise ValueError(f"{op}: contraction dimensions differ: op(a) has shape ({m}, {k}), "
+                         f"op(b) has shape ({k2}, {n})")
 
 
 def _matmul_fwd(a, b, **params):

@@ -13,12 +13,13 @@ from jax import lax
 
 import jaxtile as jt
 
-from ._rows import row_tile
+from ._rows import NormBackward, check_norm, row_tile
 
 
 def _normalise(x, w, eps, rows, block_cols):
     """Kernel-body helper: declare ``y`` and the grid, normalise this block's rows into
     ``y``; returns ``(y, rstd tile, block index)``."""
+    check_norm("rms_norm", x, w=w)
     n_rows, n_cols = x.shape
     cols = row_tile(n_cols, block_cols)
     y = jt.empty((n_rows, n_cols), x.dtype)
@@ -65,41 +66,28 @@ def rms_norm_bwd(x, w, rstd, g, *, rows=4, block_cols=None, groups=8):
 
     With ``xhat = x * rstd``: ``dx = rstd * (g*w - xhat * mean(g*w*xhat, axis=-1))`` (in
     ``x.dtype``) and the float32 partial sums of ``dw = sum(g * xhat, axis=0)`` over each
-    block's rows, shape (blocks, features). A block handles ``groups`` tiles of ``rows``
-    rows in turn, which keeps the partial sums ``groups`` times smaller than one per tile.
-    Padding reads zero and contributes nothing.
+    block's rows, shape (blocks, features); blocks as in ``_rows.NormBackward``. Padding
+    reads zero and contributes nothing.
     """
-    n_rows, n_cols = x.shape
-    cols = row_tile(n_cols, block_cols)
-    blocks = jt.cdiv(n_rows, rows * groups)
-    dx = jt.empty((n_rows, n_cols), x.dtype)
-    dw_part = jt.empty((blocks, n_cols), jnp.float32)
-    r = jt.grid(blocks)
-    x_t = jt.fragment((rows, cols), jnp.float32)
-    g_t = jt.fragment((rows, cols), jnp.float32)
-    w_t = jt.fragment((cols,), jnp.float32)
+    nb = NormBackward("rms_norm_bwd", x, w, g, {"rstd": rstd}, rows=rows,
+                      block_cols=block_cols, groups=groups, sums=1)
     s_t = jt.fragment((rows,), jnp.float32)
-    dw_t = jt.fragment((cols,), jnp.float32)
-    jt.copy(w.at[0], w_t)
-    dw_t[...] = jnp.zeros((cols,), jnp.float32)
+    (dw_t,) = nb.sums
 
     @jt.loop(groups)
     def _(i):
-        row = (r * groups + i) * rows
-        jt.copy(x.at[row, 0], x_t)
-        jt.copy(g.at[row, 0], g_t)
+        row = nb.load(i)
         jt.copy(rstd.at[row], s_t)
         s = s_t[...][:, None]
-        xhat = x_t[...] * s
-        gv = g_t[...]
-        gw = gv * w_t[...][None, :]
-        mean = jnp.sum(gw * xhat, axis=1, keepdims=True) * (1.0 / n_cols)
+        xhat = nb.x_t[...] * s
+        gv = nb.g_t[...]
+        gw = gv * nb.w_t[...][None, :]
+        mean = jnp.sum(gw * xhat, axis=1, keepdims=True) * (1.0 / nb.n_cols)
         dw_t[...] = dw_t[...] + jnp.sum(gv * xhat, axis=0)
-        x_t[...] = s * (gw - xhat * mean)
-        jt.copy(x_t, dx.at[row, 0])
+        nb.x_t[...] = s * (gw - xhat * mean)
+        nb.store_dx(row)
 
-    jt.copy(dw_t, dw_part.at[r, 0])
-    return dx, dw_part
+    return nb.finish()
 
 
 def _fwd(x, w, **params):

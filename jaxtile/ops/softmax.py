@@ -6,6 +6,7 @@ import jax.numpy as jnp
 
 import jaxtile as jt
 
+from . import _checks
 from ._rows import row_tile
 
 
@@ -17,6 +18,7 @@ def softmax(x, *, rows=4, block_cols=None):
     (default: the row length rounded up to a multiple of 128). Columns past the end are
     padded with ``-inf`` so they contribute nothing.
     """
+    _checks.rank("softmax", "x", x, 2)
     n_rows, n_cols = x.shape
     cols = row_tile(n_cols, block_cols)
     out = jt.empty((n_rows, n_cols), x.dtype)
@@ -36,6 +38,8 @@ def softmax_bwd(y, g, *, rows=4, block_cols=None):
     output ``y`` and the output cotangent ``g`` (2-D, one shape), in float32, returned in
     ``g.dtype``. Blocks and padding as in :func:`softmax` (padding reads zero, which adds
     nothing to the row sums)."""
+    _checks.rank("softmax_bwd", "y", y, 2)
+    _checks.same_shape("softmax_bwd", y=y, g=g)
     n_rows, n_cols = y.shape
     cols = row_tile(n_cols, block_cols)
     dx = jt.empty((n_rows, n_cols), g.dtype)

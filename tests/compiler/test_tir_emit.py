@@ -13,24 +13,24 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
-from jaxtile.compiler.cpu import tir_emit as te
+from jaxtile.compiler.cpu import tir_emit
 from jaxtile.compiler.cpu import vector_math as vm
 
-CPU = te.host_cpu()
+CPU = tir_emit.host_cpu()
 
 
-def _compile_and_load(kb: te.KernelBuilder, tmp_path, **build_kwargs):
+def _compile_and_load(kb: tir_emit.KernelBuilder, tmp_path, **build_kwargs):
     """Build, export and load a kernel; return (runtime module, function)."""
-    lib = te.build(kb.finish(), CPU, **build_kwargs)
+    lib = tir_emit.build(kb.finish(), CPU, **build_kwargs)
     path = str(tmp_path / f"{kb.name}.so")
-    te.export(lib, path)
+    tir_emit.export(lib, path)
     mod = tvm.runtime.load_module(path)
     return lib, mod[kb.name]
 
 
-def _vector_add(n: int, dtype: str) -> te.KernelBuilder:
+def _vector_add(n: int, dtype: str) -> tir_emit.KernelBuilder:
     """out = x + y; block b covers [b*64, min(b*64 + 64, n))."""
-    kb = te.KernelBuilder(
+    kb = tir_emit.KernelBuilder(
         f"vadd_{dtype}", [("x", (n,), dtype), ("y", (n,), dtype), ("out", (n,), dtype)]
     )
     x, y, out = kb.buffers
@@ -92,11 +92,11 @@ def test_vector_add_on_16_byte_aligned_data(tmp_path):
     np.testing.assert_array_equal(out, np.arange(n) * 3)
 
 
-def _row_softmax(rows: int, cols: int) -> te.KernelBuilder:
+def _row_softmax(rows: int, cols: int) -> tir_emit.KernelBuilder:
     """Softmax over each row of x; block b is row b. Lane-parallel partial max/sum."""
     lanes = 16
     full = cols // lanes * lanes
-    kb = te.KernelBuilder(
+    kb = tir_emit.KernelBuilder(
         "softmax", [("x", (rows, cols), "float32"), ("y", (rows, cols), "float32")]
     )
     x, y = kb.buffers
@@ -157,10 +157,10 @@ def test_row_softmax(tmp_path):
 
 def _tiled_matmul(
     m: int, n: int, k: int, tm: int = 64, tn: int = 64, tk: int = 32
-) -> te.KernelBuilder:
+) -> tir_emit.KernelBuilder:
     """c = a @ b with a (tm, tn) output tile per block, k-steps of tk, zero-padded edge tiles."""
     n_tiles_n, n_steps = -(-n // tn), -(-k // tk)
-    kb = te.KernelBuilder(
+    kb = tir_emit.KernelBuilder(
         "matmul", [("a", (m, k), "float32"), ("b", (k, n), "float32"), ("c", (m, n), "float32")]
     )
     a, b, c = kb.buffers
@@ -233,7 +233,7 @@ def _ordered(v: np.ndarray) -> np.ndarray:
 
 def test_exp_f32_accuracy(tmp_path):
     n = 1 << 20
-    kb = te.KernelBuilder("exp", [("x", (n,), "float32"), ("y", (n,), "float32")])
+    kb = tir_emit.KernelBuilder("exp", [("x", (n,), "float32"), ("y", (n,), "float32")])
     x, y = kb.buffers
     with kb.block_loop() as b:
         with kb.loop("i", 16, kind="vectorized") as i:
@@ -272,7 +272,7 @@ def test_exp_f32_accuracy(tmp_path):
 
 def test_tanh_f32_accuracy(tmp_path):
     n = 1 << 18
-    kb = te.KernelBuilder("tanh", [("x", (n,), "float32"), ("y", (n,), "float32")])
+    kb = tir_emit.KernelBuilder("tanh", [("x", (n,), "float32"), ("y", (n,), "float32")])
     x, y = kb.buffers
     with kb.block_loop() as b:
         with kb.loop("i", 16, kind="vectorized") as i:
@@ -302,7 +302,7 @@ def test_tanh_f32_accuracy(tmp_path):
 def test_float_helpers(tmp_path):
     vals = np.array([-3, -0.5, 0, 2, np.nan, np.inf, -np.inf, 4] * 2, np.float32)
     n = len(vals)
-    kb = te.KernelBuilder(
+    kb = tir_emit.KernelBuilder(
         "helpers", [("x", (n,), "float32"), ("h", (n,), "float16"), ("out", (4, n), "float32")]
     )
     x, h, out = kb.buffers
@@ -331,7 +331,7 @@ def test_float_helpers(tmp_path):
 def test_bfloat16_bindings_and_rounding(tmp_path):
     """let() of bfloat16-derived values, exp_f32 of them, and explicit bfloat16 rounding."""
     n = 4096
-    kb = te.KernelBuilder(
+    kb = tir_emit.KernelBuilder(
         "bf16", [("x", (n,), "bfloat16"), ("u", (n,), "float32"), ("out", (3, n), "float32")]
     )
     x, u, out = kb.buffers
@@ -363,7 +363,7 @@ def test_bfloat16_bindings_and_rounding(tmp_path):
 
 
 def test_bfloat16_bindings_tvm_would_miscompile_are_rejected():
-    kb = te.KernelBuilder("bad_let", [("x", (16,), "bfloat16"), ("y", (16,), "float32")])
+    kb = tir_emit.KernelBuilder("bad_let", [("x", (16,), "bfloat16"), ("y", (16,), "float32")])
     x, y = kb.buffers
     with pytest.raises(ValueError, match="bfloat16"):
         vm.exp_f32(tirx.Cast("float32", x[0]))
@@ -372,7 +372,7 @@ def test_bfloat16_bindings_tvm_would_miscompile_are_rejected():
             var = tirx.Var("v", "float32")
             kb.store(y, [i], tirx.Let(var, tirx.Cast("float32", x[i]), var + 1.0))
     with pytest.raises(ValueError, match="bfloat16"):
-        te.build(kb.finish(), CPU)
+        tir_emit.build(kb.finish(), CPU)
 
 
 def test_raw_c_abi_without_checks(tmp_path):
@@ -402,7 +402,7 @@ def test_raw_c_abi_without_checks(tmp_path):
     n = 200
     _compile_and_load(_vector_add(n, "float32"), tmp_path, checks=False)
     lib = ctypes.CDLL(str(tmp_path / "vadd_float32.so"))
-    func = getattr(lib, te.ffi_symbol("vadd_float32"))
+    func = getattr(lib, tir_emit.ffi_symbol("vadd_float32"))
     func.restype = ctypes.c_int32
 
     arrays = [np.arange(n, dtype=np.float32), np.full(n, 0.5, np.float32), np.zeros(n, np.float32)]
@@ -420,7 +420,7 @@ def test_raw_c_abi_without_checks(tmp_path):
 
 
 def test_builder_rejects_misuse():
-    kb = te.KernelBuilder("bad", [("x", (8,), "float32")])
+    kb = tir_emit.KernelBuilder("bad", [("x", (8,), "float32")])
     with pytest.raises(ValueError):
         with kb.else_():
             pass
@@ -428,4 +428,4 @@ def test_builder_rejects_misuse():
         with kb.loop("i", kb.block_end - kb.block_begin, kind="vectorized"):
             pass
     with pytest.raises(ValueError):
-        te.KernelBuilder("not-an-identifier", [])
+        tir_emit.KernelBuilder("not-an-identifier", [])

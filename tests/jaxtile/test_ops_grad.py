@@ -227,7 +227,7 @@ def test_layer_norm_bwd_kernel_partial_sums(rng, groups, blocks):
 
 
 def test_matmul_rejects_mismatched_contraction():
-    with pytest.raises(jt.KernelError, match="contraction sizes differ"):
+    with pytest.raises(jt.KernelError, match=r"contraction dimensions differ.*\(3, 4\)"):
         jt.ops.matmul(jnp.ones((3, 4)), jnp.ones((5, 6)))
 
 

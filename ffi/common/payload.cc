@@ -1,13 +1,21 @@
-#include "payload.h"
+#include "common/payload.h"
 
 #include <charconv>
 #include <utility>
 
-#include "base64.h"
-#include "host_cpu.h"
-#include "sha256.h"
+#include "common/base64.h"
+#include "common/sha256.h"
 
 namespace jaxtile {
+
+PayloadError payload_error(std::string_view key, const std::string& name,
+                           const std::string& why) {
+  const std::string kernel =
+      name.empty() ? "an exported kernel" : "the exported kernel '" + name + "'";
+  return PayloadError("jaxtile: cannot run " + kernel + " (key " +
+                      std::string(key.substr(0, 16)) + "...): " + why);
+}
+
 namespace {
 
 constexpr std::string_view kMagic = "jaxtile-kernel-payload";
@@ -18,10 +26,7 @@ class Reader {
   Reader(std::string_view key, std::string_view text) : key_(key), text_(text) {}
 
   [[noreturn]] void fail(const std::string& why) const {
-    const std::string kernel =
-        name_.empty() ? "an exported kernel" : "the exported kernel '" + name_ + "'";
-    throw PayloadError("jaxtile: cannot run " + kernel + " (key " +
-                       std::string(key_.substr(0, 16)) + "...): its embedded payload " + why);
+    throw payload_error(key_, name_, "its embedded payload " + why);
   }
 
   void set_name(std::string name) { name_ = std::move(name); }
@@ -79,30 +84,6 @@ std::vector<std::string> split_commas(std::string_view list) {
   return items;
 }
 
-std::string join(const std::vector<std::string>& items) {
-  std::string out;
-  for (const std::string& s : items) out += (out.empty() ? "" : ", ") + s;
-  return out;
-}
-
-// Fails unless this machine has the architecture and instruction-set extensions the library
-// was compiled for: running it anyway could die on an illegal instruction.
-void check_machine(Reader& r, const Payload& p) {
-  if (p.arch != host_arch()) {
-    r.fail("was compiled for " + p.arch + " but this machine is " + host_arch() +
-           "; export the program again on a machine of this kind");
-  }
-  const auto* flags = host_cpu_flags();
-  if (flags == nullptr) return;  // no /proc/cpuinfo: nothing to check against
-  std::vector<std::string> missing;
-  for (const std::string& f : p.isa) {
-    if (!f.empty() && flags->count(f) == 0) missing.push_back(f);
-  }
-  if (!missing.empty()) {
-    r.fail("was compiled for a CPU with instruction-set extensions this machine lacks (" +
-           join(missing) + "); export the program again on a machine of this kind");
-  }
-}
 
 }  // namespace
 
@@ -173,7 +154,6 @@ Payload decode_payload(std::string_view key, std::string_view text) {
     r.fail("belongs to another kernel (key " + p.key.substr(0, 16) +
            "...): the exported program was altered");
   }
-  check_machine(r, p);
   return p;
 }
 

@@ -1,4 +1,4 @@
-#include "runtime_env.h"
+#include "cpu/runtime_env.h"
 
 #include <tvm/ffi/c_api.h>
 

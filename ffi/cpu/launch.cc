@@ -1,12 +1,12 @@
-#include "launch.h"
+#include "cpu/launch.h"
 
 #include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <vector>
 
-#include "runtime_env.h"
-#include "thread_pool.h"
+#include "cpu/runtime_env.h"
+#include "cpu/thread_pool.h"
 
 namespace jaxtile {
 namespace {

@@ -1,4 +1,4 @@
-#include "thread_pool.h"
+#include "cpu/thread_pool.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -121,12 +121,11 @@ Pool& pool() {
   return *p;
 }
 
+std::atomic<int> g_requested{0};
+std::atomic<bool> g_fixed{false};
+
 int detect_num_threads() {
-  if (const char* env = std::getenv("JAXTILE_NUM_THREADS")) {
-    char* end = nullptr;
-    long n = std::strtol(env, &end, 10);
-    if (end != env && *end == '\0' && n > 0 && n <= 4096) return static_cast<int>(n);
-  }
+  if (const int n = g_requested.load(); n > 0) return n;
 #if defined(__linux__)
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
@@ -138,8 +137,15 @@ int detect_num_threads() {
 }  // namespace
 
 int num_threads() {
+  g_fixed.store(true);
   static const int n = detect_num_threads();
   return n;
+}
+
+bool set_num_threads(int n) {
+  if (n < 1 || g_fixed.load()) return false;
+  g_requested.store(n);
+  return true;
 }
 
 bool parallel_run(int64_t num_tasks, void (*task)(void* ctx, int64_t i), void* ctx) {

@@ -1,4 +1,4 @@
-#include "library.h"
+#include "cpu/library.h"
 
 #include <dlfcn.h>
 
@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "runtime_env.h"
+#include "cpu/runtime_env.h"
 
 #if defined(__linux__)
 #include <elf.h>

@@ -1,4 +1,4 @@
-#include "library_file.h"
+#include "cpu/library_file.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

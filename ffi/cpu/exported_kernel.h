@@ -3,7 +3,7 @@
 
 #include <string_view>
 
-#include "registry.h"
+#include "common/registry.h"
 
 namespace jaxtile {
 

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-#include "registry.h"
+#include "common/registry.h"
 
 namespace jaxtile {
 

@@ -1,9 +1,12 @@
-// Process-wide table of loaded kernels, keyed by the string jaxtile's compiler assigns.
+// Process-wide table of loaded kernels, keyed by the string jaxtile's compiler assigns. It is
+// platform-neutral; each platform's loader (cpu/loader.h) makes the Kernel records.
 #pragma once
 
 #include <tvm/ffi/c_api.h>
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,13 +27,12 @@ struct Kernel {
   int64_t alignment;
 };
 
-// Loads a kernel, or returns the one already registered under `key` (keys name immutable
-// compiled artifacts, so a second load is a no-op). `symbol` may be the exported name or the
-// bare function name. `origin` names the library in messages instead of `path` (which may be
-// a throwaway file). Throws std::invalid_argument or std::runtime_error.
-const Kernel& load_kernel(const std::string& key, const std::string& path,
-                          const std::string& symbol, int64_t num_blocks, int64_t alignment,
-                          const std::string& origin = {});
+// The kernel registered under `key`, or the one `load()` makes and registers if there is
+// none (keys name immutable compiled artifacts, so a second load is a no-op). Loads are
+// serialised, lookups are not blocked by them. A platform's loader (cpu/loader.h) calls this;
+// exceptions from `load` propagate and register nothing.
+const Kernel& register_kernel(std::string_view key,
+                              const std::function<std::unique_ptr<Kernel>()>& load);
 
 // Null if nothing is registered under `key`. Kernels are never unloaded, so the pointer stays
 // valid for the life of the process.

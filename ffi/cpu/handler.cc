@@ -1,4 +1,4 @@
-#include "handler.h"
+#include "cpu/handler.h"
 
 #include <dlpack/dlpack.h>
 
@@ -8,10 +8,10 @@
 #include <string_view>
 #include <vector>
 
-#include "exported_kernel.h"
-#include "launch.h"
-#include "payload.h"
-#include "registry.h"
+#include "common/payload.h"
+#include "common/registry.h"
+#include "cpu/exported_kernel.h"
+#include "cpu/launch.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;

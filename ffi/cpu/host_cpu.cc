@@ -1,4 +1,4 @@
-#include "host_cpu.h"
+#include "cpu/host_cpu.h"
 
 #include <sys/utsname.h>
 

@@ -55,7 +55,13 @@ struct Payload {
 };
 
 // Decodes `text`, the payload of a call to the kernel `key`, and checks it: checksum, then
-// format, key, and that this machine can run the library. Throws PayloadError saying what is wrong.
+// format and key. Whether this machine can run the library is the platform loader's check
+// (cpu/exported_kernel.cc). Throws PayloadError saying what is wrong.
 Payload decode_payload(std::string_view key, std::string_view text);
+
+// The error for a payload of kernel `name` (may be empty) called as `key`: "jaxtile: cannot run
+// the exported kernel ... : <why>".
+PayloadError payload_error(std::string_view key, const std::string& name,
+                           const std::string& why);
 
 }  // namespace jaxtile

@@ -5,9 +5,13 @@
 
 namespace jaxtile {
 
-// Threads used per kernel call, counting the calling thread: $JAXTILE_NUM_THREADS if it is a
-// positive integer, else the number of CPUs this process may run on.
+// Threads used per kernel call, counting the calling thread: what set_num_threads() chose
+// before the first call, else the number of CPUs this process may run on. Fixed once read.
 int num_threads();
+
+// Sets the number of threads (jaxtile/_config.py parses $JAXTILE_NUM_THREADS and calls this
+// at import). Returns false, changing nothing, once num_threads() has been read or if n < 1.
+bool set_num_threads(int n);
 
 // Calls task(ctx, i) for every i in [0, num_tasks), spread over the pool with the calling
 // thread taking part, and returns once all are done. Returns false without running anything

@@ -1,0 +1,93 @@
+"""jaxtile's environment variables, read and checked in one place.
+
+Each variable is declared once, in :data:`VARIABLES`, with its parser, default and meaning;
+:func:`get` returns its value. Parsing is strict: a value that does not parse (``"4 "``,
+``"maybe"``) is ignored with one warning saying what was expected, and the default applies.
+Adding a variable is adding one :class:`Variable`. (``JAXTILE_CACHE_DIR`` is a plain path,
+read by the build cache.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+
+class ConfigWarning(UserWarning):
+    """An environment variable of jaxtile has a value that is ignored."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Variable:
+    name: str
+    parse: Callable[[str], Any]
+    """The value of the variable's text; raises ValueError saying what was expected."""
+    default: Any
+    doc: str
+
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def boolean(text: str) -> bool:
+    """``1/true/yes/on`` or ``0/false/no/off``, in any case; nothing else."""
+    if text.lower() in _TRUE:
+        return True
+    if text.lower() in _FALSE:
+        return False
+    raise ValueError("expected one of 1, true, yes, on or 0, false, no, off")
+
+
+def cpu_count() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _threads(text: str) -> int:
+    limit = 4 * cpu_count()
+    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= limit:
+        raise ValueError(f"expected a whole number from 1 to {limit} (4 times the "
+                         f"{cpu_count()} CPUs available)")
+    return int(text)
+
+
+VARIABLES = {v.name: v for v in (
+    Variable("JAXTILE_INTERPRET", boolean, False,
+             "run kernels without an explicit interpret= as their reference semantics"),
+    Variable("JAXTILE_NUM_THREADS", _threads, None,
+             "threads a kernel call's blocks are spread over (default: the CPUs available)"),
+)}
+
+_warned: set[tuple[str, str]] = set()
+
+
+def get(name: str) -> Any:
+    """The value of the variable ``name`` (its default if unset or invalid)."""
+    var = VARIABLES[name]
+    text = os.environ.get(name)
+    if text is None or text == "":
+        return var.default
+    try:
+        return var.parse(text)
+    except ValueError as e:
+        if (name, text) not in _warned:
+            _warned.add((name, text))
+            warnings.warn(f"jaxtile: ignoring {name}={text!r}: {e}; using the default "
+                          f"({var.doc})", ConfigWarning, stacklevel=2)
+        return var.default
+
+
+def configure_runtime() -> None:
+    """Hand the runtime its settings; call before any kernel runs (at import)."""
+    from jaxtile import _ffi
+
+    threads = get("JAXTILE_NUM_THREADS")
+    if threads is not None:
+        _ffi.set_num_threads(threads)

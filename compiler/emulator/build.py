@@ -4,8 +4,8 @@ The `.cu` text that nvcc compiles is compiled by the machine's C++ compiler with
 ``-DJAXTILE_EMULATOR``; a small generated launch shim maps jaxtile's CPU kernel ABI (the tvm-ffi
 packed call ``(block_begin, block_end, DLTensor*...)``) onto the CUDA kernel's parameters with
 the launch geometry baked in. The emulator runtime (``ffi/emulator/src``) is compiled once per
-runtime version into a static archive under the cache directory and linked into every kernel
-library, so each library is self-contained and runs behind jaxtile's CPU FFI handler.
+runtime version into a shared library in the cache directory, next to the kernel libraries
+that link to it; a kernel library then runs behind jaxtile's CPU FFI handler.
 """
 
 from __future__ import annotations
@@ -30,6 +30,9 @@ EMULATOR_INCLUDE = _FFI_DIR / "emulator" / "include"
 RUNTIME_SOURCES = _FFI_DIR / "emulator" / "src"
 
 _FLAGS = ("-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", "-DJAXTILE_EMULATOR")
+# The runtime exports what kernels call; its internals stay out of the way of interposition.
+_RUNTIME_FLAGS = ("-std=c++17", "-O2", "-fPIC", "-fno-semantic-interposition",
+                  "-DJAXTILE_EMULATOR")
 
 # numpy dtype -> the C++ element type device code declares for it.
 _CTYPES = {
@@ -153,28 +156,28 @@ def _includes() -> list[str]:
     return [f"-I{DEVICE_INCLUDE}", f"-I{EMULATOR_INCLUDE}", f"-I{RUNTIME_SOURCES}"]
 
 
-def runtime_archive() -> Path:
-    """The emulator runtime as a static archive, compiled on first use and cached by content."""
+def runtime_library() -> Path:
+    """The emulator runtime as a shared library, compiled on first use and cached by content.
+
+    Every kernel library links to it, so that its state (thread-local fiber pointers, the
+    report sink) exists once per process whatever the number of kernels loaded.
+    """
     cxx = cxx_compiler()
     sources = sorted(RUNTIME_SOURCES.glob("*.cc"))
     headers = sorted(RUNTIME_SOURCES.glob("*.h")) + _header_files()
     key = hashlib.sha256(
         "|".join([_hash_files(sources + headers), _compiler_version(cxx), *_FLAGS]).encode()
     ).hexdigest()[:24]
-    out = cache_dir() / "emulator" / f"runtime-{key}.a"
+    out = cache_dir() / "emulator" / f"libjaxtile_emu-{key}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        objects = []
-        for src in sources:
-            obj = Path(tmp) / (src.stem + ".o")
-            cmd = [cxx, *_FLAGS, *_includes(), f"-I{_tvm_ffi_include()}", "-c", str(src)]
-            _run([*cmd, "-o", str(obj)], f"compiling the emulator runtime ({src.name})")
-            objects.append(str(obj))
-        archive = Path(tmp) / "runtime.a"
-        _run(["ar", "rcs", str(archive), *objects], "archiving the emulator runtime")
-        os.replace(archive, out)
+        lib = Path(tmp) / out.name
+        cmd = [cxx, *_RUNTIME_FLAGS, *_includes(), f"-I{_tvm_ffi_include()}",
+               *map(str, sources), "-shared", f"-Wl,-soname,{out.name}", "-o", str(lib)]
+        _run(cmd, "compiling the emulator runtime")
+        os.replace(lib, out)
     return out
 
 
@@ -233,10 +236,10 @@ def build_library(
     the name reports give the source. Raises ToolchainError with the compiler's messages.
     """
     cxx = cxx_compiler()
-    archive = runtime_archive()
+    runtime = runtime_library()
     text = source + launch_shim(kernel, params, launch, file)
     key = hashlib.sha256(
-        "|".join([text, archive.name, _compiler_version(cxx), *_FLAGS]).encode()
+        "|".join([text, runtime.name, _compiler_version(cxx), *_FLAGS]).encode()
     ).hexdigest()[:32]
     out = cache_dir() / "emulator" / f"{kernel}-{key}.so"
     if out.exists():
@@ -245,7 +248,9 @@ def build_library(
         src = Path(tmp) / file
         src.write_text(text)
         lib = Path(tmp) / "kernel.so"
-        cmd = [cxx, *_FLAGS, *_includes(), "-x", "c++", str(src), "-x", "none", str(archive)]
-        _run([*cmd, "-shared", "-o", str(lib)], f"compiling '{file}' for the CUDA emulator")
+        # The runtime sits beside the kernel library in the cache: found through $ORIGIN.
+        cmd = [cxx, *_FLAGS, *_includes(), "-x", "c++", str(src), "-x", "none", str(runtime),
+               "-Wl,-rpath,$ORIGIN", "-shared", "-o", str(lib)]
+        _run(cmd, f"compiling '{file}' for the CUDA emulator")
         os.replace(lib, out)
     return out

@@ -158,7 +158,7 @@ std::string where(const Block& b, uint32_t line);
 void record_banks(uint32_t line, uint64_t wavefronts, uint64_t ideal);
 void flush_counters();
 // The first error reported on this CPU thread since it was last cleared (by launch).
-extern thread_local std::string t_first_error;
+std::string& first_error();
 enum Counter : int { kSharedAccessCount, kCollectiveCount, kBlockCount, kNumCounters };
 extern thread_local uint64_t t_counters[kNumCounters];
 inline void add_counter(Counter c, uint64_t n) { t_counters[c] += n; }

@@ -58,7 +58,13 @@ struct StackPool {
     return base + (i + 1) * stride;
   }
 };
-thread_local StackPool t_stacks;
+// Heap-held, like every large per-thread object of the runtime: its thread-local storage is
+// allocated from glibc's small static TLS surplus (see runtime.h).
+thread_local StackPool* t_stack_pool = nullptr;
+StackPool& stacks() {
+  if (t_stack_pool == nullptr) t_stack_pool = new StackPool();
+  return *t_stack_pool;
+}
 
 }  // namespace
 
@@ -106,7 +112,7 @@ jaxtile_emu_trampoline:
 void fiber_switch(void** save_sp, void* to_sp) { jaxtile_emu_switch(save_sp, to_sp); }
 
 void fiber_init(Fiber& f, uint32_t stack_index, uint32_t count) {
-  char* top = t_stacks.top(stack_index, count);
+  char* top = stacks().top(stack_index, count);
   auto* sp = reinterpret_cast<uint64_t*>(top) - 7;  // top is 16-byte aligned
   sp[0] = 0;                                        // r15
   sp[1] = 0;                                        // r14
@@ -137,7 +143,7 @@ void fiber_switch(void** save_sp, void* to_sp) {
 
 void fiber_init(Fiber& f, uint32_t stack_index, uint32_t count) {
   if (t_contexts.size() < count) t_contexts.resize(count);
-  char* top = t_stacks.top(stack_index, count);
+  char* top = stacks().top(stack_index, count);
   ucontext_t& c = t_contexts[stack_index];
   getcontext(&c);
   c.uc_stack.ss_sp = top - stack_bytes();

@@ -91,8 +91,10 @@ int launch(const KernelSpec* spec, const void* packed_args, int32_t num_args) {
                         spec->buffer_names[i], kGlobal};
   }
 
-  static thread_local Block block;
-  Block& b = block;
+  // Heap-held: this library's thread-local storage must stay small (see runtime.h).
+  static thread_local Block* block = nullptr;
+  if (block == nullptr) block = new Block();
+  Block& b = *block;
   b.spec = spec;
   b.buffers = buffers.data();
   b.bdim = {spec->block.x, spec->block.y, spec->block.z};
@@ -100,7 +102,7 @@ int launch(const KernelSpec* spec, const void* packed_args, int32_t num_args) {
   b.nwarps = (b.nthreads + 31) / 32;
   b.fibers.resize(b.nthreads);
   b.collectives.assign(static_cast<size_t>(b.nwarps) * kCollectivesPerWarp, Collective{});
-  t_first_error.clear();
+  first_error().clear();
   for (int64_t lin = begin; lin < end; ++lin) {
     const uint64_t u = static_cast<uint64_t>(lin);
     b.bidx = {static_cast<unsigned>(u % spec->grid.x),
@@ -110,13 +112,13 @@ int launch(const KernelSpec* spec, const void* packed_args, int32_t num_args) {
     run_block(b);
     add_counter(kBlockCount, 1);
     // Stop at the first block with an error: later blocks would mostly repeat it.
-    if (!t_first_error.empty()) break;
+    if (!first_error().empty()) break;
   }
   flush_counters();
-  if (!t_first_error.empty()) {
-    std::string msg = name + t_first_error +
+  if (!first_error().empty()) {
+    std::string msg = name + first_error() +
                       " (all findings: jaxtile_emu_take_report, or the runner's report())";
-    t_first_error.clear();
+    first_error().clear();
     return fail(msg);
   }
   return 0;

@@ -63,10 +63,14 @@ void json_string(std::string& out, const std::string& s) {
 
 }  // namespace
 
-thread_local std::string t_first_error;
+thread_local std::string* t_first_error_ptr = nullptr;
+std::string& first_error() {
+  if (t_first_error_ptr == nullptr) t_first_error_ptr = new std::string();
+  return *t_first_error_ptr;
+}
 
 void report(Severity sev, const std::string& key, const std::string& message) {
-  if (sev == kError && t_first_error.empty()) t_first_error = message;
+  if (sev == kError && first_error().empty()) first_error() = message;
   Sink& s = sink();
   std::lock_guard<std::mutex> lock(s.mu);
   auto it = s.index.find(key);

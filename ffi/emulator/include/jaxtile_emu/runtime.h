@@ -7,6 +7,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+// The runtime is one shared library that every emulated kernel library links to, so its
+// thread-local state (the current fiber, counted with the initial-exec model on the hot path)
+// exists once per process and fits the static TLS a dlopen()ed library may use.
+#pragma GCC visibility push(default)
+
 namespace jaxtile {
 struct idx3;
 namespace emu {
@@ -128,3 +133,5 @@ int launch(const KernelSpec* spec, const void* packed_args, int32_t num_args);
 
 }  // namespace emu
 }  // namespace jaxtile
+
+#pragma GCC visibility pop

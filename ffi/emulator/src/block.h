@@ -137,7 +137,8 @@ void complete_collective(Block& b, uint32_t warp, Collective& c);
 
 // ---- memory (memory.cc) ----
 void reset_block_memory(Block& b, uint64_t static_capacity);
-void land_copies(Fiber& f, uint64_t before_group, uint32_t line);
+// Lands the copies of `f` in groups below `before_group` (in issue order).
+void land_copies(Fiber& f, uint64_t before_group);
 void sync_clocks(Block& b, const uint32_t* tids, size_t n);
 void reset_clocks(Block& b);
 bool check_shared(Fiber& f, const Region* r, const char* addr, uint32_t bytes, int kind,

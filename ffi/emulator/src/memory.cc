@@ -274,15 +274,16 @@ void cp_async(const Region* dst_r, void* dst, const Region* src_r, const void* s
 
 void cp_async_commit() { ++t_fiber->open_group; }
 
-void land_copies(Fiber& f, uint64_t before_group, uint32_t line) {
+void land_copies(Fiber& f, uint64_t before_group) {
   Block& b = *f.block;
   while (f.copies_head < f.copies.size() && f.copies[f.copies_head].group < before_group) {
     const PendingCopy& c = f.copies[f.copies_head++];
     if (g_checks) {
       const uint64_t first = static_cast<uint64_t>(c.dst - b.smem);
       for (uint32_t i = 0; i < c.bytes; ++i) --b.shadow[first + i].pending;
-      // The copy writes when it is retired, as this thread, at the wait.
-      check_shared(f, c.region, c.dst, c.bytes, kWrite, line != 0 ? line : c.line);
+      // The copy writes when it is retired, as this thread, at the wait; reports name the
+      // cp.async that issued it.
+      check_shared(f, c.region, c.dst, c.bytes, kWrite, c.line);
     }
     std::memcpy(c.dst, c.data, c.bytes);
   }
@@ -292,14 +293,14 @@ void land_copies(Fiber& f, uint64_t before_group, uint32_t line) {
   }
 }
 
-void cp_async_wait(int pending, uint32_t line) {
+void cp_async_wait(int pending, uint32_t) {
   Fiber* f = t_fiber;
   // Groups committed so far: open_group. At most `pending` of the newest may stay in flight;
   // the open (uncommitted) group is not waited for.
   const uint64_t committed = f->open_group;
   const uint64_t limit =
       committed > static_cast<uint64_t>(pending) ? committed - static_cast<uint64_t>(pending) : 0;
-  land_copies(*f, limit, line);
+  land_copies(*f, limit);
 }
 
 // ---- atomics ----

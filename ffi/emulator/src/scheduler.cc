@@ -166,7 +166,7 @@ void fiber_main(Fiber* f) {
     report(kWarning, "cp.async-unwaited",
            thread_name(b, f->tid) + " exited with cp.async copies it never waited for (" +
                where(b, f->copies[f->copies_head].line) + ")");
-    land_copies(*f, UINT64_MAX, 0);
+    land_copies(*f, UINT64_MAX);
   }
   f->state = kDone;
   ++b.done;

@@ -2,6 +2,7 @@
 
 import pytest
 
+
 @pytest.fixture(scope="session", autouse=True)
 def emulator_cache(tmp_path_factory):
     """Keep the emulator's build products in one cache per test session, unless the

@@ -14,6 +14,11 @@ def _gemm_args(M, N, K):
     return a, b, np.zeros((M, N), np.float32)
 
 
+def _wait_off_by_one():
+    return mutate(kernel_source("gemm_f16"), "wait", "cp_async_wait<STAGES - 2>",
+                  "cp_async_wait<STAGES - 1>")
+
+
 def _messages(report, severity="error"):
     return [f["message"] for f in report["findings"] if f["severity"] == severity]
 
@@ -30,7 +35,7 @@ def test_removed_barrier_is_a_race():
 
 
 def test_wait_group_off_by_one_is_a_hazard():
-    src = mutate(kernel_source("gemm_f16"), "wait", "cp_async_wait<STAGES - 2>", "cp_async_wait<STAGES - 1>")
+    src = _wait_off_by_one()
     with pytest.raises(EmulatorError, match="cp.async hazard") as e:
         gemm(128, 128, 96, src).run(*_gemm_args(128, 128, 96))
     assert any("still in flight" in m for m in _messages(e.value.report))
@@ -39,7 +44,7 @@ def test_wait_group_off_by_one_is_a_hazard():
 def test_wait_group_off_by_one_gives_stale_data_with_checks_off():
     # Without the hazard check the copy still lands only at its wait: the result is wrong,
     # not right by luck.
-    src = mutate(kernel_source("gemm_f16"), "wait", "cp_async_wait<STAGES - 2>", "cp_async_wait<STAGES - 1>")
+    src = _wait_off_by_one()
     kernel = gemm(128, 128, 96, src)
     a, b, c = _gemm_args(128, 128, 96)
     kernel.set_checks(False)
@@ -67,8 +72,10 @@ def test_out_of_bounds_is_reported_with_its_line():
 
 def test_barrier_in_a_branch_is_a_deadlock():
     source = kernel_source("block_sum")
-    src = source.replace("    if (t < s) buf[t] += buf[t + s];\n    jaxtile::sync_threads();",
-                         "    if (t < s) {\n      buf[t] += buf[t + s];\n      jaxtile::sync_threads();\n    }")
+    src = source.replace(
+        "    if (t < s) buf[t] += buf[t + s];\n    jaxtile::sync_threads();",
+        "    if (t < s) {\n      buf[t] += buf[t + s];\n      jaxtile::sync_threads();\n    }",
+    )
     assert src != source
     with pytest.raises(EmulatorError, match="deadlock") as e:
         block_sum(2, src).run(np.ones(256, np.float32), np.zeros(2, np.float32))
@@ -111,7 +118,8 @@ def test_uninitialised_shared_read_is_a_warning():
     report = kernel.run(np.ones(64, np.float32), np.zeros(64, np.float32))
     warnings = _messages(report, "warning")
     assert _messages(report) == []
-    assert len(warnings) == 1 and "uninitialised read" in warnings[0] and "halves.cu:9" in warnings[0]
+    assert len(warnings) == 1
+    assert "uninitialised read" in warnings[0] and "halves.cu:9" in warnings[0]
     # 32 threads x 4 bytes each, counted under one finding.
     assert report["findings"][0]["count"] == 32 * 4
 

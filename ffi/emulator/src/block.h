@@ -14,6 +14,14 @@ namespace emu {
 
 struct Block;
 
+// One lane's part of a warp-wide shared access, for bank-conflict counting.
+struct BankAccess {
+  uint32_t line;
+  uint32_t lane;
+  uint64_t offset;  // from the start of the block's shared memory
+  uint32_t bytes;
+};
+
 // A copy issued by cp.async, waiting for the wait_group that retires its group.
 struct PendingCopy {
   char* dst;
@@ -109,6 +117,7 @@ struct Block {
   std::vector<Cell> shadow;
   uint32_t gen = 1;
   std::vector<uint32_t> vc;  // nthreads x nthreads vector clocks, row per thread
+  std::vector<std::vector<BankAccess>> bank_log;  // per thread, since the warp converged
 
   Barrier barriers[16];
   std::vector<Collective> collectives;  // kCollectivesPerWarp per warp
@@ -143,10 +152,14 @@ void sync_clocks(Block& b, const uint32_t* tids, size_t n);
 void reset_clocks(Block& b);
 bool check_shared(Fiber& f, const Region* r, const char* addr, uint32_t bytes, int kind,
                   uint32_t line);
-// Bank conflicts of one warp-wide access: `addrs` are the byte offsets each participating lane
-// touches (`bytes` each); the access is counted under source line `line`.
-void count_banks(Block& b, uint32_t line, const uint64_t* offs, const uint32_t* bytes, int n,
-                 int phases);
+// Counts the wavefronts of one warp-wide access (all entries belong to the same instruction
+// instance) under its source line.
+void count_banks(BankAccess* accesses, size_t n);
+// Pairs up the logged shared accesses of warp `warp` since its last convergence point (the
+// k-th access of each lane at a line is one instruction) and counts their bank conflicts.
+void flush_bank_log(Block& b, uint32_t warp);
+// Logs one shared access of `f` for flush_bank_log.
+void log_bank_access(Fiber& f, const char* addr, uint32_t bytes, uint32_t line);
 
 // ---- reports (report.cc) ----
 enum Severity : int { kWarning = 0, kError = 1 };

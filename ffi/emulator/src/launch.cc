@@ -10,8 +10,10 @@
 #include "block.h"
 
 // Filled by jaxtile's kernel loader with its error hook (see ffi/library.cc).
-extern "C" __attribute__((visibility("default"))) void (*__TVMFFIErrorSetRaisedFromCStr)(
+extern "C" {
+__attribute__((visibility("default"))) void (*__TVMFFIErrorSetRaisedFromCStr)(
     const char* kind, const char* message) = nullptr;
+}
 
 // Turns the costly checks on (1) or off (0) for later launches; returns the previous value.
 extern "C" __attribute__((visibility("default"))) int jaxtile_emu_set_checks(int on) {

@@ -203,6 +203,9 @@ void run_block(Block& b) {
   fiber_switch(&b.main_sp, first->sp);
   t_fiber = nullptr;
   if (!b.aborted && b.done < b.nthreads) report_deadlock(b);
+  if (g_checks) {
+    for (uint32_t w = 0; w < b.nwarps; ++w) flush_bank_log(b, w);
+  }
 }
 
 // ---- device-facing entry points ----
@@ -250,6 +253,7 @@ void barrier(unsigned id, unsigned nthreads, bool whole_block, uint32_t line) {
   }
   if (g_checks) {
     if (bar.expected == b.nthreads) {
+      for (uint32_t w = 0; w < b.nwarps; ++w) flush_bank_log(b, w);
       reset_clocks(b);
     } else {
       sync_clocks(b, bar.arrived.data(), bar.arrived.size());

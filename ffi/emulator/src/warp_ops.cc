@@ -54,8 +54,8 @@ void ldmatrix(Block& b, uint32_t warp, Collective& c) {
   const int count = c.arg[0] & 7;
   const bool trans = (c.arg[0] & 16) != 0;
   uint16_t m[4][8][8];
-  uint64_t offs[32];
-  uint32_t sizes[32];
+  BankAccess rows[32];
+  size_t nrows = 0;
   for (int j = 0; j < count; ++j) {
     for (int r = 0; r < 8; ++r) {
       const uint32_t lane = static_cast<uint32_t>(8 * j + r);
@@ -63,8 +63,6 @@ void ldmatrix(Block& b, uint32_t warp, Collective& c) {
       Fiber& f = b.fibers[warp * 32 + lane];
       const uint32_t line = c.lines[lane];
       std::memset(m[j][r], 0, sizeof m[j][r]);
-      offs[8 * j + r] = 0;
-      sizes[8 * j + r] = 0;
       if (in->region->space != kShared && in->region->space != kNull) {
         report(kError, "ldmatrix-space@" + std::to_string(line),
                "ldmatrix at " + where(b, line) + ": " + thread_name(b, f.tid) +
@@ -80,15 +78,14 @@ void ldmatrix(Block& b, uint32_t warp, Collective& c) {
       }
       Fiber* saved = t_fiber;
       t_fiber = &f;  // the read is this lane's
-      const bool ok = access(in->region, in->addr, 16, kRead, line);
+      const bool ok = access(in->region, in->addr, 16, kRead | kNoBankLog, line);
       t_fiber = saved;
       if (!ok) continue;
       std::memcpy(m[j][r], in->addr, 16);
-      offs[8 * j + r] = static_cast<uint64_t>(in->addr - b.smem);
-      sizes[8 * j + r] = 16;
+      rows[nrows++] = {line, lane, static_cast<uint64_t>(in->addr - b.smem), 16};
     }
   }
-  if (g_checks) count_banks(b, c.lines[0], offs, sizes, 8 * count, count);
+  if (g_checks) count_banks(rows, nrows);
   for (uint32_t l = 0; l < 32; ++l) {
     auto* out = static_cast<uint32_t*>(c.out[l]);
     const uint32_t row = l / 4, col = 2 * (l % 4);
@@ -164,6 +161,8 @@ void mma(Collective& c) {
 
 void complete_collective(Block& b, uint32_t warp, Collective& c) {
   add_counter(kCollectiveCount, 1);
+  // The whole warp is here: its lanes' shared accesses since the last such point pair up.
+  if (g_checks && c.mask == 0xffffffffu) flush_bank_log(b, warp);
   switch (c.kind) {
     case kShflXor:
     case kShflDown:

@@ -17,7 +17,8 @@ struct idx3;
 namespace emu {
 
 enum Space : uint8_t { kGlobal = 0, kShared = 1, kNull = 2 };
-enum AccessKind : int { kRead = 1, kWrite = 2, kAtomic = 4 };
+// kNoBankLog: an access already counted for bank conflicts as part of a warp-wide one.
+enum AccessKind : int { kRead = 1, kWrite = 2, kAtomic = 4, kNoBankLog = 8 };
 
 // One allocation device code can reach: a kernel buffer, a shared array or the dynamic shared
 // buffer. Checked pointers carry it so that every access is bounds-checked against it.

@@ -166,7 +166,8 @@ def runtime_library() -> Path:
     sources = sorted(RUNTIME_SOURCES.glob("*.cc"))
     headers = sorted(RUNTIME_SOURCES.glob("*.h")) + _header_files()
     key = hashlib.sha256(
-        "|".join([_hash_files(sources + headers), _compiler_version(cxx), *_FLAGS]).encode()
+        "|".join([_hash_files(sources + headers), _compiler_version(cxx), *_RUNTIME_FLAGS])
+        .encode()
     ).hexdigest()[:24]
     out = cache_dir() / "emulator" / f"libjaxtile_emu-{key}.so"
     if out.exists():

@@ -9,7 +9,7 @@
 
 #include "block.h"
 
-#if !defined(__x86_64__)
+#if !defined(__x86_64__) || defined(JAXTILE_EMU_UCONTEXT)
 #include <ucontext.h>
 #endif
 
@@ -68,7 +68,7 @@ StackPool& stacks() {
 
 }  // namespace
 
-#if defined(__x86_64__)
+#if defined(__x86_64__) && !defined(JAXTILE_EMU_UCONTEXT)
 
 extern "C" void jaxtile_emu_switch(void** save_sp, void* to_sp);
 extern "C" void jaxtile_emu_trampoline();
@@ -128,23 +128,26 @@ void fiber_init(Fiber& f, uint32_t stack_index, uint32_t count) {
 
 // Portable fallback: ucontext, with the saved stack pointer slot pointing at the context.
 namespace {
-thread_local std::vector<ucontext_t> t_contexts;
-thread_local ucontext_t t_main_context;
+// Heap-held: ucontext_t is about 1 KiB, too much for static TLS.
+thread_local std::vector<ucontext_t>* t_contexts = nullptr;
+thread_local ucontext_t* t_main_context = nullptr;
 void start(unsigned hi, unsigned lo) {
   fiber_main(reinterpret_cast<Fiber*>((static_cast<uintptr_t>(hi) << 32) | lo));
 }
 }  // namespace
 
 void fiber_switch(void** save_sp, void* to_sp) {
-  ucontext_t* from = *save_sp != nullptr ? static_cast<ucontext_t*>(*save_sp) : &t_main_context;
+  if (t_main_context == nullptr) t_main_context = new ucontext_t();
+  ucontext_t* from = *save_sp != nullptr ? static_cast<ucontext_t*>(*save_sp) : t_main_context;
   *save_sp = from;
   swapcontext(from, static_cast<ucontext_t*>(to_sp));
 }
 
 void fiber_init(Fiber& f, uint32_t stack_index, uint32_t count) {
-  if (t_contexts.size() < count) t_contexts.resize(count);
+  if (t_contexts == nullptr) t_contexts = new std::vector<ucontext_t>();
+  if (t_contexts->size() < count) t_contexts->resize(count);
   char* top = stacks().top(stack_index, count);
-  ucontext_t& c = t_contexts[stack_index];
+  ucontext_t& c = (*t_contexts)[stack_index];
   getcontext(&c);
   c.uc_stack.ss_sp = top - stack_bytes();
   c.uc_stack.ss_size = stack_bytes();

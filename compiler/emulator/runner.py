@@ -102,7 +102,10 @@ class EmulatedKernel:
         try:
             _ffi.call_kernel(self.key, list(arrays))
         except RuntimeError as e:
-            raise EmulatorError(str(e), self.report()) from None
+            # Drop the registry's "kernel '<key>' failed: RuntimeError:" prefix.
+            message = str(e)
+            start = message.find("emulated kernel")
+            raise EmulatorError(message[start:] if start >= 0 else message, self.report()) from None
         return self.report()
 
     def ffi_call(self, out_shapes: Sequence[tuple[tuple[int, ...], Any]], *operands: Any) -> Any:

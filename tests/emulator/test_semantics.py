@@ -59,7 +59,8 @@ def test_named_barrier_orders_its_group(named_groups):
 def test_named_barrier_does_not_order_other_groups(named_groups):
     x = np.arange(128, dtype=np.float32)
     # Group 0 passes its barrier and reads group 1's slots before group 1 wrote them.
-    with pytest.raises(EmulatorError, match=r"data race \(write after read\) on shared array 'buf'"):
+    race = r"data race \(write after read\) on shared array 'buf'"
+    with pytest.raises(EmulatorError, match=race):
         named_groups.run(x, np.array([1], np.int32), np.zeros(128, np.float32))
 
 

@@ -182,6 +182,18 @@ def runtime_library() -> Path:
     return out
 
 
+def _scalar_literal(p: Scalar) -> str:
+    value = p.value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return f"{value}LL" if not -(2**31) <= value < 2**31 else str(value)
+    if isinstance(value, float) and np.isfinite(value):
+        single = float(np.float32(value))
+        return f"{single!r}f" if single == value else repr(value)
+    raise ToolchainError(f"scalar '{p.name}': {value!r} cannot be a constant of the launch shim")
+
+
 def launch_shim(kernel: str, params: Sequence[Param], launch: LaunchConfig, file: str) -> str:
     """C++ appended to the device source: the `__tvm_ffi_<kernel>` entry point.
 
@@ -200,7 +212,7 @@ def launch_shim(kernel: str, params: Sequence[Param], launch: LaunchConfig, file
             )
             index += 1
         else:
-            args.append(repr(p.value) + ("f" if isinstance(p.value, float) else ""))
+            args.append(_scalar_literal(p))
     names = ", ".join(f'"{p.name}"' for p in buffers)
     sizes = ", ".join(str(p.itemsize) for p in buffers)
     g, blk = launch.grid, launch.block

@@ -97,6 +97,17 @@ def test_shuffle_mask_omitting_active_lanes_is_reported():
     assert any("omits the calling lane" in m and where in m for m in messages)
 
 
+def test_shuffle_after_some_lanes_exited_is_a_deadlock():
+    source = kernel_source("softmax_rows")
+    src = source.replace("if (row >= rows) return;", "if (row >= rows || lane >= 16) return;")
+    assert src != source
+    with pytest.raises(EmulatorError, match="deadlock") as e:
+        softmax(4, 64, src).run(np.zeros((4, 64), np.float32), np.zeros((4, 64), np.float32))
+    msg = _messages(e.value.report)[0]
+    assert f"shfl_xor (mask 0xffffffff) at softmax_rows.cu:{marked_line(source, 'mask')}" in msg
+    assert "reached by threads 0-15" in msg and "missing: threads 16-31 exited" in msg
+
+
 _UNINIT = """
 #include <jaxtile/device.h>
 using jaxtile::ptr;

@@ -8,7 +8,8 @@ import pytest
 
 from jaxtile.compiler.cuda.device_rule import device_rule_violations
 from jaxtile.compiler.cuda.toolchain import compile_cubin, parse_ptxas
-from jaxtile.compiler.emulator import ToolchainError, cxx_compiler
+from jaxtile.compiler.emulator import Scalar, ToolchainError, cxx_compiler
+from jaxtile.compiler.emulator.build import _scalar_literal
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -66,6 +67,19 @@ def test_missing_nvcc_says_what_to_install(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     with pytest.raises(ToolchainError, match="install the CUDA toolkit"):
         compile_cubin("", "sm_80")
+
+
+@pytest.mark.parametrize(
+    "value,literal",
+    [(True, "true"), (7, "7"), (2**40, "1099511627776LL"), (0.5, "0.5f"), (0.1, "0.1")],
+)
+def test_scalar_literals(value, literal):
+    assert _scalar_literal(Scalar("s", value)) == literal
+
+
+def test_non_finite_scalar_is_rejected():
+    with pytest.raises(ToolchainError, match="scalar 's'"):
+        _scalar_literal(Scalar("s", float("inf")))
 
 
 def test_parse_ptxas_report():

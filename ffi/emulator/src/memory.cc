@@ -10,6 +10,9 @@
 namespace jaxtile {
 namespace emu {
 
+// sm_90's opt-in maximum of static plus dynamic shared memory per block.
+constexpr uint64_t kMaxSharedPerBlock = 227 * 1024;
+
 const Region kNullRegion{nullptr, 0, "null pointer", kNull};
 int g_checks = 1;
 
@@ -262,12 +265,13 @@ void* shared_array(uint64_t bytes, const char* name, const Region** region, uint
   }
   const uint64_t offset = (b.smem_static + 15) / 16 * 16;
   const uint64_t static_capacity = b.smem_capacity - b.spec->dynamic_smem;
-  if (offset + bytes > static_capacity || b.regions.size() == b.regions.capacity()) {
+  if (offset + bytes > static_capacity || b.regions.size() == b.regions.capacity() ||
+      offset + bytes + b.spec->dynamic_smem > kMaxSharedPerBlock) {
     report(kError, "shared-size",
            "shared array '" + std::string(name) + "' at " + where(b, line) + " needs " +
                std::to_string(bytes) + " bytes at offset " + std::to_string(offset) +
-               ", beyond the " + std::to_string(static_capacity) +
-               " bytes of static shared memory a block may have (48 KiB)");
+               ", beyond the static shared memory a block may have (48 KiB, and 227 KiB with "
+               "the dynamic shared memory)");
     abort_block(f);
   }
   b.smem_static = offset + bytes;

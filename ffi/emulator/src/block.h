@@ -53,14 +53,15 @@ struct Fiber {
 
 // Shadow state of one byte of shared memory. `gen` is the block-wide barrier generation the
 // access epochs belong to: a whole-block barrier orders everything before it, so an older
-// generation means "no concurrent access".
+// generation means "no concurrent access". Generations and block serial numbers only grow
+// on a CPU thread, so the shadow is reused from block to block without clearing.
 struct Cell {
   uint32_t gen;
   uint32_t wclk, rclk;    // vector-clock epochs of the last write and the last read
   uint16_t wtid, rtid;    // their threads (kNoThread if none in this generation)
   uint32_t wline, rline;  // their source lines
-  uint8_t written;        // any thread wrote it in this block
-  uint8_t pending;        // cp.async copies in flight to it
+  uint32_t written;       // serial number of the last block that wrote it
+  uint32_t pending;       // cp.async copies in flight to it
 };
 constexpr uint16_t kNoThread = 0xffff;
 
@@ -115,7 +116,8 @@ struct Block {
 
   // Checks.
   std::vector<Cell> shadow;
-  uint32_t gen = 1;
+  uint32_t gen = 0;
+  uint32_t serial = 0;  // of the block on this CPU thread, from 1
   std::vector<uint32_t> vc;  // nthreads x nthreads vector clocks, row per thread
   std::vector<std::vector<BankAccess>> bank_log;  // per thread, since the warp converged
 

@@ -89,12 +89,12 @@ bool check_shared(Fiber& f, const Region* r, const char* addr, uint32_t bytes, i
                  "cp_async_wait)");
     }
     if (kind & kAtomic) {
-      c.written = 1;
+      c.written = b.serial;
       continue;
     }
     const bool w_conflict = c.wtid != kNoThread && c.wtid != me && my_clock[c.wtid] < c.wclk;
     if (kind & kRead) {
-      if (!c.written) {
+      if (c.written != b.serial) {
         report(kWarning, "uninit:" + std::to_string(line),
                "uninitialised read: " + thread_name(b, me) + " reads " + region_name(r) +
                    " at byte offset " + std::to_string(addr + i - r->base) + " at " +
@@ -117,7 +117,7 @@ bool check_shared(Fiber& f, const Region* r, const char* addr, uint32_t bytes, i
       c.wclk = now;
       c.wline = line;
       c.rtid = kNoThread;
-      c.written = 1;
+      c.written = b.serial;
     }
   }
   return true;
@@ -238,7 +238,17 @@ void reset_block_memory(Block& b, uint64_t static_capacity) {
   b.regions.reserve(64 + static_cast<size_t>(b.spec->num_buffers));
   b.dynamic_region = Region{b.smem + static_capacity, dyn, "dynamic shared memory", kShared};
   if (g_checks) {
-    b.shadow.assign(b.smem_capacity, Cell{0, 0, 0, kNoThread, kNoThread, 0, 0, 0, 0});
+    // A block that was abandoned (fatal error, deadlock) may leave copies marked in flight.
+    const bool clean = b.serial != 0 && !b.aborted && b.done == b.nthreads;
+    if (!clean || b.serial == UINT32_MAX || b.gen > UINT32_MAX - (1u << 24)) {
+      b.shadow.clear();
+      b.serial = 0;
+      b.gen = 0;
+    }
+    if (b.shadow.size() < b.smem_capacity) {
+      b.shadow.resize(b.smem_capacity, Cell{0, 0, 0, kNoThread, kNoThread, 0, 0, 0, 0});
+    }
+    ++b.serial;
     b.vc.assign(static_cast<size_t>(b.nthreads) * b.nthreads, 0u);
     b.bank_log.resize(b.nthreads);
     for (auto& log : b.bank_log) log.clear();

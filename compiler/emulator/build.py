@@ -23,8 +23,18 @@ import numpy as np
 
 from ..cache import cache_dir
 
-# Source layout: in a checkout the C++ lives in ffi/ beside compiler/.
-_FFI_DIR = Path(__file__).resolve().parents[2] / "ffi"
+
+def _ffi_dir() -> Path:
+    # In a checkout the C++ lives in ffi/ beside compiler/; an installed wheel carries the
+    # device header and the emulator sources in jaxtile/ffi/ (see CMakeLists.txt).
+    here = Path(__file__).resolve()
+    for candidate in (here.parents[2] / "ffi", here.parents[1] / "ffi"):
+        if (candidate / "device" / "jaxtile" / "device.h").exists():
+            return candidate
+    return here.parents[2] / "ffi"
+
+
+_FFI_DIR = _ffi_dir()
 DEVICE_INCLUDE = _FFI_DIR / "device"
 EMULATOR_INCLUDE = _FFI_DIR / "emulator" / "include"
 RUNTIME_SOURCES = _FFI_DIR / "emulator" / "src"

@@ -136,3 +136,16 @@ def test_dtype_mismatch_is_rejected():
                                       Buffer("y", "float32")], (1, 1, 1), (32, 1, 1))
     with pytest.raises(ValueError, match="buffer 'x' must be float32"):
         kernel.run(np.zeros(32, np.float64), np.zeros(1, np.int32), np.zeros(32, np.float32))
+
+
+def test_write_after_several_concurrent_readers_is_checked_against_each():
+    kernel = _build("late_reader", [Buffer("x", "float32"), Buffer("y", "float32")],
+                    (1, 1, 1), (128, 1, 1))
+    with pytest.raises(EmulatorError, match=r"data race \(write after read\)") as e:
+        kernel.run(np.ones(32, np.float32), np.zeros(128, np.float32))
+    races = [f for f in e.value.report["findings"] if "write after read" in f["message"]]
+    # The unordered readers are in warps 2 and 3, never warp 1 (ordered by the named barrier),
+    # although warp 1 read last: every byte of the 32 floats is reported, not just those whose
+    # last reader happened to be in warp 2 or 3.
+    assert len(races) == 1 and sum(f["count"] for f in races) == 32 * 4
+    assert "[warp 2" in races[0]["message"] or "[warp 3" in races[0]["message"]

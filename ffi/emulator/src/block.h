@@ -55,13 +55,21 @@ struct Fiber {
 // access epochs belong to: a whole-block barrier orders everything before it, so an older
 // generation means "no concurrent access". Generations and block serial numbers only grow
 // on a CPU thread, so the shadow is reused from block to block without clearing.
+// Reads are kept as a set of up to kReadSlots epochs not ordered with each other (a read
+// ordered after an earlier one replaces it: a write ordered after the later read is ordered
+// after both); beyond that the oldest is forgotten.
+constexpr int kReadSlots = 4;
 struct Cell {
   uint32_t gen;
-  uint32_t wclk, rclk;    // vector-clock epochs of the last write and the last read
-  uint16_t wtid, rtid;    // their threads (kNoThread if none in this generation)
-  uint32_t wline, rline;  // their source lines
-  uint32_t written;       // serial number of the last block that wrote it
-  uint32_t pending;       // cp.async copies in flight to it
+  uint32_t wclk;           // vector-clock epoch of the last write in this generation
+  uint32_t wline;          // its source line
+  uint16_t wtid;           // its thread (kNoThread if none)
+  uint16_t nreads;         // read epochs held
+  uint32_t written;        // serial number of the last block that wrote it
+  uint32_t pending;        // cp.async copies in flight to it
+  uint16_t rtid[kReadSlots];
+  uint32_t rclk[kReadSlots];
+  uint32_t rline[kReadSlots];
 };
 constexpr uint16_t kNoThread = 0xffff;
 

@@ -78,7 +78,8 @@ bool check_shared(Fiber& f, const Region* r, const char* addr, uint32_t bytes, i
     Cell& c = b.shadow[first + i];
     if (c.gen != b.gen) {
       c.gen = b.gen;
-      c.wtid = c.rtid = kNoThread;
+      c.wtid = kNoThread;
+      c.nreads = 0;
     }
     if (c.pending != 0) {
       report(kError, "cp.async-hazard:" + std::to_string(line),
@@ -103,20 +104,43 @@ bool check_shared(Fiber& f, const Region* r, const char* addr, uint32_t bytes, i
       if (w_conflict) {
         race(b, r, addr + i, "read after write", me, line, "read", c.wtid, c.wline, "wrote");
       }
-      c.rtid = static_cast<uint16_t>(me);
-      c.rclk = now;
-      c.rline = line;
+      // Keep only the reads this one is not ordered after, then add it.
+      int kept = 0;
+      for (int k = 0; k < c.nreads; ++k) {
+        if (c.rtid[k] != me && my_clock[c.rtid[k]] < c.rclk[k]) {
+          c.rtid[kept] = c.rtid[k];
+          c.rclk[kept] = c.rclk[k];
+          c.rline[kept] = c.rline[k];
+          ++kept;
+        }
+      }
+      if (kept == kReadSlots) {  // forget the oldest
+        for (int k = 1; k < kReadSlots; ++k) {
+          c.rtid[k - 1] = c.rtid[k];
+          c.rclk[k - 1] = c.rclk[k];
+          c.rline[k - 1] = c.rline[k];
+        }
+        --kept;
+      }
+      c.rtid[kept] = static_cast<uint16_t>(me);
+      c.rclk[kept] = now;
+      c.rline[kept] = line;
+      c.nreads = static_cast<uint16_t>(kept + 1);
     } else {
       if (w_conflict) {
         race(b, r, addr + i, "write after write", me, line, "wrote", c.wtid, c.wline, "wrote");
       }
-      if (c.rtid != kNoThread && c.rtid != me && my_clock[c.rtid] < c.rclk) {
-        race(b, r, addr + i, "write after read", me, line, "wrote", c.rtid, c.rline, "read");
+      for (int k = 0; k < c.nreads; ++k) {
+        if (c.rtid[k] != me && my_clock[c.rtid[k]] < c.rclk[k]) {
+          race(b, r, addr + i, "write after read", me, line, "wrote", c.rtid[k], c.rline[k],
+               "read");
+          break;
+        }
       }
       c.wtid = static_cast<uint16_t>(me);
       c.wclk = now;
       c.wline = line;
-      c.rtid = kNoThread;
+      c.nreads = 0;
       c.written = b.serial;
     }
   }
@@ -246,7 +270,9 @@ void reset_block_memory(Block& b, uint64_t static_capacity) {
       b.gen = 0;
     }
     if (b.shadow.size() < b.smem_capacity) {
-      b.shadow.resize(b.smem_capacity, Cell{0, 0, 0, kNoThread, kNoThread, 0, 0, 0, 0});
+      Cell fresh{};
+      fresh.wtid = kNoThread;
+      b.shadow.resize(b.smem_capacity, fresh);
     }
     ++b.serial;
     b.vc.assign(static_cast<size_t>(b.nthreads) * b.nthreads, 0u);

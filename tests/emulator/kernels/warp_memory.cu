@@ -75,3 +75,18 @@ JT_KERNEL void coords(ptr<int> out, ptr<int> passed) {
   passed[b * n + t] = dyn[(t + 1) % n] + 1000 * static_cast<int>(jaxtile::warp_id()) +
                       100000 * static_cast<int>(jaxtile::lane_id());
 }
+
+// Four warps read what warp 0 wrote; warp 1 reads last. Warp 0 then overwrites it after a
+// named barrier with warp 1 only: ordered after warp 1's reads but not after warps 2 and 3's.
+JT_KERNEL void late_reader(ptr<const float> x, ptr<float> y) {
+  JT_SHARED(float, buf, 32);
+  const int t = jaxtile::thread_idx().x;
+  const int lane = t & 31, warp = t >> 5;
+  if (warp == 0) buf[lane] = x[lane];
+  jaxtile::sync_threads();
+  if (warp == 1) jaxtile::sync_warp();
+  const float v = buf[lane];
+  if (warp < 2) jaxtile::barrier_sync(1, 64);
+  if (warp == 0) buf[lane] = v * 2.0f;
+  y[t] = v;
+}

@@ -34,7 +34,19 @@
 //                                                  into one .b32 register (first in the low half)
 #pragma once
 
+#if defined(__CUDACC_RTC__)
+// NVRTC has no C library headers; these are the fixed-width types device code uses.
+typedef signed char int8_t;
+typedef unsigned char uint8_t;
+typedef short int16_t;
+typedef unsigned short uint16_t;
+typedef int int32_t;
+typedef unsigned int uint32_t;
+typedef long long int64_t;
+typedef unsigned long long uint64_t;
+#else
 #include <stdint.h>
+#endif
 
 namespace jaxtile {
 

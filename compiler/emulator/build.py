@@ -39,7 +39,9 @@ DEVICE_INCLUDE = _FFI_DIR / "device"
 EMULATOR_INCLUDE = _FFI_DIR / "emulator" / "include"
 RUNTIME_SOURCES = _FFI_DIR / "emulator" / "src"
 
-_FLAGS = ("-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", "-DJAXTILE_EMULATOR")
+# -Wno-unknown-pragmas: device code's `#pragma unroll` is for nvcc.
+_FLAGS = ("-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", "-Wno-unknown-pragmas",
+          "-DJAXTILE_EMULATOR")
 # The runtime exports what kernels call; its internals stay out of the way of interposition.
 _RUNTIME_FLAGS = ("-std=c++17", "-O2", "-fPIC", "-fno-semantic-interposition",
                   "-DJAXTILE_EMULATOR")

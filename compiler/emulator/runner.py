@@ -111,7 +111,7 @@ class EmulatedKernel:
     def ffi_call(self, out_shapes: Sequence[tuple[tuple[int, ...], Any]], *operands: Any) -> Any:
         """Call the kernel from JAX (inside jit or not): `operands` are the leading buffers,
         `out_shapes` ((shape, dtype) each) the trailing ones. Needs the ``jaxtile_cpu_call``
-        target registered (jaxtile does so on import of its runtime)."""
+        target registered with XLA (importing ``jaxtile.primitives`` does it)."""
         import jax
 
         outs = [jax.ShapeDtypeStruct(s, d) for s, d in out_shapes]

@@ -149,3 +149,26 @@ def test_write_after_several_concurrent_readers_is_checked_against_each():
     # last reader happened to be in warp 2 or 3.
     assert len(races) == 1 and sum(f["count"] for f in races) == 32 * 4
     assert "[warp 2" in races[0]["message"] or "[warp 3" in races[0]["message"]
+
+
+@pytest.fixture(scope="module")
+def vectors():
+    return _build("vectors", [Buffer("x", "float32"), Buffer("shift", "int32"),
+                              Buffer("y", "float32")], (1, 1, 1), (32, 1, 1))
+
+
+def test_vector_accesses(vectors):
+    x = np.arange(128, dtype=np.float32)
+    y = np.zeros(128, np.float32)
+    report = vectors.run(x, np.array([0], np.int32), y)
+    np.testing.assert_array_equal(y.reshape(32, 4), x.reshape(32, 4)[np.arange(32) ^ 1])
+    # 32 lanes x 16 bytes: 4 phases of 8 lanes, each served in one wavefront.
+    banks = report["bank_conflicts"]
+    assert len(banks) == 2
+    assert all(s["wavefronts"] == s["ideal_wavefronts"] == 4 * s["instructions"] for s in banks)
+
+
+def test_misaligned_vector_access_is_reported(vectors):
+    with pytest.raises(EmulatorError, match="misaligned 16-byte access at warp_memory.cu:"):
+        vectors.run(np.zeros(128, np.float32), np.array([1], np.int32),
+                    np.zeros(128, np.float32))

@@ -29,6 +29,7 @@
 //   cp_async_wait<N>()             cp.async.wait_group N
 //   atomic_add / atomic_max / atomic_min / atomic_exch   atom.{add,max,min,exch}
 //   fast_exp2(x)                   ex2.approx.ftz.f32
+//   f32x2, f32x4, u32x2, u32x4                     8/16-byte vectors: ld/st.{v2,v4}
 //   half, bf16, to_float, to_half, to_bf16, to_tf32, pack2   cvt.rn.f16.f32, cvt.rn.bf16.f32,
 //                                                  cvt.rna.tf32.f32, and packing two 16-bit values
 //                                                  into one .b32 register (first in the low half)
@@ -55,6 +56,21 @@ constexpr int kWarpSize = 32;
 
 struct idx3 {
   unsigned x, y, z;
+};
+
+// Vector types for 8- and 16-byte memory accesses (ld/st.v2, .v4): reading or writing one
+// through `ptr_cast<f32x4>(p)[i]` is one access, which must be aligned to its size.
+struct alignas(8) f32x2 {
+  float x, y;
+};
+struct alignas(16) f32x4 {
+  float x, y, z, w;
+};
+struct alignas(8) u32x2 {
+  unsigned x, y;
+};
+struct alignas(16) u32x4 {
+  unsigned x, y, z, w;
 };
 
 // 16-bit float types as raw bits: the same layout everywhere, no vendor header needed (NVRTC

@@ -60,6 +60,22 @@ bool access_out_of_bounds(const Region* r, const void* addr, uint32_t bytes, int
   return false;
 }
 
+bool access_misaligned(const Region* r, const void* addr, uint32_t bytes, int,
+                       uint32_t line) {
+  Fiber* f = t_fiber;
+  std::string who, loc = "line " + std::to_string(line);
+  if (f != nullptr) {
+    who = " by " + thread_name(*f->block, f->tid);
+    loc = where(*f->block, line);
+  }
+  const auto off = static_cast<int64_t>(static_cast<const char*>(addr) - r->base);
+  report(kError, "misaligned:" + std::string(r->name) + ":" + std::to_string(line),
+         "misaligned " + std::to_string(bytes) + "-byte access at " + loc + who + ": " +
+             region_name(r) + " at byte offset " + std::to_string(off) +
+             ", not a multiple of " + std::to_string(bytes));
+  return false;
+}
+
 bool access_shared(const Region* r, const void* addr, uint32_t bytes, int kind,
                    uint32_t line) {
   return check_shared(*t_fiber, r, static_cast<const char*>(addr), bytes, kind, line);

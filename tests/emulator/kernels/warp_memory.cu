@@ -90,3 +90,16 @@ JT_KERNEL void late_reader(ptr<const float> x, ptr<float> y) {
   if (warp == 0) buf[lane] = v * 2.0f;
   y[t] = v;
 }
+
+// Copies x to y through shared memory with 16-byte vector accesses, swapping neighbouring
+// threads' vectors; shift[0] = 1 misaligns every shared vector by 4 bytes.
+JT_KERNEL void vectors(ptr<const float> x, ptr<const int> shift, ptr<float> y) {
+  JT_SHARED(float, buf, 4 * 32 + 4);
+  const int t = jaxtile::thread_idx().x;
+  const jaxtile::f32x4 v = jaxtile::ptr_cast<const jaxtile::f32x4>(x)[t];
+  const ptr<jaxtile::f32x4> tile = jaxtile::ptr_cast<jaxtile::f32x4>(buf + shift[0]);
+  tile[t] = v;
+  jaxtile::sync_threads();
+  const jaxtile::f32x4 w = tile[t ^ 1];
+  jaxtile::ptr_cast<jaxtile::f32x4>(y)[t] = w;
+}

@@ -45,14 +45,16 @@ class Ref {
   Ref(T* a, const Region* r, uint32_t line) : a_(a), r_(r), line_(line) {}
   operator V() const {
     V v{};
-    if (access(r_, a_, sizeof(T), kRead, line_)) memcpy(&v, a_, sizeof(T));
+    if (aligned() && access(r_, a_, sizeof(T), kRead, line_)) memcpy(&v, a_, sizeof(T));
     return v;
   }
   template <class U>
   const Ref& operator=(const U& u) const {
     static_assert(!std::is_const_v<T>, "jaxtile: store through a pointer to const");
     const V v = static_cast<V>(u);
-    if (access(r_, a_, sizeof(T), kWrite, line_)) memcpy(const_cast<V*>(a_), &v, sizeof(T));
+    if (aligned() && access(r_, a_, sizeof(T), kWrite, line_)) {
+      memcpy(const_cast<V*>(a_), &v, sizeof(T));
+    }
     return *this;
   }
   const Ref& operator=(const Ref& o) const { return *this = static_cast<V>(o); }
@@ -82,6 +84,11 @@ class Ref {
   }
 
  private:
+  bool aligned() const {
+    if (reinterpret_cast<uintptr_t>(a_) % alignof(T) == 0) return true;
+    return access_misaligned(r_, a_, sizeof(T), kRead, line_);
+  }
+
   T* a_;
   const Region* r_;
   uint32_t line_;

@@ -43,6 +43,10 @@ extern thread_local uint64_t t_accesses __attribute__((tls_model("initial-exec")
 // skips the access (reads yield zero).
 bool access_out_of_bounds(const Region* r, const void* addr, uint32_t bytes, int kind,
                           uint32_t line);
+// Reports an access whose address is not a multiple of its natural alignment (the GPU faults
+// on it) and returns false: the caller skips it.
+bool access_misaligned(const Region* r, const void* addr, uint32_t bytes, int kind,
+                       uint32_t line);
 // Race, uninitialised-read, cp.async-hazard and bank bookkeeping of a shared access by the
 // current thread. Returns true (the access goes ahead).
 bool access_shared(const Region* r, const void* addr, uint32_t bytes, int kind, uint32_t line);

@@ -32,6 +32,23 @@ constexpr uint32_t kMaxThreads = 1024;
 constexpr uint64_t kMaxStaticShared = 48 * 1024;
 constexpr uint64_t kMaxDynamicShared = 227 * 1024;
 
+// GPUs keep f32 subnormals unless code is compiled with -ftz; XLA runs its computations (and
+// so the threads that call kernels) with subnormals flushed. Blocks run with flushing off,
+// and the caller's state is restored afterwards.
+class GpuFloatingPoint {
+ public:
+#if defined(__x86_64__) || defined(__i386__)
+  GpuFloatingPoint() : saved_(__builtin_ia32_stmxcsr()) {
+    constexpr unsigned kFlushToZero = 0x8000, kDenormalsAreZero = 0x40;
+    __builtin_ia32_ldmxcsr(saved_ & ~(kFlushToZero | kDenormalsAreZero));
+  }
+  ~GpuFloatingPoint() { __builtin_ia32_ldmxcsr(saved_); }
+
+ private:
+  unsigned saved_;
+#endif
+};
+
 int fail(const std::string& message) {
   if (__TVMFFIErrorSetRaisedFromCStr != nullptr) {
     __TVMFFIErrorSetRaisedFromCStr("RuntimeError", message.c_str());
@@ -94,6 +111,7 @@ int launch(const KernelSpec* spec, const void* packed_args, int32_t num_args) {
   }
 
   // Heap-held: this library's thread-local storage must stay small (see runtime.h).
+  GpuFloatingPoint gpu_fp;
   static thread_local Block* block = nullptr;
   if (block == nullptr) block = new Block();
   Block& b = *block;

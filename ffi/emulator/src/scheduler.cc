@@ -1,5 +1,6 @@
 // Running a block: its threads as fibers, switched at barriers and warp collectives, and the
 // deadlock report when no thread can run but some have not finished.
+#include <cstdio>
 #include <string>
 #include <vector>
 

@@ -4,6 +4,7 @@
 #include <sched.h>
 
 #include <atomic>
+#include <cfenv>
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
@@ -31,10 +32,30 @@ void spin_until(Pred done) {
   }
 }
 
+// The floating-point control state of a thread: rounding mode and, on x86, whether subnormals
+// are flushed (XLA runs its computations, and so our kernels' calling thread, with FTZ/DAZ on).
+#if defined(__x86_64__) || defined(__i386__)
+using FpState = unsigned;
+FpState get_fp_state() { return __builtin_ia32_stmxcsr(); }
+void set_fp_state(FpState s) { __builtin_ia32_ldmxcsr(s); }
+#else
+using FpState = std::fenv_t;
+FpState get_fp_state() {
+  std::fenv_t e;
+  std::fegetenv(&e);
+  return e;
+}
+void set_fp_state(const FpState& s) { std::fesetenv(&s); }
+#endif
+
 struct Job {
   void (*task)(void*, int64_t);
   void* ctx;
   int64_t num_tasks;
+  // The caller's floating-point state: workers adopt it for the job, so a chunk computes the
+  // same whichever thread runs it (a worker would otherwise keep the state of the thread that
+  // happened to create the pool).
+  FpState fp_state;
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> done{0};
 };
@@ -87,7 +108,12 @@ class Pool {
       }
       seen = generation_.load();
       active_.fetch_add(1);
-      if (Job* job = current_.load()) run_tasks(*job);
+      if (Job* job = current_.load()) {
+        const FpState own = get_fp_state();
+        set_fp_state(job->fp_state);
+        run_tasks(*job);
+        set_fp_state(own);
+      }
       active_.fetch_sub(1);
     }
   }
@@ -149,7 +175,7 @@ bool set_num_threads(int n) {
 }
 
 bool parallel_run(int64_t num_tasks, void (*task)(void* ctx, int64_t i), void* ctx) {
-  Job job{task, ctx, num_tasks};
+  Job job{task, ctx, num_tasks, get_fp_state()};
   return pool().run(job);
 }
 

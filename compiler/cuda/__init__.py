@@ -1,0 +1,1 @@
+"""The CUDA target's toolchain: nvcc compilation and the device-code rule."""

@@ -1,0 +1,281 @@
+"""Building a CUDA source against the emulator's device header into a CPU kernel library.
+
+The `.cu` text that nvcc compiles is compiled by the machine's C++ compiler with
+``-DJAXTILE_EMULATOR``; a small generated launch shim maps jaxtile's CPU kernel ABI (the tvm-ffi
+packed call ``(block_begin, block_end, DLTensor*...)``) onto the CUDA kernel's parameters with
+the launch geometry baked in. The emulator runtime (``ffi/emulator/src``) is compiled once per
+runtime version into a shared library in the cache directory, next to the kernel libraries
+that link to it; a kernel library then runs behind jaxtile's CPU FFI handler.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..cache import cache_dir
+
+
+def _ffi_dir() -> Path:
+    # In a checkout the C++ lives in ffi/ beside compiler/; an installed wheel carries the
+    # device header and the emulator sources in jaxtile/ffi/ (see CMakeLists.txt).
+    here = Path(__file__).resolve()
+    for candidate in (here.parents[2] / "ffi", here.parents[1] / "ffi"):
+        if (candidate / "device" / "jaxtile" / "device.h").exists():
+            return candidate
+    return here.parents[2] / "ffi"
+
+
+_FFI_DIR = _ffi_dir()
+DEVICE_INCLUDE = _FFI_DIR / "device"
+EMULATOR_INCLUDE = _FFI_DIR / "emulator" / "include"
+RUNTIME_SOURCES = _FFI_DIR / "emulator" / "src"
+
+# -Wno-unknown-pragmas: device code's `#pragma unroll` is for nvcc.
+_FLAGS = ("-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", "-Wno-unknown-pragmas",
+          "-DJAXTILE_EMULATOR")
+# The runtime exports what kernels call; its internals stay out of the way of interposition.
+_RUNTIME_FLAGS = ("-std=c++17", "-O2", "-fPIC", "-fno-semantic-interposition",
+                  "-DJAXTILE_EMULATOR")
+
+# numpy dtype -> the C++ element type device code declares for it.
+_CTYPES = {
+    "float32": "float",
+    "float64": "double",
+    "float16": "::jaxtile::half",
+    "bfloat16": "::jaxtile::bf16",
+    "int8": "int8_t",
+    "uint8": "uint8_t",
+    "int16": "int16_t",
+    "uint16": "uint16_t",
+    "int32": "int",
+    "uint32": "unsigned",
+    "int64": "int64_t",
+    "uint64": "uint64_t",
+}
+
+
+class ToolchainError(RuntimeError):
+    """A compiler is missing or rejected the source; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A pointer parameter of the kernel, bound to the next XLA operand or result."""
+
+    name: str
+    dtype: str
+
+    @property
+    def ctype(self) -> str:
+        """The C++ element type device code sees for this buffer."""
+        try:
+            return _CTYPES[np.dtype(self.dtype).name]
+        except (KeyError, TypeError):
+            raise ToolchainError(
+                f"buffer '{self.name}': dtype {self.dtype!r} has no device element type"
+            ) from None
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class Scalar:
+    """A scalar parameter of the kernel, baked into the launch shim as a constant."""
+
+    name: str
+    value: int | float
+
+
+Param = Buffer | Scalar
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Grid and block extents (x, y, z) and dynamic shared memory, following CUDA's rules."""
+
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    dynamic_smem: int = 0
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks in the grid."""
+        return self.grid[0] * self.grid[1] * self.grid[2]
+
+
+def cxx_compiler() -> str:
+    """The C++ compiler to use: ``$CXX`` or g++ / c++ / clang++ from PATH.
+
+    Raises ToolchainError saying what to install when there is none.
+    """
+    candidates = [os.environ["CXX"]] if os.environ.get("CXX") else []
+    candidates += ["g++", "c++", "clang++"]
+    for name in candidates:
+        path = shutil.which(name)
+        if path:
+            return path
+    raise ToolchainError(
+        "the CUDA emulator needs a C++17 compiler and none was found (tried $CXX, g++, c++, "
+        "clang++): install one, e.g. `apt-get install g++` on Debian/Ubuntu, or set CXX"
+    )
+
+
+def _tvm_ffi_include() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("tvm_ffi")
+    if spec is None or spec.origin is None:
+        raise ToolchainError("the emulator runtime needs the apache-tvm-ffi headers (tvm_ffi)")
+    return Path(spec.origin).parent / "include"
+
+
+def _run(cmd: Sequence[str], what: str) -> None:
+    proc = subprocess.run(list(cmd), capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ToolchainError(f"{what} failed ({' '.join(cmd[:1])}):\n{proc.stderr.strip()}")
+
+
+def _compiler_version(cxx: str) -> str:
+    proc = subprocess.run([cxx, "--version"], capture_output=True, text=True)
+    return proc.stdout.splitlines()[0] if proc.stdout else cxx
+
+
+def _hash_files(paths: Sequence[Path]) -> str:
+    h = hashlib.sha256()
+    for p in sorted(paths):
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def _header_files() -> list[Path]:
+    return sorted(DEVICE_INCLUDE.rglob("*.h")) + sorted(EMULATOR_INCLUDE.rglob("*.h"))
+
+
+def _includes() -> list[str]:
+    return [f"-I{DEVICE_INCLUDE}", f"-I{EMULATOR_INCLUDE}", f"-I{RUNTIME_SOURCES}"]
+
+
+def runtime_library() -> Path:
+    """The emulator runtime as a shared library, compiled on first use and cached by content.
+
+    Every kernel library links to it, so that its state (thread-local fiber pointers, the
+    report sink) exists once per process whatever the number of kernels loaded.
+    """
+    cxx = cxx_compiler()
+    sources = sorted(RUNTIME_SOURCES.glob("*.cc"))
+    headers = sorted(RUNTIME_SOURCES.glob("*.h")) + _header_files()
+    key = hashlib.sha256(
+        "|".join([_hash_files(sources + headers), _compiler_version(cxx), *_RUNTIME_FLAGS])
+        .encode()
+    ).hexdigest()[:24]
+    out = cache_dir() / "emulator" / f"libjaxtile_emu-{key}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        lib = Path(tmp) / out.name
+        cmd = [cxx, *_RUNTIME_FLAGS, *_includes(), f"-I{_tvm_ffi_include()}",
+               *map(str, sources), "-shared", f"-Wl,-soname,{out.name}", "-o", str(lib)]
+        _run(cmd, "compiling the emulator runtime")
+        os.replace(lib, out)
+    return out
+
+
+def _scalar_literal(p: Scalar) -> str:
+    value = p.value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return f"{value}LL" if not -(2**31) <= value < 2**31 else str(value)
+    if isinstance(value, float) and np.isfinite(value):
+        single = float(np.float32(value))
+        return f"{single!r}f" if single == value else repr(value)
+    raise ToolchainError(f"scalar '{p.name}': {value!r} cannot be a constant of the launch shim")
+
+
+def launch_shim(kernel: str, params: Sequence[Param], launch: LaunchConfig, file: str) -> str:
+    """C++ appended to the device source: the `__tvm_ffi_<kernel>` entry point.
+
+    Buffers bind to the packed tensors in order; scalars are constants.
+    """
+    buffers = [p for p in params if isinstance(p, Buffer)]
+    if not buffers:
+        raise ToolchainError(f"kernel '{kernel}' needs at least one buffer parameter")
+    args = []
+    index = 0
+    for p in params:
+        if isinstance(p, Buffer):
+            args.append(
+                f"::jaxtile::ptr<{p.ctype}>(reinterpret_cast<{p.ctype}*>(b[{index}].base), "
+                f"&b[{index}])"
+            )
+            index += 1
+        else:
+            args.append(_scalar_literal(p))
+    names = ", ".join(f'"{p.name}"' for p in buffers)
+    sizes = ", ".join(str(p.itemsize) for p in buffers)
+    g, blk = launch.grid, launch.block
+    return f"""
+// ---- launch shim generated by jaxtile.compiler.emulator.build ----
+namespace {{
+const char* const jt_buffer_names[] = {{{names}}};
+const int32_t jt_buffer_bytes[] = {{{sizes}}};
+void jt_entry(const ::jaxtile::emu::Region* b) {{
+  {kernel}({", ".join(args)});
+}}
+const ::jaxtile::emu::KernelSpec jt_spec = {{
+    "{kernel}", "{file}", {{{g[0]}u, {g[1]}u, {g[2]}u}}, {{{blk[0]}u, {blk[1]}u, {blk[2]}u}},
+    {launch.dynamic_smem}u, {len(buffers)}, jt_buffer_names, jt_buffer_bytes, &jt_entry}};
+}}  // namespace
+extern "C" __attribute__((visibility("default"))) int __tvm_ffi_{kernel}(
+    void*, const void* args, int32_t num_args, void*) {{
+  return ::jaxtile::emu::launch(&jt_spec, args, num_args);
+}}
+"""
+
+
+def build_library(
+    source: str,
+    kernel: str,
+    params: Sequence[Param],
+    launch: LaunchConfig,
+    *,
+    file: str = "kernel.cu",
+) -> Path:
+    """Compile `source` (CUDA text written against jaxtile/device.h) for the emulator.
+
+    Returns the path of a cached shared library exporting ``__tvm_ffi_<kernel>``. `file` is
+    the name reports give the source. Raises ToolchainError with the compiler's messages.
+    """
+    cxx = cxx_compiler()
+    runtime = runtime_library()
+    text = source + launch_shim(kernel, params, launch, file)
+    key = hashlib.sha256(
+        "|".join([text, runtime.name, _compiler_version(cxx), *_FLAGS]).encode()
+    ).hexdigest()[:32]
+    out = cache_dir() / "emulator" / f"{kernel}-{key}.so"
+    if out.exists():
+        return out
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        src = Path(tmp) / file
+        src.write_text(text)
+        lib = Path(tmp) / "kernel.so"
+        # The runtime sits beside the kernel library in the cache: found through $ORIGIN.
+        cmd = [cxx, *_FLAGS, *_includes(), "-x", "c++", str(src), "-x", "none", str(runtime),
+               "-Wl,-rpath,$ORIGIN", "-shared", "-o", str(lib)]
+        _run(cmd, f"compiling '{file}' for the CUDA emulator")
+        os.replace(lib, out)
+    return out

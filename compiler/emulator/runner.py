@@ -1,0 +1,131 @@
+"""Running an emulated CUDA kernel behind jaxtile's CPU FFI handler.
+
+An emulator library exports the same packed ABI as a TVM-built CPU kernel, so it is loaded into
+jaxtile's kernel registry by key and runs through the ``jaxtile_cpu_call`` custom call inside
+``jax.jit`` (blocks split over the handler's thread pool), or directly on numpy arrays.
+This is the runner a ``cuda-emulator`` backend plugs in: specialise -> CUDA source ->
+``EmulatedKernel.build`` -> ``ffi_call``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .build import Buffer, LaunchConfig, Param, build_library
+
+
+class EmulatorError(RuntimeError):
+    """An emulated kernel failed a check (race, out of bounds, deadlock, misuse).
+
+    ``report`` holds every finding of the launch (see EmulatedKernel.report).
+    """
+
+    def __init__(self, message: str, report: dict[str, Any]):
+        super().__init__(message)
+        self.report = report
+
+
+@dataclass
+class EmulatedKernel:
+    """A CUDA kernel compiled for the emulator and loaded into jaxtile's kernel registry."""
+
+    name: str
+    library: Path
+    params: tuple[Param, ...]
+    launch: LaunchConfig
+    key: str = field(init=False)
+    _lib: ctypes.CDLL = field(init=False, repr=False)
+
+    @classmethod
+    def build(
+        cls,
+        source: str,
+        kernel: str,
+        params: Sequence[Param],
+        launch: LaunchConfig,
+        *,
+        file: str = "kernel.cu",
+    ) -> EmulatedKernel:
+        """Compile `source` for the emulator (cached) and load it."""
+        library = build_library(source, kernel, params, launch, file=file)
+        return cls(kernel, library, tuple(params), launch)
+
+    def __post_init__(self) -> None:
+        from jaxtile import _ffi
+
+        self.key = f"emulator:{self.library.stem}"
+        _ffi.load_kernel(self.key, str(self.library), self.name, self.launch.num_blocks, 1)
+        # The same file is already open in this process, so this is the same library instance
+        # whose kernels jaxtile's handler runs.
+        self._lib = ctypes.CDLL(str(self.library))
+        self._lib.jaxtile_emu_take_report.restype = ctypes.c_size_t
+        self._lib.jaxtile_emu_take_report.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        self._lib.jaxtile_emu_set_checks.restype = ctypes.c_int
+        self._lib.jaxtile_emu_set_checks.argtypes = [ctypes.c_int]
+
+    @property
+    def buffers(self) -> tuple[Buffer, ...]:
+        """The pointer parameters, in the order arrays are passed."""
+        return tuple(p for p in self.params if isinstance(p, Buffer))
+
+    def set_checks(self, on: bool) -> None:
+        """Turn the race / uninitialised / cp.async-hazard / bank checks on or off."""
+        self._lib.jaxtile_emu_set_checks(1 if on else 0)
+
+    def report(self) -> dict[str, Any]:
+        """Findings, bank-conflict statistics and counters since the last report (then cleared).
+
+        ``{"findings": [{"severity", "count", "message"}], "bank_conflicts": [{"line",
+        "instructions", "wavefronts", "ideal_wavefronts"}], "counters": {...}}``
+        """
+        size = self._lib.jaxtile_emu_take_report(None, 0)
+        buf = ctypes.create_string_buffer(size + 4096)
+        self._lib.jaxtile_emu_take_report(buf, len(buf))
+        return json.loads(buf.value.decode())
+
+    def run(self, *arrays: np.ndarray) -> dict[str, Any]:
+        """Run the whole grid on C-contiguous numpy arrays (outputs written in place).
+
+        Returns the launch's report; raises EmulatorError if a check failed.
+        """
+        from jaxtile import _ffi
+
+        self._check_arrays(arrays)
+        self.report()  # start from a clean slate
+        try:
+            _ffi.call_kernel(self.key, list(arrays))
+        except RuntimeError as e:
+            # Drop the registry's "kernel '<key>' failed: RuntimeError:" prefix.
+            message = str(e)
+            start = message.find("emulated kernel")
+            raise EmulatorError(message[start:] if start >= 0 else message, self.report()) from None
+        return self.report()
+
+    def ffi_call(self, out_shapes: Sequence[tuple[tuple[int, ...], Any]], *operands: Any) -> Any:
+        """Call the kernel from JAX (inside jit or not): `operands` are the leading buffers,
+        `out_shapes` ((shape, dtype) each) the trailing ones. Needs the ``jaxtile_cpu_call``
+        target registered with XLA (importing ``jaxtile.primitives`` does it)."""
+        import jax
+
+        outs = [jax.ShapeDtypeStruct(s, d) for s, d in out_shapes]
+        result = jax.ffi.ffi_call("jaxtile_cpu_call", outs)(*operands, key=self.key)
+        return result
+
+    def _check_arrays(self, arrays: Sequence[np.ndarray]) -> None:
+        if len(arrays) != len(self.buffers):
+            raise ValueError(
+                f"kernel '{self.name}' takes {len(self.buffers)} buffers, got {len(arrays)}"
+            )
+        for a, b in zip(arrays, self.buffers):
+            if np.dtype(a.dtype) != np.dtype(b.dtype):
+                raise ValueError(
+                    f"kernel '{self.name}': buffer '{b.name}' must be {np.dtype(b.dtype)}, "
+                    f"got {a.dtype}"
+                )

@@ -1,0 +1,95 @@
+// jaxtile's device header: the only way generated device code touches architecture features.
+//
+// Device code written against this header is compiled three ways from the same text:
+//   - by nvcc or NVRTC, where every operation is inline PTX (device_ptx.h);
+//   - by g++ for the SIMT emulator (-DJAXTILE_EMULATOR), where every operation is plain C++
+//     that runs the CUDA threads as fibers on the CPU and checks what they do
+//     (ffi/emulator/include/jaxtile_emu/device_emu.h);
+//   - later by hipcc (a third implementation; not written yet).
+// Outside this header, device code contains no `asm`, no `__shfl*`, no `__syncthreads`, no
+// CUDA builtin variables and no intrinsics: tests/emulator/test_device_rule.py enforces it.
+//
+// The contract (both implementations provide exactly this, in namespace jaxtile):
+//   JT_KERNEL, JT_DEVICE, JT_LAUNCH_BOUNDS(n)      kernel / device-function declarations
+//   JT_SHARED(T, name, count)                      a per-block shared array; `name` is a ptr<T>
+//   ptr<T>                                         a pointer (T* on the GPU; a checked pointer
+//                                                  carrying its allocation in the emulator)
+//   ptr_cast<U>(p), dynamic_shared<T>()            reinterpretation; the dynamic shared buffer
+//   thread_idx() block_idx() block_dim() grid_dim() lane_id() warp_id()
+//   sync_threads()                 bar.sync 0
+//   barrier_sync(id, n)            bar.sync id, n            (named barrier, n % 32 == 0)
+//   sync_warp(mask)                bar.warp.sync mask
+//   shfl_{xor,down,up,idx}(mask, v, x)   shfl.sync.{bfly,down,up,idx}.b32  (4-byte values)
+//   vote_all / vote_any / ballot   vote.sync.{all,any,ballot}
+//   ldmatrix_x{1,2,4}[_trans](r, p)       ldmatrix.sync.aligned.m8n8.x{1,2,4}[.trans].shared.b16
+//   mma_m16n8k16_f16 / _bf16(d, a, b, c)  mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{..}.f32
+//   mma_m16n8k8_tf32(d, a, b, c)          mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32
+//   cp_async<B>(dst, src, src_bytes)      cp.async.ca (B = 4, 8) / cp.async.cg (B = 16), zero-fill
+//   cp_async_commit()              cp.async.commit_group
+//   cp_async_wait<N>()             cp.async.wait_group N
+//   atomic_add / atomic_max / atomic_min / atomic_exch   atom.{add,max,min,exch}
+//   fast_exp2(x)                   ex2.approx.ftz.f32
+//   f32x2, f32x4, u32x2, u32x4                     8/16-byte vectors: ld/st.{v2,v4}
+//   half, bf16, to_float, to_half, to_bf16, to_tf32, pack2   cvt.rn.f16.f32, cvt.rn.bf16.f32,
+//                                                  cvt.rna.tf32.f32, and packing two 16-bit values
+//                                                  into one .b32 register (first in the low half)
+#pragma once
+
+#if defined(__CUDACC_RTC__)
+// NVRTC has no C library headers; these are the fixed-width types device code uses.
+typedef signed char int8_t;
+typedef unsigned char uint8_t;
+typedef short int16_t;
+typedef unsigned short uint16_t;
+typedef int int32_t;
+typedef unsigned int uint32_t;
+typedef long long int64_t;
+typedef unsigned long long uint64_t;
+#else
+#include <stdint.h>
+#endif
+
+namespace jaxtile {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kWarpSize = 32;
+
+struct idx3 {
+  unsigned x, y, z;
+};
+
+// Vector types for 8- and 16-byte memory accesses (ld/st.v2, .v4): reading or writing one
+// through `ptr_cast<f32x4>(p)[i]` is one access, which must be aligned to its size.
+struct alignas(8) f32x2 {
+  float x, y;
+};
+struct alignas(16) f32x4 {
+  float x, y, z, w;
+};
+struct alignas(8) u32x2 {
+  unsigned x, y;
+};
+struct alignas(16) u32x4 {
+  unsigned x, y, z, w;
+};
+
+// 16-bit float types as raw bits: the same layout everywhere, no vendor header needed (NVRTC
+// has none), and conversions go through the header's rounding.
+struct half {
+  uint16_t bits;
+};
+struct bf16 {
+  uint16_t bits;
+};
+
+}  // namespace jaxtile
+
+#if defined(JAXTILE_EMULATOR)
+#include <jaxtile_emu/device_emu.h>
+#elif defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#include "device_ptx.h"
+#elif defined(__HIPCC__)
+#error "jaxtile: the HIP implementation of the device header is not written yet"
+#else
+#error "jaxtile: compile device code with nvcc/NVRTC, or with -DJAXTILE_EMULATOR for the emulator"
+#endif

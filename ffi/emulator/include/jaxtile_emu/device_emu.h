@@ -1,0 +1,377 @@
+// The emulator implementation of jaxtile's device header: plain C++ for g++, running each CUDA
+// thread as a fiber (see runtime.h). Included only through jaxtile/device.h.
+//
+// Every operation takes a trailing `line` argument defaulted to __builtin_LINE(), so reports
+// name the line of the device code that called it; memory accesses get theirs from the index
+// of `p[i]` (see Site).
+#pragma once
+
+#include <math.h>
+#include <string.h>
+
+#include <type_traits>
+
+#include "runtime.h"
+
+#define JT_KERNEL static
+#define JT_DEVICE inline
+#define JT_LAUNCH_BOUNDS(n)
+#define JT_SHARED(T, name, count) \
+  ::jaxtile::ptr<T> name = ::jaxtile::emu::shared_array_of<T>((count), #name, __LINE__)
+
+namespace jaxtile {
+namespace emu {
+
+// An index that remembers the source line of the subscript it came from.
+struct Site {
+  int64_t v;
+  uint32_t line;
+  template <class I, class = std::enable_if_t<std::is_integral_v<I>>>
+  Site(I i, uint32_t l = __builtin_LINE()) : v(static_cast<int64_t>(i)), line(l) {}
+};
+
+template <class T>
+T* offset_(T* p, int64_t n) {
+  // Integer arithmetic: an out-of-bounds pointer must be representable until it is reported.
+  return reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(p) +
+                              static_cast<uintptr_t>(n * static_cast<int64_t>(sizeof(T))));
+}
+
+// An lvalue of device memory: reading or writing it is a checked access.
+template <class T>
+class Ref {
+ public:
+  using V = std::remove_const_t<T>;
+  Ref(T* a, const Region* r, uint32_t line) : a_(a), r_(r), line_(line) {}
+  operator V() const {
+    V v{};
+    if (aligned() && access(r_, a_, sizeof(T), kRead, line_)) memcpy(&v, a_, sizeof(T));
+    return v;
+  }
+  template <class U>
+  const Ref& operator=(const U& u) const {
+    static_assert(!std::is_const_v<T>, "jaxtile: store through a pointer to const");
+    const V v = static_cast<V>(u);
+    if (aligned() && access(r_, a_, sizeof(T), kWrite, line_)) {
+      memcpy(const_cast<V*>(a_), &v, sizeof(T));
+    }
+    return *this;
+  }
+  const Ref& operator=(const Ref& o) const { return *this = static_cast<V>(o); }
+  template <class U>
+  const Ref& operator+=(const U& u) const {
+    return *this = static_cast<V>(static_cast<V>(*this) + u);
+  }
+  template <class U>
+  const Ref& operator-=(const U& u) const {
+    return *this = static_cast<V>(static_cast<V>(*this) - u);
+  }
+  template <class U>
+  const Ref& operator*=(const U& u) const {
+    return *this = static_cast<V>(static_cast<V>(*this) * u);
+  }
+  template <class U>
+  const Ref& operator/=(const U& u) const {
+    return *this = static_cast<V>(static_cast<V>(*this) / u);
+  }
+  template <class U>
+  const Ref& operator|=(const U& u) const {
+    return *this = static_cast<V>(static_cast<V>(*this) | u);
+  }
+  template <class U>
+  const Ref& operator&=(const U& u) const {
+    return *this = static_cast<V>(static_cast<V>(*this) & u);
+  }
+
+ private:
+  bool aligned() const {
+    if (reinterpret_cast<uintptr_t>(a_) % alignof(T) == 0) return true;
+    return access_misaligned(r_, a_, sizeof(T), kRead, line_);
+  }
+
+  T* a_;
+  const Region* r_;
+  uint32_t line_;
+};
+
+// A checked pointer: the address and the allocation it must stay inside.
+template <class T>
+class Ptr {
+ public:
+  Ptr() : p_(nullptr), r_(&kNullRegion) {}
+  Ptr(T* p, const Region* r) : p_(p), r_(r) {}
+  template <class U, class = std::enable_if_t<std::is_convertible_v<U*, T*>>>
+  Ptr(const Ptr<U>& o) : p_(o.raw()), r_(o.region()) {}
+
+  Ref<T> operator[](Site i) const { return Ref<T>(offset_(p_, i.v), r_, i.line); }
+  Ref<T> operator*() const { return Ref<T>(p_, r_, 0); }
+  Ptr operator+(int64_t n) const { return Ptr(offset_(p_, n), r_); }
+  Ptr operator-(int64_t n) const { return Ptr(offset_(p_, -n), r_); }
+  Ptr& operator+=(int64_t n) {
+    p_ = offset_(p_, n);
+    return *this;
+  }
+  Ptr& operator-=(int64_t n) {
+    p_ = offset_(p_, -n);
+    return *this;
+  }
+  int64_t operator-(const Ptr& o) const { return p_ - o.p_; }
+  bool operator==(const Ptr& o) const { return p_ == o.p_; }
+  bool operator!=(const Ptr& o) const { return p_ != o.p_; }
+  bool operator<(const Ptr& o) const { return p_ < o.p_; }
+
+  T* raw() const { return p_; }
+  const Region* region() const { return r_; }
+
+ private:
+  T* p_;
+  const Region* r_;
+};
+
+template <class T>
+Ptr<T> shared_array_of(uint64_t count, const char* name, uint32_t line) {
+  const Region* r = nullptr;
+  void* p = shared_array(count * sizeof(T), name, &r, line);
+  return Ptr<T>(static_cast<T*>(p), r);
+}
+
+template <class T>
+uint32_t bits32_(T v) {
+  static_assert(sizeof(T) == 4, "jaxtile shuffles move 4-byte values");
+  uint32_t u;
+  memcpy(&u, &v, 4);
+  return u;
+}
+template <class T>
+T from_bits32_(uint32_t u) {
+  T v;
+  memcpy(&v, &u, 4);
+  return v;
+}
+template <class T>
+T shuffle_(int kind, unsigned mask, T v, int arg, uint32_t line) {
+  const uint32_t in = bits32_(v);
+  uint32_t out = in;
+  collective(kind, mask, &in, &out, arg, line);
+  return from_bits32_<T>(out);
+}
+template <int Count, bool Trans, class T>
+void ldmatrix_(uint32_t* r, const Ptr<T>& p, uint32_t line) {
+  static_assert(sizeof(T) == 2, "ldmatrix loads 16-bit elements");
+  const LdmatrixIn in{reinterpret_cast<const char*>(p.raw()), p.region()};
+  collective(kLdmatrix, 0xffffffffu, &in, r, Count | (Trans ? 16 : 0), line);
+}
+inline void mma_(int kind, float* d, const uint32_t* a, const uint32_t* b, const float* c,
+                 uint32_t line) {
+  const MmaIn in{a, b, c};
+  collective(kind, 0xffffffffu, &in, d, 0, line);
+}
+
+// ---- 16-bit float conversions, rounding as the hardware's cvt.rn ----
+inline uint16_t f32_to_f16_bits(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  const uint32_t ax = x & 0x7fffffffu;
+  if (ax > 0x7f800000u) return 0x7fff;               // NaN: the canonical f16 NaN
+  if (ax >= 0x477ff000u) return sign | 0x7c00u;       // >= 65520 rounds to infinity
+  if (ax >= 0x38800000u) {                            // normal f16 (>= 2^-14)
+    const uint32_t e = ax - 0x38000000u;              // rebias the exponent 127 -> 15
+    const uint32_t r = e + 0xfffu + ((e >> 13) & 1u); // round to nearest even on bit 13
+    return static_cast<uint16_t>(sign | (r >> 13));
+  }
+  // Subnormal f16 (kept, as cvt.rn.f16.f32 does): a multiple of 2^-24, rounded half to even
+  // by nearbyintf in the default rounding mode; the scaling by 2^24 is exact.
+  float a;
+  memcpy(&a, &ax, 4);
+  return static_cast<uint16_t>(sign | static_cast<uint16_t>(nearbyintf(a * 16777216.0f)));
+}
+inline float f16_bits_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t man = h & 0x3ffu;
+  uint32_t x;
+  if (exp == 0) {
+    float f = static_cast<float>(man) * 5.9604644775390625e-08f;  // man * 2^-24, exact
+    memcpy(&x, &f, 4);
+    x |= sign;
+  } else if (exp == 31) {
+    x = sign | 0x7f800000u | (man << 13);
+  } else {
+    x = sign | ((exp + 112u) << 23) | (man << 13);
+  }
+  float f;
+  memcpy(&f, &x, 4);
+  return f;
+}
+inline uint16_t f32_to_bf16_bits(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return 0x7fff;
+  return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+}  // namespace emu
+
+template <class T>
+using ptr = emu::Ptr<T>;
+
+template <class U, class T>
+ptr<U> ptr_cast(const ptr<T>& p) {
+  return ptr<U>(reinterpret_cast<U*>(p.raw()), p.region());
+}
+
+template <class T>
+ptr<T> dynamic_shared() {
+  const emu::Region* r = nullptr;
+  void* p = emu::dynamic_shared(&r);
+  return ptr<T>(static_cast<T*>(p), r);
+}
+
+inline idx3 thread_idx() { return emu::cur_thread_idx(); }
+inline idx3 block_idx() { return emu::cur_block_idx(); }
+inline idx3 block_dim() { return emu::cur_block_dim(); }
+inline idx3 grid_dim() { return emu::cur_grid_dim(); }
+inline unsigned lane_id() { return emu::cur_lane(); }
+inline unsigned warp_id() { return emu::cur_warp(); }
+
+// ---- barriers ----
+inline void sync_threads(uint32_t line = __builtin_LINE()) { emu::barrier(0, 0, true, line); }
+inline void barrier_sync(unsigned id, unsigned nthreads, uint32_t line = __builtin_LINE()) {
+  emu::barrier(id, nthreads, false, line);
+}
+inline void sync_warp(unsigned mask = kFullMask, uint32_t line = __builtin_LINE()) {
+  emu::collective(emu::kSyncWarp, mask, nullptr, nullptr, 0, line);
+}
+
+// ---- shuffles and votes ----
+template <class T>
+T shfl_xor(unsigned mask, T v, int lane_mask, uint32_t line = __builtin_LINE()) {
+  return emu::shuffle_(emu::kShflXor, mask, v, lane_mask, line);
+}
+template <class T>
+T shfl_down(unsigned mask, T v, int delta, uint32_t line = __builtin_LINE()) {
+  return emu::shuffle_(emu::kShflDown, mask, v, delta, line);
+}
+template <class T>
+T shfl_up(unsigned mask, T v, int delta, uint32_t line = __builtin_LINE()) {
+  return emu::shuffle_(emu::kShflUp, mask, v, delta, line);
+}
+template <class T>
+T shfl_idx(unsigned mask, T v, int src_lane, uint32_t line = __builtin_LINE()) {
+  return emu::shuffle_(emu::kShflIdx, mask, v, src_lane, line);
+}
+inline bool vote_all(unsigned mask, bool pred, uint32_t line = __builtin_LINE()) {
+  return emu::shuffle_(emu::kVoteAll, mask, static_cast<uint32_t>(pred), 0, line) != 0;
+}
+inline bool vote_any(unsigned mask, bool pred, uint32_t line = __builtin_LINE()) {
+  return emu::shuffle_(emu::kVoteAny, mask, static_cast<uint32_t>(pred), 0, line) != 0;
+}
+inline unsigned ballot(unsigned mask, bool pred, uint32_t line = __builtin_LINE()) {
+  return emu::shuffle_(emu::kBallot, mask, static_cast<uint32_t>(pred), 0, line);
+}
+
+// ---- ldmatrix ----
+template <class T>
+void ldmatrix_x1(unsigned (&r)[1], ptr<T> p, uint32_t line = __builtin_LINE()) {
+  emu::ldmatrix_<1, false>(r, p, line);
+}
+template <class T>
+void ldmatrix_x2(unsigned (&r)[2], ptr<T> p, uint32_t line = __builtin_LINE()) {
+  emu::ldmatrix_<2, false>(r, p, line);
+}
+template <class T>
+void ldmatrix_x4(unsigned (&r)[4], ptr<T> p, uint32_t line = __builtin_LINE()) {
+  emu::ldmatrix_<4, false>(r, p, line);
+}
+template <class T>
+void ldmatrix_x1_trans(unsigned (&r)[1], ptr<T> p, uint32_t line = __builtin_LINE()) {
+  emu::ldmatrix_<1, true>(r, p, line);
+}
+template <class T>
+void ldmatrix_x2_trans(unsigned (&r)[2], ptr<T> p, uint32_t line = __builtin_LINE()) {
+  emu::ldmatrix_<2, true>(r, p, line);
+}
+template <class T>
+void ldmatrix_x4_trans(unsigned (&r)[4], ptr<T> p, uint32_t line = __builtin_LINE()) {
+  emu::ldmatrix_<4, true>(r, p, line);
+}
+
+// ---- mma.sync ----
+inline void mma_m16n8k16_f16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2],
+                             const float (&c)[4], uint32_t line = __builtin_LINE()) {
+  emu::mma_(emu::kMmaF16, d, a, b, c, line);
+}
+inline void mma_m16n8k16_bf16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2],
+                              const float (&c)[4], uint32_t line = __builtin_LINE()) {
+  emu::mma_(emu::kMmaBf16, d, a, b, c, line);
+}
+inline void mma_m16n8k8_tf32(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2],
+                             const float (&c)[4], uint32_t line = __builtin_LINE()) {
+  emu::mma_(emu::kMmaTf32, d, a, b, c, line);
+}
+
+// ---- cp.async ----
+template <int Bytes, class T, class S>
+void cp_async(ptr<T> dst, ptr<S> src, int src_bytes, uint32_t line = __builtin_LINE()) {
+  static_assert(Bytes == 4 || Bytes == 8 || Bytes == 16, "cp.async copies 4, 8 or 16 bytes");
+  emu::cp_async(dst.region(), const_cast<std::remove_const_t<T>*>(dst.raw()), src.region(),
+                src.raw(), Bytes, src_bytes, line);
+}
+inline void cp_async_commit() { emu::cp_async_commit(); }
+template <int N>
+void cp_async_wait(uint32_t line = __builtin_LINE()) {
+  emu::cp_async_wait(N, line);
+}
+
+// ---- atomics ----
+inline float atomic_add(ptr<float> p, float v, uint32_t line = __builtin_LINE()) {
+  return emu::from_bits32_<float>(
+      emu::atomic_rmw(p.region(), p.raw(), emu::kAddF32, emu::bits32_(v), line));
+}
+inline int atomic_add(ptr<int> p, int v, uint32_t line = __builtin_LINE()) {
+  return static_cast<int>(
+      emu::atomic_rmw(p.region(), p.raw(), emu::kAddI32, static_cast<uint32_t>(v), line));
+}
+inline unsigned atomic_add(ptr<unsigned> p, unsigned v, uint32_t line = __builtin_LINE()) {
+  return emu::atomic_rmw(p.region(), p.raw(), emu::kAddU32, v, line);
+}
+inline int atomic_max(ptr<int> p, int v, uint32_t line = __builtin_LINE()) {
+  return static_cast<int>(
+      emu::atomic_rmw(p.region(), p.raw(), emu::kMaxI32, static_cast<uint32_t>(v), line));
+}
+inline int atomic_min(ptr<int> p, int v, uint32_t line = __builtin_LINE()) {
+  return static_cast<int>(
+      emu::atomic_rmw(p.region(), p.raw(), emu::kMinI32, static_cast<uint32_t>(v), line));
+}
+inline int atomic_exch(ptr<int> p, int v, uint32_t line = __builtin_LINE()) {
+  return static_cast<int>(
+      emu::atomic_rmw(p.region(), p.raw(), emu::kExchI32, static_cast<uint32_t>(v), line));
+}
+
+// ---- fast math ----
+inline float fast_exp2(float x) { return exp2f(x); }
+
+// ---- 16-bit floats and tf32 ----
+inline float to_float(half h) { return emu::f16_bits_to_f32(h.bits); }
+inline float to_float(bf16 h) {
+  const uint32_t x = static_cast<uint32_t>(h.bits) << 16;
+  float f;
+  memcpy(&f, &x, 4);
+  return f;
+}
+inline half to_half(float f) { return half{emu::f32_to_f16_bits(f)}; }
+inline bf16 to_bf16(float f) { return bf16{emu::f32_to_bf16_bits(f)}; }
+// cvt.rna.tf32.f32: round to nearest on the 19 kept bits, ties away from zero.
+inline unsigned to_tf32(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) >= 0x7f800000u) return x;
+  return (x + 0x1000u) & 0xffffe000u;
+}
+template <class T>
+unsigned pack2(T lo, T hi) {
+  return static_cast<unsigned>(lo.bits) | (static_cast<unsigned>(hi.bits) << 16);
+}
+
+}  // namespace jaxtile

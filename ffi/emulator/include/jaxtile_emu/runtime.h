@@ -1,0 +1,142 @@
+// The emulator runtime's interface to device code: what device_emu.h's inline operations call.
+//
+// A CUDA block runs on one CPU thread; its CUDA threads are fibers switched cooperatively at
+// barriers and warp collectives, so nothing here needs locks except the report sink.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+// The runtime is one shared library that every emulated kernel library links to, so its
+// thread-local state (the current fiber, counted with the initial-exec model on the hot path)
+// exists once per process and fits the static TLS a dlopen()ed library may use.
+#pragma GCC visibility push(default)
+
+namespace jaxtile {
+struct idx3;
+namespace emu {
+
+enum Space : uint8_t { kGlobal = 0, kShared = 1, kNull = 2 };
+// kNoBankLog: an access already counted for bank conflicts as part of a warp-wide one.
+enum AccessKind : int { kRead = 1, kWrite = 2, kAtomic = 4, kNoBankLog = 8 };
+
+// One allocation device code can reach: a kernel buffer, a shared array or the dynamic shared
+// buffer. Checked pointers carry it so that every access is bounds-checked against it.
+struct Region {
+  char* base;
+  uint64_t size;
+  const char* name;
+  uint8_t space;
+};
+
+// The region of default-constructed (null) pointers: every access through it is reported.
+extern const Region kNullRegion;
+
+// Non-zero while the costly checks (races, uninitialised reads, cp.async hazards, bank
+// conflicts) are on. Bounds checks are always on: an out-of-bounds access never touches memory.
+extern int g_checks;
+
+// Memory accesses made by device code on this CPU thread (the benchmark's operation count).
+extern thread_local uint64_t t_accesses __attribute__((tls_model("initial-exec")));
+
+// Reports an access outside `r` (or through a null pointer) and returns false: the caller
+// skips the access (reads yield zero).
+bool access_out_of_bounds(const Region* r, const void* addr, uint32_t bytes, int kind,
+                          uint32_t line);
+// Reports an access whose address is not a multiple of its natural alignment (the GPU faults
+// on it) and returns false: the caller skips it.
+bool access_misaligned(const Region* r, const void* addr, uint32_t bytes, int kind,
+                       uint32_t line);
+// Race, uninitialised-read, cp.async-hazard and bank bookkeeping of a shared access by the
+// current thread. Returns true (the access goes ahead).
+bool access_shared(const Region* r, const void* addr, uint32_t bytes, int kind, uint32_t line);
+
+inline bool access(const Region* r, const void* addr, uint32_t bytes, int kind, uint32_t line) {
+  ++t_accesses;
+  const uintptr_t off = reinterpret_cast<uintptr_t>(addr) - reinterpret_cast<uintptr_t>(r->base);
+  if (off > r->size || bytes > r->size - off) {
+    return access_out_of_bounds(r, addr, bytes, kind, line);
+  }
+  if (g_checks && r->space == kShared) return access_shared(r, addr, bytes, kind, line);
+  return true;
+}
+
+// Geometry of the current thread.
+idx3 cur_thread_idx();
+idx3 cur_block_idx();
+idx3 cur_block_dim();
+idx3 cur_grid_dim();
+unsigned cur_lane();
+unsigned cur_warp();
+
+// Barriers: `sync_threads` is barrier 0 over the whole block, whose arrivals must all come
+// from the same source line.
+void barrier(unsigned id, unsigned nthreads, bool whole_block, uint32_t line);
+
+// Warp collectives: every lane named in `mask` must arrive with the same op; the last arrival
+// computes every lane's result from all lanes' inputs.
+enum CollectiveKind : int {
+  kShflXor,
+  kShflDown,
+  kShflUp,
+  kShflIdx,
+  kVoteAll,
+  kVoteAny,
+  kBallot,
+  kSyncWarp,
+  kLdmatrix,  // arg = count (1, 2, 4) | 16 when transposed
+  kMmaF16,
+  kMmaBf16,
+  kMmaTf32,
+};
+struct LdmatrixIn {
+  const char* addr;
+  const Region* region;
+};
+struct MmaIn {
+  const uint32_t* a;
+  const uint32_t* b;
+  const float* c;
+};
+void collective(int kind, unsigned mask, const void* in, void* out, int arg, uint32_t line);
+
+// cp.async: the copy is read now and lands in shared memory at the wait_group that retires it.
+void cp_async(const Region* dst_r, void* dst, const Region* src_r, const void* src, int bytes,
+              int src_bytes, uint32_t line);
+void cp_async_commit();
+void cp_async_wait(int pending, uint32_t line);
+
+// Atomic read-modify-write of 4 bytes at `addr`; op is one of the AtomicOp values.
+enum AtomicOp : int { kAddF32, kAddI32, kAddU32, kMaxI32, kMinI32, kExchI32 };
+uint32_t atomic_rmw(const Region* r, void* addr, int op, uint32_t value, uint32_t line);
+
+// A per-block shared array of `bytes`, the same for every thread of the block: the k-th
+// declaration a thread executes maps to the k-th allocation of its block.
+void* shared_array(uint64_t bytes, const char* name, const Region** region, uint32_t line);
+void* dynamic_shared(const Region** region);
+
+// ---- launching ----
+struct DimSpec {
+  unsigned x, y, z;
+};
+struct KernelSpec {
+  const char* name;
+  const char* file;
+  DimSpec grid, block;
+  uint32_t dynamic_smem;
+  int32_t num_buffers;
+  const char* const* buffer_names;
+  const int32_t* buffer_elem_bytes;
+  // Calls the kernel with its arguments; run by every thread of every block.
+  void (*entry)(const Region* buffers);
+};
+
+// Runs blocks [begin, end) of a kernel from a tvm-ffi packed argument list (block_begin,
+// block_end, then one DLTensor* per buffer). Returns 0, or -1 with the error message set
+// through the tvm-ffi error hook (and kept for jaxtile_emu_take_report).
+int launch(const KernelSpec* spec, const void* packed_args, int32_t num_args);
+
+}  // namespace emu
+}  // namespace jaxtile
+
+#pragma GCC visibility pop

@@ -1,0 +1,191 @@
+// Internal state of the emulator: one Block per CPU thread at a time, its CUDA threads as
+// fibers, and the shadow state the checks keep for its shared memory.
+#pragma once
+
+#include <stdint.h>
+
+#include <string>
+#include <vector>
+
+#include "jaxtile/device.h"
+
+namespace jaxtile {
+namespace emu {
+
+struct Block;
+
+// One lane's part of a warp-wide shared access, for bank-conflict counting.
+struct BankAccess {
+  uint32_t line;
+  uint32_t lane;
+  uint64_t offset;  // from the start of the block's shared memory
+  uint32_t bytes;
+};
+
+// A copy issued by cp.async, waiting for the wait_group that retires its group.
+struct PendingCopy {
+  char* dst;
+  const Region* region;
+  uint32_t bytes;
+  uint32_t line;
+  uint64_t group;
+  unsigned char data[16];
+};
+
+enum FiberState : uint8_t { kReady, kBlocked, kDone };
+enum WaitKind : uint8_t { kNoWait, kWaitBarrier, kWaitCollective };
+
+struct Fiber {
+  void* sp = nullptr;
+  Block* block = nullptr;
+  uint32_t tid = 0;
+  idx3 tidx{0, 0, 0};
+  uint8_t state = kReady;
+  // What a blocked fiber waits for, for deadlock reports.
+  uint8_t wait_kind = kNoWait;
+  uint32_t wait_id = 0;
+  uint32_t wait_line = 0;
+  uint32_t shared_decls = 0;
+  uint64_t open_group = 0;  // id of the cp.async group not yet committed
+  std::vector<PendingCopy> copies;  // in issue order, hence in group order
+  size_t copies_head = 0;
+};
+
+// Shadow state of one byte of shared memory. `gen` is the block-wide barrier generation the
+// access epochs belong to: a whole-block barrier orders everything before it, so an older
+// generation means "no concurrent access". Generations and block serial numbers only grow
+// on a CPU thread, so the shadow is reused from block to block without clearing.
+// Reads are kept as a set of up to kReadSlots epochs not ordered with each other (a read
+// ordered after an earlier one replaces it: a write ordered after the later read is ordered
+// after both); beyond that the oldest is forgotten.
+constexpr int kReadSlots = 4;
+struct Cell {
+  uint32_t gen;
+  uint32_t wclk;           // vector-clock epoch of the last write in this generation
+  uint32_t wline;          // its source line
+  uint16_t wtid;           // its thread (kNoThread if none)
+  uint16_t nreads;         // read epochs held
+  uint32_t written;        // serial number of the last block that wrote it
+  uint32_t pending;        // cp.async copies in flight to it
+  uint16_t rtid[kReadSlots];
+  uint32_t rclk[kReadSlots];
+  uint32_t rline[kReadSlots];
+};
+constexpr uint16_t kNoThread = 0xffff;
+
+struct Barrier {
+  uint32_t expected = 0;
+  uint32_t line = 0;
+  bool whole_block = false;
+  std::vector<uint32_t> arrived;
+};
+
+struct Collective {
+  bool open = false;
+  int kind = 0;
+  unsigned mask = 0;
+  uint32_t line = 0;
+  unsigned arrived = 0;
+  const void* in[32];
+  void* out[32];
+  int arg[32];
+  uint32_t lines[32];
+};
+constexpr int kCollectivesPerWarp = 4;
+
+struct SharedDecl {
+  uint64_t offset, bytes;
+  const char* name;
+  uint32_t line;
+};
+
+struct Block {
+  const KernelSpec* spec = nullptr;
+  const Region* buffers = nullptr;  // the kernel's global buffers, in parameter order
+  idx3 bidx{0, 0, 0};
+  idx3 bdim{1, 1, 1};
+  uint32_t nthreads = 0;
+  uint32_t nwarps = 0;
+
+  std::vector<Fiber> fibers;
+  std::vector<uint32_t> ready;  // ring buffer of fiber ids
+  size_t ready_head = 0, ready_count = 0;
+  void* main_sp = nullptr;
+  uint32_t done = 0;
+  bool aborted = false;
+
+  // Shared memory: static arrays from offset 0, then the dynamic buffer.
+  std::vector<char> smem_storage;
+  char* smem = nullptr;
+  uint64_t smem_capacity = 0, smem_static = 0;
+  std::vector<SharedDecl> decls;
+  std::vector<Region> regions;  // reserved up front: checked pointers keep their addresses
+  Region dynamic_region{};
+
+  // Checks.
+  std::vector<Cell> shadow;
+  uint32_t gen = 0;
+  uint32_t serial = 0;  // of the block on this CPU thread, from 1
+  std::vector<uint32_t> vc;  // nthreads x nthreads vector clocks, row per thread
+  std::vector<std::vector<BankAccess>> bank_log;  // per thread, since the warp converged
+
+  Barrier barriers[16];
+  std::vector<Collective> collectives;  // kCollectivesPerWarp per warp
+
+  uint32_t* clock_of(uint32_t tid) { return vc.data() + static_cast<size_t>(tid) * nthreads; }
+};
+
+// The fiber running on this CPU thread (null outside a block).
+extern thread_local Fiber* t_fiber __attribute__((tls_model("initial-exec")));
+
+// ---- scheduling (scheduler.cc) ----
+void park(Fiber* me);       // blocks `me` and runs someone else
+void wake(Fiber* f);        // makes a blocked fiber runnable
+[[noreturn]] void abort_block(Fiber* me);  // after a fatal report: abandon the block
+// Runs one block to completion (or to a reported deadlock or fatal error).
+void run_block(Block& b);
+
+// ---- fibers (fiber.cc) ----
+// Prepares `f` to start in fiber_main on its own stack.
+void fiber_init(Fiber& f, uint32_t stack_index, uint32_t count);
+void fiber_switch(void** save_sp, void* to_sp);
+void fiber_main(Fiber* f);
+
+// ---- warp operations (warp_ops.cc) ----
+void complete_collective(Block& b, uint32_t warp, Collective& c);
+
+// ---- memory (memory.cc) ----
+void reset_block_memory(Block& b, uint64_t static_capacity);
+// Lands the copies of `f` in groups below `before_group` (in issue order).
+void land_copies(Fiber& f, uint64_t before_group);
+void sync_clocks(Block& b, const uint32_t* tids, size_t n);
+void reset_clocks(Block& b);
+bool check_shared(Fiber& f, const Region* r, const char* addr, uint32_t bytes, int kind,
+                  uint32_t line);
+// Counts the wavefronts of one warp-wide access (all entries belong to the same instruction
+// instance) under its source line.
+void count_banks(BankAccess* accesses, size_t n);
+// Pairs up the logged shared accesses of warp `warp` since its last convergence point (the
+// k-th access of each lane at a line is one instruction) and counts their bank conflicts.
+void flush_bank_log(Block& b, uint32_t warp);
+// Logs one shared access of `f` for flush_bank_log.
+void log_bank_access(Fiber& f, const char* addr, uint32_t bytes, uint32_t line);
+
+// ---- reports (report.cc) ----
+enum Severity : int { kWarning = 0, kError = 1 };
+// Records a finding. Findings with the same key are counted, and only the first is kept in
+// full. Thread-safe.
+void report(Severity sev, const std::string& key, const std::string& message);
+std::string thread_name(const Block& b, uint32_t tid);
+std::string describe_threads(const Block& b, const std::vector<uint32_t>& tids);
+std::string where(const Block& b, uint32_t line);
+void record_banks(uint32_t line, uint64_t wavefronts, uint64_t ideal);
+void flush_counters();
+// The first error reported on this CPU thread since it was last cleared (by launch).
+std::string& first_error();
+enum Counter : int { kSharedAccessCount, kCollectiveCount, kBlockCount, kNumCounters };
+extern thread_local uint64_t t_counters[kNumCounters];
+inline void add_counter(Counter c, uint64_t n) { t_counters[c] += n; }
+
+}  // namespace emu
+}  // namespace jaxtile

@@ -1,0 +1,148 @@
+// Launching an emulated kernel through jaxtile's CPU kernel ABI: the tvm-ffi packed call
+// (block_begin, block_end, then one DLTensor* per buffer) that jaxtile's FFI handler splits
+// over its thread pool. Each CPU call runs its range of CUDA blocks one after another.
+#include <tvm/ffi/c_api.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "block.h"
+
+// Filled by jaxtile's kernel loader with its error hook (see ffi/library.cc).
+extern "C" {
+__attribute__((visibility("default"))) void (*__TVMFFIErrorSetRaisedFromCStr)(
+    const char* kind, const char* message) = nullptr;
+}
+
+// Turns the costly checks on (1) or off (0) for later launches; returns the previous value.
+extern "C" __attribute__((visibility("default"))) int jaxtile_emu_set_checks(int on) {
+  const int old = jaxtile::emu::g_checks;
+  jaxtile::emu::g_checks = on != 0 ? 1 : 0;
+  return old;
+}
+
+namespace jaxtile {
+namespace emu {
+namespace {
+
+// Hardware limits (sm_80/sm_90): threads per block, block extents, grid extents, and the
+// largest shared memory a block can opt in to.
+constexpr uint32_t kMaxThreads = 1024;
+constexpr uint64_t kMaxStaticShared = 48 * 1024;
+constexpr uint64_t kMaxDynamicShared = 227 * 1024;
+
+// GPUs keep f32 subnormals unless code is compiled with -ftz; XLA runs its computations (and
+// so the threads that call kernels) with subnormals flushed. Blocks run with flushing off,
+// and the caller's state is restored afterwards.
+class GpuFloatingPoint {
+ public:
+#if defined(__x86_64__) || defined(__i386__)
+  GpuFloatingPoint() : saved_(__builtin_ia32_stmxcsr()) {
+    constexpr unsigned kFlushToZero = 0x8000, kDenormalsAreZero = 0x40;
+    __builtin_ia32_ldmxcsr(saved_ & ~(kFlushToZero | kDenormalsAreZero));
+  }
+  ~GpuFloatingPoint() { __builtin_ia32_ldmxcsr(saved_); }
+
+ private:
+  unsigned saved_;
+#endif
+};
+
+int fail(const std::string& message) {
+  if (__TVMFFIErrorSetRaisedFromCStr != nullptr) {
+    __TVMFFIErrorSetRaisedFromCStr("RuntimeError", message.c_str());
+  }
+  return -1;
+}
+
+std::string check_geometry(const KernelSpec& s) {
+  const DimSpec& b = s.block;
+  const DimSpec& g = s.grid;
+  const uint64_t threads = static_cast<uint64_t>(b.x) * b.y * b.z;
+  if (b.x == 0 || b.y == 0 || b.z == 0 || g.x == 0 || g.y == 0 || g.z == 0) {
+    return "grid and block extents must be positive";
+  }
+  if (threads > kMaxThreads || b.x > 1024 || b.y > 1024 || b.z > 64) {
+    return "a block has at most 1024 threads, with x, y <= 1024 and z <= 64";
+  }
+  if (g.x > 2147483647u || g.y > 65535 || g.z > 65535) {
+    return "the grid is at most 2^31-1 x 65535 x 65535 blocks";
+  }
+  if (s.dynamic_smem > kMaxDynamicShared) {
+    return "dynamic shared memory is at most 227 KiB per block";
+  }
+  return {};
+}
+
+}  // namespace
+
+int launch(const KernelSpec* spec, const void* packed_args, int32_t num_args) {
+  const auto* args = static_cast<const TVMFFIAny*>(packed_args);
+  const std::string name = std::string("emulated kernel '") + spec->name + "': ";
+  if (num_args != 2 + spec->num_buffers) {
+    return fail(name + "expected " + std::to_string(spec->num_buffers) + " buffers, got " +
+                std::to_string(num_args - 2));
+  }
+  if (std::string why = check_geometry(*spec); !why.empty()) return fail(name + why);
+  const int64_t begin = args[0].v_int64, end = args[1].v_int64;
+  const int64_t num_blocks =
+      static_cast<int64_t>(spec->grid.x) * spec->grid.y * spec->grid.z;
+  if (begin < 0 || begin > end || end > num_blocks) {
+    return fail(name + "block range outside the grid");
+  }
+  std::vector<Region> buffers(static_cast<size_t>(spec->num_buffers));
+  for (int32_t i = 0; i < spec->num_buffers; ++i) {
+    const TVMFFIAny& a = args[2 + i];
+    if (a.type_index != kTVMFFIDLTensorPtr) {
+      return fail(name + "argument " + std::to_string(i) + " is not a tensor");
+    }
+    const auto* t = static_cast<const DLTensor*>(a.v_ptr);
+    uint64_t count = 1;
+    for (int32_t d = 0; d < t->ndim; ++d) count *= static_cast<uint64_t>(t->shape[d]);
+    const uint64_t elem_bits = static_cast<uint64_t>(t->dtype.bits) * t->dtype.lanes;
+    if (elem_bits != static_cast<uint64_t>(spec->buffer_elem_bytes[i]) * 8) {
+      return fail(name + "buffer '" + spec->buffer_names[i] + "' has " +
+                  std::to_string(elem_bits) + "-bit elements, the kernel expects " +
+                  std::to_string(spec->buffer_elem_bytes[i] * 8));
+    }
+    buffers[i] = Region{static_cast<char*>(t->data) + t->byte_offset, count * elem_bits / 8,
+                        spec->buffer_names[i], kGlobal};
+  }
+
+  // Heap-held: this library's thread-local storage must stay small (see runtime.h).
+  GpuFloatingPoint gpu_fp;
+  static thread_local Block* block = nullptr;
+  if (block == nullptr) block = new Block();
+  Block& b = *block;
+  b.spec = spec;
+  b.buffers = buffers.data();
+  b.bdim = {spec->block.x, spec->block.y, spec->block.z};
+  b.nthreads = spec->block.x * spec->block.y * spec->block.z;
+  b.nwarps = (b.nthreads + 31) / 32;
+  b.fibers.resize(b.nthreads);
+  b.collectives.assign(static_cast<size_t>(b.nwarps) * kCollectivesPerWarp, Collective{});
+  first_error().clear();
+  for (int64_t lin = begin; lin < end; ++lin) {
+    const uint64_t u = static_cast<uint64_t>(lin);
+    b.bidx = {static_cast<unsigned>(u % spec->grid.x),
+              static_cast<unsigned>((u / spec->grid.x) % spec->grid.y),
+              static_cast<unsigned>(u / (static_cast<uint64_t>(spec->grid.x) * spec->grid.y))};
+    reset_block_memory(b, kMaxStaticShared);
+    run_block(b);
+    add_counter(kBlockCount, 1);
+    // Stop at the first block with an error: later blocks would mostly repeat it.
+    if (!first_error().empty()) break;
+  }
+  flush_counters();
+  if (!first_error().empty()) {
+    std::string msg = name + first_error() +
+                      " (all findings: jaxtile_emu_take_report, or the runner's report())";
+    first_error().clear();
+    return fail(msg);
+  }
+  return 0;
+}
+
+}  // namespace emu
+}  // namespace jaxtile

@@ -1,0 +1,377 @@
+// Memory of a block and its checks: bounds, shared-memory races (vector clocks within a
+// whole-block barrier generation), uninitialised shared reads, cp.async that lands at its
+// wait_group, and atomics. Bank conflicts are in banks.cc.
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "block.h"
+
+namespace jaxtile {
+namespace emu {
+
+// sm_90's opt-in maximum of static plus dynamic shared memory per block.
+constexpr uint64_t kMaxSharedPerBlock = 227 * 1024;
+
+const Region kNullRegion{nullptr, 0, "null pointer", kNull};
+int g_checks = 1;
+
+namespace {
+
+const char* kind_name(int kind) {
+  if (kind & kAtomic) return "atomic";
+  return (kind & kWrite) ? "write" : "read";
+}
+
+std::string region_name(const Region* r) {
+  if (r->space == kNull) return "a null pointer";
+  return std::string(r->space == kShared ? "shared array '" : "global buffer '") + r->name +
+         "' (" + std::to_string(r->size) + " bytes)";
+}
+
+void race(Block& b, const Region* r, const char* addr, const char* what, uint32_t tid_a,
+          uint32_t line_a, const char* verb_a, uint32_t tid_b, uint32_t line_b,
+          const char* verb_b) {
+  const uint64_t off = static_cast<uint64_t>(addr - r->base);
+  report(kError,
+         std::string("race:") + what + ":" + r->name + ":" + std::to_string(line_a) + ":" +
+             std::to_string(line_b),
+         std::string("data race (") + what + ") on " + region_name(r) + " at byte offset " +
+             std::to_string(off) + ": " + thread_name(b, tid_a) + " " + verb_a + " at " +
+             where(b, line_a) + ", " + thread_name(b, tid_b) + " " + verb_b + " at " +
+             where(b, line_b) + ", with no barrier between them");
+}
+
+}  // namespace
+
+bool access_out_of_bounds(const Region* r, const void* addr, uint32_t bytes, int kind,
+                          uint32_t line) {
+  Fiber* f = t_fiber;
+  std::string who, loc = "line " + std::to_string(line);
+  if (f != nullptr) {
+    who = " by " + thread_name(*f->block, f->tid);
+    loc = where(*f->block, line);
+  }
+  const auto off = static_cast<int64_t>(static_cast<const char*>(addr) - r->base);
+  report(kError, "oob:" + std::string(r->name) + ":" + std::to_string(line),
+         std::string("out-of-bounds ") + kind_name(kind) + " of " + std::to_string(bytes) +
+             " bytes at " + loc + who + ": " + region_name(r) +
+             (r->space == kNull ? "" : " at byte offset " + std::to_string(off)));
+  return false;
+}
+
+bool access_misaligned(const Region* r, const void* addr, uint32_t bytes, int,
+                       uint32_t line) {
+  Fiber* f = t_fiber;
+  std::string who, loc = "line " + std::to_string(line);
+  if (f != nullptr) {
+    who = " by " + thread_name(*f->block, f->tid);
+    loc = where(*f->block, line);
+  }
+  const auto off = static_cast<int64_t>(static_cast<const char*>(addr) - r->base);
+  report(kError, "misaligned:" + std::string(r->name) + ":" + std::to_string(line),
+         "misaligned " + std::to_string(bytes) + "-byte access at " + loc + who + ": " +
+             region_name(r) + " at byte offset " + std::to_string(off) +
+             ", not a multiple of " + std::to_string(bytes));
+  return false;
+}
+
+bool access_shared(const Region* r, const void* addr, uint32_t bytes, int kind,
+                   uint32_t line) {
+  return check_shared(*t_fiber, r, static_cast<const char*>(addr), bytes, kind, line);
+}
+
+bool check_shared(Fiber& f, const Region* r, const char* addr, uint32_t bytes, int kind,
+                  uint32_t line) {
+  Block& b = *f.block;
+  add_counter(kSharedAccessCount, 1);
+  const uint64_t first = static_cast<uint64_t>(addr - b.smem);
+  if (!(kind & kNoBankLog)) log_bank_access(f, addr, bytes, line);
+  const uint32_t me = f.tid;
+  const uint32_t* my_clock = b.clock_of(me);
+  const uint32_t now = my_clock[me];
+  for (uint32_t i = 0; i < bytes; ++i) {
+    Cell& c = b.shadow[first + i];
+    if (c.gen != b.gen) {
+      c.gen = b.gen;
+      c.wtid = kNoThread;
+      c.nreads = 0;
+    }
+    if (c.pending != 0) {
+      report(kError, "cp.async-hazard:" + std::to_string(line),
+             std::string("cp.async hazard: ") + thread_name(b, me) + " " + kind_name(kind) +
+                 "s " + region_name(r) + " at byte offset " +
+                 std::to_string(addr + i - r->base) + " at " + where(b, line) +
+                 " while a cp.async copy to it is still in flight (not yet retired by a "
+                 "cp_async_wait)");
+    }
+    if (kind & kAtomic) {
+      c.written = b.serial;
+      continue;
+    }
+    const bool w_conflict = c.wtid != kNoThread && c.wtid != me && my_clock[c.wtid] < c.wclk;
+    if (kind & kRead) {
+      if (c.written != b.serial) {
+        report(kWarning, "uninit:" + std::to_string(line),
+               "uninitialised read: " + thread_name(b, me) + " reads " + region_name(r) +
+                   " at byte offset " + std::to_string(addr + i - r->base) + " at " +
+                   where(b, line) + ", which no thread of the block has written");
+      }
+      if (w_conflict) {
+        race(b, r, addr + i, "read after write", me, line, "read", c.wtid, c.wline, "wrote");
+      }
+      // Keep only the reads this one is not ordered after, then add it.
+      int kept = 0;
+      for (int k = 0; k < c.nreads; ++k) {
+        if (c.rtid[k] != me && my_clock[c.rtid[k]] < c.rclk[k]) {
+          c.rtid[kept] = c.rtid[k];
+          c.rclk[kept] = c.rclk[k];
+          c.rline[kept] = c.rline[k];
+          ++kept;
+        }
+      }
+      if (kept == kReadSlots) {  // forget the oldest
+        for (int k = 1; k < kReadSlots; ++k) {
+          c.rtid[k - 1] = c.rtid[k];
+          c.rclk[k - 1] = c.rclk[k];
+          c.rline[k - 1] = c.rline[k];
+        }
+        --kept;
+      }
+      c.rtid[kept] = static_cast<uint16_t>(me);
+      c.rclk[kept] = now;
+      c.rline[kept] = line;
+      c.nreads = static_cast<uint16_t>(kept + 1);
+    } else {
+      if (w_conflict) {
+        race(b, r, addr + i, "write after write", me, line, "wrote", c.wtid, c.wline, "wrote");
+      }
+      for (int k = 0; k < c.nreads; ++k) {
+        if (c.rtid[k] != me && my_clock[c.rtid[k]] < c.rclk[k]) {
+          race(b, r, addr + i, "write after read", me, line, "wrote", c.rtid[k], c.rline[k],
+               "read");
+          break;
+        }
+      }
+      c.wtid = static_cast<uint16_t>(me);
+      c.wclk = now;
+      c.wline = line;
+      c.nreads = 0;
+      c.written = b.serial;
+    }
+  }
+  return true;
+}
+
+// ---- vector clocks ----
+
+void reset_clocks(Block& b) {
+  ++b.gen;
+  std::fill(b.vc.begin(), b.vc.end(), 0u);
+  for (uint32_t t = 0; t < b.nthreads; ++t) b.clock_of(t)[t] = 1;
+}
+
+void sync_clocks(Block& b, const uint32_t* tids, size_t n) {
+  std::vector<uint32_t> joined(b.nthreads, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t* c = b.clock_of(tids[i]);
+    for (uint32_t k = 0; k < b.nthreads; ++k) joined[k] = std::max(joined[k], c[k]);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t* c = b.clock_of(tids[i]);
+    std::copy(joined.begin(), joined.end(), c);
+    ++c[tids[i]];
+  }
+}
+
+// ---- shared memory layout ----
+
+void reset_block_memory(Block& b, uint64_t static_capacity) {
+  const uint64_t dyn = b.spec->dynamic_smem;
+  b.smem_capacity = static_capacity + dyn;
+  if (b.smem_storage.size() < b.smem_capacity + 128) b.smem_storage.resize(b.smem_capacity + 128);
+  // 128-byte alignment, like the base of a GPU's shared window, so bank math is the GPU's.
+  const auto base = reinterpret_cast<uintptr_t>(b.smem_storage.data());
+  b.smem = b.smem_storage.data() + ((128 - base % 128) % 128);
+  // Garbage, not zeros: a kernel must not rely on shared memory starting cleared.
+  std::memset(b.smem, 0xcd, b.smem_capacity);
+  b.smem_static = 0;
+  b.decls.clear();
+  b.regions.clear();
+  b.regions.reserve(64 + static_cast<size_t>(b.spec->num_buffers));
+  b.dynamic_region = Region{b.smem + static_capacity, dyn, "dynamic shared memory", kShared};
+  if (g_checks) {
+    // A block that was abandoned (fatal error, deadlock) may leave copies marked in flight.
+    const bool clean = b.serial != 0 && !b.aborted && b.done == b.nthreads;
+    if (!clean || b.serial == UINT32_MAX || b.gen > UINT32_MAX - (1u << 24)) {
+      b.shadow.clear();
+      b.serial = 0;
+      b.gen = 0;
+    }
+    if (b.shadow.size() < b.smem_capacity) {
+      Cell fresh{};
+      fresh.wtid = kNoThread;
+      b.shadow.resize(b.smem_capacity, fresh);
+    }
+    ++b.serial;
+    b.vc.assign(static_cast<size_t>(b.nthreads) * b.nthreads, 0u);
+    b.bank_log.resize(b.nthreads);
+    for (auto& log : b.bank_log) log.clear();
+    reset_clocks(b);
+  }
+}
+
+void* shared_array(uint64_t bytes, const char* name, const Region** region, uint32_t line) {
+  Fiber* f = t_fiber;
+  Block& b = *f->block;
+  const uint32_t k = f->shared_decls++;
+  if (k < b.decls.size()) {
+    const SharedDecl& d = b.decls[k];
+    if (d.bytes != bytes || d.line != line) {
+      report(kError, "shared-decl@" + std::to_string(line),
+             thread_name(b, f->tid) + " declares shared array '" + name + "' at " +
+                 where(b, line) + " where other threads declared '" + d.name + "' at " +
+                 where(b, d.line) + ": shared declarations must run in the same order in "
+                 "every thread");
+      abort_block(f);
+    }
+    *region = &b.regions[k];
+    return b.smem + d.offset;
+  }
+  const uint64_t offset = (b.smem_static + 15) / 16 * 16;
+  const uint64_t static_capacity = b.smem_capacity - b.spec->dynamic_smem;
+  if (offset + bytes > static_capacity || b.regions.size() == b.regions.capacity() ||
+      offset + bytes + b.spec->dynamic_smem > kMaxSharedPerBlock) {
+    report(kError, "shared-size",
+           "shared array '" + std::string(name) + "' at " + where(b, line) + " needs " +
+               std::to_string(bytes) + " bytes at offset " + std::to_string(offset) +
+               ", beyond the static shared memory a block may have (48 KiB, and 227 KiB with "
+               "the dynamic shared memory)");
+    abort_block(f);
+  }
+  b.smem_static = offset + bytes;
+  b.decls.push_back({offset, bytes, name, line});
+  b.regions.push_back(Region{b.smem + offset, bytes, name, kShared});
+  *region = &b.regions.back();
+  return b.smem + offset;
+}
+
+void* dynamic_shared(const Region** region) {
+  Block& b = *t_fiber->block;
+  *region = &b.dynamic_region;
+  return b.dynamic_region.base;
+}
+
+// ---- cp.async ----
+
+void cp_async(const Region* dst_r, void* dst, const Region* src_r, const void* src, int bytes,
+              int src_bytes, uint32_t line) {
+  Fiber* f = t_fiber;
+  Block& b = *f->block;
+  const auto ualign = static_cast<uintptr_t>(bytes - 1);
+  std::string problem;
+  if (dst_r->space != kShared) {
+    problem = "the destination is not shared memory";
+  } else if (src_r->space != kGlobal) {
+    problem = "the source is not global memory";
+  } else if (src_bytes < 0 || src_bytes > bytes) {
+    problem = "src_bytes " + std::to_string(src_bytes) + " is outside [0, " +
+              std::to_string(bytes) + "]";
+  } else if ((reinterpret_cast<uintptr_t>(dst) & ualign) != 0 ||
+             (reinterpret_cast<uintptr_t>(src) & ualign) != 0) {
+    problem = "an address is not " + std::to_string(bytes) + "-byte aligned";
+  }
+  if (!problem.empty()) {
+    report(kError, "cp.async-bad@" + std::to_string(line),
+           "cp.async at " + where(b, line) + " by " + thread_name(b, f->tid) + ": " + problem);
+    return;
+  }
+  // The source must be a valid address even when nothing is read from it.
+  if (!access(src_r, src, static_cast<uint32_t>(std::max(src_bytes, 1)), kRead, line)) return;
+  const uintptr_t doff = reinterpret_cast<uintptr_t>(dst) - reinterpret_cast<uintptr_t>(dst_r->base);
+  if (doff > dst_r->size || static_cast<uint64_t>(bytes) > dst_r->size - doff) {
+    access_out_of_bounds(dst_r, dst, static_cast<uint32_t>(bytes), kWrite, line);
+    return;
+  }
+  PendingCopy c{static_cast<char*>(dst), dst_r, static_cast<uint32_t>(bytes), line,
+                f->open_group, {}};
+  std::memcpy(c.data, src, static_cast<size_t>(src_bytes));
+  std::memset(c.data + src_bytes, 0, static_cast<size_t>(bytes - src_bytes));
+  if (g_checks) {
+    const uint64_t first = static_cast<uint64_t>(c.dst - b.smem);
+    for (uint32_t i = 0; i < c.bytes; ++i) ++b.shadow[first + i].pending;
+    log_bank_access(*f, c.dst, c.bytes, line);
+  }
+  f->copies.push_back(c);
+}
+
+void cp_async_commit() { ++t_fiber->open_group; }
+
+void land_copies(Fiber& f, uint64_t before_group) {
+  Block& b = *f.block;
+  while (f.copies_head < f.copies.size() && f.copies[f.copies_head].group < before_group) {
+    const PendingCopy& c = f.copies[f.copies_head++];
+    if (g_checks) {
+      const uint64_t first = static_cast<uint64_t>(c.dst - b.smem);
+      for (uint32_t i = 0; i < c.bytes; ++i) --b.shadow[first + i].pending;
+      // The copy writes when it is retired, as this thread, at the wait; reports name the
+      // cp.async that issued it.
+      check_shared(f, c.region, c.dst, c.bytes, kWrite | kNoBankLog, c.line);
+    }
+    std::memcpy(c.dst, c.data, c.bytes);
+  }
+  if (f.copies_head == f.copies.size()) {
+    f.copies.clear();
+    f.copies_head = 0;
+  }
+}
+
+void cp_async_wait(int pending, uint32_t) {
+  Fiber* f = t_fiber;
+  // Groups committed so far: open_group. At most `pending` of the newest may stay in flight;
+  // the open (uncommitted) group is not waited for.
+  const uint64_t committed = f->open_group;
+  const uint64_t limit =
+      committed > static_cast<uint64_t>(pending) ? committed - static_cast<uint64_t>(pending) : 0;
+  land_copies(*f, limit);
+}
+
+// ---- atomics ----
+
+uint32_t atomic_rmw(const Region* r, void* addr, int op, uint32_t value, uint32_t line) {
+  if ((reinterpret_cast<uintptr_t>(addr) & 3u) != 0) {
+    access_out_of_bounds(r, addr, 4, kAtomic | kWrite, line);
+    return 0;
+  }
+  if (!access(r, addr, 4, kAtomic | kWrite | kRead, line)) return 0;
+  auto* p = static_cast<uint32_t*>(addr);
+  // Blocks run concurrently on CPU threads, so global atomics must be real ones.
+  uint32_t old = __atomic_load_n(p, __ATOMIC_RELAXED);
+  while (true) {
+    uint32_t next = 0;
+    float fo, fv;
+    switch (op) {
+      case kAddF32:
+        std::memcpy(&fo, &old, 4);
+        std::memcpy(&fv, &value, 4);
+        fo += fv;
+        std::memcpy(&next, &fo, 4);
+        break;
+      case kAddI32:
+      case kAddU32: next = old + value; break;
+      case kMaxI32:
+        next = static_cast<int32_t>(old) > static_cast<int32_t>(value) ? old : value;
+        break;
+      case kMinI32:
+        next = static_cast<int32_t>(old) < static_cast<int32_t>(value) ? old : value;
+        break;
+      default: next = value; break;
+    }
+    if (__atomic_compare_exchange_n(p, &old, next, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+      return old;
+    }
+  }
+}
+
+}  // namespace emu
+}  // namespace jaxtile

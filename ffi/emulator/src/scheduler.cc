@@ -1,0 +1,328 @@
+// Running a block: its threads as fibers, switched at barriers and warp collectives, and the
+// deadlock report when no thread can run but some have not finished.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "block.h"
+
+namespace jaxtile {
+namespace emu {
+namespace {
+
+Fiber* pop_ready(Block& b) {
+  if (b.ready_count == 0) return nullptr;
+  const uint32_t id = b.ready[b.ready_head];
+  b.ready_head = (b.ready_head + 1) % b.ready.size();
+  --b.ready_count;
+  return &b.fibers[id];
+}
+
+// Leaves `me` (blocked or done) for the next runnable fiber, or for the block's main stack.
+void switch_away(Fiber* me) {
+  Block& b = *me->block;
+  Fiber* next = b.aborted ? nullptr : pop_ready(b);
+  if (next == nullptr) {
+    t_fiber = nullptr;
+    fiber_switch(&me->sp, b.main_sp);
+  } else if (next != me) {
+    t_fiber = next;
+    fiber_switch(&me->sp, next->sp);
+  }
+  t_fiber = me;
+}
+
+const char* collective_name(int kind) {
+  switch (kind) {
+    case kShflXor: return "shfl_xor";
+    case kShflDown: return "shfl_down";
+    case kShflUp: return "shfl_up";
+    case kShflIdx: return "shfl_idx";
+    case kVoteAll: return "vote_all";
+    case kVoteAny: return "vote_any";
+    case kBallot: return "ballot";
+    case kSyncWarp: return "sync_warp";
+    case kLdmatrix: return "ldmatrix";
+    case kMmaF16: return "mma_m16n8k16_f16";
+    case kMmaBf16: return "mma_m16n8k16_bf16";
+    default: return "mma_m16n8k8_tf32";
+  }
+}
+
+std::string hex(unsigned v) {
+  char buf[16];
+  snprintf(buf, sizeof buf, "0x%08x", v);
+  return buf;
+}
+
+// Where each of `tids` is stuck (or that it exited), grouped by place.
+std::string whereabouts(const Block& b, const std::vector<uint32_t>& tids) {
+  std::vector<std::pair<std::string, std::vector<uint32_t>>> groups;
+  for (uint32_t t : tids) {
+    const Fiber& f = b.fibers[t];
+    std::string place;
+    if (f.state == kDone) {
+      place = "exited";
+    } else if (f.wait_kind == kWaitBarrier) {
+      place = "waiting at barrier " + std::to_string(f.wait_id) + " at " + where(b, f.wait_line);
+    } else if (f.wait_kind == kWaitCollective) {
+      place = std::string("waiting in ") + collective_name(static_cast<int>(f.wait_id)) +
+              " at " + where(b, f.wait_line);
+    } else {
+      place = "runnable";
+    }
+    bool found = false;
+    for (auto& g : groups) {
+      if (g.first == place) {
+        g.second.push_back(t);
+        found = true;
+      }
+    }
+    if (!found) groups.push_back({place, {t}});
+  }
+  std::string out;
+  for (auto& g : groups) {
+    if (!out.empty()) out += "; ";
+    out += describe_threads(b, g.second) + " " + g.first;
+  }
+  return out;
+}
+
+void report_deadlock(Block& b) {
+  std::string msg = "deadlock in block " + thread_name(b, UINT32_MAX) + ": ";
+  std::string key = "deadlock";
+  bool any = false;
+  for (uint32_t id = 0; id < 16; ++id) {
+    const Barrier& bar = b.barriers[id];
+    if (bar.arrived.empty()) continue;
+    std::vector<bool> in(b.nthreads, false);
+    for (uint32_t t : bar.arrived) in[t] = true;
+    std::vector<uint32_t> missing;
+    for (uint32_t t = 0; t < b.nthreads; ++t) {
+      if (!in[t]) missing.push_back(t);
+    }
+    if (any) msg += " | ";
+    any = true;
+    msg += "barrier " + std::to_string(id) + " at " + where(b, bar.line) + " was reached by " +
+           describe_threads(b, bar.arrived) + " and waits for " +
+           std::to_string(bar.expected - bar.arrived.size()) + " more; the others: " +
+           whereabouts(b, missing);
+    key += ":bar" + std::to_string(id) + "@" + std::to_string(bar.line);
+  }
+  for (uint32_t w = 0; w < b.nwarps; ++w) {
+    for (int s = 0; s < kCollectivesPerWarp; ++s) {
+      const Collective& c = b.collectives[w * kCollectivesPerWarp + s];
+      if (!c.open) continue;
+      std::vector<uint32_t> arrived, missing;
+      for (uint32_t l = 0; l < 32; ++l) {
+        if (!(c.mask >> l & 1u)) continue;
+        const uint32_t t = w * 32 + l;
+        if (c.arrived >> l & 1u) {
+          arrived.push_back(t);
+        } else if (t < b.nthreads) {
+          missing.push_back(t);
+        }
+      }
+      if (any) msg += " | ";
+      any = true;
+      msg += std::string(collective_name(c.kind)) + " (mask " + hex(c.mask) + ") at " +
+             where(b, c.line) + " was reached by " + describe_threads(b, arrived) +
+             "; lanes of the mask missing: " + whereabouts(b, missing);
+      key += ":coll@" + std::to_string(c.line);
+    }
+  }
+  if (!any) msg += "threads blocked with nothing to wait for";
+  report(kError, key, msg);
+}
+
+}  // namespace
+
+void park(Fiber* me) {
+  me->state = kBlocked;
+  switch_away(me);
+}
+
+void wake(Fiber* f) {
+  Block& b = *f->block;
+  f->state = kReady;
+  f->wait_kind = kNoWait;
+  b.ready[(b.ready_head + b.ready_count) % b.ready.size()] = f->tid;
+  ++b.ready_count;
+}
+
+void abort_block(Fiber* me) {
+  Block& b = *me->block;
+  b.aborted = true;
+  me->state = kDone;
+  t_fiber = nullptr;
+  fiber_switch(&me->sp, b.main_sp);
+  __builtin_unreachable();
+}
+
+void fiber_main(Fiber* f) {
+  t_fiber = f;
+  Block& b = *f->block;
+  b.spec->entry(b.buffers);
+  if (f->copies_head < f->copies.size()) {
+    report(kWarning, "cp.async-unwaited",
+           thread_name(b, f->tid) + " exited with cp.async copies it never waited for (" +
+               where(b, f->copies[f->copies_head].line) + ")");
+    land_copies(*f, UINT64_MAX);
+  }
+  f->state = kDone;
+  ++b.done;
+  switch_away(f);
+  __builtin_unreachable();
+}
+
+void run_block(Block& b) {
+  b.ready.assign(b.nthreads, 0);
+  b.ready_head = 0;
+  b.ready_count = 0;
+  b.done = 0;
+  b.aborted = false;
+  for (auto& bar : b.barriers) {
+    bar.arrived.clear();
+  }
+  for (auto& c : b.collectives) c.open = false;
+  for (uint32_t t = 0; t < b.nthreads; ++t) {
+    Fiber& f = b.fibers[t];
+    f.block = &b;
+    f.tid = t;
+    f.tidx = {t % b.bdim.x, (t / b.bdim.x) % b.bdim.y, t / (b.bdim.x * b.bdim.y)};
+    f.state = kReady;
+    f.wait_kind = kNoWait;
+    f.shared_decls = 0;
+    f.open_group = 0;
+    f.copies.clear();
+    f.copies_head = 0;
+    fiber_init(f, t, b.nthreads);
+    wake(&f);
+  }
+  Fiber* first = pop_ready(b);
+  t_fiber = first;
+  fiber_switch(&b.main_sp, first->sp);
+  t_fiber = nullptr;
+  if (!b.aborted && b.done < b.nthreads) report_deadlock(b);
+  if (g_checks) {
+    for (uint32_t w = 0; w < b.nwarps; ++w) flush_bank_log(b, w);
+  }
+}
+
+// ---- device-facing entry points ----
+
+idx3 cur_thread_idx() { return t_fiber->tidx; }
+idx3 cur_block_idx() { return t_fiber->block->bidx; }
+idx3 cur_block_dim() { return t_fiber->block->bdim; }
+idx3 cur_grid_dim() {
+  const DimSpec& g = t_fiber->block->spec->grid;
+  return {g.x, g.y, g.z};
+}
+unsigned cur_lane() { return t_fiber->tid % 32; }
+unsigned cur_warp() { return t_fiber->tid / 32; }
+
+void barrier(unsigned id, unsigned nthreads, bool whole_block, uint32_t line) {
+  Fiber* me = t_fiber;
+  Block& b = *me->block;
+  if (whole_block) nthreads = b.nthreads;
+  if (id >= 16 || nthreads == 0 || nthreads > b.nthreads ||
+      (!whole_block && nthreads % 32 != 0 && nthreads != b.nthreads)) {
+    report(kError, "bad-barrier@" + std::to_string(line),
+           "barrier " + std::to_string(id) + " with " + std::to_string(nthreads) +
+               " threads at " + where(b, line) +
+               ": the id must be below 16 and the count a multiple of 32 within the block");
+    abort_block(me);
+  }
+  Barrier& bar = b.barriers[id];
+  me->wait_kind = kWaitBarrier;
+  me->wait_id = id;
+  me->wait_line = line;
+  if (bar.arrived.empty()) {
+    bar.expected = nthreads;
+    bar.line = line;
+    bar.whole_block = whole_block;
+  } else if (bar.expected != nthreads || (whole_block && bar.line != line)) {
+    // A different barrier instruction on the same id: it can never complete this one. Block
+    // here; the deadlock report names both places.
+    park(me);
+    return;
+  }
+  bar.arrived.push_back(me->tid);
+  if (bar.arrived.size() < bar.expected) {
+    park(me);
+    return;
+  }
+  if (g_checks) {
+    if (bar.expected == b.nthreads) {
+      for (uint32_t w = 0; w < b.nwarps; ++w) flush_bank_log(b, w);
+      reset_clocks(b);
+    } else {
+      sync_clocks(b, bar.arrived.data(), bar.arrived.size());
+    }
+  }
+  for (uint32_t t : bar.arrived) {
+    if (t != me->tid) wake(&b.fibers[t]);
+  }
+  me->wait_kind = kNoWait;
+  bar.arrived.clear();
+}
+
+void collective(int kind, unsigned mask, const void* in, void* out, int arg, uint32_t line) {
+  Fiber* me = t_fiber;
+  Block& b = *me->block;
+  const uint32_t lane = me->tid % 32, warp = me->tid / 32;
+  if (!(mask >> lane & 1u)) {
+    report(kError, "mask-omits-lane@" + std::to_string(line),
+           std::string(collective_name(kind)) + " at " + where(b, line) + " is executed by " +
+               thread_name(b, me->tid) + " (lane " + std::to_string(lane) + ") with mask " +
+               hex(mask) + ", which omits the calling lane");
+    abort_block(me);
+  }
+  Collective* slot = nullptr;
+  Collective* free_slot = nullptr;
+  for (int s = 0; s < kCollectivesPerWarp; ++s) {
+    Collective& c = b.collectives[warp * kCollectivesPerWarp + s];
+    if (c.open && (c.mask & mask) != 0) {
+      slot = &c;
+      break;
+    }
+    if (!c.open && free_slot == nullptr) free_slot = &c;
+  }
+  if (slot != nullptr && (slot->mask != mask || slot->kind != kind)) {
+    report(kError, "collective-mismatch@" + std::to_string(line),
+           "warp " + std::to_string(warp) + " of block " + thread_name(b, UINT32_MAX) +
+               ": lane " + std::to_string(lane) + " executes " + collective_name(kind) +
+               " (mask " + hex(mask) + ") at " + where(b, line) + " while other lanes wait in " +
+               collective_name(slot->kind) + " (mask " + hex(slot->mask) + ") at " +
+               where(b, slot->line));
+    abort_block(me);
+  }
+  if (slot == nullptr) {
+    slot = free_slot;
+    slot->open = true;
+    slot->kind = kind;
+    slot->mask = mask;
+    slot->line = line;
+    slot->arrived = 0;
+  }
+  slot->in[lane] = in;
+  slot->out[lane] = out;
+  slot->arg[lane] = arg;
+  slot->lines[lane] = line;
+  slot->arrived |= 1u << lane;
+  if (slot->arrived != mask) {
+    me->wait_kind = kWaitCollective;
+    me->wait_id = static_cast<uint32_t>(kind);
+    me->wait_line = line;
+    park(me);
+    return;
+  }
+  complete_collective(b, warp, *slot);
+  slot->open = false;
+  for (uint32_t l = 0; l < 32; ++l) {
+    if ((mask >> l & 1u) && l != lane) wake(&b.fibers[warp * 32 + l]);
+  }
+}
+
+}  // namespace emu
+}  // namespace jaxtile

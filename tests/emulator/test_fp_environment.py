@@ -44,7 +44,7 @@ from jaxtile import _ffi
 ffi_kernels.build({lib!r})
 jax.ffi.register_ffi_target("jaxtile_cpu_call", _ffi.cpu_handler(), platform="cpu")
 n = 64 * ffi_kernels.BLOCK
-_ffi.load_kernel("vadd", {lib!r}, "vadd", 64)
+_ffi.load_kernel("vadd", {lib!r}, "vadd", 64, 64)
 
 def aligned(value):
     raw = np.empty(n * 4 + 64, np.uint8)

@@ -61,9 +61,9 @@ def check_backend(target: Target) -> None:
     """Raise a clear error if no backend compiles for ``target`` yet."""
     if target.kind not in _BACKENDS:
         raise KernelError(
-            f"jaxtile cannot compile for {target.name} yet: only the CPU backend exists (the "
-            f"CUDA lowering and the GPU emulator are being built); backends: "
-            f"{', '.join(sorted(_BACKENDS))}")
+            f"jaxtile cannot compile for {target.name} yet: only the CPU has a lowering (the "
+            f"CUDA lowering is being built; the SIMT emulator that will run it exists); "
+            f"lowerings: {', '.join(sorted(_BACKENDS))}")
 
 
 def backend(target: Target):

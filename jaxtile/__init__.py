@@ -15,7 +15,15 @@ from jaxtile.compiler.jax_internals import exclude_from_source_lines as _exclude
 from jaxtile.primitives.sharding import ShardRule
 
 from .export import export_checks
-from .kernel import Kernel, Lowered, interpret_by_default, kernel, set_interpret
+from .kernel import (
+    Kernel,
+    Lowered,
+    backend,
+    interpret_by_default,
+    kernel,
+    set_backend,
+    set_interpret,
+)
 from .language import (
     atomic_add,
     atomic_max,
@@ -40,9 +48,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Kernel", "KernelError", "Lowered", "ShardRule", "atomic_add", "atomic_max", "atomic_min",
-    "cdiv", "copy", "ds", "empty",
-    "export_checks", "fragment", "gather", "gemm", "grid", "interpret_by_default", "kernel",
-    "local", "loop", "ops", "pipelined", "scatter", "set_interpret", "shared", "when",
+    "backend", "cdiv", "copy", "ds", "empty", "export_checks", "fragment", "gather", "gemm",
+    "grid", "interpret_by_default", "kernel", "local", "loop", "ops", "pipelined", "scatter",
+    "set_backend", "set_interpret", "shared", "when",
 ]
 
 

@@ -58,7 +58,21 @@ def _threads(text: str) -> int:
     return int(text)
 
 
+BACKENDS = {"cpu": "cpu", "cuda-emulator": "cuda:sm_80"}
+"""Backends that run kernels on this machine, and the target each compiles for: the CPU, or
+CUDA code run in the SIMT emulator (``docs/emulator.md``)."""
+
+
+def _backend(text: str) -> str:
+    if text not in BACKENDS:
+        raise ValueError(f"expected one of {', '.join(BACKENDS)}")
+    return text
+
+
 VARIABLES = {v.name: v for v in (
+    Variable("JAXTILE_BACKEND", _backend, "cpu",
+             "what runs kernels on the CPU platform: cpu (compiled for the CPU) or "
+             "cuda-emulator (compiled for CUDA, run in the SIMT emulator)"),
     Variable("JAXTILE_INTERPRET", boolean, False,
              "run kernels without an explicit interpret= as their reference semantics"),
     Variable("JAXTILE_NUM_THREADS", _threads, None,

@@ -19,22 +19,25 @@ from jaxtile.compiler import build, cache
 from jaxtile.compiler import ir as tile_ir
 from jaxtile.compiler import jax_internals as ji
 from jaxtile.compiler.errors import KernelError, kernel_error
-from jaxtile.compiler.target import Target
+from jaxtile.compiler.target import Target, parse_target
 from jaxtile.primitives import kernel_call, reference
 from jaxtile.primitives.sharding import ShardRule, infer_rule
 
-from . import _trace
+from . import _config, _trace
 
 
 class Specialisation:
     """A kernel traced for fixed argument shapes/dtypes, parameters and batch levels."""
 
     def __init__(self, owner: Any, specs: tuple[jax.ShapeDtypeStruct, ...],
-                 params: dict[str, Any], batch: tuple[_trace.BatchLevel, ...]):
+                 params: dict[str, Any], batch: tuple[_trace.BatchLevel, ...],
+                 backend: str = "cpu"):
         self.owner = owner
         self.specs = specs
         self.params = params
         self.batch = batch
+        self.backend = backend
+        """What runs the kernel on JAX's CPU platform (see ``jaxtile.set_backend``)."""
         called = ", ".join(f"{n}: {s.dtype}{list(s.shape)}"
                            for n, s in zip(owner.arg_names, specs))
         try:
@@ -74,6 +77,12 @@ class Specialisation:
             self._handle = kernel_call.KernelHandle(build.ir_key(self.tile_ir),
                                                     self.owner.name, avals, self)
         return self._handle
+
+    @property
+    def cpu_platform_target(self) -> Target:
+        """The target the kernel compiles for when JAX runs it on the CPU platform: the host
+        CPU, or CUDA for the SIMT emulator (the ``cuda-emulator`` backend)."""
+        return parse_target(_config.BACKENDS[self.backend])
 
     def build(self, target: Target, load: Callable[[cache.Entry], None]) -> cache.Entry:
         """The kernel compiled for ``target`` (or fetched from the cache) and loaded with
@@ -115,7 +124,7 @@ class Specialisation:
         """The handle of this kernel with one more (outermost) batch level."""
         level = _trace.BatchLevel(size, tuple(batched))
         return self.owner.specialisation(self.specs, self.params,
-                                         (level,) + self.batch).handle()
+                                         (level,) + self.batch, self.backend).handle()
 
     def resized(self, arg_shapes: Sequence[tuple[int, ...]]) -> kernel_call.KernelHandle:
         """The handle of this kernel for other (e.g. per-shard) argument shapes, given with
@@ -127,7 +136,8 @@ class Specialisation:
                 sizes[k] = n
             specs.append(jax.ShapeDtypeStruct(tuple(shape[len(levels):]), spec.dtype))
         batch = tuple(_trace.BatchLevel(n, level.batched) for n, level in zip(sizes, self.batch))
-        return self.owner.specialisation(tuple(specs), self.params, batch).handle()
+        return self.owner.specialisation(tuple(specs), self.params, batch,
+                                         self.backend).handle()
 
     @property
     def shard_rule(self) -> ShardRule | None:
@@ -156,7 +166,8 @@ class Specialisation:
             return None
         if not self.batch:
             return _flat_rule(self, *rule)
-        inner = self.owner.specialisation(self.specs, self.params, self.batch[1:])
+        inner = self.owner.specialisation(self.specs, self.params, self.batch[1:],
+                                          self.backend)
         return _vmapped_rule(inner.vjp, self.batch[0])
 
     @property
@@ -169,7 +180,8 @@ class Specialisation:
             return None
         if not self.batch:
             return _flat_jvp_rule(self, rule)
-        inner = self.owner.specialisation(self.specs, self.params, self.batch[1:])
+        inner = self.owner.specialisation(self.specs, self.params, self.batch[1:],
+                                          self.backend)
         return _vmapped_jvp_rule(inner.jvp, self.batch[0])
 
 

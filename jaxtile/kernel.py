@@ -14,7 +14,7 @@ import numpy as np
 
 from jaxtile.compiler import build, printer
 from jaxtile.compiler import ir as tile_ir
-from jaxtile.compiler.errors import kernel_error, user_line
+from jaxtile.compiler.errors import KernelError, kernel_error, user_line
 from jaxtile.compiler.target import parse_target
 from jaxtile.primitives import kernel_call, sharding
 
@@ -43,6 +43,29 @@ def set_interpret(enabled: bool) -> None:
     same function on the same argument types) keeps the trace it cached."""
     global _interpret
     _interpret = bool(enabled)
+
+
+_backend = _config.get("JAXTILE_BACKEND")
+
+
+def backend() -> str:
+    """The name of the active backend: ``"cpu"`` (the default) or ``"cuda-emulator"``
+    (``JAXTILE_BACKEND`` in the environment, or :func:`set_backend`)."""
+    return _backend
+
+
+def set_backend(name: str) -> None:
+    """Choose what runs kernels on JAX's CPU platform: ``"cpu"`` compiles them for the CPU;
+    ``"cuda-emulator"`` compiles them for CUDA (sm_80) and runs that code in the SIMT
+    emulator, which checks it for races, out-of-bounds accesses and deadlocks.
+
+    The choice is read when a kernel is specialised: calls made from now on use it, and
+    specialisations made before keep theirs."""
+    global _backend
+    if name not in _config.BACKENDS:
+        raise KernelError(f"unknown backend {name!r}; backends: "
+                          f"{', '.join(_config.BACKENDS)}")
+    _backend = name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,17 +154,21 @@ class Kernel:
         return spec
 
     def specialisation(self, specs: tuple[jax.ShapeDtypeStruct, ...], params: dict[str, Any],
-                       batch: tuple[_trace.BatchLevel, ...]) -> Specialisation:
-        """The (cached) specialisation for argument specs, parameters and batch levels."""
+                       batch: tuple[_trace.BatchLevel, ...],
+                       backend_name: str | None = None) -> Specialisation:
+        """The (cached) specialisation for argument specs, parameters, batch levels and a
+        backend (the active one by default)."""
+        backend_name = backend_name or _backend
         try:
-            cache_key = (specs, _params_key(params), batch)
+            cache_key = (specs, _params_key(params), batch, backend_name)
             hash(cache_key)
         except TypeError:
             raise kernel_error(self.name, "compile-time parameters must be hashable",
                                user_line()) from None
         spec = self._specs.get(cache_key)
         if spec is None:
-            spec = self._specs[cache_key] = Specialisation(self, specs, params, batch)
+            spec = self._specs[cache_key] = Specialisation(self, specs, params, batch,
+                                                           backend_name)
         return spec
 
     # --- calling ---------------------------------------------------------
@@ -229,11 +256,11 @@ class Kernel:
 
 
 def _call_key(args: tuple[Any, ...], params: dict[str, Any]) -> Any:
-    """Argument shapes and dtypes, the x64 mode (which decides their canonical dtypes) and
-    parameters, or None when an argument has no shape or a parameter is unhashable (such
+    """Argument shapes and dtypes, the x64 mode (which decides their canonical dtypes), the
+    backend and parameters, or None when an argument has no shape or a parameter is unhashable (such
     calls take the checked path and its errors)."""
     try:
-        key = (jax.config.jax_enable_x64, tuple([(a.shape, a.dtype) for a in args]),
+        key = (jax.config.jax_enable_x64, _backend, tuple([(a.shape, a.dtype) for a in args]),
                _params_key(params) if params else ())
         hash(key)
     except (AttributeError, TypeError):

@@ -117,3 +117,28 @@ def test_atomics_need_a_supported_dtype():
 
     with pytest.raises(jt.KernelError, match=r"atomic updates of float16 are not supported"):
         k.lower(jnp.ones((4,), jnp.float16))
+
+
+@jt.kernel
+def _row_sums_on_chip(x, *, rows=4):
+    """Row sums accumulated with atomic_add into an on-chip tile, one column at a time."""
+    n, m = x.shape
+    out = jt.empty((n,), jnp.float32)
+    r = jt.grid(jt.cdiv(n, rows))
+    t = jt.fragment((rows, m), jnp.float32)
+    acc = jt.fragment((rows,), jnp.float32)
+    acc[...] = jnp.zeros((rows,), jnp.float32)
+    jt.copy(x.at[r * rows, 0], t)
+
+    @jt.loop(m)
+    def _(j):
+        jt.atomic_add(acc, t[:, j])   # a traced column of the tile value
+    jt.copy(acc, out.at[r * rows])
+    return out
+
+
+def test_atomic_add_into_an_on_chip_tile(rng):
+    x = jnp.asarray(rng.standard_normal((10, 7)), jnp.float32)
+    expected = np.asarray(x, np.float64).sum(axis=1)
+    np.testing.assert_allclose(jax.jit(_row_sums_on_chip)(x), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(_row_sums_on_chip.reference(x), expected, rtol=1e-5, atol=1e-5)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxtile.compiler import ir
+from jaxtile.compiler import ir, op_defs
 from jaxtile.compiler import jax_internals as ji
 from jaxtile.primitives import tile_ops
 
@@ -263,11 +263,6 @@ def scatter(src: Any, rows: Any, dst: Any, *, axis: int = 0) -> None:
     _indexed_copy(src, dst, rows, axis, None, False, "jt.scatter")
 
 
-ATOMIC_DTYPES = frozenset(np.dtype(d) for d in (jnp.float32, jnp.float64, jnp.int32,
-                                                jnp.int64))
-"""Element types atomic updates support on every target."""
-
-
 def _atomic(dst: Any, value: Any, fn: str) -> None:
     op = f"jt.atomic_{fn}"
     state = _trace.current(op)
@@ -276,10 +271,10 @@ def _atomic(dst: Any, value: Any, fn: str) -> None:
     if origin:
         sizes = _resolve_origin(state, sizes, tuple(value.shape), "destination")
     tile = tuple(z for z in sizes if z is not None)
-    if np.dtype(ref.dtype) not in ATOMIC_DTYPES:
+    if np.dtype(ref.dtype) not in op_defs.ATOMIC_DTYPES:
         raise state.error(f"{op}: atomic updates of {ref.dtype} are not supported; the "
                           f"destination must be one of "
-                          f"{', '.join(sorted(str(d) for d in ATOMIC_DTYPES))}")
+                          f"{', '.join(sorted(str(d) for d in op_defs.ATOMIC_DTYPES))}")
     if value.shape != tile:
         if value.shape != ():
             raise state.error(f"{op}: the value has shape {value.shape} but the destination "

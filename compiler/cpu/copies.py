@@ -25,7 +25,9 @@ def _is_true(cond: Expr | bool) -> bool:
     return isinstance(cond, tirx.IntImm) and bool(cond.value)
 
 
-def _and(conds: Sequence[Expr | bool]) -> Expr | bool:
+def all_of(conds: Sequence[Expr | bool]) -> Expr | bool:
+    """The conjunction of ``conds``, leaving out those known to be true (``True`` if all
+    are)."""
     out: Expr | bool = True
     for c in conds:
         if _is_true(c):
@@ -61,7 +63,7 @@ def lower_copy(low: Lowering, op: ir.Op) -> None:
     def fits(buf, name, index, starts):
         if low.scopes[name] != "global":
             return True
-        return _and([tirx.And(s >= 0, s + (1 if i.size is None else i.size) <= int(n))
+        return all_of([tirx.And(s >= 0, s + (1 if i.size is None else i.size) <= int(n))
                      for s, i, n in zip(starts, index, buf.shape)])
 
     def emit(masked: bool) -> None:
@@ -73,7 +75,7 @@ def lower_copy(low: Lowering, op: ir.Op) -> None:
             low.kb.store(dst, _coords(d_starts, a["dst"].index, idx),
                           ew.convert(v, str(src.dtype), str(dst.dtype), low.bind))
 
-    inside = _and([fits(src, a["src"].buffer, a["src"].index, s_starts),
+    inside = all_of([fits(src, a["src"].buffer, a["src"].index, s_starts),
                    fits(dst, a["dst"].buffer, a["dst"].index, d_starts)])
     if _is_true(inside):
         emit(False)
@@ -104,7 +106,7 @@ def _indexed_copy(low: Lowering, op: ir.Op) -> None:
         return coords
 
     def inside(buf, coords) -> Expr:
-        return _and([tirx.And(c >= 0, c < int(n)) for c, n in zip(coords, buf.shape)])
+        return all_of([tirx.And(c >= 0, c < int(n)) for c, n in zip(coords, buf.shape)])
 
     with low.nest(a["src"].shape, vectorize=False) as idx:
         s, d = positions(a["src"], idx), positions(a["dst"], idx)
@@ -164,14 +166,14 @@ def _masked_copy(low: Lowering, op, src, dst, tile, s_starts, d_starts) -> None:
                 c = tirx.max(tirx.min(c, int(n) - 1), tirx.const(0, "int32"))
             src_at.append(c)
         value = src[tuple(src_at)]
-        in_bounds = _and(conds)
+        in_bounds = all_of(conds)
         if not _is_true(in_bounds):
             value = tirx.Select(in_bounds, value, tirx.const(pad, str(src.dtype)))
         low.kb.store(dst, _coords(d_starts, a["dst"].index, idx),
                       ew.convert(value, str(src.dtype), str(dst.dtype), low.bind))
 
     with contextlib.ExitStack() as stack:
-        ok = _and(point_ok)
+        ok = all_of(point_ok)
         if not _is_true(ok):
             stack.enter_context(low.kb.if_(ok))
         n_outer = len(lows) - 1 if chunked else len(lows)
@@ -188,7 +190,7 @@ def _masked_copy(low: Lowering, op, src, dst, tile, s_starts, d_starts) -> None:
             for c, n in zip(first, src.shape):
                 whole.append(tirx.And(c >= 0, c < int(n)))
             whole.append(first[-1] + lanes <= int(src.shape[-1]))
-        with low.kb.if_(_and(whole)):
+        with low.kb.if_(all_of(whole)):
             with low.kb.loop(low.name("v"), lanes, kind="vectorized") as v:
                 at = [*idx, j0 + v]
                 value = src[tuple(_coords(s_starts, a["src"].index, at))]

@@ -14,7 +14,7 @@ import importlib
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import cache, from_jaxpr, ir, pipelines, printer
+from . import cache, from_jaxpr, ir, pipelines, printer, sizes
 from . import jax_internals as ji
 from .errors import KernelError
 from .target import Target
@@ -44,7 +44,8 @@ def to_tile_ir(name: str, jaxpr: ji.ClosedJaxpr, buffers: Sequence[ir.Buffer],
     """Convert a traced body and run the neutral pipeline; the result is what every target
     builds from."""
     kernel = from_jaxpr.convert(name, jaxpr, buffers, grid, threads, index_axes)
-    return pipelines.run(kernel, pipelines.NEUTRAL)
+    return pipelines.run(kernel, pipelines.NEUTRAL_DYNAMIC if kernel.dynamic
+                         else pipelines.NEUTRAL)
 
 
 def ir_key(kernel: ir.Kernel) -> str:
@@ -91,4 +92,6 @@ def build(kernel: ir.Kernel, target: Target) -> cache.Entry:
         return entry
     be = backend(target)
     library, symbol = be.compile_to_library(lowered_ir(kernel, target), target)
-    return cache.store(key, library, symbol, kernel.num_blocks)
+    # A dynamic grid's size is set when the artifact is loaded (Entry.launched_with).
+    blocks = kernel.num_blocks if sizes.is_static(kernel.grid) else 1
+    return cache.store(key, library, symbol, blocks)

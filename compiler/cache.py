@@ -97,6 +97,12 @@ class Entry:
     def alignment(self) -> int:
         return self.meta.alignment
 
+    def launched_with(self, num_blocks: int) -> Entry:
+        """The same artifact launched with ``num_blocks`` blocks, under a key of its own:
+        how a kernel with dynamic sizes (one artifact, a grid per size) is loaded."""
+        return dataclasses.replace(self, key=f"{self.key}@{num_blocks}",
+                                   meta=dataclasses.replace(self.meta, num_blocks=num_blocks))
+
 
 def cache_dir() -> Path:
     """The on-disk cache directory (``$JAXTILE_CACHE_DIR`` or ``~/.cache/jaxtile``)."""
@@ -155,14 +161,25 @@ def _read_entry(root: Path, key: str) -> Entry | None:
     return Entry(key, record["kind"], str(lib), meta, record["sha256"])
 
 
+_stats = {"stored": 0, "memory_hits": 0, "disk_hits": 0, "misses": 0}
+
+
+def stats() -> dict[str, int]:
+    """Counts for this process: artifacts compiled and stored, and lookups answered from
+    memory, from disk, or not at all (e.g. to check that a call compiled nothing)."""
+    return dict(_stats)
+
+
 def lookup(key: str) -> Entry | None:
     """The entry for ``key`` from memory or a verified disk entry, else None."""
     entry = _memory.get(key)
     if entry is not None:
+        _stats["memory_hits"] += 1
         return entry
     entry = _read_entry(cache_dir(), key)
     if entry is not None:
         _memory[key] = entry
+    _stats["disk_hits" if entry is not None else "misses"] += 1
     return entry
 
 
@@ -257,6 +274,7 @@ def store(key: str, library_bytes: bytes, symbol: str, num_blocks: int, *,
             lib = _write_entry(_fallback_dir(), key, library_bytes, record)
     entry = Entry(key, kind, str(lib), meta, sha256)
     _memory[key] = entry
+    _stats["stored"] += 1
     return entry
 
 

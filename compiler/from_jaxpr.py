@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from . import ir
+from . import ir, sizes
 from . import jax_internals as ji
 from . import tile_primitives as tp
 from .errors import KernelError, kernel_error
@@ -103,6 +103,9 @@ class _Converter:
 
     def emit(self, out: list[ir.Stmt], kind: str, operands: Sequence[ir.Value], outvar: Any,
              **attrs: Any) -> ir.Value:
+        if not all(isinstance(d, int) for d in outvar.aval.shape):
+            raise self.error(f"a tile of shape {tuple(outvar.aval.shape)} depends on a dynamic "
+                             "size; tile shapes must be static")
         res = self.op(out, kind, operands, ir.Value(outvar.aval.shape, outvar.aval.dtype),
                       **attrs)
         self.env[outvar] = res
@@ -123,8 +126,14 @@ class _Converter:
                    for x in (a, b)]
             return self.binary(out, "add", *ops)
 
-        return ir.Region(buf.name, tuple(
-            ir.Index(s, z) for s, z in ir.compose_indices(levels, buf.shape, add)))
+        index = tuple(ir.Index(s, z) for s, z in ir.compose_indices(levels, buf.shape, add))
+        for d, i in enumerate(index):
+            if isinstance(i.size, str):
+                raise self.error(
+                    f"dimension {d} of '{buf.name}' has the dynamic size {i.size}, and a tile "
+                    "taking all of it would have a dynamic shape; tiles have static shapes: "
+                    "index that dimension with jt.ds(start, size) or copy a tile with jt.copy")
+        return ir.Region(buf.name, index)
 
     def index_entry(self, buf: ir.Buffer, entry: Any, out: list[ir.Stmt]):
         """``(start, size)`` of one indexer entry; size None for a single index."""
@@ -297,6 +306,13 @@ for _prim, _message in _REJECTED.items():
     CONVERTERS[_prim] = _rejected(_message)
 
 
+@_converts("dim_as_value")
+def _dim_as_value(c: _Converter, eqn: Any, out: list) -> None:
+    # A dynamic size used as a value (a loop bound, a mask): computed on the device from the
+    # shapes the kernel is called with.
+    c.emit(out, "size", [], eqn.outvars[0], expr=sizes.canonical(eqn.params["dim"]))
+
+
 @_converts("iota")
 def _iota(c: _Converter, eqn: Any, out: list) -> None:
     c.emit(out, "iota", [], eqn.outvars[0], dimension=eqn.params["dimension"])
@@ -323,6 +339,16 @@ def _argreduce(c: _Converter, eqn: Any, out: list) -> None:
     (axis,) = eqn.params["axes"]
     c.emit(out, "argreduce", [c.value(eqn.invars[0], out)], eqn.outvars[0],
            fn=eqn.primitive.name[3:], axis=int(axis))
+
+
+@_converts("sort")
+def _sort(c: _Converter, eqn: Any, out: list) -> None:
+    if len(eqn.invars) != 1:
+        raise c.error("sorting several arrays together (jnp.argsort, lax.sort with several "
+                      "operands) is not supported in kernels yet; jnp.sort of one tile is")
+    # XLA's order, stable: NaNs last, -0.0 and 0.0 equal (lax.sort's default comparator).
+    c.emit(out, "sort", [c.value(eqn.invars[0], out)], eqn.outvars[0],
+           axis=int(eqn.params["dimension"]))
 
 
 @_converts(*_IDENTITY)
@@ -487,9 +513,10 @@ _GROUPS = (
     ("Elementwise", lambda n: n in _UNARY or n in _BINARY or n in (
         "round", "integer_pow", "convert_element_type", "select_n", "clamp")),
     ("Reductions and scans", lambda n: n in _REDUCE or n in _SCANS or n in (
-        "argmax", "argmin")),
+        "argmax", "argmin", "sort")),
     ("Shapes", lambda n: n in ("broadcast_in_dim", "reshape", "squeeze", "expand_dims",
-                               "transpose", "iota", "rev", "slice", "concatenate")),
+                               "transpose", "iota", "rev", "slice", "concatenate",
+                               "dim_as_value")),
     ("Refs and tile ops", lambda n: n in ("get", "swap", "addupdate", tp.COPY, tp.GEMM,
                                           tp.ATOMIC)),
     ("Control flow and calls", lambda n: n in ("scan", "while", "cond") or n in _INLINE

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from .sizes import Size, is_static
+
 SCOPES = ("global", "shared", "fragment", "local")
 """Where a buffer lives. ``local`` is a small tile replicated in every thread of a block:
 every thread holds the whole tile and sees the same values (so it is written only with
@@ -53,7 +55,9 @@ class Buffer:
     """A named buffer: a kernel input/output in global memory, or on-chip scratch."""
 
     name: str
-    shape: tuple[int, ...]
+    shape: tuple[Size, ...]
+    """Static ints; a global buffer of a kernel with dynamic sizes may have size expressions
+    (:mod:`.sizes`) instead."""
     dtype: np.dtype
     scope: str
     """One of :data:`SCOPES`."""
@@ -177,7 +181,8 @@ class Kernel:
     """One kernel specialisation in Tile IR."""
 
     name: str
-    grid: tuple[int, ...]
+    grid: tuple[Size, ...]
+    """Blocks per grid axis: ints, or size expressions in a kernel with dynamic sizes."""
     threads: int
     buffers: tuple[Buffer, ...]
     block_indices: tuple[Value, ...]
@@ -191,7 +196,16 @@ class Kernel:
 
     @property
     def num_blocks(self) -> int:
+        """Blocks of the launch grid (ValueError if the grid has dynamic sizes)."""
+        if not is_static(self.grid):
+            raise ValueError(f"kernel {self.name}: the grid {list(self.grid)} has dynamic "
+                             "sizes")
         return int(np.prod(self.grid))
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether some buffer or grid extent is a size expression (known at run time)."""
+        return not is_static(self.grid) or any(not is_static(b.shape) for b in self.buffers)
 
     def buffer(self, name: str) -> Buffer:
         for b in self.buffers:

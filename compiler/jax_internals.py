@@ -46,6 +46,11 @@ def ref_aval(shape: tuple[int, ...], dtype: Any) -> AbstractRef:
     return AbstractRef(ShapedArray(tuple(shape), dtype))
 
 
+def is_symbolic_dim(x: Any) -> bool:
+    """Whether ``x`` is a JAX symbolic dimension (a dynamic size while tracing)."""
+    return _core.is_symbolic_dim(x)
+
+
 def is_ref(x: Any) -> bool:
     """Whether ``x`` is a traced ref (plain or transformed)."""
     if isinstance(x, TransformedRef):

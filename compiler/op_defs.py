@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from . import sizes
 from .ir import Buffer, Op, Region, Value
 
 UNARY = frozenset({
@@ -97,6 +98,8 @@ ATTR_TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "scan": (lambda v: v in SCANS, f"one of {sorted(SCANS)}"),
     "arg": (lambda v: v in ARG_REDUCTIONS, f"one of {sorted(ARG_REDUCTIONS)}"),
     "atomic": (lambda v: v in ATOMICS, f"one of {sorted(ATOMICS)}"),
+    "size": (lambda v: isinstance(v, int | str) and not isinstance(v, bool)
+             and _is_size(v), "an int or a size expression"),
 }
 """Attribute types: a test and what it expects, for messages."""
 
@@ -140,6 +143,24 @@ class OpDef:
 def _broadcastable(v: Value, shape: tuple[int, ...]) -> bool:
     return v.shape == () or (len(v.shape) == len(shape)
                              and all(n in (1, m) for n, m in zip(v.shape, shape)))
+
+
+def _is_size(v: int | str) -> bool:
+    try:
+        sizes.symbols(v)
+    except ValueError:
+        return False
+    return True
+
+
+def _check_size(op: Op, bufs: Buffers) -> str | None:
+    known = set().union(*(sizes.symbols(d) for b in bufs.values() for d in b.shape))
+    unknown = sizes.symbols(op.attrs["expr"]) - known
+    if unknown:
+        return f"size {op.attrs['expr']!r} names no buffer dimension: {sorted(unknown)}"
+    if op.result.shape != () or not np.issubdtype(op.result.dtype, np.integer):
+        return "a size is an integer scalar"
+    return None
 
 
 def _check_iota(op: Op, bufs: Buffers) -> str | None:
@@ -214,6 +235,15 @@ def _check_scan(op: Op, bufs: Buffers) -> str | None:
         return f"scan along axis {axis} of a rank-{len(src.shape)} value"
     if res.shape != src.shape or res.dtype != src.dtype:
         return "scan: the result's type differs from the operand's"
+    return None
+
+
+def _check_sort(op: Op, bufs: Buffers) -> str | None:
+    src, res, axis = op.operands[0], op.result, op.attrs["axis"]
+    if not 0 <= axis < len(src.shape):
+        return f"sort along axis {axis} of a rank-{len(src.shape)} value"
+    if res.shape != src.shape or res.dtype != src.dtype:
+        return "sort: the result's type differs from the operand's"
     return None
 
 
@@ -323,6 +353,7 @@ def _check_gemm(op: Op, bufs: Buffers) -> str | None:
 _DEFS = (
     OpDef("const", {"value": "scalar"}, (0,), True, True, True, True),
     OpDef("iota", {"dimension": "int"}, (0,), True, True, False, True, check=_check_iota),
+    OpDef("size", {"expr": "size"}, (0,), True, True, True, True, check=_check_size),
     OpDef("elementwise", {"fn": "elementwise"}, (1, 2), True, True, True, True,
           check=_check_elementwise),
     OpDef("convert", {}, (1,), True, True, True, True, check=_check_same_shape),
@@ -342,6 +373,7 @@ _DEFS = (
           check=_check_scan),
     OpDef("argreduce", {"fn": "arg", "axis": "int"}, (1,), True, True, False,
           check=_check_argreduce),
+    OpDef("sort", {"axis": "int"}, (1,), True, True, False, check=_check_sort),
     OpDef("select", {}, (3,), True, True, True, True, check=_check_select),
     OpDef("load", {"src": "region"}, (0,), True, True, True, True, reads=("src",),
           check=_check_load),

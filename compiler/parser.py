@@ -13,7 +13,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from . import ir
+from . import ir, sizes
 
 _TOKEN = re.compile(r"""
     \s*(?:
@@ -25,7 +25,7 @@ _TOKEN = re.compile(r"""
     )""", re.VERBOSE)
 _CONSTANTS = {"True": True, "False": False, "None": None, "inf": float("inf"),
               "-inf": float("-inf"), "nan": float("nan")}
-_TYPE = re.compile(r"([A-Za-z_0-9]+)\[([0-9, ]*)\]$")
+_TYPE = re.compile(r"([A-Za-z_0-9]+)\[([^\]]*)\]$")
 
 
 def _dtype(name: str) -> np.dtype:
@@ -36,8 +36,7 @@ def _type(text: str) -> tuple[tuple[int, ...], np.dtype]:
     m = _TYPE.match(text.strip())
     if m is None:
         raise ValueError(f"bad type {text!r}")
-    shape = tuple(int(d) for d in m.group(2).split(",") if d.strip())
-    return shape, _dtype(m.group(1))
+    return tuple(sizes.parse_size(d) for d in sizes.split_dims(m.group(2))), _dtype(m.group(1))
 
 
 class _Tokens:
@@ -168,20 +167,20 @@ class _Parser:
         return v
 
     def kernel(self) -> ir.Kernel:
-        m = re.match(r"kernel (\S+)\(grid=\[([0-9, ]*)\], threads=(\d+)\) blocks\(([^)]*)\):$",
+        m = re.match(r"kernel (\S+)\(grid=\[([^\]]*)\], threads=(\d+)\) blocks\(([^)]*)\):$",
                      self.lines[0])
         if m is None:
             raise self.error("expected a kernel header")
         name, threads = m.group(1), int(m.group(3))
-        grid = tuple(int(g) for g in m.group(2).split(","))
+        grid = tuple(sizes.parse_size(g) for g in sizes.split_dims(m.group(2)))
         blocks = tuple(self.define(b.strip(), (), np.int32)
                        for b in m.group(4).split(",") if b.strip())
         self.pos = 1
         buffers = []
         while self.pos < len(self.lines):
             _, code, where = _split_line(self.lines[self.pos])
-            m = re.match(r"(\w+) (\w+): (\w+) (\S+\[[0-9, ]*\])(?: -> (\w+))?$", code)
-            if m is None or code.startswith(("%", "for ", "if ")) or "(" in code:
+            m = re.match(r"(\w+) (\w+): (\w+) (\w+\[[^\]]*\])(?: -> (\w+))?$", code)
+            if m is None or code.startswith(("%", "for ", "if ")):
                 break
             shape, dtype = _type(m.group(4))
             buffers.append(ir.Buffer(m.group(2), shape, dtype, m.group(3), m.group(1), where,

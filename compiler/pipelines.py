@@ -48,6 +48,10 @@ NEUTRAL = (
 )
 """Target-neutral passes, run on every specialisation before its key is computed."""
 
+NEUTRAL_DYNAMIC = tuple(p for p in NEUTRAL if p.name not in ("coverage", "clamp_check"))
+"""The neutral passes for the IR of a kernel with dynamic sizes. Coverage and the clamp
+check need the sizes: they ran on the same call's trace with its concrete shapes."""
+
 
 def cpu(target: Target) -> tuple[Pass, ...]:
     """The CPU's passes: elementwise chains are computed inside their consumers."""

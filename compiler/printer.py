@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import ir
+from .sizes import Size
 
 
 class _Names:
@@ -40,9 +41,14 @@ class _Names:
         return repr(v)
 
 
-def type_text(shape: Sequence[int], dtype: Any) -> str:
-    """``float32[4, 16]``: how the IR text writes a tile type."""
-    return f"{dtype.name}{list(shape)}"
+def type_text(shape: Sequence[Size], dtype: Any) -> str:
+    """``float32[4, 16]``: how the IR text writes a tile type (a dynamic size is written as
+    its expression, ``float32[x_0, 16]``)."""
+    return f"{dtype.name}{_dims(shape)}"
+
+
+def _dims(dims: Sequence[Size]) -> str:
+    return "[" + ", ".join(str(d) for d in dims) + "]"
 
 
 def _region(names: _Names, region: ir.Region) -> str:
@@ -112,7 +118,7 @@ def format_kernel(kernel: ir.Kernel, *, with_lines: bool = True,
     """The kernel as text; see the module docstring."""
     p = _Printer(with_lines, with_notes)
     blocks = ", ".join(p.names.define(v) for v in kernel.block_indices)
-    p.out.append(f"kernel {kernel.name}(grid={list(kernel.grid)}, threads={kernel.threads}) "
+    p.out.append(f"kernel {kernel.name}(grid={_dims(kernel.grid)}, threads={kernel.threads}) "
                  f"blocks({blocks}):")
     for b in kernel.buffers:
         aliases = f" -> {b.aliases}" if b.aliases else ""

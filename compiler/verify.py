@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from . import ir, op_defs
+from . import ir, op_defs, sizes
 from .errors import KernelError, kernel_error
 
 
@@ -42,7 +42,8 @@ class _Verifier:
             if (b.role == "scratch") == (b.scope == "global"):
                 raise self.fail(b, f"buffer '{b.name}': a {b.role} cannot live in {b.scope} "
                                 "memory")
-            if any(not isinstance(n, int) or n < 0 for n in b.shape):
+            if any(not _valid_size(n) or (isinstance(n, str) and b.scope != "global")
+                   for n in b.shape):
                 raise self.fail(b, f"buffer '{b.name}' has invalid shape {b.shape}")
 
     def body(self, body: Sequence[ir.Stmt], scope: set[int]) -> None:
@@ -92,7 +93,7 @@ class _Verifier:
             if buf.scope == "global":
                 continue
             size = 1 if i.size is None else i.size
-            if size > dim:
+            if isinstance(dim, int) and size > dim:
                 raise self.fail(op, f"{op.kind}: a tile of {size} does not fit dimension "
                                 f"{dim} of {buf.scope} buffer '{buf.name}'")
         if name in op_defs.get(op.kind).writes and buf.role in ("input", "init"):
@@ -125,11 +126,23 @@ class _Verifier:
             raise self.fail(op, message)
 
 
+def _valid_size(n: object) -> bool:
+    """A non-negative int, or a size expression (whose value is only known at run time)."""
+    if isinstance(n, str):
+        try:
+            sizes.parse(n)
+        except ValueError:
+            return False
+        return True
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 0
+
+
 def verify(kernel: ir.Kernel) -> ir.Kernel:
     """Check ``kernel`` and return it unchanged; raise KernelError at the first fault."""
     v = _Verifier(kernel)
     v.check_buffers()
-    if any(n < 1 for n in kernel.grid) or kernel.threads < 1:
+    if (any(not _valid_size(n) or (isinstance(n, int) and n < 1) for n in kernel.grid)
+            or kernel.threads < 1):
         raise kernel_error(kernel.name, f"invalid launch: grid {list(kernel.grid)}, "
                            f"{kernel.threads} threads", None)
     v.body(kernel.body, {b.id for b in kernel.block_indices})

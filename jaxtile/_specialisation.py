@@ -38,6 +38,9 @@ class Specialisation:
         self.batch = batch
         self.backend = backend
         """What runs the kernel on JAX's CPU platform (see ``jaxtile.set_backend``)."""
+        self.dynamic = owner.dynamic if not batch else {}
+        """The kernel's dynamic axes (argument position -> axes). A vmapped specialisation
+        compiles for its sizes: batch views of dynamic dimensions are not supported yet."""
         called = ", ".join(f"{n}: {s.dtype}{list(s.shape)}"
                            for n, s in zip(owner.arg_names, specs))
         try:
@@ -46,6 +49,7 @@ class Specialisation:
         except KernelError as e:
             raise KernelError(f"{e} [called with {called}]") from None
         self._ir: tile_ir.Kernel | None = None
+        self._compiled_ir: tile_ir.Kernel | None = None
         self._handle: kernel_call.KernelHandle | None = None
         self._entries: dict[Target, cache.Entry] = {}
 
@@ -56,6 +60,25 @@ class Specialisation:
             self._ir = build.to_tile_ir(t.name, t.jaxpr, t.buffers, t.grid, self.owner.threads,
                                         t.index_axes)
         return self._ir
+
+    @property
+    def compiled_ir(self) -> tile_ir.Kernel:
+        """The IR that is compiled: :attr:`tile_ir`, or for a kernel with dynamic sizes the
+        same body traced with those sizes symbolic, whose key is the same for every size."""
+        if not self.dynamic:
+            return self.tile_ir
+        if self._compiled_ir is None:
+            self.tile_ir  # noqa: B018 - the checks that need sizes run on the concrete trace
+            for i, axes in self.dynamic.items():
+                if axes[-1] >= len(self.specs[i].shape):
+                    raise kernel_error(self.owner.name, f"dynamic axis {axes[-1]} of argument "
+                                       f"'{self.owner.arg_names[i]}', which has rank "
+                                       f"{len(self.specs[i].shape)}", _definition(self.owner))
+            t = _trace.trace(self.owner.fn, self.owner.name, self.owner.arg_names, self.specs,
+                             self.params, self.batch, self.dynamic)
+            self._compiled_ir = build.to_tile_ir(t.name, t.jaxpr, t.buffers, t.grid,
+                                                 self.owner.threads, t.index_axes)
+        return self._compiled_ir
 
     @property
     def empty(self) -> bool:
@@ -74,7 +97,7 @@ class Specialisation:
                                    f"{shapes}, grid {list(self.traced.grid)}), which only a "
                                    "direct call of the kernel supports", _definition(self.owner))
             avals = tuple(ji.ShapedArray(b.shape, b.dtype) for b in self.traced.outputs)
-            self._handle = kernel_call.KernelHandle(build.ir_key(self.tile_ir),
+            self._handle = kernel_call.KernelHandle(build.ir_key(self.compiled_ir),
                                                     self.owner.name, avals, self)
         return self._handle
 
@@ -90,21 +113,29 @@ class Specialisation:
         is a cache miss: it is discarded and rebuilt, once."""
         entry = self._entries.get(target)
         if entry is None:
-            entry = self._build(target)
+            built = self._build(target)
             try:
+                entry = self._launched(built)
                 load(entry)
             except (RuntimeError, ValueError):
-                cache.discard(entry.key)
-                entry = self._build(target)
+                cache.discard(built.key)
+                entry = self._launched(self._build(target))
                 load(entry)
             self._entries[target] = entry
         return entry
+
+    def _launched(self, entry: cache.Entry) -> cache.Entry:
+        """A kernel with dynamic sizes has one artifact for all of them; this call's grid
+        size is set when it is loaded."""
+        if not self.dynamic:
+            return entry
+        return entry.launched_with(self.tile_ir.num_blocks)
 
     def _build(self, target: Target) -> cache.Entry:
         """``build.build``, with any failure of the compiler below the Tile IR turned into
         a KernelError that names the kernel (a bug or limit of jaxtile, not of the body)."""
         try:
-            return build.build(self.tile_ir, target)
+            return build.build(self.compiled_ir, target)
         except KernelError:
             raise
         except Exception as e:  # noqa: BLE001 - e.g. TVM's errors, a RecursionError

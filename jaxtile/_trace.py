@@ -19,14 +19,14 @@ import contextlib
 import dataclasses
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxtile.compiler import ir
+from jaxtile.compiler import ir, sizes
 from jaxtile.compiler import jax_internals as ji
 from jaxtile.compiler.errors import KernelError, kernel_error, user_line
 
@@ -54,8 +54,10 @@ class _Allocation:
 
 class _TraceState:
     def __init__(self, kernel: str, batch: Sequence[BatchLevel],
-                 expected: Sequence[_Allocation] | None):
+                 expected: Sequence[_Allocation] | None, symbolic: bool = False):
         self.kernel = kernel
+        self.symbolic = symbolic
+        """Whether dynamic sizes are JAX symbolic dimensions in this trace."""
         self.batch_shape = tuple(level.size for level in batch)
         self.expected = expected
         self.allocations: list[_Allocation] = []
@@ -73,11 +75,12 @@ class _TraceState:
 
     def allocate(self, scope: str, shape: Any, dtype: Any) -> Any:
         shape = _static_shape(self, shape, f"jt.{_API_NAME[scope]}",
-                              allow_zero=scope == "global")
+                              allow_zero=scope == "global",
+                              dynamic=scope == "global" and self.symbolic)
         dtype = np.dtype(dtype)
         n = len(self.allocations)
         lead = self.batch_shape if scope == "global" else ()
-        if math.prod(lead + shape) > MAX_ELEMENTS:
+        if _is_static(shape) and math.prod(lead + shape) > MAX_ELEMENTS:
             raise self.error(f"jt.empty: the output of shape {shape} has "
                              f"{math.prod(lead + shape)} elements with its batch levels; at "
                              f"most {MAX_ELEMENTS} (32-bit indexing)")
@@ -131,15 +134,26 @@ MAX_ELEMENTS = 2**31 - 1
 """Elements of one buffer, and blocks of one grid, at most: kernels index with int32."""
 
 
-def _static_shape(state: _TraceState, shape: Any, api: str,
-                  allow_zero: bool = False) -> tuple[int, ...]:
-    if isinstance(shape, int | np.integer):
+def _is_static(shape: Sequence[Any]) -> bool:
+    return all(isinstance(d, int) for d in shape)
+
+
+def _static_shape(state: _TraceState, shape: Any, api: str, allow_zero: bool = False,
+                  dynamic: bool = False) -> tuple[Any, ...]:
+    """``shape`` as ints; with ``dynamic``, dimensions derived from dynamic sizes stay JAX
+    symbolic dimensions (an output's shape in a kernel with dynamic sizes)."""
+    if isinstance(shape, int | np.integer) or ji.is_symbolic_dim(shape):
         shape = (shape,)
     try:
-        dims = tuple(int(d) for d in shape)
+        dims = tuple(d if dynamic and ji.is_symbolic_dim(d) else int(d) for d in shape)
     except (TypeError, jax.errors.ConcretizationTypeError):
         raise state.error(f"{api}: the shape must be a tuple of Python ints, got {shape!r}") \
             from None
+    except Exception:  # noqa: BLE001 - JAX's error for a symbolic dimension made an int
+        raise state.error(f"{api}: the shape {shape!r} depends on a dynamic size; "
+                          "on-chip tiles have static shapes") from None
+    if not _is_static(dims):
+        return dims
     if any(d < 0 or (d == 0 and not allow_zero) for d in dims):
         kind = "non-negative" if allow_zero else "positive"
         raise state.error(f"{api}: every dimension must be {kind}, got {dims}")
@@ -150,7 +164,10 @@ def _static_shape(state: _TraceState, shape: Any, api: str,
 
 
 def checked_grid(state: _TraceState, extents: tuple[int, ...]) -> tuple[int, ...]:
-    """``extents`` if a grid of that many blocks (with the batch levels) can be launched."""
+    """``extents`` if a grid of that many blocks (with the batch levels) can be launched
+    (checked when the sizes are known: on the trace with concrete shapes)."""
+    if not _is_static(extents):
+        return extents
     blocks = math.prod(extents) * math.prod(state.batch_shape)
     if blocks > MAX_ELEMENTS:
         raise state.error(f"jt.grid{extents} has {blocks} blocks (batch levels included); "
@@ -182,9 +199,14 @@ class Traced:
 
 def trace(fn: Callable[..., Any], name: str, arg_names: Sequence[str],
           args: Sequence[jax.ShapeDtypeStruct], params: dict[str, Any],
-          batch: Sequence[BatchLevel] = ()) -> Traced:
+          batch: Sequence[BatchLevel] = (),
+          dynamic: Mapping[int, tuple[int, ...]] | None = None) -> Traced:
     """Trace ``fn(*refs, **params)`` for inputs shaped like ``args`` (their unbatched shapes),
-    under the batch levels ``batch`` (outermost first); see the module doc."""
+    under the batch levels ``batch`` (outermost first); see the module doc.
+
+    With ``dynamic`` (argument position -> axes), those dimensions are traced as JAX
+    symbolic dimensions named ``<argument>_<axis>`` (``x_0``), so that the jaxpr, grid and
+    buffers hold expressions of them instead of the sizes of ``args``."""
     n_idx = MAX_GRID_RANK + len(batch)
     for arg_name, a in zip(arg_names, args):
         size = math.prod(a.shape) * math.prod(level.size for level in batch)
@@ -195,6 +217,8 @@ def trace(fn: Callable[..., Any], name: str, arg_names: Sequence[str],
     index_avals = [jax.ShapeDtypeStruct((), jnp.int32)] * n_idx
     full_shapes = [tuple(level.size for level in batch if level.batched[i]) + tuple(a.shape)
                    for i, a in enumerate(args)]
+    if dynamic:
+        full_shapes = _symbolic_shapes(full_shapes, arg_names, args, dynamic)
     in_avals = [ji.ref_aval(s, a.dtype) for s, a in zip(full_shapes, args)]
     n_in = len(args)
 
@@ -205,7 +229,7 @@ def trace(fn: Callable[..., Any], name: str, arg_names: Sequence[str],
         with _active(state):
             state.result = fn(*views, **params)
 
-    first = _TraceState(name, batch, None)
+    first = _TraceState(name, batch, None, symbolic=bool(dynamic))
     _run_user(name, lambda: jax.make_jaxpr(lambda *ops: run(first, ops))(
         *index_avals, *in_avals))
     out_tree, returned = _returned_outputs(first)
@@ -213,7 +237,7 @@ def trace(fn: Callable[..., Any], name: str, arg_names: Sequence[str],
     # Second pass: outputs in returned order, then scratch in creation order.
     scratch = [k for k, a in enumerate(first.allocations) if a.scope != "global"]
     order = returned + scratch
-    second = _TraceState(name, batch, first.allocations)
+    second = _TraceState(name, batch, first.allocations, symbolic=bool(dynamic))
     second.slots = [order.index(k) for k in range(len(first.allocations))]
     lead = tuple(level.size for level in batch)
     alloc_avals = [ji.ref_aval((lead if first.allocations[k].scope == "global" else ())
@@ -228,20 +252,38 @@ def trace(fn: Callable[..., Any], name: str, arg_names: Sequence[str],
     jaxpr = _run_user(name, lambda: jax.make_jaxpr(second_pass)(
         *index_avals, *in_avals, *alloc_avals))
 
-    buffers = [ir.Buffer(n, s, np.dtype(a.dtype), "global", "input")
+    buffers = [ir.Buffer(n, _sizes(s), np.dtype(a.dtype), "global", "input")
                for n, s, a in zip(arg_names, full_shapes, args)]
     for pos, k in enumerate(order):
         alloc = first.allocations[k]
         same_scope = sum(1 for j in order[:pos] if first.allocations[j].scope == alloc.scope)
         role = "output" if alloc.scope == "global" else "scratch"
         shape = (lead if role == "output" else ()) + alloc.shape
-        buffers.append(ir.Buffer(f"{_SCOPE_PREFIX[alloc.scope]}{same_scope}", shape,
+        buffers.append(ir.Buffer(f"{_SCOPE_PREFIX[alloc.scope]}{same_scope}", _sizes(shape),
                                  alloc.dtype, alloc.scope, role, line=alloc.line))
     user_grid = first.grid or (1,)
     index_axes = tuple(a if a < len(user_grid) else None for a in range(MAX_GRID_RANK)) + tuple(
         len(user_grid) + len(batch) - 1 - level for level in range(len(batch)))
-    grid = tuple(user_grid) + tuple(level.size for level in reversed(batch))
+    grid = _sizes(tuple(user_grid) + tuple(level.size for level in reversed(batch)))
     return Traced(name, jaxpr, grid, index_axes, tuple(buffers), n_in, out_tree)
+
+
+def _symbolic_shapes(shapes: list[tuple[int, ...]], arg_names: Sequence[str],
+                     args: Sequence[jax.ShapeDtypeStruct],
+                     dynamic: Mapping[int, tuple[int, ...]]) -> list[tuple[Any, ...]]:
+    """``shapes`` with the dynamic axes (counted in the unbatched argument) made symbolic."""
+    names = [(i, axis, f"{arg_names[i]}_{axis}") for i, axes in sorted(dynamic.items())
+             for axis in axes]
+    symbols = jax.export.symbolic_shape(", ".join(n for _, _, n in names))
+    out = [list(s) for s in shapes]
+    for (i, axis, _), sym in zip(names, symbols):
+        out[i][len(shapes[i]) - len(args[i].shape) + axis] = sym
+    return [tuple(s) for s in out]
+
+
+def _sizes(shape: Sequence[Any]) -> tuple[Any, ...]:
+    """A shape or grid for the Tile IR: symbolic dimensions become size expressions."""
+    return tuple(sizes.canonical(d) for d in shape)
 
 
 def _returned_outputs(state: _TraceState) -> tuple[Any, list[int]]:

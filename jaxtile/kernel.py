@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -90,7 +90,8 @@ class Kernel:
     """A tile kernel; call it like a JAX function. Create it with :func:`kernel`."""
 
     def __init__(self, fn: Callable[..., Any], *, threads: int, interpret: bool | None,
-                 name: str | None, sharding: sharding.ShardRule | None = None):
+                 name: str | None, sharding: sharding.ShardRule | None = None,
+                 dynamic: Mapping[str, int | Sequence[int]] | None = None):
         self.fn = fn
         self.sharding = sharding
         self.name = name or fn.__name__
@@ -99,6 +100,8 @@ class Kernel:
         sig = inspect.signature(fn)
         kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
         self.arg_names = [p.name for p in sig.parameters.values() if p.kind in kinds]
+        self.dynamic = _dynamic_axes(self.name, self.arg_names, dynamic)
+        """Argument position -> its dynamic axes (see :func:`kernel`)."""
         self.param_defaults = {p.name: p.default for p in sig.parameters.values()
                                if p.kind == inspect.Parameter.KEYWORD_ONLY}
         self._specs: dict[Any, Specialisation] = {}
@@ -247,7 +250,7 @@ class Kernel:
         tgt = parse_target(target)
         build.check_backend(tgt)
         spec = self._specialise(args, params)
-        kernel = spec.tile_ir
+        kernel = spec.compiled_ir
         sharded = (f"explicit {spec.shard_rule}" if self.sharding is not None
                    else spec.inferred_sharding[1])
         return Lowered(printer.format_kernel(kernel), build.kernel_key(kernel, tgt), tgt.name,
@@ -296,9 +299,31 @@ def _value_key(v: Any) -> Any:
     return t, v
 
 
+def _dynamic_axes(name: str, arg_names: Sequence[str],
+                  dynamic: Mapping[str, int | Sequence[int]] | None) -> dict[int, tuple[int, ...]]:
+    if dynamic is None:
+        return {}
+    if not isinstance(dynamic, Mapping):
+        raise KernelError(f"kernel {name}: dynamic= takes a dict from argument name to axis "
+                          f"or axes, e.g. {{'x': 0}}, got {dynamic!r}")
+    out = {}
+    for arg, axes in dynamic.items():
+        if arg not in arg_names:
+            raise KernelError(f"kernel {name}: dynamic= names {arg!r}, which is not one of its "
+                              f"array arguments ({', '.join(arg_names)})")
+        axes = (axes,) if isinstance(axes, int) else tuple(axes)
+        if not axes or not all(isinstance(a, int) and not isinstance(a, bool) and a >= 0
+                               for a in axes) or len(set(axes)) != len(axes):
+            raise KernelError(f"kernel {name}: dynamic={{{arg!r}: {dynamic[arg]!r}}} must give "
+                              "distinct non-negative axes")
+        out[arg_names.index(arg)] = tuple(sorted(axes))
+    return out
+
+
 def kernel(fn: Callable[..., Any] | None = None, *, threads: int = 128,
            interpret: bool | None = None, name: str | None = None,
-           sharding: sharding.ShardRule | None = None) -> Any:
+           sharding: sharding.ShardRule | None = None,
+           dynamic: Mapping[str, int | Sequence[int]] | None = None) -> Any:
     """Decorator that makes a tile kernel from a Python body.
 
     Positional parameters are the array inputs; keyword-only parameters are compile-time
@@ -316,8 +341,15 @@ def kernel(fn: Callable[..., Any] | None = None, *, threads: int = 128,
     compiling it. ``sharding=jt.ShardRule(...)`` says along which dimensions the kernel's
     blocks are independent, so that under ``jax.jit`` with sharded inputs each device runs it
     on its own shard (see :class:`jaxtile.ShardRule`).
+
+    ``dynamic={"x": 0}`` (or ``{"x": (0, 1)}``) makes those dimensions of an argument
+    dynamic: one compiled kernel serves every size of them. In the body, ``x.shape[0]`` is
+    then a symbolic size (``x_0``): the grid, output shapes, loop bounds and masks may depend
+    on it, tile shapes may not. JAX still traces once per shape; a call with a new size
+    compiles nothing.
     """
     def wrap(f: Callable[..., Any]) -> Kernel:
-        return Kernel(f, threads=threads, interpret=interpret, name=name, sharding=sharding)
+        return Kernel(f, threads=threads, interpret=interpret, name=name, sharding=sharding,
+                      dynamic=dynamic)
 
     return wrap(fn) if fn is not None else wrap

@@ -62,9 +62,12 @@ def grid(*extents: int) -> Any:
     if not 1 <= len(extents) <= _trace.MAX_GRID_RANK:
         raise state.error(f"jt.grid takes 1 to {_trace.MAX_GRID_RANK} extents, got "
                           f"{len(extents)}")
-    if not all(isinstance(e, int | np.integer) and e >= 0 for e in extents):
-        raise state.error(f"jt.grid extents must be non-negative Python ints, got {extents}")
-    state.grid = _trace.checked_grid(state, tuple(int(e) for e in extents))
+    if not all((isinstance(e, int | np.integer) and e >= 0)
+               or (state.symbolic and ji.is_symbolic_dim(e)) for e in extents):
+        raise state.error(f"jt.grid extents must be non-negative Python ints (or expressions "
+                          f"of dynamic sizes), got {extents}")
+    state.grid = _trace.checked_grid(
+        state, tuple(e if ji.is_symbolic_dim(e) else int(e) for e in extents))
     idx = state.block_indices[:len(extents)]
     return idx[0] if len(extents) == 1 else tuple(idx)
 
@@ -360,6 +363,8 @@ def _bound(state: Any, b: Any) -> Any:
     """A loop bound: a Python int, or a traced integer scalar (computed on the device)."""
     if isinstance(b, int | np.integer):
         return int(b)
+    if ji.is_symbolic_dim(b):
+        return jnp.asarray(b, jnp.int32)
     if jnp.shape(b) != () or not jnp.issubdtype(jnp.result_type(b), jnp.integer):
         raise state.error(f"loop bounds must be ints or integer scalars, got "
                           f"{jnp.result_type(b)}{list(jnp.shape(b))}")

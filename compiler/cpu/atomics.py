@@ -12,7 +12,7 @@ from tvm import tirx
 
 from .. import ir
 from . import elementwise as ew
-from .context import Lowering
+from .context import Lowering, extent
 from .copies import all_of
 
 _SUFFIX = {"float32": "f32", "float64": "f64", "int32": "i32", "int64": "i64"}
@@ -31,7 +31,7 @@ def lower_atomic(low: Lowering, op: ir.Op) -> None:
             low.kb.store(buf, coords, ew.elementwise(fn, [buf[tuple(coords)], v], dtype, dtype,
                                                      low.bind))
             return
-        cond = all_of([tirx.And(c >= 0, c < int(n)) for c, n in zip(coords, buf.shape)])
+        cond = all_of([tirx.And(c >= 0, c < extent(n)) for c, n in zip(coords, buf.shape)])
         call = tirx.call_extern("int32", f"jaxtile_atomic_{fn}_{_SUFFIX[dtype]}",
                                 tirx.address_of(tirx.BufferLoad(buf, coords)), v)
         with low.kb.if_(cond):

@@ -16,7 +16,7 @@ from tvm.ir import Expr
 
 from .. import ir
 from . import elementwise as ew
-from .context import Lowering
+from .context import Lowering, extent
 
 
 def _is_true(cond: Expr | bool) -> bool:
@@ -63,7 +63,7 @@ def lower_copy(low: Lowering, op: ir.Op) -> None:
     def fits(buf, name, index, starts):
         if low.scopes[name] != "global":
             return True
-        return all_of([tirx.And(s >= 0, s + (1 if i.size is None else i.size) <= int(n))
+        return all_of([tirx.And(s >= 0, s + (1 if i.size is None else i.size) <= extent(n))
                      for s, i, n in zip(starts, index, buf.shape)])
 
     def emit(masked: bool) -> None:
@@ -106,12 +106,12 @@ def _indexed_copy(low: Lowering, op: ir.Op) -> None:
         return coords
 
     def inside(buf, coords) -> Expr:
-        return all_of([tirx.And(c >= 0, c < int(n)) for c, n in zip(coords, buf.shape)])
+        return all_of([tirx.And(c >= 0, c < extent(n)) for c, n in zip(coords, buf.shape)])
 
     with low.nest(a["src"].shape, vectorize=False) as idx:
         s, d = positions(a["src"], idx), positions(a["dst"], idx)
         s_ok = low.bind(inside(src, s))
-        clamped = [tirx.max(tirx.min(c, int(n) - 1), 0) for c, n in zip(s, src.shape)]
+        clamped = [tirx.max(tirx.min(c, extent(n) - 1), 0) for c, n in zip(s, src.shape)]
         value = tirx.Select(s_ok, src[tuple(clamped)], tirx.const(pad, str(src.dtype)))
         value = ew.convert(value, str(src.dtype), str(dst.dtype), low.bind)
         with low.kb.if_(inside(dst, d)):
@@ -145,11 +145,11 @@ def _masked_copy(low: Lowering, op, src, dst, tile, s_starts, d_starts) -> None:
     for s, i, n in zip(d_starts, a["dst"].index, dst.shape):
         if i.size is None:
             if d_global:
-                point_ok.append(tirx.And(s >= 0, s < int(n)))
+                point_ok.append(tirx.And(s >= 0, s < extent(n)))
             continue
         if d_global:
             lows.append(tirx.max(-s, tirx.const(0, "int32")))
-            highs.append(tirx.min(tirx.const(i.size, "int32"), int(n) - s))
+            highs.append(tirx.min(tirx.const(i.size, "int32"), extent(n) - s))
         else:
             lows.append(tirx.const(0, "int32"))
             highs.append(tirx.const(i.size, "int32"))
@@ -162,8 +162,8 @@ def _masked_copy(low: Lowering, op, src, dst, tile, s_starts, d_starts) -> None:
         conds, src_at = [], []
         for c, n in zip(_coords(s_starts, a["src"].index, idx), src.shape):
             if s_global:
-                conds.append(tirx.And(c >= 0, c < int(n)))
-                c = tirx.max(tirx.min(c, int(n) - 1), tirx.const(0, "int32"))
+                conds.append(tirx.And(c >= 0, c < extent(n)))
+                c = tirx.max(tirx.min(c, extent(n) - 1), tirx.const(0, "int32"))
             src_at.append(c)
         value = src[tuple(src_at)]
         in_bounds = all_of(conds)
@@ -188,8 +188,8 @@ def _masked_copy(low: Lowering, op, src, dst, tile, s_starts, d_starts) -> None:
         if s_global:
             first = _coords(s_starts, a["src"].index, [*idx, j0])
             for c, n in zip(first, src.shape):
-                whole.append(tirx.And(c >= 0, c < int(n)))
-            whole.append(first[-1] + lanes <= int(src.shape[-1]))
+                whole.append(tirx.And(c >= 0, c < extent(n)))
+            whole.append(first[-1] + lanes <= extent(src.shape[-1]))
         with low.kb.if_(all_of(whole)):
             with low.kb.loop(low.name("v"), lanes, kind="vectorized") as v:
                 at = [*idx, j0 + v]

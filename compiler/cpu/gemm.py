@@ -23,7 +23,7 @@ from tvm.ir import Expr
 
 from .. import ir
 from . import elementwise as ew
-from .context import Lowering
+from .context import Lowering, extent
 
 ROWS = 4
 VECTORS_PER_ROW = 2
@@ -42,8 +42,9 @@ def lower_gemm(low: Lowering, op: ir.Op, *, lanes: int) -> None:
     a = dict(op.attrs)
 
     def whole(region: ir.Region) -> bool:
-        shape = [int(d) for d in low.bufs[region.buffer].shape]
-        return len(shape) == 2 and region.is_whole(shape)
+        shape = [extent(d) for d in low.bufs[region.buffer].shape]
+        return (len(shape) == 2 and all(isinstance(d, int) for d in shape)
+                and region.is_whole(shape))
 
     c_region = a["c"]
     a["c"] = c_region.buffer if whole(c_region) else low.snapshot(c_region)

@@ -17,23 +17,25 @@ import os
 import re
 import tempfile
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from tvm import tirx
 from tvm.ir import Expr
 
 from .. import cpu_abi as abi
-from .. import ir
+from .. import ir, sizes
 from ..errors import kernel_error
 from ..passes.liveness import live_intervals, share_storage
 from ..target import Target
 from . import elementwise as ew
 from . import tir_emit
 from .atomics import lower_atomic
-from .context import FALLBACK_LANES
+from .context import FALLBACK_LANES, extent
 from .copies import lower_copy
 from .gemm import lower_gemm
 from .reductions import lower_reduce
 from .scans import lower_argreduce, lower_scan
+from .sorts import lower_sort
 
 MAX_SCRATCH_BYTES = 1 << 30
 """Scratch memory (on-chip buffers, tile values, temporaries) one call of a CPU kernel may
@@ -52,9 +54,13 @@ class _Lowering:
         self.kernel = kernel
         self.target = target
         params = kernel.params
+        # One int32 variable per dynamic size, bound from the shapes the kernel is called with
+        # (the packed-call entry checks that every buffer agrees with them).
+        self._size_vars: dict[str, tirx.Var] = {}
         self.kb = tir_emit.KernelBuilder(
             symbol_name(kernel), data_alignment=abi.DATA_ALIGNMENT,
-            buffers=[(b.name, b.shape, ew.tvm_dtype(b.dtype)) for b in params])
+            buffers=[(b.name, [self._param_dim(b.name, a, d) for a, d in enumerate(b.shape)],
+                      ew.tvm_dtype(b.dtype)) for b in params])
         self.bufs: dict[str, tirx.Buffer] = dict(zip((b.name for b in params),
                                                      self.kb.buffers))
         self.scopes = {b.name: b.scope for b in kernel.buffers}
@@ -70,6 +76,25 @@ class _Lowering:
         self._slots: dict[int, tirx.Buffer] = {}
         self.inline: dict[int, ir.Op] = {}
         self._names = 0
+
+    def size(self, size: sizes.Size, dtype: str = "int32") -> int | Expr:
+        """A buffer dimension or grid extent: an int, or an expression of the dynamic sizes
+        computed in ``dtype``."""
+        def leaf(name: str) -> Expr:
+            if name not in self._size_vars:
+                self._size_vars[name] = tirx.Var(name, "int32")
+            var = self._size_vars[name]
+            return var if dtype == "int32" else tirx.Cast(dtype, var)
+        return sizes.fold(size, leaf, _size_ops(dtype))
+
+    def _param_dim(self, buffer: str, axis: int, size: sizes.Size) -> int | Expr:
+        # A dimension that is an expression of the sizes gets a variable of its own: TVM
+        # binds parameter shapes before its common-subexpression elimination runs, which
+        # then breaks the binding of a shape expression (the caller computed that shape
+        # from the same expression).
+        if isinstance(size, int) or sizes.parse(size)[0] == "sym":
+            return self.size(size)
+        return tirx.Var(f"{buffer}_{axis}", "int32")
 
     def bind(self, value: Expr) -> Expr:
         """``value`` evaluated once, as an expression free of bfloat16 and of Let nodes
@@ -100,7 +125,7 @@ class _Lowering:
             return self.arrays[v.id][tuple(idx)]
         return self.expr(self.inline[v.id], idx)
 
-    def start(self, index: ir.Index, dim: int, clamp: bool) -> Expr:
+    def start(self, index: ir.Index, dim: int | Expr, clamp: bool) -> Expr:
         """An index start as an int32 expression; with ``clamp``, JAX's ``get``/``swap``
         rule: negative starts count from the end, then the slice is clamped into range."""
         s = index.start
@@ -110,7 +135,8 @@ class _Lowering:
         if clamp:
             size = 1 if index.size is None else index.size
             e = tirx.Select(e < 0, e + dim, e)
-            e = tirx.max(tirx.min(e, tirx.const(dim - size, "int32")), tirx.const(0, "int32"))
+            high = tirx.const(dim - size, "int32") if isinstance(dim, int) else dim - size
+            e = tirx.max(tirx.min(e, high), tirx.const(0, "int32"))
         return e
 
     def element(self, region: ir.Region, idx: Sequence[Expr], clamp: bool) -> list[Expr]:
@@ -118,7 +144,7 @@ class _Lowering:
         buf = self.bufs[region.buffer]
         coords, it = [], iter(idx)
         for i, dim in zip(region.index, buf.shape):
-            s = self.start(i, int(dim), clamp)
+            s = self.start(i, extent(dim), clamp)
             coords.append(s if i.size is None else s + next(it))
         return coords
 
@@ -131,6 +157,8 @@ class _Lowering:
             return tirx.const(op.attrs["value"], out)
         if kind == "iota":
             return tirx.Cast(out, idx[op.attrs["dimension"]])
+        if kind == "size":
+            return tirx.Cast(out, self.size(op.attrs["expr"]))
         if kind == "elementwise":
             args = [self.at(v, _operand_index(v, idx)) for v in op.operands]
             in_dtype = ew.tvm_dtype(op.operands[0].dtype)
@@ -246,6 +274,8 @@ class _Lowering:
             lower_atomic(self, op)
         elif op.kind == "argreduce":
             lower_argreduce(self, op)
+        elif op.kind == "sort":
+            lower_sort(self, op)
         elif op.result.shape == ():
             value = self.expr(op, ())
             self.scalars[op.result.id] = (value if op.kind == "const"
@@ -296,14 +326,40 @@ class _Lowering:
         lower_reduce(self, op)
 
     def run(self) -> tirx.PrimFunc:
+        extents = [self.size(n, "int64") for n in self.kernel.grid]
+        strides = [math.prod(extents[:axis], start=1) for axis in range(len(extents))]
         with self.kb.block_loop() as blk:
-            stride = 1
-            for v, extent in zip(self.kernel.block_indices, self.kernel.grid):
-                coord = tirx.floormod(tirx.floordiv(blk, stride), extent) if extent > 1 else 0
-                self.scalars[v.id] = self.kb.let(self.name("b"), tirx.Cast("int32", coord))
-                stride *= extent
+            # Decoded outermost axis first, by truncating division (the operands are not
+            # negative): TVM 0.27's LowerIntrin fails on a floordiv by a dynamic extent
+            # here ("Let cannot bind the same var to two different values").
+            rest = blk
+            coords = {}
+            for axis in reversed(range(len(extents))):
+                stride = strides[axis]
+                coords[axis] = rest if _is_one(stride) else tirx.truncdiv(rest, stride)
+                if axis:
+                    rest = self.kb.let(self.name("r"), rest - coords[axis] * stride)
+            for axis, v in enumerate(self.kernel.block_indices):
+                self.scalars[v.id] = self.kb.let(self.name("b"), tirx.Cast("int32", coords[axis]))
             self.body(self.kernel.body)
         return self.kb.finish()
+
+
+def _is_one(v: int | Expr) -> bool:
+    return isinstance(v, int) and v == 1
+
+
+def _size_ops(dtype: str) -> dict[str, Any]:
+    """Size-expression operators on TIR expressions of ``dtype`` (see :func:`..sizes.fold`)."""
+    def c(v: int | Expr) -> Expr:
+        return tirx.const(v, dtype) if isinstance(v, int) else v
+    return {
+        "+": lambda a, b: c(a) + c(b), "-": lambda a, b: c(a) - c(b),
+        "*": lambda a, b: c(a) * c(b), "neg": lambda a: -c(a),
+        "floordiv": lambda a, b: tirx.floordiv(c(a), c(b)),
+        "mod": lambda a, b: tirx.floormod(c(a), c(b)),
+        "max": lambda a, b: tirx.max(c(a), c(b)), "min": lambda a, b: tirx.min(c(a), c(b)),
+    }
 
 
 def _operand_index(v: ir.Value, idx: Sequence[Expr]) -> list[Expr]:

@@ -105,3 +105,18 @@ def test_a_lowering_rule_sees_the_disabled_checks_of_a_running_export():
     jax.export.export(jax.jit(lambda x: probe.bind(x) + 1))(spec)
     jax.jit(lambda x: probe.bind(x) * 2).lower(spec)
     assert seen == [tuple(checks), (), None]
+
+
+def test_symbolic_sizes_trace_to_dim_as_value():
+    # Dynamic sizes rely on: symbolic dimensions in ref shapes, is_symbolic_dim, and a size
+    # used as a value tracing to `dim_as_value[dim=...]`.
+
+    (n,) = jax.export.symbolic_shape("x_0")
+    assert ji.is_symbolic_dim(n) and not ji.is_symbolic_dim(3)
+
+    def body(x):
+        return jnp.asarray(x.shape[0], jnp.int32) + x[0]
+
+    jaxpr = jax.make_jaxpr(body)(ji.ref_aval((n,), jnp.int32))
+    eqns = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "dim_as_value"]
+    assert len(eqns) == 1 and str(eqns[0].params["dim"]) == "x_0"

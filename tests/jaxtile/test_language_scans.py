@@ -123,3 +123,54 @@ def test_arg_reductions_take_the_first_extreme_and_nan(rng, fn, dtype):
 def test_scan_ir_names_its_axis():
     text = _row_tile_kernel(cummin0r).lower(jnp.ones((8, 4))).tile_ir
     assert "scan(" in text and "axis=0" in text and "fn='min'" in text and "reverse=True" in text
+
+
+def sort1(v):
+    return jnp.sort(v, axis=1)
+
+
+def sort0(v):
+    return jnp.sort(v, axis=0)
+
+
+def _np_sort_tiles(x, axis, rows):
+    """numpy's stable sort of each 8-row tile (the partial last tile padded with zeros)."""
+    out = np.empty_like(x)
+    for i in range(0, x.shape[0], rows):
+        tile = x[i:i + rows]
+        if axis == 0 and tile.shape[0] < rows:
+            tile = np.concatenate([tile, np.zeros((rows - tile.shape[0], *tile.shape[1:]),
+                                                  tile.dtype)])
+        # (numpy cannot sort bfloat16 by value: sort the exact float32 values)
+        wide = tile.astype(np.float32) if tile.dtype == BF16 else tile
+        done = np.sort(wide, axis=axis, kind="stable").astype(tile.dtype)
+        out[i:i + rows] = done[:min(rows, x.shape[0] - i)]
+    return out
+
+
+@pytest.mark.parametrize("fn,axis", [(sort1, 1), (sort0, 0)], ids=["axis1", "axis0"])
+@pytest.mark.parametrize("dtype", [F32, BF16, I32], ids=["f32", "bf16", "i32"])
+def test_sort_in_xla_order(rng, fn, axis, dtype):
+    x = np.array(data(rng, (13, 12), dtype))
+    if dtype != I32:
+        x[3, [1, 6]] = np.nan          # NaNs sort last
+        x[4, [2, 5]] = [0.0, -0.0]     # equal: a stable sort keeps their order
+        x[4, 9] = 0.0
+    else:
+        x[5, :] = 3                    # ties
+    k = _row_tile_kernel(fn)
+    expected = _np_sort_tiles(x, axis, ROWS)
+    if dtype == BF16:   # (numpy compares bfloat16 NaNs as unequal)
+        expected = expected.astype(np.float32)
+    for got in (np.asarray(jax.jit(k)(jnp.asarray(x))), np.asarray(k.reference(jnp.asarray(x)))):
+        got = got.astype(expected.dtype)
+        np.testing.assert_array_equal(got, expected)
+        if dtype != I32:
+            np.testing.assert_array_equal(np.signbit(got.astype(np.float32)),
+                                          np.signbit(expected.astype(np.float32)))
+
+
+def test_argsort_is_a_clear_error():
+    from jaxtile.compiler.errors import KernelError
+    with pytest.raises(KernelError, match="argsort"):
+        _row_tile_kernel(lambda v: jnp.argsort(v, axis=1)).lower(jnp.ones((8, 4)))

@@ -171,9 +171,11 @@ class _Converter:
         return ir.Region(buf.name, tuple(ir.Index(start(s), z) for s, z in zip(starts, sizes)))
 
     # statements -----------------------------------------------------------
-    def block(self, jaxpr: ji.Jaxpr, out: list[ir.Stmt]) -> None:
+    def block(self, jaxpr: ji.Jaxpr, out: list[ir.Stmt],
+              eqns: Sequence[ji.JaxprEqn] | None = None) -> None:
+        """Convert ``jaxpr``'s equations (or the given ones of it) into ``out``."""
         outer = self.fallback_line
-        for eqn in jaxpr.eqns:
+        for eqn in jaxpr.eqns if eqns is None else eqns:
             self.line = ji.user_source_line(eqn.source_info) or outer
             self.fallback_line = self.line
             convert = CONVERTERS.get(eqn.primitive.name)
@@ -485,15 +487,50 @@ def _counted(cond: Any, body: Any, n_consts: int) -> bool:
             and all(o is i for o, i in zip(body.outvars[1:], carries[1:])))
 
 
+def _flag_loop(cond: Any, body: Any, nc: int, nb: int) -> bool:
+    """Whether a ``while`` is jt.while_'s: its only carry is a bool flag that the condition
+    returns as is and the body recomputes at its end; the state lives in refs."""
+    return (nc == 0 and not cond.eqns and len(cond.invars) == 1
+            and cond.outvars[0] is cond.invars[0] and len(body.invars) == nb + 1
+            and len(body.outvars) == 1)
+
+
+def _flag_while(c: _Converter, eqn: Any, out: list) -> None:
+    """``flag = cond(); while flag: body(); flag = cond()`` as a While statement: the body's
+    equations after its last write compute the next flag (jt.while_ traces the condition,
+    which only reads, after the body), so they are the While's condition block."""
+    p = eqn.params
+    nb = p["body_nconsts"]
+    body = p["body_jaxpr"].jaxpr
+    writes = [i for i, e in enumerate(body.eqns)
+              if any(isinstance(f, ji.WriteEffect) for f in e.effects)]
+    split = writes[-1] + 1 if writes else 0
+    c.bind_consts(body, p["body_jaxpr"].consts, out)
+    for var, atom in zip(body.invars, eqn.invars[:nb + 1]):
+        c.env[var] = c.read(atom, out)
+    body_stmts: list[ir.Stmt] = []
+    cond_stmts: list[ir.Stmt] = []
+    line = c.line
+    c.block(body, body_stmts, body.eqns[:split])
+    c.block(body, cond_stmts, body.eqns[split:])
+    c.line = line
+    test = c.value(body.outvars[0], cond_stmts)
+    out.append(ir.While(cond_stmts, test, body_stmts, c.line))
+
+
 @_converts("while")
 def _while(c: _Converter, eqn: Any, out: list) -> None:
     p = eqn.params
     nc, nb = p["cond_nconsts"], p["body_nconsts"]
     body = p["body_jaxpr"].jaxpr
     if nc or not _counted(p["cond_jaxpr"].jaxpr, body, nb):
-        raise c.error("only counted loops are supported on the device: use jt.loop or "
-                      "jt.pipelined (their bounds may be traced values); lax.while_loop with "
-                      "loop-carried values is not supported")
+        if _flag_loop(p["cond_jaxpr"].jaxpr, body, nc, nb):
+            _flag_while(c, eqn, out)
+            return
+        raise c.error("lax.while_loop with loop-carried values is not supported on the "
+                      "device: keep the state in refs (e.g. a jt.local scalar) and use "
+                      "@jt.while_(lambda: <condition>), or jt.loop / jt.pipelined for "
+                      "counted loops (their bounds may be traced values)")
     carries = eqn.invars[nc + nb:]
     start = c.scalar(carries[0], out)
     kind, stages = _loop_kind(body, body.invars[nb])

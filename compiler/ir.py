@@ -5,7 +5,8 @@ launch grid and a body of statements. Statements are :class:`Op` (tile ops and e
 math on SSA :class:`Value` s, scalars being 0-d tiles), :class:`For` (structured loops: serial,
 unrolled or software-pipelined) and :class:`If`. Values defined in a scope are visible in
 nested scopes. The IR is target independent; layouts, thread mapping and synchronisation are
-decided by later passes and lowerings.
+decided by later passes and lowerings. :class:`While` loops on a condition computed on the
+device.
 
 Every op kind has one definition in :mod:`.op_defs` (operands, typed attributes, result
 rule, the buffer regions it reads and writes, purity, a verify hook); passes ask it rather
@@ -173,7 +174,23 @@ class If:
         object.__setattr__(self, "otherwise", tuple(self.otherwise))
 
 
-Stmt = Op | For | If
+@dataclasses.dataclass(frozen=True, eq=False)
+class While:
+    """A device loop on a condition: run ``cond``, which computes the scalar bool ``test``;
+    stop when it is false, else run ``body`` and repeat. Both read and write buffers;
+    values defined in ``cond`` are not visible in ``body``."""
+
+    cond: tuple[Stmt, ...]
+    test: Value
+    body: tuple[Stmt, ...]
+    line: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cond", tuple(self.cond))
+        object.__setattr__(self, "body", tuple(self.body))
+
+
+Stmt = Op | For | If | While
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -229,6 +246,9 @@ def walk(body: Sequence[Stmt]) -> Iterator[Stmt]:
         elif isinstance(stmt, If):
             yield from walk(stmt.then)
             yield from walk(stmt.otherwise)
+        elif isinstance(stmt, While):
+            yield from walk(stmt.cond)
+            yield from walk(stmt.body)
 
 
 def regions(op: Op) -> list[Region]:
@@ -245,7 +265,20 @@ def uses(stmt: Stmt) -> list[Value]:
         return vals
     if isinstance(stmt, For):
         return [v for v in (stmt.start, stmt.extent) if isinstance(v, Value)]
+    if isinstance(stmt, While):
+        return [stmt.test]  # defined by its own condition block
     return [stmt.cond]
+
+
+def blocks(stmt: Stmt) -> tuple[tuple[Stmt, ...], ...]:
+    """The statement lists nested in ``stmt`` (none for an op)."""
+    if isinstance(stmt, For):
+        return (stmt.body,)
+    if isinstance(stmt, If):
+        return (stmt.then, stmt.otherwise)
+    if isinstance(stmt, While):
+        return (stmt.cond, stmt.body)
+    return ()
 
 
 def tile_shape(index: Sequence[Index]) -> tuple[int, ...]:

@@ -195,7 +195,7 @@ class _Parser:
         out: list[ir.Stmt] = []
         while self.pos < len(self.lines):
             d, code, where = _split_line(self.lines[self.pos])
-            if d < depth or code == "else:":
+            if d < depth or code == "else:" or code.startswith("do %"):
                 break
             if d > depth:
                 raise self.error("unexpected indentation")
@@ -216,6 +216,16 @@ class _Parser:
             self.pos += 1
             body = self.body(depth + 1)
             return ir.For(var, start, extent, m.group(2), int(m.group(5) or 1), body, where)
+        if code == "while:":
+            self.pos += 1
+            cond = self.body(depth + 1)
+            m = re.match(r"do (%\d+):$", _split_line(self.lines[self.pos])[1]) \
+                if self.pos < len(self.lines) else None
+            if m is None:
+                raise self.error("expected `do %<test>:` after a while condition")
+            test = _Tokens(m.group(1), self.values).start()
+            self.pos += 1
+            return ir.While(cond, test, self.body(depth + 1), where)
         m = re.match(r"if (%\d+):$", code)
         if m is not None:
             cond = _Tokens(m.group(1), self.values).start()

@@ -95,6 +95,11 @@ class _Printer:
                 self.out.append(f"{pad}for {var} in {stmt.kind}({start}, +{extent}"
                                 f"{stages}):{where}")
                 self.stmts(stmt.body, depth + 1)
+            elif isinstance(stmt, ir.While):
+                self.out.append(f"{pad}while:{where}")
+                self.stmts(stmt.cond, depth + 1)
+                self.out.append(f"{pad}do {self.names(stmt.test)}:")
+                self.stmts(stmt.body, depth + 1)
             else:
                 self.out.append(f"{pad}if {self.names(stmt.cond)}:{where}")
                 self.stmts(stmt.then, depth + 1)

@@ -46,10 +46,11 @@ class _Verifier:
                    for n in b.shape):
                 raise self.fail(b, f"buffer '{b.name}' has invalid shape {b.shape}")
 
-    def body(self, body: Sequence[ir.Stmt], scope: set[int]) -> None:
+    def body(self, body: Sequence[ir.Stmt], scope: set[int]) -> set[int]:
+        """Check ``body`` given the values in ``scope``; the values visible after it."""
         scope = set(scope)
         for stmt in body:
-            for v in ir.uses(stmt):
+            for v in ([] if isinstance(stmt, ir.While) else ir.uses(stmt)):
                 if v.id not in scope:
                     raise self.fail(stmt, f"internal: value {v!r} used outside its scope")
             if isinstance(stmt, ir.Op):
@@ -67,11 +68,19 @@ class _Verifier:
                        for v in (stmt.var, stmt.start, stmt.extent)):
                     raise self.fail(stmt, "a loop index, start and extent must be scalars")
                 self.body(stmt.body, scope | {stmt.var.id})
+            elif isinstance(stmt, ir.While):
+                inner = self.body(stmt.cond, scope)
+                if (stmt.test.id not in inner or stmt.test.shape != ()
+                        or stmt.test.dtype != np.bool_):
+                    raise self.fail(stmt, "a while loop's test must be a scalar bool computed "
+                                    "by its condition block")
+                self.body(stmt.body, scope)
             else:
                 if stmt.cond.shape != ():
                     raise self.fail(stmt, "a condition must be a scalar")
                 self.body(stmt.then, scope)
                 self.body(stmt.otherwise, scope)
+        return scope
 
     def region(self, op: ir.Op, name: str, region: ir.Region) -> None:
         buf = self.buffers.get(region.buffer)

@@ -6,7 +6,7 @@ A kernel is a Python body written with the tile language below and decorated wit
 Tile language (inside a kernel body): :func:`empty`, :func:`grid`, :func:`shared`,
 :func:`fragment`, :func:`local`, :func:`copy`, :func:`gather`, :func:`scatter`,
 :func:`gemm`, :func:`atomic_add` (``_max``, ``_min``), :func:`loop`, :func:`pipelined`,
-:func:`when`, :func:`ds`, :func:`cdiv`.
+:func:`when`, :func:`while_`, :func:`ds`, :func:`cdiv`.
 """
 
 from jaxtile.compiler.errors import KernelError
@@ -42,6 +42,7 @@ from .language import (
     scatter,
     shared,
     when,
+    while_,
 )
 
 __version__ = "0.1.0"
@@ -50,7 +51,7 @@ __all__ = [
     "Kernel", "KernelError", "Lowered", "ShardRule", "atomic_add", "atomic_max", "atomic_min",
     "backend", "cdiv", "copy", "ds", "empty", "export_checks", "fragment", "gather", "gemm",
     "grid", "interpret_by_default", "kernel", "local", "loop", "ops", "pipelined", "scatter",
-    "set_backend", "set_interpret", "shared", "when",
+    "set_backend", "set_interpret", "shared", "when", "while_",
 ]
 
 

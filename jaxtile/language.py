@@ -414,6 +414,44 @@ def pipelined(n: Any, *, stages: int = 2) -> Callable:
     return lambda body: _run_loop(0, n, body, "pipelined", stages)
 
 
+def while_(cond: Callable[[], Any]) -> Callable:
+    """Decorator: run the body on the device as long as ``cond()`` is true.
+
+    ``cond`` is a function of no arguments evaluated before every iteration; it reads refs
+    (the loop's state lives in refs, e.g. a ``jt.local`` counter the body updates) and
+    returns a scalar bool.
+
+    >>> i = jt.local((1,), jnp.int32)                  # doctest: +SKIP
+    >>> i[0] = 0
+    >>> @jt.while_(lambda: (i[0] < n) & (x[i[0]] > 0))
+    ... def _():
+    ...     i[0] += 1
+    """
+    def deco(body: Callable[[], Any]) -> None:
+        state = _trace.current("jt.while_")
+        if not callable(cond):
+            raise state.error("jt.while_ takes a function that computes the condition, e.g. "
+                              "@jt.while_(lambda: i[0] < n)")
+
+        def test():
+            c = cond()
+            if jnp.shape(c) != ():
+                raise state.error(f"jt.while_: the condition must be a scalar, got shape "
+                                  f"{jnp.shape(c)}")
+            return jnp.asarray(c, jnp.bool_)
+
+        def step(_):
+            if body() is not None:
+                raise state.error("a jt.while_ body must not return a value")
+            return test()
+
+        # The flag is carried rather than recomputed by the loop's condition from refs:
+        # JAX's state discharge (the reference semantics) mishandles a while condition that
+        # reads refs its body writes (the loop never sees the updates).
+        lax.while_loop(lambda go: go, step, test())
+    return deco
+
+
 def when(cond: Any) -> Callable:
     """Decorator: run the body only where the traced scalar ``cond`` is true."""
     def deco(body: Callable[[], Any]) -> None:

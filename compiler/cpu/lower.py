@@ -235,6 +235,20 @@ class _Lowering:
                     idx.append(stack.enter_context(self.kb.loop(self.name("i"), n)))
             yield idx
 
+    def while_loop(self, stmt: ir.While) -> None:
+        """``test = cond; while test: body; test = cond``: the condition block is emitted
+        twice, before the loop and at the end of its body, storing the test in a flag."""
+        flag = self.kb.alloc_local(self.name("go"), (1,), "int8")
+
+        def test() -> None:
+            self.body(stmt.cond)
+            self.kb.store(flag, [0], tirx.Cast("int8", self.at(stmt.test, ())))
+
+        test()
+        with self.kb.while_(flag[0] != tirx.const(0, "int8")):
+            self.body(stmt.body)
+            test()
+
     def body(self, stmts: list[ir.Stmt]) -> None:
         for stmt in stmts:
             if isinstance(stmt, ir.Op):
@@ -247,6 +261,8 @@ class _Lowering:
                 with self.kb.loop(self.name("k"), extent, start=start, kind=kind) as var:
                     self.scalars[stmt.var.id] = var
                     self.body(stmt.body)
+            elif isinstance(stmt, ir.While):
+                self.while_loop(stmt)
             else:
                 with self.kb.if_(self.scalars[stmt.cond.id]):
                     self.body(stmt.then)

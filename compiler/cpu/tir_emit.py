@@ -321,6 +321,13 @@ class KernelBuilder:
         self.emit(tirx.IfThenElse(cond, self._pop_body(), None))
 
     @contextlib.contextmanager
+    def while_(self, cond: Expr) -> Iterator[None]:
+        """Open ``while cond:`` (``cond`` is re-evaluated before every iteration)."""
+        self._stack.append([])
+        yield
+        self.emit(tirx.While(cond, self._pop_body()))
+
+    @contextlib.contextmanager
     def else_(self) -> Iterator[None]:
         """Open the ``else:`` of the ``if_`` block that was closed just before."""
         body = self._stack[-1]

@@ -52,9 +52,9 @@ def _ranges(kernel: ir.Kernel) -> dict[int, _Range]:
                 if start is not None and isinstance(stmt.extent, int) and stmt.extent > 0:
                     known[stmt.var.id] = (start[0], start[1] + stmt.extent - 1)
                 visit(stmt.body)
-            elif isinstance(stmt, ir.If):
-                visit(stmt.then)
-                visit(stmt.otherwise)
+            elif isinstance(stmt, ir.If | ir.While):
+                for block in ir.blocks(stmt):
+                    visit(block)
             elif stmt.result is not None and stmt.result.shape == ():
                 value = _scalar_range(stmt, known)
                 if value is not None:

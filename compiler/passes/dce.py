@@ -26,6 +26,12 @@ def _prune(body: tuple[ir.Stmt, ...], live: set[int]) -> tuple[list[ir.Stmt], bo
                 out.append(dataclasses.replace(stmt, body=new_body))
             else:
                 changed = True
+        elif isinstance(stmt, ir.While):
+            # Kept even when empty: whether it terminates is part of the program.
+            cond, c1 = _prune(stmt.cond, live)
+            body, c2 = _prune(stmt.body, live)
+            changed |= c1 or c2
+            out.append(dataclasses.replace(stmt, cond=cond, body=body))
         else:
             then, c1 = _prune(stmt.then, live)
             other, c2 = _prune(stmt.otherwise, live)

@@ -64,9 +64,9 @@ def _fuse_list(body: Sequence[ir.Stmt], counts: Counter, reads: dict[int, tuple]
         if isinstance(stmt, ir.For):
             _fuse_list(stmt.body, counts, reads, fused)
             continue
-        if isinstance(stmt, ir.If):
-            _fuse_list(stmt.then, counts, reads, fused)
-            _fuse_list(stmt.otherwise, counts, reads, fused)
+        if isinstance(stmt, ir.If | ir.While):
+            for block in ir.blocks(stmt):
+                _fuse_list(block, counts, reads, fused)
             continue
         res = stmt.result
         if res is None:
@@ -131,6 +131,9 @@ def _annotate(body: Sequence[ir.Stmt], fused: set[int]) -> list[ir.Stmt]:
         elif isinstance(stmt, ir.If):
             stmt = dataclasses.replace(stmt, then=_annotate(stmt.then, fused),
                                        otherwise=_annotate(stmt.otherwise, fused))
+        elif isinstance(stmt, ir.While):
+            stmt = dataclasses.replace(stmt, cond=_annotate(stmt.cond, fused),
+                                       body=_annotate(stmt.body, fused))
         elif stmt.result is not None and stmt.result.id in fused:
             stmt = stmt.with_notes(inline=True)
         out.append(stmt)

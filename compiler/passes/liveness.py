@@ -66,6 +66,11 @@ def live_intervals(kernel: ir.Kernel,
         if isinstance(stmt, ir.For):
             open_loops.append(pos)
             stack.append((stmt.body, 0, loops + (pos,)))
+        elif isinstance(stmt, ir.While):
+            # Both blocks repeat: values from outside live through the whole loop.
+            open_loops.append(pos)
+            stack.append((stmt.body, 0, loops + (pos,)))
+            stack.append((stmt.cond, 0, loops + (pos,)))
         elif isinstance(stmt, ir.If):
             stack.append((stmt.otherwise, 0, loops))
             stack.append((stmt.then, 0, loops))

@@ -31,9 +31,9 @@ def _scan(body: tuple[ir.Stmt, ...], defined: set[str], scratch: dict[str, ir.Bu
     for stmt in body:
         if isinstance(stmt, ir.For):
             _scan(stmt.body, set(defined), scratch, needed)
-        elif isinstance(stmt, ir.If):
-            _scan(stmt.then, set(defined), scratch, needed)
-            _scan(stmt.otherwise, set(defined), scratch, needed)
+        elif isinstance(stmt, ir.If | ir.While):
+            for block in ir.blocks(stmt):
+                _scan(block, set(defined), scratch, needed)
         else:
             for name in sorted({r.buffer for r in op_defs.reads(stmt)}):
                 if name in scratch and name not in defined and name not in needed:

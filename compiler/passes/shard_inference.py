@@ -202,6 +202,10 @@ def _other_uses(kernel: ir.Kernel, known: dict[int, _Affine], params: tuple[ir.B
                 flag(start, "is used in a loop bound", stmt.line)
                 deps[stmt.var.id] = start
                 visit(stmt.body, control | start)
+            elif isinstance(stmt, ir.While):
+                visit(stmt.cond, control)
+                flag(of(stmt.test), "is used in a while condition", stmt.line)
+                visit(stmt.body, control | of(stmt.test))
             elif isinstance(stmt, ir.If):
                 flag(of(stmt.cond), "is used in a condition", stmt.line)
                 visit(stmt.then, control | of(stmt.cond))

@@ -132,5 +132,111 @@ def test_a_plain_while_loop_is_a_clear_error():
         out[...] = jax.lax.while_loop(lambda v: v[0] < 10, lambda v: v * 2, x[...])
         return out
 
-    with pytest.raises(jt.KernelError, match="only counted loops"):
+    with pytest.raises(jt.KernelError, match="loop-carried values.*jt.while_"):
         k.lower(jnp.ones((4,)))
+
+
+@jt.kernel
+def _first_negative(x, *, rows=8):
+    """Per row, the index of its first negative element (the row length if none): a loop
+    on a condition that reads the data."""
+    n, m = x.shape
+    out = jt.empty((n,), jnp.int32)
+    r = jt.grid(jt.cdiv(n, rows))
+    t = jt.fragment((rows, m), x.dtype)
+    jt.copy(x.at[r * rows, 0], t, pad=-1)
+    res = jt.fragment((rows,), jnp.int32)
+    i = jt.local((1,), jnp.int32)
+
+    @jt.loop(rows)
+    def _(k):
+        i[0] = 0
+
+        @jt.while_(lambda: (i[0] < m) & (t[k, jnp.minimum(i[0], m - 1)] >= 0))
+        def _():
+            i[0] += 1
+
+        res[k] = i[0]
+
+    jt.copy(res, out.at[r * rows])
+    return out
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("shape", [(13, 10), (16, 7)])
+def test_while_on_a_condition_computed_on_the_device(rng, dtype, shape):
+    x = np.asarray(rng.standard_normal(shape) + 1.2, dtype)
+    x[0, 0] = -1.0                    # a loop with no iteration
+    x[1, :] = 1.0                     # one that runs to the row's end
+    want = np.array([np.argmax(row < 0) if (row < 0).any() else len(row)
+                     for row in x.astype(np.float32)])
+    got = jax.jit(_first_negative)(jnp.asarray(x))
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(_first_negative.reference(jnp.asarray(x)), want)
+
+
+@jt.kernel
+def _collatz_steps(x):
+    """Steps of the Collatz map from each x[b] down to 1: a while with a branch inside,
+    whose trip count differs from block to block."""
+    out = jt.empty(x.shape, jnp.int32)
+    b = jt.grid(x.shape[0])
+    v = jt.local((1,), jnp.int32)
+    steps = jt.local((1,), jnp.int32)
+    v[0] = x[b]
+    steps[0] = 0
+
+    @jt.while_(lambda: v[0] > 1)
+    def _():
+        odd = v[0] % 2                  # read once: both branches test the same parity
+
+        @jt.when(odd == 0)
+        def _():
+            v[0] = v[0] // 2
+
+        @jt.when(odd == 1)
+        def _():
+            v[0] = 3 * v[0] + 1
+
+        steps[0] += 1
+
+    out[b] = steps[0]
+    return out
+
+
+def _collatz(n):
+    steps = 0
+    while n > 1:
+        n = n // 2 if n % 2 == 0 else 3 * n + 1
+        steps += 1
+    return steps
+
+
+def test_while_with_a_data_dependent_trip_count_per_block():
+    x = np.array([1, 2, 3, 6, 7, 27, 97, 0, -5], np.int32)
+    want = [_collatz(int(n)) for n in x]
+    assert want[5] == 111                # 27 takes 111 steps
+    got = jax.jit(_collatz_steps)(jnp.asarray(x))
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(_collatz_steps.reference(jnp.asarray(x)), want)
+
+
+def test_while_ir_round_trips_and_bad_conditions_are_errors():
+    from jaxtile.compiler import parser, printer
+    k = _first_negative.lower(jnp.ones((8, 4))).kernel
+    text = printer.format_kernel(k)
+    assert "while:" in text and "do %" in text
+    assert printer.format_kernel(parser.parse_kernel(text)) == text
+
+    @jt.kernel
+    def not_callable(x):
+        out = jt.empty(x.shape, x.dtype)
+        jt.grid(1)
+
+        @jt.while_(x[0] > 0)
+        def _():
+            out[...] = x[...]
+        return out
+
+    with pytest.raises(jt.KernelError, match="function that computes the condition"):
+        not_callable.lower(jnp.ones((4,)))

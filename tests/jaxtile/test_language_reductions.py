@@ -5,7 +5,6 @@ Shared helpers and the testing approach: ``language_helpers``.
 
 import functools
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -86,18 +85,6 @@ def test_more_reductions(rng):
     x = jnp.asarray(rng.uniform(0.5, 1.6, (5, 24)).astype(F32))
     check_fns(whole, [x], {"prod": _prod_rows, "any_all": _any_all, "var": _mean_var},
               {"rtol": 2e-6, "atol": 1e-6})
-
-
-def _sort(v):
-    return jnp.sort(v, axis=1)
-
-
-def test_sort_is_not_supported():
-    x = jnp.ones((4, 8), F32)
-    with pytest.raises(jt.KernelError, match="sort"):
-        jax.jit(functools.partial(whole, fns=(_sort,)))(x)
-    with pytest.raises(jt.KernelError, match="sort"):
-        whole.lower(x, fns=(_sort,))
 
 
 # --- broadcasting, iota, transposes, reshapes ----------------------------------------------

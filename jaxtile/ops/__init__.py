@@ -8,10 +8,13 @@ take 2-D operands (and 1-D weights); batch them with ``jax.vmap``.
 """
 
 from .add import add
+from .attention import attention, attention_fwd
+from .attention_bwd import attention_dkdv, attention_dq, attention_jvp
 from .layer_norm import layer_norm, layer_norm_bwd, layer_norm_fwd
 from .matmul import matmul, matmul_relu
 from .rms_norm import rms_norm, rms_norm_bwd, rms_norm_fwd
 from .softmax import softmax, softmax_bwd
 
-__all__ = ["add", "layer_norm", "layer_norm_bwd", "layer_norm_fwd", "matmul", "matmul_relu",
+__all__ = ["add", "attention", "attention_dkdv", "attention_dq", "attention_fwd", "attention_jvp",
+           "layer_norm", "layer_norm_bwd", "layer_norm_fwd", "matmul", "matmul_relu",
            "rms_norm", "rms_norm_bwd", "rms_norm_fwd", "softmax", "softmax_bwd"]

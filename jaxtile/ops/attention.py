@@ -30,7 +30,8 @@ from .attention_mask import (
 @jt.kernel(threads=128)
 def attention_fwd(q, k, v, lengths, *, causal=False, scale=None, window=None, bm=64, bn=64):
     """``(out, lse)`` of attention for ``q`` (B, H, T, D), ``k`` and ``v`` (B, Hkv, S, D)
-    and the key counts ``lengths`` (B,) int32; ``window`` is None or ``(left, right)``.
+    and the key counts ``lengths`` (B,) int32; ``window`` is None, ``(left, right)`` or an
+    int ``w`` for ``(w, w)``.
 
     ``out`` (B, H, T, D) in ``q.dtype``; ``lse`` (B, H, T) float32, the log-sum-exp of each
     row's scaled scores (``-inf`` for a row that sees no key, whose ``out`` is 0). A block
@@ -38,6 +39,7 @@ def attention_fwd(q, k, v, lengths, *, causal=False, scale=None, window=None, bm
     are float32, probabilities are cast to ``v.dtype`` for the product with ``v``.
     """
     group, seq = check_qkv("attention", q, k, v, lengths)
+    window = window_pair(window)
     batch, heads, t_len, d = q.shape
     scale = attention_scale(scale, d)
     out = jt.empty(q.shape, q.dtype)
@@ -118,7 +120,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | No
     if lengths is None:
         lengths = jnp.full((q.shape[0],), k.shape[2] if jnp.ndim(k) == 4 else 0, jnp.int32)
     out, lse = attention_fwd(q, k, v, lengths, causal=bool(causal), scale=scale,
-                             window=window_pair(window), bm=block_q, bn=block_k)
+                             window=window, bm=block_q, bn=block_k)
     return (out, lse) if return_lse else out
 
 

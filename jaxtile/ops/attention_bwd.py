@@ -31,6 +31,7 @@ from .attention_mask import (
     positions,
     q_range,
     visible,
+    window_pair,
 )
 
 
@@ -46,6 +47,7 @@ def attention_dq(q, k, v, lengths, out, lse, g, g_lse, *, causal=False, scale=No
     - g_lse`` (B, H, T) float32 for :func:`attention_dkdv`. Blocks as in the forward
     kernel."""
     group, seq = check_qkv("attention_dq", q, k, v, lengths)
+    window = window_pair(window)
     batch, heads, t_len, d = q.shape
     scale = attention_scale(scale, d)
     dq = jt.empty(q.shape, q.dtype)
@@ -101,6 +103,7 @@ def attention_dkdv(q, k, v, lengths, lse, delta, g, *, causal=False, scale=None,
     :func:`attention_dq`'s ``delta``. A block handles ``bn`` keys of one K/V head: it
     visits the query tiles that see them, for every query head of the head's group."""
     group, seq = check_qkv("attention_dkdv", q, k, v, lengths)
+    window = window_pair(window)
     batch, heads, t_len, d = q.shape
     scale = attention_scale(scale, d)
     dk = jt.empty(k.shape, k.dtype)
@@ -165,6 +168,7 @@ def attention_jvp(q, k, v, lengths, out, lse, tq, tk, tv, *, causal=False, scale
     """``(t_out, t_lse)``: the forward-mode tangents of ``(out, lse)`` for the tangents
     ``tq``, ``tk``, ``tv`` (see the module doc). Blocks as in the forward kernel."""
     group, seq = check_qkv("attention_jvp", q, k, v, lengths)
+    window = window_pair(window)
     batch, heads, t_len, d = q.shape
     scale = attention_scale(scale, d)
     t_out = jt.empty(q.shape, q.dtype)

@@ -141,8 +141,8 @@ def _jvp(args, outs, tangents, **params):
     q, k, v, lengths = args
     tq, tk, tv, _ = tangents
     out, lse = outs
-    return attention_bwd.attention_tangent(q, k, v, lengths, out, lse, tq.astype(q.dtype),
-                                           tk.astype(k.dtype), tv.astype(v.dtype), **params)
+    return attention_bwd.attention_jvp(q, k, v, lengths, out, lse, tq.astype(q.dtype),
+                                       tk.astype(k.dtype), tv.astype(v.dtype), **params)
 
 
 attention_fwd.defvjp(_fwd, _bwd)

@@ -10,7 +10,7 @@ pass's log-sum-exp, never stored), ``out = P v`` and the cotangents ``g`` of ``o
 - ``dk = dS^T q * scale`` and ``dv = P^T g`` (:func:`attention_dkdv`: one block per K/V
   tile of a K/V head, a loop over the query heads of its group and their query tiles).
 
-The forward-mode rule (:func:`attention_tangent`) is one more kernel: with the tangent
+The forward-mode rule (:func:`attention_jvp`) is one more kernel: with the tangent
 scores ``dS = (tq k^T + q tk^T) * scale``, ``t_lse = rowsum(P * dS)`` and
 ``t_out = (P * dS) v + P tv - t_lse * out``.
 """
@@ -234,8 +234,3 @@ def attention_grads(q: Any, k: Any, v: Any, lengths: Any, out: Any, lse: Any, g:
     dk, dv = attention_dkdv(q, k, v, lengths, lse, delta, g, **params)
     return dq, dk, dv
 
-
-def attention_tangent(q: Any, k: Any, v: Any, lengths: Any, out: Any, lse: Any, tq: Any,
-                      tk: Any, tv: Any, **params: Any) -> tuple[Any, Any]:
-    """``(t_out, t_lse)``: :func:`attention_jvp`."""
-    return attention_jvp(q, k, v, lengths, out, lse, tq, tk, tv, **params)

@@ -3,9 +3,9 @@ namespace (jaxtile kernels, or plain jnp for comparison), its initial parameters
 synthetic task, the training loop's timing, and the comparison that decides success.
 
 The block: ``x + attn(rms_norm(x))`` then ``x + mlp(rms_norm(x))``, causal multi-head
-self-attention with a softmax, a GELU MLP. With ``JAXTILE`` its norms, every matmul and the
-attention softmax are jaxtile kernels (2-D; batch and heads go through ``jax.vmap`` or a
-reshape), differentiated by their backward kernels.
+self-attention, a GELU MLP. With ``JAXTILE`` its norms and matmuls are jaxtile kernels (2-D;
+batch and sequence go through a reshape) and the attention is ``jt.ops.attention``, a flash
+kernel on (batch, heads, seq, head_dim); all are differentiated by their backward kernels.
 """
 
 from __future__ import annotations
@@ -27,24 +27,36 @@ PARAM_NAMES = ("norm1", "wqkv", "wo", "norm2", "w1", "w2")
 
 @dataclasses.dataclass(frozen=True)
 class Ops:
-    """The three operations the block needs, on 2-D operands."""
+    """The three operations the block needs."""
 
     name: str
-    matmul: Callable   # (a, b, *, transpose_b=False) -> a @ b or a @ b.T
-    softmax: Callable  # softmax over the last axis
-    rms_norm: Callable  # (x, w) -> x / rms(x) * w over the last axis
+    matmul: Callable   # (a, b) -> a @ b, 2-D
+    attention: Callable  # causal attention of (batch, heads, seq, head_dim) q, k, v
+    rms_norm: Callable  # (x, w) -> x / rms(x) * w over the last axis, 2-D
 
 
-def _jnp_matmul(a, b, *, transpose_b=False):
-    return jnp.matmul(a, b.T if transpose_b else b, precision=HI)
+def _jnp_matmul(a, b):
+    return jnp.matmul(a, b, precision=HI)
+
+
+def _jnp_attention(q, k, v):
+    """Causal softmax attention written out: scores, mask, softmax, weighted values."""
+    s = q.shape[2]
+    scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, precision=HI) / np.sqrt(q.shape[-1])
+    scores = jnp.where(jnp.tril(jnp.ones((s, s), bool)), scores, -jnp.inf)
+    return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(scores, axis=-1), v, precision=HI)
+
+
+def _jaxtile_attention(q, k, v):
+    return jt.ops.attention(q, k, v, causal=True)
 
 
 def _jnp_rms_norm(x, w, eps=1e-6):
     return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-JAXTILE = Ops("jaxtile", jt.ops.matmul, jt.ops.softmax, jt.ops.rms_norm)
-JNP = Ops("jnp", _jnp_matmul, lambda x: jax.nn.softmax(x, axis=-1), _jnp_rms_norm)
+JAXTILE = Ops("jaxtile", jt.ops.matmul, _jaxtile_attention, jt.ops.rms_norm)
+JNP = Ops("jnp", _jnp_matmul, _jnp_attention, _jnp_rms_norm)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,19 +91,13 @@ def block(p: Mapping[str, jax.Array], x: jax.Array, ops: Ops, heads: int) -> jax
         out = f(h.reshape(b * s, h.shape[-1]), *args)
         return out.reshape(b, s, out.shape[-1])
 
-    def split_heads(t):                    # (b, s, d) -> (b * heads, s, dh)
-        return t.reshape(b, s, heads, dh).transpose(0, 2, 1, 3).reshape(b * heads, s, dh)
-
-    causal = jnp.tril(jnp.ones((s, s), bool))
-
-    def attend(q, k, v):                   # one head: (s, dh) each
-        scores = ops.matmul(q, k, transpose_b=True) * (1.0 / np.sqrt(dh))
-        return ops.matmul(ops.softmax(jnp.where(causal, scores, -jnp.inf)), v)
+    def split_heads(t):                    # (b, s, d) -> (b, heads, s, dh)
+        return t.reshape(b, s, heads, dh).transpose(0, 2, 1, 3)
 
     h = rows(ops.rms_norm, x, p["norm1"])
     q, k, v = jnp.split(rows(ops.matmul, h, p["wqkv"]), 3, axis=-1)
-    o = jax.vmap(attend)(split_heads(q), split_heads(k), split_heads(v))
-    o = o.reshape(b, heads, s, dh).transpose(0, 2, 1, 3).reshape(b, s, d)
+    o = ops.attention(split_heads(q), split_heads(k), split_heads(v))
+    o = o.transpose(0, 2, 1, 3).reshape(b, s, d)
     x = x + rows(ops.matmul, o, p["wo"])
     h = rows(ops.rms_norm, x, p["norm2"])
     return x + rows(ops.matmul, jax.nn.gelu(rows(ops.matmul, h, p["w1"])), p["w2"])

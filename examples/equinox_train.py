@@ -1,4 +1,4 @@
-"""Train a transformer block whose norms, matmuls and attention softmax are jaxtile kernels,
+"""Train a transformer block whose norms, matmuls and flash attention are jaxtile kernels,
 with Equinox and optax (adam) under jax.jit, next to the same block in plain jnp.
 
     python examples/equinox_train.py [--steps N] [--small]

@@ -5,13 +5,23 @@
 and ``*_bwd`` kernels are those rules' pieces. Their forward-mode rules (``Kernel.defjvp``)
 are kernels too (``matmul``, ``softmax``) or a jnp formula of the tangent (the norms). All
 take 2-D operands (and 1-D weights); batch them with ``jax.vmap``.
+
+``attention`` is flash attention on (batch, heads, seq, head_dim) operands (grouped-query,
+causal, per-sequence lengths, sliding windows), differentiated in both modes by kernels
+(``attention_dq``, ``attention_dkdv``, ``attention_jvp``); ``attention_decode`` attends one
+query token per sequence to a paged KV cache, split over the sequence.
 """
 
 from .add import add
+from .attention import attention, attention_fwd
+from .attention_bwd import attention_dkdv, attention_dq, attention_jvp
+from .attention_decode import attention_decode, decode_combine, decode_partial
 from .layer_norm import layer_norm, layer_norm_bwd, layer_norm_fwd
 from .matmul import matmul, matmul_relu
 from .rms_norm import rms_norm, rms_norm_bwd, rms_norm_fwd
 from .softmax import softmax, softmax_bwd
 
-__all__ = ["add", "layer_norm", "layer_norm_bwd", "layer_norm_fwd", "matmul", "matmul_relu",
-           "rms_norm", "rms_norm_bwd", "rms_norm_fwd", "softmax", "softmax_bwd"]
+__all__ = ["add", "attention", "attention_decode", "attention_dkdv", "attention_dq",
+           "attention_fwd", "attention_jvp", "decode_combine", "decode_partial", "layer_norm",
+           "layer_norm_bwd", "layer_norm_fwd", "matmul", "matmul_relu", "rms_norm",
+           "rms_norm_bwd", "rms_norm_fwd", "softmax", "softmax_bwd"]

@@ -1,0 +1,149 @@
+"""Flash attention: ``softmax(q @ k.T * scale + mask) @ v`` without the (T, S) scores.
+
+:func:`attention` is the entry point. Its kernel, :func:`attention_fwd`, walks the K/V
+tiles a block of queries can see with an online softmax and also returns each row's
+log-sum-exp, from which the backward kernels (:mod:`.attention_bwd`) and the forward-mode
+rule recompute the probabilities tile by tile. Grouped-query attention indexes the K/V head
+``h // (H // Hkv)`` from the query head ``h``: K and V are never repeated in memory.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+
+import jaxtile as jt
+
+from . import attention_bwd
+from .attention_mask import (
+    attention_scale,
+    check_qkv,
+    kv_range,
+    n_keys,
+    positions,
+    visible,
+    window_pair,
+)
+
+
+@jt.kernel(threads=128)
+def attention_fwd(q, k, v, lengths, *, causal=False, scale=None, window=None, bm=64, bn=64):
+    """``(out, lse)`` of attention for ``q`` (B, H, T, D), ``k`` and ``v`` (B, Hkv, S, D)
+    and the key counts ``lengths`` (B,) int32; ``window`` is None, ``(left, right)`` or an
+    int ``w`` for ``(w, w)``.
+
+    ``out`` (B, H, T, D) in ``q.dtype``; ``lse`` (B, H, T) float32, the log-sum-exp of each
+    row's scaled scores (``-inf`` for a row that sees no key, whose ``out`` is 0). A block
+    handles ``bm`` queries of one head against tiles of ``bn`` keys; scores and the softmax
+    are float32, probabilities are cast to ``v.dtype`` for the product with ``v``.
+    """
+    group, seq = check_qkv("attention", q, k, v, lengths)
+    window = window_pair(window)
+    batch, heads, t_len, d = q.shape
+    scale = attention_scale(scale, d)
+    out = jt.empty(q.shape, q.dtype)
+    lse = jt.empty((batch, heads, t_len), jnp.float32)
+    bx, h, b = jt.grid(jt.cdiv(t_len, bm), heads, batch)
+    hk = h // group
+    q_s = jt.shared((bm, d), q.dtype)
+    k_s = jt.shared((bn, d), k.dtype)
+    v_s = jt.shared((bn, d), v.dtype)
+    s = jt.fragment((bm, bn), jnp.float32)
+    p = jt.fragment((bm, bn), v.dtype)
+    acc = jt.fragment((bm, d), jnp.float32)
+    m_i = jt.fragment((bm,), jnp.float32)
+    l_i = jt.fragment((bm,), jnp.float32)
+    o = jt.fragment((bm, d), q.dtype)
+    jt.copy(q.at[b, h, bx * bm, 0], q_s)
+    acc[...] = jnp.zeros((bm, d), jnp.float32)
+    m_i[...] = jnp.full((bm,), -jnp.inf, jnp.float32)
+    l_i[...] = jnp.zeros((bm,), jnp.float32)
+    keys = n_keys(lengths, b, seq)
+    first, stop = kv_range(bx * bm, bm, keys, bn, causal=causal, window=window)
+
+    @jt.loop(first, stop)
+    def _(j):
+        jt.copy(k.at[b, hk, j * bn, 0], k_s)
+        jt.copy(v.at[b, hk, j * bn, 0], v_s)
+        s[...] = jnp.zeros((bm, bn), jnp.float32)
+        jt.gemm(q_s, k_s, s, transpose_b=True)
+        rows, cols = positions(bx * bm, j * bn, (bm, bn))
+        keep = visible(rows, cols, keys, causal=causal, window=window)
+        sv = jnp.where(keep, s[...] * scale, -jnp.inf)
+        m_old = m_i[...]
+        m_new = jnp.maximum(m_old, jnp.max(sv, axis=1))
+        # A row that has seen no key yet keeps m = -inf; subtract 0 instead (its p are 0).
+        m_sub = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+        pe = jnp.exp(sv - m_sub[:, None])
+        alpha = jnp.exp(m_old - m_sub)
+        l_i[...] = l_i[...] * alpha + jnp.sum(pe, axis=1)
+        acc[...] = acc[...] * alpha[:, None]
+        p[...] = pe.astype(v.dtype)
+        jt.gemm(p, v_s, acc)
+        m_i[...] = m_new
+
+    lv = l_i[...]
+    o[...] = jnp.where(lv[:, None] > 0, acc[...] / lv[:, None], 0.0).astype(q.dtype)
+    jt.copy(o, out.at[b, h, bx * bm, 0])
+    l_i[...] = jnp.where(lv > 0, m_i[...] + jnp.log(lv), -jnp.inf)
+    jt.copy(l_i, lse.at[b, h, bx * bm])
+    return out, lse
+
+
+def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | None = None,
+              lengths: Any = None, window: int | tuple[int, int] | None = None,
+              return_lse: bool = False, block_q: int = 64, block_k: int = 64) -> Any:
+    """Multi-head attention ``softmax(q @ k.T * scale + mask) @ v`` as a flash kernel.
+
+    Args:
+      q: queries, (batch, heads, T, head_dim), float32, bfloat16 or float16.
+      k, v: keys and values, (batch, kv_heads, S, head_dim), q's dtype; ``heads`` must be
+        a multiple of ``kv_heads`` (grouped-query attention: query head ``h`` reads K/V head
+        ``h // (heads // kv_heads)``, with no copy of K/V).
+      causal: query ``i`` sees keys ``j <= i``.
+      scale: the score scale; default ``1 / sqrt(head_dim)``.
+      lengths: optional int32 (batch,): sequence ``b`` has ``lengths[b]`` valid keys (the
+        rest is padding). A query that sees no key gets 0 (and a log-sum-exp of ``-inf``).
+      window: optional sliding window: query ``i`` sees keys ``i - left <= j <= i + right``
+        for ``window=(left, right)``; an int ``w`` is ``(w, w)``.
+      return_lse: also return the float32 log-sum-exp of each row's scores, (batch, heads,
+        T).
+      block_q, block_k: the query and key tile sizes.
+
+    Returns ``out`` (batch, heads, T, head_dim) in q's dtype, or ``(out, lse)``.
+    Differentiable in q, k and v in both modes (``jax.grad``, ``jax.jvp``) by jaxtile
+    kernels, and batched by ``jax.vmap`` as one kernel with a larger grid.
+
+    >>> out = jt.ops.attention(q, k, v, causal=True)          # doctest: +SKIP
+    """
+    if lengths is None:
+        lengths = jnp.full((q.shape[0],), k.shape[2] if jnp.ndim(k) == 4 else 0, jnp.int32)
+    out, lse = attention_fwd(q, k, v, lengths, causal=bool(causal), scale=scale,
+                             window=window, bm=block_q, bn=block_k)
+    return (out, lse) if return_lse else out
+
+
+def _fwd(q, k, v, lengths, **params):
+    out, lse = attention_fwd(q, k, v, lengths, **params)
+    return (out, lse), (q, k, v, lengths, out, lse)
+
+
+def _bwd(res, cts, **params):
+    q, k, v, lengths, out, lse = res
+    g_out, g_lse = cts
+    dq, dk, dv = attention_bwd.attention_grads(q, k, v, lengths, out, lse,
+                                               g_out.astype(q.dtype), g_lse, **params)
+    return dq, dk, dv, None
+
+
+def _jvp(args, outs, tangents, **params):
+    q, k, v, lengths = args
+    tq, tk, tv, _ = tangents
+    out, lse = outs
+    return attention_bwd.attention_jvp(q, k, v, lengths, out, lse, tq.astype(q.dtype),
+                                       tk.astype(k.dtype), tv.astype(v.dtype), **params)
+
+
+attention_fwd.defvjp(_fwd, _bwd)
+attention_fwd.defjvp(_jvp)

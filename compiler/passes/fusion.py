@@ -52,8 +52,8 @@ def _expensive(op: ir.Op) -> bool:
 def _fuse_list(body: Sequence[ir.Stmt], counts: Counter, reads: dict[int, tuple],
                fused: set[int]) -> None:
     """Add to ``fused`` the result ids of the ops to fuse. ``reads[v]``: (buffers v's inline
-    tree reads, its loads as regions when reached only through per-element ops, else
-    None)."""
+    tree reads, the regions of its loads, the buffers whose elements reach v through an op
+    that moves elements around, such as a broadcast)."""
     where: dict[int, list[int]] = {}
     for pos, stmt in enumerate(body):
         for sub in ir.walk([stmt]):
@@ -72,16 +72,16 @@ def _fuse_list(body: Sequence[ir.Stmt], counts: Counter, reads: dict[int, tuple]
         if res is None:
             continue
         own: set[str] = set()
-        aligned: set | None = set()
+        aligned: set[ir.Region] = set()
+        moved: set[str] = set()
         for v in stmt.operands:
-            v_own, v_aligned = reads.get(v.id, (set(), set()))
-            own = own | v_own
-            aligned = None if aligned is None or v_aligned is None else aligned | v_aligned
+            v_own, v_aligned, v_moved = reads.get(v.id, (set(), set(), set()))
+            own, aligned, moved = own | v_own, aligned | v_aligned, moved | v_moved
         if stmt.kind == "load":
             own = {stmt.attrs["src"].buffer}
             aligned = {stmt.attrs["src"]}
-        elif not op_defs.get(stmt.kind).per_element and own:
-            aligned = None  # moves elements around (broadcast, transpose...) of a buffer read
+        elif not op_defs.get(stmt.kind).per_element:
+            moved = own  # moves elements around (broadcast, transpose...) of what it reads
         positions = where.get(res.id, [])
         if (stmt.kind not in _FUSIBLE or res.shape == () or not positions
                 or any(p < 0 for p in positions)
@@ -95,19 +95,21 @@ def _fuse_list(body: Sequence[ir.Stmt], counts: Counter, reads: dict[int, tuple]
             continue
         if any(own & writes[p] for p in range(pos + 1, last)):
             continue
-        if own & writes[last] and not _same_place(body[last], aligned):
+        if own & writes[last] and not _same_place(body[last], aligned, moved):
             continue
         fused.add(res.id)
-        reads[res.id] = (own, aligned)
+        reads[res.id] = (own, aligned, moved)
 
 
-def _same_place(consumer: ir.Stmt, aligned: set | None) -> bool:
+def _same_place(consumer: ir.Stmt, aligned: set[ir.Region], moved: set[str]) -> bool:
     """Whether a store may recompute a value that reads the buffer it writes: only when each
-    element is read at exactly the place it is written."""
-    if aligned is None or not isinstance(consumer, ir.Op) or consumer.kind != "store":
+    element of that buffer is read at exactly the place it is written (other buffers, such
+    as a broadcast bias, may be read anywhere)."""
+    if not isinstance(consumer, ir.Op) or consumer.kind != "store":
         return False
     target = consumer.attrs["dst"]
-    return all(region == target for region in aligned if region.buffer == target.buffer)
+    return target.buffer not in moved and all(
+        region == target for region in aligned if region.buffer == target.buffer)
 
 
 def _limit_depth(body: Sequence[ir.Stmt], fused: set[int]) -> None:

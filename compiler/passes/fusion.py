@@ -9,7 +9,10 @@ That is what a fused elementwise map is on any target. A value is fused when
 - every use sits in the same statement list as the definition (not inside a nested loop or
   conditional, where it would be recomputed per iteration),
 - it has one use, or it is a leaf-like op (const, iota, broadcast, convert, load, reshape,
-  transpose) that is cheap to recompute per use,
+  transpose) that is cheap to recompute per use, or one cheap arithmetic op (not in
+  ``op_defs.EXPENSIVE``) of fused leaf-like values and scalars, such as ``x + bias``: its
+  uses within one expression are merged again by common subexpression elimination, and
+  storing it would cost a pass over the tile,
 - nothing between the definition and its last use writes a buffer that it (or a fused
   operand) reads, so the recomputed value is the one the program defined,
 - and the fused expression it makes nests at most :data:`MAX_DEPTH` levels deep.
@@ -60,6 +63,7 @@ def _fuse_list(body: Sequence[ir.Stmt], counts: Counter, reads: dict[int, tuple]
             for v in ir.uses(sub):
                 where.setdefault(v.id, []).append(pos if sub is stmt else -1 - pos)
     writes = [_writes(stmt) for stmt in body]
+    ops = {s.result.id: s for s in body if isinstance(s, ir.Op) and s.result is not None}
     for pos, stmt in enumerate(body):
         if isinstance(stmt, ir.For):
             _fuse_list(stmt.body, counts, reads, fused)
@@ -87,7 +91,8 @@ def _fuse_list(body: Sequence[ir.Stmt], counts: Counter, reads: dict[int, tuple]
                 or any(p < 0 for p in positions)
                 # Recomputing per use multiplies work: only leaf-like ops may be shared, and
                 # an expensive op must not be repeated by a broadcast consumer.
-                or (counts[res.id] > 1 and stmt.kind not in _LEAF_LIKE)):
+                or (counts[res.id] > 1 and stmt.kind not in _LEAF_LIKE
+                    and not _cheap_of_leaves(stmt, ops, fused))):
             continue
         last = max(positions)
         consumer = body[last]
@@ -99,6 +104,14 @@ def _fuse_list(body: Sequence[ir.Stmt], counts: Counter, reads: dict[int, tuple]
             continue
         fused.add(res.id)
         reads[res.id] = (own, aligned, moved)
+
+
+def _cheap_of_leaves(op: ir.Op, ops: dict[int, ir.Op], fused: set[int]) -> bool:
+    """An elementwise op outside ``op_defs.EXPENSIVE`` whose tile operands are fused
+    leaf-like ops of the same list."""
+    return op.kind == "elementwise" and not _expensive(op) and all(
+        v.shape == () or (v.id in fused and v.id in ops and ops[v.id].kind in _LEAF_LIKE)
+        for v in op.operands)
 
 
 def _same_place(consumer: ir.Stmt, aligned: set[ir.Region], moved: set[str]) -> bool:

@@ -2,12 +2,12 @@
 
 A tiled matmul written the plain way loops over K in steps of ``bk``: copy a tile of A and
 a tile of B into on-chip buffers, ``jt.gemm`` them into the accumulator. On the CPU each
-gemm loads and stores every register tile of the accumulator (see :mod:`.gemm`), so a small
-``bk`` spends much of its time there and in loop overheads: 64 x 64 tiles ran 1.3x slower
-with ``bk=16`` than with ``bk=64`` (see :mod:`..cpu.gemm` for the register tiles). This pass makes each step ``u`` times longer, with
-``u * bk`` about :data:`PANEL_K`: the loop copies ``u`` consecutive tiles of A and of B side
-by side into ``u`` times wider buffers (panels), then runs one gemm over them. The gemm
-does the same multiply-adds in the same order, so the result is bitwise the same; the
+gemm loads and stores every register tile of the accumulator (see :mod:`..cpu.gemm`), so a
+small ``bk`` spends much of its time there and in loop overheads: 64 x 64 tiles ran 1.3x
+slower with ``bk=16`` than with ``bk=64``. This pass makes each step ``u`` times longer,
+with ``u * bk`` about :data:`PANEL_K`: the loop copies ``u`` consecutive tiles of A and of
+B side by side into ``u`` times wider buffers (panels), then runs one gemm over them. The
+gemm does the same multiply-adds in the same order, so the result is bitwise the same; the
 iterations that do not fill a whole panel make one shorter panel. bfloat16 and float16
 operands of a float32 accumulator are widened (exactly) by the copies into the panels.
 """

@@ -154,8 +154,9 @@ def _plain_global(region: ir.Region, roles: dict[str, ir.Buffer], role: str) -> 
 
 
 def _hoistable(op: ir.Op) -> bool:
-    """A scalar op that reads no buffer (block index arithmetic)."""
-    return op_defs.is_pure(op) and not ir.regions(op)
+    """A scalar op of scalars that reads no buffer (block index arithmetic)."""
+    return op_defs.is_pure(op) and not ir.regions(op) and all(
+        v.shape == () for v in op.operands)
 
 
 def inside(low: Lowering, segment: Segment) -> Expr | bool:

@@ -79,6 +79,28 @@ def test_forwarding_keeps_a_fragment_that_is_read_after_its_copy_out(rng):
 
 
 @jt.kernel
+def normalise(x, *, bm=8, bn=16):
+    """A scalar reduction between the copies: it needs the tile, so nothing is hoisted."""
+    out = jt.empty(x.shape, x.dtype)
+    j, i = jt.grid(jt.cdiv(x.shape[1], bn), jt.cdiv(x.shape[0], bm))
+    t = jt.fragment((bm, bn), x.dtype)
+    jt.copy(x.at[i * bm, j * bn], t)
+    total = jnp.sum(t[...])
+    t[...] = t[...] / total
+    jt.copy(t, out.at[i * bm, j * bn])
+    return out
+
+
+def test_forwarding_leaves_a_scalar_reduction_of_the_tile_in_place(rng):
+    x = jnp.asarray(np.abs(np.asarray(data(rng, (16, 32), F32, edges=False))) + 1.0)
+    kernel = _cpu_ir(normalise.lower(x))
+    assert forwarding.plan(kernel, kernel.body) is None
+    tiles = np.asarray(x).reshape(2, 8, 2, 16)
+    want = (tiles / tiles.sum(axis=(1, 3), keepdims=True)).reshape(16, 32)
+    check(normalise, [x], want, rtol=1e-6, atol=0)
+
+
+@jt.kernel
 def matmul(a, b, *, bm=16, bn=16, bk=8):
     m, k = a.shape
     n = b.shape[1]

@@ -25,6 +25,7 @@ from .passes.clamp_check import warn_clamped_accesses
 from .passes.coverage import check_output_coverage
 from .passes.dce import eliminate_dead_code
 from .passes.fusion import fuse_elementwise
+from .passes.gemm_panels import coarsen_gemm_loops
 from .passes.output_init import add_output_inits
 from .passes.scratch_init import zero_uninitialised_scratch
 from .target import Target
@@ -54,9 +55,10 @@ check need the sizes: they ran on the same call's trace with its concrete shapes
 
 
 def cpu(target: Target) -> tuple[Pass, ...]:
-    """The CPU's passes: elementwise chains are computed inside their consumers."""
+    """The CPU's passes: GEMM loops take K steps of a few hundred, elementwise chains are
+    computed inside their consumers."""
     del target
-    return (Pass("fusion", fuse_elementwise),)
+    return (Pass("gemm_panels", coarsen_gemm_loops), Pass("fusion", fuse_elementwise))
 
 
 TARGET_PIPELINES: dict[str, Callable[[Target], tuple[Pass, ...]]] = {"cpu": cpu}

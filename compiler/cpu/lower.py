@@ -28,7 +28,7 @@ from ..errors import kernel_error
 from ..passes.liveness import live_intervals, share_storage
 from ..target import Target
 from . import elementwise as ew
-from . import tir_emit
+from . import forwarding, tir_emit
 from .atomics import lower_atomic
 from .context import FALLBACK_LANES, extent
 from .copies import lower_copy
@@ -75,6 +75,9 @@ class _Lowering:
                                       lambda v: (v.shape, v.dtype.name))
         self._slots: dict[int, tirx.Buffer] = {}
         self.inline: dict[int, ir.Op] = {}
+        self.forwards: dict[str, forwarding.Forward] = {}
+        """Fragments whose copies the statements being lowered forward (see
+        :mod:`.forwarding`)."""
         self._names = 0
 
     def size(self, size: sizes.Size, dtype: str = "int32") -> int | Expr:
@@ -198,6 +201,8 @@ class _Lowering:
             return self.concatenated(op, idx)
         if kind == "load":
             src = op.attrs["src"]
+            if src.buffer in self.forwards:
+                return forwarding.load(self, self.forwards[src.buffer], idx)
             return self.bufs[src.buffer][tuple(self.element(src, idx, clamp=True))]
         raise NotImplementedError(kind)
 
@@ -249,7 +254,29 @@ class _Lowering:
             self.body(stmt.body)
             test()
 
-    def body(self, stmts: list[ir.Stmt]) -> None:
+    def body(self, stmts: Sequence[ir.Stmt]) -> None:
+        segment = forwarding.plan(self.kernel, stmts)
+        if segment is None:
+            self._statements(stmts)
+            return
+        self._statements(stmts[:segment.first])
+        part = list(enumerate(stmts[segment.first:segment.last + 1], segment.first))
+        scalars = [s for _, s in part if s.result is not None and s.result.shape == ()]
+        self._statements(scalars)
+        rest = [(pos, s) for pos, s in part if s.result is None or s.result.shape != ()]
+        inside = forwarding.inside(self, segment)
+        with contextlib.ExitStack() as branch:
+            if inside is not True:
+                branch.enter_context(self.kb.if_(inside))
+            self.forwards = {f.fragment: f for f in segment.forwards}
+            self._statements([s for pos, s in rest if pos not in segment.skip])
+            self.forwards = {}
+        if inside is not True:
+            with self.kb.else_():
+                self._statements([s for _, s in rest])
+        self.body(stmts[segment.last + 1:])
+
+    def _statements(self, stmts: Sequence[ir.Stmt]) -> None:
         for stmt in stmts:
             if isinstance(stmt, ir.Op):
                 self.op(stmt)
@@ -306,9 +333,12 @@ class _Lowering:
         buf = self.bufs[dst.buffer]
         with self.nest(value.shape) as idx:
             coords = self.element(dst, idx, clamp=True)
-            self.kb.store(buf, coords, ew.convert(self.at(value, idx),
-                                                  ew.tvm_dtype(value.dtype), str(buf.dtype),
-                                                  self.bind))
+            v = ew.convert(self.at(value, idx), ew.tvm_dtype(value.dtype), str(buf.dtype),
+                           self.bind)
+            if dst.buffer in self.forwards:
+                self.kb.store(*forwarding.store_target(self, self.forwards[dst.buffer], idx, v))
+            else:
+                self.kb.store(buf, coords, v)
 
     def copy(self, op: ir.Op) -> None:
         lower_copy(self, op)

@@ -251,7 +251,7 @@ class KernelBuilder:
         """Append ``buf[indices] = value``; a Python scalar ``value`` takes ``buf``'s dtype."""
         self.emit(tirx.BufferStore(buf, as_expr(value, buf.dtype), list(indices)))
 
-    def let(self, name: str, value: Expr) -> Expr:
+    def let(self, name: str, value: Expr, *, through_memory: bool = False) -> Expr:
         """Evaluate ``value`` once, here; return an expression for it that is valid in the rest
         of the current body.
 
@@ -259,12 +259,13 @@ class KernelBuilder:
         bindings that involve bfloat16 (see :func:`build`) and cannot vectorise a binding
         whose value holds ``Let`` expressions, so such a value is stored to a
         fresh local array instead (one element per lane of the enclosing vectorised loops),
-        and a load of it is returned; LLVM keeps it in registers all the same.
+        and a load of it is returned; LLVM keeps it in registers all the same. So is any
+        value with ``through_memory``.
         """
         dtype = dtype_of(value)
         # TVM's vectorizer also rejects a Bind whose value holds Let expressions (it binds
         # their variables twice), so those go through a store as well.
-        if not involves_bfloat16(value) and not any(
+        if not through_memory and not involves_bfloat16(value) and not any(
                 isinstance(node, tirx.Let) for node in _nodes(value)):
             var = tirx.Var(name, dtype)
             self.emit(tirx.Bind(var, value))

@@ -9,7 +9,10 @@ That is what a fused elementwise map is on any target. A value is fused when
 - every use sits in the same statement list as the definition (not inside a nested loop or
   conditional, where it would be recomputed per iteration),
 - it has one use, or it is a leaf-like op (const, iota, broadcast, convert, load, reshape,
-  transpose) that is cheap to recompute per use,
+  transpose) that is cheap to recompute per use, or one cheap arithmetic op (not in
+  ``op_defs.EXPENSIVE``) of fused leaf-like values and scalars, such as ``x + bias``: its
+  uses within one expression are merged again by common subexpression elimination, and
+  storing it would cost a pass over the tile,
 - nothing between the definition and its last use writes a buffer that it (or a fused
   operand) reads, so the recomputed value is the one the program defined,
 - and the fused expression it makes nests at most :data:`MAX_DEPTH` levels deep.
@@ -52,14 +55,15 @@ def _expensive(op: ir.Op) -> bool:
 def _fuse_list(body: Sequence[ir.Stmt], counts: Counter, reads: dict[int, tuple],
                fused: set[int]) -> None:
     """Add to ``fused`` the result ids of the ops to fuse. ``reads[v]``: (buffers v's inline
-    tree reads, its loads as regions when reached only through per-element ops, else
-    None)."""
+    tree reads, the regions of its loads, the buffers whose elements reach v through an op
+    that moves elements around, such as a broadcast)."""
     where: dict[int, list[int]] = {}
     for pos, stmt in enumerate(body):
         for sub in ir.walk([stmt]):
             for v in ir.uses(sub):
                 where.setdefault(v.id, []).append(pos if sub is stmt else -1 - pos)
     writes = [_writes(stmt) for stmt in body]
+    ops = {s.result.id: s for s in body if isinstance(s, ir.Op) and s.result is not None}
     for pos, stmt in enumerate(body):
         if isinstance(stmt, ir.For):
             _fuse_list(stmt.body, counts, reads, fused)
@@ -72,22 +76,23 @@ def _fuse_list(body: Sequence[ir.Stmt], counts: Counter, reads: dict[int, tuple]
         if res is None:
             continue
         own: set[str] = set()
-        aligned: set | None = set()
+        aligned: set[ir.Region] = set()
+        moved: set[str] = set()
         for v in stmt.operands:
-            v_own, v_aligned = reads.get(v.id, (set(), set()))
-            own = own | v_own
-            aligned = None if aligned is None or v_aligned is None else aligned | v_aligned
+            v_own, v_aligned, v_moved = reads.get(v.id, (set(), set(), set()))
+            own, aligned, moved = own | v_own, aligned | v_aligned, moved | v_moved
         if stmt.kind == "load":
             own = {stmt.attrs["src"].buffer}
             aligned = {stmt.attrs["src"]}
-        elif not op_defs.get(stmt.kind).per_element and own:
-            aligned = None  # moves elements around (broadcast, transpose...) of a buffer read
+        elif not op_defs.get(stmt.kind).per_element:
+            moved = own  # moves elements around (broadcast, transpose...) of what it reads
         positions = where.get(res.id, [])
         if (stmt.kind not in _FUSIBLE or res.shape == () or not positions
                 or any(p < 0 for p in positions)
                 # Recomputing per use multiplies work: only leaf-like ops may be shared, and
                 # an expensive op must not be repeated by a broadcast consumer.
-                or (counts[res.id] > 1 and stmt.kind not in _LEAF_LIKE)):
+                or (counts[res.id] > 1 and stmt.kind not in _LEAF_LIKE
+                    and not _cheap_of_leaves(stmt, ops, fused))):
             continue
         last = max(positions)
         consumer = body[last]
@@ -95,19 +100,29 @@ def _fuse_list(body: Sequence[ir.Stmt], counts: Counter, reads: dict[int, tuple]
             continue
         if any(own & writes[p] for p in range(pos + 1, last)):
             continue
-        if own & writes[last] and not _same_place(body[last], aligned):
+        if own & writes[last] and not _same_place(body[last], aligned, moved):
             continue
         fused.add(res.id)
-        reads[res.id] = (own, aligned)
+        reads[res.id] = (own, aligned, moved)
 
 
-def _same_place(consumer: ir.Stmt, aligned: set | None) -> bool:
+def _cheap_of_leaves(op: ir.Op, ops: dict[int, ir.Op], fused: set[int]) -> bool:
+    """An elementwise op outside ``op_defs.EXPENSIVE`` whose tile operands are fused
+    leaf-like ops of the same list."""
+    return op.kind == "elementwise" and not _expensive(op) and all(
+        v.shape == () or (v.id in fused and v.id in ops and ops[v.id].kind in _LEAF_LIKE)
+        for v in op.operands)
+
+
+def _same_place(consumer: ir.Stmt, aligned: set[ir.Region], moved: set[str]) -> bool:
     """Whether a store may recompute a value that reads the buffer it writes: only when each
-    element is read at exactly the place it is written."""
-    if aligned is None or not isinstance(consumer, ir.Op) or consumer.kind != "store":
+    element of that buffer is read at exactly the place it is written (other buffers, such
+    as a broadcast bias, may be read anywhere)."""
+    if not isinstance(consumer, ir.Op) or consumer.kind != "store":
         return False
     target = consumer.attrs["dst"]
-    return all(region == target for region in aligned if region.buffer == target.buffer)
+    return target.buffer not in moved and all(
+        region == target for region in aligned if region.buffer == target.buffer)
 
 
 def _limit_depth(body: Sequence[ir.Stmt], fused: set[int]) -> None:

@@ -102,6 +102,36 @@ def test_fusion_does_not_move_a_load_past_a_write_of_its_buffer():
     """)
 
 
+
+def test_fusion_updates_a_tile_in_place_with_a_broadcast_of_another_buffer():
+    """``t[...] = t[...] + b[...][None, :]`` is computed in place (each element of ``t`` is
+    read where it is written); broadcasting ``t`` itself into ``t`` is not."""
+    head = """
+    kernel k(grid=[1], threads=128) blocks(%0):
+      output y: global float32[2, 4]
+      scratch t: fragment float32[2, 4]
+      scratch b: fragment float32[4]
+    """
+    _check(fuse_elementwise, head + """
+      %1: float32[2, 4] = load() {src=t[0:+2, 0:+4]}
+      %2: float32[4] = load() {src=b[0:+4]}
+      %3: float32[1, 4] = broadcast(%2) {dims=(1,)}
+      %4: float32[2, 4] = elementwise(%1, %3) {fn='add'}
+      store(%4) {dst=t[0:+2, 0:+4]}
+      %5: float32[4] = load() {src=t[0, 0:+4]}
+      %6: float32[2, 4] = broadcast(%5) {dims=(1,)}
+      store(%6) {dst=t[0:+2, 0:+4]}
+    """, head + """
+      %1: float32[2, 4] = load() {src=t[0:+2, 0:+4]} !{inline=True}
+      %2: float32[4] = load() {src=b[0:+4]} !{inline=True}
+      %3: float32[1, 4] = broadcast(%2) {dims=(1,)} !{inline=True}
+      %4: float32[2, 4] = elementwise(%1, %3) {fn='add'} !{inline=True}
+      store(%4) {dst=t[0:+2, 0:+4]}
+      %5: float32[4] = load() {src=t[0, 0:+4]} !{inline=True}
+      %6: float32[2, 4] = broadcast(%5) {dims=(1,)}
+      store(%6) {dst=t[0:+2, 0:+4]}
+    """)
+
 _STRIPED = """
     kernel k(grid=[2], threads=128) blocks(%0):
       input x: global float32[10]
@@ -123,7 +153,8 @@ def test_coverage_rejects_a_grid_that_misses_part_of_an_output():
 def test_pipelines_name_their_passes_in_order():
     assert [p.name for p in pipelines.NEUTRAL] == ["verify", "coverage", "dce", "clamp_check",
                                                   "scratch_init", "output_init"]
-    assert [p.name for p in pipelines.for_target(parse_target("cpu"))] == ["fusion"]
+    assert [p.name for p in pipelines.for_target(parse_target("cpu"))] == ["gemm_panels",
+                                                                        "fusion"]
     assert pipelines.for_target(parse_target("cuda:sm_80")) == ()
 
 

@@ -1,0 +1,374 @@
+"""Kernels written the plain way, against the same formula in jnp, both under ``jax.jit``.
+
+Each kernel is what a user would write first: one tile per block, the tile sizes that come
+to mind (no tuning), whole rows for the row-wise kernels. Every kernel is checked against
+its jnp formula, then both are timed alternately (see ``_timing.interleaved``). The ratio
+reported is the **speed-up over XLA** (jnp time / jaxtile time: above 1, jaxtile is
+faster), and the geometric mean of the speed-ups closes the report. Target: geometric mean
+>= 1.0, no kernel below 0.8.
+
+``--sweep`` also times the elementwise kernels over a range of tile sizes (the best tile
+vs the plain one) and the f32 matmul over ``bk`` from 16 to 128.
+
+    python benchmarks/plain_kernels.py [--rounds 15] [--only bias_gelu,softmax] [--sweep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from _timing import emit, environment, interleaved, log, summary
+
+import jaxtile as jt
+from jaxtile.compiler.target import parse_target
+
+ROWS, COLS = 8192, 1024          # 8M float32 elements for the elementwise kernels
+NORM_ROWS, NORM_COLS = 4096, 1024
+MM = 1024                        # matmul M = N = K
+CE_ROWS, CE_VOCAB = 1024, 8192   # cross-entropy: logits (rows, vocab)
+
+
+# --- the kernels, written plainly -------------------------------------------------------
+
+@jt.kernel
+def bias_gelu(x, b, *, bm=64, bn=256):
+    out = jt.empty(x.shape, x.dtype)
+    j, i = jt.grid(jt.cdiv(x.shape[1], bn), jt.cdiv(x.shape[0], bm))
+    x_t = jt.fragment((bm, bn), jnp.float32)
+    b_t = jt.fragment((bn,), jnp.float32)
+    jt.copy(x.at[i * bm, j * bn], x_t)
+    jt.copy(b.at[j * bn], b_t)
+    x_t[...] = jax.nn.gelu(x_t[...] + b_t[...][None, :])
+    jt.copy(x_t, out.at[i * bm, j * bn])
+    return out
+
+
+@jt.kernel
+def bias_add(x, b, *, bm=64, bn=256):
+    out = jt.empty(x.shape, x.dtype)
+    j, i = jt.grid(jt.cdiv(x.shape[1], bn), jt.cdiv(x.shape[0], bm))
+    x_t = jt.fragment((bm, bn), jnp.float32)
+    b_t = jt.fragment((bn,), jnp.float32)
+    jt.copy(x.at[i * bm, j * bn], x_t)
+    jt.copy(b.at[j * bn], b_t)
+    x_t[...] = x_t[...] + b_t[...][None, :]
+    jt.copy(x_t, out.at[i * bm, j * bn])
+    return out
+
+
+@jt.kernel
+def softmax(x, *, rows=8):
+    n = x.shape[1]
+    out = jt.empty(x.shape, x.dtype)
+    i = jt.grid(jt.cdiv(x.shape[0], rows))
+    t = jt.fragment((rows, n), jnp.float32)
+    jt.copy(x.at[i * rows, 0], t)
+    v = t[...]
+    e = jnp.exp(v - jnp.max(v, axis=1, keepdims=True))
+    t[...] = e / jnp.sum(e, axis=1, keepdims=True)
+    jt.copy(t, out.at[i * rows, 0])
+    return out
+
+
+@jt.kernel
+def rms_norm(x, w, *, rows=8, eps=1e-6):
+    n = x.shape[1]
+    out = jt.empty(x.shape, x.dtype)
+    i = jt.grid(jt.cdiv(x.shape[0], rows))
+    t = jt.fragment((rows, n), jnp.float32)
+    w_t = jt.fragment((n,), jnp.float32)
+    jt.copy(x.at[i * rows, 0], t)
+    jt.copy(w, w_t)
+    v = t[...]
+    ms = jnp.mean(v * v, axis=1, keepdims=True)
+    t[...] = v * jax.lax.rsqrt(ms + eps) * w_t[...][None, :]
+    jt.copy(t, out.at[i * rows, 0])
+    return out
+
+
+@jt.kernel
+def layer_norm(x, w, b, *, rows=8, eps=1e-5):
+    n = x.shape[1]
+    out = jt.empty(x.shape, x.dtype)
+    i = jt.grid(jt.cdiv(x.shape[0], rows))
+    t = jt.fragment((rows, n), jnp.float32)
+    w_t = jt.fragment((n,), jnp.float32)
+    b_t = jt.fragment((n,), jnp.float32)
+    jt.copy(x.at[i * rows, 0], t)
+    jt.copy(w, w_t)
+    jt.copy(b, b_t)
+    v = t[...]
+    mean = jnp.mean(v, axis=1, keepdims=True)
+    var = jnp.mean((v - mean) ** 2, axis=1, keepdims=True)
+    t[...] = (v - mean) * jax.lax.rsqrt(var + eps) * w_t[...][None, :] + b_t[...][None, :]
+    jt.copy(t, out.at[i * rows, 0])
+    return out
+
+
+@jt.kernel
+def matmul(a, b, *, bm=64, bn=64, bk=64):
+    m, k = a.shape
+    n = b.shape[1]
+    c = jt.empty((m, n), a.dtype)
+    j, i = jt.grid(jt.cdiv(n, bn), jt.cdiv(m, bm))
+    a_s = jt.shared((bm, bk), a.dtype)
+    b_s = jt.shared((bk, bn), b.dtype)
+    acc = jt.fragment((bm, bn), jnp.float32)
+    acc[...] = jnp.zeros((bm, bn), jnp.float32)
+
+    @jt.loop(jt.cdiv(k, bk))
+    def _(kk):
+        jt.copy(a.at[i * bm, kk * bk], a_s)
+        jt.copy(b.at[kk * bk, j * bn], b_s)
+        jt.gemm(a_s, b_s, acc)
+
+    jt.copy(acc, c.at[i * bm, j * bn])
+    return c
+
+
+@jt.kernel
+def matmul_bias_gelu(a, b, bias, *, bm=64, bn=64, bk=64):
+    m, k = a.shape
+    n = b.shape[1]
+    c = jt.empty((m, n), a.dtype)
+    j, i = jt.grid(jt.cdiv(n, bn), jt.cdiv(m, bm))
+    a_s = jt.shared((bm, bk), a.dtype)
+    b_s = jt.shared((bk, bn), b.dtype)
+    bias_t = jt.fragment((bn,), jnp.float32)
+    acc = jt.fragment((bm, bn), jnp.float32)
+    acc[...] = jnp.zeros((bm, bn), jnp.float32)
+
+    @jt.loop(jt.cdiv(k, bk))
+    def _(kk):
+        jt.copy(a.at[i * bm, kk * bk], a_s)
+        jt.copy(b.at[kk * bk, j * bn], b_s)
+        jt.gemm(a_s, b_s, acc)
+
+    jt.copy(bias.at[j * bn], bias_t)
+    acc[...] = jax.nn.gelu(acc[...] + bias_t[...][None, :])
+    jt.copy(acc, c.at[i * bm, j * bn])
+    return c
+
+
+@jt.kernel
+def cross_entropy(logits, labels, *, rows=8):
+    n = logits.shape[1]
+    loss = jt.empty((logits.shape[0],), jnp.float32)
+    i = jt.grid(jt.cdiv(logits.shape[0], rows))
+    t = jt.fragment((rows, n), jnp.float32)
+    lab = jt.fragment((rows,), jnp.int32)
+    out = jt.fragment((rows,), jnp.float32)
+    jt.copy(logits.at[i * rows, 0], t)
+    jt.copy(labels.at[i * rows], lab)
+    v = t[...]
+    m = jnp.max(v, axis=1, keepdims=True)
+    logp = v - m - jnp.log(jnp.sum(jnp.exp(v - m), axis=1, keepdims=True))
+    cols = jax.lax.broadcasted_iota(jnp.int32, (rows, n), 1)
+    out[...] = -jnp.sum(jnp.where(cols == lab[...][:, None], logp, 0.0), axis=1)
+    jt.copy(out, loss.at[i * rows])
+    return loss
+
+
+# --- the same formulas in jnp ---------------------------------------------------------
+
+def _gelu_bias(x, b):
+    return jax.nn.gelu(x + b)
+
+
+def _softmax(x):
+    e = jnp.exp(x - jnp.max(x, axis=1, keepdims=True))
+    return e / jnp.sum(e, axis=1, keepdims=True)
+
+
+def _rms_norm(x, w, eps=1e-6):
+    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=1, keepdims=True) + eps) * w
+
+
+def _layer_norm(x, w, b, eps=1e-5):
+    mean = jnp.mean(x, axis=1, keepdims=True)
+    var = jnp.mean((x - mean) ** 2, axis=1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(var + eps) * w + b
+
+
+def _matmul(a, b):
+    return (a @ b).astype(a.dtype)
+
+
+def _matmul_bias_gelu(a, b, bias):
+    return jax.nn.gelu(a @ b + bias)
+
+
+def _cross_entropy(logits, labels):
+    logp = jax.nn.log_softmax(logits, axis=1)
+    return -jnp.take_along_axis(logp, labels[:, None], axis=1)[:, 0]
+
+
+# --- the cases ---------------------------------------------------------------------------
+
+def _cases(key) -> dict:
+    """name -> (jaxtile fn, jnp fn, args, flops or None, tolerance)."""
+    ks = jax.random.split(key, 8)
+    x = jax.random.normal(ks[0], (ROWS, COLS), jnp.float32)
+    bias = jax.random.normal(ks[1], (COLS,), jnp.float32)
+    xn = jax.random.normal(ks[2], (NORM_ROWS, NORM_COLS), jnp.float32) * 3 + 1
+    w = jax.random.normal(ks[3], (NORM_COLS,), jnp.float32)
+    a = jax.random.normal(ks[4], (MM, MM), jnp.float32)
+    b = jax.random.normal(ks[5], (MM, MM), jnp.float32)
+    logits = jax.random.normal(ks[6], (CE_ROWS, CE_VOCAB), jnp.float32) * 4
+    labels = jax.random.randint(ks[7], (CE_ROWS,), 0, CE_VOCAB, jnp.int32)
+    mm_flops = 2 * MM ** 3
+    cases = {
+        "bias_gelu": (bias_gelu, _gelu_bias, (x, bias), None, 1e-5),
+        "bias_add": (bias_add, jnp.add, (x, bias), None, 0),
+        "softmax_rows8": (softmax, _softmax, (xn,), None, 1e-6),
+        "rms_norm_rows8": (rms_norm, _rms_norm, (xn, w), None, 1e-4),
+        "layer_norm_rows8": (layer_norm, _layer_norm, (xn, w, bias), None, 1e-4),
+        "matmul_f32_64x64x64": (matmul, _matmul, (a, b), mm_flops, 1e-2),
+        "matmul_bf16_64x64x64": (matmul, _matmul, (a.astype(jnp.bfloat16),
+                                                   b.astype(jnp.bfloat16)), mm_flops, 0.5),
+        "matmul_bias_gelu_f32": (matmul_bias_gelu, _matmul_bias_gelu, (a, b, bias), mm_flops,
+                                 1e-2),
+        "cross_entropy_rows8": (cross_entropy, _cross_entropy, (logits, labels), None, 1e-4),
+    }
+    attention = getattr(jt.ops, "attention", None)
+    if attention is not None:
+        q, k, v = (jax.random.normal(kk, (1, 8, 1024, 64), jnp.float32)
+                   for kk in jax.random.split(ks[0], 3))
+        for causal in (False, True):
+            def ours(q, k, v, causal=causal):
+                return attention(q, k, v, causal=causal)
+
+            def theirs(q, k, v, causal=causal):
+                t = (0, 2, 1, 3)       # jax.nn's layout is (batch, seq, heads, dim)
+                return jax.nn.dot_product_attention(
+                    q.transpose(t), k.transpose(t), v.transpose(t),
+                    is_causal=causal).transpose(t)
+
+            name = "attention_fwd_causal" if causal else "attention_fwd"
+            cases[name] = (ours, theirs, (q, k, v), None, 1e-4)
+    return cases
+
+
+def _time(ours, theirs, args, rounds: int, calls: int) -> dict:
+    contenders = {"jaxtile": lambda: ours(*args).block_until_ready(),
+                  "jnp": lambda: theirs(*args).block_until_ready()}
+    interleaved(contenders, rounds=1, calls=calls)  # warm-up, discarded
+    return interleaved(contenders, rounds=rounds, calls=calls)
+
+
+def _calls_for(fn, args) -> int:
+    """Calls per round so that a round of one contender takes about 20 ms."""
+    fn(*args).block_until_ready()
+    t0 = time.perf_counter()
+    fn(*args).block_until_ready()
+    return max(1, min(20, int(0.02 / max(time.perf_counter() - t0, 1e-6))))
+
+
+def run_case(name: str, case, rounds: int) -> dict:
+    kernel, formula, args, flops, tol = case
+    ours, theirs = jax.jit(kernel), jax.jit(formula)
+    got, want = np.asarray(ours(*args), np.float32), np.asarray(theirs(*args), np.float32)
+    err = float(np.max(np.abs(got - want) / (1 + np.abs(want))))
+    calls = _calls_for(theirs, args)
+    log(f"{name}: {rounds} rounds x {calls} calls ...")
+    s = _time(ours, theirs, args, rounds, calls)
+    speedup = statistics.median(s["jnp"]) / statistics.median(s["jaxtile"])
+    paired = statistics.median(b / a for a, b in zip(s["jaxtile"], s["jnp"]))
+    out = {"unit": "ms per call", "jaxtile": summary(s["jaxtile"], 1e3),
+           "jnp": summary(s["jnp"], 1e3), "speedup": round(speedup, 3),
+           "speedup_paired_median": round(paired, 3), "max_rel_err_vs_jnp": err,
+           "accurate": err <= tol}
+    if flops:
+        out["tflops"] = {side: round(flops / statistics.median(s[side]) / 1e12, 4)
+                         for side in ("jaxtile", "jnp")}
+        peak = _fma_peak_tflops()
+        out["fraction_of_f32_fma_peak"] = {side: round(v / peak, 3)
+                                           for side, v in out["tflops"].items()}
+    return out
+
+
+def _fma_peak_tflops() -> float:
+    """cores x 2 FMA units x float32 lanes x 2 flops x clock (from /proc/cpuinfo's MHz,
+    the base clock on a VM)."""
+    cores = len(os.sched_getaffinity(0))
+    bits = parse_target("cpu").caps.vector_bits
+    mhz = 0.0
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("cpu MHz"):
+                mhz = float(line.split(":")[1])
+                break
+    return cores * 2 * (bits // 32) * 2 * mhz * 1e6 / 1e12
+
+
+def sweep(rounds: int) -> dict:
+    """Elementwise kernels over tile sizes, and the f32 matmul over bk."""
+    key = jax.random.key(1)
+    x = jax.random.normal(key, (ROWS, COLS), jnp.float32)
+    bias = jax.random.normal(key, (COLS,), jnp.float32)
+    out: dict = {}
+    tiles = [(8, 1024), (16, 256), (32, 128), (64, 256), (128, 128), (128, 512), (256, 1024),
+             (1024, 64)]
+    for kname, kernel in (("bias_gelu", bias_gelu), ("bias_add", bias_add)):
+        fns = {f"{bm}x{bn}": jax.jit(lambda x, b, bm=bm, bn=bn, k=kernel: k(x, b, bm=bm, bn=bn))
+               for bm, bn in tiles}
+        for f in fns.values():
+            f(x, bias).block_until_ready()
+        log(f"sweep {kname}: {len(fns)} tiles")
+        s = interleaved({n: (lambda f=f: f(x, bias).block_until_ready())
+                         for n, f in fns.items()}, rounds=rounds, calls=3)
+        med = {n: round(statistics.median(v) * 1e3, 3) for n, v in s.items()}
+        out[kname] = {"ms": med, "worst_over_best": round(max(med.values()) /
+                                                          min(med.values()), 3)}
+    a = jax.random.normal(key, (MM, MM), jnp.float32)
+    fns = {f"64x64x{bk}": jax.jit(lambda a, b, bk=bk: matmul(a, b, bk=bk))
+           for bk in (16, 32, 64, 128)}
+    fns["128x128x32"] = jax.jit(lambda a, b: matmul(a, b, bm=128, bn=128, bk=32))
+    for f in fns.values():
+        f(a, a).block_until_ready()
+    log(f"sweep matmul: {len(fns)} tiles")
+    s = interleaved({n: (lambda f=f: f(a, a).block_until_ready()) for n, f in fns.items()},
+                    rounds=rounds, calls=1)
+    med = {n: round(statistics.median(v) * 1e3, 3) for n, v in s.items()}
+    out["matmul_f32"] = {"ms": med, "worst_over_best": round(max(med.values()) /
+                                                             min(med.values()), 3)}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--only", default="", help="comma-separated case names")
+    parser.add_argument("--sweep", action="store_true")
+    args = parser.parse_args()
+    cases = _cases(jax.random.key(0))
+    if args.only:
+        cases = {n: c for n, c in cases.items() if n in args.only.split(",")}
+    results = {name: run_case(name, case, args.rounds) for name, case in cases.items()}
+    speedups = [r["speedup"] for r in results.values()]
+    geomean = math.exp(sum(map(math.log, speedups)) / len(speedups))
+    report = {
+        "benchmark": "plain_kernels",
+        "description": "kernels written plainly vs the jnp formula, both under jax.jit; "
+                       "speedup = jnp time / jaxtile time (above 1: jaxtile faster)",
+        "f32_fma_peak_tflops": round(_fma_peak_tflops(), 4),
+        **results,
+        "geomean_speedup": round(geomean, 3),
+        "min_speedup": min(speedups),
+        "meets_target": geomean >= 1.0 and min(speedups) >= 0.8,
+    }
+    if args.sweep:
+        report["sweep"] = sweep(max(3, args.rounds // 3))
+    report["environment"] = environment()
+    emit(report)
+
+
+if __name__ == "__main__":
+    main()

@@ -25,6 +25,7 @@ from .passes.clamp_check import warn_clamped_accesses
 from .passes.coverage import check_output_coverage
 from .passes.dce import eliminate_dead_code
 from .passes.fusion import fuse_elementwise
+from .passes.layout_inference import infer_layouts
 from .passes.output_init import add_output_inits
 from .passes.scratch_init import zero_uninitialised_scratch
 from .target import Target
@@ -55,7 +56,14 @@ def cpu(target: Target) -> tuple[Pass, ...]:
     return (Pass("fusion", fuse_elementwise),)
 
 
-TARGET_PIPELINES: dict[str, Callable[[Target], tuple[Pass, ...]]] = {"cpu": cpu}
+def cuda(target: Target) -> tuple[Pass, ...]:
+    """CUDA's passes, in order: layout inference (every register tile gets its thread
+    layout; conversions where ops disagree)."""
+    del target
+    return (Pass("layout_inference", infer_layouts),)
+
+
+TARGET_PIPELINES: dict[str, Callable[[Target], tuple[Pass, ...]]] = {"cpu": cpu, "cuda": cuda}
 """Target kind -> the function listing its passes."""
 
 

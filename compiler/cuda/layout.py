@@ -62,7 +62,7 @@ def _check_radix(factors: Sequence[Factor], total: int, what: str) -> None:
         raise ValueError(f"layout {what} factors cover {expect}, not {total}")
 
 
-def _digit_expr(var: str, stride: int, size: int, total: int) -> str:
+def digit_expr(var: str, stride: int, size: int, total: int) -> str:
     """C text of ``(var / stride) % size`` for ``0 <= var < total``, with shifts and masks
     for powers of two and without the modulo where the digit is the most significant."""
     pow2 = stride & (stride - 1) == 0 and size & (size - 1) == 0
@@ -191,7 +191,7 @@ class Layout:
             terms = []
             for f, w in zip(factors, self._weights(d)):
                 if f.kind == THREAD:
-                    digit = _digit_expr(tid, f.stride, f.size, self.threads)
+                    digit = digit_expr(tid, f.stride, f.size, self.threads)
                     terms.append(digit if w == 1 else f"{digit} * {w}")
             out.append(" + ".join(terms) if terms else "0")
         return out
@@ -211,7 +211,7 @@ class Layout:
             return None
         terms, w = [], 1
         for f in sorted(self.replicate, key=lambda f: f.stride):
-            digit = _digit_expr(tid, f.stride, f.size, self.threads)
+            digit = digit_expr(tid, f.stride, f.size, self.threads)
             terms.append(digit if w == 1 else f"{digit} * {w}")
             w *= f.size
         return " + ".join(terms)
@@ -269,7 +269,7 @@ class Layout:
             terms = []
             for f, w in zip(factors, self._weights(d)):
                 if f.kind == LOCAL:
-                    digit = _digit_expr(slot, f.stride, f.size, self.num_local)
+                    digit = digit_expr(slot, f.stride, f.size, self.num_local)
                     terms.append(digit if w == 1 else f"{digit} * {w}")
             out.append(" + ".join(terms) if terms else "0")
         return out
@@ -281,7 +281,7 @@ class Layout:
                        if f.kind == LOCAL), key=lambda f: f.stride)
         terms, s = [], 1
         for f in kept:
-            digit = _digit_expr(slot, f.stride, f.size, self.num_local)
+            digit = digit_expr(slot, f.stride, f.size, self.num_local)
             terms.append(digit if s == 1 else f"{digit} * {s}")
             s *= f.size
         return " + ".join(terms) if terms else "0"
@@ -322,12 +322,32 @@ def _radix(sizes_kinds: list[tuple[int, str]]) -> list[Factor]:
     return out
 
 
-def _divisor_at_least(n: int, want: int) -> int:
-    """The smallest divisor of ``n`` that is >= ``want`` (``n`` when none is smaller)."""
-    for d in range(max(want, 1), n + 1):
-        if n % d == 0:
-            return d
-    return n
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _thread_split(units: Sequence[int], threads: int) -> list[int]:
+    """Threads per dimension (each a divisor of what is left, last dimension first): the
+    split with the fewest slots per thread, then the least padding, then the most threads
+    along the last dimension (coalescing)."""
+    best: tuple | None = None
+
+    def visit(d: int, left: int, chosen: list[int]) -> None:
+        nonlocal best
+        if d < 0:
+            split = chosen[::-1]
+            slots = math.prod(math.ceil(u / t) for u, t in zip(units, split))
+            waste = sum(t * math.ceil(u / t) - u for u, t in zip(units, split))
+            score = (slots, waste, -split[-1])
+            if best is None or score < best[0]:
+                best = (score, split)
+            return
+        for t in _divisors(left):
+            if t <= 2 * units[d] or t == 1:
+                visit(d - 1, left // t, chosen + [t])
+
+    visit(len(units) - 1, threads, [])
+    return best[1]
 
 
 def blocked(shape: Sequence[int], threads: int, vec: int = 1) -> Layout:
@@ -340,14 +360,10 @@ def blocked(shape: Sequence[int], threads: int, vec: int = 1) -> Layout:
         return replicated(shape, threads)
     if vec < 1 or shape[-1] % vec:
         raise ValueError(f"vector width {vec} does not divide the last dimension {shape[-1]}")
-    left = threads
-    per_dim: list[tuple[int, int]] = []  # (threads, repeats), last dimension first
-    for d in reversed(range(len(shape))):
-        units = math.ceil(shape[d] / (vec if d == len(shape) - 1 else 1))
-        t = min(_divisor_at_least(left, units), left)
-        per_dim.append((t, math.ceil(units / t)))
-        left //= t
-    per_dim.reverse()
+    units = [*shape[:-1], shape[-1] // vec]
+    split = _thread_split(units, threads)
+    per_dim = [(t, math.ceil(u / t)) for u, t in zip(units, split)]
+    left = threads // math.prod(split)
     # thread strides: last dimension fastest; local strides: vec fastest, then the last
     # dimension's repeats, then earlier dimensions'.
     order: list[tuple[int, str, int, str]] = []  # (dim, role, size, kind), least first

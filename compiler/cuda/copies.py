@@ -12,6 +12,7 @@ addresses are aligned, the elements move as one 8- or 16-byte access.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -76,7 +77,7 @@ def lower_copy(cx: Context, op: ir.Op) -> None:
                           f"CUDA yet (at {source_line(op.line)})")
     lay = None
     if db.scope not in ("fragment", "local") and sb.scope != "fragment":
-        lay = blocked(shape, cx.threads, _copy_vec(cx, op))
+        lay = copy_layout(op, cx.bufs, cx.threads)
         if _vector_copy(cx, op, lay):
             return
     s_checked, d_checked = cx.region_checks(op, "src"), cx.region_checks(op, "dst")
@@ -100,14 +101,19 @@ def lower_copy(cx: Context, op: ir.Op) -> None:
                    d_checked, primary)
 
 
-def _copy_vec(cx: Context, op: ir.Op) -> int:
-    """Elements per thread-contiguous run: 16 bytes of the wider element type, when the
-    tile's last dimension is the buffers' contiguous one and a multiple of it."""
+def copy_layout(op: ir.Op, bufs: Mapping[str, ir.Buffer], threads: int) -> Layout:
+    """How a copy between non-fragment buffers spreads its tile over the block: coalesced,
+    in runs of 16 bytes of the wider element type when the tile's last dimension is both
+    buffers' contiguous one and a multiple of the run."""
+    return blocked(op.attrs["src"].shape, threads, _copy_vec(op, bufs))
+
+
+def _copy_vec(op: ir.Op, bufs: Mapping[str, ir.Buffer]) -> int:
     src, dst = op.attrs["src"], op.attrs["dst"]
     shape = src.shape
     if not shape or src.index[-1].size is None or dst.index[-1].size is None:
         return 1
-    size = max(np.dtype(cx.bufs[r.buffer].dtype).itemsize for r in (src, dst))
+    size = max(np.dtype(bufs[r.buffer].dtype).itemsize for r in (src, dst))
     vec = max(16 // size, 1)
     while vec > 1 and shape[-1] % vec:
         vec //= 2

@@ -21,7 +21,7 @@ from .. import ir
 from ..errors import KernelError
 from ..passes.layout_inference import uniform_values
 from . import types as T
-from .layout import Layout
+from .layout import Layout, replicated
 
 
 class Writer:
@@ -111,6 +111,22 @@ class Context:
         name = self.define(v)
         self.w(f"{T.reg(v.dtype)} {name}[{self.layout(v).num_local}];")
         return name
+
+    def result(self, v: ir.Value, lay: Layout | None = None) -> tuple[str, Layout]:
+        """Declare the slot array an op computes ``v`` into, and its layout. A uniform
+        result (a full reduction's scalar) is computed by every thread into one slot of
+        ``lay`` (default: replicated) and then named by :meth:`finish`."""
+        if v.id not in self.uniform:
+            return self.declare(v), self.layout(v)
+        lay = lay if lay is not None and lay.num_local == 1 else replicated(v.shape, self.threads)
+        name = self.tmp("r")
+        self.w(f"{T.reg(v.dtype)} {name}[1];")
+        return name, lay
+
+    def finish(self, v: ir.Value, name: str) -> None:
+        """After :meth:`result`: a uniform result becomes its scalar."""
+        if v.id in self.uniform:
+            self.w(f"const {T.reg(v.dtype)} {self.define(v)} = {name}[0];")
 
     def elem(self, v: ir.Value, lay: Layout, slot: str = "k") -> str:
         """``v``'s element in slot ``slot`` of a tile of layout ``lay`` (``v`` is uniform,

@@ -38,8 +38,7 @@ def lower_reduce(cx: Context, op: ir.Op) -> None:
     if lay is None:
         raise KernelError(f"a reduction of a constant tile is not lowered for CUDA yet "
                           f"(at {source_line(op.line)})")
-    out_lay = cx.layout(res)
-    name = cx.declare(res)
+    name, out_lay = cx.result(res, lay.drop(axes))
     cx.w("#pragma unroll")
     cx.w(f"for (int k = 0; k < {out_lay.num_local}; ++k) "
          f"{name}[k] = {M.reduce_identity(fn, dtype)};")
@@ -63,6 +62,7 @@ def lower_reduce(cx: Context, op: ir.Op) -> None:
                 cx.w(f"{name}[k] = {M.reduce_combine(fn, f'{name}[k]', other, dtype)};")
     if across:
         _across_warps(cx, op, name, out_lay.num_local, in_warp, across, dtype)
+    cx.finish(res, name)
 
 
 def _across_warps(cx: Context, op: ir.Op, name: str, slots: int, in_warp: list[Factor],

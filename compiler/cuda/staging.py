@@ -45,10 +45,10 @@ def lower_staged(cx: Context, op: ir.Op) -> None:
         cx.w("sync_threads();  // the previous iteration's reads of the staging array are done")
     arrays = [_stage(cx, v) for v in op.operands]
     cx.w("sync_threads();")
-    lay = cx.layout(res)
-    name = cx.declare(res)
+    name, lay = cx.result(res)
     with cx.slots(lay, guard=True) as c:
         cx.w(f"{name}[k] = {_element(cx, op, arrays, c)};")
+    cx.finish(res, name)
 
 
 def _element(cx: Context, op: ir.Op, arrays: list[str | None], c: list[str]) -> str:
@@ -90,8 +90,7 @@ def lower_scan(cx: Context, op: ir.Op) -> None:
         cx.w("sync_threads();  // the previous iteration's reads of the staging array are done")
     arr = _stage(cx, src)
     cx.w("sync_threads();")
-    lay = cx.layout(res)
-    name = cx.declare(res)
+    name, lay = cx.result(res)
     n = src.shape[axis]
     with cx.slots(lay, guard=True) as c:
         acc = cx.tmp("acc")
@@ -101,6 +100,7 @@ def lower_scan(cx: Context, op: ir.Op) -> None:
         with cx.w.block(f"for ({rng})"):
             cx.w(f"{acc} = {M.reduce_combine(fn, acc, _read(arr, src, cx, at), dtype)};")
         cx.w(f"{name}[k] = {acc};")
+    cx.finish(res, name)
 
 
 def lower_argreduce(cx: Context, op: ir.Op) -> None:
@@ -111,8 +111,7 @@ def lower_argreduce(cx: Context, op: ir.Op) -> None:
         cx.w("sync_threads();  // the previous iteration's reads of the staging array are done")
     arr = _stage(cx, src)
     cx.w("sync_threads();")
-    lay = cx.layout(res)
-    name = cx.declare(res)
+    name, lay = cx.result(res)
     cmp = ">" if fn == "max" else "<"
     with cx.slots(lay, guard=True) as c:
         full = list(c[:axis]) + ["i"] + list(c[axis:])
@@ -127,3 +126,4 @@ def lower_argreduce(cx: Context, op: ir.Op) -> None:
             cx.w(f"if ({best} == {best} && ({nan}{x} {cmp} {best})) {{ {best} = {x}; "
                  f"{at} = i; }}")
         cx.w(f"{name}[k] = {T.reg(res.dtype)}({at});")
+    cx.finish(res, name)

@@ -186,14 +186,38 @@ class Context:
             else:
                 start = self.operand(idx.start)
                 if clamp and isinstance(idx.start, ir.Value):
+                    # JAX's get/swap: a negative start counts from the end, then the slice
+                    # is clamped into range.
                     hi = n - (idx.size or 1)
-                    start = f"({start} < 0 ? 0 : ({start} > {hi} ? {hi} : {start}))"
+                    s = self.tmp("s")
+                    self.w(f"const int {s} = {start} < 0 ? {start} + {n} : {start};")
+                    start = f"({s} < 0 ? 0 : ({s} > {hi} ? {hi} : {s}))"
                 pos = start if c is None else (c if start == "0" else f"{start} + {c}")
             if checked is None or d in checked:
                 conds.append(f"unsigned({pos}) < {n}u")
             if n > 1:
                 terms.append(f"({pos})" if strides[d] == 1 else f"({pos}) * {strides[d]}")
         return (" + ".join(terms) if terms else "0"), conds
+
+    def in_region(self, region: ir.Region, coords: Sequence[str],
+                  starts: Sequence[str] | None = None) -> tuple[list[str], list[str]]:
+        """For buffer ``coords`` (one per buffer dimension): the C conditions that the element
+        lies in ``region`` (whose starts are ``starts`` if given), and its coordinates in
+        the region's tile."""
+        conds, tile = [], []
+        shape = self.bufs[region.buffer].shape
+        starts = starts or [self.operand(i.start) for i in region.index]
+        for idx, c, n, start in zip(region.index, coords, shape, starts):
+            if idx.size is None:
+                conds.append(f"{c} == {start}")
+            elif start == "0":
+                if idx.size < n:
+                    conds.append(f"{c} < {idx.size}")
+                tile.append(c)
+            else:
+                conds += [f"{c} >= {start}", f"{c} < {start} + {idx.size}"]
+                tile.append(f"({c} - {start})")
+        return conds, tile
 
     def region_checks(self, op: ir.Op, attr: str) -> tuple[int, ...] | None:
         """Dimensions of a global region whose bounds must be checked (the bounds pass's

@@ -22,7 +22,7 @@ from . import scalar_math as M
 from . import types as T
 from .context import Context, source_line
 from .layout import Layout, blocked
-from .values import unflatten, write
+from .values import stage_fragment, unflatten, write
 
 _VECTOR = {(4, 4): "f32x4", (4, 2): "f32x2", (2, 8): "u32x4", (2, 4): "u32x2"}
 """(element bytes, elements) -> the device header's vector type moving them at once."""
@@ -65,16 +65,14 @@ def lower_copy(cx: Context, op: ir.Op) -> None:
     shape = src.shape
     if math.prod(shape) == 0:
         return
-    if sb.scope == "fragment" and db.scope == "fragment":
-        if sb.layout != db.layout:
-            raise KernelError(f"a copy between fragments of different layouts is not lowered "
-                              f"for CUDA yet (at {source_line(op.line)})")
+    if sb.scope == "fragment" and db.scope == "fragment" and sb.layout == db.layout and \
+            src.is_whole(sb.shape) and dst.is_whole(db.shape):
         with cx.slots(db.layout, need_coords=False):
             cx.w(f"{db.name}[k] = {M.convert(f'{sb.name}[k]', sb.dtype, db.dtype)};")
         return
-    if db.scope == "local" and sb.scope == "fragment":
-        raise KernelError(f"a copy from a fragment into a local buffer is not lowered for "
-                          f"CUDA yet (at {source_line(op.line)})")
+    if sb.scope == "fragment" and db.scope in ("fragment", "local"):
+        _from_staged_fragment(cx, op)
+        return
     lay = None
     if db.scope not in ("fragment", "local") and sb.scope != "fragment":
         lay = copy_layout(op, cx.bufs, cx.threads)
@@ -82,12 +80,17 @@ def lower_copy(cx: Context, op: ir.Op) -> None:
             return
     s_checked, d_checked = cx.region_checks(op, "src"), cx.region_checks(op, "dst")
     if db.scope == "fragment":
+        # Each thread fills the slots it holds that the region covers.
         with cx.slots(db.layout, guard=True) as coords:
-            cx.w(f"{db.name}[k] = {_read(cx, op, coords, db.dtype, s_checked)};")
+            conds, tile = cx.in_region(dst, coords)
+            stmt = f"{db.name}[k] = {_read(cx, op, tile, db.dtype, s_checked)};"
+            cx.w(f"if ({' && '.join(conds)}) {stmt}" if conds else stmt)
     elif sb.scope == "fragment":
         primary = cx.primary(sb.layout)
         with cx.slots(sb.layout, guard=True) as coords:
-            _write(cx, op, coords, f"{sb.name}[k]", sb.dtype, d_checked, primary)
+            conds, tile = cx.in_region(src, coords)
+            guard = " && ".join(([primary] if primary else []) + conds)
+            _write(cx, op, tile, f"{sb.name}[k]", sb.dtype, d_checked, guard or None)
     elif db.scope == "local":
         # Every thread reads the whole tile into its own copy.
         with cx.w.block(f"for (int i = 0; i < {math.prod(shape)}; ++i)"):
@@ -99,6 +102,29 @@ def lower_copy(cx: Context, op: ir.Op) -> None:
         with cx.slots(lay, guard=True) as coords:
             _write(cx, op, coords, _read(cx, op, coords, db.dtype, s_checked), db.dtype,
                    d_checked, primary)
+
+
+def _from_staged_fragment(cx: Context, op: ir.Op) -> None:
+    """A fragment into another fragment's layout or into every thread's local copy: through
+    shared memory, since the elements a thread needs sit in other threads."""
+    src, dst = op.attrs["src"], op.attrs["dst"]
+    sb, db = cx.bufs[src.buffer], cx.bufs[dst.buffer]
+    arr = stage_fragment(cx, sb)
+
+    def value(tile: list[str]) -> str:
+        index, _ = cx.address(src, tile, clamp=False, checked=())
+        return M.convert(f"{arr}[{index}]", sb.dtype, db.dtype)
+
+    if db.scope == "local":
+        with cx.w.block(f"for (int i = 0; i < {math.prod(src.shape)}; ++i)"):
+            tile = unflatten("i", src.shape)
+            index, _ = cx.address(dst, tile, clamp=False, checked=())
+            cx.w(f"{db.name}[{index}] = {value(tile)};")
+        return
+    with cx.slots(db.layout, guard=True) as coords:
+        conds, tile = cx.in_region(dst, coords)
+        stmt = f"{db.name}[k] = {value(tile)};"
+        cx.w(f"if ({' && '.join(conds)}) {stmt}" if conds else stmt)
 
 
 def copy_layout(op: ir.Op, bufs: Mapping[str, ir.Buffer], threads: int) -> Layout:

@@ -1,7 +1,9 @@
-"""Barrier insertion (GPU): a ``barrier`` wherever shared memory written by some threads is
-read or overwritten by others, and nowhere else.
+"""Barrier insertion (GPU): a ``barrier`` wherever memory written by some threads of a block
+is read or overwritten by others, and nowhere else.
 
-Each op's accesses to ``shared`` buffers are described by the threads that touch each
+Shared buffers are the usual case; global buffers count too (a block that reads back what it
+wrote to an output, e.g. ``out[...] += x`` in a loop, where the element's reader may be
+another thread than its writer). Each op's accesses to those buffers are described by the threads that touch each
 element, from the layouts the lowering uses (a fragment's layout for fragment <-> shared
 copies and for loads and stores of tile values; the coalesced copy layout otherwise; any
 thread for a GEMM's operands). Walking the body in program order, the pass keeps the
@@ -28,6 +30,9 @@ from .. import ir
 from ..cuda.copies import copy_layout
 from ..cuda.layout import Layout, blocked
 from .layout_inference import uniform_values
+
+
+_SCOPES = ("shared", "global")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -65,7 +70,7 @@ class _Walker:
     def _make_accesses(self, op: ir.Op) -> list[_Access]:
         out = []
         shared = {a: r for a, r in op.attrs.items()
-                  if isinstance(r, ir.Region) and self.bufs[r.buffer].scope == "shared"}
+                  if isinstance(r, ir.Region) and self.bufs[r.buffer].scope in _SCOPES}
         for attr, region in shared.items():
             write = attr in ("dst", "c") if op.kind in ("copy", "gemm", "atomic") else \
                 op.kind == "store"
@@ -159,7 +164,5 @@ def _disjoint(a: ir.Region, b: ir.Region) -> bool:
 
 def insert_barriers(kernel: ir.Kernel) -> ir.Kernel:
     """Insert the barriers shared-memory hazards need; see the module docstring."""
-    if not any(b.scope == "shared" for b in kernel.buffers):
-        return kernel
     body, _ = _Walker(kernel).body(kernel.body, [])
     return dataclasses.replace(kernel, body=tuple(body))

@@ -25,7 +25,8 @@ Where an op then finds an operand in another layout than it demands (two strict 
 or an order of propagation that reached a value from two sides), a ``relayout`` op is
 inserted, which the lowering does through shared memory; inference never fails on
 layouts. Ops whose data moves between threads anyway (reshape, rev, slice, concatenate,
-scan, argreduce, loads from shared/global/local memory) demand nothing of their operands.
+scan, argreduce, loads from shared/global/local memory, and loads, stores and copies of
+part of a fragment) demand nothing of their operands.
 
 Assumes: the neutral pipeline ran. Guarantees: every non-uniform tile value and fragment
 buffer has a layout consistent with every op's demands.
@@ -40,7 +41,6 @@ import numpy as np
 
 from .. import ir
 from ..cuda import layout as L
-from ..errors import KernelError
 
 Anchors = Callable[[ir.Kernel], Mapping[str, L.Layout]]
 """Strict layouts of fragment buffers (by name), e.g. GEMM accumulators."""
@@ -301,13 +301,6 @@ def infer_layouts(kernel: ir.Kernel, anchors: Anchors | None = None) -> ir.Kerne
     st.propagate()
     while st.free():
         st.propagate()
-    for op in st.ops:
-        for r in ir.regions(op):
-            buf = st.frag(r)
-            if buf is not None and not _whole(r, buf) and op.kind != "gemm":
-                raise KernelError(f"{op.kind} of part of fragment '{buf.name}' "
-                                  f"({ir.tile_shape(r.index)} of {list(buf.shape)}) is not "
-                                  f"lowered for CUDA yet (at {op.line})")
     rw = _Rewriter(st)
     body = rw.body(kernel.body)
     buffers = tuple(dataclasses.replace(b, layout=st.buffer[b.name]) if b.name in st.buffer

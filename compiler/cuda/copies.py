@@ -22,7 +22,7 @@ from . import scalar_math as M
 from . import types as T
 from .context import Context, source_line
 from .layout import Layout, blocked
-from .values import stage_fragment, unflatten, write
+from .values import stage_fragment, store_part, unflatten, write
 
 _VECTOR = {(4, 4): "f32x4", (4, 2): "f32x2", (2, 8): "u32x4", (2, 4): "u32x2"}
 """(element bytes, elements) -> the device header's vector type moving them at once."""
@@ -192,6 +192,13 @@ def lower_atomic(cx: Context, op: ir.Op) -> None:
     buf = cx.bufs[region.buffer]
     fn = op.attrs["fn"]
     ctype = T.mem(buf.dtype)
+    if buf.scope == "fragment":
+        # A fragment is private to its threads: the update is a plain read-modify-write.
+        store_part(cx, op, buf, combine=fn)
+        return
+    if buf.scope == "local":
+        raise KernelError(f"an atomic update of local buffer '{buf.name}' is not lowered for "
+                          f"CUDA yet (at {source_line(op.line)})")
     if (fn, ctype) not in {("add", "float"), ("add", "int"), ("max", "int"), ("min", "int")}:
         raise KernelError(f"atomic {fn} on {np.dtype(buf.dtype)} is not lowered for CUDA yet "
                           f"(at {source_line(op.line)})")

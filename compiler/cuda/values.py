@@ -8,7 +8,6 @@ import math
 import numpy as np
 
 from .. import ir
-from ..errors import KernelError
 from . import scalar_math as M
 from . import types as T
 from .context import Context, row_major
@@ -81,11 +80,13 @@ def lower_load(cx: Context, op: ir.Op) -> None:
     res, region = op.result, op.attrs["src"]
     buf = cx.bufs[region.buffer]
     if res.shape == ():
-        if buf.scope == "fragment":
-            raise KernelError(f"a scalar read of fragment '{buf.name}' is not lowered for "
-                              f"CUDA yet (at {op.line})")
         index, _ = cx.address(region, [], clamp=True, checked=())
-        cx.w(f"const {T.reg(res.dtype)} {cx.define(res)} = {_read(buf, index)};")
+        if buf.scope == "fragment":
+            # One element, held by some threads: every thread reads it from shared memory.
+            value = f"{stage_fragment(cx, buf)}[{index}]"
+        else:
+            value = _read(buf, index)
+        cx.w(f"const {T.reg(res.dtype)} {cx.define(res)} = {value};")
         return
     lay = cx.layout(res)
     if buf.scope == "fragment" and not region.is_whole(buf.shape):
@@ -125,9 +126,10 @@ def _load_part(cx: Context, op: ir.Op, buf: ir.Buffer) -> None:
         cx.w(f"{name}[k] = {arr}[{index}];")
 
 
-def _store_part(cx: Context, op: ir.Op, buf: ir.Buffer) -> None:
-    """Into part of a fragment: each thread takes the elements of its slots that the region
-    covers from the value, staged in shared memory."""
+def store_part(cx: Context, op: ir.Op, buf: ir.Buffer, combine: str | None = None) -> None:
+    """Into (part of) a fragment, from a value in any layout: each thread takes the elements
+    of its slots that the region covers from the value, staged in shared memory; with
+    ``combine`` (an elementwise function) it folds them into the slots instead."""
     region, v = op.attrs["dst"], op.operands[0]
     lay = cx.layout(v)
     src = None
@@ -146,6 +148,8 @@ def _store_part(cx: Context, op: ir.Op, buf: ir.Buffer) -> None:
         conds, tile = cx.in_region(region, coords, starts)
         value = cx.name(v) if src is None else f"{src}[{row_major(tile, v.shape)}]"
         value = M.convert(value, v.dtype, buf.dtype)
+        if combine is not None:
+            value = M.elementwise(combine, [f"{buf.name}[k]", value], buf.dtype)
         stmt = f"{buf.name}[k] = {value};"
         cx.w(f"if ({' && '.join(conds)}) {stmt}" if conds else stmt)
 
@@ -184,7 +188,7 @@ def lower_store(cx: Context, op: ir.Op) -> None:
     buf = cx.bufs[region.buffer]
     if buf.scope == "fragment":
         if not region.is_whole(buf.shape):
-            _store_part(cx, op, buf)
+            store_part(cx, op, buf)
             return
         with cx.slots(buf.layout, need_coords=False):
             cx.w(f"{buf.name}[k] = {cx.elem(v, buf.layout)};")

@@ -133,8 +133,11 @@ class _Walker:
                 out.append(stmt)
             elif isinstance(stmt, ir.For):
                 entry = pending
+                once = isinstance(stmt.extent, int) and stmt.extent <= 1
                 for _ in range(4):
                     new_body, end = self.body(stmt.body, entry)
+                    if once:  # nothing carries into a next iteration
+                        break
                     carried = _union(pending, end)
                     if len(carried) == len(entry):
                         break

@@ -1,0 +1,127 @@
+"""The CUDA lowering without running it: layouts in the IR, conversions, masks, barriers, the
+generated source (device-header rule, nvcc for sm_80 and sm_90a where installed)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxtile as jt
+from jaxtile import ops
+from jaxtile.compiler import parser, printer
+from jaxtile.compiler.cuda import toolchain
+from jaxtile.compiler.cuda.device_rule import device_rule_violations
+
+F32 = jnp.float32
+
+
+def _spec(shape, dtype=F32):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def test_softmax_ir_shows_layouts_and_round_trips():
+    low = ops.softmax.lower(_spec((10, 300)), target="cuda:sm_80")
+    text = low.lowered_ir
+    assert "scratch frag0: fragment float32[4, 384]#blocked(vec 4, threads 4x32)" in text
+    # the row maxima: the tile's layout with the columns dropped (their threads replicas)
+    assert "float32[4]#slice(blocked(vec 4, threads 4x32), [4, 384], dims (1,)) = reduce" \
+        in text
+    assert printer.format_kernel(parser.parse_kernel(text)) == text
+    assert low.conversions == ()
+
+
+def test_source_is_readable_and_keeps_the_device_rule():
+    src = ops.layer_norm.lower(_spec((10, 300)), _spec((300,)), _spec((300,)),
+                               target="cuda:sm_80").source
+    assert device_rule_violations(src) == []
+    assert "#include <jaxtile/device.h>" in src
+    # one comment per tile op naming the user's source line
+    assert "// layer_norm.py:" in src
+    assert "shfl_xor(0xffffffffu" in src  # the row sums fold across lanes
+
+
+@jt.kernel(threads=64)
+def _row_sums_to_local(x):
+    """A reduction whose result every thread needs whole (stored into a local tile): the
+    strict replicated demand disagrees with the reduction's own layout."""
+    n, m = x.shape
+    out = jt.empty((n,), F32)
+    jt.grid(1)
+    t = jt.fragment((n, m), F32)
+    loc = jt.local((n,), F32)
+    jt.copy(x.at[0, 0], t)
+    loc[...] = jnp.sum(t[...], axis=1)
+    out[...] = loc[...] * 2
+    return out
+
+
+def test_incompatible_demands_insert_a_conversion():
+    low = _row_sums_to_local.lower(_spec((8, 32)), target="cuda:sm_80")
+    assert len(low.conversions) == 1
+    assert "#replicated" in low.conversions[0]
+    assert "relayout(" in low.lowered_ir
+
+
+def test_masks_are_kept_only_where_not_provable():
+    even = ops.softmax.lower(_spec((16, 256)), target="cuda:sm_80")
+    assert even.masks == ()
+    ragged = ops.softmax.lower(_spec((10, 300)), target="cuda:sm_80")
+    # rows (10 is no multiple of 4) and columns (300 < the 384-column tile)
+    assert len(ragged.masks) == 2 and all("dims [0, 1]" in m for m in ragged.masks)
+    assert "unsigned(" not in even.source and "unsigned(" in ragged.source
+
+
+@jt.kernel(threads=64)
+def _transpose_through_shared(x, *, loop=1):
+    """Fill a shared tile with one thread mapping, read it back with another (transposed):
+    a read-after-write between different threads; in a loop also a write-after-read."""
+    n, m = x.shape
+    out = jt.empty((m, n), F32)
+    jt.grid(1)
+    s = jt.shared((n, m), F32)
+    f = jt.fragment((m, n), F32)
+
+    @jt.loop(loop)
+    def _(i):
+        jt.copy(x.at[0, 0], s)
+        f[...] = s[...].T + i.astype(F32)
+
+    jt.copy(f, out.at[0, 0])
+    return out
+
+
+def test_barriers_where_threads_differ_and_across_iterations():
+    once = _transpose_through_shared.lower(_spec((16, 32)), target="cuda:sm_80", loop=1)
+    assert once.lowered_ir.count("barrier()") == 1
+    looped = _transpose_through_shared.lower(_spec((16, 32)), target="cuda:sm_80", loop=3)
+    text = looped.lowered_ir
+    assert text.count("barrier()") == 2
+    assert "reason='write after read of smem0'" in text
+    assert "reason='read after write of smem0'" in text
+
+
+@jt.kernel(threads=32)
+def _same_thread_shared(x):
+    """Each thread reads back exactly what it wrote to shared memory: no barrier."""
+    (n,) = x.shape
+    out = jt.empty((n,), F32)
+    jt.grid(1)
+    s = jt.shared((n,), F32)
+    s[...] = x[...] * 2
+    out[...] = s[...] + 1
+    return out
+
+
+def test_no_barrier_when_the_same_thread_reads_what_it_wrote():
+    low = _same_thread_shared.lower(_spec((128,)), target="cuda:sm_80")
+    assert "barrier()" not in low.lowered_ir
+
+
+@pytest.mark.skipif(toolchain.nvcc_path() is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_nvcc_compiles_the_generated_source(arch):
+    low = ops.softmax.lower(_spec((10, 300)), target=f"cuda:{arch}")
+    report = low.ptxas
+    assert report is not None and report.registers > 0
+    assert report.spill_stores == 0
+    assert np.isfinite(report.registers)

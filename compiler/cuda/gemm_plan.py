@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from typing import Any
 
 import numpy as np
@@ -67,7 +68,8 @@ def cpp_type(dtype: Any) -> str:
 @dataclasses.dataclass(frozen=True)
 class SharedTile:
     """A shared-memory operand tile as tile_gemm.h lays it out: ``rows x cols`` row-major,
-    16-byte chunks XOR-swizzled (``SwizzledTile``) or not (``PlainTile``)."""
+    16-byte chunks XOR-swizzled (``SwizzledTile``: ``chunk ^ ((row / (8 / P) * step) % P)``,
+    ``P = gcd(chunks per row, 8)``) or not (``PlainTile``)."""
 
     dtype: np.dtype
     rows: int
@@ -89,9 +91,8 @@ class SharedTile:
         if not self.swizzled:
             return row * self.cols + col
         vec = self._vec
-        chunks = self.cols // vec
-        phase = min(chunks, 8)
-        rows_per_line = max(1, 8 // chunks)
+        phase = math.gcd(self.cols // vec, 8)
+        rows_per_line = 8 // phase
         chunk = (col // vec) ^ ((row // rows_per_line * self.step) % phase)
         return row * self.cols + chunk * vec + col % vec
 
@@ -114,12 +115,10 @@ class SharedTile:
 
 
 def shared_tile(dtype: Any, rows: int, cols: int, step: int = 1) -> SharedTile:
-    """The layout of a ``rows x cols`` shared tile of ``dtype``: swizzled when its rows are a
-    power-of-two number (>= 2) of 16-byte chunks, plain otherwise."""
+    """The layout of a ``rows x cols`` shared tile of ``dtype``: swizzled when its rows are
+    whole 16-byte chunks, plain otherwise."""
     dtype = np.dtype(dtype)
-    row_bytes = cols * dtype.itemsize
-    chunks = row_bytes // 16
-    ok = row_bytes % 16 == 0 and chunks >= 2 and chunks & (chunks - 1) == 0
+    ok = cols * dtype.itemsize % 16 == 0
     return SharedTile(dtype, rows, cols, ok, step if ok else 1)
 
 
@@ -147,6 +146,12 @@ class GemmPlan:
     """B's shared layout (stored ``[k, n]``, or ``[n, k]`` when ``trans_b``)."""
     a_layout: Layout | None
     """For gemm_rs, the register layout A must have; None for gemm_ss."""
+
+    @property
+    def smem_bytes(self) -> int:
+        """Shared memory of one stage of the operand tiles (A's and B's)."""
+        tiles = [t for t in (self.a_tile, self.b_tile) if t is not None]
+        return sum(t.elems * t.dtype.itemsize for t in tiles)
 
     @property
     def replicas(self) -> int:

@@ -107,6 +107,7 @@ def test_call_text():
     assert rs.call("p", "Vs", "o") == ("jaxtile::gemm_rs<64, 64, 32, 4, 1, false, "
                                        "jaxtile::SwizzledTile<jaxtile::bf16, 32, 64, 1>>"
                                        "(p, Vs, o);")
+    assert p.smem_bytes == 2 * 128 * 32 * 2 and rs.smem_bytes == 32 * 64 * 2
     assert p.a_tile.cpp_offset("r", "c") == \
         "jaxtile::SwizzledTile<jaxtile::half, 128, 32, 1>::offset(r, c)"
 
@@ -117,8 +118,10 @@ def _groups(tile, cells):
 
 
 @pytest.mark.parametrize("dtype,cols", [("float16", 16), ("float16", 32), ("float16", 64),
-                                        ("float16", 128), ("float32", 8), ("float32", 16),
-                                        ("float32", 32), ("float32", 64)])
+                                        ("float16", 128), ("float16", 24), ("float16", 48),
+                                        ("float16", 96), ("float16", 192), ("float16", 40),
+                                        ("float32", 8), ("float32", 16), ("float32", 32),
+                                        ("float32", 64), ("float32", 24), ("float32", 48)])
 def test_swizzle_obeys_the_bank_rule(dtype, cols):
     tile = shared_tile(dtype, 64, cols)
     assert tile.swizzled
@@ -137,7 +140,7 @@ def test_swizzle_obeys_the_bank_rule(dtype, cols):
     assert (np.diff(offs.reshape(64, chunks, vec), axis=-1) == 1).all()
 
 
-@pytest.mark.parametrize("cols", [16, 32, 64, 128])
+@pytest.mark.parametrize("cols", [16, 32, 64, 128, 24, 48, 96])
 def test_step2_swizzle_spreads_scalar_tf32_loads(cols):
     # tf32 operands that ldmatrix cannot transpose are read 4 rows x 8 columns per warp.
     tile, plain_step = shared_tile("float32", 32, cols, step=2), shared_tile("float32", 32, cols)
@@ -149,7 +152,7 @@ def test_step2_swizzle_spreads_scalar_tf32_loads(cols):
     for c0 in range(0, cols, 8):
         cells = [(t, c0 + g) for t in range(4) for g in range(8)]
         conflicts += len({plain_step.offset(r, c) % 32 for r, c in cells}) < 32
-    assert conflicts > 0  # step 1 would not do
+    assert (conflicts > 0) == (cols != 24)  # step 1 would not do (6-chunk rows aside)
 
 
 def test_planner_picks_step2_only_for_scalar_tf32_operands():
@@ -160,4 +163,4 @@ def test_planner_picks_step2_only_for_scalar_tf32_operands():
             steps[ta, tb] = (p.a_tile.step, p.b_tile.step)
     assert steps == {(False, False): (1, 2), (False, True): (1, 1), (True, False): (2, 2),
                      (True, True): (2, 1)}
-    assert not shared_tile("float16", 8, 24).swizzled  # 3 chunks a row: plain
+    assert not shared_tile("float16", 8, 20).swizzled  # 40-byte rows: not whole chunks

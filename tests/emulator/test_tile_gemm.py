@@ -31,8 +31,12 @@ def _check(p, shape, ref_fn=None, rtol=1e-4, **kw):
     return c, lines
 
 
-@pytest.mark.parametrize("shape", [DIVIDES, RAGGED], ids=["divides", "ragged"])
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+SLOW = pytest.mark.slow  # variants of paths the default run covers once
+
+
+@pytest.mark.parametrize("dtype,shape", [
+    ("float16", DIVIDES), ("float16", RAGGED), ("bfloat16", RAGGED),
+    pytest.param("bfloat16", DIVIDES, marks=SLOW)])
 def test_mma16_gemm_ss(dtype, shape):
     p = plan(128, 128, 32, dtype)
     assert p.instr == GemmInstr.MMA16 and p.warps == (2, 2)
@@ -40,8 +44,10 @@ def test_mma16_gemm_ss(dtype, shape):
     assert len(lines) == 3  # the cp.async stores and both ldmatrix loads were counted
 
 
-@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True),
-                                             (True, True)])
+# (False, False) covers ldmatrix for A and scalar loads for B, (True, True) the reverse.
+@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, True),
+                                             pytest.param(True, False, marks=SLOW),
+                                             pytest.param(False, True, marks=SLOW)])
 def test_tf32_against_tf32_rounded_numpy(trans_a, trans_b):
     p = plan(64, 64, 32, "float32", trans_a=trans_a, trans_b=trans_b)
     assert p.instr == GemmInstr.MMA_TF32
@@ -52,7 +58,8 @@ def test_tf32_against_tf32_rounded_numpy(trans_a, trans_b):
     assert np.abs(c - a.astype(np.float64) @ b.astype(np.float64)).max() > 1e-4
 
 
-@pytest.mark.parametrize("trans_a,trans_b", [(True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("trans_a,trans_b", [(True, True), pytest.param(True, False, marks=SLOW),
+                                             pytest.param(False, True, marks=SLOW)])
 def test_f16_transposed_operands(trans_a, trans_b):
     _check(plan(64, 128, 32, "float16", trans_a=trans_a, trans_b=trans_b), RAGGED)
 
@@ -75,12 +82,27 @@ def test_warp_policies(policy, warps):
     _check(p, RAGGED)
 
 
-@pytest.mark.parametrize("dtype,policy", [("float16", "auto"), ("bfloat16", "square")])
-def test_gemm_rs_a_in_registers(dtype, policy):
-    # square gives 2 warp columns: A's register layout is then replicated across them.
+@pytest.mark.parametrize("dtype,policy,warps", [
+    ("float16", "auto", (4, 1)), ("bfloat16", "square", (2, 2)),
+    pytest.param("float16", "cols", (1, 4), marks=SLOW)])
+def test_gemm_rs_a_in_registers(dtype, policy, warps):
+    # With several warp columns A's register layout is replicated across them.
     p = plan(64, 64, 32, dtype, a_in_registers=True, policy=policy)
-    assert p.warps == ((4, 1) if policy == "auto" else (2, 2))
+    assert p.warps == warps
     _check(p, RAGGED)
+
+
+@pytest.mark.parametrize("dtype,trans_b,rs", [
+    ("float16", False, False), ("float32", True, False),
+    pytest.param("float16", True, False, marks=SLOW),
+    pytest.param("float16", False, True, marks=SLOW)])
+def test_odd_number_of_n_atoms_per_warp(dtype, trans_b, rs):
+    # 24 columns per warp: three n-atoms, the last B fragment loaded with ldmatrix.x2.
+    p = plan(64, 48, 32, dtype, trans_b=trans_b, a_in_registers=rs, policy="square")
+    assert p.n // p.warps[1] == 24
+    ref = (lambda a, b: tf32(a).astype(np.float64) @ tf32(b).astype(np.float64)) \
+        if dtype == "float32" else None
+    _check(p, RAGGED, ref, rtol=2e-6 if dtype == "float32" else 1e-4)
 
 
 @pytest.mark.parametrize("make", [
@@ -130,8 +152,9 @@ def test_python_offsets_mirror_the_header():
     tiles = [shared_tile("float16", 128, 32), shared_tile("float16", 32, 128),
              shared_tile("float16", 16, 16), shared_tile("float32", 64, 32, 2),
              shared_tile("float32", 32, 8), shared_tile("float64", 16, 16),
-             shared_tile("float16", 10, 24), shared_tile("float32", 8, 64, 2)]
-    assert [t.swizzled for t in tiles] == [True] * 6 + [False, True]
+             shared_tile("float16", 10, 20), shared_tile("float32", 8, 64, 2),
+             shared_tile("float16", 16, 48), shared_tile("float32", 16, 24, 2)]
+    assert [t.swizzled for t in tiles] == [True] * 6 + [False] + [True] * 3
     body, base = [], 0
     for t in tiles:
         body.append(f"dump<{t.cpp}, {t.rows}, {t.cols}>(out + {base}, tid);")
@@ -180,8 +203,9 @@ def test_nvcc_compiles_every_path(arch):
     assert SM80.caps.static_smem_bytes >= cubin.kernels["gemm_0"].shared_bytes
 
 
-@pytest.mark.parametrize("stages", [1, 2, 4])
-@pytest.mark.parametrize("k", [24, 136], ids=["one_k_tile", "five_k_tiles"])
+@pytest.mark.parametrize("stages,k", [
+    (1, 136), (2, 24), (4, 24), (4, 136),
+    pytest.param(1, 24, marks=SLOW), pytest.param(2, 136, marks=SLOW)])
 def test_pipeline_depths_and_short_trip_counts(stages, k):
     # The emulator's race and cp.async-hazard checks judge the schedule of async_pipeline.py,
     # including a trip count (1) below the stages; the K edge is zero-filled by the copies.

@@ -22,23 +22,27 @@ namespace jaxtile {
 
 // ---- shared-memory tile layouts --------------------------------------------------------------
 
-// A row-major ROWS x COLS tile of T whose 16-byte chunks are XOR-permuted within each 128-byte
-// line: chunk' = chunk ^ ((row / kRowsPerLine * STEP) % kPhase). With rows of 8 or more chunks
-// (128 bytes) that is chunk ^ (row % 8) for STEP 1; with 4-chunk rows (64 bytes) chunk ^ ((row /
-// 2) % 4); with 2-chunk rows chunk ^ ((row / 4) % 2). Then the 8 rows one ldmatrix phase reads at
-// the same logical chunk, and the 8 chunks of one 128-byte line a phase of 16-byte cp.async stores
-// writes, fall in 8 distinct groups of 4 banks. STEP 2 spreads rows 0-3 over keys 0, 2, 4, 6: what
-// scalar 32-bit fragment loads (tf32 operands ldmatrix cannot transpose) need, 4 rows x 2 chunks.
-// COLS * sizeof(T) must be a power-of-two multiple (>= 2) of 16 bytes; see PlainTile otherwise.
+// A row-major ROWS x COLS tile of T whose 16-byte chunks are XOR-permuted:
+//   chunk' = chunk ^ ((row / kRowsPerLine * STEP) % kPhase),
+// kPhase = gcd(chunks per row, 8), kRowsPerLine = 8 / kPhase. For rows of 8k chunks (multiples
+// of 128 bytes) that is chunk ^ (row % 8) with STEP 1; for 64-byte rows chunk ^ ((row / 2) % 4);
+// for 32-byte rows (and 96-byte ones) chunk ^ ((row / 4) % 2); odd chunk counts need nothing.
+// Then the 8 rows one ldmatrix phase reads at the same logical chunk fall in 8 distinct groups of
+// 4 banks (rows kRowsPerLine apart start in the same group and get different keys), and the 8
+// chunks a phase of 16-byte cp.async stores writes in row-major order (an 8-aligned window of
+// chunks) stay 8 consecutive chunks, since the XOR permutes aligned kPhase-blocks of a row. STEP
+// 2 spreads rows 0-3 over keys 0, 2, 4, 6: what scalar 32-bit fragment loads (tf32 operands
+// ldmatrix cannot transpose), 4 rows x 8 columns, need. Rows must be whole chunks (PlainTile
+// otherwise).
 template <class T, int ROWS, int COLS, int STEP = 1>
 struct SwizzledTile {
   static constexpr int kVec = 16 / int(sizeof(T));
   static constexpr int kChunks = COLS / kVec;
-  static constexpr int kPhase = kChunks < 8 ? kChunks : 8;
-  static constexpr int kRowsPerLine = kChunks < 8 ? 8 / kChunks : 1;
+  static constexpr int kPhase =
+      kChunks % 8 == 0 ? 8 : kChunks % 4 == 0 ? 4 : kChunks % 2 == 0 ? 2 : 1;
+  static constexpr int kRowsPerLine = 8 / kPhase;
   static constexpr int kElems = ROWS * COLS;
-  static_assert(COLS % kVec == 0 && kChunks >= 2 && (kChunks & (kChunks - 1)) == 0,
-                "swizzled rows are a power-of-two number (>= 2) of 16-byte chunks");
+  static_assert(COLS % kVec == 0, "swizzled rows are whole 16-byte chunks");
   static JT_DEVICE int offset(int row, int col) {
     const int chunk = (col / kVec) ^ ((row / kRowsPerLine * STEP) % kPhase);
     return row * COLS + chunk * kVec + col % kVec;

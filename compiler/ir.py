@@ -62,6 +62,9 @@ class Buffer:
     line: str | None = dataclasses.field(default=None, compare=False)
     aliases: str | None = None
     """For an ``init`` buffer, the output whose memory it shares."""
+    layout: Any = dataclasses.field(default=None, compare=False)
+    """For a ``fragment`` buffer, the thread layout a GPU pass gave it (a pass annotation
+    like ``Op.notes``: printed, not part of the content key)."""
 
 
 class Value:

@@ -47,7 +47,7 @@ class Specialisation:
             raise KernelError(f"{e} [called with {called}]") from None
         self._ir: tile_ir.Kernel | None = None
         self._handle: kernel_call.KernelHandle | None = None
-        self._entries: dict[Target, cache.Entry] = {}
+        self._entries: dict[tuple[Target, bool], cache.Entry] = {}
 
     @property
     def tile_ir(self) -> tile_ir.Kernel:
@@ -84,27 +84,29 @@ class Specialisation:
         CPU, or CUDA for the SIMT emulator (the ``cuda-emulator`` backend)."""
         return parse_target(_config.BACKENDS[self.backend])
 
-    def build(self, target: Target, load: Callable[[cache.Entry], None]) -> cache.Entry:
+    def build(self, target: Target, load: Callable[[cache.Entry], None], *,
+              emulated: bool = False) -> cache.Entry:
         """The kernel compiled for ``target`` (or fetched from the cache) and loaded with
-        the platform's ``load``. An entry that passes its checksums yet cannot be loaded
-        is a cache miss: it is discarded and rebuilt, once."""
-        entry = self._entries.get(target)
+        the platform's ``load``; ``emulated``: CUDA code built for the SIMT emulator. An
+        entry that passes its checksums yet cannot be loaded is a cache miss: it is
+        discarded and rebuilt, once."""
+        entry = self._entries.get((target, emulated))
         if entry is None:
-            entry = self._build(target)
+            entry = self._build(target, emulated)
             try:
                 load(entry)
             except (RuntimeError, ValueError):
                 cache.discard(entry.key)
-                entry = self._build(target)
+                entry = self._build(target, emulated)
                 load(entry)
-            self._entries[target] = entry
+            self._entries[(target, emulated)] = entry
         return entry
 
-    def _build(self, target: Target) -> cache.Entry:
+    def _build(self, target: Target, emulated: bool = False) -> cache.Entry:
         """``build.build``, with any failure of the compiler below the Tile IR turned into
         a KernelError that names the kernel (a bug or limit of jaxtile, not of the body)."""
         try:
-            return build.build(self.tile_ir, target)
+            return build.build(self.tile_ir, target, emulated=emulated)
         except KernelError:
             raise
         except Exception as e:  # noqa: BLE001 - e.g. TVM's errors, a RecursionError

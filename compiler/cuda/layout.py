@@ -17,9 +17,9 @@ cover more than its size (tiles whose size is no multiple of the thread count): 
 the edge are padding, which code generation masks (:meth:`Layout.padded_dims`).
 
 Printing: ``#mma(m16n8k16, warps 2x2)``, ``#blocked(vec 4, threads 4x32)``,
-``#replicated``, ``#slice(<parent>, [128, 64], dims (1,))``; any other layout prints its
-factors (``#factors(...)``). :func:`parse` reads every form back given the tile shape and
-the block's thread count, so the IR text round-trips.
+``#replicated``, ``#slice(<parent>, [128, 64], dims (1,))``, ``#transpose(...)``; any
+other layout prints its factors (``#factors(...)``). :func:`parse` reads every form back
+given the tile shape and the block's thread count, so the IR text round-trips.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def _check_radix(factors: Sequence[Factor], total: int, what: str) -> None:
         raise ValueError(f"layout {what} factors cover {expect}, not {total}")
 
 
-def _digit_expr(var: str, stride: int, size: int, total: int) -> str:
+def digit_expr(var: str, stride: int, size: int, total: int) -> str:
     """C text of ``(var / stride) % size`` for ``0 <= var < total``, with shifts and masks
     for powers of two and without the modulo where the digit is the most significant."""
     pow2 = stride & (stride - 1) == 0 and size & (size - 1) == 0
@@ -191,7 +191,7 @@ class Layout:
             terms = []
             for f, w in zip(factors, self._weights(d)):
                 if f.kind == THREAD:
-                    digit = _digit_expr(tid, f.stride, f.size, self.threads)
+                    digit = digit_expr(tid, f.stride, f.size, self.threads)
                     terms.append(digit if w == 1 else f"{digit} * {w}")
             out.append(" + ".join(terms) if terms else "0")
         return out
@@ -211,7 +211,7 @@ class Layout:
             return None
         terms, w = [], 1
         for f in sorted(self.replicate, key=lambda f: f.stride):
-            digit = _digit_expr(tid, f.stride, f.size, self.threads)
+            digit = digit_expr(tid, f.stride, f.size, self.threads)
             terms.append(digit if w == 1 else f"{digit} * {w}")
             w *= f.size
         return " + ".join(terms)
@@ -226,25 +226,65 @@ class Layout:
 
     # -- derived layouts ------------------------------------------------------------------
 
-    def drop(self, axes: Sequence[int]) -> Layout:
+    def drop(self, axes: Sequence[int], keepdims: bool = False) -> Layout:
         """The layout of a reduction over ``axes``: their thread factors become replication
         (each reducing thread ends up holding the result) and their local factors go; the
-        remaining local factors keep their order."""
+        remaining local factors keep their order. With ``keepdims`` the axes stay, of size 1
+        (the operand of a broadcast along them)."""
         axes = tuple(sorted(set(axes)))
-        kept = [d for i, d in enumerate(self.dims) if i not in axes]
         gone = [f for i, d in enumerate(self.dims) if i in axes for f in d]
-        locals_kept = sorted((f for d in kept for f in d if f.kind == LOCAL),
-                             key=lambda f: f.stride)
+        locals_kept = sorted((f for i, d in enumerate(self.dims) if i not in axes for f in d
+                              if f.kind == LOCAL), key=lambda f: f.stride)
         restride, s = {}, 1
         for f in locals_kept:
             restride[id(f)] = s
             s *= f.size
-        dims = tuple(tuple(dataclasses.replace(f, stride=restride[id(f)])
-                           if f.kind == LOCAL else f for f in d) for d in kept)
+        dims, shape = [], []
+        for i, (n, d) in enumerate(zip(self.shape, self.dims)):
+            if i in axes:
+                if keepdims:
+                    dims.append(())
+                    shape.append(1)
+                continue
+            dims.append(tuple(dataclasses.replace(f, stride=restride[id(f)])
+                              if f.kind == LOCAL else f for f in d))
+            shape.append(n)
         replicate = self.replicate + tuple(f for f in gone if f.kind == THREAD)
-        shape = tuple(n for i, n in enumerate(self.shape) if i not in axes)
-        return Layout(shape, dims, replicate, self.threads,
-                      f"slice({self.text()[1:]}, {list(self.shape)}, dims {axes})")
+        keep = ", keepdims" if keepdims else ""
+        return Layout(tuple(shape), tuple(dims), replicate, self.threads,
+                      f"slice({self.text()[1:]}, {list(self.shape)}, dims {axes}{keep})")
+
+    def permute(self, perm: Sequence[int]) -> Layout:
+        """The layout of the transposed tile (result dim i is dim ``perm[i]``): the same
+        threads and slots hold the same elements."""
+        return Layout(tuple(self.shape[p] for p in perm), tuple(self.dims[p] for p in perm),
+                      self.replicate, self.threads,
+                      f"transpose({self.text()[1:]}, {list(self.shape)}, perm {tuple(perm)})")
+
+    def local_coord_exprs(self, slot: str) -> list[str]:
+        """Per dimension, C text of the coordinate's local part for slot variable
+        ``slot`` (compile-time constant after unrolling)."""
+        out = []
+        for d, factors in enumerate(self.dims):
+            terms = []
+            for f, w in zip(factors, self._weights(d)):
+                if f.kind == LOCAL:
+                    digit = digit_expr(slot, f.stride, f.size, self.num_local)
+                    terms.append(digit if w == 1 else f"{digit} * {w}")
+            out.append(" + ".join(terms) if terms else "0")
+        return out
+
+    def drop_slot_expr(self, slot: str, axes: Sequence[int]) -> str:
+        """C text of :meth:`drop_slot` for slot variable ``slot``."""
+        axes = set(axes)
+        kept = sorted((f for i, d in enumerate(self.dims) if i not in axes for f in d
+                       if f.kind == LOCAL), key=lambda f: f.stride)
+        terms, s = [], 1
+        for f in kept:
+            digit = digit_expr(slot, f.stride, f.size, self.num_local)
+            terms.append(digit if s == 1 else f"{digit} * {s}")
+            s *= f.size
+        return " + ".join(terms) if terms else "0"
 
     def drop_slot(self, slot: int, axes: Sequence[int]) -> int:
         """The slot in ``self.drop(axes)`` holding the reduction of slot ``slot``'s row."""
@@ -282,12 +322,32 @@ def _radix(sizes_kinds: list[tuple[int, str]]) -> list[Factor]:
     return out
 
 
-def _divisor_at_least(n: int, want: int) -> int:
-    """The smallest divisor of ``n`` that is >= ``want`` (``n`` when none is smaller)."""
-    for d in range(max(want, 1), n + 1):
-        if n % d == 0:
-            return d
-    return n
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _thread_split(units: Sequence[int], threads: int) -> list[int]:
+    """Threads per dimension (each a divisor of what is left, last dimension first): the
+    split with the fewest slots per thread, then the least padding, then the most threads
+    along the last dimension (coalescing)."""
+    best: tuple | None = None
+
+    def visit(d: int, left: int, chosen: list[int]) -> None:
+        nonlocal best
+        if d < 0:
+            split = chosen[::-1]
+            slots = math.prod(math.ceil(u / t) for u, t in zip(units, split))
+            waste = sum(t * math.ceil(u / t) - u for u, t in zip(units, split))
+            score = (slots, waste, -split[-1])
+            if best is None or score < best[0]:
+                best = (score, split)
+            return
+        for t in _divisors(left):
+            if t <= 2 * units[d] or t == 1:
+                visit(d - 1, left // t, chosen + [t])
+
+    visit(len(units) - 1, threads, [])
+    return best[1]
 
 
 def blocked(shape: Sequence[int], threads: int, vec: int = 1) -> Layout:
@@ -300,14 +360,10 @@ def blocked(shape: Sequence[int], threads: int, vec: int = 1) -> Layout:
         return replicated(shape, threads)
     if vec < 1 or shape[-1] % vec:
         raise ValueError(f"vector width {vec} does not divide the last dimension {shape[-1]}")
-    left = threads
-    per_dim: list[tuple[int, int]] = []  # (threads, repeats), last dimension first
-    for d in reversed(range(len(shape))):
-        units = math.ceil(shape[d] / (vec if d == len(shape) - 1 else 1))
-        t = min(_divisor_at_least(left, units), left)
-        per_dim.append((t, math.ceil(units / t)))
-        left //= t
-    per_dim.reverse()
+    units = [*shape[:-1], shape[-1] // vec]
+    split = _thread_split(units, threads)
+    per_dim = [(t, math.ceil(u / t)) for u, t in zip(units, split)]
+    left = threads // math.prod(split)
     # thread strides: last dimension fastest; local strides: vec fastest, then the last
     # dimension's repeats, then earlier dimensions'.
     order: list[tuple[int, str, int, str]] = []  # (dim, role, size, kind), least first
@@ -412,10 +468,17 @@ def parse(text: str, shape: Sequence[int], threads: int) -> Layout:
         wm, wn = (int(x) for x in args[1].split()[1].split("x"))
         return mma_accumulator(shape, (wm, wn), threads, args[0])
     if head == "slice":
+        keepdims = args[-1] == "keepdims"
+        args = args[:-1] if keepdims else args
         parent_shape = tuple(int(x) for x in re.findall(r"\d+", args[-2]))
         axes = tuple(int(x) for x in re.findall(r"\d+", args[-1]))
         inner = ", ".join(args[:-2])
-        return parse(inner, parent_shape, threads).drop(axes)
+        return parse(inner, parent_shape, threads).drop(axes, keepdims)
+    if head == "transpose":
+        parent_shape = tuple(int(x) for x in re.findall(r"\d+", args[-2]))
+        perm = tuple(int(x) for x in re.findall(r"\d+", args[-1]))
+        inner = ", ".join(args[:-2])
+        return parse(inner, parent_shape, threads).permute(perm)
     if head == "factors":
         body, _, rep = rest[:-1].partition("|")
         dims = tuple(tuple(_parse_factors(d)) for d in body.split(";")) if shape else ()

@@ -127,6 +127,8 @@ def test_c_expressions_agree_with_the_map():
     L.mma_accumulator((32, 16), (1, 1)).drop([1]), L.blocked((6, 10), 96, 2).drop([0]),
     L.Layout((4, 8), ((L.Factor(4, "thread", 8),), (L.Factor(8, "thread", 1),)), (), 32),
     L.Layout((), (), (L.Factor(32, "thread", 1),), 32),
+    L.blocked((4, 100), 128, 4).drop([1], keepdims=True),
+    L.mma_accumulator((64, 32), (2, 2)).permute((1, 0)),
 ])
 def test_text_round_trips(lay):
     back = L.parse(lay.text(), lay.shape, lay.threads)
@@ -138,3 +140,21 @@ def test_invalid_factors_are_rejected():
         L.Layout((4,), ((L.Factor(4, "thread", 2),),), (), 8)
     with pytest.raises(ValueError, match="covers"):
         L.Layout((5,), ((L.Factor(4, "thread", 1),),), (), 4)
+
+
+def test_keepdims_and_permute():
+    lay = L.blocked((4, 100), 128, 4)
+    kept = lay.drop([1], keepdims=True)
+    assert kept.shape == (4, 1) and kept.drop([1]) == lay.drop([1])
+    t = L.mma_accumulator((64, 32), (2, 2)).permute((1, 0))
+    thread, local = t.owners()
+    t0, l0 = L.mma_accumulator((64, 32), (2, 2)).owners()
+    assert (thread == t0.transpose(1, 0, 2)).all() and (local == l0.T).all()
+
+
+def test_slot_expressions():
+    lay = L.mma_accumulator((64, 32), (2, 2))
+    exprs = lay.local_coord_exprs("k")
+    for k in range(lay.num_local):
+        assert tuple(eval(e, {"k": k}) for e in exprs) == lay.local_coords(k)
+        assert eval(lay.drop_slot_expr("k", [1]), {"k": k}) == lay.drop_slot(k, [1])

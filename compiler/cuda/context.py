@@ -1,0 +1,223 @@
+"""What the per-op CUDA lowerings share: the text being written, names, layouts, addresses.
+
+Device code is one function per kernel. Every thread runs the whole body; a tile value
+with a layout is a per-thread array of its slots (``float v7[12]``), a uniform value one
+scalar, a fragment buffer an array of its layout's slots, a ``local`` buffer a per-thread
+array of the whole tile, a ``shared`` buffer a ``JT_SHARED`` array. Slots are visited by
+``#pragma unroll`` loops over ``k``, so after unrolling every index is a constant and the
+arrays live in registers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from .. import ir
+from ..errors import KernelError
+from ..passes.layout_inference import uniform_values
+from . import types as T
+from .layout import Layout, replicated
+
+
+class Writer:
+    """Indented lines of C."""
+
+    def __init__(self, depth: int = 1):
+        self.lines: list[str] = []
+        self.depth = depth
+
+    def __call__(self, text: str) -> None:
+        self.lines.append("  " * self.depth + text)
+
+    @contextlib.contextmanager
+    def block(self, head: str = "") -> Iterator[None]:
+        self(f"{head} {{" if head else "{")
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            self("}")
+
+
+def source_line(line: str | None) -> str:
+    """``file.py:12`` of the user's source line (without the directory)."""
+    return os.path.basename(line) if line else "?"
+
+
+class Context:
+    """State of one kernel's lowering; see the module docstring."""
+
+    def __init__(self, kernel: ir.Kernel, warp_size: int):
+        self.kernel = kernel
+        self.threads = kernel.threads
+        self.warp_size = warp_size
+        self.w = Writer()
+        self.bufs = {b.name: b for b in kernel.buffers}
+        self.uniform = uniform_values(kernel)
+        self.layouts: dict[int, Layout] = {}
+        for stmt in ir.walk(kernel.body):
+            if isinstance(stmt, ir.Op) and stmt.result is not None and "layout" in stmt.notes:
+                self.layouts[stmt.result.id] = stmt.notes["layout"]
+        self.names: dict[int, str] = {}
+        self.shared: list[tuple[str, str, int]] = []
+        """(C type, name, count) of every shared array, declared at kernel scope."""
+        self._tmp = 0
+        self.loop_depth = 0
+        self.masks: list[str] = []
+        """Descriptions of the accesses that kept a bounds check."""
+
+    # -- names ------------------------------------------------------------------------------
+
+    def define(self, v: ir.Value) -> str:
+        name = f"v{len(self.names)}"
+        self.names[v.id] = name
+        return name
+
+    def name(self, v: ir.Value) -> str:
+        return self.names[v.id]
+
+    def tmp(self, hint: str = "t") -> str:
+        self._tmp += 1
+        return f"{hint}{self._tmp}"
+
+    def operand(self, x: int | ir.Value) -> str:
+        return str(x) if isinstance(x, int) else self.name(x)
+
+    def shared_array(self, ctype: str, count: int, hint: str) -> str:
+        name = self.tmp(hint)
+        self.shared.append((ctype, name, max(count, 1)))
+        return name
+
+    # -- layouts and slots ----------------------------------------------------------------------
+
+    def layout(self, v: ir.Value) -> Layout | None:
+        """The value's layout; None for a uniform value."""
+        if v.id in self.uniform:
+            return None
+        try:
+            return self.layouts[v.id]
+        except KeyError:
+            raise KernelError(f"value {v} has no layout (layout inference did not run)") \
+                from None
+
+    def declare(self, v: ir.Value) -> str:
+        """Define ``v``'s per-thread slot array."""
+        name = self.define(v)
+        self.w(f"{T.reg(v.dtype)} {name}[{self.layout(v).num_local}];")
+        return name
+
+    def result(self, v: ir.Value, lay: Layout | None = None) -> tuple[str, Layout]:
+        """Declare the slot array an op computes ``v`` into, and its layout. A uniform
+        result (a full reduction's scalar) is computed by every thread into one slot of
+        ``lay`` (default: replicated) and then named by :meth:`finish`."""
+        if v.id not in self.uniform:
+            return self.declare(v), self.layout(v)
+        lay = lay if lay is not None and lay.num_local == 1 else replicated(v.shape, self.threads)
+        name = self.tmp("r")
+        self.w(f"{T.reg(v.dtype)} {name}[1];")
+        return name, lay
+
+    def finish(self, v: ir.Value, name: str) -> None:
+        """After :meth:`result`: a uniform result becomes its scalar."""
+        if v.id in self.uniform:
+            self.w(f"const {T.reg(v.dtype)} {self.define(v)} = {name}[0];")
+
+    def elem(self, v: ir.Value, lay: Layout, slot: str = "k") -> str:
+        """``v``'s element in slot ``slot`` of a tile of layout ``lay`` (``v`` is uniform,
+        has ``lay``, or has ``lay`` with size-1 dimensions: an implicit broadcast)."""
+        if v.id in self.uniform:
+            return self.name(v)
+        if v.shape == lay.shape:
+            return f"{self.name(v)}[{slot}]"
+        axes = [d for d, (n, m) in enumerate(zip(v.shape, lay.shape)) if n == 1 and m != 1]
+        return f"{self.name(v)}[{lay.drop_slot_expr(slot, axes)}]"
+
+    @contextlib.contextmanager
+    def slots(self, lay: Layout, *, need_coords: bool = True,
+              guard: bool = False) -> Iterator[list[str]]:
+        """Emit ``for k`` over ``lay``'s slots; yields the element's coordinates as C
+        expressions. ``guard``: skip padding slots (positions past the tile's edge)."""
+        coords = []
+        if need_coords:
+            for e in lay.thread_coord_exprs("tid"):
+                if e == "0":
+                    coords.append(None)
+                    continue
+                c = self.tmp("c")
+                self.w(f"const int {c} = {e};")
+                coords.append(c)
+        self.w("#pragma unroll")
+        with self.w.block(f"for (int k = 0; k < {lay.num_local}; ++k)"):
+            out = []
+            for c, local in zip(coords, lay.local_coord_exprs("k")):
+                parts = [p for p in (c, None if local == "0" else f"({local})") if p]
+                out.append(" + ".join(parts) if parts else "0")
+            if guard and lay.padded_dims():
+                conds = " || ".join(f"{out[d]} >= {lay.shape[d]}" for d in lay.padded_dims())
+                self.w(f"if ({conds}) continue;")
+            yield out
+
+    def primary(self, lay: Layout) -> str | None:
+        """A C condition true in one replica of each element (None: no replicas)."""
+        rep = lay.replica_expr("tid")
+        return None if rep is None else f"({rep}) == 0"
+
+    # -- memory addresses -------------------------------------------------------------------------
+
+    def address(self, region: ir.Region, coords: Sequence[str], *, clamp: bool,
+                checked: Sequence[int] | None = None) -> tuple[str, list[str]]:
+        """The flat element index of a region element at tile ``coords``, and the bounds
+        conditions of the dimensions in ``checked`` (all when None). ``clamp``: dynamic
+        starts are clamped into range first (JAX's get/swap semantics)."""
+        buf = self.bufs[region.buffer]
+        strides = [math.prod(buf.shape[d + 1:]) for d in range(len(buf.shape))]
+        coords = iter(coords)
+        terms, conds = [], []
+        for d, (idx, n) in enumerate(zip(region.index, buf.shape)):
+            c = next(coords) if idx.size is not None else None
+            if isinstance(idx.start, ir.Value) and idx.start.shape != ():
+                pos = f"{self.name(idx.start)}[{c}]"
+            else:
+                start = self.operand(idx.start)
+                if clamp and isinstance(idx.start, ir.Value):
+                    hi = n - (idx.size or 1)
+                    start = f"({start} < 0 ? 0 : ({start} > {hi} ? {hi} : {start}))"
+                pos = start if c is None else (c if start == "0" else f"{start} + {c}")
+            if checked is None or d in checked:
+                conds.append(f"unsigned({pos}) < {n}u")
+            if n > 1:
+                terms.append(f"({pos})" if strides[d] == 1 else f"({pos}) * {strides[d]}")
+        return (" + ".join(terms) if terms else "0"), conds
+
+    def region_checks(self, op: ir.Op, attr: str) -> tuple[int, ...] | None:
+        """Dimensions of a global region whose bounds must be checked (the bounds pass's
+        notes; every dimension when it did not run); () for on-chip buffers."""
+        region = op.attrs[attr]
+        if self.bufs[region.buffer].scope != "global":
+            return ()
+        masks = op.notes.get("masks")
+        checked = tuple(range(len(region.index))) if masks is None else dict(masks).get(attr, ())
+        entry = f"{source_line(op.line)}: {op.kind} {attr}={region.buffer} dims {list(checked)}"
+        if checked and entry not in self.masks:
+            self.masks.append(entry)
+        return checked
+
+
+def row_major(coords: Sequence[str], shape: Sequence[int]) -> str:
+    """C text of the row-major flat index of ``coords`` in ``shape``."""
+    terms = []
+    for d, c in enumerate(coords):
+        stride = math.prod(shape[d + 1:])
+        if shape[d] > 1:
+            terms.append(f"({c})" if stride == 1 else f"({c}) * {stride}")
+    return " + ".join(terms) if terms else "0"
+
+
+def np_dtype(x: ir.Value | ir.Buffer) -> np.dtype:
+    return np.dtype(x.dtype)

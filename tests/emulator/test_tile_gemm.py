@@ -210,3 +210,73 @@ def test_pipeline_depths_and_short_trip_counts(stages, k):
     # The emulator's race and cp.async-hazard checks judge the schedule of async_pipeline.py,
     # including a trip count (1) below the stages; the K edge is zero-filled by the copies.
     _check(plan(64, 64, 32, "float16"), (72, 64, k), stages=stages)
+
+
+_ATTENTION_KERNEL = """
+#include <jaxtile/device.h>
+#include <jaxtile/tile_gemm.h>
+// O = f16(Q @ K^T) @ V for one 64-row block: gemm_ss into S, an elementwise cast in the
+// accumulator layout, then gemm_rs with P from registers (flash attention's two gemms).
+JT_KERNEL JT_LAUNCH_BOUNDS(128) void qkv(jaxtile::ptr<const jaxtile::half> Q,
+    jaxtile::ptr<const jaxtile::half> K, jaxtile::ptr<const jaxtile::half> V,
+    jaxtile::ptr<float> O) {
+  JT_SHARED(jaxtile::half, Qs, LQ::kElems);
+  JT_SHARED(jaxtile::half, Ks, LK::kElems);
+  JT_SHARED(jaxtile::half, Vs, LV::kElems);
+  const int tid = jaxtile::thread_idx().x;
+  for (int c = tid; c < BM * D / 8; c += 128)
+    jaxtile::cp_async<16>(Qs + LQ::offset(c / (D / 8), c % (D / 8) * 8), Q + c * 8, 16);
+  for (int c = tid; c < BN * D / 8; c += 128) {
+    jaxtile::cp_async<16>(Ks + LK::offset(c / (D / 8), c % (D / 8) * 8), K + c * 8, 16);
+    jaxtile::cp_async<16>(Vs + LV::offset(c / (D / 8), c % (D / 8) * 8), V + c * 8, 16);
+  }
+  jaxtile::cp_async_commit();
+  jaxtile::cp_async_wait<0>();
+  jaxtile::sync_threads();
+  float s[NS];
+  for (int i = 0; i < NS; ++i) s[i] = 0.0f;
+  S_CALL
+  jaxtile::half p[NS];
+  for (int i = 0; i < NS; ++i) p[i] = jaxtile::to_half(s[i]);
+  float o[NO];
+  for (int i = 0; i < NO; ++i) o[i] = 0.0f;
+  O_CALL
+  const int tr = O_TR, tc = O_TC;
+  TABLES
+  for (int i = 0; i < NO; ++i) O[(tr + kRow[i]) * D + tc + kCol[i]] = o[i];
+}
+"""
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_flash_attention_gemms_compose_without_conversion(d):
+    bm, bn = 64, 64
+    s = plan(bm, bn, d, "float16", trans_b=True, policy="rows")  # S = Q @ K^T
+    o = plan(bm, d, bn, "float16", a_in_registers=True)          # O = P @ V
+    assert o.a_layout == s.acc_layout
+    tr, tc = o.acc_layout.thread_coord_exprs("tid")
+    rows = [o.acc_layout.local_coords(i)[0] for i in range(o.acc_layout.num_local)]
+    cols = [o.acc_layout.local_coords(i)[1] for i in range(o.acc_layout.num_local)]
+    src = (_ATTENTION_KERNEL
+           .replace("S_CALL", s.call("Qs", "Ks", "s")).replace("O_CALL", o.call("p", "Vs", "o"))
+           .replace("O_TR", tr).replace("O_TC", tc)
+           .replace("TABLES", f"constexpr int kRow[] = {{{', '.join(map(str, rows))}}};\n"
+                              f"  constexpr int kCol[] = {{{', '.join(map(str, cols))}}};"))
+    header = (f"constexpr int BM = {bm}, BN = {bn}, D = {d}, NS = {s.acc_layout.num_local}, "
+              f"NO = {o.acc_layout.num_local};\nusing LQ = {s.a_tile.cpp};\n"
+              f"using LK = {s.b_tile.cpp};\nusing LV = {o.b_tile.cpp};\n")
+    src = src.replace("JT_KERNEL", header + "JT_KERNEL", 1)
+    assert device_rule_violations(src) == []
+    k = EmulatedKernel.build(src, "qkv", [Buffer(n, "float16") for n in "QKV"]
+                             + [Buffer("O", "float32")], LaunchConfig((1, 1, 1), (128, 1, 1)),
+                             file="qkv.cu")
+    rng = np.random.default_rng(1)
+    q, kk, v = (rng.standard_normal((n, d)).astype(np.float16) * 0.5 for n in (bm, bn, bn))
+    out = np.zeros((bm, d), np.float32)
+    report = k.run(q, kk, v, out)
+    p = (q.astype(np.float32) @ kk.astype(np.float32).T).astype(np.float16)
+    np.testing.assert_allclose(out, p.astype(np.float64) @ v.astype(np.float64), atol=2e-3)
+    assert report["findings"] == [] and excess_wavefronts(report) == []
+    if nvcc_path() is not None:
+        rep = compile_cubin(src, "sm_80", file="qkv.cu").kernels["qkv"]
+        assert rep.spill_stores == rep.spill_loads == 0, rep

@@ -241,6 +241,9 @@ def plan_gemm(m: int, n: int, k: int, a_dtype: Any, b_dtype: Any, acc_dtype: Any
     a_dt, b_dt, acc_dt = np.dtype(a_dtype), np.dtype(b_dtype), np.dtype(acc_dtype)
     for dt in (a_dt, b_dt, acc_dt):
         cpp_type(dt)
+    if acc_dt.name in ("float16", "bfloat16"):
+        raise KernelError(f"gemm: accumulate in float32, not {acc_dt.name} (16-bit floats have "
+                          f"no register arithmetic here; cast the result)")
     if threads % caps.warp_size or not 0 < threads <= caps.max_threads_per_block:
         raise KernelError(f"gemm: {threads} threads is not a whole number of warps")
     instr = _instr(a_dt, b_dt, acc_dt, caps)

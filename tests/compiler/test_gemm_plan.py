@@ -26,7 +26,6 @@ def _plan(m=128, n=128, k=32, a="float16", b=None, acc="float32", threads=128, *
     ("float32", "float32", "float32", 8, GemmInstr.MMA_TF32),
     ("float16", "float16", "float32", 8, GemmInstr.FMA),      # K below one m16n8k16 step
     ("float16", "bfloat16", "float32", 32, GemmInstr.FMA),    # mixed inputs
-    ("float16", "float16", "float16", 32, GemmInstr.FMA),     # f16 accumulator
     ("float64", "float64", "float64", 32, GemmInstr.FMA),
     ("int8", "int8", "int32", 32, GemmInstr.FMA),
 ])
@@ -91,6 +90,7 @@ def test_gemm_rs_takes_the_accumulator_of_a_previous_gemm():
     (dict(k=8, a_in_registers=True), "K % 16"),
     (dict(target=parse_target("cpu")), "CUDA targets"),
     (dict(a="complex64"), "no CUDA type"),
+    (dict(acc="float16"), "accumulate in float32"),
 ])
 def test_errors(kw, msg):
     with pytest.raises(KernelError, match=msg):

@@ -184,6 +184,15 @@ def _instr(a: np.dtype, b: np.dtype, acc: np.dtype, caps: CudaCaps) -> GemmInstr
     return GemmInstr.FMA
 
 
+def _dtype(dtype: Any, what: str) -> np.dtype:
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise KernelError(f"gemm: {what} has an unknown dtype {dtype!r}") from None
+    cpp_type(dt)
+    return dt
+
+
 def _usable(m: int, n: int, wm: int, wn: int) -> bool:
     return m % (16 * wm) == 0 and n % (8 * wn) == 0
 
@@ -238,9 +247,9 @@ def plan_gemm(m: int, n: int, k: int, a_dtype: Any, b_dtype: Any, acc_dtype: Any
     if policy not in POLICIES:
         raise KernelError(f"gemm: unknown warp policy '{policy}' (one of {', '.join(POLICIES)})")
     caps = target.caps
-    a_dt, b_dt, acc_dt = np.dtype(a_dtype), np.dtype(b_dtype), np.dtype(acc_dtype)
-    for dt in (a_dt, b_dt, acc_dt):
-        cpp_type(dt)
+    a_dt, b_dt, acc_dt = _dtype(a_dtype, "A"), _dtype(b_dtype, "B"), _dtype(acc_dtype, "C")
+    if a_in_registers and trans_a:
+        raise KernelError("gemm: A in registers has no stored orientation; trans_a must be False")
     if acc_dt.name in ("float16", "bfloat16"):
         raise KernelError(f"gemm: accumulate in float32, not {acc_dt.name} (16-bit floats have "
                           f"no register arithmetic here; cast the result)")

@@ -91,6 +91,8 @@ def test_gemm_rs_takes_the_accumulator_of_a_previous_gemm():
     (dict(target=parse_target("cpu")), "CUDA targets"),
     (dict(a="complex64"), "no CUDA type"),
     (dict(acc="float16"), "accumulate in float32"),
+    (dict(acc="notatype"), "C has an unknown dtype"),
+    (dict(a_in_registers=True, trans_a=True), "trans_a must be False"),
 ])
 def test_errors(kw, msg):
     with pytest.raises(KernelError, match=msg):

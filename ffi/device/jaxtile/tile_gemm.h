@@ -49,7 +49,8 @@ struct SwizzledTile {
   }
 };
 
-// A plain row-major ROWS x COLS tile: for rows no swizzle applies to.
+// A plain row-major ROWS x COLS tile: for rows that are not whole 16-byte chunks (only the FMA
+// fallback meets them; ldmatrix needs 16-byte aligned rows).
 template <class T, int ROWS, int COLS>
 struct PlainTile {
   static constexpr int kElems = ROWS * COLS;
@@ -138,8 +139,9 @@ JT_DEVICE float (&atom(float* acc, int mi, int ni))[4] {
   return *reinterpret_cast<float(*)[4]>(acc + 4 * (mi * NI + ni));
 }
 
-// B fragments of m16n8k16 for n-atoms [n0, n0 + 8 * count), k in [k0, k0 + 16): ldmatrix .x4
-// covers two atoms ((k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15)), .x2 one.
+// B fragments of m16n8k16, k in [k0, k0 + 16), for the n-atom at n0 (into f) and, when `pair`,
+// the one at n0 + 8 (into f2): ldmatrix .x4 reads (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7,
+// n 8-15), (k 8-15, n 8-15); .x2 the first two.
 template <class LB, bool TRANS_B, class TB>
 JT_DEVICE void load_b16(unsigned (&f)[2], unsigned (&f2)[2], bool pair, ptr<TB> b, int n0, int k0,
                         int lane) {
@@ -175,7 +177,7 @@ JT_DEVICE void mma16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[
 }
 
 // One k16 step of the warp's atoms from A fragments `af` and B in shared memory. B is loaded
-// two n-atoms at a time and used at once, so only 4 B registers are live next to A's.
+// two n-atoms at a time, next to the mma that use them.
 template <class LB, bool TRANS_B, bool BF16, int MI, int NI, class TB>
 JT_DEVICE void mma16_step(float* acc, const unsigned (&af)[MI][4], ptr<TB> b, int col0, int k0,
                           int lane) {

@@ -13,7 +13,8 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -53,8 +54,11 @@ def source_line(line: str | None) -> str:
 class Context:
     """State of one kernel's lowering; see the module docstring."""
 
-    def __init__(self, kernel: ir.Kernel, warp_size: int):
+    def __init__(self, kernel: ir.Kernel, warp_size: int,
+                 swizzles: Mapping[str, Any] | None = None):
         self.kernel = kernel
+        self.swizzles = dict(swizzles or {})
+        """Shared buffers stored in a swizzled order (a gemm plan's ``SharedTile``)."""
         self.threads = kernel.threads
         self.warp_size = warp_size
         self.w = Writer()
@@ -178,7 +182,7 @@ class Context:
         buf = self.bufs[region.buffer]
         strides = [math.prod(buf.shape[d + 1:]) for d in range(len(buf.shape))]
         coords = iter(coords)
-        terms, conds = [], []
+        terms, conds, positions = [], [], []
         for d, (idx, n) in enumerate(zip(region.index, buf.shape)):
             c = next(coords) if idx.size is not None else None
             if isinstance(idx.start, ir.Value) and idx.start.shape != ():
@@ -197,6 +201,9 @@ class Context:
                 conds.append(f"unsigned({pos}) < {n}u")
             if n > 1:
                 terms.append(f"({pos})" if strides[d] == 1 else f"({pos}) * {strides[d]}")
+            positions.append(pos)
+        if region.buffer in self.swizzles:
+            return self.swizzles[region.buffer].cpp_offset(*positions), conds
         return (" + ".join(terms) if terms else "0"), conds
 
     def in_region(self, region: ir.Region, coords: Sequence[str],

@@ -1,0 +1,102 @@
+"""Tile ``gemm`` ops in the CUDA lowering: plans, their layouts and swizzles, and the call.
+
+Each gemm is planned by :func:`.gemm_plan.plan_gemm` (instruction, warp partition, layouts,
+shared swizzles). Its plan fixes, strictly: the accumulator fragment's layout and, for a
+register A operand (``gemm_rs``), A's; and the physical order of its shared operand tiles,
+which every access to those buffers then follows. The op itself becomes one call of
+``jaxtile/tile_gemm.h``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .. import ir
+from ..errors import KernelError
+from ..target import Target
+from . import types as T
+from .context import Context, source_line
+from .gemm_plan import GemmPlan, SharedTile, cpp_type, plan_gemm
+from .layout import Layout
+
+
+def plan(op: ir.Op, bufs: Mapping[str, ir.Buffer], threads: int, target: Target) -> GemmPlan:
+    """The plan of one gemm op (regions must be whole 2-D buffers: an accumulator fragment,
+    shared operands or a register A)."""
+    a, b, c = (op.attrs[r] for r in ("a", "b", "c"))
+    where = source_line(op.line)
+    for role, r in (("a", a), ("b", b), ("c", c)):
+        buf = bufs[r.buffer]
+        if not r.is_whole(buf.shape) or len(buf.shape) != 2:
+            raise KernelError(f"gemm operand {role} must be a whole 2-D on-chip buffer for "
+                              f"CUDA (at {where})")
+    if bufs[c.buffer].scope != "fragment":
+        raise KernelError(f"gemm accumulator '{c.buffer}' must be a fragment for CUDA "
+                          f"(at {where})")
+    if bufs[b.buffer].scope != "shared":
+        raise KernelError(f"gemm operand b '{b.buffer}' must be in shared memory for CUDA "
+                          f"(at {where})")
+    ta, tb = op.attrs["transpose_a"], op.attrs["transpose_b"]
+    m, k = a.shape[::-1] if ta else a.shape
+    n = b.shape[0] if tb else b.shape[1]
+    regs = bufs[a.buffer].scope == "fragment"
+    return plan_gemm(m, n, k, bufs[a.buffer].dtype, bufs[b.buffer].dtype, bufs[c.buffer].dtype,
+                     threads, trans_a=ta, trans_b=tb, target=target, a_in_registers=regs)
+
+
+def _gemms(kernel: ir.Kernel) -> list[ir.Op]:
+    return [s for s in ir.walk(kernel.body) if isinstance(s, ir.Op) and s.kind == "gemm"]
+
+
+def anchors(target: Target):
+    """Layout inference's strict layouts: every gemm's accumulator (and register A)."""
+
+    def strict(kernel: ir.Kernel) -> dict[str, Layout]:
+        bufs = {b.name: b for b in kernel.buffers}
+        out: dict[str, Layout] = {}
+        for op in _gemms(kernel):
+            p = plan(op, bufs, kernel.threads, target)
+            wants = [(op.attrs["c"].buffer, p.acc_layout)]
+            if p.a_layout is not None:
+                wants.append((op.attrs["a"].buffer, p.a_layout))
+            for name, lay in wants:
+                if out.setdefault(name, lay) != lay:
+                    raise KernelError(f"fragment '{name}' is used by gemms that need different "
+                                      f"layouts ({out[name].text()} and {lay.text()}); not "
+                                      f"lowered for CUDA yet (at {source_line(op.line)})")
+        return out
+
+    return strict
+
+
+def swizzles(kernel: ir.Kernel, target: Target) -> dict[str, SharedTile]:
+    """The shared buffers gemms read, with the physical layout their plans give them."""
+    bufs = {b.name: b for b in kernel.buffers}
+    out: dict[str, SharedTile] = {}
+    for op in _gemms(kernel):
+        p = plan(op, bufs, kernel.threads, target)
+        for attr, tile in (("a", p.a_tile), ("b", p.b_tile)):
+            if tile is None:
+                continue
+            name = op.attrs[attr].buffer
+            if out.setdefault(name, tile) != tile:
+                raise KernelError(f"shared buffer '{name}' is read by gemms that need different "
+                                  f"swizzles; not lowered for CUDA yet "
+                                  f"(at {source_line(op.line)})")
+    return out
+
+
+def lower_gemm(cx: Context, op: ir.Op, target: Target) -> None:
+    p = plan(op, cx.bufs, cx.threads, target)
+    a, b, c = (cx.bufs[op.attrs[r].buffer] for r in ("a", "b", "c"))
+    cx.w(f"// {p.instr.label} over {p.warps[0]}x{p.warps[1]} warps ({p.policy})")
+    if p.a_layout is None:
+        cx.w(p.call(a.name, b.name, c.name))
+        return
+    # Register A: the fragment holds compute values (floats); the call takes the 16-bit type.
+    regs = cx.tmp("a_regs")
+    cx.w(f"{cpp_type(a.dtype)} {regs}[{a.layout.num_local}];")
+    cx.w("#pragma unroll")
+    cx.w(f"for (int k = 0; k < {a.layout.num_local}; ++k) "
+         f"{regs}[k] = {T.to_memory(f'{a.name}[k]', a.dtype)};")
+    cx.w(p.call(regs, b.name, c.name))

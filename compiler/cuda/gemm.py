@@ -5,19 +5,27 @@ shared swizzles). Its plan fixes, strictly: the accumulator fragment's layout an
 register A operand (``gemm_rs``), A's; and the physical order of its shared operand tiles,
 which every access to those buffers then follows. The op itself becomes one call of
 ``jaxtile/tile_gemm.h``.
+
+A gemm the planner cannot take (tiles that do not split into 16 x 8 atoms, operands in
+fragments or local buffers other than gemm_rs's A) falls back to scalar multiply-adds: each
+thread computes the accumulator elements its layout gives it, reading the operands from
+shared memory (fragment operands staged there first), in the accumulator's dtype, rounded
+once at the end for 16-bit floats.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .. import ir
+from .. import ir, semantics
 from ..errors import KernelError
 from ..target import Target
+from . import scalar_math as M
 from . import types as T
 from .context import Context, source_line
 from .gemm_plan import GemmPlan, SharedTile, cpp_type, plan_gemm
 from .layout import Layout
+from .values import stage_fragment
 
 
 def plan(op: ir.Op, bufs: Mapping[str, ir.Buffer], threads: int, target: Target) -> GemmPlan:
@@ -44,6 +52,15 @@ def plan(op: ir.Op, bufs: Mapping[str, ir.Buffer], threads: int, target: Target)
                      threads, trans_a=ta, trans_b=tb, target=target, a_in_registers=regs)
 
 
+def planned(op: ir.Op, bufs: Mapping[str, ir.Buffer], threads: int,
+            target: Target) -> GemmPlan | None:
+    """The plan, or None where the gemm falls back to scalar multiply-adds."""
+    try:
+        return plan(op, bufs, threads, target)
+    except KernelError:
+        return None
+
+
 def _gemms(kernel: ir.Kernel) -> list[ir.Op]:
     return [s for s in ir.walk(kernel.body) if isinstance(s, ir.Op) and s.kind == "gemm"]
 
@@ -55,7 +72,9 @@ def anchors(target: Target):
         bufs = {b.name: b for b in kernel.buffers}
         out: dict[str, Layout] = {}
         for op in _gemms(kernel):
-            p = plan(op, bufs, kernel.threads, target)
+            p = planned(op, bufs, kernel.threads, target)
+            if p is None:
+                continue
             wants = [(op.attrs["c"].buffer, p.acc_layout)]
             if p.a_layout is not None:
                 wants.append((op.attrs["a"].buffer, p.a_layout))
@@ -74,7 +93,9 @@ def swizzles(kernel: ir.Kernel, target: Target) -> dict[str, SharedTile]:
     bufs = {b.name: b for b in kernel.buffers}
     out: dict[str, SharedTile] = {}
     for op in _gemms(kernel):
-        p = plan(op, bufs, kernel.threads, target)
+        p = planned(op, bufs, kernel.threads, target)
+        if p is None:
+            continue
         for attr, tile in (("a", p.a_tile), ("b", p.b_tile)):
             if tile is None:
                 continue
@@ -87,7 +108,10 @@ def swizzles(kernel: ir.Kernel, target: Target) -> dict[str, SharedTile]:
 
 
 def lower_gemm(cx: Context, op: ir.Op, target: Target) -> None:
-    p = plan(op, cx.bufs, cx.threads, target)
+    p = planned(op, cx.bufs, cx.threads, target)
+    if p is None:
+        _fallback(cx, op)
+        return
     a, b, c = (cx.bufs[op.attrs[r].buffer] for r in ("a", "b", "c"))
     cx.w(f"// {p.instr.label} over {p.warps[0]}x{p.warps[1]} warps ({p.policy})")
     if p.a_layout is None:
@@ -100,3 +124,42 @@ def lower_gemm(cx: Context, op: ir.Op, target: Target) -> None:
     cx.w(f"for (int k = 0; k < {a.layout.num_local}; ++k) "
          f"{regs}[k] = {T.to_memory(f'{a.name}[k]', a.dtype)};")
     cx.w(p.call(regs, b.name, c.name))
+
+
+def _operand(cx: Context, op: ir.Op, attr: str):
+    """A function from (row, col) C text of the stored operand to its compute value."""
+    region = op.attrs[attr]
+    buf = cx.bufs[region.buffer]
+    staged = stage_fragment(cx, buf) if buf.scope == "fragment" else None
+
+    def read(row: str, col: str) -> str:
+        index, _ = cx.address(region, [row, col], clamp=False, checked=())
+        if staged is not None:
+            return f"{staged}[{index}]"
+        if buf.scope == "local":
+            return f"{buf.name}[{index}]"
+        return T.from_memory(f"{buf.name}[{index}]", buf.dtype)
+
+    return read
+
+
+def _fallback(cx: Context, op: ir.Op) -> None:
+    c_region = op.attrs["c"]
+    c = cx.bufs[c_region.buffer]
+    if c.scope != "fragment" or not c_region.is_whole(c.shape):
+        raise KernelError(f"gemm accumulator '{c.buffer}' must be a whole fragment for CUDA "
+                          f"(at {source_line(op.line)})")
+    ta, tb = op.attrs["transpose_a"], op.attrs["transpose_b"]
+    k_dim = op.attrs["a"].shape[0 if ta else 1]
+    a, b = _operand(cx, op, "a"), _operand(cx, op, "b")
+    acc_t = T.reg(semantics.compute_dtype(c.dtype))
+    a_t, b_t = (cx.bufs[op.attrs[r].buffer].dtype for r in ("a", "b"))
+    cx.w("// scalar multiply-adds (no tensor-core plan for this gemm)")
+    with cx.slots(c.layout, guard=True) as (i, j):
+        acc = cx.tmp("acc")
+        cx.w(f"{acc_t} {acc} = {c.name}[k];")
+        with cx.w.block(f"for (int kk = 0; kk < {k_dim}; ++kk)"):
+            x = M.convert(a("kk", i) if ta else a(i, "kk"), a_t, c.dtype)
+            y = M.convert(b(j, "kk") if tb else b("kk", j), b_t, c.dtype)
+            cx.w(f"{acc} += {x} * {y};")
+        cx.w(f"{c.name}[k] = {T.rounded(acc, c.dtype)};")

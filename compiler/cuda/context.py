@@ -24,6 +24,15 @@ from ..passes.layout_inference import uniform_values
 from . import types as T
 from .layout import Layout, replicated
 
+MAX_THREAD_BYTES = 64 * 1024
+"""Per-thread arrays (tile values, fragments, local buffers) a kernel may declare in all: a
+GPU thread has 255 registers and spills the rest to slow local memory (and the emulator
+gives each thread a 256 KiB stack)."""
+_NUMPY = {"float": "float32", "double": "float64", "bool": "bool", "int8_t": "int8",
+          "uint8_t": "uint8", "int16_t": "int16", "uint16_t": "uint16", "int": "int32",
+          "unsigned": "uint32", "int64_t": "int64", "uint64_t": "uint64",
+          "half": "float16", "bf16": "uint16"}
+
 
 class Writer:
     """Indented lines of C."""
@@ -72,6 +81,7 @@ class Context:
         self.shared: list[tuple[str, str, int]] = []
         """(C type, name, count) of every shared array, declared at kernel scope."""
         self._tmp = 0
+        self.thread_bytes = 0
         self.loop_depth = 0
         self.masks: list[str] = []
         """Descriptions of the accesses that kept a bounds check."""
@@ -113,8 +123,17 @@ class Context:
     def declare(self, v: ir.Value) -> str:
         """Define ``v``'s per-thread slot array."""
         name = self.define(v)
-        self.w(f"{T.reg(v.dtype)} {name}[{self.layout(v).num_local}];")
+        self.array(T.reg(v.dtype), name, self.layout(v).num_local)
         return name
+
+    def array(self, ctype: str, name: str, count: int, comment: str = "") -> None:
+        """Declare a per-thread array, counting it against :data:`MAX_THREAD_BYTES`."""
+        self.thread_bytes += count * np.dtype(_NUMPY[ctype]).itemsize
+        if self.thread_bytes > MAX_THREAD_BYTES:
+            raise KernelError(f"kernel '{self.kernel.name}' needs more than "
+                              f"{MAX_THREAD_BYTES // 1024} KiB of registers and local memory "
+                              f"per thread; use smaller tiles or more threads")
+        self.w(f"{ctype} {name}[{count}];{'  // ' + comment if comment else ''}")
 
     def result(self, v: ir.Value, lay: Layout | None = None) -> tuple[str, Layout]:
         """Declare the slot array an op computes ``v`` into, and its layout. A uniform

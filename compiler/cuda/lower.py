@@ -86,11 +86,11 @@ class _Lowering:
         self._indices()
         for b in k.buffers:
             if b.scope == "fragment":
-                cx.w(f"{T.reg(b.dtype)} {b.name}[{b.layout.num_local}];  "
-                     f"// fragment {b.name}: {b.dtype.name}{list(b.shape)}{b.layout.text()}")
+                cx.array(T.reg(b.dtype), b.name, b.layout.num_local,
+                         f"fragment {b.name}: {b.dtype.name}{list(b.shape)}{b.layout.text()}")
             elif b.scope == "local":
-                cx.w(f"{T.reg(b.dtype)} {b.name}[{max(math.prod(b.shape), 1)}];  "
-                     f"// local {b.name}: {b.dtype.name}{list(b.shape)} (every thread)")
+                cx.array(T.reg(b.dtype), b.name, max(math.prod(b.shape), 1),
+                         f"local {b.name}: {b.dtype.name}{list(b.shape)} (every thread)")
             elif b.scope == "shared":
                 cx.shared.insert(0, (T.mem(b.dtype), b.name, max(math.prod(b.shape), 1)))
         self.body(k.body)
@@ -199,9 +199,52 @@ def _sizeof(ctype: str) -> int:
     return _SIZES[ctype]
 
 
+_TEMP = re.compile(r"(v|c|s|t|r|acc|best|at|x|vec|base|partials|staged|a_regs)\d+$")
+_RESERVED = frozenset("""
+    k i kk d tid block ptr half bf16 idx3 f32x2 f32x4 u32x2 u32x4 jaxtile int float double
+    bool char short long unsigned signed void auto const constexpr if else for while do return
+    break continue switch case default goto struct class union enum namespace using template
+    typename new delete this sizeof static extern inline volatile register operator true false
+    nullptr friend public private protected virtual explicit mutable typedef asm try catch throw
+""".split())
+
+
+def _c_name(name: str) -> str:
+    """A buffer's identifier in the generated code: its own name unless that is a C++
+    keyword, a name of the device header or of the generator's temporaries."""
+    return f"{name}_" if name in _RESERVED or _TEMP.match(name) else name
+
+
+def _renamed(kernel: ir.Kernel) -> ir.Kernel:
+    names = {b.name: _c_name(b.name) for b in kernel.buffers}
+    if all(k == v for k, v in names.items()):
+        return kernel
+
+    def region(r: ir.Region) -> ir.Region:
+        return dataclasses.replace(r, buffer=names[r.buffer])
+
+    def body(stmts: tuple[ir.Stmt, ...]) -> tuple[ir.Stmt, ...]:
+        out = []
+        for s in stmts:
+            if isinstance(s, ir.For):
+                out.append(dataclasses.replace(s, body=body(s.body)))
+            elif isinstance(s, ir.If):
+                out.append(dataclasses.replace(s, then=body(s.then), otherwise=body(s.otherwise)))
+            else:
+                attrs = {a: region(v) if isinstance(v, ir.Region) else v
+                         for a, v in s.attrs.items()}
+                out.append(dataclasses.replace(s, attrs=attrs))
+        return tuple(out)
+
+    buffers = tuple(dataclasses.replace(b, name=names[b.name],
+                                        aliases=names.get(b.aliases, b.aliases))
+                    for b in kernel.buffers)
+    return dataclasses.replace(kernel, buffers=buffers, body=body(kernel.body))
+
+
 def generate(kernel: ir.Kernel, target: Target) -> CudaKernel:
     """The CUDA code of ``kernel`` (which has been through the CUDA passes) for ``target``."""
-    return _Lowering(kernel, target).run()
+    return _Lowering(_renamed(kernel), target).run()
 
 
 def source(kernel: ir.Kernel, target: Target) -> str:

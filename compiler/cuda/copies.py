@@ -79,6 +79,8 @@ def lower_copy(cx: Context, op: ir.Op) -> None:
         if _vector_copy(cx, op, lay):
             return
     s_checked, d_checked = cx.region_checks(op, "src"), cx.region_checks(op, "dst")
+    if _fragment_vectors(cx, op, s_checked, d_checked):
+        return
     if db.scope == "fragment":
         # Each thread fills the slots it holds that the region covers.
         with cx.slots(db.layout, guard=True) as coords:
@@ -102,6 +104,54 @@ def lower_copy(cx: Context, op: ir.Op) -> None:
         with cx.slots(lay, guard=True) as coords:
             _write(cx, op, coords, _read(cx, op, coords, db.dtype, s_checked), db.dtype,
                    d_checked, primary)
+
+
+_LANES = ("x", "y", "z", "w")
+
+
+def _fragment_vectors(cx: Context, op: ir.Op, s_checked: tuple[int, ...],
+                      d_checked: tuple[int, ...]) -> bool:
+    """A float32 copy between a whole fragment and memory, moving each thread's contiguous
+    slots as 8- or 16-byte vectors (the blocked layouts' ``vec``), where the memory side is
+    aligned and each vector lies wholly inside or outside the edges; False otherwise."""
+    src, dst = op.attrs["src"], op.attrs["dst"]
+    sb, db = cx.bufs[src.buffer], cx.bufs[dst.buffer]
+    into = db.scope == "fragment"
+    if not into and sb.scope != "fragment":
+        return False
+    frag, fr, mem, mr = (db, dst, sb, src) if into else (sb, src, db, dst)
+    width = frag.layout.vector_width()
+    vec = 4 if width % 4 == 0 else 2 if width % 2 == 0 else 1
+    if (vec == 1 or sb.dtype != np.float32 or db.dtype != np.float32
+            or not fr.is_whole(frag.shape) or mr.index[-1].size is None
+            or not _aligned(cx, mr, vec)):
+        return False
+    vtype = _VECTOR[(4, vec)]
+    lanes = _LANES[:vec]
+    with cx.slots(frag.layout, guard=True) as coords:
+        cx.w(f"if (k % {vec} != 0) continue;")
+        checked = s_checked if into else d_checked
+        index, conds = cx.address(mr, coords, clamp=False, checked=checked)
+        if into:
+            pad = _pad(op, np.dtype(np.float32))
+            v = cx.tmp("vec")
+            cx.w(f"{vtype} {v};")
+            load = f"{v} = ptr_cast<{vtype}>({mem.name} + {index})[0];"
+            if conds:
+                fill = " ".join(f"{v}.{ln} = {pad};" for ln in lanes)
+                cx.w(f"if ({' && '.join(conds)}) {load} else {{ {fill} }}")
+            else:
+                cx.w(load)
+            for i, ln in enumerate(lanes):
+                cx.w(f"{frag.name}[k + {i}] = {v}.{ln};" if i else f"{frag.name}[k] = {v}.{ln};")
+        else:
+            primary = cx.primary(frag.layout)
+            conds = ([primary] if primary else []) + conds
+            parts = ", ".join(f"{frag.name}[k + {i}]" if i else f"{frag.name}[k]"
+                              for i in range(vec))
+            store = f"ptr_cast<{vtype}>({mem.name} + {index})[0] = {vtype}{{{parts}}};"
+            cx.w(f"if ({' && '.join(conds)}) {store}" if conds else store)
+    return True
 
 
 def _from_staged_fragment(cx: Context, op: ir.Op) -> None:

@@ -94,3 +94,36 @@ def test_the_emulator_compiles_exactly_the_lowered_source(emulator, monkeypatch)
     jax.block_until_ready(ops.softmax(x))
     lowered = ops.softmax.lower(x, target="cuda:sm_80").source
     assert seen == [lowered]
+
+
+@pytest.mark.parametrize("mkn", [(100, 40, 70), pytest.param((128, 64, 128), marks=SLOW)],
+                         ids=["ragged", "even"])
+@pytest.mark.parametrize("dtype", [np.float16, pytest.param(BF16, marks=SLOW)],
+                         ids=["f16", "bf16"])
+def test_matmul_relu_on_tensor_cores(emulator, mkn, dtype):
+    m, k, n = mkn
+    a, b = _data((m, k), dtype, 3), _data((k, n), dtype, 4)
+    want = jnp.maximum(a.astype(jnp.float32) @ b.astype(jnp.float32), 0)
+    got = jax.jit(lambda a, b: ops.matmul_relu(a, b, bm=64, bn=64, bk=32, stages=2))(a, b)
+    ref = ops.matmul_relu.reference(a, b, bm=64, bn=64, bk=32, stages=2)
+    ref = ref[0] if isinstance(ref, list | tuple) else ref
+    tol = 2e-2 if np.dtype(dtype) == BF16 else 2e-3
+    for other in (ref, want):
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(other, np.float32),
+                                   rtol=tol, atol=tol * 4)
+
+
+@pytest.mark.slow
+def test_matmul_f32_uses_tf32():
+    """float32 operands go through tf32 tensor cores: close to the float64 product, within
+    tf32's precision, not float32's."""
+    before = jt.backend()
+    jt.set_backend("cuda-emulator")
+    try:
+        a, b = _data((40, 48), np.float32, 5), _data((48, 24), np.float32, 6)
+        got = np.asarray(jax.jit(lambda a, b: ops.matmul(a, b, bm=32, bn=32, bk=16))(a, b))
+    finally:
+        jt.set_backend(before)
+    exact = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
+    err = np.abs(got - exact).max() / np.abs(exact).max()
+    assert 1e-6 < err < 3e-3

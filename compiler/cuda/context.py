@@ -77,10 +77,18 @@ class Context:
         for stmt in ir.walk(kernel.body):
             if isinstance(stmt, ir.Op) and stmt.result is not None and "layout" in stmt.notes:
                 self.layouts[stmt.result.id] = stmt.notes["layout"]
+        self.factors = _known_factors(kernel)
+        """Scalar values known to be multiples of a number (for aligned vector accesses)."""
         self.names: dict[int, str] = {}
         self.shared: list[tuple[str, str, int]] = []
         """(C type, name, count) of every shared array, declared at kernel scope."""
         self._tmp = 0
+        self.stages: dict[str, tuple[int, int]] = {}
+        """Multi-buffered shared buffers of a pipelined loop: (stages, elements per stage)."""
+        self.stage_index = "0"
+        """C text of the stage the code being written accesses."""
+        self.async_copies = False
+        """Whether global -> shared vector copies are issued as cp.async."""
         self.thread_bytes = 0
         self.loop_depth = 0
         self.masks: list[str] = []
@@ -222,8 +230,19 @@ class Context:
                 terms.append(f"({pos})" if strides[d] == 1 else f"({pos}) * {strides[d]}")
             positions.append(pos)
         if region.buffer in self.swizzles:
-            return self.swizzles[region.buffer].cpp_offset(*positions), conds
-        return (" + ".join(terms) if terms else "0"), conds
+            index = self.swizzles[region.buffer].cpp_offset(*positions)
+        else:
+            index = " + ".join(terms) if terms else "0"
+        if region.buffer in self.stages:
+            index = f"({self.stage_index}) * {self.stages[region.buffer][1]} + {index}"
+        return index, conds
+
+    def base(self, buffer: str) -> str:
+        """C text of a shared buffer's start, in the stage being accessed when it is
+        multi-buffered."""
+        if buffer in self.stages:
+            return f"{buffer} + ({self.stage_index}) * {self.stages[buffer][1]}"
+        return buffer
 
     def in_region(self, region: ir.Region, coords: Sequence[str],
                   starts: Sequence[str] | None = None) -> tuple[list[str], list[str]]:
@@ -257,6 +276,27 @@ class Context:
         if checked and entry not in self.masks:
             self.masks.append(entry)
         return checked
+
+
+def _known_factors(kernel: ir.Kernel) -> dict[int, int]:
+    """value id -> a number the (integer scalar) value is always a multiple of."""
+    out: dict[int, int] = {}
+
+    def of(x: int | ir.Value) -> int:
+        return abs(x) if isinstance(x, int) else out.get(x.id, 1)
+
+    for s in ir.walk(kernel.body):
+        if not isinstance(s, ir.Op) or s.result is None or s.result.shape != ():
+            continue
+        if s.kind == "const" and isinstance(s.attrs["value"], int):
+            out[s.result.id] = abs(s.attrs["value"])
+        elif s.kind == "convert":
+            out[s.result.id] = of(s.operands[0])
+        elif s.kind == "elementwise" and s.attrs["fn"] == "mul":
+            out[s.result.id] = of(s.operands[0]) * of(s.operands[1])
+        elif s.kind == "elementwise" and s.attrs["fn"] in ("add", "sub"):
+            out[s.result.id] = math.gcd(of(s.operands[0]), of(s.operands[1]))
+    return out
 
 
 def row_major(coords: Sequence[str], shape: Sequence[int]) -> str:

@@ -203,8 +203,9 @@ def _aligned(cx: Context, region: ir.Region, vec: int) -> bool:
     if buf.scope in ("local", "fragment") or buf.shape[-1] % vec:
         return False
     last = region.index[-1].start
-    # A Value start of the last dimension could be anything; other starts move whole rows.
-    return isinstance(last, int) and last % vec == 0 and not any(
+    # Starts of other dimensions move whole rows; the last one must be a known multiple.
+    factor = last if isinstance(last, int) else cx.factors.get(last.id, 1)
+    return factor % vec == 0 and not any(
         isinstance(i.start, ir.Value) and i.start.shape != () for i in region.index)
 
 
@@ -222,18 +223,31 @@ def _vector_copy(cx: Context, op: ir.Op, lay: Layout) -> bool:
     if s_checked and op.attrs["pad"] not in (None, 0, 0.0, False):
         return False  # a masked vector reads zeros, not the pad value
     primary = cx.primary(lay)
-    cx.w(f"// {vec}-element vectors ({vtype}): each lies wholly inside or outside the edges")
+    how = "cp.async" if cx.async_copies and sb.scope == "global" and db.scope == "shared" \
+        else vtype
+    cx.w(f"// {vec}-element vectors ({how}): each lies wholly inside or outside the edges")
     with cx.slots(lay, guard=True) as coords:
         cx.w(f"if (k % {vec} != 0) continue;")
         s_index, s_conds = cx.address(src, coords, clamp=False, checked=s_checked)
         d_index, d_conds = cx.address(dst, coords, clamp=False, checked=d_checked)
         d_conds = ([primary] if primary else []) + d_conds
-        v = cx.tmp("vec")
-        cx.w(f"{vtype} {v} = {{}};")
-        read = f"{v} = ptr_cast<{vtype}>({sb.name} + {s_index})[0];"
-        cx.w(f"if ({' && '.join(s_conds)}) {read}" if s_conds else read)
-        store = f"ptr_cast<{vtype}>({db.name} + {d_index})[0] = {v};"
-        cx.w(f"if ({' && '.join(d_conds)}) {store}" if d_conds else store)
+        if cx.async_copies and sb.scope == "global" and db.scope == "shared":
+            # Past an edge: zero bytes from a valid address (cp.async zero-fills the rest).
+            size = vec * np.dtype(sb.dtype).itemsize
+            src_at = f"{sb.name} + {s_index}"
+            if s_conds:
+                ok = " && ".join(s_conds)
+                src_at, size = f"{ok} ? {src_at} : {sb.name}", f"{ok} ? {size} : 0"
+            call = f"cp_async<{vec * np.dtype(sb.dtype).itemsize}>({db.name} + {d_index}, " \
+                   f"{src_at}, {size});"
+            cx.w(f"if ({' && '.join(d_conds)}) {call}" if d_conds else call)
+        else:
+            v = cx.tmp("vec")
+            cx.w(f"{vtype} {v} = {{}};")
+            read = f"{v} = ptr_cast<{vtype}>({sb.name} + {s_index})[0];"
+            cx.w(f"if ({' && '.join(s_conds)}) {read}" if s_conds else read)
+            store = f"ptr_cast<{vtype}>({db.name} + {d_index})[0] = {v};"
+            cx.w(f"if ({' && '.join(d_conds)}) {store}" if d_conds else store)
     return True
 
 

@@ -115,7 +115,7 @@ def lower_gemm(cx: Context, op: ir.Op, target: Target) -> None:
     a, b, c = (cx.bufs[op.attrs[r].buffer] for r in ("a", "b", "c"))
     cx.w(f"// {p.instr.label} over {p.warps[0]}x{p.warps[1]} warps ({p.policy})")
     if p.a_layout is None:
-        cx.w(p.call(a.name, b.name, c.name))
+        cx.w(p.call(cx.base(a.name), cx.base(b.name), c.name))
         return
     # Register A: the fragment holds compute values (floats); the call takes the 16-bit type.
     regs = cx.tmp("a_regs")
@@ -123,7 +123,7 @@ def lower_gemm(cx: Context, op: ir.Op, target: Target) -> None:
     cx.w("#pragma unroll")
     cx.w(f"for (int k = 0; k < {a.layout.num_local}; ++k) "
          f"{regs}[k] = {T.to_memory(f'{a.name}[k]', a.dtype)};")
-    cx.w(p.call(regs, b.name, c.name))
+    cx.w(p.call(regs, cx.base(b.name), c.name))
 
 
 def _operand(cx: Context, op: ir.Op, attr: str):

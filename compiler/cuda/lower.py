@@ -22,6 +22,7 @@ from .context import Context, source_line
 from .copies import lower_atomic, lower_copy
 from .device_rule import device_rule_violations
 from .gemm import lower_gemm, swizzles
+from .pipeline import lower_pipelined
 from .reductions import lower_reduce
 from .staging import lower_argreduce, lower_scan, lower_staged
 from .values import (
@@ -114,6 +115,8 @@ class _Lowering:
             if isinstance(stmt, ir.Op):
                 self.op(stmt)
             elif isinstance(stmt, ir.For):
+                if stmt.kind == "pipelined" and lower_pipelined(self, stmt):
+                    continue
                 var = cx.define(stmt.var)
                 start, extent = cx.operand(stmt.start), cx.operand(stmt.extent)
                 kind = stmt.kind if stmt.kind != "pipelined" else f"pipelined({stmt.stages})"
@@ -163,8 +166,9 @@ class _Lowering:
         symbol = symbol_name(k)
         params = [(b.name, T.memory_dtype(b.dtype)) for b in k.params]
         sig = ", ".join(f"ptr<{T.mem(b.dtype)}> {b.name}" for b in k.params)
-        shared = [f"  JT_SHARED({t}, {n}, {c});" for t, n, c in cx.shared]
-        shared_bytes = sum(_sizeof(t) * c for t, _, c in cx.shared)
+        arrays = [(t, n, c * cx.stages.get(n, (1, 0))[0]) for t, n, c in cx.shared]
+        shared = [f"  JT_SHARED({t}, {n}, {c});" for t, n, c in arrays]
+        shared_bytes = sum(_sizeof(t) * c for t, _, c in arrays)
         if shared_bytes > 48 * 1024:
             raise KernelError(f"kernel '{k.name}' needs {shared_bytes} bytes of static shared "
                               f"memory; more than 48 KiB is not lowered for CUDA yet")

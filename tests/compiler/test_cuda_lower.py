@@ -125,3 +125,24 @@ def test_nvcc_compiles_the_generated_source(arch):
     assert report is not None and report.registers > 0
     assert report.spill_stores == 0
     assert np.isfinite(report.registers)
+
+
+@pytest.mark.skipif(toolchain.nvcc_path() is None, reason="nvcc is not installed")
+def test_fp16_gemm_from_the_language_meets_the_static_targets():
+    """matmul_relu 4096^3, 128x128x32 tiles, 128 threads, 3 stages (the issue's figures):
+    a cp.async pipeline in 48 KiB of shared memory, no spills, at most 224 registers."""
+    a = _spec((4096, 4096), jnp.float16)
+    low = ops.matmul_relu.lower(a, a, target="cuda:sm_80")
+    assert "cp_async<16>" in low.source and "cp_async_wait<1>" in low.source
+    assert "gemm_ss<jaxtile::kGemmMma16, 128, 128, 32, 2, 2" in low.source
+    assert low.masks == ()
+    report = low.ptxas
+    assert report.spill_stores == 0 and report.spill_loads == 0
+    assert report.registers <= 224
+    assert report.shared_bytes <= 48 * 1024
+    from jaxtile.compiler.cuda import sass
+
+    cubin = toolchain.compile_cubin(low.source, "sm_80")
+    counts = sass.sass_counts(cubin.data)
+    if counts is not None:  # cuobjdump installed
+        assert counts.get("HMMA", 0) and counts.get("LDSM", 0) and counts.get("LDGSTS", 0)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import re
 
-from .. import ir
+from .. import ir, op_defs
 from .async_pipeline import plan_pipeline
 from .context import Context
 
@@ -54,8 +54,6 @@ def _prefix(stmt: ir.For, cx: Context) -> tuple[list[ir.Op], list[ir.Stmt], set[
 def _writes(stmt: ir.Stmt, bufs: set[str]) -> bool:
     if not isinstance(stmt, ir.Op):
         return False
-    from .. import op_defs
-
     return any(r.buffer in bufs for r in op_defs.writes(stmt))
 
 

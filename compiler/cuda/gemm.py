@@ -28,7 +28,17 @@ from .layout import Layout
 from .values import stage_fragment
 
 
-def plan(op: ir.Op, bufs: Mapping[str, ir.Buffer], threads: int, target: Target) -> GemmPlan:
+def policy(kernel: ir.Kernel) -> str:
+    """The warp partition of a kernel's gemms: whole rows per warp when one of them takes A
+    from registers (attention's ``P @ V``), so that the accumulator of ``S = Q @ K^T``, the
+    row softmax on it and ``P`` share one layout; the planner's default otherwise."""
+    bufs = {b.name: b for b in kernel.buffers}
+    regs = any(bufs[op.attrs["a"].buffer].scope == "fragment" for op in _gemms(kernel))
+    return "rows" if regs else "auto"
+
+
+def plan(op: ir.Op, bufs: Mapping[str, ir.Buffer], threads: int, target: Target,
+         policy: str = "auto") -> GemmPlan:
     """The plan of one gemm op (regions must be whole 2-D buffers: an accumulator fragment,
     shared operands or a register A)."""
     a, b, c = (op.attrs[r] for r in ("a", "b", "c"))
@@ -49,14 +59,15 @@ def plan(op: ir.Op, bufs: Mapping[str, ir.Buffer], threads: int, target: Target)
     n = b.shape[0] if tb else b.shape[1]
     regs = bufs[a.buffer].scope == "fragment"
     return plan_gemm(m, n, k, bufs[a.buffer].dtype, bufs[b.buffer].dtype, bufs[c.buffer].dtype,
-                     threads, trans_a=ta, trans_b=tb, target=target, a_in_registers=regs)
+                     threads, trans_a=ta, trans_b=tb, policy=policy, target=target,
+                     a_in_registers=regs)
 
 
-def planned(op: ir.Op, bufs: Mapping[str, ir.Buffer], threads: int,
-            target: Target) -> GemmPlan | None:
+def planned(op: ir.Op, kernel: ir.Kernel, target: Target) -> GemmPlan | None:
     """The plan, or None where the gemm falls back to scalar multiply-adds."""
+    bufs = {b.name: b for b in kernel.buffers}
     try:
-        return plan(op, bufs, threads, target)
+        return plan(op, bufs, kernel.threads, target, policy(kernel))
     except KernelError:
         return None
 
@@ -69,10 +80,9 @@ def anchors(target: Target):
     """Layout inference's strict layouts: every gemm's accumulator (and register A)."""
 
     def strict(kernel: ir.Kernel) -> dict[str, Layout]:
-        bufs = {b.name: b for b in kernel.buffers}
         out: dict[str, Layout] = {}
         for op in _gemms(kernel):
-            p = planned(op, bufs, kernel.threads, target)
+            p = planned(op, kernel, target)
             if p is None:
                 continue
             wants = [(op.attrs["c"].buffer, p.acc_layout)]
@@ -90,10 +100,9 @@ def anchors(target: Target):
 
 def swizzles(kernel: ir.Kernel, target: Target) -> dict[str, SharedTile]:
     """The shared buffers gemms read, with the physical layout their plans give them."""
-    bufs = {b.name: b for b in kernel.buffers}
     out: dict[str, SharedTile] = {}
     for op in _gemms(kernel):
-        p = planned(op, bufs, kernel.threads, target)
+        p = planned(op, kernel, target)
         if p is None:
             continue
         for attr, tile in (("a", p.a_tile), ("b", p.b_tile)):
@@ -108,7 +117,7 @@ def swizzles(kernel: ir.Kernel, target: Target) -> dict[str, SharedTile]:
 
 
 def lower_gemm(cx: Context, op: ir.Op, target: Target) -> None:
-    p = planned(op, cx.bufs, cx.threads, target)
+    p = planned(op, cx.kernel, target)
     if p is None:
         _fallback(cx, op)
         return

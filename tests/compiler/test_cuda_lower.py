@@ -146,3 +146,39 @@ def test_fp16_gemm_from_the_language_meets_the_static_targets():
     counts = sass.sass_counts(cubin.data)
     if counts is not None:  # cuobjdump installed
         assert counts.get("HMMA", 0) and counts.get("LDSM", 0) and counts.get("LDGSTS", 0)
+
+
+@jt.kernel(threads=128)
+def _attention_block(q, k, v, *, bm=64, bn=64):
+    """One block of attention without the online rescaling: S = Q K^T in registers, a row
+    softmax, P = S in bf16 as gemm_rs's A, O = P V."""
+    n, d = q.shape
+    out = jt.empty((n, d), q.dtype)
+    i = jt.grid(jt.cdiv(n, bm))
+    q_s, k_s, v_s = (jt.shared(shape, q.dtype) for shape in ((bm, d), (bn, d), (bn, d)))
+    s = jt.fragment((bm, bn), jnp.float32)
+    p = jt.fragment((bm, bn), q.dtype)
+    o = jt.fragment((bm, d), jnp.float32)
+    jt.copy(q.at[i * bm, 0], q_s)
+    jt.copy(k.at[0, 0], k_s)
+    jt.copy(v.at[0, 0], v_s)
+    s[...] = jnp.zeros((bm, bn), jnp.float32)
+    o[...] = jnp.zeros((bm, d), jnp.float32)
+    jt.gemm(q_s, k_s, s, transpose_b=True)
+    e = jnp.exp(s[...] - jnp.max(s[...], axis=1, keepdims=True))
+    p[...] = (e / jnp.sum(e, axis=1, keepdims=True)).astype(q.dtype)
+    jt.gemm(p, v_s, o)
+    jt.copy(o, out.at[i * bm, 0])
+    return out
+
+
+def test_attention_layouts_need_no_conversion():
+    """With a register-A gemm in the kernel, every gemm gets whole rows per warp: S's
+    accumulator, the row softmax and P share one layout."""
+    x = _spec((256, 128), jnp.bfloat16)
+    low = _attention_block.lower(x, x, x, target="cuda:sm_80")
+    assert low.conversions == ()
+    assert "#mma(m16n8k16, warps 4x1)" in low.lowered_ir
+    assert "gemm_rs<" in low.source
+    if toolchain.nvcc_path() is not None:
+        assert low.ptxas.spill_stores == 0

@@ -7,9 +7,10 @@ defining op's ``notes["layout"]`` (so the IR text shows ``float32[4, 384]#blocke
 
 Ops state constraints at three levels, and inference runs from the strictest outward:
 
-1. **strict**: given by the caller (``anchors``: the accumulators the GEMM planner lays
-   out for ``mma``, user annotations), and tiles stored into ``local`` buffers (every
-   thread holds all of a local tile: replicated) or used as gather indices (replicated);
+1. **strict**: user annotations (``jt.annotate_layout``, in ``Buffer.layout``), the
+   caller's ``anchors`` (the accumulators the GEMM planner lays out for ``mma``), and
+   tiles stored into ``local`` buffers (every thread holds all of a local tile:
+   replicated) or used as gather indices (replicated);
 2. **common**, propagated until nothing changes: elementwise ops, selects and casts share
    one layout among their full-shape operands and result (an operand with size-1
    dimensions takes the result's layout with those dimensions dropped, keepdims); a
@@ -41,6 +42,7 @@ import numpy as np
 
 from .. import ir
 from ..cuda import layout as L
+from ..errors import KernelError
 
 Anchors = Callable[[ir.Kernel], Mapping[str, L.Layout]]
 """Strict layouts of fragment buffers (by name), e.g. GEMM accumulators."""
@@ -144,6 +146,13 @@ class _State:
     # -- strict and free choices ------------------------------------------------------------
 
     def strict(self, anchors: Mapping[str, L.Layout]) -> None:
+        for b in self.kernel.buffers:
+            if b.layout is None:
+                continue
+            if b.name in anchors and anchors[b.name] != b.layout:
+                raise KernelError(f"fragment '{b.name}' is annotated {b.layout.text()}, but "
+                                  f"its gemm needs {anchors[b.name].text()} (at {b.line})")
+            self.buffer[b.name] = b.layout
         self.buffer.update(anchors)
         for op in self.ops:
             if op.kind == "store" and self.bufs[op.attrs["dst"].buffer].scope == "local":

@@ -182,3 +182,31 @@ def test_attention_layouts_need_no_conversion():
     assert "gemm_rs<" in low.source
     if toolchain.nvcc_path() is not None:
         assert low.ptxas.spill_stores == 0
+
+
+@jt.kernel(threads=64)
+def _scaled_rows(x, *, layout=None):
+    n, m = x.shape
+    out = jt.empty((n, m), F32)
+    jt.grid(1)
+    t = jt.fragment((n, m), F32)
+    if layout is not None:
+        jt.annotate_layout(t, layout)
+    jt.copy(x.at[0, 0], t)
+    t[...] = t[...] / jnp.sum(t[...], axis=1, keepdims=True)
+    jt.copy(t, out.at[0, 0])
+    return out
+
+
+def test_annotated_layout_wins_and_changes_the_key():
+    x = _spec((8, 64))
+    plain = _scaled_rows.lower(x, target="cuda:sm_80")
+    pinned = _scaled_rows.lower(x, target="cuda:sm_80", layout="blocked(vec 1)")
+    assert "frag0: fragment float32[8, 64]#blocked(vec 4" in plain.lowered_ir
+    assert "frag0: fragment float32[8, 64]#blocked(vec 1, threads 1x64)" in pinned.lowered_ir
+    assert plain.key != pinned.key
+    assert "#blocked(vec 1" in pinned.tile_ir   # in the IR the key hashes
+    with pytest.raises(jt.KernelError, match="annotate_layout.*not a layout"):
+        _scaled_rows.lower(x, target="cuda:sm_80", layout="stripes(3)")
+    ref = _scaled_rows.reference(jnp.ones((8, 64)), layout="replicated")
+    np.testing.assert_allclose(np.asarray(ref), 1 / 64)

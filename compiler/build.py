@@ -20,9 +20,13 @@ from .errors import KernelError
 from .target import Target
 
 _FORMAT = "jaxtile-compiler-1"
-_BACKENDS = {"cpu": ".cpu.lower"}
+_BACKENDS = {"cpu": ".cpu.lower", "cuda": ".cuda.lower"}
 """Target kind -> the module that lowers and compiles for it, imported on first use: it
-provides ``compile_to_library(kernel, target)`` and ``source(kernel, target)``."""
+provides ``source(kernel, target)`` and (where it compiles in this process)
+``compile_to_library(kernel, target)``."""
+_EMULATOR = ".cuda.emulated"
+"""The runner of CUDA code on JAX's CPU platform (the ``cuda-emulator`` backend): the same
+source, compiled for the SIMT emulator."""
 
 
 @functools.cache
@@ -53,18 +57,19 @@ def ir_key(kernel: ir.Kernel) -> str:
     return cache.content_key(printer.key_text(kernel), "", compiler_version())
 
 
-def kernel_key(kernel: ir.Kernel, target: Target) -> str:
-    """The content key of a kernel on a target: IR text, target, compiler version."""
-    return cache.content_key(printer.key_text(kernel), target.describe(), compiler_version())
+def kernel_key(kernel: ir.Kernel, target: Target, *, emulated: bool = False) -> str:
+    """The content key of a kernel on a target: IR text, target (and whether it runs in
+    the emulator), compiler version."""
+    where = target.describe() + ("|emulator" if emulated else "")
+    return cache.content_key(printer.key_text(kernel), where, compiler_version())
 
 
 def check_backend(target: Target) -> None:
     """Raise a clear error if no backend compiles for ``target`` yet."""
     if target.kind not in _BACKENDS:
         raise KernelError(
-            f"jaxtile cannot compile for {target.name} yet: only the CPU has a lowering (the "
-            f"CUDA lowering is being built; the SIMT emulator that will run it exists); "
-            f"lowerings: {', '.join(sorted(_BACKENDS))}")
+            f"jaxtile cannot compile for {target.name} yet; lowerings: "
+            f"{', '.join(sorted(_BACKENDS))}")
 
 
 def backend(target: Target):
@@ -84,13 +89,25 @@ def source(kernel: ir.Kernel, target: Target) -> str:
     return be.source(lowered_ir(kernel, target), target)
 
 
-def build(kernel: ir.Kernel, target: Target) -> cache.Entry:
-    """Compile ``kernel`` for ``target``, or fetch it from the cache."""
-    key = kernel_key(kernel, target)
+def build(kernel: ir.Kernel, target: Target, *, emulated: bool = False) -> cache.Entry:
+    """Compile ``kernel`` for ``target``, or fetch it from the cache. ``emulated``: a CUDA
+    target's code compiled for the SIMT emulator, to run on the CPU."""
+    key = kernel_key(kernel, target, emulated=emulated)
+    if emulated:
+        emu = importlib.import_module(_EMULATOR, __package__)
+        emu.load_runtime()
     entry = cache.lookup(key)
     if entry is not None:
         return entry
+    if emulated:
+        library, symbol = emu.compile_to_library(lowered_ir(kernel, target), target)
+        return cache.store(key, library, symbol, kernel.num_blocks,
+                           alignment=emu.ALIGNMENT, kind=cache.EMULATOR_LIBRARY)
     be = backend(target)
+    if not hasattr(be, "compile_to_library"):
+        raise KernelError(f"jaxtile cannot compile {target.name} code to a binary in this "
+                          f"process yet (NVRTC is not wired in); the emulator runs it on the "
+                          f"CPU: jt.set_backend('cuda-emulator')")
     library, symbol = be.compile_to_library(lowered_ir(kernel, target), target)
     # A dynamic grid's size is set when the artifact is loaded (Entry.launched_with).
     blocks = kernel.num_blocks if sizes.is_static(kernel.grid) else 1

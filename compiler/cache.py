@@ -38,9 +38,12 @@ from .cpu_abi import DATA_ALIGNMENT
 FORMAT = 2
 
 CPU_SHARED_LIBRARY = "cpu-shared-library"
-KINDS = frozenset({CPU_SHARED_LIBRARY})
-"""Artifact kinds an entry may hold. Later: CUDA cubins, HIP code objects, emulator
-libraries, each with the metadata its loader needs."""
+EMULATOR_LIBRARY = "cuda-emulator-library"
+"""CUDA code compiled for the SIMT emulator: a CPU kernel library that needs the emulator
+runtime loaded first (``compiler/cuda/emulated.py``)."""
+KINDS = frozenset({CPU_SHARED_LIBRARY, EMULATOR_LIBRARY})
+"""Artifact kinds an entry may hold. Later: CUDA cubins and HIP code objects, each with
+the metadata its loader needs."""
 
 STALE_SECONDS = 3600
 """Temporary files older than this were left by a writer that died mid-write."""

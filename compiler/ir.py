@@ -67,6 +67,9 @@ class Buffer:
     line: str | None = dataclasses.field(default=None, compare=False)
     aliases: str | None = None
     """For an ``init`` buffer, the output whose memory it shares."""
+    layout: Any = dataclasses.field(default=None, compare=False)
+    """For a ``fragment`` buffer, its thread layout: the user's (``jt.annotate_layout``),
+    or the one GPU layout inference gave it. Printed, and so part of the content key."""
 
 
 class Value:

@@ -34,6 +34,10 @@ initialisation, coverage (and later barrier insertion and pipelining) ask the de
 ``concatenate``  ``dimension``: the operands (one or more) joined along it
 ``argreduce``  ``fn`` (max/min), ``axis``: index of the first maximum (minimum) along one
                axis, NaN counting as the extreme, as XLA does
+``relayout``   the operand in another thread layout (GPU passes insert it where two ops
+               demand different layouts of one value; it goes through shared memory)
+``barrier``    all threads of a block wait here, and see each other's shared-memory writes
+               (GPU passes insert it)
 =============  =====================================================================
 """
 
@@ -189,6 +193,12 @@ def _check_same_shape(op: Op, bufs: Buffers) -> str | None:
     src = op.operands[0]
     return None if src.shape == op.result.shape else \
         f"{op.kind}: result shape {op.result.shape} differs from operand shape {src.shape}"
+
+
+def _check_relayout(op: Op, bufs: Buffers) -> str | None:
+    src, res = op.operands[0], op.result
+    return None if (src.shape, src.dtype) == (res.shape, res.dtype) else \
+        "relayout: the result's type differs from the operand's"
 
 
 def _check_broadcast(op: Op, bufs: Buffers) -> str | None:
@@ -383,6 +393,8 @@ _DEFS = (
           indexed=True, reads=("src",), writes=("dst",), check=_check_copy),
     OpDef("atomic", {"dst": "region", "fn": "atomic"}, (1,), False, False, False,
           reads=("dst",), writes=("dst",), check=_check_atomic),
+    OpDef("relayout", {}, (1,), True, True, False, check=_check_relayout),
+    OpDef("barrier", {}, (0,), False, False, False),
     OpDef("gemm", {"a": "region", "b": "region", "c": "region", "transpose_a": "bool",
                    "transpose_b": "bool"}, (0,), False, False, False,
           reads=("a", "b", "c"), writes=("c",), check=_check_gemm),

@@ -32,6 +32,15 @@ def _dtype(name: str) -> np.dtype:
     return np.dtype(getattr(ml_dtypes, name)) if name == "bfloat16" else np.dtype(name)
 
 
+def _layout(text: str | None, shape: tuple[int, ...], threads: int) -> Any:
+    """A GPU layout annotation (``#mma(...)``), read by the layout module itself."""
+    if not text:
+        return None
+    from .cuda import layout
+
+    return layout.parse(text, shape, threads)
+
+
 def _type(text: str) -> tuple[tuple[int, ...], np.dtype]:
     m = _TYPE.match(text.strip())
     if m is None:
@@ -176,15 +185,16 @@ class _Parser:
         blocks = tuple(self.define(b.strip(), (), np.int32)
                        for b in m.group(4).split(",") if b.strip())
         self.pos = 1
+        self.threads = threads
         buffers = []
         while self.pos < len(self.lines):
             _, code, where = _split_line(self.lines[self.pos])
-            m = re.match(r"(\w+) (\w+): (\w+) (\w+\[[^\]]*\])(?: -> (\w+))?$", code)
+            m = re.match(r"(\w+) (\w+): (\w+) (\w+\[[^\]]*\])(#.*?)?(?: -> (\w+))?$", code)
             if m is None or code.startswith(("%", "for ", "if ")):
                 break
             shape, dtype = _type(m.group(4))
             buffers.append(ir.Buffer(m.group(2), shape, dtype, m.group(3), m.group(1), where,
-                                     m.group(5)))
+                                     m.group(6), _layout(m.group(5), shape, threads)))
             self.pos += 1
         body = self.body(1)
         if self.pos != len(self.lines):
@@ -237,9 +247,10 @@ class _Parser:
                 otherwise = self.body(depth + 1)
             return ir.If(cond, then, otherwise, where)
         result_name = None
-        m = re.match(r"(%\d+): (\S+\[[0-9, ]*\]) = (.*)$", code)
+        layout_text = None
+        m = re.match(r"(%\d+): (\S+\[[0-9, ]*\])(#.*?)? = (.*)$", code)
         if m is not None:
-            result_name, result_type, code = m.group(1), m.group(2), m.group(3)
+            result_name, result_type, layout_text, code = m.groups()
         kind, _, rest = code.partition("(")
         toks = _Tokens("(" + rest, self.values)
         operands = toks.operands()
@@ -254,6 +265,8 @@ class _Parser:
         if result_name is not None:
             shape, dtype = _type(result_type)
             result = self.define(result_name, shape, dtype)
+            if layout_text:
+                notes["layout"] = _layout(layout_text, shape, self.threads)
         self.pos += 1
         return ir.Op(kind.strip(), tuple(operands), result, attrs, where, notes)
 

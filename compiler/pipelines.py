@@ -5,8 +5,8 @@ clamp_check, scratch_init, output_init) runs once per specialisation, whatever t
 its result is the IR that the content key hashes and that ``kernel.lower(...)`` shows. Each
 target kind then has one function listing its own passes, run by the build on the neutral
 IR before the target's lowering: the CPU fuses elementwise chains into their consumers.
-The CUDA pipeline will run pipeline planning, layout inference, tile-op lowering, barrier
-insertion and masks (docs/design.md).
+CUDA runs layout inference, bounds and barrier insertion (docs/design.md), then its lowering
+writes the CUDA source.
 
 ``JAXTILE_DUMP_IR=<pass>[,<pass>...]`` (or ``all``) prints the IR after the named passes to
 standard error; ``JAXTILE_VERIFY_IR=1`` verifies the IR after every pass (the test suite
@@ -21,11 +21,14 @@ import sys
 from collections.abc import Callable, Sequence
 
 from . import ir, printer, verify
+from .passes.barriers import insert_barriers
+from .passes.bounds import check_bounds
 from .passes.clamp_check import warn_clamped_accesses
 from .passes.coverage import check_output_coverage
 from .passes.dce import eliminate_dead_code
 from .passes.fusion import fuse_elementwise
 from .passes.gemm_panels import coarsen_gemm_loops
+from .passes.layout_inference import infer_layouts
 from .passes.output_init import add_output_inits
 from .passes.scratch_init import zero_uninitialised_scratch
 from .target import Target
@@ -61,7 +64,19 @@ def cpu(target: Target) -> tuple[Pass, ...]:
     return (Pass("gemm_panels", coarsen_gemm_loops), Pass("fusion", fuse_elementwise))
 
 
-TARGET_PIPELINES: dict[str, Callable[[Target], tuple[Pass, ...]]] = {"cpu": cpu}
+def cuda(target: Target) -> tuple[Pass, ...]:
+    """CUDA's passes, in order: layout inference (every register tile gets its thread
+    layout, the gemm planner's accumulators first, with conversions where ops disagree);
+    bounds (which global accesses keep a mask); barriers (after layouts, which say which
+    thread touches which shared element)."""
+    from .cuda.gemm import anchors
+
+    strict = anchors(target)
+    return (Pass("layout_inference", lambda k: infer_layouts(k, strict)),
+            Pass("bounds", check_bounds), Pass("barriers", insert_barriers))
+
+
+TARGET_PIPELINES: dict[str, Callable[[Target], tuple[Pass, ...]]] = {"cpu": cpu, "cuda": cuda}
 """Target kind -> the function listing its passes."""
 
 

@@ -14,6 +14,7 @@ merely moves nor when a later pass annotates the IR. :mod:`.parser` reads the te
       %2: int32[] = elementwise(%0, %1) {fn='mul'}
       copy() {dst=frag0[0:+4, 0:+16], pad=None, src=x[%2:+4, 0:+16]}  # user.py:8
       %3: float32[4, 16] = load() {src=frag0[0:+4, 0:+16]} !{inline=True}
+      %5: float32[4, 16]#blocked(vec 4, threads 4x4) = ...     (GPU layouts, as notes)
       for %4 in serial(0, +8):
         ...
 """
@@ -49,6 +50,11 @@ def type_text(shape: Sequence[Size], dtype: Any) -> str:
 
 def _dims(dims: Sequence[Size]) -> str:
     return "[" + ", ".join(str(d) for d in dims) + "]"
+
+
+def _layout_suffix(layout: Any) -> str:
+    """A GPU layout annotation after a type: ``#mma(m16n8k16, warps 2x2)``."""
+    return "" if layout is None else layout.text()
 
 
 def _region(names: _Names, region: ir.Region) -> str:
@@ -110,11 +116,13 @@ class _Printer:
     def op(self, op: ir.Op) -> str:
         args = ", ".join(self.names(v) for v in op.operands)
         attrs = f" {_mapping(self.names, op.attrs)}" if op.attrs else ""
-        notes = f" !{_mapping(self.names, op.notes)}" if self.notes and op.notes else ""
+        shown = {k: v for k, v in op.notes.items() if k != "layout"}
+        notes = f" !{_mapping(self.names, shown)}" if self.notes and shown else ""
         lhs = ""
         if op.result is not None:
             res = op.result
-            lhs = f"{self.names.define(res)}: {type_text(res.shape, res.dtype)} = "
+            layout = _layout_suffix(op.notes.get("layout")) if self.notes else ""
+            lhs = f"{self.names.define(res)}: {type_text(res.shape, res.dtype)}{layout} = "
         return f"{lhs}{op.kind}({args}){attrs}{notes}"
 
 
@@ -127,7 +135,10 @@ def format_kernel(kernel: ir.Kernel, *, with_lines: bool = True,
                  f"blocks({blocks}):")
     for b in kernel.buffers:
         aliases = f" -> {b.aliases}" if b.aliases else ""
-        p.out.append(f"  {b.role} {b.name}: {b.scope} {type_text(b.shape, b.dtype)}"
+        # A buffer's layout is part of the key: before the GPU passes only a user's
+        # annotation (jt.annotate_layout) can be there, and it changes the code.
+        layout = _layout_suffix(b.layout)
+        p.out.append(f"  {b.role} {b.name}: {b.scope} {type_text(b.shape, b.dtype)}{layout}"
                      f"{aliases}{p.where(b.line)}")
     p.stmts(kernel.body, 1)
     return "\n".join(p.out)

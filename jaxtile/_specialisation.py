@@ -45,13 +45,13 @@ class Specialisation:
                            for n, s in zip(owner.arg_names, specs))
         try:
             self.traced = _trace.trace(owner.fn, owner.name, owner.arg_names, specs, params,
-                                       batch)
+                                       batch, owner.threads)
         except KernelError as e:
             raise KernelError(f"{e} [called with {called}]") from None
         self._ir: tile_ir.Kernel | None = None
         self._compiled_ir: tile_ir.Kernel | None = None
         self._handle: kernel_call.KernelHandle | None = None
-        self._entries: dict[Target, cache.Entry] = {}
+        self._entries: dict[tuple[Target, bool], cache.Entry] = {}
 
     @property
     def tile_ir(self) -> tile_ir.Kernel:
@@ -75,7 +75,7 @@ class Specialisation:
                                        f"'{self.owner.arg_names[i]}', which has rank "
                                        f"{len(self.specs[i].shape)}", _definition(self.owner))
             t = _trace.trace(self.owner.fn, self.owner.name, self.owner.arg_names, self.specs,
-                             self.params, self.batch, self.dynamic)
+                             self.params, self.batch, self.owner.threads, self.dynamic)
             self._compiled_ir = build.to_tile_ir(t.name, t.jaxpr, t.buffers, t.grid,
                                                  self.owner.threads, t.index_axes)
         return self._compiled_ir
@@ -107,21 +107,23 @@ class Specialisation:
         CPU, or CUDA for the SIMT emulator (the ``cuda-emulator`` backend)."""
         return parse_target(_config.BACKENDS[self.backend])
 
-    def build(self, target: Target, load: Callable[[cache.Entry], None]) -> cache.Entry:
+    def build(self, target: Target, load: Callable[[cache.Entry], None], *,
+              emulated: bool = False) -> cache.Entry:
         """The kernel compiled for ``target`` (or fetched from the cache) and loaded with
-        the platform's ``load``. An entry that passes its checksums yet cannot be loaded
-        is a cache miss: it is discarded and rebuilt, once."""
-        entry = self._entries.get(target)
+        the platform's ``load``; ``emulated``: CUDA code built for the SIMT emulator. An
+        entry that passes its checksums yet cannot be loaded is a cache miss: it is
+        discarded and rebuilt, once."""
+        entry = self._entries.get((target, emulated))
         if entry is None:
-            built = self._build(target)
+            built = self._build(target, emulated)
             try:
                 entry = self._launched(built)
                 load(entry)
             except (RuntimeError, ValueError):
                 cache.discard(built.key)
-                entry = self._launched(self._build(target))
+                entry = self._launched(self._build(target, emulated))
                 load(entry)
-            self._entries[target] = entry
+            self._entries[(target, emulated)] = entry
         return entry
 
     def _launched(self, entry: cache.Entry) -> cache.Entry:
@@ -131,11 +133,11 @@ class Specialisation:
             return entry
         return entry.launched_with(self.tile_ir.num_blocks)
 
-    def _build(self, target: Target) -> cache.Entry:
+    def _build(self, target: Target, emulated: bool = False) -> cache.Entry:
         """``build.build``, with any failure of the compiler below the Tile IR turned into
         a KernelError that names the kernel (a bug or limit of jaxtile, not of the body)."""
         try:
-            return build.build(self.compiled_ir, target)
+            return build.build(self.compiled_ir, target, emulated=emulated)
         except KernelError:
             raise
         except Exception as e:  # noqa: BLE001 - e.g. TVM's errors, a RecursionError

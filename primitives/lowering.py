@@ -39,7 +39,9 @@ def _cpu_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
         return mlir.lower_fun(
             functools.partial(sharding.sharded_call, kernel=kernel, rule=rule),
             multiple_results=True)(ctx, *args)
-    entry = kernel.spec.build(kernel.spec.cpu_platform_target, load)
+    target = kernel.spec.cpu_platform_target
+    # A CUDA target on the CPU platform is the cuda-emulator backend: the emulator runs it.
+    entry = kernel.spec.build(target, load, emulated=target.kind != "cpu")
     ctx, args, aliases = _with_output_inits(ctx, args, kernel)
     # Should JAX stop flagging export lowerings, exports would hold plain jaxtile_cpu_call
     # ops, which jax.export then rejects (export_checks() does not allow them) rather than

@@ -30,6 +30,8 @@
 //   atomic_add / atomic_max / atomic_min / atomic_exch   atom.{add,max,min,exch}
 //   fast_exp2(x)                   ex2.approx.ftz.f32
 //   f32x2, f32x4, u32x2, u32x4                     8/16-byte vectors: ld/st.{v2,v4}
+//   xla_max, xla_min, xla_div, xla_rem, xla_f2i, round_f16, round_bf16, ...  (xla_math.h:
+//                                                  XLA's per-element rules, plain C++)
 //   half, bf16, to_float, to_half, to_bf16, to_tf32, pack2   cvt.rn.f16.f32, cvt.rn.bf16.f32,
 //                                                  cvt.rna.tf32.f32, and packing two 16-bit values
 //                                                  into one .b32 register (first in the low half)
@@ -93,3 +95,6 @@ struct bf16 {
 #else
 #error "jaxtile: compile device code with nvcc/NVRTC, or with -DJAXTILE_EMULATOR for the emulator"
 #endif
+
+// XLA's per-element semantics (min/max with NaN, integer division, saturating casts...).
+#include "xla_math.h"

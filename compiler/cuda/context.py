@@ -1,0 +1,313 @@
+"""What the per-op CUDA lowerings share: the text being written, names, layouts, addresses.
+
+Device code is one function per kernel. Every thread runs the whole body; a tile value
+with a layout is a per-thread array of its slots (``float v7[12]``), a uniform value one
+scalar, a fragment buffer an array of its layout's slots, a ``local`` buffer a per-thread
+array of the whole tile, a ``shared`` buffer a ``JT_SHARED`` array. Slots are visited by
+``#pragma unroll`` loops over ``k``, so after unrolling every index is a constant and the
+arrays live in registers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import ir
+from ..errors import KernelError
+from ..passes.layout_inference import uniform_values
+from . import types as T
+from .layout import Layout, replicated
+
+MAX_THREAD_BYTES = 64 * 1024
+"""Per-thread arrays (tile values, fragments, local buffers) a kernel may declare in all: a
+GPU thread has 255 registers and spills the rest to slow local memory (and the emulator
+gives each thread a 256 KiB stack)."""
+_NUMPY = {"float": "float32", "double": "float64", "bool": "bool", "int8_t": "int8",
+          "uint8_t": "uint8", "int16_t": "int16", "uint16_t": "uint16", "int": "int32",
+          "unsigned": "uint32", "int64_t": "int64", "uint64_t": "uint64",
+          "half": "float16", "bf16": "uint16"}
+
+
+class Writer:
+    """Indented lines of C."""
+
+    def __init__(self, depth: int = 1):
+        self.lines: list[str] = []
+        self.depth = depth
+
+    def __call__(self, text: str) -> None:
+        self.lines.append("  " * self.depth + text)
+
+    @contextlib.contextmanager
+    def block(self, head: str = "") -> Iterator[None]:
+        self(f"{head} {{" if head else "{")
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            self("}")
+
+
+def source_line(line: str | None) -> str:
+    """``file.py:12`` of the user's source line (without the directory)."""
+    return os.path.basename(line) if line else "?"
+
+
+class Context:
+    """State of one kernel's lowering; see the module docstring."""
+
+    def __init__(self, kernel: ir.Kernel, warp_size: int,
+                 swizzles: Mapping[str, Any] | None = None):
+        self.kernel = kernel
+        self.swizzles = dict(swizzles or {})
+        """Shared buffers stored in a swizzled order (a gemm plan's ``SharedTile``)."""
+        self.threads = kernel.threads
+        self.warp_size = warp_size
+        self.w = Writer()
+        self.bufs = {b.name: b for b in kernel.buffers}
+        self.uniform = uniform_values(kernel)
+        self.layouts: dict[int, Layout] = {}
+        for stmt in ir.walk(kernel.body):
+            if isinstance(stmt, ir.Op) and stmt.result is not None and "layout" in stmt.notes:
+                self.layouts[stmt.result.id] = stmt.notes["layout"]
+        self.factors = _known_factors(kernel)
+        """Scalar values known to be multiples of a number (for aligned vector accesses)."""
+        self.names: dict[int, str] = {}
+        self.shared: list[tuple[str, str, int]] = []
+        """(C type, name, count) of every shared array, declared at kernel scope."""
+        self._tmp = 0
+        self.stages: dict[str, tuple[int, int]] = {}
+        """Multi-buffered shared buffers of a pipelined loop: (stages, elements per stage)."""
+        self.stage_index = "0"
+        """C text of the stage the code being written accesses."""
+        self.async_copies = False
+        """Whether global -> shared vector copies are issued as cp.async."""
+        self.thread_bytes = 0
+        self.loop_depth = 0
+        self.masks: list[str] = []
+        """Descriptions of the accesses that kept a bounds check."""
+
+    # -- names ------------------------------------------------------------------------------
+
+    def define(self, v: ir.Value) -> str:
+        name = f"v{len(self.names)}"
+        self.names[v.id] = name
+        return name
+
+    def name(self, v: ir.Value) -> str:
+        return self.names[v.id]
+
+    def tmp(self, hint: str = "t") -> str:
+        self._tmp += 1
+        return f"{hint}{self._tmp}"
+
+    def operand(self, x: int | ir.Value) -> str:
+        return str(x) if isinstance(x, int) else self.name(x)
+
+    def shared_array(self, ctype: str, count: int, hint: str) -> str:
+        name = self.tmp(hint)
+        self.shared.append((ctype, name, max(count, 1)))
+        return name
+
+    # -- layouts and slots ----------------------------------------------------------------------
+
+    def layout(self, v: ir.Value) -> Layout | None:
+        """The value's layout; None for a uniform value."""
+        if v.id in self.uniform:
+            return None
+        try:
+            return self.layouts[v.id]
+        except KeyError:
+            raise KernelError(f"value {v} has no layout (layout inference did not run)") \
+                from None
+
+    def declare(self, v: ir.Value) -> str:
+        """Define ``v``'s per-thread slot array."""
+        name = self.define(v)
+        self.array(T.reg(v.dtype), name, self.layout(v).num_local)
+        return name
+
+    def array(self, ctype: str, name: str, count: int, comment: str = "") -> None:
+        """Declare a per-thread array, counting it against :data:`MAX_THREAD_BYTES`."""
+        self.thread_bytes += count * np.dtype(_NUMPY[ctype]).itemsize
+        if self.thread_bytes > MAX_THREAD_BYTES:
+            raise KernelError(f"kernel '{self.kernel.name}' needs more than "
+                              f"{MAX_THREAD_BYTES // 1024} KiB of registers and local memory "
+                              f"per thread; use smaller tiles or more threads")
+        self.w(f"{ctype} {name}[{count}];{'  // ' + comment if comment else ''}")
+
+    def result(self, v: ir.Value, lay: Layout | None = None) -> tuple[str, Layout]:
+        """Declare the slot array an op computes ``v`` into, and its layout. A uniform
+        result (a full reduction's scalar) is computed by every thread into one slot of
+        ``lay`` (default: replicated) and then named by :meth:`finish`."""
+        if v.id not in self.uniform:
+            return self.declare(v), self.layout(v)
+        lay = lay if lay is not None and lay.num_local == 1 else replicated(v.shape, self.threads)
+        name = self.tmp("r")
+        self.w(f"{T.reg(v.dtype)} {name}[1];")
+        return name, lay
+
+    def finish(self, v: ir.Value, name: str) -> None:
+        """After :meth:`result`: a uniform result becomes its scalar."""
+        if v.id in self.uniform:
+            self.w(f"const {T.reg(v.dtype)} {self.define(v)} = {name}[0];")
+
+    def elem(self, v: ir.Value, lay: Layout, slot: str = "k") -> str:
+        """``v``'s element in slot ``slot`` of a tile of layout ``lay`` (``v`` is uniform,
+        has ``lay``, or has ``lay`` with size-1 dimensions: an implicit broadcast)."""
+        if v.id in self.uniform:
+            return self.name(v)
+        if v.shape == lay.shape:
+            return f"{self.name(v)}[{slot}]"
+        axes = [d for d, (n, m) in enumerate(zip(v.shape, lay.shape)) if n == 1 and m != 1]
+        return f"{self.name(v)}[{lay.drop_slot_expr(slot, axes)}]"
+
+    @contextlib.contextmanager
+    def slots(self, lay: Layout, *, need_coords: bool = True,
+              guard: bool = False) -> Iterator[list[str]]:
+        """Emit ``for k`` over ``lay``'s slots; yields the element's coordinates as C
+        expressions. ``guard``: skip padding slots (positions past the tile's edge)."""
+        coords = []
+        if need_coords:
+            for e in lay.thread_coord_exprs("tid"):
+                if e == "0":
+                    coords.append(None)
+                    continue
+                c = self.tmp("c")
+                self.w(f"const int {c} = {e};")
+                coords.append(c)
+        self.w("#pragma unroll")
+        with self.w.block(f"for (int k = 0; k < {lay.num_local}; ++k)"):
+            out = []
+            for c, local in zip(coords, lay.local_coord_exprs("k")):
+                parts = [p for p in (c, None if local == "0" else f"({local})") if p]
+                out.append(" + ".join(parts) if parts else "0")
+            if guard and lay.padded_dims():
+                conds = " || ".join(f"{out[d]} >= {lay.shape[d]}" for d in lay.padded_dims())
+                self.w(f"if ({conds}) continue;")
+            yield out
+
+    def primary(self, lay: Layout) -> str | None:
+        """A C condition true in one replica of each element (None: no replicas)."""
+        rep = lay.replica_expr("tid")
+        return None if rep is None else f"({rep}) == 0"
+
+    # -- memory addresses -------------------------------------------------------------------------
+
+    def address(self, region: ir.Region, coords: Sequence[str], *, clamp: bool,
+                checked: Sequence[int] | None = None) -> tuple[str, list[str]]:
+        """The flat element index of a region element at tile ``coords``, and the bounds
+        conditions of the dimensions in ``checked`` (all when None). ``clamp``: dynamic
+        starts are clamped into range first (JAX's get/swap semantics)."""
+        buf = self.bufs[region.buffer]
+        strides = [math.prod(buf.shape[d + 1:]) for d in range(len(buf.shape))]
+        coords = iter(coords)
+        terms, conds, positions = [], [], []
+        for d, (idx, n) in enumerate(zip(region.index, buf.shape)):
+            c = next(coords) if idx.size is not None else None
+            if isinstance(idx.start, ir.Value) and idx.start.shape != ():
+                pos = f"{self.name(idx.start)}[{c}]"
+            else:
+                start = self.operand(idx.start)
+                if clamp and isinstance(idx.start, ir.Value):
+                    # JAX's get/swap: a negative start counts from the end, then the slice
+                    # is clamped into range.
+                    hi = n - (idx.size or 1)
+                    s = self.tmp("s")
+                    self.w(f"const int {s} = {start} < 0 ? {start} + {n} : {start};")
+                    start = f"({s} < 0 ? 0 : ({s} > {hi} ? {hi} : {s}))"
+                pos = start if c is None else (c if start == "0" else f"{start} + {c}")
+            if checked is None or d in checked:
+                conds.append(f"unsigned({pos}) < {n}u")
+            if n > 1:
+                terms.append(f"({pos})" if strides[d] == 1 else f"({pos}) * {strides[d]}")
+            positions.append(pos)
+        if region.buffer in self.swizzles:
+            index = self.swizzles[region.buffer].cpp_offset(*positions)
+        else:
+            index = " + ".join(terms) if terms else "0"
+        if region.buffer in self.stages:
+            index = f"({self.stage_index}) * {self.stages[region.buffer][1]} + {index}"
+        return index, conds
+
+    def base(self, buffer: str) -> str:
+        """C text of a shared buffer's start, in the stage being accessed when it is
+        multi-buffered."""
+        if buffer in self.stages:
+            return f"{buffer} + ({self.stage_index}) * {self.stages[buffer][1]}"
+        return buffer
+
+    def in_region(self, region: ir.Region, coords: Sequence[str],
+                  starts: Sequence[str] | None = None) -> tuple[list[str], list[str]]:
+        """For buffer ``coords`` (one per buffer dimension): the C conditions that the element
+        lies in ``region`` (whose starts are ``starts`` if given), and its coordinates in
+        the region's tile."""
+        conds, tile = [], []
+        shape = self.bufs[region.buffer].shape
+        starts = starts or [self.operand(i.start) for i in region.index]
+        for idx, c, n, start in zip(region.index, coords, shape, starts):
+            if idx.size is None:
+                conds.append(f"{c} == {start}")
+            elif start == "0":
+                if idx.size < n:
+                    conds.append(f"{c} < {idx.size}")
+                tile.append(c)
+            else:
+                conds += [f"{c} >= {start}", f"{c} < {start} + {idx.size}"]
+                tile.append(f"({c} - {start})")
+        return conds, tile
+
+    def region_checks(self, op: ir.Op, attr: str) -> tuple[int, ...] | None:
+        """Dimensions of a global region whose bounds must be checked (the bounds pass's
+        notes; every dimension when it did not run); () for on-chip buffers."""
+        region = op.attrs[attr]
+        if self.bufs[region.buffer].scope != "global":
+            return ()
+        masks = op.notes.get("masks")
+        checked = tuple(range(len(region.index))) if masks is None else dict(masks).get(attr, ())
+        entry = f"{source_line(op.line)}: {op.kind} {attr}={region.buffer} dims {list(checked)}"
+        if checked and entry not in self.masks:
+            self.masks.append(entry)
+        return checked
+
+
+def _known_factors(kernel: ir.Kernel) -> dict[int, int]:
+    """value id -> a number the (integer scalar) value is always a multiple of."""
+    out: dict[int, int] = {}
+
+    def of(x: int | ir.Value) -> int:
+        return abs(x) if isinstance(x, int) else out.get(x.id, 1)
+
+    for s in ir.walk(kernel.body):
+        if not isinstance(s, ir.Op) or s.result is None or s.result.shape != ():
+            continue
+        if s.kind == "const" and isinstance(s.attrs["value"], int):
+            out[s.result.id] = abs(s.attrs["value"])
+        elif s.kind == "convert":
+            out[s.result.id] = of(s.operands[0])
+        elif s.kind == "elementwise" and s.attrs["fn"] == "mul":
+            out[s.result.id] = of(s.operands[0]) * of(s.operands[1])
+        elif s.kind == "elementwise" and s.attrs["fn"] in ("add", "sub"):
+            out[s.result.id] = math.gcd(of(s.operands[0]), of(s.operands[1]))
+    return out
+
+
+def row_major(coords: Sequence[str], shape: Sequence[int]) -> str:
+    """C text of the row-major flat index of ``coords`` in ``shape``."""
+    terms = []
+    for d, c in enumerate(coords):
+        stride = math.prod(shape[d + 1:])
+        if shape[d] > 1:
+            terms.append(f"({c})" if stride == 1 else f"({c}) * {stride}")
+    return " + ".join(terms) if terms else "0"
+
+
+def np_dtype(x: ir.Value | ir.Buffer) -> np.dtype:
+    return np.dtype(x.dtype)

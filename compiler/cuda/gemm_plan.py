@@ -1,0 +1,279 @@
+"""Planning a block-level GEMM on CUDA: instruction, warp partition, layouts, shared swizzles.
+
+:func:`plan_gemm` turns a tile GEMM ``C[m, n] += op(A) @ op(B)`` into a :class:`GemmPlan` whose
+:meth:`GemmPlan.call` is the C++ call of ``ffi/device/jaxtile/tile_gemm.h``. The plan mirrors
+the device templates exactly in two places, and tests check both against the device code:
+
+- the accumulator's element -> (thread, slot) map (:attr:`GemmPlan.acc_layout`, cudagen's
+  ``mma_accumulator`` layout): the code generator gives the accumulator this layout;
+- the shared tiles' physical offsets (:class:`SharedTile`): the copies that fill A and B must
+  write them in the same swizzled order (:meth:`SharedTile.cpp_offset` is the C++ text).
+
+Instructions come from the target's capabilities (``CudaCaps.mma_shapes``): ``mma.sync``
+m16n8k16 for f16 x f16 and bf16 x bf16 into f32, m16n8k8 tf32 for f32 x f32 into f32, and a
+scalar multiply-add fallback for everything else (and for shapes the atoms do not divide).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from typing import Any
+
+import numpy as np
+
+from ..errors import KernelError
+from ..target import CudaCaps, Target
+from .layout import LOCAL, THREAD, Factor, Layout, mma_accumulator
+
+
+class GemmInstr(enum.IntEnum):
+    """The instruction a gemm uses; the values are tile_gemm.h's ``kGemm*`` constants."""
+
+    FMA = 0
+    MMA16 = 1
+    MMA_TF32 = 2
+
+    @property
+    def cpp(self) -> str:
+        return ("jaxtile::kGemmFma", "jaxtile::kGemmMma16", "jaxtile::kGemmMmaTf32")[self]
+
+    @property
+    def k_step(self) -> int:
+        """K of one instruction (the gemm's K must be a multiple)."""
+        return (1, 16, 8)[self]
+
+    @property
+    def label(self) -> str:
+        """How the accumulator layout names the instruction."""
+        return ("fma", "m16n8k16", "m16n8k8")[self]
+
+
+POLICIES = ("auto", "square", "rows", "cols")
+
+_CPP_TYPES = {"float16": "jaxtile::half", "bfloat16": "jaxtile::bf16", "float32": "float",
+              "float64": "double", "int8": "int8_t", "uint8": "uint8_t", "int16": "int16_t",
+              "int32": "int", "uint32": "unsigned", "int64": "int64_t"}
+
+
+def cpp_type(dtype: Any) -> str:
+    """The device-code type of a numpy dtype (``jaxtile::half`` for float16)."""
+    name = np.dtype(dtype).name
+    if name not in _CPP_TYPES:
+        raise KernelError(f"gemm: no CUDA type for dtype {name}")
+    return _CPP_TYPES[name]
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedTile:
+    """A shared-memory operand tile as tile_gemm.h lays it out: ``rows x cols`` row-major,
+    16-byte chunks XOR-swizzled (``SwizzledTile``: ``chunk ^ ((row / (8 / P) * step) % P)``,
+    ``P = gcd(chunks per row, 8)``) or not (``PlainTile``)."""
+
+    dtype: np.dtype
+    rows: int
+    cols: int
+    swizzled: bool
+    step: int = 1
+    """The swizzle key's multiplier (2 spreads rows 0-3 for scalar 32-bit loads)."""
+
+    @property
+    def elems(self) -> int:
+        return self.rows * self.cols
+
+    @property
+    def _vec(self) -> int:
+        return 16 // self.dtype.itemsize
+
+    def offset(self, row: int, col: int) -> int:
+        """The element offset of ``(row, col)``: the C++ ``offset`` exactly."""
+        if not self.swizzled:
+            return row * self.cols + col
+        vec = self._vec
+        phase = math.gcd(self.cols // vec, 8)
+        rows_per_line = 8 // phase
+        chunk = (col // vec) ^ ((row // rows_per_line * self.step) % phase)
+        return row * self.cols + chunk * vec + col % vec
+
+    def offsets(self) -> np.ndarray:
+        """``[rows, cols]`` element offsets (a permutation of ``range(rows * cols)``)."""
+        return np.array([[self.offset(r, c) for c in range(self.cols)]
+                         for r in range(self.rows)], np.int64)
+
+    @property
+    def cpp(self) -> str:
+        """The C++ layout type."""
+        t = cpp_type(self.dtype)
+        if self.swizzled:
+            return f"jaxtile::SwizzledTile<{t}, {self.rows}, {self.cols}, {self.step}>"
+        return f"jaxtile::PlainTile<{t}, {self.rows}, {self.cols}>"
+
+    def cpp_offset(self, row: str, col: str) -> str:
+        """C++ text of the offset of element ``(row, col)`` (expressions)."""
+        return f"{self.cpp}::offset({row}, {col})"
+
+
+def shared_tile(dtype: Any, rows: int, cols: int, step: int = 1) -> SharedTile:
+    """The layout of a ``rows x cols`` shared tile of ``dtype``: swizzled when its rows are
+    whole 16-byte chunks, plain otherwise."""
+    dtype = np.dtype(dtype)
+    ok = cols * dtype.itemsize % 16 == 0
+    return SharedTile(dtype, rows, cols, ok, step if ok else 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmPlan:
+    """How one tile GEMM runs; see the module docstring."""
+
+    m: int
+    n: int
+    k: int
+    a_dtype: np.dtype
+    b_dtype: np.dtype
+    acc_dtype: np.dtype
+    threads: int
+    trans_a: bool
+    trans_b: bool
+    policy: str
+    instr: GemmInstr
+    warps: tuple[int, int]
+    """The ``(WARPS_M, WARPS_N)`` grid, warps numbered row-major."""
+    acc_layout: Layout
+    a_tile: SharedTile | None
+    """A's shared layout (stored ``[m, k]``, or ``[k, m]`` when ``trans_a``); None for gemm_rs."""
+    b_tile: SharedTile
+    """B's shared layout (stored ``[k, n]``, or ``[n, k]`` when ``trans_b``)."""
+    a_layout: Layout | None
+    """For gemm_rs, the register layout A must have; None for gemm_ss."""
+
+    @property
+    def smem_bytes(self) -> int:
+        """Shared memory of one stage of the operand tiles (A's and B's)."""
+        tiles = [t for t in (self.a_tile, self.b_tile) if t is not None]
+        return sum(t.elems * t.dtype.itemsize for t in tiles)
+
+    @property
+    def replicas(self) -> int:
+        """How many times each warp's work is repeated (warps beyond the grid)."""
+        return self.threads // (32 * self.warps[0] * self.warps[1])
+
+    def call(self, a: str, b: str, acc: str) -> str:
+        """C++ text of the call (a statement): ``a`` and ``b`` are the shared tiles' ``ptr``
+        expressions (for gemm_rs, ``a`` is A's register array), ``acc`` the accumulator's."""
+        wm, wn = self.warps
+        tb = "true" if self.trans_b else "false"
+        if self.a_layout is not None:
+            return (f"jaxtile::gemm_rs<{self.m}, {self.n}, {self.k}, {wm}, {wn}, {tb}, "
+                    f"{self.b_tile.cpp}>({a}, {b}, {acc});")
+        ta = "true" if self.trans_a else "false"
+        return (f"jaxtile::gemm_ss<{self.instr.cpp}, {self.m}, {self.n}, {self.k}, {wm}, {wn}, "
+                f"{ta}, {tb}, {self.a_tile.cpp}, {self.b_tile.cpp}>({a}, {b}, {acc});")
+
+
+def _instr(a: np.dtype, b: np.dtype, acc: np.dtype, caps: CudaCaps) -> GemmInstr:
+    """The fastest instruction the target has for these types."""
+    shapes = set(caps.mma_shapes)
+    if a == b and acc == np.float32:
+        if a.name == "float16" and ("m16n8k16", "f16") in shapes:
+            return GemmInstr.MMA16
+        if a.name == "bfloat16" and ("m16n8k16", "bf16") in shapes:
+            return GemmInstr.MMA16
+        if a.name == "float32" and ("m16n8k8", "tf32") in shapes:
+            return GemmInstr.MMA_TF32
+    return GemmInstr.FMA
+
+
+def _dtype(dtype: Any, what: str) -> np.dtype:
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise KernelError(f"gemm: {what} has an unknown dtype {dtype!r}") from None
+    cpp_type(dt)
+    return dt
+
+
+def _usable(m: int, n: int, wm: int, wn: int) -> bool:
+    return m % (16 * wm) == 0 and n % (8 * wn) == 0
+
+
+def _partition(m: int, n: int, warps: int, policy: str) -> tuple[int, int]:
+    """The warp grid: as many warps as the atoms allow (at most ``warps``), shaped by policy.
+
+    square: per-warp tiles as close to square as possible, which minimises the fragment loads
+    per k step (MI + NI / 2 ldmatrix.x4); rows: every warp owns whole rows (WARPS_N = 1);
+    cols: every warp owns whole columns (WARPS_M = 1)."""
+    for count in range(warps, 0, -1):
+        if warps % count:
+            continue
+        grids = [(wm, count // wm) for wm in range(1, count + 1) if count % wm == 0]
+        if policy == "rows":
+            grids = [g for g in grids if g[1] == 1]
+        elif policy == "cols":
+            grids = [g for g in grids if g[0] == 1]
+        grids = [g for g in grids if _usable(m, n, *g)]
+        if grids:
+            return min(grids, key=lambda g: (m // g[0] + n // g[1], -g[0]))
+    raise KernelError(f"gemm: a {m}x{n} tile does not split into 16x8 atoms for any warp grid "
+                      f"of policy '{policy}'")
+
+
+def _register_a_layout(m: int, k: int, warps: tuple[int, int], threads: int) -> Layout:
+    """gemm_rs's A: the accumulator layout of an [m, k] tile over WARPS_M x 1 warps, the warp
+    columns (stride 32) holding copies; with WARPS_N == 1 it is ``mma_accumulator``'s."""
+    wm, wn = warps
+    if wn == 1:
+        return mma_accumulator((m, k), (wm, 1), threads, "m16n8k16")
+    mi, kk = m // (16 * wm), k // 8
+    dims = ((Factor(wm, THREAD, 32 * wn), Factor(mi, LOCAL, 4 * kk), Factor(2, LOCAL, 2),
+             Factor(8, THREAD, 4)),
+            (Factor(kk, LOCAL, 4), Factor(4, THREAD, 1), Factor(2, LOCAL, 1)))
+    rep = (Factor(wn, THREAD, 32), Factor(threads // (32 * wm * wn), THREAD, 32 * wm * wn))
+    return Layout((m, k), dims, rep, threads, "")
+
+
+def plan_gemm(m: int, n: int, k: int, a_dtype: Any, b_dtype: Any, acc_dtype: Any,
+              threads: int, *, trans_a: bool = False, trans_b: bool = False,
+              policy: str = "auto", target: Target, a_in_registers: bool = False) -> GemmPlan:
+    """Plan ``C[m, n] (acc_dtype) += op(A) @ op(B)`` for a block of ``threads`` threads.
+
+    ``A`` is ``[m, k]`` (``[k, m]`` stored when ``trans_a``), ``B`` is ``[k, n]`` (``[n, k]``
+    when ``trans_b``). ``a_in_registers`` plans gemm_rs (A an f16/bf16 fragment in
+    :attr:`GemmPlan.a_layout`), where ``auto`` means ``rows`` so that the accumulator of a
+    previous gemm with the same plan shape feeds it without conversion; otherwise ``auto`` is
+    ``square``. Raises KernelError for shapes or types the templates cannot do."""
+    if target.kind != "cuda" or not isinstance(target.caps, CudaCaps):
+        raise KernelError(f"gemm planning is for CUDA targets, not {target.name}")
+    if policy not in POLICIES:
+        raise KernelError(f"gemm: unknown warp policy '{policy}' (one of {', '.join(POLICIES)})")
+    caps = target.caps
+    a_dt, b_dt, acc_dt = _dtype(a_dtype, "A"), _dtype(b_dtype, "B"), _dtype(acc_dtype, "C")
+    if a_in_registers and trans_a:
+        raise KernelError("gemm: A in registers has no stored orientation; trans_a must be False")
+    if acc_dt.name in ("float16", "bfloat16"):
+        raise KernelError(f"gemm: accumulate in float32, not {acc_dt.name} (16-bit floats have "
+                          f"no register arithmetic here; cast the result)")
+    if threads % caps.warp_size or not 0 < threads <= caps.max_threads_per_block:
+        raise KernelError(f"gemm: {threads} threads is not a whole number of warps")
+    instr = _instr(a_dt, b_dt, acc_dt, caps)
+    if k % instr.k_step and not a_in_registers:
+        instr = GemmInstr.FMA
+    if a_in_registers and (instr != GemmInstr.MMA16 or k % 16):
+        raise KernelError(f"gemm with A in registers needs f16 or bf16 operands into f32 and "
+                          f"K % 16 == 0 (mma m16n8k16); got {a_dt.name} x {b_dt.name} -> "
+                          f"{acc_dt.name}, K = {k}")
+    if policy == "auto":
+        policy = "rows" if a_in_registers else "square"
+    warps = _partition(m, n, threads // caps.warp_size, policy)
+    acc_layout = mma_accumulator((m, n), warps, threads, instr.label)
+    # tf32 operands that ldmatrix cannot deliver are read with scalar loads of 4 rows x 8
+    # consecutive columns; swizzle step 2 puts those 4 rows in distinct banks.
+    tf32 = instr == GemmInstr.MMA_TF32
+    a_shape = (k, m) if trans_a else (m, k)
+    b_shape = (n, k) if trans_b else (k, n)
+    a_tile = None if a_in_registers else shared_tile(a_dt, *a_shape,
+                                                     2 if tf32 and trans_a else 1)
+    b_tile = shared_tile(b_dt, *b_shape, 2 if tf32 and not trans_b else 1)
+    a_layout = _register_a_layout(m, k, warps, threads) if a_in_registers else None
+    return GemmPlan(m, n, k, a_dt, b_dt, acc_dt, threads, trans_a, trans_b, policy, instr,
+                    warps, acc_layout, a_tile, b_tile, a_layout)

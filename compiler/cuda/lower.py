@@ -1,0 +1,256 @@
+"""Tile IR (after the CUDA passes) -> CUDA source written against ``jaxtile/device.h``.
+
+The kernel is one ``JT_KERNEL`` function over a 1-D grid of the IR's blocks (block index 0
+varies fastest, as on the CPU); its parameters are the kernel's buffers in call order
+(inputs, inits, outputs). Each tile op becomes a commented block naming the user's source
+line; the per-op lowerings are in :mod:`.values`, :mod:`.copies`, :mod:`.reductions` and
+:mod:`.staging`, what they share in :mod:`.context`. The text never uses an architecture
+feature except through the device header (``device_rule.py`` checks every file generated).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+from .. import ir
+from ..errors import KernelError
+from ..target import Target
+from . import types as T
+from .context import Context, source_line
+from .copies import lower_atomic, lower_copy
+from .device_rule import device_rule_violations
+from .gemm import lower_gemm, swizzles
+from .pipeline import lower_pipelined
+from .reductions import lower_reduce
+from .staging import lower_argreduce, lower_scan, lower_staged
+from .values import (
+    lower_broadcast,
+    lower_const,
+    lower_iota,
+    lower_load,
+    lower_pointwise,
+    lower_store,
+    lower_transpose,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class CudaKernel:
+    """Generated CUDA code and what a launcher needs to run it."""
+
+    source: str
+    symbol: str
+    params: tuple[tuple[str, str], ...]
+    """(name, numpy dtype of the stored elements) per pointer parameter, in call order."""
+    num_blocks: int
+    threads: int
+    shared_bytes: int
+    masks: tuple[str, ...]
+    """The global accesses that kept a bounds check, and in which dimensions."""
+    conversions: tuple[str, ...]
+    """The layout conversions inference inserted (through shared memory)."""
+
+
+def symbol_name(kernel: ir.Kernel) -> str:
+    """The C identifier the kernel is compiled under."""
+    return "jt_" + re.sub(r"\W", "_", kernel.name)
+
+
+_LOWER = {
+    "const": lower_const, "elementwise": lower_pointwise, "convert": lower_pointwise,
+    "select": lower_pointwise, "broadcast": lower_broadcast, "iota": lower_iota,
+    "transpose": lower_transpose, "load": lower_load, "store": lower_store,
+    "copy": lower_copy, "atomic": lower_atomic, "reduce": lower_reduce,
+    "relayout": lower_staged, "reshape": lower_staged, "rev": lower_staged,
+    "slice": lower_staged, "concatenate": lower_staged, "scan": lower_scan,
+    "argreduce": lower_argreduce,
+}
+
+
+def _describe(op: ir.Op) -> str:
+    attrs = ", ".join(f"{k}={v!r}" if not isinstance(v, ir.Region) else f"{k}={v.buffer}"
+                      for k, v in sorted(op.attrs.items()))
+    return f"{op.kind}({attrs})" if attrs else op.kind
+
+
+class _Lowering:
+    def __init__(self, kernel: ir.Kernel, target: Target):
+        self.kernel = kernel
+        self.target = target
+        self.cx = Context(kernel, target.caps.warp_size, swizzles(kernel, target))
+        self.conversions: list[str] = []
+
+    def run(self) -> CudaKernel:
+        cx, k = self.cx, self.kernel
+        self._indices()
+        for b in k.buffers:
+            if b.scope == "fragment":
+                cx.array(T.reg(b.dtype), b.name, b.layout.num_local,
+                         f"fragment {b.name}: {b.dtype.name}{list(b.shape)}{b.layout.text()}")
+            elif b.scope == "local":
+                cx.array(T.reg(b.dtype), b.name, max(math.prod(b.shape), 1),
+                         f"local {b.name}: {b.dtype.name}{list(b.shape)} (every thread)")
+            elif b.scope == "shared":
+                cx.shared.insert(0, (T.mem(b.dtype), b.name, max(math.prod(b.shape), 1)))
+        self.body(k.body)
+        return self._assemble()
+
+    def _indices(self) -> None:
+        cx, k = self.cx, self.kernel
+        cx.w("const int tid = int(thread_idx().x);")
+        cx.w("const int block = int(block_idx().x);")
+        stride = 1
+        for v, n in zip(k.block_indices, k.grid):
+            name = cx.define(v)
+            e = "block" if stride == 1 else f"block / {stride}"
+            e = e if stride * n >= k.num_blocks else f"({e}) % {n}"
+            cx.w(f"const int {name} = {e};")
+            stride *= n
+
+    def body(self, body: tuple[ir.Stmt, ...]) -> None:
+        cx = self.cx
+        for stmt in body:
+            if isinstance(stmt, ir.Op):
+                self.op(stmt)
+            elif isinstance(stmt, ir.For):
+                if stmt.kind == "pipelined" and lower_pipelined(self, stmt):
+                    continue
+                var = cx.define(stmt.var)
+                start, extent = cx.operand(stmt.start), cx.operand(stmt.extent)
+                kind = stmt.kind if stmt.kind != "pipelined" else f"pipelined({stmt.stages})"
+                cx.w(f"// {source_line(stmt.line)}: {kind} loop")
+                if stmt.kind == "unrolled":
+                    cx.w("#pragma unroll")
+                end = extent if start == "0" else f"{start} + {extent}"
+                with cx.w.block(f"for (int {var} = {start}; {var} < {end}; ++{var})"):
+                    cx.loop_depth += 1
+                    self.body(stmt.body)
+                    cx.loop_depth -= 1
+            else:
+                cx.w(f"// {source_line(stmt.line)}: when")
+                with cx.w.block(f"if ({cx.name(stmt.cond)})"):
+                    self.body(stmt.then)
+                if stmt.otherwise:
+                    with cx.w.block("else"):
+                        self.body(stmt.otherwise)
+
+    def op(self, op: ir.Op) -> None:
+        cx = self.cx
+        if op.kind == "barrier":
+            cx.w(f"sync_threads();  // {op.notes.get('reason', 'shared-memory hazard')}")
+            return
+        if op.kind == "gemm":
+            cx.w(f"// {source_line(op.line)}: {_describe(op)}")
+            lower_gemm(cx, op, self.target)
+            return
+        lower = _LOWER.get(op.kind)
+        if lower is None:
+            raise KernelError(f"{op.kind} is not lowered for CUDA yet "
+                              f"(at {source_line(op.line)})")
+        if op.kind == "relayout":
+            src = op.operands[0]
+            self.conversions.append(f"{source_line(op.line)}: {src.dtype.name}"
+                                    f"{list(src.shape)} {cx.layout(src).text()} -> "
+                                    f"{op.notes['layout'].text()}")
+        if op.result is None or op.result.id not in cx.uniform:
+            cx.w(f"// {source_line(op.line)}: {_describe(op)}")
+        lower(cx, op)
+
+    def _has_gemm(self) -> bool:
+        return any(isinstance(s, ir.Op) and s.kind == "gemm" for s in ir.walk(self.kernel.body))
+
+    def _assemble(self) -> CudaKernel:
+        cx, k = self.cx, self.kernel
+        symbol = symbol_name(k)
+        params = [(b.name, T.memory_dtype(b.dtype)) for b in k.params]
+        sig = ", ".join(f"ptr<{T.mem(b.dtype)}> {b.name}" for b in k.params)
+        arrays = [(t, n, c * cx.stages.get(n, (1, 0))[0]) for t, n, c in cx.shared]
+        shared = [f"  JT_SHARED({t}, {n}, {c});" for t, n, c in arrays]
+        shared_bytes = sum(_sizeof(t) * c for t, _, c in arrays)
+        if shared_bytes > 48 * 1024:
+            raise KernelError(f"kernel '{k.name}' needs {shared_bytes} bytes of static shared "
+                              f"memory; more than 48 KiB is not lowered for CUDA yet")
+        lines = [
+            f"// CUDA code generated by jaxtile for kernel '{k.name}': grid {list(k.grid)}, "
+            f"{k.threads} threads.",
+            "#include <jaxtile/device.h>",
+            *(["#include <jaxtile/tile_gemm.h>"] if cx.swizzles or self._has_gemm() else []),
+            "",
+            "using namespace jaxtile;",
+            "",
+            f"JT_KERNEL JT_LAUNCH_BOUNDS({k.threads}) void {symbol}({sig}) {{",
+            *shared,
+            *cx.w.lines,
+            "}",
+            "",
+        ]
+        text = "\n".join(lines)
+        bad = device_rule_violations(text)
+        if bad:
+            raise KernelError(f"generated CUDA breaks the device-header rule: {bad[0]}")
+        return CudaKernel(text, symbol, tuple(params), k.num_blocks, k.threads, shared_bytes,
+                          tuple(cx.masks), tuple(self.conversions))
+
+
+_SIZES = {"float": 4, "double": 8, "half": 2, "bf16": 2, "bool": 1, "int8_t": 1,
+          "uint8_t": 1, "int16_t": 2, "uint16_t": 2, "int": 4, "unsigned": 4, "int64_t": 8,
+          "uint64_t": 8}
+
+
+def _sizeof(ctype: str) -> int:
+    return _SIZES[ctype]
+
+
+_TEMP = re.compile(r"(v|c|s|t|r|acc|best|at|x|vec|base|partials|staged|a_regs)\d+$")
+_RESERVED = frozenset("""
+    k i kk d tid block ptr half bf16 idx3 f32x2 f32x4 u32x2 u32x4 jaxtile int float double
+    bool char short long unsigned signed void auto const constexpr if else for while do return
+    break continue switch case default goto struct class union enum namespace using template
+    typename new delete this sizeof static extern inline volatile register operator true false
+    nullptr friend public private protected virtual explicit mutable typedef asm try catch throw
+""".split())
+
+
+def _c_name(name: str) -> str:
+    """A buffer's identifier in the generated code: its own name unless that is a C++
+    keyword, a name of the device header or of the generator's temporaries."""
+    return f"{name}_" if name in _RESERVED or _TEMP.match(name) else name
+
+
+def _renamed(kernel: ir.Kernel) -> ir.Kernel:
+    names = {b.name: _c_name(b.name) for b in kernel.buffers}
+    if all(k == v for k, v in names.items()):
+        return kernel
+
+    def region(r: ir.Region) -> ir.Region:
+        return dataclasses.replace(r, buffer=names[r.buffer])
+
+    def body(stmts: tuple[ir.Stmt, ...]) -> tuple[ir.Stmt, ...]:
+        out = []
+        for s in stmts:
+            if isinstance(s, ir.For):
+                out.append(dataclasses.replace(s, body=body(s.body)))
+            elif isinstance(s, ir.If):
+                out.append(dataclasses.replace(s, then=body(s.then), otherwise=body(s.otherwise)))
+            else:
+                attrs = {a: region(v) if isinstance(v, ir.Region) else v
+                         for a, v in s.attrs.items()}
+                out.append(dataclasses.replace(s, attrs=attrs))
+        return tuple(out)
+
+    buffers = tuple(dataclasses.replace(b, name=names[b.name],
+                                        aliases=names.get(b.aliases, b.aliases))
+                    for b in kernel.buffers)
+    return dataclasses.replace(kernel, buffers=buffers, body=body(kernel.body))
+
+
+def generate(kernel: ir.Kernel, target: Target) -> CudaKernel:
+    """The CUDA code of ``kernel`` (which has been through the CUDA passes) for ``target``."""
+    return _Lowering(_renamed(kernel), target).run()
+
+
+def source(kernel: ir.Kernel, target: Target) -> str:
+    """The CUDA source of ``kernel``, for inspection."""
+    return generate(kernel, target).source

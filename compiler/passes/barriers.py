@@ -1,0 +1,172 @@
+"""Barrier insertion (GPU): a ``barrier`` wherever memory written by some threads of a block is
+read or overwritten by others, and nowhere else.
+
+Shared buffers are the usual case; global buffers count too (a block that reads back what it
+wrote to an output, e.g. ``out[...] += x`` in a loop, where the element's reader may be
+another thread than its writer). Each op's accesses to those buffers are described by the
+threads that touch each element, from the layouts the lowering uses (a fragment's layout for
+fragment <-> memory copies and for loads and stores of tile values; the coalesced copy
+layout otherwise; any thread for a GEMM's operands).
+
+Walking the body in program order, the pass keeps the accesses made since the last barrier;
+an access that overlaps one of them, with one of the two a write, needs a barrier first
+unless both are provably made by the same single thread for every element (same region, same
+owner per element, no replicas). Loops are walked until the accesses carried from the end of
+one iteration into the next no longer add a barrier (read-after-write and write-after-read
+across iterations); after a loop or a conditional, the accesses of every path are pending.
+Conditions and loop bounds in the Tile IR are uniform across the block, so a barrier inside
+them is reached by all threads.
+
+Assumes: layout inference ran. Guarantees: every cross-thread hazard on a shared buffer has
+a ``barrier`` op between its two accesses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+
+from .. import ir
+from ..cuda.copies import copy_layout
+from ..cuda.layout import Layout, blocked
+from .layout_inference import uniform_values
+
+_SCOPES = ("shared", "global")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Access:
+    buffer: str
+    write: bool
+    region: ir.Region
+    owners: np.ndarray | None
+    """Per element of the region's tile, the threads touching it; None: any thread."""
+
+
+@functools.lru_cache(maxsize=256)
+def _owners(lay: Layout, primary_only: bool) -> np.ndarray:
+    thread, _ = lay.owners()
+    return thread[..., :1] if primary_only else thread
+
+
+class _Walker:
+    def __init__(self, kernel: ir.Kernel):
+        self.kernel = kernel
+        self.bufs = {b.name: b for b in kernel.buffers}
+        self.uniform = uniform_values(kernel)
+        self.layouts = {s.result.id: s.notes["layout"] for s in ir.walk(kernel.body)
+                        if isinstance(s, ir.Op) and s.result is not None
+                        and "layout" in s.notes}
+        self._accesses: dict[int, list[_Access]] = {}
+
+    def accesses(self, op: ir.Op) -> list[_Access]:
+        """The op's shared-memory accesses (the same objects on every visit, so that the
+        loop walk can tell when the carried set stops growing)."""
+        if id(op) not in self._accesses:
+            self._accesses[id(op)] = self._make_accesses(op)
+        return self._accesses[id(op)]
+
+    def _make_accesses(self, op: ir.Op) -> list[_Access]:
+        out = []
+        shared = {a: r for a, r in op.attrs.items()
+                  if isinstance(r, ir.Region) and self.bufs[r.buffer].scope in _SCOPES}
+        for attr, region in shared.items():
+            write = attr in ("dst", "c") if op.kind in ("copy", "gemm", "atomic") else \
+                op.kind == "store"
+            out.append(_Access(region.buffer, write, region, self._owners(op, attr, write)))
+            if op.kind == "atomic":
+                out.append(_Access(region.buffer, False, region, out[-1].owners))
+        return out
+
+    def _owners(self, op: ir.Op, attr: str, write: bool) -> np.ndarray | None:
+        threads = self.kernel.threads
+        if op.kind == "copy":
+            other = op.attrs["dst" if attr == "src" else "src"]
+            ob = self.bufs[other.buffer]
+            if ob.scope == "fragment":
+                return _owners(ob.layout, write)
+            if ob.scope == "local":
+                return None
+            return _owners(copy_layout(op, self.bufs, threads), write)
+        if op.kind in ("load", "store", "atomic"):
+            v = op.result if op.kind == "load" else op.operands[0]
+            if v.shape == ():
+                return None
+            lay = self.layouts.get(v.id) if v.id not in self.uniform else None
+            return _owners(lay or blocked(v.shape, threads), write)
+        return None
+
+    @staticmethod
+    def _conflict(a: _Access, b: _Access) -> bool:
+        if a.buffer != b.buffer or not (a.write or b.write):
+            return False
+        if _disjoint(a.region, b.region):
+            return False
+        same_thread = (a.region == b.region and a.owners is not None and b.owners is not None
+                       and a.owners.shape == b.owners.shape and a.owners.shape[-1] == 1
+                       and np.array_equal(a.owners, b.owners))
+        return not same_thread
+
+    def body(self, body: tuple[ir.Stmt, ...], pending: list[_Access]
+             ) -> tuple[list[ir.Stmt], list[_Access]]:
+        out: list[ir.Stmt] = []
+        pending = list(pending)
+        for stmt in body:
+            if isinstance(stmt, ir.Op):
+                if stmt.kind == "barrier":
+                    pending = []
+                    out.append(stmt)
+                    continue
+                accs = self.accesses(stmt)
+                hit = next(((p, a) for a in accs for p in pending if self._conflict(p, a)),
+                           None)
+                if hit is not None:
+                    p, a = hit
+                    kind = ("write" if a.write else "read") + " after " + \
+                        ("write" if p.write else "read")
+                    out.append(ir.Op("barrier", (), None, {}, stmt.line,
+                                     {"reason": f"{kind} of {a.buffer}"}))
+                    pending = []
+                pending += accs
+                out.append(stmt)
+            elif isinstance(stmt, ir.For):
+                entry = pending
+                once = isinstance(stmt.extent, int) and stmt.extent <= 1
+                for _ in range(4):
+                    new_body, end = self.body(stmt.body, entry)
+                    if once:  # nothing carries into a next iteration
+                        break
+                    carried = _union(pending, end)
+                    if len(carried) == len(entry):
+                        break
+                    entry = carried
+                out.append(dataclasses.replace(stmt, body=tuple(new_body)))
+                pending = _union(entry, end)
+            else:
+                then, t_end = self.body(stmt.then, pending)
+                other, o_end = self.body(stmt.otherwise, pending)
+                out.append(dataclasses.replace(stmt, then=tuple(then), otherwise=tuple(other)))
+                pending = _union(t_end, o_end)
+        return out, pending
+
+
+def _union(a: list[_Access], b: list[_Access]) -> list[_Access]:
+    seen = {id(x) for x in a}
+    return a + [x for x in b if id(x) not in seen]
+
+
+def _disjoint(a: ir.Region, b: ir.Region) -> bool:
+    """Whether two regions of one buffer provably share no element (static starts)."""
+    for x, y in zip(a.index, b.index):
+        if isinstance(x.start, int) and isinstance(y.start, int):
+            if x.start + (x.size or 1) <= y.start or y.start + (y.size or 1) <= x.start:
+                return True
+    return False
+
+
+def insert_barriers(kernel: ir.Kernel) -> ir.Kernel:
+    """Insert the barriers shared-memory hazards need; see the module docstring."""
+    body, _ = _Walker(kernel).body(kernel.body, [])
+    return dataclasses.replace(kernel, body=tuple(body))

@@ -1,0 +1,394 @@
+// jaxtile's block-level GEMM on shared tiles: swizzled shared layouts and gemm_ss / gemm_rs.
+//
+// Written only against device.h (no asm, no intrinsics), so the same text runs on the GPU and
+// in the SIMT emulator. The Python planner (compiler/cuda/gemm_plan.py) chooses every template
+// argument and mirrors two things exactly:
+//   - the shared layouts' offset(row, col) (the copies that fill the tiles use the same), and
+//   - the accumulator's element -> (thread, slot) map (cudagen's mma_accumulator layout).
+//
+// Shapes: C[M, N] += op(A) @ op(B), with A stored [M, K] (or [K, M] when TRANS_A) and B stored
+// [K, N] (or [N, K] when TRANS_B) in shared memory, both in one of the layouts below. The block's
+// warps form a WARPS_M x WARPS_N grid numbered row-major: warp w owns rows
+// [(w / WARPS_N) * M / WARPS_M, ...) and columns [(w % WARPS_N) * N / WARPS_N, ...); warps past
+// WARPS_M * WARPS_N repeat the first ones (replicas). Each warp covers its part with 16 x 8 atoms;
+// lane L (g = L / 4, t = L % 4) holds in slot ((mi * NI + ni) * 4 + c) the element at row
+// 16 mi + g + 8 (c / 2), column 8 ni + 2 t + (c % 2) of its part (GPU.md's C/D table), whatever
+// the instruction: the FMA fallback uses the same map, so layouts never depend on the dtype.
+#pragma once
+
+#include "device.h"
+
+namespace jaxtile {
+
+// ---- shared-memory tile layouts --------------------------------------------------------------
+
+// A row-major ROWS x COLS tile of T whose 16-byte chunks are XOR-permuted:
+//   chunk' = chunk ^ ((row / kRowsPerLine * STEP) % kPhase),
+// kPhase = gcd(chunks per row, 8), kRowsPerLine = 8 / kPhase. For rows of 8k chunks (multiples
+// of 128 bytes) that is chunk ^ (row % 8) with STEP 1; for 64-byte rows chunk ^ ((row / 2) % 4);
+// for 32-byte rows (and 96-byte ones) chunk ^ ((row / 4) % 2); odd chunk counts need nothing.
+// Then the 8 rows one ldmatrix phase reads at the same logical chunk fall in 8 distinct groups of
+// 4 banks (rows kRowsPerLine apart start in the same group and get different keys), and the 8
+// chunks a phase of 16-byte cp.async stores writes in row-major order (an 8-aligned window of
+// chunks) stay 8 consecutive chunks, since the XOR permutes aligned kPhase-blocks of a row. STEP
+// 2 spreads rows 0-3 over keys 0, 2, 4, 6: what scalar 32-bit fragment loads (tf32 operands
+// ldmatrix cannot transpose), 4 rows x 8 columns, need. Rows must be whole chunks (PlainTile
+// otherwise).
+template <class T, int ROWS, int COLS, int STEP = 1>
+struct SwizzledTile {
+  static constexpr int kVec = 16 / int(sizeof(T));
+  static constexpr int kChunks = COLS / kVec;
+  static constexpr int kPhase =
+      kChunks % 8 == 0 ? 8 : kChunks % 4 == 0 ? 4 : kChunks % 2 == 0 ? 2 : 1;
+  static constexpr int kRowsPerLine = 8 / kPhase;
+  static constexpr int kElems = ROWS * COLS;
+  static_assert(COLS % kVec == 0, "swizzled rows are whole 16-byte chunks");
+  static JT_DEVICE int offset(int row, int col) {
+    const int chunk = (col / kVec) ^ ((row / kRowsPerLine * STEP) % kPhase);
+    return row * COLS + chunk * kVec + col % kVec;
+  }
+};
+
+// A plain row-major ROWS x COLS tile: for rows that are not whole 16-byte chunks (only the FMA
+// fallback meets them; ldmatrix needs 16-byte aligned rows).
+template <class T, int ROWS, int COLS>
+struct PlainTile {
+  static constexpr int kElems = ROWS * COLS;
+  static JT_DEVICE int offset(int row, int col) { return row * COLS + col; }
+};
+
+// ---- instructions (the planner's GemmInstr values) -------------------------------------------
+constexpr int kGemmFma = 0;      // scalar multiply-add: any types with a C++ product
+constexpr int kGemmMma16 = 1;    // mma.sync m16n8k16, f16 or bf16 inputs, f32 accumulator
+constexpr int kGemmMmaTf32 = 2;  // mma.sync m16n8k8 tf32, f32 inputs, f32 accumulator
+
+namespace gemm_detail {
+
+template <class A, class B>
+struct same {
+  static constexpr bool value = false;
+};
+template <class A>
+struct same<A, A> {
+  static constexpr bool value = true;
+};
+template <class T>
+struct bare {
+  using type = T;
+};
+template <class T>
+struct bare<const T> {
+  using type = T;
+};
+template <class T>
+using bare_t = typename bare<T>::type;
+
+template <class TC, class T>
+JT_DEVICE TC to_acc(T x) {
+  return static_cast<TC>(x);
+}
+template <class TC>
+JT_DEVICE TC to_acc(half x) {
+  return static_cast<TC>(to_float(x));
+}
+template <class TC>
+JT_DEVICE TC to_acc(bf16 x) {
+  return static_cast<TC>(to_float(x));
+}
+
+JT_DEVICE float bits_float(unsigned u) {
+  union {
+    unsigned u;
+    float f;
+  } x;
+  x.u = u;
+  return x.f;
+}
+
+// The element (r, c) of a logical operand stored as Layout, transposed in storage when TRANS.
+template <class Layout, bool TRANS>
+JT_DEVICE int at(int r, int c) {
+  if constexpr (TRANS) {
+    return Layout::offset(c, r);
+  } else {
+    return Layout::offset(r, c);
+  }
+}
+
+// Where this thread's warp sits in the WARPS_M x WARPS_N grid.
+template <int M, int N, int WARPS_M, int WARPS_N>
+struct WarpTile {
+  static constexpr int kRows = M / WARPS_M, kCols = N / WARPS_N;
+  static constexpr int MI = kRows / 16, NI = kCols / 8;
+  static_assert(M % (16 * WARPS_M) == 0 && N % (8 * WARPS_N) == 0,
+                "each warp owns a whole number of 16 x 8 accumulator atoms");
+  int row0, col0, lane, g, t;
+  JT_DEVICE WarpTile() {
+    const int w = int(warp_id()) % (WARPS_M * WARPS_N);
+    lane = int(lane_id());
+    row0 = (w / WARPS_N) * kRows;
+    col0 = (w % WARPS_N) * kCols;
+    g = lane >> 2;
+    t = lane & 3;
+  }
+};
+
+// The 16 x 8 atom (mi, ni)'s four accumulator slots, as mma.sync wants them.
+template <int NI>
+JT_DEVICE float (&atom(float* acc, int mi, int ni))[4] {
+  return *reinterpret_cast<float(*)[4]>(acc + 4 * (mi * NI + ni));
+}
+
+// B fragments of m16n8k16, k in [k0, k0 + 16), for the n-atom at n0 (into f) and, when `pair`,
+// the one at n0 + 8 (into f2): ldmatrix .x4 reads (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7,
+// n 8-15), (k 8-15, n 8-15); .x2 the first two.
+template <class LB, bool TRANS_B, class TB>
+JT_DEVICE void load_b16(unsigned (&f)[2], unsigned (&f2)[2], bool pair, ptr<TB> b, int n0, int k0,
+                        int lane) {
+  const int j = lane >> 3, r = lane & 7;
+  if (pair) {
+    unsigned q[4];
+    if constexpr (TRANS_B) {  // stored [N, K]: rows are n, k contiguous
+      ldmatrix_x4(q, b + LB::offset(n0 + (j >> 1) * 8 + r, k0 + (j & 1) * 8));
+    } else {  // stored [K, N]: rows are k, so transpose
+      ldmatrix_x4_trans(q, b + LB::offset(k0 + (j & 1) * 8 + r, n0 + (j >> 1) * 8));
+    }
+    f[0] = q[0];
+    f[1] = q[1];
+    f2[0] = q[2];
+    f2[1] = q[3];
+  } else {
+    const int jj = j & 1;  // lanes 16-31 repeat 0-15's (valid) addresses; .x2 ignores them
+    if constexpr (TRANS_B) {
+      ldmatrix_x2(f, b + LB::offset(n0 + r, k0 + jj * 8));
+    } else {
+      ldmatrix_x2_trans(f, b + LB::offset(k0 + jj * 8 + r, n0));
+    }
+  }
+}
+
+template <bool BF16>
+JT_DEVICE void mma16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+  if constexpr (BF16) {
+    mma_m16n8k16_bf16(d, a, b, d);
+  } else {
+    mma_m16n8k16_f16(d, a, b, d);
+  }
+}
+
+// One k16 step of the warp's atoms from A fragments `af` and B in shared memory. B is loaded
+// two n-atoms at a time, next to the mma that use them.
+template <class LB, bool TRANS_B, bool BF16, int MI, int NI, class TB>
+JT_DEVICE void mma16_step(float* acc, const unsigned (&af)[MI][4], ptr<TB> b, int col0, int k0,
+                          int lane) {
+#pragma unroll
+  for (int ni = 0; ni < NI; ni += 2) {
+    unsigned bf[2][2];
+    load_b16<LB, TRANS_B>(bf[0], bf[1], ni + 1 < NI, b, col0 + ni * 8, k0, lane);
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+      for (int h = 0; h < 2 && ni + h < NI; ++h) {
+        mma16<BF16>(atom<NI>(acc, mi, ni + h), af[mi], bf[h]);
+      }
+    }
+  }
+}
+
+template <int M, int N, int K, int WARPS_M, int WARPS_N, bool TRANS_A, bool TRANS_B, class LA,
+          class LB, class TA, class TB>
+JT_DEVICE void gemm_mma16(ptr<TA> a, ptr<TB> b, float* acc) {
+  using W = WarpTile<M, N, WARPS_M, WARPS_N>;
+  constexpr bool kBf16 = same<bare_t<TA>, bf16>::value;
+  static_assert(K % 16 == 0, "mma m16n8k16 needs K % 16 == 0");
+  const W w;
+  const int j = w.lane >> 3, r = w.lane & 7;
+#pragma unroll
+  for (int k0 = 0; k0 < K; k0 += 16) {
+    unsigned af[W::MI][4];
+#pragma unroll
+    for (int mi = 0; mi < W::MI; ++mi) {
+      // Matrices (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7, k 8-15), (m 8-15, k 8-15): a0..a7.
+      const int m = w.row0 + mi * 16 + (j & 1) * 8, k = k0 + (j >> 1) * 8;
+      if constexpr (TRANS_A) {  // stored [K, M]: rows are k
+        ldmatrix_x4_trans(af[mi], a + LA::offset(k + r, m));
+      } else {
+        ldmatrix_x4(af[mi], a + LA::offset(m + r, k));
+      }
+    }
+    mma16_step<LB, TRANS_B, kBf16, W::MI, W::NI>(acc, af, b, w.col0, k0, w.lane);
+  }
+}
+
+// tf32 (m16n8k8): A a0..a3 at (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4); B b0, b1 at
+// (k t, n g), (k t + 4, n g). ldmatrix reads 32-bit elements as pairs of halves, so a
+// non-transposed 8 x 4 f32 block arrives as exactly those words; transposed storage is read
+// with scalar loads. Operands are rounded to tf32 (cvt.rna) as numpy's reference does.
+template <int M, int N, int K, int WARPS_M, int WARPS_N, bool TRANS_A, bool TRANS_B, class LA,
+          class LB, class TA, class TB>
+JT_DEVICE void gemm_tf32(ptr<TA> a, ptr<TB> b, float* acc) {
+  using W = WarpTile<M, N, WARPS_M, WARPS_N>;
+  static_assert(K % 8 == 0, "mma m16n8k8 needs K % 8 == 0");
+  const W w;
+  const int j = w.lane >> 3, r = w.lane & 7;
+#pragma unroll
+  for (int k0 = 0; k0 < K; k0 += 8) {
+    unsigned af[W::MI][4];
+    unsigned bf[W::NI + 1][2];
+#pragma unroll
+    for (int mi = 0; mi < W::MI; ++mi) {
+      const int m = w.row0 + mi * 16;
+      if constexpr (TRANS_A) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float x = a[LA::offset(k0 + w.t + 4 * (i >> 1), m + w.g + 8 * (i & 1))];
+          af[mi][i] = to_tf32(x);
+        }
+      } else {
+        ldmatrix_x4(af[mi], ptr_cast<const half>(a + LA::offset(m + (j & 1) * 8 + r,
+                                                                 k0 + (j >> 1) * 4)));
+#pragma unroll
+        for (int i = 0; i < 4; ++i) af[mi][i] = to_tf32(bits_float(af[mi][i]));
+      }
+    }
+#pragma unroll
+    for (int ni = 0; ni < W::NI; ni += 2) {
+      const int n = w.col0 + ni * 8;
+      if constexpr (TRANS_B) {  // stored [N, K]: matrices (n 0-7, k 0-3), (n 0-7, k 4-7), ...
+        if (ni + 1 < W::NI) {
+          unsigned q[4];
+          ldmatrix_x4(q, ptr_cast<const half>(b + LB::offset(n + (j >> 1) * 8 + r,
+                                                              k0 + (j & 1) * 4)));
+          bf[ni][0] = q[0];
+          bf[ni][1] = q[1];
+          bf[ni + 1][0] = q[2];
+          bf[ni + 1][1] = q[3];
+        } else {
+          ldmatrix_x2(bf[ni], ptr_cast<const half>(b + LB::offset(n + r, k0 + (j & 1) * 4)));
+        }
+      } else {
+#pragma unroll
+        for (int h = 0; h < 2 && ni + h < W::NI; ++h) {
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const float x = b[LB::offset(k0 + w.t + 4 * i, n + h * 8 + w.g)];
+            bf[ni + h][i] = to_tf32(x);
+          }
+        }
+      }
+    }
+    if constexpr (TRANS_B) {
+#pragma unroll
+      for (int ni = 0; ni < W::NI; ++ni) {
+        bf[ni][0] = to_tf32(bits_float(bf[ni][0]));
+        bf[ni][1] = to_tf32(bits_float(bf[ni][1]));
+      }
+    }
+#pragma unroll
+    for (int mi = 0; mi < W::MI; ++mi) {
+#pragma unroll
+      for (int ni = 0; ni < W::NI; ++ni) {
+        mma_m16n8k8_tf32(atom<W::NI>(acc, mi, ni), af[mi], bf[ni], atom<W::NI>(acc, mi, ni));
+      }
+    }
+  }
+}
+
+// Scalar fallback: each thread computes exactly the elements its accumulator slots name.
+template <int M, int N, int K, int WARPS_M, int WARPS_N, bool TRANS_A, bool TRANS_B, class LA,
+          class LB, class TA, class TB, class TC>
+JT_DEVICE void gemm_fma(ptr<TA> a, ptr<TB> b, TC* acc) {
+  using W = WarpTile<M, N, WARPS_M, WARPS_N>;
+  const W w;
+#pragma unroll 2
+  for (int k = 0; k < K; ++k) {
+    TC av[W::MI][2], bv[W::NI][2];
+#pragma unroll
+    for (int mi = 0; mi < W::MI; ++mi) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const bare_t<TA> x = a[at<LA, TRANS_A>(w.row0 + mi * 16 + w.g + 8 * h, k)];
+        av[mi][h] = to_acc<TC>(x);
+      }
+    }
+#pragma unroll
+    for (int ni = 0; ni < W::NI; ++ni) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const bare_t<TB> x = b[at<LB, TRANS_B>(k, w.col0 + ni * 8 + 2 * w.t + h)];
+        bv[ni][h] = to_acc<TC>(x);
+      }
+    }
+#pragma unroll
+    for (int mi = 0; mi < W::MI; ++mi) {
+#pragma unroll
+      for (int ni = 0; ni < W::NI; ++ni) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          TC& d = acc[4 * (mi * W::NI + ni) + c];
+          d = d + av[mi][c >> 1] * bv[ni][c & 1];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace gemm_detail
+
+// C (registers, `acc`: the accumulator layout above) += op(A) @ op(B), A and B in shared memory.
+// Every thread of the block calls it (it contains warp collectives, no barrier): the caller puts
+// the barrier that makes the tiles visible before it, and the one before they are overwritten.
+template <int INSTR, int M, int N, int K, int WARPS_M, int WARPS_N, bool TRANS_A, bool TRANS_B,
+          class LA, class LB, class TA, class TB, class TC>
+JT_DEVICE void gemm_ss(ptr<TA> a, ptr<TB> b, TC* acc) {
+  using A = gemm_detail::bare_t<TA>;
+  using B = gemm_detail::bare_t<TB>;
+  if constexpr (INSTR == kGemmMma16) {
+    static_assert(gemm_detail::same<A, B>::value && gemm_detail::same<TC, float>::value &&
+                      (gemm_detail::same<A, half>::value || gemm_detail::same<A, bf16>::value),
+                  "mma m16n8k16: f16 x f16 or bf16 x bf16 into f32");
+    gemm_detail::gemm_mma16<M, N, K, WARPS_M, WARPS_N, TRANS_A, TRANS_B, LA, LB>(a, b, acc);
+  } else if constexpr (INSTR == kGemmMmaTf32) {
+    static_assert(gemm_detail::same<A, float>::value && gemm_detail::same<B, float>::value &&
+                      gemm_detail::same<TC, float>::value,
+                  "mma m16n8k8 tf32: f32 x f32 into f32");
+    gemm_detail::gemm_tf32<M, N, K, WARPS_M, WARPS_N, TRANS_A, TRANS_B, LA, LB>(a, b, acc);
+  } else {
+    static_assert(INSTR == kGemmFma, "unknown gemm instruction");
+    gemm_detail::gemm_fma<M, N, K, WARPS_M, WARPS_N, TRANS_A, TRANS_B, LA, LB>(a, b, acc);
+  }
+}
+
+// C += A @ op(B) with A (f16 or bf16) in registers: A's [M, K] elements sit in the accumulator
+// layout of an [M, K] tile over WARPS_M x 1 warps, replicated over the WARPS_N warp columns
+// (slot ((mi * K / 8 + kk) * 4 + c)), which is what an f32 accumulator of a previous gemm with
+// the same WARPS_M and WARPS_N == 1 gives after an elementwise cast (flash attention's P @ V).
+template <int M, int N, int K, int WARPS_M, int WARPS_N, bool TRANS_B, class LB, class TA,
+          class TB>
+JT_DEVICE void gemm_rs(const TA* a, ptr<TB> b, float* acc) {
+  using B = gemm_detail::bare_t<TB>;
+  using W = gemm_detail::WarpTile<M, N, WARPS_M, WARPS_N>;
+  constexpr bool kBf16 = gemm_detail::same<TA, bf16>::value;
+  static_assert(gemm_detail::same<TA, B>::value &&
+                    (gemm_detail::same<TA, half>::value || kBf16),
+                "gemm_rs: f16 x f16 or bf16 x bf16 into f32 (mma m16n8k16)");
+  static_assert(K % 16 == 0, "mma m16n8k16 needs K % 16 == 0");
+  constexpr int KK = K / 8;
+  const W w;
+#pragma unroll
+  for (int k0 = 0; k0 < K; k0 += 16) {
+    unsigned af[W::MI][4];
+#pragma unroll
+    for (int mi = 0; mi < W::MI; ++mi) {
+      // a0a1, a2a3 are the k-atom k0 / 8's slots c0c1, c2c3; a4..a7 the next atom's.
+      const TA* lo = a + 4 * (mi * KK + k0 / 8);
+      af[mi][0] = pack2(lo[0], lo[1]);
+      af[mi][1] = pack2(lo[2], lo[3]);
+      af[mi][2] = pack2(lo[4], lo[5]);
+      af[mi][3] = pack2(lo[6], lo[7]);
+    }
+    gemm_detail::mma16_step<LB, TRANS_B, kBf16, W::MI, W::NI>(acc, af, b, w.col0, k0, w.lane);
+  }
+}
+
+}  // namespace jaxtile

@@ -63,8 +63,8 @@ class Buffer:
     aliases: str | None = None
     """For an ``init`` buffer, the output whose memory it shares."""
     layout: Any = dataclasses.field(default=None, compare=False)
-    """For a ``fragment`` buffer, the thread layout a GPU pass gave it (a pass annotation
-    like ``Op.notes``: printed, not part of the content key)."""
+    """For a ``fragment`` buffer, its thread layout: the user's (``jt.annotate_layout``),
+    or the one GPU layout inference gave it. Printed, and so part of the content key."""
 
 
 class Value:

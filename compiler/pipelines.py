@@ -60,11 +60,14 @@ def cpu(target: Target) -> tuple[Pass, ...]:
 
 def cuda(target: Target) -> tuple[Pass, ...]:
     """CUDA's passes, in order: layout inference (every register tile gets its thread
-    layout, with conversions where ops disagree); bounds (which global accesses keep a
-    mask); barriers (after layouts, which say which thread touches which shared element)."""
-    del target
-    return (Pass("layout_inference", infer_layouts), Pass("bounds", check_bounds),
-            Pass("barriers", insert_barriers))
+    layout, the gemm planner's accumulators first, with conversions where ops disagree);
+    bounds (which global accesses keep a mask); barriers (after layouts, which say which
+    thread touches which shared element)."""
+    from .cuda.gemm import anchors
+
+    strict = anchors(target)
+    return (Pass("layout_inference", lambda k: infer_layouts(k, strict)),
+            Pass("bounds", check_bounds), Pass("barriers", insert_barriers))
 
 
 TARGET_PIPELINES: dict[str, Callable[[Target], tuple[Pass, ...]]] = {"cpu": cpu, "cuda": cuda}

@@ -124,7 +124,9 @@ def format_kernel(kernel: ir.Kernel, *, with_lines: bool = True,
                  f"blocks({blocks}):")
     for b in kernel.buffers:
         aliases = f" -> {b.aliases}" if b.aliases else ""
-        layout = _layout_suffix(b.layout) if with_notes else ""
+        # A buffer's layout is part of the key: before the GPU passes only a user's
+        # annotation (jt.annotate_layout) can be there, and it changes the code.
+        layout = _layout_suffix(b.layout)
         p.out.append(f"  {b.role} {b.name}: {b.scope} {type_text(b.shape, b.dtype)}{layout}"
                      f"{aliases}{p.where(b.line)}")
     p.stmts(kernel.body, 1)

@@ -25,6 +25,7 @@ from .kernel import (
     set_interpret,
 )
 from .language import (
+    annotate_layout,
     atomic_add,
     atomic_max,
     atomic_min,
@@ -47,10 +48,10 @@ from .language import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "Kernel", "KernelError", "Lowered", "ShardRule", "atomic_add", "atomic_max", "atomic_min",
-    "backend", "cdiv", "copy", "ds", "empty", "export_checks", "fragment", "gather", "gemm",
-    "grid", "interpret_by_default", "kernel", "local", "loop", "ops", "pipelined", "scatter",
-    "set_backend", "set_interpret", "shared", "when",
+    "Kernel", "KernelError", "Lowered", "ShardRule", "annotate_layout", "atomic_add",
+    "atomic_max", "atomic_min", "backend", "cdiv", "copy", "ds", "empty", "export_checks",
+    "fragment", "gather", "gemm", "grid", "interpret_by_default", "kernel", "local", "loop",
+    "ops", "pipelined", "scatter", "set_backend", "set_interpret", "shared", "when",
 ]
 
 

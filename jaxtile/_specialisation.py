@@ -42,7 +42,7 @@ class Specialisation:
                            for n, s in zip(owner.arg_names, specs))
         try:
             self.traced = _trace.trace(owner.fn, owner.name, owner.arg_names, specs, params,
-                                       batch)
+                                       batch, owner.threads)
         except KernelError as e:
             raise KernelError(f"{e} [called with {called}]") from None
         self._ir: tile_ir.Kernel | None = None

@@ -67,9 +67,29 @@ class _TraceState:
         self.scopes: dict[int, str] = {}
         self.refs: list[Any] = []
         self.result: Any = None
+        self.threads = 128
+        self.layouts: dict[int, Any] = {}
+        """Allocation index -> the layout ``jt.annotate_layout`` pinned."""
 
     def error(self, message: str) -> KernelError:
         return kernel_error(self.kernel, message, user_line())
+
+    def annotate(self, ref: Any, text: str) -> None:
+        """Record a layout annotation of a fragment (see ``jt.annotate_layout``)."""
+        index = next((i for i, r in enumerate(self.refs) if r is ref), None)
+        if index is None or self.allocations[index].scope != "fragment":
+            raise self.error("jt.annotate_layout: the first argument must be a tile made with "
+                             "jt.fragment")
+        from jaxtile.compiler.cuda import layout
+
+        alloc = self.allocations[index]
+        try:
+            parsed = layout.parse(str(text), alloc.shape, self.threads)
+        except (ValueError, IndexError, KeyError) as e:
+            raise self.error(f"jt.annotate_layout: {text!r} is not a layout of a "
+                             f"{list(alloc.shape)} tile over {self.threads} threads ({e})") \
+                from None
+        self.layouts[index] = parsed
 
     def allocate(self, scope: str, shape: Any, dtype: Any) -> Any:
         shape = _static_shape(self, shape, f"jt.{_API_NAME[scope]}",
@@ -182,7 +202,7 @@ class Traced:
 
 def trace(fn: Callable[..., Any], name: str, arg_names: Sequence[str],
           args: Sequence[jax.ShapeDtypeStruct], params: dict[str, Any],
-          batch: Sequence[BatchLevel] = ()) -> Traced:
+          batch: Sequence[BatchLevel] = (), threads: int = 128) -> Traced:
     """Trace ``fn(*refs, **params)`` for inputs shaped like ``args`` (their unbatched shapes),
     under the batch levels ``batch`` (outermost first); see the module doc."""
     n_idx = MAX_GRID_RANK + len(batch)
@@ -206,6 +226,7 @@ def trace(fn: Callable[..., Any], name: str, arg_names: Sequence[str],
             state.result = fn(*views, **params)
 
     first = _TraceState(name, batch, None)
+    first.threads = threads
     _run_user(name, lambda: jax.make_jaxpr(lambda *ops: run(first, ops))(
         *index_avals, *in_avals))
     out_tree, returned = _returned_outputs(first)
@@ -214,6 +235,7 @@ def trace(fn: Callable[..., Any], name: str, arg_names: Sequence[str],
     scratch = [k for k, a in enumerate(first.allocations) if a.scope != "global"]
     order = returned + scratch
     second = _TraceState(name, batch, first.allocations)
+    second.threads = threads
     second.slots = [order.index(k) for k in range(len(first.allocations))]
     lead = tuple(level.size for level in batch)
     alloc_avals = [ji.ref_aval((lead if first.allocations[k].scope == "global" else ())
@@ -236,7 +258,8 @@ def trace(fn: Callable[..., Any], name: str, arg_names: Sequence[str],
         role = "output" if alloc.scope == "global" else "scratch"
         shape = (lead if role == "output" else ()) + alloc.shape
         buffers.append(ir.Buffer(f"{_SCOPE_PREFIX[alloc.scope]}{same_scope}", shape,
-                                 alloc.dtype, alloc.scope, role, line=alloc.line))
+                                 alloc.dtype, alloc.scope, role, line=alloc.line,
+                                 layout=first.layouts.get(k)))
     user_grid = first.grid or (1,)
     index_axes = tuple(a if a < len(user_grid) else None for a in range(MAX_GRID_RANK)) + tuple(
         len(user_grid) + len(batch) - 1 - level for level in range(len(batch)))

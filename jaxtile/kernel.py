@@ -82,8 +82,47 @@ class Lowered:
 
     @property
     def source(self) -> str:
-        """The source the target's backend generates (TVMScript TIR for the CPU)."""
+        """The source the target's backend generates (TVMScript TIR for the CPU, CUDA for
+        ``cuda:*``: the exact text NVRTC / nvcc and the emulator compile)."""
         return build.source(self.kernel, parse_target(self.target))
+
+    @functools.cached_property
+    def lowered_ir(self) -> str:
+        """The Tile IR after the target's own passes: for CUDA with every register tile's
+        layout (``float32[4, 384]#blocked(...)``), the barriers and the kept masks."""
+        return printer.format_kernel(build.lowered_ir(self.kernel, parse_target(self.target)))
+
+    @functools.cached_property
+    def _cuda(self) -> Any:
+        target = parse_target(self.target)
+        if target.kind != "cuda":
+            raise KernelError(f"{self.target} has no CUDA code: lower for 'cuda:sm_80'")
+        from jaxtile.compiler.cuda.lower import generate
+
+        return generate(build.lowered_ir(self.kernel, target), target)
+
+    @property
+    def masks(self) -> tuple[str, ...]:
+        """CUDA: the global accesses that kept a bounds check (``file:line: op attr=buffer
+        dims [...]``); the others were proved in bounds."""
+        return self._cuda.masks
+
+    @property
+    def conversions(self) -> tuple[str, ...]:
+        """CUDA: the layout conversions (through shared memory) layout inference inserted."""
+        return self._cuda.conversions
+
+    @functools.cached_property
+    def ptxas(self) -> Any:
+        """CUDA: ptxas' report for the kernel (registers, spills, shared memory), or None
+        when nvcc is not installed."""
+        from jaxtile.compiler.cuda import toolchain
+
+        if toolchain.nvcc_path() is None:
+            return None
+        arch = "sm_90a" if parse_target(self.target).caps.sm >= 90 else "sm_80"
+        cubin = toolchain.compile_cubin(self.source, arch, file=f"{self.kernel.name}.cu")
+        return cubin.kernels.get(self._cuda.symbol)
 
 
 class Kernel:

@@ -51,6 +51,16 @@ def local(shape: tuple[int, ...], dtype: Any) -> Any:
     return _trace.current("jt.local").allocate("local", shape, dtype)
 
 
+def annotate_layout(ref: Any, layout: str) -> None:
+    """Pin a fragment's thread layout for the GPU lowering (expert use), in the form the
+    IR prints: ``"blocked(vec 4)"`` (coalesced, ``vec`` contiguous elements per thread),
+    ``"replicated"`` (every thread holds the whole tile), ``"mma(m16n8k16, warps 2x2)"``
+    (the tensor-core accumulator) or a ``"factors(...)"`` map. Layout inference starts from
+    it, as from a GEMM's accumulator, and converts where other ops disagree. No effect on
+    the CPU or the reference semantics."""
+    _trace.current("jt.annotate_layout").annotate(ref, layout)
+
+
 def grid(*extents: int) -> Any:
     """Declare the launch grid (1 to 3 static extents) and return the block indices.
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -22,6 +23,15 @@ from ..errors import KernelError
 from ..passes.layout_inference import uniform_values
 from . import types as T
 from .layout import Layout, replicated
+
+MAX_THREAD_BYTES = 64 * 1024
+"""Per-thread arrays (tile values, fragments, local buffers) a kernel may declare in all: a
+GPU thread has 255 registers and spills the rest to slow local memory (and the emulator
+gives each thread a 256 KiB stack)."""
+_NUMPY = {"float": "float32", "double": "float64", "bool": "bool", "int8_t": "int8",
+          "uint8_t": "uint8", "int16_t": "int16", "uint16_t": "uint16", "int": "int32",
+          "unsigned": "uint32", "int64_t": "int64", "uint64_t": "uint64",
+          "half": "float16", "bf16": "uint16"}
 
 
 class Writer:
@@ -53,8 +63,11 @@ def source_line(line: str | None) -> str:
 class Context:
     """State of one kernel's lowering; see the module docstring."""
 
-    def __init__(self, kernel: ir.Kernel, warp_size: int):
+    def __init__(self, kernel: ir.Kernel, warp_size: int,
+                 swizzles: Mapping[str, Any] | None = None):
         self.kernel = kernel
+        self.swizzles = dict(swizzles or {})
+        """Shared buffers stored in a swizzled order (a gemm plan's ``SharedTile``)."""
         self.threads = kernel.threads
         self.warp_size = warp_size
         self.w = Writer()
@@ -64,10 +77,19 @@ class Context:
         for stmt in ir.walk(kernel.body):
             if isinstance(stmt, ir.Op) and stmt.result is not None and "layout" in stmt.notes:
                 self.layouts[stmt.result.id] = stmt.notes["layout"]
+        self.factors = _known_factors(kernel)
+        """Scalar values known to be multiples of a number (for aligned vector accesses)."""
         self.names: dict[int, str] = {}
         self.shared: list[tuple[str, str, int]] = []
         """(C type, name, count) of every shared array, declared at kernel scope."""
         self._tmp = 0
+        self.stages: dict[str, tuple[int, int]] = {}
+        """Multi-buffered shared buffers of a pipelined loop: (stages, elements per stage)."""
+        self.stage_index = "0"
+        """C text of the stage the code being written accesses."""
+        self.async_copies = False
+        """Whether global -> shared vector copies are issued as cp.async."""
+        self.thread_bytes = 0
         self.loop_depth = 0
         self.masks: list[str] = []
         """Descriptions of the accesses that kept a bounds check."""
@@ -109,8 +131,17 @@ class Context:
     def declare(self, v: ir.Value) -> str:
         """Define ``v``'s per-thread slot array."""
         name = self.define(v)
-        self.w(f"{T.reg(v.dtype)} {name}[{self.layout(v).num_local}];")
+        self.array(T.reg(v.dtype), name, self.layout(v).num_local)
         return name
+
+    def array(self, ctype: str, name: str, count: int, comment: str = "") -> None:
+        """Declare a per-thread array, counting it against :data:`MAX_THREAD_BYTES`."""
+        self.thread_bytes += count * np.dtype(_NUMPY[ctype]).itemsize
+        if self.thread_bytes > MAX_THREAD_BYTES:
+            raise KernelError(f"kernel '{self.kernel.name}' needs more than "
+                              f"{MAX_THREAD_BYTES // 1024} KiB of registers and local memory "
+                              f"per thread; use smaller tiles or more threads")
+        self.w(f"{ctype} {name}[{count}];{'  // ' + comment if comment else ''}")
 
     def result(self, v: ir.Value, lay: Layout | None = None) -> tuple[str, Layout]:
         """Declare the slot array an op computes ``v`` into, and its layout. A uniform
@@ -178,7 +209,7 @@ class Context:
         buf = self.bufs[region.buffer]
         strides = [math.prod(buf.shape[d + 1:]) for d in range(len(buf.shape))]
         coords = iter(coords)
-        terms, conds = [], []
+        terms, conds, positions = [], [], []
         for d, (idx, n) in enumerate(zip(region.index, buf.shape)):
             c = next(coords) if idx.size is not None else None
             if isinstance(idx.start, ir.Value) and idx.start.shape != ():
@@ -186,14 +217,52 @@ class Context:
             else:
                 start = self.operand(idx.start)
                 if clamp and isinstance(idx.start, ir.Value):
+                    # JAX's get/swap: a negative start counts from the end, then the slice
+                    # is clamped into range.
                     hi = n - (idx.size or 1)
-                    start = f"({start} < 0 ? 0 : ({start} > {hi} ? {hi} : {start}))"
+                    s = self.tmp("s")
+                    self.w(f"const int {s} = {start} < 0 ? {start} + {n} : {start};")
+                    start = f"({s} < 0 ? 0 : ({s} > {hi} ? {hi} : {s}))"
                 pos = start if c is None else (c if start == "0" else f"{start} + {c}")
             if checked is None or d in checked:
                 conds.append(f"unsigned({pos}) < {n}u")
             if n > 1:
                 terms.append(f"({pos})" if strides[d] == 1 else f"({pos}) * {strides[d]}")
-        return (" + ".join(terms) if terms else "0"), conds
+            positions.append(pos)
+        if region.buffer in self.swizzles:
+            index = self.swizzles[region.buffer].cpp_offset(*positions)
+        else:
+            index = " + ".join(terms) if terms else "0"
+        if region.buffer in self.stages:
+            index = f"({self.stage_index}) * {self.stages[region.buffer][1]} + {index}"
+        return index, conds
+
+    def base(self, buffer: str) -> str:
+        """C text of a shared buffer's start, in the stage being accessed when it is
+        multi-buffered."""
+        if buffer in self.stages:
+            return f"{buffer} + ({self.stage_index}) * {self.stages[buffer][1]}"
+        return buffer
+
+    def in_region(self, region: ir.Region, coords: Sequence[str],
+                  starts: Sequence[str] | None = None) -> tuple[list[str], list[str]]:
+        """For buffer ``coords`` (one per buffer dimension): the C conditions that the element
+        lies in ``region`` (whose starts are ``starts`` if given), and its coordinates in
+        the region's tile."""
+        conds, tile = [], []
+        shape = self.bufs[region.buffer].shape
+        starts = starts or [self.operand(i.start) for i in region.index]
+        for idx, c, n, start in zip(region.index, coords, shape, starts):
+            if idx.size is None:
+                conds.append(f"{c} == {start}")
+            elif start == "0":
+                if idx.size < n:
+                    conds.append(f"{c} < {idx.size}")
+                tile.append(c)
+            else:
+                conds += [f"{c} >= {start}", f"{c} < {start} + {idx.size}"]
+                tile.append(f"({c} - {start})")
+        return conds, tile
 
     def region_checks(self, op: ir.Op, attr: str) -> tuple[int, ...] | None:
         """Dimensions of a global region whose bounds must be checked (the bounds pass's
@@ -207,6 +276,27 @@ class Context:
         if checked and entry not in self.masks:
             self.masks.append(entry)
         return checked
+
+
+def _known_factors(kernel: ir.Kernel) -> dict[int, int]:
+    """value id -> a number the (integer scalar) value is always a multiple of."""
+    out: dict[int, int] = {}
+
+    def of(x: int | ir.Value) -> int:
+        return abs(x) if isinstance(x, int) else out.get(x.id, 1)
+
+    for s in ir.walk(kernel.body):
+        if not isinstance(s, ir.Op) or s.result is None or s.result.shape != ():
+            continue
+        if s.kind == "const" and isinstance(s.attrs["value"], int):
+            out[s.result.id] = abs(s.attrs["value"])
+        elif s.kind == "convert":
+            out[s.result.id] = of(s.operands[0])
+        elif s.kind == "elementwise" and s.attrs["fn"] == "mul":
+            out[s.result.id] = of(s.operands[0]) * of(s.operands[1])
+        elif s.kind == "elementwise" and s.attrs["fn"] in ("add", "sub"):
+            out[s.result.id] = math.gcd(of(s.operands[0]), of(s.operands[1]))
+    return out
 
 
 def row_major(coords: Sequence[str], shape: Sequence[int]) -> str:

@@ -22,7 +22,7 @@ from . import scalar_math as M
 from . import types as T
 from .context import Context, source_line
 from .layout import Layout, blocked
-from .values import unflatten, write
+from .values import stage_fragment, store_part, unflatten, write
 
 _VECTOR = {(4, 4): "f32x4", (4, 2): "f32x2", (2, 8): "u32x4", (2, 4): "u32x2"}
 """(element bytes, elements) -> the device header's vector type moving them at once."""
@@ -65,29 +65,34 @@ def lower_copy(cx: Context, op: ir.Op) -> None:
     shape = src.shape
     if math.prod(shape) == 0:
         return
-    if sb.scope == "fragment" and db.scope == "fragment":
-        if sb.layout != db.layout:
-            raise KernelError(f"a copy between fragments of different layouts is not lowered "
-                              f"for CUDA yet (at {source_line(op.line)})")
+    if sb.scope == "fragment" and db.scope == "fragment" and sb.layout == db.layout and \
+            src.is_whole(sb.shape) and dst.is_whole(db.shape):
         with cx.slots(db.layout, need_coords=False):
             cx.w(f"{db.name}[k] = {M.convert(f'{sb.name}[k]', sb.dtype, db.dtype)};")
         return
-    if db.scope == "local" and sb.scope == "fragment":
-        raise KernelError(f"a copy from a fragment into a local buffer is not lowered for "
-                          f"CUDA yet (at {source_line(op.line)})")
+    if sb.scope == "fragment" and db.scope in ("fragment", "local"):
+        _from_staged_fragment(cx, op)
+        return
     lay = None
     if db.scope not in ("fragment", "local") and sb.scope != "fragment":
         lay = copy_layout(op, cx.bufs, cx.threads)
         if _vector_copy(cx, op, lay):
             return
     s_checked, d_checked = cx.region_checks(op, "src"), cx.region_checks(op, "dst")
+    if _fragment_vectors(cx, op, s_checked, d_checked):
+        return
     if db.scope == "fragment":
+        # Each thread fills the slots it holds that the region covers.
         with cx.slots(db.layout, guard=True) as coords:
-            cx.w(f"{db.name}[k] = {_read(cx, op, coords, db.dtype, s_checked)};")
+            conds, tile = cx.in_region(dst, coords)
+            stmt = f"{db.name}[k] = {_read(cx, op, tile, db.dtype, s_checked)};"
+            cx.w(f"if ({' && '.join(conds)}) {stmt}" if conds else stmt)
     elif sb.scope == "fragment":
         primary = cx.primary(sb.layout)
         with cx.slots(sb.layout, guard=True) as coords:
-            _write(cx, op, coords, f"{sb.name}[k]", sb.dtype, d_checked, primary)
+            conds, tile = cx.in_region(src, coords)
+            guard = " && ".join(([primary] if primary else []) + conds)
+            _write(cx, op, tile, f"{sb.name}[k]", sb.dtype, d_checked, guard or None)
     elif db.scope == "local":
         # Every thread reads the whole tile into its own copy.
         with cx.w.block(f"for (int i = 0; i < {math.prod(shape)}; ++i)"):
@@ -99,6 +104,77 @@ def lower_copy(cx: Context, op: ir.Op) -> None:
         with cx.slots(lay, guard=True) as coords:
             _write(cx, op, coords, _read(cx, op, coords, db.dtype, s_checked), db.dtype,
                    d_checked, primary)
+
+
+_LANES = ("x", "y", "z", "w")
+
+
+def _fragment_vectors(cx: Context, op: ir.Op, s_checked: tuple[int, ...],
+                      d_checked: tuple[int, ...]) -> bool:
+    """A float32 copy between a whole fragment and memory, moving each thread's contiguous
+    slots as 8- or 16-byte vectors (the blocked layouts' ``vec``), where the memory side is
+    aligned and each vector lies wholly inside or outside the edges; False otherwise."""
+    src, dst = op.attrs["src"], op.attrs["dst"]
+    sb, db = cx.bufs[src.buffer], cx.bufs[dst.buffer]
+    into = db.scope == "fragment"
+    if not into and sb.scope != "fragment":
+        return False
+    frag, fr, mem, mr = (db, dst, sb, src) if into else (sb, src, db, dst)
+    width = frag.layout.vector_width()
+    vec = 4 if width % 4 == 0 else 2 if width % 2 == 0 else 1
+    if (vec == 1 or sb.dtype != np.float32 or db.dtype != np.float32
+            or not fr.is_whole(frag.shape) or mr.index[-1].size is None
+            or not _aligned(cx, mr, vec)):
+        return False
+    vtype = _VECTOR[(4, vec)]
+    lanes = _LANES[:vec]
+    with cx.slots(frag.layout, guard=True) as coords:
+        cx.w(f"if (k % {vec} != 0) continue;")
+        checked = s_checked if into else d_checked
+        index, conds = cx.address(mr, coords, clamp=False, checked=checked)
+        if into:
+            pad = _pad(op, np.dtype(np.float32))
+            v = cx.tmp("vec")
+            cx.w(f"{vtype} {v};")
+            load = f"{v} = ptr_cast<{vtype}>({mem.name} + {index})[0];"
+            if conds:
+                fill = " ".join(f"{v}.{ln} = {pad};" for ln in lanes)
+                cx.w(f"if ({' && '.join(conds)}) {load} else {{ {fill} }}")
+            else:
+                cx.w(load)
+            for i, ln in enumerate(lanes):
+                cx.w(f"{frag.name}[k + {i}] = {v}.{ln};" if i else f"{frag.name}[k] = {v}.{ln};")
+        else:
+            primary = cx.primary(frag.layout)
+            conds = ([primary] if primary else []) + conds
+            parts = ", ".join(f"{frag.name}[k + {i}]" if i else f"{frag.name}[k]"
+                              for i in range(vec))
+            store = f"ptr_cast<{vtype}>({mem.name} + {index})[0] = {vtype}{{{parts}}};"
+            cx.w(f"if ({' && '.join(conds)}) {store}" if conds else store)
+    return True
+
+
+def _from_staged_fragment(cx: Context, op: ir.Op) -> None:
+    """A fragment into another fragment's layout or into every thread's local copy: through
+    shared memory, since the elements a thread needs sit in other threads."""
+    src, dst = op.attrs["src"], op.attrs["dst"]
+    sb, db = cx.bufs[src.buffer], cx.bufs[dst.buffer]
+    arr = stage_fragment(cx, sb)
+
+    def value(tile: list[str]) -> str:
+        index, _ = cx.address(src, tile, clamp=False, checked=())
+        return M.convert(f"{arr}[{index}]", sb.dtype, db.dtype)
+
+    if db.scope == "local":
+        with cx.w.block(f"for (int i = 0; i < {math.prod(src.shape)}; ++i)"):
+            tile = unflatten("i", src.shape)
+            index, _ = cx.address(dst, tile, clamp=False, checked=())
+            cx.w(f"{db.name}[{index}] = {value(tile)};")
+        return
+    with cx.slots(db.layout, guard=True) as coords:
+        conds, tile = cx.in_region(dst, coords)
+        stmt = f"{db.name}[k] = {value(tile)};"
+        cx.w(f"if ({' && '.join(conds)}) {stmt}" if conds else stmt)
 
 
 def copy_layout(op: ir.Op, bufs: Mapping[str, ir.Buffer], threads: int) -> Layout:
@@ -127,8 +203,9 @@ def _aligned(cx: Context, region: ir.Region, vec: int) -> bool:
     if buf.scope in ("local", "fragment") or buf.shape[-1] % vec:
         return False
     last = region.index[-1].start
-    # A Value start of the last dimension could be anything; other starts move whole rows.
-    return isinstance(last, int) and last % vec == 0 and not any(
+    # Starts of other dimensions move whole rows; the last one must be a known multiple.
+    factor = last if isinstance(last, int) else cx.factors.get(last.id, 1)
+    return factor % vec == 0 and not any(
         isinstance(i.start, ir.Value) and i.start.shape != () for i in region.index)
 
 
@@ -146,18 +223,31 @@ def _vector_copy(cx: Context, op: ir.Op, lay: Layout) -> bool:
     if s_checked and op.attrs["pad"] not in (None, 0, 0.0, False):
         return False  # a masked vector reads zeros, not the pad value
     primary = cx.primary(lay)
-    cx.w(f"// {vec}-element vectors ({vtype}): each lies wholly inside or outside the edges")
+    how = "cp.async" if cx.async_copies and sb.scope == "global" and db.scope == "shared" \
+        else vtype
+    cx.w(f"// {vec}-element vectors ({how}): each lies wholly inside or outside the edges")
     with cx.slots(lay, guard=True) as coords:
         cx.w(f"if (k % {vec} != 0) continue;")
         s_index, s_conds = cx.address(src, coords, clamp=False, checked=s_checked)
         d_index, d_conds = cx.address(dst, coords, clamp=False, checked=d_checked)
         d_conds = ([primary] if primary else []) + d_conds
-        v = cx.tmp("vec")
-        cx.w(f"{vtype} {v} = {{}};")
-        read = f"{v} = ptr_cast<{vtype}>({sb.name} + {s_index})[0];"
-        cx.w(f"if ({' && '.join(s_conds)}) {read}" if s_conds else read)
-        store = f"ptr_cast<{vtype}>({db.name} + {d_index})[0] = {v};"
-        cx.w(f"if ({' && '.join(d_conds)}) {store}" if d_conds else store)
+        if cx.async_copies and sb.scope == "global" and db.scope == "shared":
+            # Past an edge: zero bytes from a valid address (cp.async zero-fills the rest).
+            size = vec * np.dtype(sb.dtype).itemsize
+            src_at = f"{sb.name} + {s_index}"
+            if s_conds:
+                ok = " && ".join(s_conds)
+                src_at, size = f"{ok} ? {src_at} : {sb.name}", f"{ok} ? {size} : 0"
+            call = f"cp_async<{vec * np.dtype(sb.dtype).itemsize}>({db.name} + {d_index}, " \
+                   f"{src_at}, {size});"
+            cx.w(f"if ({' && '.join(d_conds)}) {call}" if d_conds else call)
+        else:
+            v = cx.tmp("vec")
+            cx.w(f"{vtype} {v} = {{}};")
+            read = f"{v} = ptr_cast<{vtype}>({sb.name} + {s_index})[0];"
+            cx.w(f"if ({' && '.join(s_conds)}) {read}" if s_conds else read)
+            store = f"ptr_cast<{vtype}>({db.name} + {d_index})[0] = {v};"
+            cx.w(f"if ({' && '.join(d_conds)}) {store}" if d_conds else store)
     return True
 
 
@@ -166,6 +256,13 @@ def lower_atomic(cx: Context, op: ir.Op) -> None:
     buf = cx.bufs[region.buffer]
     fn = op.attrs["fn"]
     ctype = T.mem(buf.dtype)
+    if buf.scope == "fragment":
+        # A fragment is private to its threads: the update is a plain read-modify-write.
+        store_part(cx, op, buf, combine=fn)
+        return
+    if buf.scope == "local":
+        raise KernelError(f"an atomic update of local buffer '{buf.name}' is not lowered for "
+                          f"CUDA yet (at {source_line(op.line)})")
     if (fn, ctype) not in {("add", "float"), ("add", "int"), ("max", "int"), ("min", "int")}:
         raise KernelError(f"atomic {fn} on {np.dtype(buf.dtype)} is not lowered for CUDA yet "
                           f"(at {source_line(op.line)})")

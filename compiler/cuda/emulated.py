@@ -36,7 +36,3 @@ def compile_to_library(kernel: ir.Kernel, target: Target) -> tuple[bytes, str]:
     path = build_library(code.source, code.symbol, params, launch, file=f"{kernel.name}.cu")
     return Path(path).read_bytes(), code.symbol
 
-
-def source(kernel: ir.Kernel, target: Target) -> str:
-    """The CUDA source the emulator compiles (the same text NVRTC gets)."""
-    return generate(kernel, target).source

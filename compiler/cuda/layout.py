@@ -251,8 +251,11 @@ class Layout:
             shape.append(n)
         replicate = self.replicate + tuple(f for f in gone if f.kind == THREAD)
         keep = ", keepdims" if keepdims else ""
-        return Layout(tuple(shape), tuple(dims), replicate, self.threads,
-                      f"slice({self.text()[1:]}, {list(self.shape)}, dims {axes}{keep})")
+        label = f"slice({self.text()[1:]}, {list(self.shape)}, dims {axes}{keep})"
+        if not keepdims and self.label.endswith(f", dims {axes}, keepdims)"):
+            # Dropping the size-1 dimensions a keepdims slice left: the parent's plain slice.
+            label = self.label.removesuffix(", keepdims)") + ")"
+        return Layout(tuple(shape), tuple(dims), replicate, self.threads, label)
 
     def permute(self, perm: Sequence[int]) -> Layout:
         """The layout of the transposed tile (result dim i is dim ``perm[i]``): the same

@@ -3,13 +3,14 @@ iotas, transposes, and loads and stores of tile values."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import ir
-from ..errors import KernelError
 from . import scalar_math as M
 from . import types as T
-from .context import Context
+from .context import Context, row_major
 from .layout import blocked
 
 
@@ -79,13 +80,18 @@ def lower_load(cx: Context, op: ir.Op) -> None:
     res, region = op.result, op.attrs["src"]
     buf = cx.bufs[region.buffer]
     if res.shape == ():
-        if buf.scope == "fragment":
-            raise KernelError(f"a scalar read of fragment '{buf.name}' is not lowered for "
-                              f"CUDA yet (at {op.line})")
         index, _ = cx.address(region, [], clamp=True, checked=())
-        cx.w(f"const {T.reg(res.dtype)} {cx.define(res)} = {_read(buf, index)};")
+        if buf.scope == "fragment":
+            # One element, held by some threads: every thread reads it from shared memory.
+            value = f"{stage_fragment(cx, buf)}[{index}]"
+        else:
+            value = _read(buf, index)
+        cx.w(f"const {T.reg(res.dtype)} {cx.define(res)} = {value};")
         return
     lay = cx.layout(res)
+    if buf.scope == "fragment" and not region.is_whole(buf.shape):
+        _load_part(cx, op, buf)
+        return
     name = cx.declare(res)
     if buf.scope == "fragment":
         with cx.slots(lay, need_coords=False):
@@ -94,6 +100,73 @@ def lower_load(cx: Context, op: ir.Op) -> None:
     with cx.slots(lay, guard=True) as coords:
         index, _ = cx.address(region, coords, clamp=True, checked=())
         cx.w(f"{name}[k] = {_read(buf, index)};")
+
+
+def stage_fragment(cx: Context, buf: ir.Buffer) -> str:
+    """Write a fragment buffer to a new shared array (row-major over the buffer's shape)
+    and wait for the block: its elements can then be read by any thread."""
+    arr = cx.shared_array(T.reg(buf.dtype), math.prod(buf.shape), "staged")
+    if cx.loop_depth:
+        cx.w("sync_threads();  // the previous iteration's reads of the staging array are done")
+    primary = cx.primary(buf.layout)
+    with cx.slots(buf.layout, guard=True) as coords:
+        stmt = f"{arr}[{row_major(coords, buf.shape)}] = {buf.name}[k];"
+        cx.w(f"if ({primary}) {stmt}" if primary else stmt)
+    cx.w("sync_threads();")
+    return arr
+
+
+def _load_part(cx: Context, op: ir.Op, buf: ir.Buffer) -> None:
+    """Part of a fragment: its elements may sit in other threads, so through shared memory."""
+    res, region = op.result, op.attrs["src"]
+    arr = stage_fragment(cx, buf)
+    name = cx.declare(res)
+    with cx.slots(cx.layout(res), guard=True) as coords:
+        index, _ = cx.address(region, coords, clamp=True, checked=())
+        cx.w(f"{name}[k] = {arr}[{index}];")
+
+
+def store_part(cx: Context, op: ir.Op, buf: ir.Buffer, combine: str | None = None) -> None:
+    """Into (part of) a fragment, from a value in any layout: each thread takes the elements
+    of its slots that the region covers from the value, staged in shared memory; with
+    ``combine`` (an elementwise function) it folds them into the slots instead."""
+    region, v = op.attrs["dst"], op.operands[0]
+    lay = cx.layout(v)
+    src = None
+    if lay is not None:
+        src = cx.shared_array(T.reg(v.dtype), math.prod(v.shape), "staged")
+        if cx.loop_depth:
+            cx.w("sync_threads();  // the previous iteration's reads of the staging array "
+                 "are done")
+        primary = cx.primary(lay)
+        with cx.slots(lay, guard=True) as coords:
+            stmt = f"{src}[{row_major(coords, v.shape)}] = {cx.name(v)}[k];"
+            cx.w(f"if ({primary}) {stmt}" if primary else stmt)
+        cx.w("sync_threads();")
+    starts = _clamped_starts(cx, region, buf)
+    with cx.slots(buf.layout, guard=True) as coords:
+        conds, tile = cx.in_region(region, coords, starts)
+        value = cx.name(v) if src is None else f"{src}[{row_major(tile, v.shape)}]"
+        value = M.convert(value, v.dtype, buf.dtype)
+        if combine is not None:
+            value = M.elementwise(combine, [f"{buf.name}[k]", value], buf.dtype)
+        stmt = f"{buf.name}[k] = {value};"
+        cx.w(f"if ({' && '.join(conds)}) {stmt}" if conds else stmt)
+
+
+def _clamped_starts(cx: Context, region: ir.Region, buf: ir.Buffer) -> list[str]:
+    """The region's starts as C text, dynamic ones clamped as JAX's swap does."""
+    out = []
+    for idx, n in zip(region.index, buf.shape):
+        if isinstance(idx.start, ir.Value):
+            hi = n - (idx.size or 1)
+            s, name = cx.tmp("s"), cx.name(idx.start)
+            cx.w(f"int {s} = {name} < 0 ? {name} + {n} : {name};")
+            cx.w(f"{s} = {s} < 0 ? 0 : ({s} > {hi} ? {hi} : {s});")
+            out.append(s)
+        else:
+            out.append(str(idx.start))
+    return out
 
 
 def _read(buf: ir.Buffer, index: str) -> str:
@@ -114,6 +187,9 @@ def lower_store(cx: Context, op: ir.Op) -> None:
     region, v = op.attrs["dst"], op.operands[0]
     buf = cx.bufs[region.buffer]
     if buf.scope == "fragment":
+        if not region.is_whole(buf.shape):
+            store_part(cx, op, buf)
+            return
         with cx.slots(buf.layout, need_coords=False):
             cx.w(f"{buf.name}[k] = {cx.elem(v, buf.layout)};")
         return

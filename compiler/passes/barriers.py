@@ -1,20 +1,24 @@
-"""Barrier insertion (GPU): a ``barrier`` wherever shared memory written by some threads is
+"""Barrier insertion (GPU): a ``barrier`` wherever memory written by some threads of a block is
 read or overwritten by others, and nowhere else.
 
-Each op's accesses to ``shared`` buffers are described by the threads that touch each
-element, from the layouts the lowering uses (a fragment's layout for fragment <-> shared
-copies and for loads and stores of tile values; the coalesced copy layout otherwise; any
-thread for a GEMM's operands). Walking the body in program order, the pass keeps the
-accesses made since the last barrier; an access that overlaps one of them, with one of the
-two a write, needs a barrier first unless both are provably made by the same single thread
-for every element (same region, same owner per element, no replicas). Loops are walked
-until the accesses carried from the end of one iteration into the next no longer add a
-barrier (read-after-write and write-after-read across iterations); after a loop or a
-conditional, the accesses of every path are pending. Conditions and loop bounds in the
-Tile IR are uniform across the block, so a barrier inside them is reached by all threads.
+Shared buffers are the usual case; global buffers count too (a block that reads back what it
+wrote to an output, e.g. ``out[...] += x`` in a loop, where the element's reader may be
+another thread than its writer). Each op's accesses to those buffers are described by the
+threads that touch each element, from the layouts the lowering uses (a fragment's layout for
+fragment <-> memory copies and for loads and stores of tile values; the coalesced copy
+layout otherwise; any thread for a GEMM's operands).
 
-Assumes: layout inference ran. Guarantees: every cross-thread hazard on a shared buffer
-has a ``barrier`` op between its two accesses.
+Walking the body in program order, the pass keeps the accesses made since the last barrier;
+an access that overlaps one of them, with one of the two a write, needs a barrier first
+unless both are provably made by the same single thread for every element (same region, same
+owner per element, no replicas). Loops are walked until the accesses carried from the end of
+one iteration into the next no longer add a barrier (read-after-write and write-after-read
+across iterations); after a loop or a conditional, the accesses of every path are pending.
+Conditions and loop bounds in the Tile IR are uniform across the block, so a barrier inside
+them is reached by all threads.
+
+Assumes: layout inference ran. Guarantees: every cross-thread hazard on a shared buffer has
+a ``barrier`` op between its two accesses.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from .. import ir
 from ..cuda.copies import copy_layout
 from ..cuda.layout import Layout, blocked
 from .layout_inference import uniform_values
+
+_SCOPES = ("shared", "global")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -65,7 +71,7 @@ class _Walker:
     def _make_accesses(self, op: ir.Op) -> list[_Access]:
         out = []
         shared = {a: r for a, r in op.attrs.items()
-                  if isinstance(r, ir.Region) and self.bufs[r.buffer].scope == "shared"}
+                  if isinstance(r, ir.Region) and self.bufs[r.buffer].scope in _SCOPES}
         for attr, region in shared.items():
             write = attr in ("dst", "c") if op.kind in ("copy", "gemm", "atomic") else \
                 op.kind == "store"
@@ -127,8 +133,11 @@ class _Walker:
                 out.append(stmt)
             elif isinstance(stmt, ir.For):
                 entry = pending
+                once = isinstance(stmt.extent, int) and stmt.extent <= 1
                 for _ in range(4):
                     new_body, end = self.body(stmt.body, entry)
+                    if once:  # nothing carries into a next iteration
+                        break
                     carried = _union(pending, end)
                     if len(carried) == len(entry):
                         break
@@ -159,7 +168,5 @@ def _disjoint(a: ir.Region, b: ir.Region) -> bool:
 
 def insert_barriers(kernel: ir.Kernel) -> ir.Kernel:
     """Insert the barriers shared-memory hazards need; see the module docstring."""
-    if not any(b.scope == "shared" for b in kernel.buffers):
-        return kernel
     body, _ = _Walker(kernel).body(kernel.body, [])
     return dataclasses.replace(kernel, body=tuple(body))

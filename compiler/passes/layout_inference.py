@@ -7,9 +7,10 @@ defining op's ``notes["layout"]`` (so the IR text shows ``float32[4, 384]#blocke
 
 Ops state constraints at three levels, and inference runs from the strictest outward:
 
-1. **strict**: given by the caller (``anchors``: the accumulators the GEMM planner lays
-   out for ``mma``, user annotations), and tiles stored into ``local`` buffers (every
-   thread holds all of a local tile: replicated) or used as gather indices (replicated);
+1. **strict**: user annotations (``jt.annotate_layout``, in ``Buffer.layout``), the
+   caller's ``anchors`` (the accumulators the GEMM planner lays out for ``mma``), and
+   tiles stored into ``local`` buffers (every thread holds all of a local tile:
+   replicated) or used as gather indices (replicated);
 2. **common**, propagated until nothing changes: elementwise ops, selects and casts share
    one layout among their full-shape operands and result (an operand with size-1
    dimensions takes the result's layout with those dimensions dropped, keepdims); a
@@ -25,7 +26,8 @@ Where an op then finds an operand in another layout than it demands (two strict 
 or an order of propagation that reached a value from two sides), a ``relayout`` op is
 inserted, which the lowering does through shared memory; inference never fails on
 layouts. Ops whose data moves between threads anyway (reshape, rev, slice, concatenate,
-scan, argreduce, loads from shared/global/local memory) demand nothing of their operands.
+scan, argreduce, loads from shared/global/local memory, and loads, stores and copies of
+part of a fragment) demand nothing of their operands.
 
 Assumes: the neutral pipeline ran. Guarantees: every non-uniform tile value and fragment
 buffer has a layout consistent with every op's demands.
@@ -144,6 +146,13 @@ class _State:
     # -- strict and free choices ------------------------------------------------------------
 
     def strict(self, anchors: Mapping[str, L.Layout]) -> None:
+        for b in self.kernel.buffers:
+            if b.layout is None:
+                continue
+            if b.name in anchors and anchors[b.name] != b.layout:
+                raise KernelError(f"fragment '{b.name}' is annotated {b.layout.text()}, but "
+                                  f"its gemm needs {anchors[b.name].text()} (at {b.line})")
+            self.buffer[b.name] = b.layout
         self.buffer.update(anchors)
         for op in self.ops:
             if op.kind == "store" and self.bufs[op.attrs["dst"].buffer].scope == "local":
@@ -301,13 +310,6 @@ def infer_layouts(kernel: ir.Kernel, anchors: Anchors | None = None) -> ir.Kerne
     st.propagate()
     while st.free():
         st.propagate()
-    for op in st.ops:
-        for r in ir.regions(op):
-            buf = st.frag(r)
-            if buf is not None and not _whole(r, buf) and op.kind != "gemm":
-                raise KernelError(f"{op.kind} of part of fragment '{buf.name}' "
-                                  f"({ir.tile_shape(r.index)} of {list(buf.shape)}) is not "
-                                  f"lowered for CUDA yet (at {op.line})")
     rw = _Rewriter(st)
     body = rw.body(kernel.body)
     buffers = tuple(dataclasses.replace(b, layout=st.buffer[b.name]) if b.name in st.buffer

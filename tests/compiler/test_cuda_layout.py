@@ -158,3 +158,10 @@ def test_slot_expressions():
     for k in range(lay.num_local):
         assert tuple(eval(e, {"k": k}) for e in exprs) == lay.local_coords(k)
         assert eval(lay.drop_slot_expr("k", [1]), {"k": k}) == lay.drop_slot(k, [1])
+
+
+def test_dropping_kept_dims_prints_as_the_plain_slice():
+    lay = L.blocked((4, 384), 128, 4)
+    twice = lay.drop([0], keepdims=True).drop([0])
+    assert twice == lay.drop([0]) and twice.text() == lay.drop([0]).text()
+    assert L.parse(twice.text(), twice.shape, 128) == twice

@@ -124,7 +124,9 @@ def test_pipelines_name_their_passes_in_order():
     assert [p.name for p in pipelines.NEUTRAL] == ["verify", "coverage", "dce", "clamp_check",
                                                   "scratch_init", "output_init"]
     assert [p.name for p in pipelines.for_target(parse_target("cpu"))] == ["fusion"]
-    assert pipelines.for_target(parse_target("cuda:sm_80")) == ()
+    assert [p.name for p in pipelines.for_target(parse_target("cuda:sm_80"))] == [
+        "layout_inference", "bounds", "barriers"]
+    assert pipelines.for_target(parse_target("hip:gfx90a")) == ()
 
 
 def test_dump_prints_the_ir_after_the_named_pass(monkeypatch, capsys):

@@ -1,0 +1,53 @@
+"""The tile-language tests run on every backend: the CPU, and CUDA in the SIMT emulator (as
+Pallas reruns its tests in interpret mode). Each ``test_language_*`` test is parametrised
+over ``kernel_backend``; the emulator runs are marked slow (a g++ build per kernel).
+
+Where the GPU's semantics knowingly differ from XLA:CPU's, or a feature is not lowered for
+CUDA yet, the emulator run is a strict xfail that names the reason, so that a fix shows.
+"""
+
+import re
+
+import pytest
+
+import jaxtile as jt
+
+_LANGUAGE = re.compile(r"test_language_")
+_SUBNORMALS = "the GPU keeps float32 subnormals that XLA:CPU flushes to zero"
+_TF32 = "float32 gemms use tf32 tensor cores on CUDA (as jnp.dot's default precision does)"
+_GPU_DIFFERS = {
+    r"test_language_math\.py::test_binary_float\[emu-(f32|bf16)\]": _SUBNORMALS,
+    r"test_language_casts\.py::test_cast_float_to_bool\[emu-f32\]": _SUBNORMALS,
+    r"test_language_gemm_control\.py::test_gemm_transposes_f32\[emu-": _TF32,
+    r"test_language_gemm_control\.py::test_multiple_gemms_accumulate_in_a_loop\[emu-f32\]":
+        _TF32,
+    r"test_language_atomics\.py::test_split_k_gemm\[emu-": _TF32,
+    r"test_language_attention\.py::test_flash_attention_forward\[emu-f32-": _TF32,
+    r"test_language_atomics\.py::test_atomic_max_and_min\[emu-float32\]":
+        "float32 atomic max/min are not lowered for CUDA yet (no compare-and-swap in the "
+        "device header)",
+}
+"""Emulator runs (regular expressions matched at the start of test ids) expected to fail,
+and why."""
+
+
+def pytest_generate_tests(metafunc):
+    if "kernel_backend" in metafunc.fixturenames and _LANGUAGE.match(metafunc.module.__name__):
+        metafunc.parametrize("kernel_backend", [
+            "cpu", pytest.param("cuda-emulator", marks=pytest.mark.slow, id="emu")],
+            indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def kernel_backend(request):
+    """The backend kernels of the test compile for."""
+    name = getattr(request, "param", "cpu")
+    if name != "cpu":
+        node = request.node.nodeid.split("/")[-1]
+        for pattern, reason in _GPU_DIFFERS.items():
+            if re.match(pattern, node):
+                request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
+    before = jt.backend()
+    jt.set_backend(name)
+    yield name
+    jt.set_backend(before)

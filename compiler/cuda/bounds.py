@@ -30,6 +30,8 @@ limited to 2^31 - 1 elements at trace time). Guarantees: a dimension not listed 
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -125,6 +127,8 @@ class _Provers:
             lo, hi = _interval(goal[1], facts.ranges), _interval(goal[2], facts.ranges)
             if lo is not None and hi is not None and lo[1] <= hi[0]:
                 return "interval"
+        if _refuted(goal, facts):
+            return None
         if self._by_tvm(goal, facts):
             return "tvm"
         if self._by_z3(goal, facts):
@@ -234,6 +238,64 @@ def _interval(e: Expr, ranges: dict[str, tuple[int, int]]) -> tuple[int, int] | 
     f = (lambda x, y: x * y) if e[0] == "*" else (lambda x, y: x // y)
     corners = [f(x, y) for x in a for y in b]
     return min(corners), max(corners)
+
+
+_CORNERS = 256
+"""Most assignments :func:`_refuted` tries."""
+
+
+def _refuted(goal: Expr, facts: _Facts) -> bool:
+    """Whether a corner of the variables' ranges satisfies every fact and breaks ``goal``:
+    then no prover can succeed (they see the same facts), and the ragged edge of a grid is
+    found without importing TVM. Variables without a range try ``0`` and ``2**20``."""
+    names = sorted(_symbols(goal) | set().union(*map(_symbols, facts.conds)))
+    choices = [sorted(set(facts.ranges.get(n, (0, 2**20)))) for n in names]
+    if not names or _product_len(choices) > _CORNERS:
+        return False
+    for values in itertools.product(*choices):
+        env = dict(zip(names, values))
+        try:
+            if all(_value(c, env) for c in facts.conds) and not _value(goal, env):
+                return True
+        except ZeroDivisionError:
+            continue
+    return False
+
+
+def _product_len(choices: list[list[int]]) -> int:
+    n = 1
+    for c in choices:
+        n *= len(c)
+    return n
+
+
+def _symbols(e: Expr) -> set[str]:
+    if e[0] == "sym":
+        return {e[1]}
+    return set().union(*(_symbols(x) for x in e[1:] if isinstance(x, tuple)))
+
+
+def _tdiv(a: int, b: int) -> int:
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b >= 0) else -q
+
+
+_EVAL = {"+": operator.add, "-": operator.sub, "*": operator.mul, "floordiv": operator.floordiv,
+         "mod": operator.mod, "div": _tdiv, "rem": lambda a, b: a - b * _tdiv(a, b),
+         "max": max, "min": min, "<": operator.lt, "<=": operator.le, "==": operator.eq,
+         "!=": operator.ne, "and": lambda a, b: a and b, "or": lambda a, b: a or b}
+
+
+def _value(e: Expr, env: dict[str, int]) -> Any:
+    if e[0] == "int":
+        return e[1]
+    if e[0] == "sym":
+        return env[e[1]]
+    if e[0] == "neg":
+        return -_value(e[1], env)
+    if e[0] == "not":
+        return not _value(e[1], env)
+    return _EVAL[e[0]](_value(e[1], env), _value(e[2], env))
 
 
 def _dim_goals(idx: ir.Index, extent: Expr, facts: _Facts) -> list[Expr] | None:

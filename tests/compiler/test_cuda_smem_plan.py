@@ -3,8 +3,12 @@ buffers alive, alignment, the 48 KB opt-in and the per-target limit."""
 
 import textwrap
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
+import jaxtile as jt
 from jaxtile.compiler import ir, parser
 from jaxtile.compiler.cuda.smem_plan import ALIGN, Scratch, plan_shared_memory
 from jaxtile.compiler.errors import KernelError
@@ -104,3 +108,43 @@ def test_over_the_limit_names_the_biggest_buffers():
     """
     with pytest.raises(KernelError, match=r"k.*280192 bytes.*a \(160000 bytes\), b \(120000"):
         plan_shared_memory(_kernel(body, shared), _bytes(shared), CAPS)
+
+
+@jt.kernel
+def _gemm_epilogue(a, b, *, bm=64, bn=64, bk=32):
+    """A pipelined GEMM whose result goes out through a shared tile."""
+    m, kd = a.shape
+    n = b.shape[1]
+    out = jt.empty((m, n), jnp.float32)
+    i, j = jt.grid(jt.cdiv(m, bm), jt.cdiv(n, bn))
+    acc = jt.fragment((bm, bn), jnp.float32)
+    a_s = jt.shared((bm, bk), a.dtype)
+    b_s = jt.shared((bk, bn), b.dtype)
+    c_s = jt.shared((bm, bn), jnp.float32)
+    acc[...] = jnp.zeros((bm, bn), jnp.float32)
+
+    @jt.pipelined(jt.cdiv(kd, bk), stages=3)
+    def _(k):
+        jt.copy(a.at[i * bm, k * bk], a_s)
+        jt.copy(b.at[k * bk, j * bn], b_s)
+        jt.gemm(a_s, b_s, acc)
+
+    jt.copy(acc, c_s)
+    jt.copy(c_s, out.at[i * bm, j * bn])
+    return out
+
+
+def test_traced_gemm_epilogue_reuses_the_pipeline_stages():
+    specs = (jax.ShapeDtypeStruct((256, 256), jnp.float16),) * 2
+    kernel = _gemm_epilogue._specialise(specs, {}).tile_ir
+    stages = 3
+    shared = {b.name: int(np.prod(b.shape)) * b.dtype.itemsize for b in kernel.buffers
+              if b.scope == "shared"}
+    by_size = sorted(shared, key=shared.get)
+    a_s, b_s, c_s = by_size[0], by_size[1], by_size[2]   # 4 KiB, 4 KiB, 16 KiB
+    bytes_of = {**shared, a_s: stages * shared[a_s], b_s: stages * shared[b_s]}
+    plan = plan_shared_memory(kernel, bytes_of, CAPS)
+    assert _disjoint(plan, a_s, b_s)
+    assert not _disjoint(plan, c_s, a_s) or not _disjoint(plan, c_s, b_s)
+    assert plan.total == 2 * stages * 4096             # the epilogue fits in the stages' bytes
+    assert not plan.needs_opt_in

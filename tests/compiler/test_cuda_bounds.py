@@ -266,3 +266,35 @@ def test_masks_agree_with_enumerating_every_block_and_iteration():
         assert (dict(copy.notes["masks"])["src"] == ()) == in_bounds
         outcomes.add(in_bounds)
     assert outcomes == {True, False}
+
+
+@jt.kernel
+def _split_k(a, b, *, splits=2, bm=16, bn=16, bk=16):
+    m, k = a.shape
+    n = b.shape[1]
+    c = jt.empty((m, n), jnp.float32)
+    bx, by, bs = jt.grid(jt.cdiv(n, bn), jt.cdiv(m, bm), splits)
+    per_split = jt.cdiv(jt.cdiv(k, bk), splits)
+    a_s = jt.shared((bm, bk), a.dtype)
+    b_s = jt.shared((bk, bn), b.dtype)
+    acc = jt.fragment((bm, bn), jnp.float32)
+    acc[...] = jnp.zeros((bm, bn), jnp.float32)
+
+    @jt.loop(per_split)
+    def _(i):
+        kk = (bs * per_split + i) * bk
+        jt.copy(a.at[by * bm, kk], a_s)
+        jt.copy(b.at[kk, bx * bn], b_s)
+        jt.gemm(a_s, b_s, acc)
+
+    jt.atomic_add(c.at[by * bm, bx * bn], acc[...])
+    return c
+
+
+@pytest.mark.parametrize("splits,k_kept", [(2, ()), (4, ()), (3, True)])
+def test_split_k_masks_k_only_when_the_splits_overshoot(splits, k_kept):
+    """k = 128 is 8 tiles: 2 or 4 splits cover them exactly, 3 splits of 3 tiles reach 9."""
+    m = _masks(_ir(_split_k, (64, 128), (128, 48), splits=splits))
+    assert m[("atomic", "out0")] == ()
+    assert m[("copy", "a")] == ((1,) if k_kept else ())
+    assert m[("copy", "b")] == ((0,) if k_kept else ())

@@ -81,31 +81,39 @@ class _Facts:
         return sizes.parse(size)
 
 
+def _ints(op: ir.Op) -> bool:
+    """Whether every operand is a signed integer scalar."""
+    return bool(op.operands) and all(v.dtype.kind == "i" and v.shape == () for v in op.operands)
+
+
 def _define(op: ir.Op, facts: _Facts) -> None:
     res = op.result
-    if res is None or res.shape != () or res.dtype.kind not in "iub":
+    # Unsigned values wrap at zero, which integer arithmetic does not model: left undefined,
+    # so whatever depends on them keeps its mask.
+    if res is None or res.shape != () or res.dtype.kind not in "ib":
         return
     args = [facts.of(v) for v in op.operands]
     expr: Expr | None = None
     if op.kind == "const":
-        expr = ("int", int(op.attrs["value"]))
+        v = int(op.attrs["value"])
+        expr = ("int", v) if res.dtype.kind == "i" else ("==", ("int", 0), ("int", 1 - v))
     elif op.kind == "size":
         expr = facts.size(op.attrs["expr"])
-    elif op.kind == "convert" and args and args[0] is not None and res.dtype.kind != "b":
+    elif op.kind == "convert" and _ints(op) and res.dtype.kind == "i" \
+            and res.dtype.itemsize >= op.operands[0].dtype.itemsize:   # no narrowing wrap
         expr = args[0]
     elif op.kind == "elementwise" and None not in args:
-        fn = op.attrs["fn"]
-        if fn in _ARITH and len(args) == 2:
+        fn, kind = op.attrs["fn"], res.dtype.kind
+        if fn in _ARITH and kind == "i" and _ints(op):
             expr = (_ARITH[fn], *args)
-        elif fn in _CMP and len(args) == 2:
+        elif fn == "neg" and kind == "i" and _ints(op):
+            expr = ("neg", args[0])
+        elif fn in _CMP and _ints(op):
             cmp, swap = _CMP[fn]
             expr = (cmp, *(args[::-1] if swap else args))
-        elif fn in ("and", "or") and res.dtype.kind == "b":
+        elif fn in ("and", "or", "not") and kind == "b" and \
+                all(v.dtype.kind == "b" for v in op.operands):
             expr = (fn, *args)
-        elif fn == "not" and res.dtype.kind == "b":
-            expr = ("not", args[0])
-        elif fn == "neg":
-            expr = ("neg", args[0])
     if expr is None and res.dtype.kind != "b":
         expr = facts.unknown()
     if expr is not None:

@@ -298,3 +298,21 @@ def test_split_k_masks_k_only_when_the_splits_overshoot(splits, k_kept):
     assert m[("atomic", "out0")] == ()
     assert m[("copy", "a")] == ((1,) if k_kept else ())
     assert m[("copy", "b")] == ((0,) if k_kept else ())
+
+
+@pytest.mark.parametrize("dtype,kept", [(np.int64, ()), (np.int8, (0,)), (np.uint32, (0,))])
+def test_wrapping_conversions_keep_the_mask(dtype, kept):
+    """``x[convert(8 b):+8]`` over 8 blocks of a 64-element x: exact through a widening
+    conversion; an int8 or unsigned value may wrap, which the proof does not model."""
+    i32 = np.dtype(np.int32)
+    b, c8, start, conv = ir.Value((), i32), ir.Value((), i32), ir.Value((), i32), \
+        ir.Value((), dtype)
+    bufs = (ir.Buffer("x", (64,), np.dtype(np.float32), "global", "input"),
+            ir.Buffer("t", (8,), np.dtype(np.float32), "fragment", "scratch"))
+    body = (ir.Op("const", (), c8, {"value": 8}),
+            ir.Op("elementwise", (b, c8), start, {"fn": "mul"}),
+            ir.Op("convert", (start,), conv, {}),
+            ir.Op("copy", (), None, {"src": ir.Region("x", (ir.Index(conv, 8),)),
+                                     "dst": ir.whole("t", (8,)), "pad": None}))
+    k = check_bounds(ir.Kernel("wrap", (8,), 128, bufs, (b,), body))
+    assert _masks(k) == {("copy", "x"): kept}

@@ -144,6 +144,10 @@ class _Provers:
         return None
 
     def _by_tvm(self, goal: Expr, facts: _Facts) -> bool:
+        # TVM's simplifier may take a divisor to be non-zero; XLA defines x / 0, so such
+        # queries go to z3, which leaves x / 0 open.
+        if any(_divides_by_variable(e) for e in [goal, *facts.conds]):
+            return False
         if self._tvm is None:
             from ..cpu._tvm_import import import_tvm
             self._tvm = import_tvm()
@@ -275,6 +279,12 @@ def _product_len(choices: list[list[int]]) -> int:
     for c in choices:
         n *= len(c)
     return n
+
+
+def _divides_by_variable(e: Expr) -> bool:
+    if e[0] in ("floordiv", "mod", "div", "rem") and not (e[2][0] == "int" and e[2][1]):
+        return True
+    return any(_divides_by_variable(x) for x in e[1:] if isinstance(x, tuple))
 
 
 def _symbols(e: Expr) -> set[str]:

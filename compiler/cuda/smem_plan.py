@@ -13,6 +13,10 @@ Sharing bytes is a hazard between the threads that last read a buffer and those 
 write the next one: :meth:`SmemPlan.shares` lists those pairs, so barrier insertion can treat
 them as one buffer.
 
+This is ``passes/liveness.py``'s numbering applied to buffers rather than SSA values (a
+shared buffer is written and read through regions, never defined once). Buffers that no
+statement touches get no offset.
+
 Assumes: ``bytes_of`` covers every shared buffer (all stages of a multi-buffered one).
 Guarantees: buffers live at the same statement never overlap; every offset is a multiple of
 :data:`ALIGN` (``cp.async`` and ``ldmatrix`` need 16, 128 keeps swizzle phases aligned).
@@ -131,7 +135,8 @@ def plan_shared_memory(kernel: Kernel, bytes_of: Mapping[str, int], caps: CudaCa
         offsets[name] = at
     total = max((-(-(offsets[n] + sizes[n]) // ALIGN) * ALIGN for n in offsets), default=0)
     if total > caps.max_smem_bytes:
-        biggest = ", ".join(f"{n} ({sizes[n]} bytes)"
+        lines = {b.name: b.line for b in kernel.buffers if b.line}
+        biggest = ", ".join(f"{n} ({sizes[n]} bytes{', ' + lines[n] if n in lines else ''})"
                             for n in sorted(sizes, key=lambda n: -sizes[n])[:3])
         raise KernelError(
             f"kernel {kernel.name!r} needs {total} bytes of shared memory, more than the "

@@ -18,7 +18,8 @@ CAPS = parse_target("cuda:sm_80").caps
 
 
 def _kernel(body, shared):
-    decls = "\n".join(f"  scratch {n}: shared float32[{e}]" for n, e in shared.items())
+    decls = "\n".join(f"  scratch {n}: shared float32[{e}]  # user.py:{i}"
+                      for i, (n, e) in enumerate(shared.items(), 3))
     text = (f"kernel k(grid=[1], threads=128) blocks(%0):\n"
             f"  input x: global float32[4096]\n  output y: global float32[4096]\n{decls}\n"
             + textwrap.indent(textwrap.dedent(body).strip("\n"), "  "))
@@ -106,7 +107,8 @@ def test_over_the_limit_names_the_biggest_buffers():
       copy() {dst=b[0:+30000], pad=None, src=x[0:+1]}
       copy() {dst=c[0:+10], pad=None, src=x[0:+10]}
     """
-    with pytest.raises(KernelError, match=r"k.*280192 bytes.*a \(160000 bytes\), b \(120000"):
+    with pytest.raises(KernelError, match=r"k.*280192 bytes.*a \(160000 bytes, user.py:3\), "
+                                          r"b \(120000 bytes, user.py:4\)"):
         plan_shared_memory(_kernel(body, shared), _bytes(shared), CAPS)
 
 

@@ -150,3 +150,31 @@ def test_traced_gemm_epilogue_reuses_the_pipeline_stages():
     assert not _disjoint(plan, c_s, a_s) or not _disjoint(plan, c_s, b_s)
     assert plan.total == 2 * stages * 4096             # the epilogue fits in the stages' bytes
     assert not plan.needs_opt_in
+
+
+def test_random_programs_never_overlap_live_buffers():
+    """Straight-line copies with one loop around a random stretch: buffers whose uses
+    (stretched over the loop) overlap in time get disjoint, aligned bytes."""
+    rng = np.random.default_rng(3)
+    for _ in range(40):
+        names = [f"s{i}" for i in range(int(rng.integers(2, 7)))]
+        shared = {n: int(rng.integers(1, 3000)) for n in names}
+        uses = [names[int(rng.integers(len(names)))] for _ in range(int(rng.integers(3, 12)))]
+        lo, hi = sorted(int(x) for x in rng.integers(0, len(uses) + 1, size=2))
+        lines, when = [], {}
+        for pos, n in enumerate(uses):
+            inside = lo <= pos < hi
+            if pos == lo and inside:
+                lines.append("for %1 in serial(0, +3):")
+            lines.append(("  " if inside else "")
+                         + f"copy() {{dst={n}[0:+1], pad=None, src=x[0:+1]}}")
+            t = (lo, hi - 1) if inside else (pos, pos)
+            when[n] = (min(when.get(n, t)[0], t[0]), max(when.get(n, t)[1], t[1]))
+        plan = plan_shared_memory(_kernel("\n".join(lines), shared), _bytes(shared), CAPS)
+        assert set(plan.offsets) == set(uses)
+        for a in plan.offsets:
+            assert plan.offsets[a] % ALIGN == 0
+            assert plan.offsets[a] + plan.sizes[a] <= plan.total
+            for b in plan.offsets:
+                if a < b and when[a][0] <= when[b][1] and when[b][0] <= when[a][1]:
+                    assert _disjoint(plan, a, b), (lines, plan)

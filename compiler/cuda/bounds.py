@@ -1,0 +1,407 @@
+"""Bounds proofs (GPU): which dimensions of a global access keep a run-time check.
+
+A read past a global edge gives ``pad`` and a write past it is dropped, which costs a compare
+per element (and, for ``cp.async``, a zero-fill form). The check is kept only where the
+access cannot be proved in bounds for every block of the grid and every loop iteration.
+
+Every integer scalar of the kernel is turned into a symbolic expression over
+- block indices, ``0 <= b < grid`` (a grid extent may be a size expression);
+- loop variables, ``start <= v < start + extent`` (bounds may themselves be expressions);
+- dynamic sizes (symbols of ``compiler.sizes`` expressions), ``>= 0``;
+- values read from memory (and anything else this module does not model): free integers;
+combined by the integer ``elementwise`` ops (``add sub mul div rem max min``; ``div`` and
+``rem`` truncate, as in XLA), ``const``, ``convert`` and ``size``. Comparisons and their
+``and``/``or``/``not`` become conditions, so ``If`` branches add their condition (or its
+negation) to what is known. For each region dimension the goals ``0 <= start`` and
+``start + size <= extent`` go to TVM's arithmetic analyzer; what it cannot decide goes to
+z3 (non-affine terms, correlated variables such as a loop starting at a block index).
+Dimensions indexed by a tile of positions (gather/scatter) are never proved.
+
+``check_bounds(kernel)`` writes ``notes["masks"]`` on every op with a global region: a tuple
+of ``(region attribute, dims)`` pairs (empty dims: nothing checked), and
+``notes["bounds_proofs"]``: which prover settled each proved dimension (for tests and
+``kernel.lower``). ``kept_masks(kernel)`` lists the kept checks as readable lines.
+
+Assumes: a verified kernel; int32 index arithmetic does not overflow (buffers and grids are
+limited to 2^31 - 1 elements at trace time). Guarantees: a dimension not listed in an op's
+``masks`` is in bounds for every block and iteration that executes the op.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+from .. import ir, sizes
+
+Expr = tuple
+"""``("int", v)``, ``("sym", name)``, ``("neg", e)``, ``(op, a, b)`` with op in ``+ - *
+floordiv mod max min div rem`` (the last two truncate), conditions ``(cmp, a, b)`` with cmp
+in ``< <= == !=`` and ``("and"|"or", c, d)``, ``("not", c)``."""
+
+_PROVERS = ("interval", "tvm", "z3")
+
+Z3_TIMEOUT_MS = 200
+"""Per-query budget for z3: an undecided query keeps its mask."""
+
+_ARITH = {"add": "+", "sub": "-", "mul": "*", "div": "div", "rem": "rem", "max": "max",
+          "min": "min"}
+_CMP = {"lt": ("<", False), "le": ("<=", False), "gt": ("<", True), "ge": ("<=", True),
+        "eq": ("==", False), "ne": ("!=", False)}
+
+
+@dataclasses.dataclass
+class _Facts:
+    """What is known at a point of the kernel: variables with their constraints."""
+
+    exprs: dict[int, Expr]
+    conds: list[Expr]
+    syms: set[str]
+    ranges: dict[str, tuple[int, int]]
+    """Constant bounds of some variables (block indices of a static grid, loops with
+    bounded ends), for the interval check that runs before any prover is imported."""
+    fresh: int = 0
+
+    def of(self, x: int | ir.Value) -> Expr | None:
+        return ("int", x) if isinstance(x, int) else self.exprs.get(x.id)
+
+    def unknown(self) -> Expr:
+        self.fresh += 1
+        return ("sym", f"_u{self.fresh}")
+
+    def size(self, size: sizes.Size) -> Expr:
+        if isinstance(size, int):
+            return ("int", size)
+        for s in sizes.symbols(size) - self.syms:   # only the kernel's own sizes, at the top
+            self.syms.add(s)
+            self.conds.append(("<=", ("int", 0), ("sym", s)))
+        return sizes.parse(size)
+
+
+def _ints(op: ir.Op) -> bool:
+    """Whether every operand is a signed integer scalar."""
+    return bool(op.operands) and all(v.dtype.kind == "i" and v.shape == () for v in op.operands)
+
+
+def _define(op: ir.Op, facts: _Facts) -> None:
+    res = op.result
+    # Unsigned values wrap at zero, which integer arithmetic does not model: left undefined,
+    # so whatever depends on them keeps its mask.
+    if res is None or res.shape != () or res.dtype.kind not in "ib":
+        return
+    args = [facts.of(v) for v in op.operands]
+    expr: Expr | None = None
+    if op.kind == "const":
+        v = int(op.attrs["value"])
+        expr = ("int", v) if res.dtype.kind == "i" else ("==", ("int", 0), ("int", 1 - v))
+    elif op.kind == "size":
+        expr = facts.size(op.attrs["expr"])
+    elif op.kind == "convert" and _ints(op) and res.dtype.kind == "i" \
+            and res.dtype.itemsize >= op.operands[0].dtype.itemsize:   # no narrowing wrap
+        expr = args[0]
+    elif op.kind == "elementwise" and None not in args:
+        fn, kind = op.attrs["fn"], res.dtype.kind
+        if fn in _ARITH and kind == "i" and _ints(op):
+            expr = (_ARITH[fn], *args)
+        elif fn == "neg" and kind == "i" and _ints(op):
+            expr = ("neg", args[0])
+        elif fn in _CMP and _ints(op):
+            cmp, swap = _CMP[fn]
+            expr = (cmp, *(args[::-1] if swap else args))
+        elif fn in ("and", "or", "not") and kind == "b" and \
+                all(v.dtype.kind == "b" for v in op.operands):
+            expr = (fn, *args)
+    if expr is None and res.dtype.kind != "b":
+        expr = facts.unknown()
+    if expr is not None:
+        facts.exprs[res.id] = expr
+
+
+class _Provers:
+    """TVM's analyzer first, z3 for what it leaves undecided; imported on first use."""
+
+    def __init__(self) -> None:
+        self._tvm: Any = None
+        self._z3: Any = None
+
+    def prove(self, goal: Expr, facts: _Facts) -> str | None:
+        """``"interval"``, ``"tvm"`` or ``"z3"``, what showed ``goal`` under ``facts``; None
+        if nothing did. Plain interval arithmetic goes first: it settles the common affine
+        accesses without importing TVM (a cold compile would pay about a second for it)."""
+        if goal[0] == "<=":
+            lo, hi = _interval(goal[1], facts.ranges), _interval(goal[2], facts.ranges)
+            if lo is not None and hi is not None and lo[1] <= hi[0]:
+                return "interval"
+        if _refuted(goal, facts):
+            return None
+        if self._by_tvm(goal, facts):
+            return "tvm"
+        if self._by_z3(goal, facts):
+            return "z3"
+        return None
+
+    def _by_tvm(self, goal: Expr, facts: _Facts) -> bool:
+        # TVM's simplifier may take a divisor to be non-zero; XLA defines x / 0, so such
+        # queries go to z3, which leaves x / 0 open.
+        if any(_divides_by_variable(e) for e in [goal, *facts.conds]):
+            return False
+        if self._tvm is None:
+            from ..cpu._tvm_import import import_tvm
+            self._tvm = import_tvm()
+            import tvm.sym  # noqa: F401 - the arithmetic analyzer
+        tvm = self._tvm
+        tir = tvm.tirx
+        names: dict[str, Any] = {}
+
+        def var(name: str) -> Any:
+            return names.setdefault(name, tir.Var(name, "int64"))
+
+        ops = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
+               "floordiv": tir.floordiv, "mod": tir.floormod, "div": tir.truncdiv,
+               "rem": tir.truncmod, "max": tir.max, "min": tir.min,
+               "<": lambda a, b: a < b, "<=": lambda a, b: a <= b,
+               "==": lambda a, b: tir.EQ(a, b), "!=": lambda a, b: tir.NE(a, b),
+               "and": tir.And, "or": tir.Or}
+
+        def conv(e: Expr) -> Any:
+            if e[0] == "int":
+                return tir.const(e[1], "int64")
+            if e[0] == "sym":
+                return var(e[1])
+            if e[0] == "neg":
+                return tir.const(0, "int64") - conv(e[1])
+            if e[0] == "not":
+                return tir.Not(conv(e[1]))
+            return ops[e[0]](conv(e[1]), conv(e[2]))
+
+        analyzer = tvm.sym.Analyzer()
+        try:
+            with analyzer.constraint_scope(tir.all(*[conv(c) for c in facts.conds])
+                                           if facts.conds else tir.const(True, "bool")):
+                return bool(analyzer.can_prove(conv(goal)))
+        except RuntimeError:   # e.g. a constant division by zero
+            return False
+
+    def _by_z3(self, goal: Expr, facts: _Facts) -> bool:
+        if self._z3 is None:
+            import z3
+            self._z3 = z3
+        z3 = self._z3
+        names: dict[str, Any] = {}
+
+        def fdiv(a: Any, b: Any) -> Any:   # z3's division floors for b > 0 and ceils for b < 0
+            return z3.If(b > 0, a / b, -(a / -b) - z3.If(a % -b == 0, 0, 1))
+
+        def tdiv(a: Any, b: Any) -> Any:
+            q = z3.If(a >= 0, a, -a) / z3.If(b >= 0, b, -b)
+            return z3.If((a >= 0) == (b >= 0), q, -q)
+
+        ops = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
+               "floordiv": fdiv, "mod": lambda a, b: a - b * fdiv(a, b), "div": tdiv,
+               "rem": lambda a, b: a - b * tdiv(a, b),
+               "max": lambda a, b: z3.If(a >= b, a, b), "min": lambda a, b: z3.If(a <= b, a, b),
+               "<": lambda a, b: a < b, "<=": lambda a, b: a <= b,
+               "==": lambda a, b: a == b, "!=": lambda a, b: a != b,
+               "and": z3.And, "or": z3.Or}
+
+        def conv(e: Expr) -> Any:
+            if e[0] == "int":
+                return z3.IntVal(e[1])
+            if e[0] == "sym":
+                return names.setdefault(e[1], z3.Int(e[1]))
+            if e[0] == "neg":
+                return -conv(e[1])
+            if e[0] == "not":
+                return z3.Not(conv(e[1]))
+            return ops[e[0]](conv(e[1]), conv(e[2]))
+
+        solver = z3.Solver()
+        solver.set("timeout", Z3_TIMEOUT_MS)
+        solver.add(*[conv(c) for c in facts.conds])
+        # z3 leaves x / 0 unspecified, so a proof holds whatever it is (XLA's -1 included).
+        solver.add(z3.Not(conv(goal)))
+        return solver.check() == z3.unsat
+
+
+def _interval(e: Expr, ranges: dict[str, tuple[int, int]]) -> tuple[int, int] | None:
+    """Constant bounds of ``e`` (sound, not tight), or None."""
+    if e[0] == "int":
+        return e[1], e[1]
+    if e[0] == "sym":
+        return ranges.get(e[1])
+    if e[0] not in ("+", "-", "*", "max", "min", "floordiv"):
+        return None
+    a, b = _interval(e[1], ranges), _interval(e[2], ranges)
+    if a is None or b is None:
+        return None
+    if e[0] == "+":
+        return a[0] + b[0], a[1] + b[1]
+    if e[0] == "-":
+        return a[0] - b[1], a[1] - b[0]
+    if e[0] == "max":
+        return max(a[0], b[0]), max(a[1], b[1])
+    if e[0] == "min":
+        return min(a[0], b[0]), min(a[1], b[1])
+    if e[0] == "floordiv" and b[0] <= 0:
+        return None
+    f = (lambda x, y: x * y) if e[0] == "*" else (lambda x, y: x // y)
+    corners = [f(x, y) for x in a for y in b]
+    return min(corners), max(corners)
+
+
+_CORNERS = 256
+"""Most assignments :func:`_refuted` tries."""
+
+
+def _refuted(goal: Expr, facts: _Facts) -> bool:
+    """Whether a corner of the variables' ranges satisfies every fact and breaks ``goal``:
+    then no prover can succeed (they see the same facts), and the ragged edge of a grid is
+    found without importing TVM. Variables without a range try ``0`` and ``2**20``."""
+    names = sorted(_symbols(goal) | set().union(*map(_symbols, facts.conds)))
+    choices = [sorted(set(facts.ranges.get(n, (0, 2**20)))) for n in names]
+    if not names or _product_len(choices) > _CORNERS:
+        return False
+    for values in itertools.product(*choices):
+        env = dict(zip(names, values))
+        try:
+            if all(_value(c, env) for c in facts.conds) and not _value(goal, env):
+                return True
+        except ZeroDivisionError:
+            continue
+    return False
+
+
+def _product_len(choices: list[list[int]]) -> int:
+    n = 1
+    for c in choices:
+        n *= len(c)
+    return n
+
+
+def _divides_by_variable(e: Expr) -> bool:
+    if e[0] in ("floordiv", "mod", "div", "rem") and not (e[2][0] == "int" and e[2][1]):
+        return True
+    return any(_divides_by_variable(x) for x in e[1:] if isinstance(x, tuple))
+
+
+def _symbols(e: Expr) -> set[str]:
+    if e[0] == "sym":
+        return {e[1]}
+    return set().union(*(_symbols(x) for x in e[1:] if isinstance(x, tuple)))
+
+
+def _tdiv(a: int, b: int) -> int:
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b >= 0) else -q
+
+
+_EVAL = {"+": operator.add, "-": operator.sub, "*": operator.mul, "floordiv": operator.floordiv,
+         "mod": operator.mod, "div": _tdiv, "rem": lambda a, b: a - b * _tdiv(a, b),
+         "max": max, "min": min, "<": operator.lt, "<=": operator.le, "==": operator.eq,
+         "!=": operator.ne, "and": lambda a, b: a and b, "or": lambda a, b: a or b}
+
+
+def _value(e: Expr, env: dict[str, int]) -> Any:
+    if e[0] == "int":
+        return e[1]
+    if e[0] == "sym":
+        return env[e[1]]
+    if e[0] == "neg":
+        return -_value(e[1], env)
+    if e[0] == "not":
+        return not _value(e[1], env)
+    return _EVAL[e[0]](_value(e[1], env), _value(e[2], env))
+
+
+def _dim_goals(idx: ir.Index, extent: Expr, facts: _Facts) -> list[Expr] | None:
+    if isinstance(idx.start, ir.Value) and idx.start.shape != ():
+        return None        # gather/scatter positions: one per element, checked per element
+    start = facts.of(idx.start)
+    if start is None:
+        return None
+    size = 1 if idx.size is None else idx.size
+    return [("<=", ("int", 0), start), ("<=", ("+", start, ("int", size)), extent)]
+
+
+def _check_op(op: ir.Op, facts: _Facts, bufs: dict[str, ir.Buffer],
+              provers: _Provers) -> ir.Op:
+    masks, proofs = [], []
+    for attr, region in sorted(op.attrs.items()):
+        if not isinstance(region, ir.Region) or bufs[region.buffer].scope != "global":
+            continue
+        kept = []
+        for d, (idx, n) in enumerate(zip(region.index, bufs[region.buffer].shape)):
+            goals = _dim_goals(idx, facts.size(n), facts)
+            by = None if goals is None else [provers.prove(g, facts) for g in goals]
+            if by is None or None in by:
+                kept.append(d)
+            else:
+                proofs.append((attr, d, max(by, key=_PROVERS.index)))   # the strongest needed
+        masks.append((attr, tuple(kept)))
+    if not masks:
+        return op
+    return op.with_notes(masks=tuple(masks), bounds_proofs=tuple(proofs))
+
+
+def _walk(body: Sequence[ir.Stmt], facts: _Facts, bufs: dict[str, ir.Buffer],
+          provers: _Provers) -> list[ir.Stmt]:
+    out: list[ir.Stmt] = []
+    for stmt in body:
+        if isinstance(stmt, ir.For):
+            start, extent = facts.of(stmt.start), facts.of(stmt.extent)
+            start = facts.unknown() if start is None else start
+            extent = facts.unknown() if extent is None else extent
+            v = facts.unknown()
+            facts.exprs[stmt.var.id] = v
+            lo, n = _interval(start, facts.ranges), _interval(extent, facts.ranges)
+            if lo is not None and n is not None:
+                facts.ranges[v[1]] = (lo[0], lo[1] + max(n[1], 1) - 1)
+            inner = dataclasses.replace(facts, conds=facts.conds + [
+                ("<=", start, v), ("<", v, ("+", start, extent))])
+            out.append(dataclasses.replace(stmt, body=_walk(stmt.body, inner, bufs, provers)))
+            facts.fresh = inner.fresh
+        elif isinstance(stmt, ir.If):
+            cond = facts.of(stmt.cond)
+            branches = []
+            for body_, known in ((stmt.then, cond), (stmt.otherwise, cond and ("not", cond))):
+                inner = dataclasses.replace(facts, conds=facts.conds + ([known] if known else []))
+                branches.append(_walk(body_, inner, bufs, provers))
+                facts.fresh = inner.fresh
+            out.append(dataclasses.replace(stmt, then=branches[0], otherwise=branches[1]))
+        else:
+            _define(stmt, facts)
+            out.append(_check_op(stmt, facts, bufs, provers))
+    return out
+
+
+def check_bounds(kernel: ir.Kernel) -> ir.Kernel:
+    """The kernel with ``notes["masks"]`` (and ``notes["bounds_proofs"]``) on every op that
+    accesses global memory; see the module docstring."""
+    facts = _Facts(exprs={}, conds=[], syms=set(), ranges={})
+    for b in kernel.buffers:
+        for n in b.shape:
+            facts.size(n)
+    for v, n in zip(kernel.block_indices, kernel.grid):
+        facts.exprs[v.id] = b = ("sym", f"_b{len(facts.exprs)}")
+        facts.conds += [("<=", ("int", 0), b), ("<", b, facts.size(n))]
+        if isinstance(n, int):
+            facts.ranges[b[1]] = (0, n - 1)
+    bufs = {b.name: b for b in kernel.buffers}
+    return dataclasses.replace(kernel, body=tuple(_walk(kernel.body, facts, bufs, _Provers())))
+
+
+def kept_masks(kernel: ir.Kernel) -> list[str]:
+    """One line per access that keeps a check after :func:`check_bounds`, e.g.
+    ``copy src=x dims (0,)  # user.py:12``."""
+    out = []
+    for stmt in ir.walk(kernel.body):
+        if not isinstance(stmt, ir.Op):
+            continue
+        for attr, dims in stmt.notes.get("masks", ()):
+            if dims:
+                line = f"  # {stmt.line}" if stmt.line else ""
+                out.append(f"{stmt.kind} {attr}={stmt.attrs[attr].buffer} dims {dims}{line}")
+    return out

@@ -1,0 +1,146 @@
+"""Shared-memory planning: every shared buffer (and per-op scratch) gets a byte offset in the
+block's one dynamic shared-memory array, buffers whose lifetimes never overlap sharing bytes.
+
+Statements are numbered in program order (pre-order, so a loop's body follows it). A shared
+buffer is live from the first to the last statement that touches it (a region attribute of
+an op names it), and a buffer touched inside a loop is live for the whole loop: the next
+iteration touches it again, and a pipelined loop's ``cp.async`` copies land in a stage while
+other stages are read. Extra requests (reduction workspaces, layout conversions) live for
+the one statement that needs them. Buffers are placed largest first at the lowest offset,
+aligned to :data:`ALIGN` bytes, that overlaps no buffer live at the same time.
+
+Sharing bytes is a hazard between the threads that last read a buffer and those that first
+write the next one: :meth:`SmemPlan.shares` lists those pairs, so barrier insertion can treat
+them as one buffer.
+
+This is ``passes/liveness.py``'s numbering applied to buffers rather than SSA values (a
+shared buffer is written and read through regions, never defined once). Buffers that no
+statement touches get no offset.
+
+Assumes: ``bytes_of`` covers every shared buffer (all stages of a multi-buffered one).
+Guarantees: buffers live at the same statement never overlap; every offset is a multiple of
+:data:`ALIGN` (``cp.async`` and ``ldmatrix`` need 16, 128 keeps swizzle phases aligned).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from ..errors import KernelError
+from ..ir import For, Kernel, Op, Region, Stmt
+from ..target import CudaCaps
+
+ALIGN = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class Scratch:
+    """Shared memory one op needs beyond the IR's buffers (e.g. a cross-warp reduction's
+    workspace, a layout conversion's staging tile)."""
+
+    name: str
+    bytes: int
+    op: Op
+
+
+@dataclasses.dataclass(frozen=True)
+class SmemPlan:
+    """Where each shared buffer lives in the dynamic shared-memory array."""
+
+    offsets: Mapping[str, int]
+    sizes: Mapping[str, int]
+    lifetimes: Mapping[str, tuple[int, int]]
+    """First and last statement (pre-order numbers, loops extended) of each buffer."""
+    total: int
+    """Bytes to launch with (a multiple of :data:`ALIGN`)."""
+    static_limit: int
+    """Above this the launcher must raise ``cudaFuncAttributeMaxDynamicSharedMemorySize``."""
+    limit: int
+
+    @property
+    def needs_opt_in(self) -> bool:
+        """Whether the kernel uses more than the default 48 KB of dynamic shared memory."""
+        return self.total > self.static_limit
+
+    def shares(self) -> list[tuple[str, str]]:
+        """Pairs of buffers given overlapping bytes (necessarily at different times)."""
+        names = sorted(self.offsets)
+        return [(a, b) for i, a in enumerate(names) for b in names[i + 1:]
+                if self.offsets[a] < self.offsets[b] + self.sizes[b]
+                and self.offsets[b] < self.offsets[a] + self.sizes[a]]
+
+    def report(self) -> str:
+        """One line for ``kernel.lower``, e.g. ``shared memory 49152 / 232448 bytes
+        (opt-in above 49152): As@0 Bs@24576``."""
+        where = " ".join(f"{n}@{o}" for n, o in sorted(self.offsets.items(), key=lambda x: x[1]))
+        return (f"shared memory {self.total} / {self.limit} bytes "
+                f"(opt-in above {self.static_limit}): {where}")
+
+
+def _lifetimes(body: Sequence[Stmt], names: set[str], extra: Mapping[int, list[Scratch]],
+               ) -> dict[str, tuple[int, int]]:
+    spans: dict[str, tuple[int, int]] = {}
+    counter = [0]
+
+    def touch(name: str, first: int, last: int) -> None:
+        lo, hi = spans.get(name, (first, last))
+        spans[name] = (min(lo, first), max(hi, last))
+
+    def visit(stmts: Sequence[Stmt]) -> set[str]:
+        """Number ``stmts`` and return the buffers they touch."""
+        touched: set[str] = set()
+        for stmt in stmts:
+            here = counter[0]
+            counter[0] += 1
+            if isinstance(stmt, Op):
+                used = {r.buffer for r in stmt.attrs.values()
+                        if isinstance(r, Region) and r.buffer in names}
+                used |= {s.name for s in extra.get(id(stmt), ())}
+                for name in used:
+                    touch(name, here, here)
+            elif isinstance(stmt, For):
+                used = visit(stmt.body)
+                for name in used:       # every iteration touches it again
+                    touch(name, here, counter[0] - 1)
+            else:
+                used = visit(stmt.then) | visit(stmt.otherwise)
+            touched |= used
+        return touched
+
+    visit(body)
+    return spans
+
+
+def plan_shared_memory(kernel: Kernel, bytes_of: Mapping[str, int], caps: CudaCaps,
+                       extra: Sequence[Scratch] = ()) -> SmemPlan:
+    """Offsets for the shared buffers ``bytes_of`` sizes (and the ``extra`` scratch) with
+    reuse across disjoint lifetimes; KernelError naming the biggest buffers if the total is
+    above ``caps.max_smem_bytes``."""
+    by_op: dict[int, list[Scratch]] = {}
+    for s in extra:
+        by_op.setdefault(id(s.op), []).append(s)
+    sizes = {**bytes_of, **{s.name: s.bytes for s in extra}}
+    spans = _lifetimes(kernel.body, set(bytes_of), by_op)
+    offsets: dict[str, int] = {}
+    for name in sorted(spans, key=lambda n: (-sizes[n], spans[n], n)):
+        lo, hi = spans[name]
+        busy = sorted((offsets[o], offsets[o] + sizes[o]) for o in offsets
+                      if spans[o][0] <= hi and lo <= spans[o][1])
+        at = 0
+        for start, end in busy:
+            if at + sizes[name] <= start:
+                break
+            at = max(at, -(-end // ALIGN) * ALIGN)
+        offsets[name] = at
+    total = max((-(-(offsets[n] + sizes[n]) // ALIGN) * ALIGN for n in offsets), default=0)
+    if total > caps.max_smem_bytes:
+        lines = {b.name: b.line for b in kernel.buffers if b.line}
+        biggest = ", ".join(f"{n} ({sizes[n]} bytes{', ' + lines[n] if n in lines else ''})"
+                            for n in sorted(sizes, key=lambda n: -sizes[n])[:3])
+        raise KernelError(
+            f"kernel {kernel.name!r} needs {total} bytes of shared memory, more than the "
+            f"{caps.max_smem_bytes} an sm_{caps.sm} block can have; the biggest buffers: "
+            f"{biggest} (smaller tiles or fewer pipeline stages reduce it)")
+    return SmemPlan(offsets, {n: sizes[n] for n in offsets}, spans, total,
+                    caps.static_smem_bytes, caps.max_smem_bytes)

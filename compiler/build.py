@@ -16,13 +16,16 @@ from pathlib import Path
 
 from . import cache, from_jaxpr, ir, pipelines, printer
 from . import jax_internals as ji
+from .cuda.compile import CompiledCuda
 from .errors import KernelError
 from .target import Target
 
 _FORMAT = "jaxtile-compiler-1"
 _BACKENDS = {"cpu": ".cpu.lower"}
 """Target kind -> the module that lowers and compiles for it, imported on first use: it
-provides ``compile_to_library(kernel, target)`` and ``source(kernel, target)``."""
+provides ``compile_to_library(kernel, target)``, returning ``(library bytes, symbol)`` or a
+``cuda.compile.CompiledCuda`` (a cubin with its launch configuration), and
+``source(kernel, target)``."""
 
 
 @functools.cache
@@ -57,9 +60,14 @@ def kernel_key(kernel: ir.Kernel, target: Target) -> str:
     return cache.content_key(printer.key_text(kernel), target.describe(), compiler_version())
 
 
+def has_backend(target: Target) -> bool:
+    """Whether some backend compiles for ``target``."""
+    return target.kind in _BACKENDS
+
+
 def check_backend(target: Target) -> None:
     """Raise a clear error if no backend compiles for ``target`` yet."""
-    if target.kind not in _BACKENDS:
+    if not has_backend(target):
         raise KernelError(
             f"jaxtile cannot compile for {target.name} yet: only the CPU has a lowering (the "
             f"CUDA lowering is being built; the SIMT emulator that will run it exists); "
@@ -90,5 +98,8 @@ def build(kernel: ir.Kernel, target: Target) -> cache.Entry:
     if entry is not None:
         return entry
     be = backend(target)
-    library, symbol = be.compile_to_library(lowered_ir(kernel, target), target)
+    compiled = be.compile_to_library(lowered_ir(kernel, target), target)
+    if isinstance(compiled, CompiledCuda):
+        return compiled.store(key)
+    library, symbol = compiled
     return cache.store(key, library, symbol, kernel.num_blocks)

@@ -1,8 +1,8 @@
 """Content-addressed build cache, in memory and on disk.
 
 An entry is a compiled artifact ``<key>.so`` plus ``<key>.json``, its record: the artifact's
-kind (see :data:`KINDS`), its metadata (entry symbol, number of blocks, buffer alignment)
-and checksums, under ``$JAXTILE_CACHE_DIR`` (default ``~/.cache/jaxtile``). Files are
+kind (see :data:`KINDS`), its metadata (entry symbol, number of blocks, buffer alignment,
+a cubin's launch configuration) and checksums, under ``$JAXTILE_CACHE_DIR`` (default ``~/.cache/jaxtile``). Files are
 written to a temporary name and renamed into place, so readers never see a half-written
 entry and two processes building the same kernel both succeed (the contents are identical).
 
@@ -38,9 +38,10 @@ from .cpu_abi import DATA_ALIGNMENT
 FORMAT = 2
 
 CPU_SHARED_LIBRARY = "cpu-shared-library"
-KINDS = frozenset({CPU_SHARED_LIBRARY})
-"""Artifact kinds an entry may hold. Later: CUDA cubins, HIP code objects, emulator
-libraries, each with the metadata its loader needs."""
+CUDA_CUBIN = "cuda-cubin"
+KINDS = frozenset({CPU_SHARED_LIBRARY, CUDA_CUBIN})
+"""Artifact kinds an entry may hold: a shared library for the CPU handler (TVM-built or
+emulated CUDA), a cubin for the CUDA handler. Later: HIP code objects."""
 
 STALE_SECONDS = 3600
 """Temporary files older than this were left by a writer that died mid-write."""
@@ -60,6 +61,9 @@ class Metadata:
     """Blocks of the launch grid."""
     alignment: int
     """Byte alignment the code assumes for every buffer's data pointer."""
+    launch: str = ""
+    """A cubin's launch configuration (``compiler/cuda/launch.py``'s text form); empty
+    for the other kinds."""
 
     def check(self) -> None:
         """Raise ValueError unless every field has a usable type and value."""
@@ -71,6 +75,8 @@ class Metadata:
                 raise ValueError(f"bad {name} {value!r}")
         if self.alignment & (self.alignment - 1):
             raise ValueError(f"alignment {self.alignment} is not a power of two")
+        if not isinstance(self.launch, str):
+            raise ValueError(f"bad launch {self.launch!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +102,10 @@ class Entry:
     @property
     def alignment(self) -> int:
         return self.meta.alignment
+
+    @property
+    def launch(self) -> str:
+        return self.meta.launch
 
 
 def cache_dir() -> Path:
@@ -146,7 +156,8 @@ def _read_entry(root: Path, key: str) -> Entry | None:
                 or record.get("checksum") != _record_digest(record)
                 or record.get("key") != key or record.get("kind") not in KINDS):
             return None
-        meta = Metadata(record["symbol"], record["num_blocks"], record["alignment"])
+        meta = Metadata(record["symbol"], record["num_blocks"], record["alignment"],
+                        record.get("launch", ""))
         meta.check()
         if hashlib.sha256(lib.read_bytes()).hexdigest() != record["sha256"]:
             return None
@@ -235,17 +246,22 @@ def _warn_unusable(root: Path, error: OSError) -> None:
 
 
 def store(key: str, library_bytes: bytes, symbol: str, num_blocks: int, *,
-          alignment: int | None = None, kind: str = CPU_SHARED_LIBRARY) -> Entry:
+          alignment: int | None = None, kind: str = CPU_SHARED_LIBRARY,
+          launch: str = "") -> Entry:
     """Write a compiled artifact for ``key`` atomically and return its entry.
 
-    ``alignment`` defaults to what the CPU lowering assumes (``cpu_abi.DATA_ALIGNMENT``).
+    ``alignment`` defaults to what the CPU lowering assumes (``cpu_abi.DATA_ALIGNMENT``);
+    ``launch`` is a cubin's launch configuration, required for that kind only.
     If the cache directory cannot be written, the entry goes to a temporary directory of
     this process instead, with one :class:`CacheWarning`.
     """
-    meta = Metadata(symbol, num_blocks, DATA_ALIGNMENT if alignment is None else alignment)
+    meta = Metadata(symbol, num_blocks, DATA_ALIGNMENT if alignment is None else alignment,
+                    launch)
     meta.check()
     if kind not in KINDS:
         raise ValueError(f"unknown artifact kind {kind!r}; expected one of {sorted(KINDS)}")
+    if (kind == CUDA_CUBIN) != bool(launch):
+        raise ValueError("a launch configuration goes with a cubin, and only with one")
     sha256 = hashlib.sha256(library_bytes).hexdigest()
     record = _record(key, kind, meta, sha256)
     root = cache_dir()

@@ -1,10 +1,11 @@
 """Content-addressed build cache, in memory and on disk.
 
-An entry is a compiled artifact ``<key>.so`` plus ``<key>.json``, its record: the artifact's
-kind (see :data:`KINDS`), its metadata (entry symbol, number of blocks, buffer alignment,
-a cubin's launch configuration) and checksums, under ``$JAXTILE_CACHE_DIR`` (default ``~/.cache/jaxtile``). Files are
-written to a temporary name and renamed into place, so readers never see a half-written
-entry and two processes building the same kernel both succeed (the contents are identical).
+An entry is a compiled artifact ``<key>.so`` (a cubin too keeps that name) plus
+``<key>.json``, its record: the artifact's kind (see :data:`KINDS`), its metadata (entry
+symbol, number of blocks, buffer alignment, a cubin's launch configuration) and checksums,
+under ``$JAXTILE_CACHE_DIR`` (default ``~/.cache/jaxtile``). Files are written to a
+temporary name and renamed into place, so readers never see a half-written entry and two
+processes building the same kernel both succeed (the contents are identical).
 
 Integrity: the record's checksum covers every field of the record, the key included, and
 the record holds the artifact's sha256. An entry whose record or artifact is missing,

@@ -27,7 +27,7 @@ from .fingerprint import choose_compiler
 from .launch import Launch
 from .toolchain import PtxasReport
 
-_FLAGS = ("-std=c++17", "-O3")
+_FLAGS = ("-std=c++17", "-O3")  # nvcc's, as toolchain.compile_cubin passes them
 ALIGNMENT = 16
 """Byte alignment generated CUDA code may assume of every buffer (XLA's GPU buffers are
 aligned far more; 16 bytes is what 128-bit vector accesses need)."""
@@ -82,7 +82,8 @@ def _repro(source: str, kernel_name: str, arch: str) -> str:
 
 
 def _nvrtc(source: str, file: str, arch: str) -> str | tuple[bytes, str]:
-    options = [f"-arch={arch}", *_FLAGS, "--ptxas-options=-v", f"-I{DEVICE_INCLUDE}"]
+    # NVRTC optimises device code fully by default and has no -O flag.
+    options = [f"-arch={arch}", "-std=c++17", "--ptxas-options=-v", f"-I{DEVICE_INCLUDE}"]
     try:
         result = nvrtc.compile_cubin(source, file, options)
     except nvrtc.NvrtcError as e:

@@ -2,8 +2,9 @@
 
 cuobjdump comes from the ``nvidia-cuda-cuobjdump`` wheel (``pip install jaxtile[cuda]``), or
 sits next to nvcc in a full CUDA toolkit; it disassembles through nvdisasm, which it looks for
-beside itself (the ``nvidia-cuda-nvdisasm`` wheel puts both in one folder). Tests and benchmarks use the counts to check that a
-kernel really uses the instructions it was written for (HMMA, LDSM, LDGSTS).
+beside itself (the ``nvidia-cuda-nvdisasm`` wheel puts both in one folder). Tests and
+benchmarks use the counts to check that a kernel really uses the instructions it was written
+for (HMMA, LDSM, LDGSTS).
 """
 
 from __future__ import annotations

@@ -1,0 +1,70 @@
+"""The CUDA handler on a machine without an NVIDIA driver: it imports, registers, decodes
+payloads like the handler does, and a launch is a clear error rather than a crash."""
+
+import pytest
+
+from jaxtile import _ffi
+from jaxtile.primitives import payload
+
+KEY = "c0ffee" * 10 + "abcd"
+CUBIN = bytes(range(256)) * 3  # any bytes: nothing here loads them
+LAUNCH = "grid=2,1,1;block=128,1,1;smem=0;params=b0,b1,i32:256"
+
+no_driver = pytest.mark.skipif(_ffi.cuda_driver_error() == "",
+                               reason="an NVIDIA driver is present: these test its absence")
+
+
+def _payload(**overrides):
+    fields = dict(key=KEY, name="scale_shift", symbol="scale_shift", arch="sm_80",
+                  launch=LAUNCH, cubin=CUBIN)
+    return payload.pack_cuda(**{**fields, **overrides})
+
+
+def test_the_handler_is_an_ffi_capsule():
+    assert type(_ffi.cuda_handler()).__name__ == "PyCapsule"
+
+
+@no_driver
+def test_without_a_driver_the_reason_names_libcuda():
+    assert "libcuda.so.1" in _ffi.cuda_driver_error()
+
+
+@no_driver
+def test_a_launch_without_a_driver_is_an_error_naming_the_kernel():
+    with pytest.raises(RuntimeError) as info:
+        _ffi.cuda_launch(KEY, _payload(), 0, [0, 0])
+    msg = str(info.value)
+    assert "CUDA kernel 'scale_shift'" in msg and "libcuda.so.1" in msg, msg
+    assert "no usable NVIDIA driver" in msg
+    # The process is alive, and asking again gives the same answer.
+    with pytest.raises(RuntimeError, match="libcuda.so.1"):
+        _ffi.cuda_launch(KEY, _payload(), 0, [])
+
+
+def test_the_handler_decodes_what_python_packs():
+    fields = _ffi.decode_cuda_payload(KEY, _payload())
+    assert fields["cubin"] == CUBIN
+    assert (fields["name"], fields["symbol"], fields["arch"], fields["launch"]) == (
+        "scale_shift", "scale_shift", "sm_80", LAUNCH)
+    assert fields["key"] == KEY and fields["format"] == payload.FORMAT
+    header, cubin = payload.unpack(_payload())
+    assert cubin == CUBIN and header["platform"] == "cuda" and header["launch"] == LAUNCH
+
+
+def test_damaged_or_foreign_payloads_are_refused():
+    text = _payload()
+    at = len(text) - 10
+    damaged = text[:at] + ("A" if text[at] != "A" else "B") + text[at + 1:]
+    with pytest.raises(RuntimeError, match="'scale_shift'.*checksum mismatch"):
+        _ffi.decode_cuda_payload(KEY, damaged)
+    with pytest.raises(RuntimeError, match="belongs to another kernel"):
+        _ffi.decode_cuda_payload("f" * 64, text)
+    cpu = payload.pack(key=KEY, name="k", symbol="s", num_blocks=1, library=b"lib")
+    with pytest.raises(RuntimeError, match="expected the field 'platform'"):
+        _ffi.decode_cuda_payload(KEY, cpu)
+    newer = payload.pack_cuda(key=KEY, name="k", symbol="k", arch="sm_80", launch=LAUNCH,
+                              cubin=CUBIN).replace("format=1", "format=9")
+    with pytest.raises(RuntimeError, match="checksum mismatch"):
+        _ffi.decode_cuda_payload(KEY, newer)
+    with pytest.raises(ValueError, match="checksum"):
+        payload.unpack(damaged)

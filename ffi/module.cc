@@ -20,6 +20,7 @@
 #include "cuda/driver.h"
 #include "cuda/handler.h"
 #include "cuda/kernels.h"
+#include "cuda/launch_spec.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -98,6 +99,19 @@ void cuda_launch(const std::string& key, const std::string& payload, uintptr_t s
   if (!error.empty()) throw std::runtime_error(error);
 }
 
+nb::dict cuda_launch_fields(const std::string& text) {
+  const cuda::LaunchSpec spec = cuda::parse_launch(text);
+  nb::list params;
+  for (const cuda::Param& p : spec.params) params.append(nb::make_tuple(p.is_buffer, p.value));
+  nb::dict d;
+  d["grid"] = nb::make_tuple(spec.grid[0], spec.grid[1], spec.grid[2]);
+  d["block"] = nb::make_tuple(spec.block[0], spec.block[1], spec.block[2]);
+  d["smem"] = spec.dynamic_smem;
+  d["params"] = params;
+  d["buffers_needed"] = spec.buffers_needed;
+  return d;
+}
+
 nb::dict cuda_payload_fields(const std::string& key, const std::string& payload) {
   CudaPayload p = decode_cuda_payload(key, payload);
   nb::dict d;
@@ -163,6 +177,10 @@ NB_MODULE(_ffi, m) {
   m.def("cuda_launch", &cuda_launch, "key"_a, "payload"_a, "stream"_a, "buffers"_a,
         "Launch a CUDA kernel as the handler does (device addresses of operands then "
         "results), raising RuntimeError with the handler's message. Meant for tests.");
+  m.def("parse_cuda_launch", &cuda_launch_fields, "text"_a,
+        "A launch configuration as the CUDA handler reads it: grid, block, smem, params as "
+        "(is_buffer, index or scalar bytes), buffers_needed. Raises ValueError on bad text. "
+        "Meant for tests.");
   m.def("decode_cuda_payload", &cuda_payload_fields, "key"_a, "payload"_a,
         "The fields of a CUDA kernel payload, checked as the handler checks them (raises "
         "RuntimeError naming what is wrong). Meant for tests.");

@@ -25,15 +25,22 @@ _INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z
 
 
 def cuobjdump_path() -> str | None:
-    """The cuobjdump to use: the pip wheel's, then next to nvcc, then PATH; None if none."""
+    """The cuobjdump to use, with an nvdisasm beside it or on PATH: the pip wheels', then
+    the one next to nvcc, then PATH's; None if there is none."""
+    folders = []
     spec = importlib.util.find_spec("nvidia")
     for root in (spec.submodule_search_locations or []) if spec else []:
-        if (p := Path(root, "cu13", "bin", "cuobjdump")).exists() and os.access(p, os.X_OK):
-            return str(p)
-    nvcc = nvcc_path()
-    if nvcc and (p := Path(nvcc).resolve().parent / "cuobjdump").exists():
-        return str(p)
-    return shutil.which("cuobjdump")
+        folders.append(Path(root, "cu13", "bin"))
+    if nvcc := nvcc_path():
+        folders.append(Path(nvcc).resolve().parent)
+    if found := shutil.which("cuobjdump"):
+        folders.append(Path(found).parent)
+    for folder in folders:
+        tool = folder / "cuobjdump"
+        disassembler = (folder / "nvdisasm").exists() or shutil.which("nvdisasm")
+        if tool.exists() and os.access(tool, os.X_OK) and disassembler:
+            return str(tool)
+    return None
 
 
 def disassemble(cubin: bytes) -> str:

@@ -115,3 +115,14 @@ def test_export_for_cuda_without_export_checks_says_what_to_pass(stand_in_backen
     spec = jax.ShapeDtypeStruct((64,), jnp.float32)
     with pytest.raises(jt.KernelError, match="export_checks.*jaxtile_cuda_call"):
         jax.export.export(jax.jit(_scale_shift_kernel()), platforms=["cuda"])(spec)
+
+
+def test_export_for_cuda_without_a_cuda_backend_is_a_kernel_error(monkeypatch):
+    monkeypatch.delitem(build._BACKENDS, "cuda", raising=False)
+    spec = jax.ShapeDtypeStruct((64,), jnp.float32)
+    with pytest.raises(jt.KernelError) as info:
+        jax.export.export(jax.jit(_scale_shift_kernel()), platforms=["cpu", "cuda"],
+                          disabled_checks=jt.export_checks())(spec)
+    msg = str(info.value)
+    for words in ("scale_shift", "'cuda'", "['cpu', 'cuda']", "cannot compile for cuda:sm_80"):
+        assert words in msg, msg

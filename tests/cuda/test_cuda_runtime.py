@@ -1,9 +1,12 @@
 """The CUDA handler on a machine without an NVIDIA driver: it imports, registers, decodes
 payloads like the handler does, and a launch is a clear error rather than a crash."""
 
+import struct
+
 import pytest
 
 from jaxtile import _ffi
+from jaxtile.compiler.cuda.launch import Launch, buffer, scalar
 from jaxtile.primitives import payload
 
 KEY = "c0ffee" * 10 + "abcd"
@@ -68,3 +71,30 @@ def test_damaged_or_foreign_payloads_are_refused():
         _ffi.decode_cuda_payload(KEY, newer)
     with pytest.raises(ValueError, match="checksum"):
         payload.unpack(damaged)
+
+
+def test_the_handler_reads_launches_as_python_writes_them():
+    launch = Launch((3, 2, 1), (256, 1, 1), 65536,
+                    (buffer(1), buffer(0), scalar("i32", -7), scalar("f32", 0.1),
+                     scalar("f64", -2.5), scalar("u64", 2**40)))
+    got = _ffi.parse_cuda_launch(launch.encode())
+    assert (got["grid"], got["block"], got["smem"]) == ((3, 2, 1), (256, 1, 1), 65536)
+    # Scalars as the bytes the driver copies (little-endian, low bytes first).
+    f32 = struct.unpack("<I", struct.pack("<f", 0.1))[0]
+    f64 = struct.unpack("<Q", struct.pack("<d", -2.5))[0]
+    assert got["params"] == [(True, 1), (True, 0), (False, 2**64 - 7), (False, f32),
+                             (False, f64), (False, 2**40)]
+    assert got["buffers_needed"] == 2
+
+
+@pytest.mark.parametrize("text,why", [
+    ("grid=1,1,1;block=1,1,1;smem=0", "expected grid, block, smem and params"),
+    ("grid=1,1;block=1,1,1;smem=0;params=", "three extents"),
+    ("grid=1,0,1;block=1,1,1;smem=0;params=", "positive"),
+    ("grid=1,1,1;block=1,1,1;smem=-1;params=", "not a number"),
+    ("grid=1,1,1;block=1,1,1;smem=0;params=f16:1", "unknown parameter 'f16:1'"),
+    ("grid=1,1,1;block=1,1,1;smem=0;params=f32:x", "'x' is not a float"),
+])
+def test_bad_launch_text_is_refused_with_the_reason(text, why):
+    with pytest.raises(ValueError, match=why):
+        _ffi.parse_cuda_launch(text)

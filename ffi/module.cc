@@ -165,8 +165,11 @@ NB_MODULE(_ffi, m) {
 
   m.def(
       "cuda_handler", [] { return nb::capsule(cuda::handler()); },
-      "XLA FFI handler for jax.ffi.register_ffi_target('jaxtile_cuda_call', ..., "
-      "platform='CUDA'): attributes `key` and `payload` (the cubin and its launch).");
+      "XLA FFI handler (execute stage) for 'jaxtile_cuda_call' on platform 'CUDA': "
+      "attributes `key` and `payload` (the cubin and its launch).");
+  m.def(
+      "cuda_initialize_handler", [] { return nb::capsule(cuda::initialize_handler()); },
+      "The initialize stage of 'jaxtile_cuda_call': loads the kernel before execution.");
   m.def(
       "cuda_driver_error",
       [] {

@@ -164,5 +164,9 @@ jax.ffi.register_ffi_target(CPU_TARGET_NAME, _ffi.cpu_handler(), platform="cpu")
 jax.ffi.register_ffi_target(CPU_EXPORTED_TARGET_NAME, _ffi.cpu_exported_handler(),
                             platform="cpu")
 # Harmless without a CUDA jaxlib plugin: JAX keeps the registration for when one loads. The
-# handler opens libcuda only when a kernel first runs.
-jax.ffi.register_ffi_target(CUDA_TARGET_NAME, _ffi.cuda_handler(), platform="CUDA")
+# handler opens libcuda only when a kernel first runs; its initialize stage loads the kernel
+# before XLA executes (or captures into a CUDA graph) the call.
+jax.ffi.register_ffi_target(
+    CUDA_TARGET_NAME,
+    {"initialize": _ffi.cuda_initialize_handler(), "execute": _ffi.cuda_handler()},
+    platform="CUDA", traits=ji.COMMAND_BUFFER_COMPATIBLE)

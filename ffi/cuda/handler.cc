@@ -41,7 +41,23 @@ ffi::Error call(CUstream stream, std::string_view key, std::string_view payload,
   return ffi::Error::Success();
 }
 
+// The initialize stage: the kernel is loaded before XLA executes, or captures, the call.
+ffi::Error initialize(CUstream stream, std::string_view key, std::string_view payload,
+                      ffi::RemainingArgs, ffi::RemainingRets) {
+  const std::string error = load(stream, key, payload);
+  if (!error.empty()) return ffi::Error::Internal(error);
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxtileCudaInitialize, initialize,
+                              ffi::Ffi::BindInitialize()
+                                  .Ctx<ffi::PlatformStream<CUstream>>()
+                                  .Attr<std::string_view>("key")
+                                  .Attr<std::string_view>("payload")
+                                  .RemainingArgs()
+                                  .RemainingRets());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxtileCudaCall, call,
                               ffi::Ffi::Bind()
@@ -53,5 +69,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxtileCudaCall, call,
                               {ffi::Traits::kCmdBufferCompatible});
 
 void* handler() { return reinterpret_cast<void*>(&JaxtileCudaCall); }
+
+void* initialize_handler() { return reinterpret_cast<void*>(&JaxtileCudaInitialize); }
 
 }  // namespace jaxtile::cuda

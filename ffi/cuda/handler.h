@@ -10,4 +10,9 @@ namespace jaxtile::cuda {
 // capture it into a CUDA graph.
 void* handler();
 
+// The same target's initialize stage (same attributes): loads the kernel into the stream's
+// context before XLA executes the call or captures it into a command buffer, where loading a
+// module may not be allowed. The execute stage still loads it if this did not run.
+void* initialize_handler();
+
 }  // namespace jaxtile::cuda

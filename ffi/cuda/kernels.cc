@@ -4,6 +4,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -119,23 +120,39 @@ std::string run(const Driver& d, const Kernel& k, std::string_view key, CUstream
   return "";
 }
 
+// The driver and the kernel loaded in the stream's context; throws with the whole message.
+std::pair<const Driver*, const Kernel*> resolve(CUstream stream, std::string_view key,
+                                                std::string_view payload) {
+  std::string why;
+  const Driver* d = driver(&why);
+  if (d == nullptr) {
+    throw std::runtime_error(who(name_in(key, payload), key) + " cannot run: " + why);
+  }
+  CUcontext ctx = nullptr;
+  if (CUresult r = d->cuStreamGetCtx(stream, &ctx); r != kCudaSuccess) {
+    throw std::runtime_error(who(name_in(key, payload), key) +
+                             ": cannot find the context of the stream XLA passed: " +
+                             d->describe(r));
+  }
+  return {d, &find_or_load(*d, ctx, key, payload)};
+}
+
 }  // namespace
 
 std::string launch(CUstream stream, std::string_view key, std::string_view payload,
                    void* const* buffers, size_t num_buffers) {
   try {
-    std::string why;
-    const Driver* d = driver(&why);
-    if (d == nullptr) {
-      return who(name_in(key, payload), key) + " cannot run: " + why;
-    }
-    CUcontext ctx = nullptr;
-    if (CUresult r = d->cuStreamGetCtx(stream, &ctx); r != kCudaSuccess) {
-      return who(name_in(key, payload), key) + ": cannot find the context of the stream XLA " +
-             "passed: " + d->describe(r);
-    }
-    const Kernel& k = find_or_load(*d, ctx, key, payload);
-    return run(*d, k, key, stream, buffers, num_buffers);
+    auto [d, k] = resolve(stream, key, payload);
+    return run(*d, *k, key, stream, buffers, num_buffers);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+std::string load(CUstream stream, std::string_view key, std::string_view payload) {
+  try {
+    resolve(stream, key, payload);
+    return "";
   } catch (const std::exception& e) {
     return e.what();
   }

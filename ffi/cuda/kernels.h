@@ -18,4 +18,9 @@ namespace jaxtile::cuda {
 std::string launch(CUstream stream, std::string_view key, std::string_view payload,
                    void* const* buffers, size_t num_buffers);
 
+// Loads the kernel into the stream's context if it is not there yet, launching nothing: the
+// handler's initialize stage, which XLA runs before executing (and before capturing a
+// command buffer, during which loading a module may not be allowed). Same messages.
+std::string load(CUstream stream, std::string_view key, std::string_view payload);
+
 }  // namespace jaxtile::cuda

@@ -23,8 +23,9 @@ def _payload(**overrides):
     return payload.pack_cuda(**{**fields, **overrides})
 
 
-def test_the_handler_is_an_ffi_capsule():
-    assert type(_ffi.cuda_handler()).__name__ == "PyCapsule"
+def test_the_handler_stages_are_ffi_capsules():
+    stages = (_ffi.cuda_initialize_handler(), _ffi.cuda_handler())
+    assert all(type(s).__name__ == "PyCapsule" for s in stages)
 
 
 @no_driver

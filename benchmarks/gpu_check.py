@@ -6,7 +6,8 @@ For a machine with a GPU (finishes in under 8 minutes; ``--budget`` seconds in a
   GPU, so every kernel goes through the CUDA lowering and handler and is compared with its
   reference semantics and a jnp/numpy formula;
 - GEMM 8192^3 in float16 and bfloat16 (float32 accumulation): ``jt.ops.matmul`` against
-  ``jnp.dot`` (cuBLAS), TFLOP/s of both and their ratio;
+  ``jnp.dot`` (cuBLAS), TFLOP/s of both and their ratio, and the largest error relative to
+  the largest entry of ``jnp.dot``'s result;
 - flash-attention forward (the tested kernel of tests/jaxtile/test_language_attention.py)
   against ``jax.nn.dot_product_attention`` (cuDNN where XLA picks it), causal and not.
 
@@ -14,6 +15,9 @@ What cannot run is reported with the reason (no GPU, no CUDA lowering for a kern
 of time) and the rest still runs. Prints one JSON object; progress goes to stderr.
 
     python benchmarks/gpu_check.py [--budget 450] [--rounds 5] [--tests PATH ...]
+
+``--platform cpu`` with small ``--gemm-size`` / ``--seq`` runs the same code on the CPU, to
+check the script itself where there is no GPU.
 """
 
 from __future__ import annotations
@@ -57,10 +61,10 @@ def _why(e: BaseException) -> str:
     return f"{type(e).__name__}: {first[:400]}"
 
 
-def gpu_devices() -> list[Any]:
-    """JAX's GPU devices; empty where JAX has none (no CUDA plugin or no GPU)."""
+def devices(platform: str) -> list[Any]:
+    """JAX's devices of ``platform``; empty where JAX has none (no CUDA plugin or no GPU)."""
     try:
-        return list(jax.devices("gpu"))
+        return list(jax.devices(platform))
     except RuntimeError:
         return []
 
@@ -103,24 +107,29 @@ def _timed(ours, theirs, args, rounds: int) -> dict[str, list[float]]:
     return interleaved(contenders, rounds=rounds, calls=3)
 
 
+def _throughput(samples: dict[str, list[float]], flops: float) -> dict[str, Any]:
+    """TFLOP/s of both contenders (medians) and jaxtile's speed relative to XLA's."""
+    seconds = {name: float(np.median(s)) for name, s in samples.items()}
+    return {"tflops": {name: round(flops / t / 1e12, 3) for name, t in seconds.items()},
+            "speed_jaxtile_over_xla": round(seconds["xla"] / seconds["jaxtile"], 3),
+            "time_ratio": ratio(samples, "jaxtile", "xla")}
+
+
 def _max_rel_error(got, want) -> float:
     got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
     return float(np.max(np.abs(got - want)) / (np.max(np.abs(want)) + 1e-30))
 
 
-def gemm(dtype: Any, rounds: int, n: int = 8192) -> dict[str, Any]:
-    """TFLOP/s of jt.ops.matmul and jnp.dot on (n, n) @ (n, n), float32 accumulation."""
+def gemm(dtype: Any, rounds: int, n: int) -> dict[str, Any]:
+    """TFLOP/s of jt.ops.matmul (128x128x32 tiles, 3 stages) and jnp.dot on (n, n) @ (n, n);
+    both accumulate in float32 and return ``dtype``."""
     keys = jax.random.split(jax.random.key(0), 2)
     a, b = (jax.random.normal(k, (n, n), jnp.float32).astype(dtype) for k in keys)
-    ours = jax.jit(jt.ops.matmul)
-    theirs = jax.jit(functools.partial(jnp.dot, preferred_element_type=jnp.float32))
+    ours = jax.jit(functools.partial(jt.ops.matmul, bm=128, bn=128, bk=32, stages=3))
+    theirs = jax.jit(jnp.dot)
     error = _max_rel_error(ours(a, b), theirs(a, b))
     samples = _timed(ours, theirs, (a, b), rounds)
-    flops = 2.0 * n ** 3
-    tflops = {name: round(flops / float(np.median(s)) / 1e12, 2) for name, s in samples.items()}
-    return {"shape": [n, n, n], "tflops": tflops,
-            "ratio_jaxtile_over_xla": round(tflops["jaxtile"] / tflops["xla"], 3),
-            "time_ratio": ratio(samples, "jaxtile", "xla"), "max_rel_error": error}
+    return {"shape": [n, n, n], **_throughput(samples, 2.0 * n ** 3), "max_rel_error": error}
 
 
 def _flash_kernel():
@@ -131,7 +140,7 @@ def _flash_kernel():
     return _flash_fwd
 
 
-def flash_attention(dtype: Any, causal: bool, rounds: int, *, bh: int = 32, seq: int = 4096,
+def flash_attention(dtype: Any, causal: bool, rounds: int, seq: int, *, bh: int = 32,
                     d: int = 128, bm: int = 128, bn: int = 64) -> dict[str, Any]:
     """Flash-attention forward against jax.nn.dot_product_attention, (bh, seq, d) operands."""
     kernel = _flash_kernel()
@@ -148,10 +157,8 @@ def flash_attention(dtype: Any, causal: bool, rounds: int, *, bh: int = 32, seq:
     error = _max_rel_error(ours(q, k, v), theirs(q, k, v))
     samples = _timed(ours, theirs, (q, k, v), rounds)
     flops = 4.0 * bh * seq * seq * d * (0.5 if causal else 1.0)
-    tflops = {name: round(flops / float(np.median(s)) / 1e12, 2) for name, s in samples.items()}
-    return {"shape": {"bh": bh, "seq": seq, "d": d}, "tiles": [bm, bn], "tflops": tflops,
-            "ratio_jaxtile_over_xla": round(tflops["jaxtile"] / tflops["xla"], 3),
-            "time_ratio": ratio(samples, "jaxtile", "xla"), "max_rel_error": error}
+    return {"shape": {"bh": bh, "seq": seq, "d": d}, "tiles": [bm, bn],
+            **_throughput(samples, flops), "max_rel_error": error}
 
 
 def _attempt(clock: Clock, need: float, what: str, fn) -> dict[str, Any]:
@@ -170,13 +177,16 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=450.0, help="seconds in all")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tests", nargs="*", default=list(KERNEL_TESTS))
+    parser.add_argument("--platform", default="gpu", help="JAX platform to check (gpu)")
+    parser.add_argument("--gemm-size", type=int, default=8192)
+    parser.add_argument("--seq", type=int, default=4096, help="flash attention's length")
     args = parser.parse_args()
     clock = Clock(args.budget)
     result: dict[str, Any] = {"benchmark": "gpu_check", "environment": environment(),
                               "toolchain": _attempt(clock, 0, "toolchain", toolchain)}
-    gpus = gpu_devices()
+    gpus = devices(args.platform)
     if not gpus:
-        reason = f"no GPU: JAX's devices are {jax.devices()}"
+        reason = f"no {args.platform.upper()}: JAX's devices are {jax.devices()}"
         log(reason)
         result.update(gpu=None, not_run=reason)
         emit(result)
@@ -186,11 +196,13 @@ def main() -> int:
                      "compute_capability": getattr(gpus[0], "compute_capability", None)}
     # The benchmarks first: they are few and bounded; the tests get what is left.
     result["gemm"] = {str(jnp.dtype(t)): _attempt(clock, 60, f"gemm {jnp.dtype(t)}",
-                                                  functools.partial(gemm, t, args.rounds))
+                                                  functools.partial(gemm, t, args.rounds,
+                                                                    args.gemm_size))
                       for t in (jnp.float16, jnp.bfloat16)}
     result["flash_attention"] = {
         f"{jnp.dtype(t)}{'_causal' if c else ''}": _attempt(
-            clock, 45, "flash attention", functools.partial(flash_attention, t, c, args.rounds))
+            clock, 45, "flash attention",
+            functools.partial(flash_attention, t, c, args.rounds, args.seq))
         for t in (jnp.float16, jnp.bfloat16) for c in (False, True)}
     result["correctness"] = _attempt(clock, 30, "correctness",
                                      lambda: correctness(args.tests, clock.left() - 5))

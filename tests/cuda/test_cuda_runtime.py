@@ -1,8 +1,13 @@
 """The CUDA handler on a machine without an NVIDIA driver: it imports, registers, decodes
 payloads like the handler does, and a launch is a clear error rather than a crash."""
 
+import json
 import struct
+import subprocess
+import sys
+from pathlib import Path
 
+import jax
 import pytest
 
 from jaxtile import _ffi
@@ -15,6 +20,13 @@ LAUNCH = "grid=2,1,1;block=128,1,1;smem=0;params=b0,b1,i32:256"
 
 no_driver = pytest.mark.skipif(_ffi.cuda_driver_error() == "",
                                reason="an NVIDIA driver is present: these test its absence")
+
+
+def _gpu_devices():
+    try:
+        return jax.devices("gpu")
+    except RuntimeError:
+        return []
 
 
 def _payload(**overrides):
@@ -99,3 +111,14 @@ def test_the_handler_reads_launches_as_python_writes_them():
 def test_bad_launch_text_is_refused_with_the_reason(text, why):
     with pytest.raises(ValueError, match=why):
         _ffi.parse_cuda_launch(text)
+
+
+@pytest.mark.skipif(bool(_gpu_devices()), reason="a GPU is present: this tests its absence")
+def test_the_gpu_check_says_there_is_no_gpu():
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["gpu"] is None and report["not_run"].startswith("no GPU")
+    assert report["toolchain"]["driver"] == _ffi.cuda_driver_error()

@@ -4,9 +4,9 @@
 target with NVRTC in this process (``pip install jaxtile[cuda]``) or, where NVRTC is absent,
 with nvcc on PATH; both report ptxas' register, spill and shared-memory figures. A rejected
 source raises a KernelError with the compiler's log and a command that reproduces it (the
-source is written to a file for that). :func:`toolchain_fingerprint` identifies the compiler
-and the device header (``fingerprint.py``); ``target.describe()`` holds it, so it is in
-every content key.
+source is written to a file for that). ``fingerprint.toolchain_fingerprint`` identifies the
+compiler and the device header; ``target.describe()`` holds it, so it is in every content
+key.
 """
 
 from __future__ import annotations
@@ -112,10 +112,11 @@ def compile_kernel(source: str, kernel_name: str, target: Target, launch: Launch
         raise KernelError(f"compile_kernel compiles for CUDA targets, not {target.name}")
     arch = arch_of(target)
     which = choose_compiler(compiler)
-    if which == "nvcc" and toolchain.nvcc_path() is None:
+    present = nvrtc.available() if which == "nvrtc" else toolchain.nvcc_path() is not None
+    if not present:
         raise KernelError(
-            f"kernel '{kernel_name}': no CUDA compiler: install NVRTC with "
-            "pip install 'jaxtile[cuda]', or put nvcc on PATH")
+            f"kernel '{kernel_name}': no CUDA compiler ({which} was not found): install NVRTC "
+            "with pip install 'jaxtile[cuda]', or put nvcc on PATH")
     file = file or f"{kernel_name}.cu"
     start = time.perf_counter()
     result = (_nvrtc if which == "nvrtc" else _nvcc)(source, file, arch)

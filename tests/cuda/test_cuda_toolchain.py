@@ -107,6 +107,15 @@ def test_the_toolchain_and_the_header_are_in_the_target_description(monkeypatch,
     assert fingerprint.header_digest.__wrapped__() != fingerprint.header_digest()
 
 
+def test_a_missing_compiler_is_a_kernel_error(monkeypatch):
+    monkeypatch.setattr(fingerprint.nvrtc, "available", lambda: False)
+    monkeypatch.setattr(fingerprint.toolchain, "nvcc_path", lambda: None)
+    for which in ("nvrtc", "nvcc", "auto"):
+        with pytest.raises(KernelError, match=r"'scale_shift': no CUDA compiler .*jaxtile\[cuda\]"):
+            compile_kernel(SCALE_SHIFT, "scale_shift", SM80, Launch((1, 1, 1), (32, 1, 1)),
+                           compiler=which)
+
+
 def test_an_unknown_compiler_choice_is_an_error(monkeypatch):
     monkeypatch.setenv("JAXTILE_CUDA_COMPILER", "clang")
     with pytest.raises(KernelError, match="unknown CUDA compiler 'clang'"):

@@ -74,10 +74,11 @@ def toolchain() -> dict[str, Any]:
     from jaxtile.compiler.cuda import fingerprint, sass
 
     driver = _ffi.cuda_driver_error()
+    cuobjdump = sass.cuobjdump_path()
     return {"compiler": fingerprint.toolchain_fingerprint(),
             "nvrtc": fingerprint.nvrtc.library_path(),
             "nvcc": fingerprint.toolchain.nvcc_path(),
-            "cuobjdump": sass.cuobjdump_path(),
+            "cuobjdump": cuobjdump[0] if cuobjdump else None,
             "driver": "loaded" if not driver else driver}
 
 

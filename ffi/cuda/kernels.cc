@@ -14,15 +14,27 @@
 namespace jaxtile::cuda {
 namespace {
 
+constexpr size_t kInlineParams = 32;
+
 struct Kernel {
   std::string name;
   CUfunction fn;
   LaunchSpec spec;
 };
 
+// Orders (context, key) pairs, looked up without copying the key.
+struct Less {
+  using is_transparent = void;
+  template <typename A, typename B>
+  bool operator()(const A& a, const B& b) const {
+    return a.first != b.first ? a.first < b.first
+                              : std::string_view(a.second) < std::string_view(b.second);
+  }
+};
+
 // Kernels are never unloaded (keys name immutable cubins), so pointers stay valid.
 std::mutex g_mutex;
-std::map<std::pair<CUcontext, std::string>, std::unique_ptr<Kernel>> g_kernels;
+std::map<std::pair<CUcontext, std::string>, std::unique_ptr<Kernel>, Less> g_kernels;
 
 std::string who(std::string_view name, std::string_view key) {
   return "jaxtile: CUDA kernel '" + std::string(name) + "' (key " +
@@ -88,7 +100,7 @@ std::unique_ptr<Kernel> load(const Driver& d, CUcontext ctx, std::string_view ke
 const Kernel& find_or_load(const Driver& d, CUcontext ctx, std::string_view key,
                            std::string_view payload) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  auto it = g_kernels.find(std::make_pair(ctx, std::string(key)));
+  auto it = g_kernels.find(std::make_pair(ctx, key));
   if (it == g_kernels.end()) {
     it = g_kernels.emplace(std::make_pair(ctx, std::string(key)), load(d, ctx, key, payload))
              .first;
@@ -103,17 +115,29 @@ std::string run(const Driver& d, const Kernel& k, std::string_view key, CUstream
     return who(k.name, key) + ": called with " + std::to_string(num_buffers) +
            " buffers, but its parameters use " + std::to_string(s.buffers_needed);
   }
-  // Each parameter's bytes, and the array of pointers to them that the driver reads.
-  std::vector<uint64_t> values(s.params.size());
-  std::vector<void*> pointers(s.params.size());
-  for (size_t i = 0; i < s.params.size(); ++i) {
+  // Each parameter's bytes, and the array of pointers to them that the driver reads; on the
+  // stack for the usual few parameters.
+  const size_t n = s.params.size();
+  uint64_t inline_values[kInlineParams];
+  void* inline_pointers[kInlineParams];
+  std::vector<uint64_t> heap_values;
+  std::vector<void*> heap_pointers;
+  uint64_t* values = inline_values;
+  void** pointers = inline_pointers;
+  if (n > kInlineParams) {
+    heap_values.resize(n);
+    heap_pointers.resize(n);
+    values = heap_values.data();
+    pointers = heap_pointers.data();
+  }
+  for (size_t i = 0; i < n; ++i) {
     const Param& p = s.params[i];
     values[i] = p.is_buffer ? reinterpret_cast<uint64_t>(buffers[p.value]) : p.value;
     pointers[i] = &values[i];
   }
   const CUresult r = d.cuLaunchKernel(k.fn, s.grid[0], s.grid[1], s.grid[2], s.block[0],
-                                      s.block[1], s.block[2], s.dynamic_smem, stream,
-                                      pointers.data(), nullptr);
+                                      s.block[1], s.block[2], s.dynamic_smem, stream, pointers,
+                                      nullptr);
   if (r != kCudaSuccess) {
     return who(k.name, key) + " failed to launch (" + s.describe() + "): " + d.describe(r);
   }

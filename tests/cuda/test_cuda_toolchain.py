@@ -161,6 +161,7 @@ def test_sass_counts_show_the_tensor_core_path(gemm_cubins):
     if not gemm_cubins:
         pytest.skip("no CUDA compiler")
     counts = sass.sass_counts(next(iter(gemm_cubins.values())).cubin)
+    assert counts is not None, "cuobjdump is installed but could not disassemble the cubin"
     # mma.sync m16n8k16 -> HMMA, ldmatrix -> LDSM, cp.async -> LDGSTS; 2x2 warps of 64x64
     # per 32-deep k-tile: (64/16) * (64/8) * (32/16) = 64 HMMA per warp per k-tile.
     assert counts["HMMA"] >= 64 and counts["LDSM"] > 0 and counts["LDGSTS"] > 0

@@ -65,6 +65,8 @@ class Metadata:
     launch: str = ""
     """A cubin's launch configuration (``compiler/cuda/launch.py``'s text form); empty
     for the other kinds."""
+    ptx_bytes: int = 0
+    """How many bytes at the end of a cubin entry's artifact are the PTX it came from."""
 
     def check(self) -> None:
         """Raise ValueError unless every field has a usable type and value."""
@@ -78,6 +80,8 @@ class Metadata:
             raise ValueError(f"alignment {self.alignment} is not a power of two")
         if not isinstance(self.launch, str):
             raise ValueError(f"bad launch {self.launch!r}")
+        if type(self.ptx_bytes) is not int or self.ptx_bytes < 0:
+            raise ValueError(f"bad ptx_bytes {self.ptx_bytes!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,7 +162,7 @@ def _read_entry(root: Path, key: str) -> Entry | None:
                 or record.get("key") != key or record.get("kind") not in KINDS):
             return None
         meta = Metadata(record["symbol"], record["num_blocks"], record["alignment"],
-                        record.get("launch", ""))
+                        record.get("launch", ""), record.get("ptx_bytes", 0))
         meta.check()
         if hashlib.sha256(lib.read_bytes()).hexdigest() != record["sha256"]:
             return None
@@ -248,17 +252,20 @@ def _warn_unusable(root: Path, error: OSError) -> None:
 
 def store(key: str, library_bytes: bytes, symbol: str, num_blocks: int, *,
           alignment: int | None = None, kind: str = CPU_SHARED_LIBRARY,
-          launch: str = "") -> Entry:
+          launch: str = "", ptx_bytes: int = 0) -> Entry:
     """Write a compiled artifact for ``key`` atomically and return its entry.
 
     ``alignment`` defaults to what the CPU lowering assumes (``cpu_abi.DATA_ALIGNMENT``);
-    ``launch`` is a cubin's launch configuration, required for that kind only.
+    ``launch`` is a cubin's launch configuration, required for that kind only, and
+    ``ptx_bytes`` how much of its artifact's end is PTX.
     If the cache directory cannot be written, the entry goes to a temporary directory of
     this process instead, with one :class:`CacheWarning`.
     """
     meta = Metadata(symbol, num_blocks, DATA_ALIGNMENT if alignment is None else alignment,
-                    launch)
+                    launch, ptx_bytes)
     meta.check()
+    if ptx_bytes > len(library_bytes):
+        raise ValueError(f"ptx_bytes {ptx_bytes} exceed the artifact's {len(library_bytes)}")
     if kind not in KINDS:
         raise ValueError(f"unknown artifact kind {kind!r}; expected one of {sorted(KINDS)}")
     if (kind == CUDA_CUBIN) != bool(launch):

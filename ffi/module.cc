@@ -123,6 +123,7 @@ nb::dict cuda_payload_fields(const std::string& key, const std::string& payload)
   d["arch"] = p.arch;
   d["launch"] = p.launch;
   d["cubin"] = nb::bytes(p.cubin.data(), p.cubin.size());
+  d["ptx"] = nb::bytes(p.ptx.data(), p.ptx.size());
   return d;
 }
 

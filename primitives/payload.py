@@ -28,8 +28,10 @@ A CUDA kernel's call (``jaxtile_cuda_call``, :func:`encode_cuda`) always carries
 under jit as under export, so that a persistent-compilation-cache hit needs no compiler
 either. Its fields after the first three lines are ``platform=cuda``, ``key``, ``name``,
 ``symbol`` (the kernel's name in the cubin), ``arch`` (``sm_80``...), ``launch`` (grid,
-block, dynamic shared memory and parameters: ``compiler/cuda/launch.py``), ``size`` and
-``sha256``, then the cubin in base64 (``decode_cuda_payload`` in ``payload.cc``).
+block, dynamic shared memory and parameters: ``compiler/cuda/launch.py``), ``ptx_size``,
+``size`` and ``sha256``, then in base64 the cubin followed by the PTX it was assembled from
+(``ptx_size`` bytes, possibly none), which the driver compiles on a GPU the cubin does not
+run on (``decode_cuda_payload`` in ``payload.cc``).
 
 Only the library that was compiled is ever embedded: :func:`encode` checks the bytes it reads
 from the cache against the checksum recorded when the kernel was compiled. Bump ``FORMAT``
@@ -88,12 +90,12 @@ def _seal(fields: dict, artifact: bytes) -> str:
 
 
 def pack_cuda(*, key: str, name: str, symbol: str, arch: str, launch: str, cubin: bytes,
-              version: str | None = None) -> str:
-    """The payload text of a CUDA kernel call: its cubin and how to launch it."""
+              ptx: bytes = b"", version: str | None = None) -> str:
+    """The payload text of a CUDA kernel call: its cubin (and PTX) and how to launch it."""
     fields = {"format": FORMAT, "jaxtile": version or _version(), "platform": "cuda",
               "key": key, "name": name, "symbol": symbol, "arch": arch, "launch": launch,
-              "size": len(cubin)}
-    return _seal(fields, cubin)
+              "ptx_size": len(ptx), "size": len(cubin) + len(ptx)}
+    return _seal(fields, cubin + ptx)
 
 
 def unpack(text: str) -> tuple[dict[str, str], bytes]:
@@ -143,5 +145,8 @@ def _read_checked(kernel_name: str, entry: cache.Entry) -> bytes:
 def encode_cuda(kernel_name: str, entry: cache.Entry, arch: str) -> str:
     """The payload of a kernel compiled to a cubin for ``arch``, read from the build cache
     and checked against the checksum recorded when it was compiled."""
+    artifact = _read_checked(kernel_name, entry)
+    split = len(artifact) - entry.meta.ptx_bytes
     return pack_cuda(key=entry.key, name=_one_line(kernel_name), symbol=entry.symbol,
-                     arch=arch, launch=entry.launch, cubin=_read_checked(kernel_name, entry))
+                     arch=arch, launch=entry.launch, cubin=artifact[:split],
+                     ptx=artifact[split:])

@@ -38,6 +38,10 @@ class CompiledCuda:
     """A cubin ready to launch, with what ptxas reported and how it was made."""
 
     cubin: bytes
+    ptx: bytes
+    """The PTX of a cubin for a family-portable architecture (sm_80), which the driver
+    compiles where the cubin cannot run (a newer GPU); empty for an architecture-specific
+    one (sm_90a), whose PTX runs nowhere else either."""
     kernel_name: str
     """The kernel's (``extern "C"``) symbol in the cubin."""
     arch: str
@@ -50,10 +54,11 @@ class CompiledCuda:
     """Wall time of the compilation."""
 
     def store(self, key: str) -> cache.Entry:
-        """Put the cubin into the build cache under ``key`` (kind ``cuda-cubin``)."""
-        return cache.store(key, self.cubin, self.kernel_name, self.launch.num_blocks,
-                           alignment=ALIGNMENT, kind=cache.CUDA_CUBIN,
-                           launch=self.launch.encode())
+        """Put the cubin, followed by its PTX, into the build cache under ``key`` (kind
+        ``cuda-cubin``)."""
+        return cache.store(key, self.cubin + self.ptx, self.kernel_name,
+                           self.launch.num_blocks, alignment=ALIGNMENT, kind=cache.CUDA_CUBIN,
+                           launch=self.launch.encode(), ptx_bytes=len(self.ptx))
 
 
 def arch_of(target: Target) -> str:
@@ -81,22 +86,22 @@ def _repro(source: str, kernel_name: str, arch: str) -> str:
     return shlex.join(cmd)
 
 
-def _nvrtc(source: str, file: str, arch: str) -> str | tuple[bytes, str]:
+def _nvrtc(source: str, file: str, arch: str) -> str | tuple[bytes, bytes, str]:
     # NVRTC optimises device code fully by default and has no -O flag.
     options = [f"-arch={arch}", "-std=c++17", "--ptxas-options=-v", f"-I{DEVICE_INCLUDE}"]
     try:
         result = nvrtc.compile_cubin(source, file, options)
     except nvrtc.NvrtcError as e:
         return f"NVRTC: {e}\n{e.log.strip()}"
-    return result.cubin, result.log
+    return result.cubin, result.ptx, result.log
 
 
-def _nvcc(source: str, file: str, arch: str) -> str | tuple[bytes, str]:
+def _nvcc(source: str, file: str, arch: str) -> str | tuple[bytes, bytes, str]:
     try:
         cubin = toolchain.compile_cubin(source, arch, file=file)
     except ToolchainError as e:
         return str(e)
-    return cubin.data, cubin.log
+    return cubin.data, cubin.ptx, cubin.log
 
 
 def compile_kernel(source: str, kernel_name: str, target: Target, launch: Launch, *,
@@ -125,13 +130,15 @@ def compile_kernel(source: str, kernel_name: str, target: Target, launch: Launch
         raise KernelError(
             f"kernel '{kernel_name}': CUDA compilation for {arch} failed ({which}):\n"
             f"{result.strip()}\nTo reproduce: {_repro(source, kernel_name, arch)}")
-    cubin, log = result
+    cubin, ptx, log = result
+    if arch.endswith("a"):
+        ptx = b""
     report = toolchain.parse_ptxas(log).get(kernel_name)
     if report is None:
         raise KernelError(f"kernel '{kernel_name}': the compiled {file} has no kernel of that "
                           "name (it must be declared JT_KERNEL, i.e. extern \"C\" __global__)")
     _check_fits(kernel_name, target, launch, report)
-    return CompiledCuda(cubin, kernel_name, arch, launch, report, which, log, seconds)
+    return CompiledCuda(cubin, ptx, kernel_name, arch, launch, report, which, log, seconds)
 
 
 def _check_fits(name: str, target: Target, launch: Launch, report: PtxasReport) -> None:

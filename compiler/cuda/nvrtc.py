@@ -29,9 +29,10 @@ class NvrtcError(RuntimeError):
 
 @dataclass(frozen=True)
 class NvrtcResult:
-    """A cubin and NVRTC's log (ptxas' report included)."""
+    """A cubin, the PTX it was assembled from, and NVRTC's log (ptxas' report included)."""
 
     cubin: bytes
+    ptx: bytes
     log: str
 
 
@@ -117,6 +118,9 @@ def compile_cubin(source: str, file: str, options: list[str]) -> NvrtcResult:
         _check(lib, lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)), "nvrtcGetCUBINSize")
         cubin = ctypes.create_string_buffer(size.value)
         _check(lib, lib.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
-        return NvrtcResult(cubin.raw, log)
+        _check(lib, lib.nvrtcGetPTXSize(prog, ctypes.byref(size)), "nvrtcGetPTXSize")
+        ptx = ctypes.create_string_buffer(size.value)
+        _check(lib, lib.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX")
+        return NvrtcResult(cubin.raw, ptx.value, log)
     finally:
         lib.nvrtcDestroyProgram(ctypes.byref(prog))

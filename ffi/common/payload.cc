@@ -180,8 +180,12 @@ CudaPayload decode_cuda_payload(std::string_view key, std::string_view text) {
   p.symbol = std::string(r.field("symbol"));
   p.arch = std::string(r.field("arch"));
   p.launch = std::string(r.field("launch"));
+  const int64_t ptx_size = r.integer("ptx_size");
   const int64_t size = r.integer("size");
   close_payload(r, text, key, p.key, p.cubin.size(), size);
+  if (ptx_size > size) r.fail("is malformed: its PTX is larger than the whole artifact");
+  p.ptx = p.cubin.substr(static_cast<size_t>(size - ptx_size));
+  p.cubin.resize(static_cast<size_t>(size - ptx_size));
   return p;
 }
 

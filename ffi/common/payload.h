@@ -63,9 +63,13 @@ struct Payload {
 //   symbol=<the kernel's extern "C" name in the cubin>\n
 //   arch=<sm_80, sm_90a, ...>\n
 //   launch=<grid, block, shared memory, parameters: cuda/launch_spec.h>\n
-//   size=<cubin bytes>\n
-//   sha256=<hex>\n                  over every byte above and the cubin itself
-//   <base64 of the cubin>
+//   ptx_size=<bytes of PTX after the cubin, possibly 0>\n
+//   size=<cubin + PTX bytes>\n
+//   sha256=<hex>\n                  over every byte above and the cubin and PTX
+//   <base64 of the cubin followed by its PTX>
+//
+// The PTX (of a family-portable architecture such as sm_80) is what the driver compiles on a
+// GPU the cubin cannot run on.
 struct CudaPayload {
   int format = 0;
   std::string jaxtile_version;
@@ -75,6 +79,7 @@ struct CudaPayload {
   std::string arch;
   std::string launch;
   std::string cubin;
+  std::string ptx;  // empty when the payload has none
 };
 
 // Decodes `text`, the payload of a call to the kernel `key`, and checks it: checksum, then

@@ -18,6 +18,8 @@ using CUfunction = struct CUfunc_st*;
 using CUstream = struct CUstream_st*;
 
 constexpr CUresult kCudaSuccess = 0;
+// CUDA_ERROR_NO_BINARY_FOR_GPU: a cubin of another architecture family.
+constexpr CUresult kCudaErrorNoBinaryForGpu = 209;
 // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: the opt-in above 48 KiB.
 constexpr int kFuncAttrMaxDynamicSharedBytes = 8;
 

@@ -84,8 +84,17 @@ std::unique_ptr<Kernel> load(const Driver& d, CUcontext ctx, std::string_view ke
   ContextScope scope(d, ctx);
   check(scope.status(), "making the stream's context current");
   CUmodule module = nullptr;
-  check(d.cuModuleLoadData(&module, p.cubin.data()),
-        "loading its cubin (compiled for " + p.arch + ") into the device's context");
+  CUresult loaded = d.cuModuleLoadData(&module, p.cubin.data());
+  std::string what = "loading its cubin (compiled for " + p.arch + ") into the device's context";
+  if (loaded == kCudaErrorNoBinaryForGpu && !p.ptx.empty()) {
+    // A GPU of a newer family: the driver compiles the PTX for it (once per process).
+    loaded = d.cuModuleLoadData(&module, p.ptx.c_str());
+    what = "compiling its PTX (for " + p.arch + " and later) for this GPU, whose family the " +
+           "cubin is not for,";
+  } else if (loaded == kCudaErrorNoBinaryForGpu) {
+    what += " (it carries no PTX: compiled for an architecture-specific target)";
+  }
+  check(loaded, what);
   check(d.cuModuleGetFunction(&k->fn, module, p.symbol.c_str()),
         "finding its function '" + p.symbol + "' in the cubin");
   if (k->spec.dynamic_smem > 48 * 1024) {

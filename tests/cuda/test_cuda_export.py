@@ -79,12 +79,14 @@ def test_export_for_cuda_carries_the_cubin(stand_in_backend):
     (text,) = _payloads(restored.mlir_module())
     (compiled,) = stand_in_backend
     # Python's reading and the handler's agree with what was compiled, byte for byte.
-    header, cubin = payload.unpack(text)
-    assert cubin == compiled.cubin and cubin.startswith(b"\x7fELF")
+    header, artifact = payload.unpack(text)
+    assert artifact == compiled.cubin + compiled.ptx and artifact.startswith(b"\x7fELF")
+    assert header["ptx_size"] == str(len(compiled.ptx)) and b".target sm_80" in compiled.ptx
     assert header["platform"] == "cuda" and header["arch"] == "sm_80"
     assert Launch.decode(header["launch"]) == compiled.launch
     fields = _ffi.decode_cuda_payload(header["key"], text)
-    assert fields["cubin"] == compiled.cubin and fields["symbol"] == "scale_shift"
+    assert fields["cubin"] == compiled.cubin and fields["ptx"] == compiled.ptx
+    assert fields["symbol"] == "scale_shift"
     assert fields["name"] == "scale_shift" and fields["launch"] == compiled.launch.encode()
     assert compiled.launch.grid == (8, 1, 1)
 
@@ -96,7 +98,8 @@ def test_jit_lowering_for_cuda_carries_the_cubin_too(stand_in_backend):
     x = jax.ShapeDtypeStruct((300,), jnp.float32)
     lowered = jax.jit(kernel).trace(x).lower(lowering_platforms=("cuda",))
     (text,) = _payloads(lowered.as_text())
-    assert payload.unpack(text)[1] == stand_in_backend[-1].cubin
+    (compiled,) = stand_in_backend
+    assert payload.unpack(text)[1] == compiled.cubin + compiled.ptx
 
 
 def test_export_for_cpu_and_cuda_holds_both_calls(stand_in_backend):

@@ -59,12 +59,18 @@ def test_a_launch_without_a_driver_is_an_error_naming_the_kernel():
 
 def test_the_handler_decodes_what_python_packs():
     fields = _ffi.decode_cuda_payload(KEY, _payload())
-    assert fields["cubin"] == CUBIN
+    assert fields["cubin"] == CUBIN and fields["ptx"] == b""
     assert (fields["name"], fields["symbol"], fields["arch"], fields["launch"]) == (
         "scale_shift", "scale_shift", "sm_80", LAUNCH)
     assert fields["key"] == KEY and fields["format"] == payload.FORMAT
     header, cubin = payload.unpack(_payload())
     assert cubin == CUBIN and header["platform"] == "cuda" and header["launch"] == LAUNCH
+    # With PTX after the cubin, the two come apart where the header says.
+    ptx = b"//\n.version 9.0\n.target sm_80\n"
+    fields = _ffi.decode_cuda_payload(KEY, _payload(ptx=ptx))
+    assert (fields["cubin"], fields["ptx"]) == (CUBIN, ptx)
+    header, artifact = payload.unpack(_payload(ptx=ptx))
+    assert artifact == CUBIN + ptx and header["ptx_size"] == str(len(ptx))
 
 
 def test_damaged_or_foreign_payloads_are_refused():

@@ -40,6 +40,8 @@ def test_gemm_compiles_to_a_cubin_with_the_ptxas_report(gemm_cubins, which):
         pytest.skip(f"{which} is not installed here")
     c = gemm_cubins[which]
     assert c.cubin.startswith(ELF) and c.compiler == which and c.arch == "sm_80"
+    # The PTX rides along for GPUs of later families, which the sm_80 cubin does not run on.
+    assert c.ptx.startswith(b"//") and b".target sm_80" in c.ptx and b"gemm_f16" in c.ptx
     # The GEMM keeps its 3 stages of A and B tiles in static shared memory: 3 * 2 * 8 KiB.
     assert c.ptxas.shared_bytes == 3 * (128 * 32 + 32 * 128) * 2
     assert 64 < c.ptxas.registers <= 255
@@ -52,6 +54,7 @@ def test_sm90_compiles_for_the_arch_specific_variant():
     c = compile_kernel(SCALE_SHIFT, "scale_shift", SM90, Launch((1, 1, 1), (128, 1, 1)),
                        compiler="nvrtc")
     assert c.arch == "sm_90a" and c.cubin.startswith(ELF)
+    assert c.ptx == b""  # sm_90a PTX runs on sm_90 only, where the cubin runs too
     assert c.ptxas.registers > 0 and c.ptxas.shared_bytes == 0
 
 
@@ -148,9 +151,9 @@ def test_a_cubin_entry_round_trips_through_the_disk_cache(tmp_path, monkeypatch)
     entry = cache.lookup(key)
     assert entry == stored and entry.kind == cache.CUDA_CUBIN
     assert Launch.decode(entry.launch) == launch and entry.symbol == "scale_shift"
-    assert entry.num_blocks == 2
+    assert entry.num_blocks == 2 and entry.meta.ptx_bytes == len(c.ptx) > 0
     with open(entry.library, "rb") as f:
-        assert f.read() == c.cubin
+        assert f.read() == c.cubin + c.ptx
     with pytest.raises(ValueError, match="launch configuration goes with a cubin"):
         cache.store(key, c.cubin, "scale_shift", 2, kind=cache.CUDA_CUBIN)
 

@@ -16,14 +16,16 @@ from pathlib import Path
 
 from . import cache, from_jaxpr, ir, pipelines, printer, sizes
 from . import jax_internals as ji
+from .cuda.compile import CompiledCuda
 from .errors import KernelError
 from .target import Target
 
 _FORMAT = "jaxtile-compiler-1"
 _BACKENDS = {"cpu": ".cpu.lower", "cuda": ".cuda.lower"}
 """Target kind -> the module that lowers and compiles for it, imported on first use: it
-provides ``source(kernel, target)`` and (where it compiles in this process)
-``compile_to_library(kernel, target)``."""
+provides ``source(kernel, target)`` and ``compile_to_library(kernel, target)``, returning
+``(library bytes, symbol)`` or a ``cuda.compile.CompiledCuda`` (a cubin with its launch
+configuration)."""
 _EMULATOR = ".cuda.emulated"
 """The runner of CUDA code on JAX's CPU platform (the ``cuda-emulator`` backend): the same
 source, compiled for the SIMT emulator."""
@@ -64,9 +66,14 @@ def kernel_key(kernel: ir.Kernel, target: Target, *, emulated: bool = False) -> 
     return cache.content_key(printer.key_text(kernel), where, compiler_version())
 
 
+def has_backend(target: Target) -> bool:
+    """Whether some backend compiles for ``target``."""
+    return target.kind in _BACKENDS
+
+
 def check_backend(target: Target) -> None:
     """Raise a clear error if no backend compiles for ``target`` yet."""
-    if target.kind not in _BACKENDS:
+    if not has_backend(target):
         raise KernelError(
             f"jaxtile cannot compile for {target.name} yet; lowerings: "
             f"{', '.join(sorted(_BACKENDS))}")
@@ -104,11 +111,10 @@ def build(kernel: ir.Kernel, target: Target, *, emulated: bool = False) -> cache
         return cache.store(key, library, symbol, kernel.num_blocks,
                            alignment=emu.ALIGNMENT, kind=cache.EMULATOR_LIBRARY)
     be = backend(target)
-    if not hasattr(be, "compile_to_library"):
-        raise KernelError(f"jaxtile cannot compile {target.name} code to a binary in this "
-                          f"process yet (NVRTC is not wired in); the emulator runs it on the "
-                          f"CPU: jt.set_backend('cuda-emulator')")
-    library, symbol = be.compile_to_library(lowered_ir(kernel, target), target)
+    compiled = be.compile_to_library(lowered_ir(kernel, target), target)
+    if isinstance(compiled, CompiledCuda):
+        return compiled.store(key)
+    library, symbol = compiled
     # A dynamic grid's size is set when the artifact is loaded (Entry.launched_with).
     blocks = kernel.num_blocks if sizes.is_static(kernel.grid) else 1
     return cache.store(key, library, symbol, blocks)

@@ -1,10 +1,11 @@
 """Content-addressed build cache, in memory and on disk.
 
-An entry is a compiled artifact ``<key>.so`` plus ``<key>.json``, its record: the artifact's
-kind (see :data:`KINDS`), its metadata (entry symbol, number of blocks, buffer alignment)
-and checksums, under ``$JAXTILE_CACHE_DIR`` (default ``~/.cache/jaxtile``). Files are
-written to a temporary name and renamed into place, so readers never see a half-written
-entry and two processes building the same kernel both succeed (the contents are identical).
+An entry is a compiled artifact ``<key>.so`` (a cubin too keeps that name) plus
+``<key>.json``, its record: the artifact's kind (see :data:`KINDS`), its metadata (entry
+symbol, number of blocks, buffer alignment, a cubin's launch configuration) and checksums,
+under ``$JAXTILE_CACHE_DIR`` (default ``~/.cache/jaxtile``). Files are written to a
+temporary name and renamed into place, so readers never see a half-written entry and two
+processes building the same kernel both succeed (the contents are identical).
 
 Integrity: the record's checksum covers every field of the record, the key included, and
 the record holds the artifact's sha256. An entry whose record or artifact is missing,
@@ -41,9 +42,10 @@ CPU_SHARED_LIBRARY = "cpu-shared-library"
 EMULATOR_LIBRARY = "cuda-emulator-library"
 """CUDA code compiled for the SIMT emulator: a CPU kernel library that needs the emulator
 runtime loaded first (``compiler/cuda/emulated.py``)."""
-KINDS = frozenset({CPU_SHARED_LIBRARY, EMULATOR_LIBRARY})
-"""Artifact kinds an entry may hold. Later: CUDA cubins and HIP code objects, each with
-the metadata its loader needs."""
+CUDA_CUBIN = "cuda-cubin"
+"""A cubin (with its PTX) for the CUDA handler."""
+KINDS = frozenset({CPU_SHARED_LIBRARY, EMULATOR_LIBRARY, CUDA_CUBIN})
+"""Artifact kinds an entry may hold. Later: HIP code objects."""
 
 STALE_SECONDS = 3600
 """Temporary files older than this were left by a writer that died mid-write."""
@@ -63,6 +65,11 @@ class Metadata:
     """Blocks of the launch grid."""
     alignment: int
     """Byte alignment the code assumes for every buffer's data pointer."""
+    launch: str = ""
+    """A cubin's launch configuration (``compiler/cuda/launch.py``'s text form); empty
+    for the other kinds."""
+    ptx_bytes: int = 0
+    """How many bytes at the end of a cubin entry's artifact are the PTX it came from."""
 
     def check(self) -> None:
         """Raise ValueError unless every field has a usable type and value."""
@@ -74,6 +81,10 @@ class Metadata:
                 raise ValueError(f"bad {name} {value!r}")
         if self.alignment & (self.alignment - 1):
             raise ValueError(f"alignment {self.alignment} is not a power of two")
+        if not isinstance(self.launch, str):
+            raise ValueError(f"bad launch {self.launch!r}")
+        if type(self.ptx_bytes) is not int or self.ptx_bytes < 0:
+            raise ValueError(f"bad ptx_bytes {self.ptx_bytes!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +116,10 @@ class Entry:
         how a kernel with dynamic sizes (one artifact, a grid per size) is loaded."""
         return dataclasses.replace(self, key=f"{self.key}@{num_blocks}",
                                    meta=dataclasses.replace(self.meta, num_blocks=num_blocks))
+
+    @property
+    def launch(self) -> str:
+        return self.meta.launch
 
 
 def cache_dir() -> Path:
@@ -155,7 +170,8 @@ def _read_entry(root: Path, key: str) -> Entry | None:
                 or record.get("checksum") != _record_digest(record)
                 or record.get("key") != key or record.get("kind") not in KINDS):
             return None
-        meta = Metadata(record["symbol"], record["num_blocks"], record["alignment"])
+        meta = Metadata(record["symbol"], record["num_blocks"], record["alignment"],
+                        record.get("launch", ""), record.get("ptx_bytes", 0))
         meta.check()
         if hashlib.sha256(lib.read_bytes()).hexdigest() != record["sha256"]:
             return None
@@ -255,17 +271,25 @@ def _warn_unusable(root: Path, error: OSError) -> None:
 
 
 def store(key: str, library_bytes: bytes, symbol: str, num_blocks: int, *,
-          alignment: int | None = None, kind: str = CPU_SHARED_LIBRARY) -> Entry:
+          alignment: int | None = None, kind: str = CPU_SHARED_LIBRARY,
+          launch: str = "", ptx_bytes: int = 0) -> Entry:
     """Write a compiled artifact for ``key`` atomically and return its entry.
 
-    ``alignment`` defaults to what the CPU lowering assumes (``cpu_abi.DATA_ALIGNMENT``).
+    ``alignment`` defaults to what the CPU lowering assumes (``cpu_abi.DATA_ALIGNMENT``);
+    ``launch`` is a cubin's launch configuration, required for that kind only, and
+    ``ptx_bytes`` how much of its artifact's end is PTX.
     If the cache directory cannot be written, the entry goes to a temporary directory of
     this process instead, with one :class:`CacheWarning`.
     """
-    meta = Metadata(symbol, num_blocks, DATA_ALIGNMENT if alignment is None else alignment)
+    meta = Metadata(symbol, num_blocks, DATA_ALIGNMENT if alignment is None else alignment,
+                    launch, ptx_bytes)
     meta.check()
+    if ptx_bytes > len(library_bytes):
+        raise ValueError(f"ptx_bytes {ptx_bytes} exceed the artifact's {len(library_bytes)}")
     if kind not in KINDS:
         raise ValueError(f"unknown artifact kind {kind!r}; expected one of {sorted(KINDS)}")
+    if (kind == CUDA_CUBIN) != bool(launch):
+        raise ValueError("a launch configuration goes with a cubin, and only with one")
     sha256 = hashlib.sha256(library_bytes).hexdigest()
     record = _record(key, kind, meta, sha256)
     root = cache_dir()

@@ -22,6 +22,7 @@ from jax._src.export import _export as _jax_export
 from jax._src.state import discharge as _discharge
 from jax._src.state import indexing as _indexing
 from jax._src.state import types as _state_types
+from jaxlib.xla_client import CustomCallTargetTraits as _Traits
 
 AbstractRef = _state_types.AbstractRef
 TransformedRef = _state_types.TransformedRef
@@ -182,3 +183,10 @@ def require_devices_when_lowering(prim: Primitive) -> None:
     from jax._src import dispatch
 
     dispatch.prim_requires_devices_during_lowering.add(prim)
+
+
+COMMAND_BUFFER_COMPATIBLE = _Traits.COMMAND_BUFFER_COMPATIBLE
+"""The registration trait (``jax.ffi.register_ffi_target(..., traits=)``) that lets XLA
+capture a custom call into a command buffer (a CUDA graph). The handler declares the same
+trait itself (XLA reads it from the handler's metadata); this is for registration paths that
+take it from the registration instead."""

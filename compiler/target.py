@@ -24,6 +24,7 @@ import json
 import platform
 import re
 
+from .cuda.fingerprint import toolchain_fingerprint
 from .errors import KernelError
 
 ISA_FLAGS = frozenset("""
@@ -176,7 +177,7 @@ def _cuda(sm: int) -> Target:
     caps = CudaCaps(sm=sm, warp_size=32, max_threads_per_block=1024,
                     static_smem_bytes=48 * 1024, smem_banks=32, bank_bytes=4, async_copy=True,
                     ldmatrix=True, mma_shapes=_F16_MMA, **_CUDA[sm])
-    return Target(f"cuda:sm_{sm}", "cuda", caps, "cuda")
+    return Target(f"cuda:sm_{sm}", "cuda", caps, toolchain_fingerprint())
 
 
 def _hip(gfx: str) -> Target:

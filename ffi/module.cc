@@ -17,6 +17,10 @@
 #include "cpu/launch.h"
 #include "cpu/loader.h"
 #include "cpu/thread_pool.h"
+#include "cuda/driver.h"
+#include "cuda/handler.h"
+#include "cuda/kernels.h"
+#include "cuda/launch_spec.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -81,12 +85,54 @@ void call_kernel(const std::string& key, const nb::list& arrays, int64_t block_b
   if (!msg.empty()) throw std::runtime_error("jaxtile: kernel '" + key + "' failed: " + msg);
 }
 
+// What the CUDA handler does on a call, without XLA: for tests of the error paths.
+void cuda_launch(const std::string& key, const std::string& payload, uintptr_t stream,
+                 const std::vector<uintptr_t>& buffers) {
+  std::vector<void*> pointers;
+  for (uintptr_t b : buffers) pointers.push_back(reinterpret_cast<void*>(b));
+  std::string error;
+  {
+    nb::gil_scoped_release release;
+    error = cuda::launch(reinterpret_cast<cuda::CUstream>(stream), key, payload,
+                         pointers.data(), pointers.size());
+  }
+  if (!error.empty()) throw std::runtime_error(error);
+}
+
+nb::dict cuda_launch_fields(const std::string& text) {
+  const cuda::LaunchSpec spec = cuda::parse_launch(text);
+  nb::list params;
+  for (const cuda::Param& p : spec.params) params.append(nb::make_tuple(p.is_buffer, p.value));
+  nb::dict d;
+  d["grid"] = nb::make_tuple(spec.grid[0], spec.grid[1], spec.grid[2]);
+  d["block"] = nb::make_tuple(spec.block[0], spec.block[1], spec.block[2]);
+  d["smem"] = spec.dynamic_smem;
+  d["params"] = params;
+  d["buffers_needed"] = spec.buffers_needed;
+  return d;
+}
+
+nb::dict cuda_payload_fields(const std::string& key, const std::string& payload) {
+  CudaPayload p = decode_cuda_payload(key, payload);
+  nb::dict d;
+  d["format"] = p.format;
+  d["jaxtile"] = p.jaxtile_version;
+  d["key"] = p.key;
+  d["name"] = p.name;
+  d["symbol"] = p.symbol;
+  d["arch"] = p.arch;
+  d["launch"] = p.launch;
+  d["cubin"] = nb::bytes(p.cubin.data(), p.cubin.size());
+  d["ptx"] = nb::bytes(p.ptx.data(), p.ptx.size());
+  return d;
+}
+
 }  // namespace
 }  // namespace jaxtile
 
 NB_MODULE(_ffi, m) {
   using namespace jaxtile;
-  m.doc() = "jaxtile's CPU runtime: loads compiled kernels and runs them from XLA.";
+  m.doc() = "jaxtile's runtimes: load compiled kernels and run them from XLA (CPU, CUDA).";
 
   m.def(
       "cpu_handler", [] { return nb::capsule(jaxtile::cpu_handler()); },
@@ -117,6 +163,31 @@ NB_MODULE(_ffi, m) {
       nb::call_guard<nb::gil_scoped_release>(),
       "Load kernel `symbol` from a TVM-exported library under `key` (a no-op if `key` is "
       "already loaded). `alignment` is the buffer alignment the kernel was compiled to assume.");
+
+  m.def(
+      "cuda_handler", [] { return nb::capsule(cuda::handler()); },
+      "XLA FFI handler (execute stage) for 'jaxtile_cuda_call' on platform 'CUDA': "
+      "attributes `key` and `payload` (the cubin and its launch).");
+  m.def(
+      "cuda_initialize_handler", [] { return nb::capsule(cuda::initialize_handler()); },
+      "The initialize stage of 'jaxtile_cuda_call': loads the kernel before execution.");
+  m.def(
+      "cuda_driver_error",
+      [] {
+        std::string why;
+        return cuda::driver(&why) ? std::string() : why;
+      },
+      "Why the NVIDIA driver cannot be used here ('' if it can); loads it on first call.");
+  m.def("cuda_launch", &cuda_launch, "key"_a, "payload"_a, "stream"_a, "buffers"_a,
+        "Launch a CUDA kernel as the handler does (device addresses of operands then "
+        "results), raising RuntimeError with the handler's message. Meant for tests.");
+  m.def("parse_cuda_launch", &cuda_launch_fields, "text"_a,
+        "A launch configuration as the CUDA handler reads it: grid, block, smem, params as "
+        "(is_buffer, index or scalar bytes), buffers_needed. Raises ValueError on bad text. "
+        "Meant for tests.");
+  m.def("decode_cuda_payload", &cuda_payload_fields, "key"_a, "payload"_a,
+        "The fields of a CUDA kernel payload, checked as the handler checks them (raises "
+        "RuntimeError naming what is wrong). Meant for tests.");
 
   m.def(
       "is_loaded", [](const std::string& key) { return find_kernel(key) != nullptr; }, "key"_a);

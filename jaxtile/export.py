@@ -10,7 +10,10 @@ compiler::
     ...                                    # elsewhere, after `import jaxtile`:
     y = jax.export.deserialize(blob).call(x)
 
-Only the CPU can be exported for today; other ``platforms`` raise :class:`jaxtile.KernelError`.
+For ``platforms=["cuda"]`` each call carries its cubin and launch configuration instead, so
+an export made on a machine without a GPU runs on one with only jaxlib's CUDA plugin and an
+NVIDIA driver (no CUDA compiler); exporting for CUDA needs a CUDA compiler (NVRTC or nvcc)
+where the export is made. Other ``platforms`` raise :class:`jaxtile.KernelError`.
 
 Errors, and what to do:
 
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import jax
 
-from jaxtile.primitives.lowering import CPU_EXPORTED_TARGET_NAME
+from jaxtile.primitives.lowering import CPU_EXPORTED_TARGET_NAME, CUDA_TARGET_NAME
 
 __all__ = ["export_checks"]
 
@@ -34,7 +37,9 @@ def export_checks() -> list[jax.export.DisabledSafetyCheck]:
     """The safety checks ``jax.export.export(..., disabled_checks=...)`` must skip for jaxtile.
 
     ``jax.export`` rejects custom calls whose targets it does not know to be stable. jaxtile's
-    export target, ``jaxtile_cpu_exported_call``, is: its payload format is versioned, and a
-    jaxtile that cannot read a payload says so instead of running it.
+    export targets, ``jaxtile_cpu_exported_call`` and ``jaxtile_cuda_call``, are: their
+    payload format is versioned, and a jaxtile that cannot read a payload says so instead of
+    running it.
     """
-    return [jax.export.DisabledSafetyCheck.custom_call(CPU_EXPORTED_TARGET_NAME)]
+    return [jax.export.DisabledSafetyCheck.custom_call(name)
+            for name in (CPU_EXPORTED_TARGET_NAME, CUDA_TARGET_NAME)]

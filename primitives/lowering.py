@@ -5,9 +5,13 @@ loaded here. A program lowered by ``jax.export`` must run elsewhere, so it calls
 ``jaxtile_cpu_exported_call {key, payload}`` instead, whose payload carries the compiled
 library (``payload.py``); the handler loads it on the first call in a process that lacks it.
 Each platform's rule chooses the target (the host CPU; on a GPU, from the device's compute
-capability) and compiles the kernel for it there, so one traced call can be lowered for
-several platforms. Only the CPU has a backend; the ``cuda`` and ``rocm`` slots and any
-other platform are a clear error at lowering time. A kernel
+capability, sm_80 where the lowering has no device, as for an export made on a CPU-only
+machine) and compiles the kernel for it there, so one traced call can be lowered for several
+platforms. On ``cuda`` the call is ``jaxtile_cuda_call {key, payload}`` under jit as under
+export: the payload carries the cubin and its launch, which the CUDA handler loads on the
+first call in each device's context, so neither a persistent-compilation-cache hit nor an
+exported program needs a compiler where it runs. ``rocm`` and any other platform are a clear
+error at lowering time. A kernel
 with a sharding rule, lowered for several devices outside ``shard_map``, is wrapped so that
 each device runs it on its shard (``sharding.py``).
 """
@@ -21,7 +25,10 @@ import jax
 from jax.interpreters import mlir
 
 from jaxtile import _ffi
+from jaxtile.compiler import build, cache
 from jaxtile.compiler import jax_internals as ji
+from jaxtile.compiler.cuda.compile import arch_of
+from jaxtile.compiler.cuda.launch import Launch
 from jaxtile.compiler.errors import KernelError, kernel_error, user_line
 from jaxtile.compiler.target import for_platform
 
@@ -30,15 +37,23 @@ from .kernel_call import KernelHandle, kernel_call_p, load
 
 CPU_TARGET_NAME = "jaxtile_cpu_call"
 CPU_EXPORTED_TARGET_NAME = "jaxtile_cpu_exported_call"
-SUPPORTED_PLATFORMS = ("cpu",)
+CUDA_TARGET_NAME = "jaxtile_cuda_call"
+SUPPORTED_PLATFORMS = ("cpu", "cuda")
+
+
+def _sharded(ctx: Any, args: tuple, kernel: KernelHandle) -> Any | None:
+    """The lowering of a kernel with a sharding rule, lowered for several devices outside
+    ``shard_map``: each device runs it on its shard. None for any other call."""
+    rule = getattr(kernel.spec, "shard_rule", None)
+    if rule is None or kernel.per_shard or not ji.lowering_is_partitioned(ctx):
+        return None
+    return mlir.lower_fun(functools.partial(sharding.sharded_call, kernel=kernel, rule=rule),
+                          multiple_results=True)(ctx, *args)
 
 
 def _cpu_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
-    rule = getattr(kernel.spec, "shard_rule", None)
-    if rule is not None and not kernel.per_shard and ji.lowering_is_partitioned(ctx):
-        return mlir.lower_fun(
-            functools.partial(sharding.sharded_call, kernel=kernel, rule=rule),
-            multiple_results=True)(ctx, *args)
+    if (sharded := _sharded(ctx, args, kernel)) is not None:
+        return sharded
     target = kernel.spec.cpu_platform_target
     # A CUDA target on the CPU platform is the cuda-emulator backend: the emulator runs it.
     entry = kernel.spec.build(target, load, emulated=target.kind != "cpu")
@@ -47,7 +62,7 @@ def _cpu_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
     # ops, which jax.export then rejects (export_checks() does not allow them) rather than
     # writing a program that cannot run elsewhere.
     if ji.lowering_for_export(ctx):
-        _require_export_checks(kernel)
+        _require_export_checks(kernel, CPU_EXPORTED_TARGET_NAME)
         return jax.ffi.ffi_lowering(CPU_EXPORTED_TARGET_NAME, **aliases)(
             ctx, *args, key=entry.key, payload=payload.encode(kernel.name, entry))
     return jax.ffi.ffi_lowering(CPU_TARGET_NAME, **aliases)(ctx, *args, key=entry.key)
@@ -68,35 +83,65 @@ def _with_output_inits(ctx: Any, args: tuple, kernel: KernelHandle) -> tuple[Any
     return ctx, (*args, *zeros), {"operand_output_aliases": aliases}
 
 
+def _check_launch(entry: cache.Entry) -> None:
+    """The CUDA platform's ``load``: cubins are loaded by the handler, from the payload, in
+    each device's context; here an entry only has to be a cubin with a readable launch."""
+    if entry.kind != cache.CUDA_CUBIN:
+        raise ValueError(f"cache entry {entry.key} is a {entry.kind}, not a cubin")
+    Launch.decode(entry.launch)
+
+
+def _cuda_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
+    if (sharded := _sharded(ctx, args, kernel)) is not None:
+        return sharded
+    target = for_platform("cuda", ji.compute_capability(ctx))
+    try:
+        entry = kernel.spec.build(target, _check_launch)
+    except KernelError as e:
+        if build.has_backend(target):
+            raise
+        raise _no_backend(kernel, "cuda", ctx, e) from None
+    ctx, args, aliases = _with_output_inits(ctx, args, kernel)
+    if ji.lowering_for_export(ctx):
+        _require_export_checks(kernel, CUDA_TARGET_NAME)
+    text = payload.encode_cuda(kernel.name, entry, arch_of(target))
+    return jax.ffi.ffi_lowering(CUDA_TARGET_NAME, **aliases)(
+        ctx, *args, key=entry.key, payload=text)
+
+
+def _no_backend(kernel: KernelHandle, platform: str, ctx: Any, e: Exception) -> KernelError:
+    platforms = list(ctx.module_context.platforms)
+    return kernel_error(
+        kernel.name, f"has no lowering for platform {platform!r} (lowering for platforms "
+        f"{platforms}): {e}; until that backend lands jaxtile runs kernels on the CPU only: "
+        "lower or export for platforms=['cpu']", user_line())
+
+
 def _gpu_lowering(platform: str) -> Any:
     """The lowering slot of a GPU platform: it chooses the target from the device and
     builds for it, which fails with a clear error while that platform has no backend."""
     def lower(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
         del args
-        platforms = list(ctx.module_context.platforms)
         try:
             kernel.spec.build(for_platform(platform, ji.compute_capability(ctx)), load)
         except KernelError as e:
-            raise kernel_error(
-                kernel.name, f"has no lowering for platform {platform!r} (lowering for "
-                f"platforms {platforms}): {e}; jaxtile runs kernels on the CPU only for now: "
-                "lower or export for platforms=['cpu']", user_line()) from None
+            raise _no_backend(kernel, platform, ctx, e) from None
         raise AssertionError(f"a {platform} backend exists but has no lowering rule")
     return lower
 
 
-def _require_export_checks(kernel: KernelHandle) -> None:
+def _require_export_checks(kernel: KernelHandle, target_name: str) -> None:
     # Without this, jax.export's own check rejects the call after lowering, in a message that
     # prints the whole op with its base64 payload (tens of thousands of characters).
     checks = ji.export_disabled_checks()
     if checks is None:  # not found on the stack: JAX's own check will speak
         return
     allowed = {check.is_custom_call() for check in checks}
-    if not allowed & {CPU_EXPORTED_TARGET_NAME, "ALL"}:
+    if not allowed & {target_name, "ALL"}:
         raise kernel_error(
             kernel.name, "jax.export only accepts custom calls it knows to be stable: pass "
             "disabled_checks=jt.export_checks() to jax.export.export (jaxtile's custom call "
-            f"{CPU_EXPORTED_TARGET_NAME!r} is stable: its payload format is versioned)",
+            f"{target_name!r} is stable: its payload format is versioned)",
             user_line())
 
 
@@ -107,16 +152,23 @@ def _unsupported_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
     raise kernel_error(
         kernel.name,
         f"has no lowering for platform {' or '.join(map(repr, others))} (lowering for "
-        f"platforms {list(platforms)}): jaxtile compiles kernels for the CPU only for now; "
-        "lower or export for platforms=['cpu']", user_line())
+        f"platforms {list(platforms)}): jaxtile compiles kernels for the CPU and CUDA; "
+        "lower or export for platforms=['cpu'] or ['cuda']", user_line())
 
 
 # A rule for every platform, which the CPU-specific rule overrides.
 mlir.register_lowering(kernel_call_p, _unsupported_lowering)
 mlir.register_lowering(kernel_call_p, _cpu_lowering, platform="cpu")
-for _gpu in ("cuda", "rocm"):
-    mlir.register_lowering(kernel_call_p, _gpu_lowering(_gpu), platform=_gpu)
+mlir.register_lowering(kernel_call_p, _cuda_lowering, platform="cuda")
+mlir.register_lowering(kernel_call_p, _gpu_lowering("rocm"), platform="rocm")
 ji.require_devices_when_lowering(kernel_call_p)
 jax.ffi.register_ffi_target(CPU_TARGET_NAME, _ffi.cpu_handler(), platform="cpu")
 jax.ffi.register_ffi_target(CPU_EXPORTED_TARGET_NAME, _ffi.cpu_exported_handler(),
                             platform="cpu")
+# Harmless without a CUDA jaxlib plugin: JAX keeps the registration for when one loads. The
+# handler opens libcuda only when a kernel first runs; its initialize stage loads the kernel
+# before XLA executes (or captures into a CUDA graph) the call.
+jax.ffi.register_ffi_target(
+    CUDA_TARGET_NAME,
+    {"initialize": _ffi.cuda_initialize_handler(), "execute": _ffi.cuda_handler()},
+    platform="CUDA", traits=ji.COMMAND_BUFFER_COMPATIBLE)

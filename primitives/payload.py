@@ -24,6 +24,15 @@ The first three lines keep their meaning in every format, so that an older jaxti
 which version a newer payload needs, and so does the last header line: the checksum, which
 the reader verifies first (a damaged ``format`` digit is damage, not a newer format).
 
+A CUDA kernel's call (``jaxtile_cuda_call``, :func:`encode_cuda`) always carries its payload,
+under jit as under export, so that a persistent-compilation-cache hit needs no compiler
+either. Its fields after the first three lines are ``platform=cuda``, ``key``, ``name``,
+``symbol`` (the kernel's name in the cubin), ``arch`` (``sm_80``...), ``launch`` (grid,
+block, dynamic shared memory and parameters: ``compiler/cuda/launch.py``), ``ptx_size``,
+``size`` and ``sha256``, then in base64 the cubin followed by the PTX it was assembled from
+(``ptx_size`` bytes, possibly none), which the driver compiles on a GPU the cubin does not
+run on (``decode_cuda_payload`` in ``payload.cc``).
+
 Only the library that was compiled is ever embedded: :func:`encode` checks the bytes it reads
 from the cache against the checksum recorded when the kernel was compiled. Bump ``FORMAT``
 (and ``kPayloadFormat`` in ``ffi/common/payload.h``) whenever the format changes.
@@ -66,31 +75,78 @@ def pack(*, key: str, name: str, symbol: str, num_blocks: int, library: bytes,
         "arch": platform.machine() if arch is None else arch,
         "isa": ",".join(host_isa() if isa is None else isa), "size": len(library),
     }
+    return _seal(fields, library)
+
+
+def _seal(fields: dict, artifact: bytes) -> str:
+    """The header lines of ``fields``, the checksum over them and ``artifact``, then it."""
     lines = [MAGIC] + [f"{field}={value}" for field, value in fields.items()]
     for line in lines:
         if "\n" in line or "\r" in line:
             raise ValueError(f"payload field {line!r} must not contain a line break")
     header = "".join(line + "\n" for line in lines).encode()
-    digest = hashlib.sha256(header + library).hexdigest()
-    return f"{header.decode()}sha256={digest}\n{base64.b64encode(library).decode()}"
+    digest = hashlib.sha256(header + artifact).hexdigest()
+    return f"{header.decode()}sha256={digest}\n{base64.b64encode(artifact).decode()}"
+
+
+def pack_cuda(*, key: str, name: str, symbol: str, arch: str, launch: str, cubin: bytes,
+              ptx: bytes = b"", version: str | None = None) -> str:
+    """The payload text of a CUDA kernel call: its cubin (and PTX) and how to launch it."""
+    fields = {"format": FORMAT, "jaxtile": version or _version(), "platform": "cuda",
+              "key": key, "name": name, "symbol": symbol, "arch": arch, "launch": launch,
+              "ptx_size": len(ptx), "size": len(cubin) + len(ptx)}
+    return _seal(fields, cubin + ptx)
+
+
+def unpack(text: str) -> tuple[dict[str, str], bytes]:
+    """The header fields and the artifact of a payload, checksum verified (ValueError if
+    it does not match); for tests and tools (the handlers decode in C++)."""
+    header, _, rest = text.partition("\nsha256=")
+    digest, _, blob = rest.partition("\n")
+    artifact = base64.b64decode(blob, validate=True)
+    if hashlib.sha256((header + "\n").encode() + artifact).hexdigest() != digest:
+        raise ValueError("payload checksum mismatch")
+    lines = header.split("\n")
+    if lines[0] != MAGIC:
+        raise ValueError("not a jaxtile kernel payload")
+    return dict(line.split("=", 1) for line in lines[1:]), artifact
 
 
 @functools.lru_cache(maxsize=64)
 def encode(kernel_name: str, entry: cache.Entry) -> str:
     """The payload of a compiled kernel, read from its library in the build cache and
     checked against the checksum recorded when it was compiled."""
+    library = _read_checked(kernel_name, entry)
+    return pack(key=entry.key, name=_one_line(kernel_name), symbol=entry.symbol,
+                num_blocks=entry.num_blocks, alignment=entry.alignment, library=library)
+
+
+def _one_line(kernel_name: str) -> str:
+    # Kernel names are Python names, but a generated one could hold anything.
+    return " ".join(kernel_name.split()) or "kernel"
+
+
+def _read_checked(kernel_name: str, entry: cache.Entry) -> bytes:
     try:
         with open(entry.library, "rb") as f:
-            library = f.read()
+            data = f.read()
     except OSError as e:
-        raise kernel_error(kernel_name, f"cannot embed the compiled library in an export: {e}"
+        raise kernel_error(kernel_name, f"cannot embed the compiled code in the program: {e}"
                            " (was the kernel cache cleared while this process ran?)") from e
-    if hashlib.sha256(library).hexdigest() != entry.sha256:
+    if hashlib.sha256(data).hexdigest() != entry.sha256:
         raise kernel_error(
-            kernel_name, f"cannot embed the compiled library in an export: {entry.library} "
+            kernel_name, f"cannot embed the compiled code in the program: {entry.library} "
             "changed on disk since it was compiled (checksum mismatch), so it is not the code "
             "this process runs. Delete it and run the program again to rebuild it.")
-    # Kernel names are Python names, but a generated one could hold anything.
-    name = " ".join(kernel_name.split()) or "kernel"
-    return pack(key=entry.key, name=name, symbol=entry.symbol, num_blocks=entry.num_blocks,
-                alignment=entry.alignment, library=library)
+    return data
+
+
+@functools.lru_cache(maxsize=64)
+def encode_cuda(kernel_name: str, entry: cache.Entry, arch: str) -> str:
+    """The payload of a kernel compiled to a cubin for ``arch``, read from the build cache
+    and checked against the checksum recorded when it was compiled."""
+    artifact = _read_checked(kernel_name, entry)
+    split = len(artifact) - entry.meta.ptx_bytes
+    return pack_cuda(key=entry.key, name=_one_line(kernel_name), symbol=entry.symbol,
+                     arch=arch, launch=entry.launch, cubin=artifact[:split],
+                     ptx=artifact[split:])

@@ -18,10 +18,12 @@ from .. import ir
 from ..errors import KernelError
 from ..target import Target
 from . import types as T
+from .compile import CompiledCuda, compile_kernel
 from .context import Context, source_line
 from .copies import lower_atomic, lower_copy
 from .device_rule import device_rule_violations
 from .gemm import lower_gemm, swizzles
+from .launch import Launch
 from .pipeline import lower_pipelined
 from .reductions import lower_reduce
 from .staging import lower_argreduce, lower_scan, lower_staged
@@ -254,3 +256,12 @@ def generate(kernel: ir.Kernel, target: Target) -> CudaKernel:
 def source(kernel: ir.Kernel, target: Target) -> str:
     """The CUDA source of ``kernel``, for inspection."""
     return generate(kernel, target).source
+
+
+def compile_to_library(kernel: ir.Kernel, target: Target) -> CompiledCuda:
+    """Generate ``kernel``'s CUDA code and compile it to a cubin (NVRTC, else nvcc) with its
+    launch configuration: one block per grid block, the buffers passed in order."""
+    code = generate(kernel, target)
+    launch = Launch((code.num_blocks, 1, 1), (code.threads, 1, 1), 0,
+                    tuple(f"b{i}" for i in range(len(code.params))))
+    return compile_kernel(code.source, code.symbol, target, launch, file=f"{kernel.name}.cu")

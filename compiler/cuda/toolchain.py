@@ -34,12 +34,14 @@ class PtxasReport:
 
 @dataclass(frozen=True)
 class Cubin:
-    """A compiled cubin and the per-kernel ptxas reports (by kernel name)."""
+    """A compiled cubin, the per-kernel ptxas reports (by kernel name) and the PTX the
+    cubin was assembled from."""
 
     arch: str
     data: bytes
     kernels: dict[str, PtxasReport]
     log: str
+    ptx: bytes = b""
 
 
 def nvcc_path() -> str | None:
@@ -100,10 +102,13 @@ def compile_cubin(source: str, arch: str = "sm_80", *, file: str = "kernel.cu") 
         src = Path(tmp) / file
         src.write_text(source)
         out = Path(tmp) / "kernel.cubin"
+        # --keep leaves the PTX (<stem>.ptx) in the folder, at no extra cost.
         cmd = [nvcc, "-cubin", f"-arch={arch}", "-std=c++17", "-O3", "-Xptxas", "-v",
-               f"-I{DEVICE_INCLUDE}", "-o", str(out), str(src)]
+               f"-I{DEVICE_INCLUDE}", "--keep", "--keep-dir", tmp, "-o", str(out), str(src)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         log = proc.stdout + proc.stderr
         if proc.returncode != 0:
             raise ToolchainError(f"nvcc -arch={arch} failed on '{file}':\n{log.strip()}")
-        return Cubin(arch, out.read_bytes(), parse_ptxas(log), log)
+        ptx = src.with_suffix(".ptx")
+        return Cubin(arch, out.read_bytes(), parse_ptxas(log), log,
+                     ptx.read_bytes() if ptx.exists() else b"")

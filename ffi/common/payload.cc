@@ -84,11 +84,9 @@ std::vector<std::string> split_commas(std::string_view list) {
   return items;
 }
 
-
-}  // namespace
-
-Payload decode_payload(std::string_view key, std::string_view text) {
-  Reader r(key, text);
+// Checks what every format shares: the magic line, the checksum over the header and the
+// decoded artifact, and the format number; leaves `r` after the `jaxtile=` line.
+std::string open_payload(Reader& r, std::string_view text, int* format, std::string* version) {
   if (text.empty()) r.fail("is empty");
   const bool has_magic = text.substr(0, kMagic.size()) == kMagic &&
                          text.substr(kMagic.size(), 1) == "\n";
@@ -97,7 +95,7 @@ Payload decode_payload(std::string_view key, std::string_view text) {
   }
   // Integrity first: a damaged field (the format digit included) must read as damage, not
   // as a payload from a newer jaxtile. In every format the header ends with the sha256
-  // line, which covers every byte before it and the decoded library after it.
+  // line, which covers every byte before it and the decoded artifact after it.
   const size_t sha_at = text.find("\nsha256=");
   if (sha_at == std::string_view::npos) r.fail("is malformed: it has no checksum line");
   const size_t header_size = sha_at + 1;
@@ -110,27 +108,51 @@ Payload decode_payload(std::string_view key, std::string_view text) {
     const size_t begin = at + 6;
     r.set_name(std::string(text.substr(begin, text.find('\n', begin) - begin)));
   }
-  Payload p;
-  if (!base64_decode(text.substr(sha_end + 1), &p.library)) {
+  std::string artifact;
+  if (!base64_decode(text.substr(sha_end + 1), &artifact)) {
     r.fail("is corrupted: its library is not valid base64 (the exported program was altered)");
   }
   Sha256 sha;
   sha.update(text.substr(0, header_size));
-  sha.update(p.library);
+  sha.update(artifact);
   if (sha.hex_digest() != expected_sha) {
     r.fail("is corrupted: checksum mismatch (the exported program was altered or damaged)");
   }
-
   r.line("header");
-  const int64_t format = r.integer("format");
-  p.jaxtile_version = std::string(r.field("jaxtile"));
-  if (format > kPayloadFormat) {
-    r.fail("was made by a newer jaxtile (jaxtile " + p.jaxtile_version + ", payload format " +
-           std::to_string(format) + "; this jaxtile reads formats up to " +
+  const int64_t n = r.integer("format");
+  *version = std::string(r.field("jaxtile"));
+  if (n > kPayloadFormat) {
+    r.fail("was made by a newer jaxtile (jaxtile " + *version + ", payload format " +
+           std::to_string(n) + "; this jaxtile reads formats up to " +
            std::to_string(kPayloadFormat) + "): upgrade jaxtile to run this exported program");
   }
-  if (format < 1) r.fail("is malformed: format " + std::to_string(format) + " does not exist");
-  p.format = static_cast<int>(format);
+  if (n < 1) r.fail("is malformed: format " + std::to_string(n) + " does not exist");
+  *format = static_cast<int>(n);
+  return artifact;
+}
+
+// The checks after the last field: nothing else before the checksum, the size, the key.
+void close_payload(Reader& r, std::string_view text, std::string_view key,
+                   const std::string& payload_key, size_t artifact_size, int64_t size) {
+  if (r.position() != text.find("\nsha256=") + 1) {
+    r.fail("is malformed: unexpected fields after 'size'");
+  }
+  if (static_cast<int64_t>(artifact_size) != size) {
+    r.fail("is corrupted: its library has " + std::to_string(artifact_size) +
+           " bytes where the header says " + std::to_string(size));
+  }
+  if (payload_key != key) {
+    r.fail("belongs to another kernel (key " + payload_key.substr(0, 16) +
+           "...): the exported program was altered");
+  }
+}
+
+}  // namespace
+
+Payload decode_payload(std::string_view key, std::string_view text) {
+  Reader r(key, text);
+  Payload p;
+  p.library = open_payload(r, text, &p.format, &p.jaxtile_version);
   p.key = std::string(r.field("key"));
   p.name = std::string(r.field("name"));
   r.set_name(p.name);
@@ -140,20 +162,30 @@ Payload decode_payload(std::string_view key, std::string_view text) {
   p.arch = std::string(r.field("arch"));
   p.isa = split_commas(r.field("isa"));
   const int64_t size = r.integer("size");
-  if (r.position() != header_size) {
-    r.fail("is malformed: unexpected fields after 'size'");
-  }
-  if (static_cast<int64_t>(p.library.size()) != size) {
-    r.fail("is corrupted: its library has " + std::to_string(p.library.size()) +
-           " bytes where the header says " + std::to_string(size));
-  }
+  close_payload(r, text, key, p.key, p.library.size(), size);
   if (p.num_blocks < 1 || p.alignment < 1 || (p.alignment & (p.alignment - 1)) != 0) {
     r.fail("is malformed: num_blocks must be positive and alignment a power of two");
   }
-  if (p.key != key) {
-    r.fail("belongs to another kernel (key " + p.key.substr(0, 16) +
-           "...): the exported program was altered");
-  }
+  return p;
+}
+
+CudaPayload decode_cuda_payload(std::string_view key, std::string_view text) {
+  Reader r(key, text);
+  CudaPayload p;
+  p.cubin = open_payload(r, text, &p.format, &p.jaxtile_version);
+  if (r.field("platform") != "cuda") r.fail("is not a CUDA kernel's payload");
+  p.key = std::string(r.field("key"));
+  p.name = std::string(r.field("name"));
+  r.set_name(p.name);
+  p.symbol = std::string(r.field("symbol"));
+  p.arch = std::string(r.field("arch"));
+  p.launch = std::string(r.field("launch"));
+  const int64_t ptx_size = r.integer("ptx_size");
+  const int64_t size = r.integer("size");
+  close_payload(r, text, key, p.key, p.cubin.size(), size);
+  if (ptx_size > size) r.fail("is malformed: its PTX is larger than the whole artifact");
+  p.ptx = p.cubin.substr(static_cast<size_t>(size - ptx_size));
+  p.cubin.resize(static_cast<size_t>(size - ptx_size));
   return p;
 }
 

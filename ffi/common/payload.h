@@ -54,10 +54,42 @@ struct Payload {
   std::string library;  // the decoded shared library
 };
 
+// The payload of a CUDA kernel call ("jaxtile_cuda_call"), format 1: after the three lines
+// every format shares,
+//
+//   platform=cuda\n
+//   key=<content key>\n
+//   name=<kernel name>\n
+//   symbol=<the kernel's extern "C" name in the cubin>\n
+//   arch=<sm_80, sm_90a, ...>\n
+//   launch=<grid, block, shared memory, parameters: cuda/launch_spec.h>\n
+//   ptx_size=<bytes of PTX after the cubin, possibly 0>\n
+//   size=<cubin + PTX bytes>\n
+//   sha256=<hex>\n                  over every byte above and the cubin and PTX
+//   <base64 of the cubin followed by its PTX>
+//
+// The PTX (of a family-portable architecture such as sm_80) is what the driver compiles on a
+// GPU the cubin cannot run on.
+struct CudaPayload {
+  int format = 0;
+  std::string jaxtile_version;
+  std::string key;
+  std::string name;
+  std::string symbol;
+  std::string arch;
+  std::string launch;
+  std::string cubin;
+  std::string ptx;  // empty when the payload has none
+};
+
 // Decodes `text`, the payload of a call to the kernel `key`, and checks it: checksum, then
 // format and key. Whether this machine can run the library is the platform loader's check
 // (cpu/exported_kernel.cc). Throws PayloadError saying what is wrong.
 Payload decode_payload(std::string_view key, std::string_view text);
+
+// Decodes and checks the payload of a CUDA kernel call like decode_payload; whether the cubin
+// suits the device is the driver's check when it loads it.
+CudaPayload decode_cuda_payload(std::string_view key, std::string_view text);
 
 // The error for a payload of kernel `name` (may be empty) called as `key`: "jaxtile: cannot run
 // the exported kernel ... : <why>".

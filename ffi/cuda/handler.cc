@@ -1,0 +1,75 @@
+#include "cuda/handler.h"
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "cuda/driver.h"
+#include "cuda/kernels.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace jaxtile::cuda {
+namespace {
+
+// Operands + results handled without touching the heap.
+constexpr size_t kInlineBuffers = 32;
+
+ffi::Error call(CUstream stream, std::string_view key, std::string_view payload,
+                ffi::RemainingArgs args, ffi::RemainingRets rets) {
+  const size_t n = args.size() + rets.size();
+  void* inline_buffers[kInlineBuffers];
+  std::unique_ptr<void*[]> heap;
+  void** buffers = inline_buffers;
+  if (n > kInlineBuffers) {
+    heap.reset(new void*[n]);
+    buffers = heap.get();
+  }
+  for (size_t i = 0; i < args.size(); ++i) {
+    auto buf = args.get<ffi::AnyBuffer>(i);
+    if (!buf.has_value()) return buf.error();
+    buffers[i] = buf->untyped_data();
+  }
+  for (size_t i = 0; i < rets.size(); ++i) {
+    auto buf = rets.get<ffi::AnyBuffer>(i);
+    if (!buf.has_value()) return buf.error();
+    buffers[args.size() + i] = (*buf)->untyped_data();
+  }
+  const std::string error = launch(stream, key, payload, buffers, n);
+  if (!error.empty()) return ffi::Error::Internal(error);
+  return ffi::Error::Success();
+}
+
+// The initialize stage: the kernel is loaded before XLA executes, or captures, the call.
+ffi::Error initialize(CUstream stream, std::string_view key, std::string_view payload,
+                      ffi::RemainingArgs, ffi::RemainingRets) {
+  const std::string error = load(stream, key, payload);
+  if (!error.empty()) return ffi::Error::Internal(error);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxtileCudaInitialize, initialize,
+                              ffi::Ffi::BindInitialize()
+                                  .Ctx<ffi::PlatformStream<CUstream>>()
+                                  .Attr<std::string_view>("key")
+                                  .Attr<std::string_view>("payload")
+                                  .RemainingArgs()
+                                  .RemainingRets());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxtileCudaCall, call,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<CUstream>>()
+                                  .Attr<std::string_view>("key")
+                                  .Attr<std::string_view>("payload")
+                                  .RemainingArgs()
+                                  .RemainingRets(),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+void* handler() { return reinterpret_cast<void*>(&JaxtileCudaCall); }
+
+void* initialize_handler() { return reinterpret_cast<void*>(&JaxtileCudaInitialize); }
+
+}  // namespace jaxtile::cuda

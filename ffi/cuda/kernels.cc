@@ -1,0 +1,194 @@
+#include "cuda/kernels.h"
+
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+#include "common/payload.h"
+#include "cuda/launch_spec.h"
+
+namespace jaxtile::cuda {
+namespace {
+
+constexpr size_t kInlineParams = 32;
+
+struct Kernel {
+  std::string name;
+  CUfunction fn;
+  LaunchSpec spec;
+};
+
+// Orders (context, key) pairs, looked up without copying the key.
+struct Less {
+  using is_transparent = void;
+  template <typename A, typename B>
+  bool operator()(const A& a, const B& b) const {
+    return a.first != b.first ? a.first < b.first
+                              : std::string_view(a.second) < std::string_view(b.second);
+  }
+};
+
+// Kernels are never unloaded (keys name immutable cubins), so pointers stay valid.
+std::mutex g_mutex;
+std::map<std::pair<CUcontext, std::string>, std::unique_ptr<Kernel>, Less> g_kernels;
+
+std::string who(std::string_view name, std::string_view key) {
+  return "jaxtile: CUDA kernel '" + std::string(name) + "' (key " +
+         std::string(key.substr(0, 16)) + "...)";
+}
+
+// The kernel's name from its payload, for messages where loading failed before decoding.
+std::string name_in(std::string_view key, std::string_view payload) {
+  try {
+    return decode_cuda_payload(key, payload).name;
+  } catch (const std::exception&) {
+    return "?";
+  }
+}
+
+// Makes `ctx` current for the scope: modules load into the current context.
+class ContextScope {
+ public:
+  ContextScope(const Driver& d, CUcontext ctx) : d_(d) { pushed_ = d.cuCtxPushCurrent(ctx); }
+  ~ContextScope() {
+    CUcontext ignored;
+    if (pushed_ == kCudaSuccess) d_.cuCtxPopCurrent(&ignored);
+  }
+  CUresult status() const { return pushed_; }
+
+ private:
+  const Driver& d_;
+  CUresult pushed_;
+};
+
+// Loads the payload's cubin into `ctx`; throws std::runtime_error with the whole message.
+std::unique_ptr<Kernel> load(const Driver& d, CUcontext ctx, std::string_view key,
+                             std::string_view payload) {
+  CudaPayload p = decode_cuda_payload(key, payload);  // PayloadError names the kernel
+  auto k = std::make_unique<Kernel>();
+  k->name = p.name;
+  try {
+    k->spec = parse_launch(p.launch);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(who(p.name, key) + ": " + e.what());
+  }
+  auto check = [&](CUresult r, const std::string& what) {
+    if (r != kCudaSuccess) {
+      throw std::runtime_error(who(p.name, key) + ": " + what + " failed: " + d.describe(r));
+    }
+  };
+  ContextScope scope(d, ctx);
+  check(scope.status(), "making the stream's context current");
+  CUmodule module = nullptr;
+  CUresult loaded = d.cuModuleLoadData(&module, p.cubin.data());
+  std::string what = "loading its cubin (compiled for " + p.arch + ") into the device's context";
+  if (loaded == kCudaErrorNoBinaryForGpu && !p.ptx.empty()) {
+    // A GPU of a newer family: the driver compiles the PTX for it (once per process).
+    loaded = d.cuModuleLoadData(&module, p.ptx.c_str());
+    what = "compiling its PTX (for " + p.arch + " and later) for this GPU, whose family the " +
+           "cubin is not for,";
+  } else if (loaded == kCudaErrorNoBinaryForGpu) {
+    what += " (it carries no PTX: compiled for an architecture-specific target)";
+  }
+  check(loaded, what);
+  check(d.cuModuleGetFunction(&k->fn, module, p.symbol.c_str()),
+        "finding its function '" + p.symbol + "' in the cubin");
+  if (k->spec.dynamic_smem > 48 * 1024) {
+    check(d.cuFuncSetAttribute(k->fn, kFuncAttrMaxDynamicSharedBytes,
+                               static_cast<int>(k->spec.dynamic_smem)),
+          "opting into " + std::to_string(k->spec.dynamic_smem) +
+              " bytes of dynamic shared memory");
+  }
+  return k;
+}
+
+const Kernel& find_or_load(const Driver& d, CUcontext ctx, std::string_view key,
+                           std::string_view payload) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto it = g_kernels.find(std::make_pair(ctx, key));
+  if (it == g_kernels.end()) {
+    it = g_kernels.emplace(std::make_pair(ctx, std::string(key)), load(d, ctx, key, payload))
+             .first;
+  }
+  return *it->second;
+}
+
+std::string run(const Driver& d, const Kernel& k, std::string_view key, CUstream stream,
+                void* const* buffers, size_t num_buffers) {
+  const LaunchSpec& s = k.spec;
+  if (num_buffers < s.buffers_needed) {
+    return who(k.name, key) + ": called with " + std::to_string(num_buffers) +
+           " buffers, but its parameters use " + std::to_string(s.buffers_needed);
+  }
+  // Each parameter's bytes, and the array of pointers to them that the driver reads; on the
+  // stack for the usual few parameters.
+  const size_t n = s.params.size();
+  uint64_t inline_values[kInlineParams];
+  void* inline_pointers[kInlineParams];
+  std::vector<uint64_t> heap_values;
+  std::vector<void*> heap_pointers;
+  uint64_t* values = inline_values;
+  void** pointers = inline_pointers;
+  if (n > kInlineParams) {
+    heap_values.resize(n);
+    heap_pointers.resize(n);
+    values = heap_values.data();
+    pointers = heap_pointers.data();
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const Param& p = s.params[i];
+    values[i] = p.is_buffer ? reinterpret_cast<uint64_t>(buffers[p.value]) : p.value;
+    pointers[i] = &values[i];
+  }
+  const CUresult r = d.cuLaunchKernel(k.fn, s.grid[0], s.grid[1], s.grid[2], s.block[0],
+                                      s.block[1], s.block[2], s.dynamic_smem, stream, pointers,
+                                      nullptr);
+  if (r != kCudaSuccess) {
+    return who(k.name, key) + " failed to launch (" + s.describe() + "): " + d.describe(r);
+  }
+  return "";
+}
+
+// The driver and the kernel loaded in the stream's context; throws with the whole message.
+std::pair<const Driver*, const Kernel*> resolve(CUstream stream, std::string_view key,
+                                                std::string_view payload) {
+  std::string why;
+  const Driver* d = driver(&why);
+  if (d == nullptr) {
+    throw std::runtime_error(who(name_in(key, payload), key) + " cannot run: " + why);
+  }
+  CUcontext ctx = nullptr;
+  if (CUresult r = d->cuStreamGetCtx(stream, &ctx); r != kCudaSuccess) {
+    throw std::runtime_error(who(name_in(key, payload), key) +
+                             ": cannot find the context of the stream XLA passed: " +
+                             d->describe(r));
+  }
+  return {d, &find_or_load(*d, ctx, key, payload)};
+}
+
+}  // namespace
+
+std::string launch(CUstream stream, std::string_view key, std::string_view payload,
+                   void* const* buffers, size_t num_buffers) {
+  try {
+    auto [d, k] = resolve(stream, key, payload);
+    return run(*d, *k, key, stream, buffers, num_buffers);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+std::string load(CUstream stream, std::string_view key, std::string_view payload) {
+  try {
+    resolve(stream, key, payload);
+    return "";
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+}  // namespace jaxtile::cuda

@@ -1,0 +1,131 @@
+"""Lowering for CUDA on a machine without a GPU: the call carries its cubin.
+
+Until the CUDA code generator lands, a stand-in backend compiles a hand-written kernel of the
+same meaning through the interface the generator uses (``compile_kernel`` -> ``CompiledCuda``
+as ``compile_to_library``'s result)."""
+
+import re
+import sys
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from cuda_kernels import SCALE_SHIFT, needs_compiler
+
+import jaxtile as jt
+from jaxtile import _ffi
+from jaxtile.compiler import build, cache
+from jaxtile.compiler.cuda.compile import compile_kernel
+from jaxtile.compiler.cuda.launch import Launch, buffer, scalar
+from jaxtile.primitives import payload
+from jaxtile.primitives.lowering import CUDA_TARGET_NAME
+
+pytestmark = needs_compiler
+
+
+@pytest.fixture
+def stand_in_backend(monkeypatch, tmp_path):
+    """A CUDA backend compiling SCALE_SHIFT for any kernel; yields what it compiled."""
+    compiled = []
+
+    def compile_to_library(kernel, target):
+        (x,) = [b for b in kernel.params if b.role == "input"]
+        n = int(np.prod(x.shape))
+        launch = Launch((-(-n // 128), 1, 1), (128, 1, 1), 0,
+                        (buffer(0), buffer(1), scalar("i32", n), scalar("f32", 2.0),
+                         scalar("f32", 1.0)))
+        compiled.append(compile_kernel(SCALE_SHIFT, "scale_shift", target, launch))
+        return compiled[-1]
+
+    module = types.ModuleType("_jaxtile_stand_in_cuda_backend")
+    module.compile_to_library = compile_to_library
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(build._BACKENDS, "cuda", module.__name__)
+    # Its cubins must not be found by later tests under the same keys.
+    monkeypatch.setenv("JAXTILE_CACHE_DIR", str(tmp_path))
+    cache.clear_memory()
+    yield compiled
+    cache.clear_memory()
+
+
+def _scale_shift_kernel():
+    # A fresh kernel per test: specialisations keep their compiled entries.
+    @jt.kernel
+    def scale_shift(x):
+        out = jt.empty(x.shape, x.dtype)
+        out[...] = x[...] * 2 + 1
+        return out
+    return scale_shift
+
+
+def _payloads(mlir_text: str) -> list[str]:
+    """The payload attributes of the module's CUDA kernel calls, MLIR escapes undone."""
+    calls = [line for line in mlir_text.splitlines() if CUDA_TARGET_NAME in line]
+    found = [re.search(r'payload = "((?:[^"\\]|\\.)*)"', line).group(1) for line in calls]
+    return [re.sub(r"\\([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), p)
+            for p in found]
+
+
+def test_export_for_cuda_carries_the_cubin(stand_in_backend):
+    kernel = _scale_shift_kernel()
+    spec = jax.ShapeDtypeStruct((1000,), jnp.float32)
+    exported = jax.export.export(jax.jit(kernel), platforms=["cuda"],
+                                 disabled_checks=jt.export_checks())(spec)
+    blob = exported.serialize()
+    restored = jax.export.deserialize(blob)
+    assert restored.platforms == ("cuda",)
+    (text,) = _payloads(restored.mlir_module())
+    (compiled,) = stand_in_backend
+    # Python's reading and the handler's agree with what was compiled, byte for byte.
+    header, artifact = payload.unpack(text)
+    assert artifact == compiled.cubin + compiled.ptx and artifact.startswith(b"\x7fELF")
+    assert header["ptx_size"] == str(len(compiled.ptx)) and b".target sm_80" in compiled.ptx
+    assert header["platform"] == "cuda" and header["arch"] == "sm_80"
+    assert Launch.decode(header["launch"]) == compiled.launch
+    fields = _ffi.decode_cuda_payload(header["key"], text)
+    assert fields["cubin"] == compiled.cubin and fields["ptx"] == compiled.ptx
+    assert fields["symbol"] == "scale_shift"
+    assert fields["name"] == "scale_shift" and fields["launch"] == compiled.launch.encode()
+    assert compiled.launch.grid == (8, 1, 1)
+
+
+def test_jit_lowering_for_cuda_carries_the_cubin_too(stand_in_backend):
+    # A persistent-compilation-cache hit runs the HLO without lowering again: the cubin must
+    # be in it under jit as well, not only in exports.
+    kernel = _scale_shift_kernel()
+    x = jax.ShapeDtypeStruct((300,), jnp.float32)
+    lowered = jax.jit(kernel).trace(x).lower(lowering_platforms=("cuda",))
+    (text,) = _payloads(lowered.as_text())
+    (compiled,) = stand_in_backend
+    assert payload.unpack(text)[1] == compiled.cubin + compiled.ptx
+
+
+def test_export_for_cpu_and_cuda_holds_both_calls(stand_in_backend):
+    kernel = _scale_shift_kernel()
+    spec = jax.ShapeDtypeStruct((64,), jnp.float32)
+    exported = jax.export.export(jax.jit(kernel), platforms=["cpu", "cuda"],
+                                 disabled_checks=jt.export_checks())(spec)
+    module = exported.mlir_module()
+    assert "jaxtile_cpu_exported_call" in module and len(_payloads(module)) == 1
+    # The CPU branch still runs here.
+    x = np.arange(64, dtype=np.float32)
+    np.testing.assert_allclose(exported.call(x), x * 2 + 1)
+
+
+def test_export_for_cuda_without_export_checks_says_what_to_pass(stand_in_backend):
+    spec = jax.ShapeDtypeStruct((64,), jnp.float32)
+    with pytest.raises(jt.KernelError, match="export_checks.*jaxtile_cuda_call"):
+        jax.export.export(jax.jit(_scale_shift_kernel()), platforms=["cuda"])(spec)
+
+
+def test_export_for_cuda_without_a_cuda_backend_is_a_kernel_error(monkeypatch):
+    monkeypatch.delitem(build._BACKENDS, "cuda", raising=False)
+    spec = jax.ShapeDtypeStruct((64,), jnp.float32)
+    with pytest.raises(jt.KernelError) as info:
+        jax.export.export(jax.jit(_scale_shift_kernel()), platforms=["cpu", "cuda"],
+                          disabled_checks=jt.export_checks())(spec)
+    msg = str(info.value)
+    for words in ("scale_shift", "'cuda'", "['cpu', 'cuda']", "cannot compile for cuda:sm_80"):
+        assert words in msg, msg

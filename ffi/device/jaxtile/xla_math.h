@@ -8,15 +8,21 @@
 namespace jaxtile {
 
 // Float constants from their bits: infinities and NaNs without <math.h> (NVRTC has none).
+// A union rather than __builtin_memcpy, which NVRTC lacks outside templates; nvcc and g++
+// both define reading the other member.
 JT_DEVICE float f32_bits(unsigned u) {
-  float f;
-  __builtin_memcpy(&f, &u, 4);
-  return f;
+  union {
+    unsigned u;
+    float f;
+  } v{u};
+  return v.f;
 }
 JT_DEVICE double f64_bits(unsigned long long u) {
-  double f;
-  __builtin_memcpy(&f, &u, 8);
-  return f;
+  union {
+    unsigned long long u;
+    double f;
+  } v{u};
+  return v.f;
 }
 
 // float16 / bfloat16 math is done in float32 and rounded to the storage type after every op.

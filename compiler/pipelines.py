@@ -21,8 +21,8 @@ import sys
 from collections.abc import Callable, Sequence
 
 from . import ir, printer, verify
+from .cuda.bounds import check_bounds
 from .passes.barriers import insert_barriers
-from .passes.bounds import check_bounds
 from .passes.clamp_check import warn_clamped_accesses
 from .passes.coverage import check_output_coverage
 from .passes.dce import eliminate_dead_code

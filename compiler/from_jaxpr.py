@@ -546,42 +546,6 @@ def _while(c: _Converter, eqn: Any, out: list) -> None:
     out.append(ir.For(var, start, extent, kind, stages, stmts, c.line))
 
 
-_GROUPS = (
-    ("Elementwise", lambda n: n in _UNARY or n in _BINARY or n in (
-        "round", "integer_pow", "convert_element_type", "select_n", "clamp")),
-    ("Reductions and scans", lambda n: n in _REDUCE or n in _SCANS or n in (
-        "argmax", "argmin", "sort")),
-    ("Shapes", lambda n: n in ("broadcast_in_dim", "reshape", "squeeze", "expand_dims",
-                               "transpose", "iota", "rev", "slice", "concatenate",
-                               "dim_as_value")),
-    ("Refs and tile ops", lambda n: n in ("get", "swap", "addupdate", tp.COPY, tp.GEMM,
-                                          tp.ATOMIC)),
-    ("Control flow and calls", lambda n: n in ("scan", "while", "cond") or n in _INLINE
-     or n in _IDENTITY),
-)
-
-
-def operations_markdown() -> str:
-    """The table of JAX primitives kernel bodies may use, generated from
-    :data:`CONVERTERS` (``docs/operations.md`` holds it; a test keeps it current)."""
-    lines = ["# Operations kernel bodies may use", "",
-             "Generated from the converter's table (`compiler/from_jaxpr.py`, "
-             "`operations_markdown()`): the JAX primitives that `jnp`/`lax` calls in a "
-             "kernel body may produce. `while` is a counted loop (`jt.loop`/`jt.pipelined` "
-             "with traced bounds); `dot_general` is rejected with a pointer to `jt.gemm`. "
-             "Anything else is a `KernelError` at the line that uses it.", "",
-             "| group | primitives |", "| --- | --- |"]
-    seen: set[str] = set()
-    for title, member in _GROUPS:
-        names = sorted(n for n in CONVERTERS if member(n) and n not in seen)
-        seen.update(names)
-        lines.append(f"| {title} | {', '.join(f'`{n}`' for n in names)} |")
-    rest = sorted(set(CONVERTERS) - seen - set(_REJECTED))
-    if rest:
-        lines.append(f"| Other | {', '.join(f'`{n}`' for n in rest)} |")
-    return "\n".join(lines) + "\n"
-
-
 def convert(name: str, closed: ji.ClosedJaxpr, buffers: Sequence[ir.Buffer],
             grid: tuple[int, ...], threads: int,
             index_axes: Sequence[int | None]) -> ir.Kernel:

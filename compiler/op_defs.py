@@ -239,21 +239,13 @@ def _check_reduce(op: Op, bufs: Buffers) -> str | None:
     return None
 
 
-def _check_scan(op: Op, bufs: Buffers) -> str | None:
+def _check_along_axis(op: Op, bufs: Buffers) -> str | None:
+    """Scans and sorts: a result of the operand's type, computed along a valid axis."""
     src, res, axis = op.operands[0], op.result, op.attrs["axis"]
     if not 0 <= axis < len(src.shape):
-        return f"scan along axis {axis} of a rank-{len(src.shape)} value"
+        return f"{op.kind} along axis {axis} of a rank-{len(src.shape)} value"
     if res.shape != src.shape or res.dtype != src.dtype:
-        return "scan: the result's type differs from the operand's"
-    return None
-
-
-def _check_sort(op: Op, bufs: Buffers) -> str | None:
-    src, res, axis = op.operands[0], op.result, op.attrs["axis"]
-    if not 0 <= axis < len(src.shape):
-        return f"sort along axis {axis} of a rank-{len(src.shape)} value"
-    if res.shape != src.shape or res.dtype != src.dtype:
-        return "sort: the result's type differs from the operand's"
+        return f"{op.kind}: the result's type differs from the operand's"
     return None
 
 
@@ -380,10 +372,10 @@ _DEFS = (
     OpDef("reduce", {"fn": "reduction", "axes": "ints"}, (1,), True, True, False,
           check=_check_reduce),
     OpDef("scan", {"fn": "scan", "axis": "int", "reverse": "bool"}, (1,), True, True, False,
-          check=_check_scan),
+          check=_check_along_axis),
     OpDef("argreduce", {"fn": "arg", "axis": "int"}, (1,), True, True, False,
           check=_check_argreduce),
-    OpDef("sort", {"axis": "int"}, (1,), True, True, False, check=_check_sort),
+    OpDef("sort", {"axis": "int"}, (1,), True, True, False, check=_check_along_axis),
     OpDef("select", {}, (3,), True, True, True, True, check=_check_select),
     OpDef("load", {"src": "region"}, (0,), True, True, True, True, reads=("src",),
           check=_check_load),

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import jaxtile as jt
-from jaxtile.compiler import from_jaxpr
+from jaxtile.compiler import from_jaxpr, operations_doc
 
 
 @jt.kernel
@@ -57,6 +57,6 @@ def test_an_unsupported_primitive_names_itself_and_the_line():
 
 def test_the_operations_table_in_the_docs_is_current():
     path = pathlib.Path(__file__).parents[2] / "docs" / "operations.md"
-    assert path.read_text() == from_jaxpr.operations_markdown(), (
-        "docs/operations.md is stale: regenerate it with from_jaxpr.operations_markdown()")
+    assert path.read_text() == operations_doc.operations_markdown(), (
+        "docs/operations.md is stale: regenerate it with operations_doc.operations_markdown()")
     assert "| Other |" not in path.read_text()

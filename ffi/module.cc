@@ -99,6 +99,16 @@ void cuda_launch(const std::string& key, const std::string& payload, uintptr_t s
   if (!error.empty()) throw std::runtime_error(error);
 }
 
+// What the CUDA handler's initialize stage does, without XLA: for tests of the driver calls.
+void cuda_load(const std::string& key, const std::string& payload, uintptr_t stream) {
+  std::string error;
+  {
+    nb::gil_scoped_release release;
+    error = cuda::load(reinterpret_cast<cuda::CUstream>(stream), key, payload);
+  }
+  if (!error.empty()) throw std::runtime_error(error);
+}
+
 nb::dict cuda_launch_fields(const std::string& text) {
   const cuda::LaunchSpec spec = cuda::parse_launch(text);
   nb::list params;
@@ -181,6 +191,9 @@ NB_MODULE(_ffi, m) {
   m.def("cuda_launch", &cuda_launch, "key"_a, "payload"_a, "stream"_a, "buffers"_a,
         "Launch a CUDA kernel as the handler does (device addresses of operands then "
         "results), raising RuntimeError with the handler's message. Meant for tests.");
+  m.def("cuda_load", &cuda_load, "key"_a, "payload"_a, "stream"_a,
+        "Load a CUDA kernel into the stream's context as the handler's initialize stage does, "
+        "raising RuntimeError with its message. Meant for tests.");
   m.def("parse_cuda_launch", &cuda_launch_fields, "text"_a,
         "A launch configuration as the CUDA handler reads it: grid, block, smem, params as "
         "(is_buffer, index or scalar bytes), buffers_needed. Raises ValueError on bad text. "

@@ -1,0 +1,137 @@
+/* A stand-in for the NVIDIA driver library (libcuda.so.1) that records what the CUDA handler
+ * asks of it, so the handler's use of the driver API is tested on machines without a GPU.
+ *
+ * Each call appends one line to the file named by $FAKE_CUDA_LOG. A "module image" is text:
+ *   "FAKECUBIN params=<sizes>"   loads; <sizes> gives the kernel's parameter sizes in bytes,
+ *                                e.g. "884" for two pointers and an int (what the launch logs)
+ *   "FAKECUBIN other-family"     fails with CUDA_ERROR_NO_BINARY_FOR_GPU (209)
+ *   "FAKEPTX params=<sizes>"     loads (PTX the driver would compile)
+ * A module must be loaded while a context is current (CUDA_ERROR_INVALID_CONTEXT otherwise).
+ * The function "missing" is not found; $FAKE_CUDA_LAUNCH_ERROR makes launches fail with that
+ * code. A stream's context is the stream's value divided by 256 (stream 0x100 -> context 1);
+ * stream 0xdead has none. */
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int CUresult;
+
+__attribute__((format(printf, 1, 2))) static void logf_line(const char* fmt, ...) {
+  const char* path = getenv("FAKE_CUDA_LOG");
+  if (path == NULL) return;
+  FILE* f = fopen(path, "a");
+  if (f == NULL) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vfprintf(f, fmt, ap);
+  va_end(ap);
+  fputc('\n', f);
+  fclose(f);
+}
+
+struct module {
+  char sizes[64];
+};
+struct function {
+  struct module* module;
+  char name[64];
+};
+
+static uintptr_t g_ctx_stack[16];
+static int g_depth = 0;
+
+CUresult cuInit(unsigned flags) {
+  logf_line("cuInit %u", flags);
+  return 0;
+}
+
+CUresult cuGetErrorName(CUresult r, const char** out) {
+  *out = r == 209 ? "CUDA_ERROR_NO_BINARY_FOR_GPU"
+         : r == 201 ? "CUDA_ERROR_INVALID_CONTEXT"
+         : r == 500 ? "CUDA_ERROR_NOT_FOUND"
+         : r == 701 ? "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"
+                    : "CUDA_ERROR_INVALID_VALUE";
+  return 0;
+}
+
+CUresult cuGetErrorString(CUresult r, const char** out) {
+  *out = r == 701 ? "too many resources requested for launch" : "fake driver error";
+  return 0;
+}
+
+CUresult cuStreamGetCtx(void* stream, void** ctx) {
+  if ((uintptr_t)stream == 0xdead) return 1;
+  *ctx = (void*)((uintptr_t)stream / 256);
+  logf_line("cuStreamGetCtx stream=%#lx ctx=%lu", (unsigned long)(uintptr_t)stream,
+            (unsigned long)(uintptr_t)*ctx);
+  return 0;
+}
+
+CUresult cuCtxPushCurrent_v2(void* ctx) {
+  g_ctx_stack[g_depth++] = (uintptr_t)ctx;
+  logf_line("cuCtxPushCurrent ctx=%lu", (unsigned long)(uintptr_t)ctx);
+  return 0;
+}
+
+CUresult cuCtxPopCurrent_v2(void** ctx) {
+  if (g_depth == 0) return 201;
+  *ctx = (void*)g_ctx_stack[--g_depth];
+  logf_line("cuCtxPopCurrent ctx=%lu", (unsigned long)(uintptr_t)*ctx);
+  return 0;
+}
+
+CUresult cuModuleLoadData(void** module, const void* image) {
+  const char* text = (const char*)image;
+  if (g_depth == 0) return 201;
+  const uintptr_t ctx = g_ctx_stack[g_depth - 1];
+  const int ptx = strncmp(text, "FAKEPTX ", 8) == 0;
+  if (!ptx && strncmp(text, "FAKECUBIN ", 10) != 0) return 1;
+  const char* sizes = strstr(text, "params=");
+  if (sizes == NULL) {
+    logf_line("cuModuleLoadData ctx=%lu %s refused", (unsigned long)ctx, ptx ? "ptx" : "cubin");
+    return 209;
+  }
+  struct module* m = calloc(1, sizeof *m);
+  snprintf(m->sizes, sizeof m->sizes, "%s", sizes + 7);
+  *module = m;
+  logf_line("cuModuleLoadData ctx=%lu %s", (unsigned long)ctx, ptx ? "ptx" : "cubin");
+  return 0;
+}
+
+CUresult cuModuleGetFunction(void** fn, void* module, const char* name) {
+  logf_line("cuModuleGetFunction %s", name);
+  if (strcmp(name, "missing") == 0) return 500;
+  struct function* f = calloc(1, sizeof *f);
+  f->module = module;
+  snprintf(f->name, sizeof f->name, "%s", name);
+  *fn = f;
+  return 0;
+}
+
+CUresult cuFuncSetAttribute(void* fn, int attribute, int value) {
+  logf_line("cuFuncSetAttribute %s attribute=%d value=%d", ((struct function*)fn)->name,
+            attribute, value);
+  return 0;
+}
+
+CUresult cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                        unsigned by, unsigned bz, unsigned smem, void* stream, void** params,
+                        void** extra) {
+  const struct function* f = fn;
+  char line[1024];
+  int at = snprintf(line, sizeof line, "cuLaunchKernel %s grid=%u,%u,%u block=%u,%u,%u smem=%u "
+                    "stream=%#lx extra=%s params=", f->name, gx, gy, gz, bx, by, bz, smem,
+                    (unsigned long)(uintptr_t)stream, extra == NULL ? "null" : "set");
+  /* Read each parameter with the size the kernel declares, as the driver does. */
+  for (const char* s = f->module->sizes; *s >= '1' && *s <= '8'; ++s) {
+    uint64_t v = 0;
+    memcpy(&v, params[s - f->module->sizes], (size_t)(*s - '0'));
+    at += snprintf(line + at, sizeof line - (size_t)at, "%s%#llx",
+                   s == f->module->sizes ? "" : ",", (unsigned long long)v);
+  }
+  logf_line("%s", line);
+  const char* error = getenv("FAKE_CUDA_LAUNCH_ERROR");
+  return error ? atoi(error) : 0;
+}

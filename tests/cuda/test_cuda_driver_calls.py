@@ -1,0 +1,197 @@
+"""The CUDA handler against a recording stand-in for the driver (``fake_libcuda.c``): what it
+asks of libcuda when it loads and launches kernels, without a GPU.
+
+A subprocess with the stand-in first on ``LD_LIBRARY_PATH`` (the handler opens libcuda.so.1
+at run time) runs a sequence of launches through ``_ffi.cuda_launch`` (what the XLA handler
+does for a call) and ``_ffi.cuda_load`` (its initialize stage); the stand-in logs every
+driver call, and each scenario's part of the log is checked here."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from jaxtile.compiler.cuda.launch import Launch, buffer, scalar
+from jaxtile.primitives import payload
+
+_CC = shutil.which("cc") or shutil.which("gcc") or shutil.which("g++")
+pytestmark = pytest.mark.skipif(_CC is None, reason="no C compiler to build the fake driver")
+
+KEY = "5eed" * 16
+# Two pointers, an int32 (negative, to check its bytes) and a float: what the kernel declares.
+CUBIN = b"FAKECUBIN params=8844"
+SCALE = Launch((3, 2, 1), (128, 1, 1), 0,
+               (buffer(1), buffer(0), scalar("i32", -7), scalar("f32", 0.5))).encode()
+BIG_SMEM = Launch((1, 1, 1), (256, 1, 1), 96 * 1024, (buffer(0),)).encode()
+
+_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    from jaxtile import _ffi
+    from jaxtile.primitives import payload
+
+    cases = json.loads(sys.argv[1])
+    log = os.environ["FAKE_CUDA_LOG"]
+    results = {}
+    for name, how, key, text, stream, buffers in cases:
+        with open(log, "a") as f:
+            f.write("== " + name + "\\n")
+        os.environ.pop("FAKE_CUDA_LAUNCH_ERROR", None)
+        if how == "launch-error":
+            os.environ["FAKE_CUDA_LAUNCH_ERROR"] = "701"
+        try:
+            if how == "load":
+                _ffi.cuda_load(key, text, stream)
+            else:
+                _ffi.cuda_launch(key, text, stream, buffers)
+            results[name] = "ok"
+        except RuntimeError as e:
+            results[name] = "error: " + str(e)
+    print(json.dumps(results))
+""")
+
+
+def _payload(key=KEY, launch=SCALE, cubin=CUBIN, ptx=b"", symbol="scale_shift"):
+    return payload.pack_cuda(key=key, name="scale_shift", symbol=symbol, arch="sm_80",
+                             launch=launch, cubin=cubin, ptx=ptx)
+
+
+def _cases():
+    other = "7a11" * 16
+    return [
+        ("first", "launch", KEY, _payload(), 0x100, [0x1000, 0x2000]),
+        ("again", "launch", KEY, _payload(), 0x100, [0x3000, 0x4000]),
+        ("same-context-other-stream", "launch", KEY, _payload(), 0x1A0, [0x1000, 0x2000]),
+        ("other-context", "launch", KEY, _payload(), 0x200, [0x1000, 0x2000]),
+        ("initialize-stage", "load", other, _payload(key=other), 0x100, []),
+        ("after-initialize", "launch", other, _payload(key=other), 0x100, [0x5, 0x6]),
+        ("big-shared", "launch", "b1" * 32,
+         _payload(key="b1" * 32, launch=BIG_SMEM, cubin=b"FAKECUBIN params=8"), 0x100, [0x7000]),
+        ("ptx-fallback", "launch", "f0" * 32,
+         _payload(key="f0" * 32, cubin=b"FAKECUBIN other-family", ptx=b"FAKEPTX params=8844"),
+         0x100, [0x10, 0x20]),
+        ("no-ptx", "launch", "e0" * 32, _payload(key="e0" * 32, cubin=b"FAKECUBIN other-family"),
+         0x100, [0x10, 0x20]),
+        ("missing-function", "launch", "d0" * 32, _payload(key="d0" * 32, symbol="missing"),
+         0x100, [0x10, 0x20]),
+        ("no-context", "launch", "c0" * 32, _payload(key="c0" * 32), 0xDEAD, [0x10, 0x20]),
+        ("too-few-buffers", "launch", KEY, _payload(), 0x100, [0x10]),
+        ("launch-error", "launch-error", KEY, _payload(), 0x100, [0x10, 0x20]),
+    ]
+
+
+@pytest.fixture(scope="module")
+def driver_run(tmp_path_factory):
+    """``(results, log)``: each scenario's outcome, and the driver calls it made."""
+    d = tmp_path_factory.mktemp("fake_cuda")
+    src = __file__.replace("test_cuda_driver_calls.py", "fake_libcuda.c")
+    subprocess.run([_CC, "-shared", "-fPIC", "-O1", "-o", str(d / "libcuda.so.1"), src],
+                   check=True, capture_output=True)
+    log = d / "calls.log"
+    env = {**os.environ, "LD_LIBRARY_PATH": str(d), "FAKE_CUDA_LOG": str(log),
+           "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(_cases())], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    parts, name = {}, None
+    for line in log.read_text().splitlines():
+        if line.startswith("== "):
+            name = line[3:]
+            parts[name] = []
+        else:
+            parts.setdefault(name, []).append(line)
+    return results, parts
+
+
+def test_the_first_launch_loads_the_module_in_the_streams_context(driver_run):
+    results, log = driver_run
+    assert results["first"] == "ok"
+    assert log["first"] == [
+        "cuInit 0",
+        "cuStreamGetCtx stream=0x100 ctx=1",
+        "cuCtxPushCurrent ctx=1",
+        "cuModuleLoadData ctx=1 cubin",
+        "cuModuleGetFunction scale_shift",
+        "cuCtxPopCurrent ctx=1",
+        # The grid, block and shared memory of the launch text, on XLA's stream; the
+        # parameters in order: buffer 1, buffer 0, the int32 -7's four bytes, 0.5f's.
+        "cuLaunchKernel scale_shift grid=3,2,1 block=128,1,1 smem=0 stream=0x100 extra=null "
+        "params=0x2000,0x1000,0xfffffff9,0x3f000000",
+    ]
+
+
+def test_later_launches_in_a_context_reuse_its_module(driver_run):
+    results, log = driver_run
+    assert results["again"] == results["same-context-other-stream"] == "ok"
+    assert log["again"] == [
+        "cuStreamGetCtx stream=0x100 ctx=1",
+        "cuLaunchKernel scale_shift grid=3,2,1 block=128,1,1 smem=0 stream=0x100 extra=null "
+        "params=0x4000,0x3000,0xfffffff9,0x3f000000"]
+    assert not any("ModuleLoad" in line for line in log["same-context-other-stream"])
+    assert "stream=0x1a0" in log["same-context-other-stream"][-1]
+
+
+def test_each_context_gets_its_own_module(driver_run):
+    results, log = driver_run
+    assert results["other-context"] == "ok"
+    assert "cuModuleLoadData ctx=2 cubin" in log["other-context"]
+
+
+def test_the_initialize_stage_loads_and_does_not_launch(driver_run):
+    results, log = driver_run
+    assert results["initialize-stage"] == results["after-initialize"] == "ok"
+    assert "cuModuleLoadData ctx=1 cubin" in log["initialize-stage"]
+    assert not any("cuLaunchKernel" in line for line in log["initialize-stage"])
+    # The call after it finds the module loaded.
+    assert [line.split()[0] for line in log["after-initialize"]] == [
+        "cuStreamGetCtx", "cuLaunchKernel"]
+
+
+def test_more_than_48k_of_shared_memory_is_opted_into(driver_run):
+    results, log = driver_run
+    assert results["big-shared"] == "ok"
+    # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, before the first launch.
+    at = log["big-shared"].index("cuFuncSetAttribute scale_shift attribute=8 value=98304")
+    assert "smem=98304" in log["big-shared"][at + 2]
+    assert not any("cuFuncSetAttribute" in line for line in log["first"])
+
+
+def test_a_cubin_for_another_family_falls_back_to_its_ptx(driver_run):
+    results, log = driver_run
+    assert results["ptx-fallback"] == "ok"
+    assert log["ptx-fallback"][2:4] == ["cuModuleLoadData ctx=1 cubin refused",
+                                        "cuModuleLoadData ctx=1 ptx"]
+    assert "params=0x20,0x10" in log["ptx-fallback"][-1]
+    msg = results["no-ptx"]
+    assert "'scale_shift'" in msg and "CUDA_ERROR_NO_BINARY_FOR_GPU" in msg
+    assert "carries no PTX" in msg
+
+
+@pytest.mark.parametrize("case,words", [
+    ("missing-function", ["'scale_shift'", "finding its function 'missing'",
+                          "CUDA_ERROR_NOT_FOUND"]),
+    ("no-context", ["'scale_shift'", "context of the stream"]),
+    ("too-few-buffers", ["'scale_shift'", "called with 1 buffers", "use 2"]),
+    ("launch-error", ["'scale_shift'", "failed to launch", "grid 3x2x1, block 128x1x1",
+                      "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
+                      "too many resources requested for launch"]),
+])
+def test_driver_failures_are_errors_naming_the_kernel(driver_run, case, words):
+    results, _ = driver_run
+    msg = results[case]
+    assert msg.startswith("error: jaxtile: CUDA kernel 'scale_shift'"), msg
+    for w in words:
+        assert w in msg, (w, msg)
+
+
+def test_every_context_push_is_popped(driver_run):
+    _, log = driver_run
+    lines = [line for part in log.values() for line in part]
+    pushes = [line for line in lines if line.startswith("cuCtxPushCurrent")]
+    pops = [line for line in lines if line.startswith("cuCtxPopCurrent")]
+    assert len(pushes) == len(pops) > 0
+    assert sum(line == "cuInit 0" for line in lines) == 1

@@ -251,6 +251,12 @@ def _vector_copy(cx: Context, op: ir.Op, lay: Layout) -> bool:
     return True
 
 
+_ATOMICS = frozenset((fn, t) for fn in ("add", "max", "min")
+                     for t in ("float", "double", "int", "int64_t"))
+"""(fn, C type) of the device header's atomic updates (``atomic_<fn>``; the float and 64-bit
+ones are compare-and-swap loops in ``jaxtile/atomics.h``)."""
+
+
 def lower_atomic(cx: Context, op: ir.Op) -> None:
     region, v = op.attrs["dst"], op.operands[0]
     buf = cx.bufs[region.buffer]
@@ -263,7 +269,7 @@ def lower_atomic(cx: Context, op: ir.Op) -> None:
     if buf.scope == "local":
         raise KernelError(f"an atomic update of local buffer '{buf.name}' is not lowered for "
                           f"CUDA yet (at {source_line(op.line)})")
-    if (fn, ctype) not in {("add", "float"), ("add", "int"), ("max", "int"), ("min", "int")}:
+    if (fn, ctype) not in _ATOMICS:
         raise KernelError(f"atomic {fn} on {np.dtype(buf.dtype)} is not lowered for CUDA yet "
                           f"(at {source_line(op.line)})")
     lay = cx.layout(v) if v.shape != () else None

@@ -30,9 +30,6 @@ _GPU_DIFFERS = {
         "jt.while_ is not lowered for CUDA yet",
     r"test_language_scans\.py::test_sort_in_xla_order\[emu": "jnp.sort is not lowered for "
                                                              "CUDA yet",
-    r"test_language_atomics\.py::test_atomic_max_and_min\[emu-float32\]":
-        "float32 atomic max/min are not lowered for CUDA yet (no compare-and-swap in the "
-        "device header)",
 }
 """Emulator runs (regular expressions matched at the start of test ids) expected to fail,
 and why."""

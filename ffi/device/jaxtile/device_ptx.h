@@ -216,6 +216,13 @@ JT_DEVICE unsigned atomic_add(unsigned* p, unsigned v) { return atomicAdd(p, v);
 JT_DEVICE int atomic_max(int* p, int v) { return atomicMax(p, v); }
 JT_DEVICE int atomic_min(int* p, int v) { return atomicMin(p, v); }
 JT_DEVICE int atomic_exch(int* p, int v) { return atomicExch(p, v); }
+JT_DEVICE unsigned atomic_cas(unsigned* p, unsigned compare, unsigned v) {
+  return atomicCAS(p, compare, v);
+}
+JT_DEVICE unsigned long long atomic_cas(unsigned long long* p, unsigned long long compare,
+                                        unsigned long long v) {
+  return atomicCAS(p, compare, v);
+}
 
 // ---- fast math ----
 JT_DEVICE float fast_exp2(float x) {

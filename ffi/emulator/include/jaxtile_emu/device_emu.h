@@ -348,6 +348,14 @@ inline int atomic_exch(ptr<int> p, int v, uint32_t line = __builtin_LINE()) {
   return static_cast<int>(
       emu::atomic_rmw(p.region(), p.raw(), emu::kExchI32, static_cast<uint32_t>(v), line));
 }
+inline unsigned atomic_cas(ptr<unsigned> p, unsigned compare, unsigned v,
+                           uint32_t line = __builtin_LINE()) {
+  return static_cast<unsigned>(emu::atomic_cas(p.region(), p.raw(), 4, compare, v, line));
+}
+inline unsigned long long atomic_cas(ptr<unsigned long long> p, unsigned long long compare,
+                                     unsigned long long v, uint32_t line = __builtin_LINE()) {
+  return emu::atomic_cas(p.region(), p.raw(), 8, compare, v, line);
+}
 
 // ---- fast math ----
 inline float fast_exp2(float x) { return exp2f(x); }

@@ -200,7 +200,8 @@ def _aligned(cx: Context, region: ir.Region, vec: int) -> bool:
     """The region's rows start on a multiple of ``vec`` elements (static starts, rows whose
     length is a multiple of ``vec``, and a buffer the runtime aligns to 16 bytes)."""
     buf = cx.bufs[region.buffer]
-    if buf.scope in ("local", "fragment") or buf.shape[-1] % vec:
+    if buf.scope in ("local", "fragment") or not isinstance(buf.shape[-1], int) or \
+            buf.shape[-1] % vec:
         return False
     last = region.index[-1].start
     # Starts of other dimensions move whole rows; the last one must be a known multiple.

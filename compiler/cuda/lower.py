@@ -14,16 +14,16 @@ import dataclasses
 import math
 import re
 
-from .. import ir
+from .. import ir, sizes
 from ..errors import KernelError
 from ..target import Target
 from . import types as T
 from .compile import CompiledCuda, compile_kernel
-from .context import Context, source_line
+from .context import SIZE_PREFIX, Context, size_c, source_line
 from .copies import lower_atomic, lower_copy
 from .device_rule import device_rule_violations
 from .gemm import lower_gemm, swizzles
-from .launch import Launch
+from .launch import Launch, dimension
 from .pipeline import lower_pipelined
 from .reductions import lower_reduce
 from .staging import lower_argreduce, lower_scan, lower_staged
@@ -33,6 +33,7 @@ from .values import (
     lower_iota,
     lower_load,
     lower_pointwise,
+    lower_size,
     lower_store,
     lower_transpose,
 )
@@ -53,6 +54,11 @@ class CudaKernel:
     """The global accesses that kept a bounds check, and in which dimensions."""
     conversions: tuple[str, ...]
     """The layout conversions inference inserted (through shared memory)."""
+    size_params: tuple[tuple[str, int, int], ...] = ()
+    """Dynamic sizes, passed after the pointers as int parameters (``sz_<name>``): (name,
+    parameter index of the buffer, dimension) it is read from at launch."""
+    grid_size: sizes.Size = 0
+    """Blocks of the (1-D) launch grid: :attr:`num_blocks`, or a size expression."""
 
 
 def symbol_name(kernel: ir.Kernel) -> str:
@@ -67,7 +73,7 @@ _LOWER = {
     "copy": lower_copy, "atomic": lower_atomic, "reduce": lower_reduce,
     "relayout": lower_staged, "reshape": lower_staged, "rev": lower_staged,
     "slice": lower_staged, "concatenate": lower_staged, "scan": lower_scan,
-    "argreduce": lower_argreduce,
+    "argreduce": lower_argreduce, "size": lower_size,
 }
 
 
@@ -103,6 +109,9 @@ class _Lowering:
         cx, k = self.cx, self.kernel
         cx.w("const int tid = int(thread_idx().x);")
         cx.w("const int block = int(block_idx().x);")
+        if k.dynamic:
+            self._dynamic_indices()
+            return
         stride = 1
         for v, n in zip(k.block_indices, k.grid):
             name = cx.define(v)
@@ -110,6 +119,17 @@ class _Lowering:
             e = e if stride * n >= k.num_blocks else f"({e}) % {n}"
             cx.w(f"const int {name} = {e};")
             stride *= n
+
+    def _dynamic_indices(self) -> None:
+        """Block indices of a grid with size expressions: decoded outermost-last with
+        divisions by the extents below, the outermost axis without a modulo."""
+        cx, k = self.cx, self.kernel
+        below: list[str] = []
+        for axis, (v, n) in enumerate(zip(k.block_indices, k.grid)):
+            e = f"block / ({' * '.join(below)})" if below else "block"
+            e = e if axis == len(k.grid) - 1 else f"({e}) % {size_c(n)}"
+            cx.w(f"const int {cx.define(v)} = {e};")
+            below.append(size_c(n))
 
     def body(self, body: tuple[ir.Stmt, ...]) -> None:
         cx = self.cx
@@ -167,7 +187,9 @@ class _Lowering:
         cx, k = self.cx, self.kernel
         symbol = symbol_name(k)
         params = [(b.name, T.memory_dtype(b.dtype)) for b in k.params]
-        sig = ", ".join(f"ptr<{T.mem(b.dtype)}> {b.name}" for b in k.params)
+        bound = size_bindings(k)
+        sig = ", ".join([f"ptr<{T.mem(b.dtype)}> {b.name}" for b in k.params] +
+                        [f"int {SIZE_PREFIX}{name}" for name, _, _ in bound])
         arrays = [(t, n, c * cx.stages.get(n, (1, 0))[0]) for t, n, c in cx.shared]
         shared = [f"  JT_SHARED({t}, {n}, {c});" for t, n, c in arrays]
         shared_bytes = sum(_sizeof(t) * c for t, _, c in arrays)
@@ -192,8 +214,34 @@ class _Lowering:
         bad = device_rule_violations(text)
         if bad:
             raise KernelError(f"generated CUDA breaks the device-header rule: {bad[0]}")
-        return CudaKernel(text, symbol, tuple(params), k.num_blocks, k.threads, shared_bytes,
-                          tuple(cx.masks), tuple(self.conversions))
+        blocks = k.num_blocks if not k.dynamic else 0
+        grid_size = blocks or sizes.canonical("*".join(f"({g})" for g in k.grid))
+        return CudaKernel(text, symbol, tuple(params), blocks, k.threads, shared_bytes,
+                          tuple(cx.masks), tuple(self.conversions), bound, grid_size)
+
+
+def size_bindings(kernel: ir.Kernel) -> tuple[tuple[str, int, int], ...]:
+    """Each dynamic size the kernel uses, with the (parameter index, dimension) of an input
+    buffer whose dimension it is, in name order."""
+    used: set[str] = set()
+    for g in kernel.grid:
+        used |= sizes.symbols(g)
+    for b in kernel.buffers:
+        for n in b.shape:
+            used |= sizes.symbols(n)
+    for s in ir.walk(kernel.body):
+        if isinstance(s, ir.Op) and s.kind == "size":
+            used |= sizes.symbols(s.attrs["expr"])
+    where: dict[str, tuple[int, int]] = {}
+    for i, b in enumerate(kernel.params):
+        for d, n in enumerate(b.shape):
+            if isinstance(n, str) and n in used and b.role == "input":
+                where.setdefault(n, (i, d))
+    missing = sorted(used - set(where))
+    if missing:
+        raise KernelError(f"kernel '{kernel.name}': the dynamic size {missing[0]} is no "
+                          "dimension of an input, so a launch cannot know it")
+    return tuple((name, *where[name]) for name in sorted(where))
 
 
 _SIZES = {"float": 4, "double": 8, "half": 2, "bf16": 2, "bool": 1, "int8_t": 1,
@@ -258,10 +306,26 @@ def source(kernel: ir.Kernel, target: Target) -> str:
     return generate(kernel, target).source
 
 
+def launch_grid(code: CudaKernel) -> sizes.Size:
+    """A dynamic grid's block count over the buffers' dimensions (``dim<i>_<j>``), for the
+    CUDA handler to evaluate with the shapes XLA passes."""
+    where = {name: dimension(i, d) for name, i, d in code.size_params}
+    return sizes.canonical(sizes.fold(code.grid_size, where.__getitem__, _SIZE_TEXT))
+
+
+_SIZE_TEXT = {
+    "+": lambda a, b: f"({a}+{b})", "-": lambda a, b: f"({a}-{b})",
+    "*": lambda a, b: f"({a}*{b})", "neg": lambda a: f"(-{a})",
+    "floordiv": lambda a, b: f"floordiv({a},{b})", "mod": lambda a, b: f"mod({a},{b})",
+    "max": lambda a, b: f"max({a},{b})", "min": lambda a, b: f"min({a},{b})",
+}
+
+
 def compile_to_library(kernel: ir.Kernel, target: Target) -> CompiledCuda:
     """Generate ``kernel``'s CUDA code and compile it to a cubin (NVRTC, else nvcc) with its
     launch configuration: one block per grid block, the buffers passed in order."""
     code = generate(kernel, target)
-    launch = Launch((code.num_blocks, 1, 1), (code.threads, 1, 1), 0,
-                    tuple(f"b{i}" for i in range(len(code.params))))
+    launch = Launch((code.num_blocks or launch_grid(code), 1, 1), (code.threads, 1, 1), 0,
+                    tuple(f"b{i}" for i in range(len(code.params))) +
+                    tuple(dimension(i, d) for _, i, d in code.size_params))
     return compile_kernel(code.source, code.symbol, target, launch, file=f"{kernel.name}.cu")

@@ -10,7 +10,7 @@ import numpy as np
 from .. import ir
 from . import scalar_math as M
 from . import types as T
-from .context import Context, row_major
+from .context import Context, row_major, size_c, size_minus
 from .layout import blocked
 
 
@@ -18,6 +18,13 @@ def lower_const(cx: Context, op: ir.Op) -> None:
     res = op.result
     cx.w(f"const {T.reg(res.dtype)} {cx.define(res)} = "
          f"{T.literal(op.attrs['value'], res.dtype)};")
+
+
+def lower_size(cx: Context, op: ir.Op) -> None:
+    """A dynamic size used as a value: computed from the kernel's size parameters."""
+    res = op.result
+    cx.w(f"const {T.reg(res.dtype)} {cx.define(res)} = {T.reg(res.dtype)}"
+         f"({size_c(op.attrs['expr'])});")
 
 
 def _math(op: ir.Op, args: list[str]) -> str:
@@ -159,9 +166,9 @@ def _clamped_starts(cx: Context, region: ir.Region, buf: ir.Buffer) -> list[str]
     out = []
     for idx, n in zip(region.index, buf.shape):
         if isinstance(idx.start, ir.Value):
-            hi = n - (idx.size or 1)
+            hi = size_minus(n, idx.size or 1)
             s, name = cx.tmp("s"), cx.name(idx.start)
-            cx.w(f"int {s} = {name} < 0 ? {name} + {n} : {name};")
+            cx.w(f"int {s} = {name} < 0 ? {name} + {size_c(n)} : {name};")
             cx.w(f"{s} = {s} < 0 ? 0 : ({s} > {hi} ? {hi} : {s});")
             out.append(s)
         else:

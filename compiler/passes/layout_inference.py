@@ -302,13 +302,10 @@ class _Rewriter:
                                           notes=notes), *post]
 
 
-_NOT_LOWERED = {"sort": "jnp.sort", "size": "dynamic sizes"}
+_NOT_LOWERED = {"sort": "jnp.sort"}
 
 
 def _check_supported(kernel: ir.Kernel) -> None:
-    if kernel.dynamic:
-        raise kernel_error(kernel.name, "dynamic sizes are not lowered for CUDA yet (the grid "
-                           f"{list(kernel.grid)} depends on them); compile for the CPU", None)
     for stmt in ir.walk(kernel.body):
         if isinstance(stmt, ir.While):
             raise kernel_error(kernel.name, "jt.while_ is not lowered for CUDA yet",

@@ -47,18 +47,23 @@ JT_DEVICE void sync_warp(unsigned mask = kFullMask) {
 }
 
 // ---- warp shuffles and votes (4-byte values) ----
+// A union rather than __builtin_memcpy, which NVRTC does not have.
 template <class T>
 JT_DEVICE unsigned as_b32_(T v) {
   static_assert(sizeof(T) == 4, "jaxtile shuffles move 4-byte values");
-  unsigned u;
-  __builtin_memcpy(&u, &v, 4);
-  return u;
+  union {
+    T t;
+    unsigned u;
+  } x{v};
+  return x.u;
 }
 template <class T>
 JT_DEVICE T from_b32_(unsigned u) {
-  T v;
-  __builtin_memcpy(&v, &u, 4);
-  return v;
+  union {
+    unsigned u;
+    T t;
+  } x{u};
+  return x.t;
 }
 template <class T>
 JT_DEVICE T shfl_xor(unsigned mask, T v, int lane_mask) {

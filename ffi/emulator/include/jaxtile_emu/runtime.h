@@ -27,6 +27,8 @@ struct Region {
   uint64_t size;
   const char* name;
   uint8_t space;
+  const int64_t* shape = nullptr;  // a global buffer's dimensions (DLTensor shape)
+  int32_t ndim = 0;
 };
 
 // The region of default-constructed (null) pointers: every access through it is reported.
@@ -133,6 +135,8 @@ struct KernelSpec {
   const int32_t* buffer_elem_bytes;
   // Calls the kernel with its arguments; run by every thread of every block.
   void (*entry)(const Region* buffers);
+  // For a grid that depends on dynamic sizes: the grid for these buffers (else `grid`).
+  DimSpec (*grid_of)(const Region* buffers) = nullptr;
 };
 
 // Runs blocks [begin, end) of a kernel from a tvm-ffi packed argument list (block_begin,

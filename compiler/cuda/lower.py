@@ -20,6 +20,7 @@ from ..target import Target
 from . import types as T
 from .compile import CompiledCuda, compile_kernel
 from .context import SIZE_PREFIX, Context, size_c, source_line
+from .control import lower_while
 from .copies import lower_atomic, lower_copy
 from .device_rule import device_rule_violations
 from .gemm import lower_gemm, swizzles
@@ -136,6 +137,8 @@ class _Lowering:
         for stmt in body:
             if isinstance(stmt, ir.Op):
                 self.op(stmt)
+            elif isinstance(stmt, ir.While):
+                lower_while(self, stmt)
             elif isinstance(stmt, ir.For):
                 if stmt.kind == "pipelined" and lower_pipelined(self, stmt):
                     continue
@@ -284,6 +287,8 @@ def _renamed(kernel: ir.Kernel) -> ir.Kernel:
                 out.append(dataclasses.replace(s, body=body(s.body)))
             elif isinstance(s, ir.If):
                 out.append(dataclasses.replace(s, then=body(s.then), otherwise=body(s.otherwise)))
+            elif isinstance(s, ir.While):
+                out.append(dataclasses.replace(s, cond=body(s.cond), body=body(s.body)))
             else:
                 attrs = {a: region(v) if isinstance(v, ir.Region) else v
                          for a, v in s.attrs.items()}

@@ -270,6 +270,9 @@ class _Rewriter:
             elif isinstance(stmt, ir.If):
                 out.append(dataclasses.replace(stmt, then=self.body(stmt.then),
                                                otherwise=self.body(stmt.otherwise)))
+            elif isinstance(stmt, ir.While):
+                out.append(dataclasses.replace(stmt, cond=tuple(self.body(stmt.cond)),
+                                               body=tuple(self.body(stmt.body))))
             else:
                 out += self.op(stmt)
         return out
@@ -307,9 +310,6 @@ _NOT_LOWERED = {"sort": "jnp.sort"}
 
 def _check_supported(kernel: ir.Kernel) -> None:
     for stmt in ir.walk(kernel.body):
-        if isinstance(stmt, ir.While):
-            raise kernel_error(kernel.name, "jt.while_ is not lowered for CUDA yet",
-                               stmt.line)
         if isinstance(stmt, ir.Op) and stmt.kind in _NOT_LOWERED:
             raise kernel_error(kernel.name, f"{_NOT_LOWERED[stmt.kind]} is not lowered for "
                                "CUDA yet", stmt.line)

@@ -27,6 +27,7 @@ from .gemm import lower_gemm, swizzles
 from .launch import Launch, dimension
 from .pipeline import lower_pipelined
 from .reductions import lower_reduce
+from .sorts import lower_sort
 from .staging import lower_argreduce, lower_scan, lower_staged
 from .values import (
     lower_broadcast,
@@ -74,7 +75,7 @@ _LOWER = {
     "copy": lower_copy, "atomic": lower_atomic, "reduce": lower_reduce,
     "relayout": lower_staged, "reshape": lower_staged, "rev": lower_staged,
     "slice": lower_staged, "concatenate": lower_staged, "scan": lower_scan,
-    "argreduce": lower_argreduce, "size": lower_size,
+    "argreduce": lower_argreduce, "size": lower_size, "sort": lower_sort,
 }
 
 

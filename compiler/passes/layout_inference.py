@@ -42,7 +42,7 @@ import numpy as np
 
 from .. import ir
 from ..cuda import layout as L
-from ..errors import KernelError, kernel_error
+from ..errors import KernelError
 
 Anchors = Callable[[ir.Kernel], Mapping[str, L.Layout]]
 """Strict layouts of fragment buffers (by name), e.g. GEMM accumulators."""
@@ -305,20 +305,9 @@ class _Rewriter:
                                           notes=notes), *post]
 
 
-_NOT_LOWERED = {"sort": "jnp.sort"}
-
-
-def _check_supported(kernel: ir.Kernel) -> None:
-    for stmt in ir.walk(kernel.body):
-        if isinstance(stmt, ir.Op) and stmt.kind in _NOT_LOWERED:
-            raise kernel_error(kernel.name, f"{_NOT_LOWERED[stmt.kind]} is not lowered for "
-                               "CUDA yet", stmt.line)
-
-
 def infer_layouts(kernel: ir.Kernel, anchors: Anchors | None = None) -> ir.Kernel:
     """Give every fragment buffer and non-uniform tile value a layout; see the module
     docstring. Raises KernelError for what the CUDA lowering does not take yet."""
-    _check_supported(kernel)
     st = _State(kernel)
     st.strict(anchors(kernel) if anchors is not None else {})
     st.propagate()

@@ -24,8 +24,6 @@ _GPU_DIFFERS = {
         _TF32,
     r"test_language_atomics\.py::test_split_k_gemm\[emu-": _TF32,
     r"test_language_attention\.py::test_flash_attention_forward\[emu-f32-": _TF32,
-    r"test_language_scans\.py::test_sort_in_xla_order\[emu": "jnp.sort is not lowered for "
-                                                             "CUDA yet",
 }
 """Emulator runs (regular expressions matched at the start of test ids) expected to fail,
 and why."""

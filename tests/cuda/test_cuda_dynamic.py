@@ -37,20 +37,23 @@ def _launch_of_export(shape):
     exported = jax.export.export(jax.jit(pool_rows), platforms=["cuda"],
                                  disabled_checks=jt.export_checks())(spec)
     (line,) = [ln for ln in exported.mlir_module().splitlines() if "jaxtile_cuda_call" in ln]
+    key = re.search(r'key = "([^"]+)"', line).group(1)
     text = re.search(r'payload = "((?:[^"\\]|\\.)*)"', line).group(1)
     text = re.sub(r"\\([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), text)
     fields, artifact = payload.unpack(text)
-    assert artifact[:4] == b"\x7fELF"
-    return fields["launch"], artifact
+    assert artifact[:4] == b"\x7fELF" and fields["key"] == key
+    return fields["launch"], artifact, key
 
 
 def test_one_cubin_for_every_size_with_the_grid_from_the_shapes():
-    launches, cubins = set(), set()
+    launches, cubins, keys = set(), set(), set()
     for shape in ((13, 37), (4, 8), (30, 3)):
-        launch, cubin = _launch_of_export(shape)
+        launch, cubin, key = _launch_of_export(shape)
         launches.add(launch)
         cubins.add(cubin)
-    assert len(launches) == 1 and len(cubins) == 1
+        keys.add(key)
+    # one payload for every size: the handler loads one module
+    assert len(launches) == 1 and len(cubins) == 1 and len(keys) == 1
     (launch,) = launches
     decoded = Launch.decode(launch)
     assert decoded.params == ("b0", "b1", "dim0_0", "dim0_1")   # x, out, then sz_x_0, sz_x_1

@@ -26,7 +26,8 @@ _COLLECTIVE = re.compile(r"\b(sync_threads|barrier_sync|sync_warp|shfl_\w+|vote_
 _LINE = re.compile(r"^\s*// (\S+:\d+):")
 
 
-def _written_globals(kernel: ir.Kernel) -> set[str]:
+def written_globals(kernel: ir.Kernel) -> set[str]:
+    """The global buffers some op of the kernel writes."""
     bufs = {b.name: b for b in kernel.buffers}
     return {r.buffer for s in ir.walk(kernel.body) if isinstance(s, ir.Op)
             for r in op_defs.writes(s) if bufs[r.buffer].scope == "global"}
@@ -44,7 +45,7 @@ def thread_varying(kernel: ir.Kernel) -> set[int]:
     global memory the kernel writes, and what is computed from it, also through on-chip
     buffers (flow-insensitive: a buffer written with such a value taints every read of it)."""
     ops = [s for s in ir.walk(kernel.body) if isinstance(s, ir.Op)]
-    tainted_bufs = _written_globals(kernel)
+    tainted_bufs = written_globals(kernel)
     varying: set[int] = set()
     changed = True
     while changed:

@@ -11,6 +11,7 @@ from .. import ir
 from . import scalar_math as M
 from . import types as T
 from .context import Context, row_major, size_c, size_minus
+from .control import written_globals
 from .layout import blocked
 
 
@@ -91,6 +92,10 @@ def lower_load(cx: Context, op: ir.Op) -> None:
         if buf.scope == "fragment":
             # One element, held by some threads: every thread reads it from shared memory.
             value = f"{stage_fragment(cx, buf)}[{index}]"
+        elif cx.loop_depth and buf.scope == "global" and buf.name in written_globals(cx.kernel):
+            # Other blocks may change it between iterations (a while loop waiting on a
+            # counter): read memory every time, never a copy kept in a register.
+            value = T.from_memory(f"volatile_load({buf.name} + {index})", buf.dtype)
         else:
             value = _read(buf, index)
         cx.w(f"const {T.reg(res.dtype)} {cx.define(res)} = {value};")

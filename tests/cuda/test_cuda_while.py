@@ -73,9 +73,10 @@ def test_a_thread_varying_condition_refuses_a_barrier_inside():
                        r"memory the kernel writes.*sync_threads, for the op at "
                        r"test_cuda_while.py:\d+"):
         _ = _spin(True).lower(x, target="cuda:sm_80").source
-    # without such code inside, the same loop lowers
+    # without such code inside, the same loop lowers; the counter is read from memory
+    # every iteration, not once into a register
     src = _spin(False).lower(x, target="cuda:sm_80").source
-    assert "while (true)" in src
+    assert "while (true)" in src and re.search(r"= volatile_load\(\w+ \+ 0\);", src)
 
 
 def test_which_values_may_differ_between_threads():
@@ -91,3 +92,40 @@ def test_which_values_may_differ_between_threads():
 def _walk(body):
     from jaxtile.compiler import ir
     return ir.walk(body)
+
+
+_VOLATILE = r"""
+#include <jaxtile/device.h>
+using namespace jaxtile;
+
+JT_KERNEL JT_LAUNCH_BOUNDS(32) void probe(ptr<float> f, ptr<half> h, ptr<int64_t> i,
+                                          ptr<float> out) {
+  const int t = int(thread_idx().x);
+  out[t] = volatile_load(f + t) + to_float(volatile_load(h + t)) +
+           float(volatile_load(i + t));
+}
+"""
+
+
+def test_volatile_loads_read_memory_in_the_emulator_and_compile_for_the_gpu():
+    import numpy as np
+
+    from jaxtile.compiler.cuda import compile as cuda_compile
+    from jaxtile.compiler.cuda.launch import Launch
+    from jaxtile.compiler.emulator import Buffer, EmulatedKernel, LaunchConfig
+    from jaxtile.compiler.target import parse_target
+
+    params = [Buffer("f", "float32"), Buffer("h", "float16"), Buffer("i", "int64"),
+              Buffer("out", "float32")]
+    k = EmulatedKernel.build(_VOLATILE, "probe", params, LaunchConfig((1, 1, 1), (32, 1, 1)),
+                             file="volatile_probe.cu")
+    f = np.arange(32, dtype=np.float32) * 0.5
+    h = np.arange(32, dtype=np.float16)
+    i = np.arange(32, dtype=np.int64) * 1000
+    out = np.zeros(32, np.float32)
+    assert k.run(f, h, i, out)["findings"] == []
+    np.testing.assert_array_equal(out, f + h.astype(np.float32) + i.astype(np.float32))
+    if cuda_compile.nvrtc.available() or cuda_compile.toolchain.nvcc_path() is not None:
+        c = cuda_compile.compile_kernel(_VOLATILE, "probe", parse_target("cuda:sm_80"),
+                                        Launch((1, 1, 1), (32, 1, 1)))
+        assert b"ld.volatile.global" in c.ptx

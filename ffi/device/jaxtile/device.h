@@ -30,6 +30,7 @@
 //   atomic_add / atomic_max / atomic_min / atomic_exch   atom.{add,max,min,exch} (32-bit int;
 //                                                  add on float)
 //   atomic_cas(p, compare, v)      atom.cas.b32 / .b64 (unsigned, unsigned long long)
+//   volatile_load(p)               ld.volatile (1-8 bytes): memory another block may change
 //   atomic_max / atomic_min on float and double, atomic_add on double, and all three on
 //   int64_t: compare-and-swap loops with XLA's semantics (atomics.h, plain C++)
 //   fast_exp2(x)                   ex2.approx.ftz.f32

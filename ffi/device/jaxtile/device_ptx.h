@@ -214,6 +214,35 @@ JT_DEVICE void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+// ---- a read that is not cached in a register or L1 (ld.volatile) ----
+template <int N>
+struct bits_of_size_;
+template <>
+struct bits_of_size_<1> {
+  using type = unsigned char;
+};
+template <>
+struct bits_of_size_<2> {
+  using type = unsigned short;
+};
+template <>
+struct bits_of_size_<4> {
+  using type = unsigned;
+};
+template <>
+struct bits_of_size_<8> {
+  using type = unsigned long long;
+};
+template <class T>
+JT_DEVICE T volatile_load(const T* p) {
+  using U = typename bits_of_size_<sizeof(T)>::type;
+  union {
+    U u;
+    T t;
+  } v{*reinterpret_cast<const volatile U*>(p)};
+  return v.t;
+}
+
 // ---- atomics (global or shared; return the old value) ----
 JT_DEVICE float atomic_add(float* p, float v) { return atomicAdd(p, v); }
 JT_DEVICE int atomic_add(int* p, int v) { return atomicAdd(p, v); }

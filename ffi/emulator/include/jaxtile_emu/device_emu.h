@@ -324,6 +324,17 @@ void cp_async_wait(uint32_t line = __builtin_LINE()) {
   emu::cp_async_wait(N, line);
 }
 
+// ---- a read another block may be racing with: a relaxed atomic load (ld.volatile) ----
+template <class T>
+T volatile_load(ptr<T> p, uint32_t line = __builtin_LINE()) {
+  using V = std::remove_const_t<T>;
+  V v{};
+  if (emu::access(p.region(), p.raw(), sizeof(T), emu::kRead, line)) {
+    __atomic_load(const_cast<V*>(p.raw()), &v, __ATOMIC_RELAXED);
+  }
+  return v;
+}
+
 // ---- atomics ----
 inline float atomic_add(ptr<float> p, float v, uint32_t line = __builtin_LINE()) {
   return emu::from_bits32_<float>(

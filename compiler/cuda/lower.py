@@ -19,10 +19,11 @@ from ..errors import KernelError
 from ..target import Target
 from . import types as T
 from .compile import CompiledCuda, compile_kernel
-from .context import SIZE_PREFIX, Context, size_c, source_line
+from .context import SIZE_PREFIX, Context, source_line
 from .control import lower_while
 from .copies import lower_atomic, lower_copy
 from .device_rule import device_rule_violations
+from .dynamic import dynamic_block_indices, launch_grid, size_bindings
 from .gemm import lower_gemm, swizzles
 from .launch import Launch, dimension
 from .pipeline import lower_pipelined
@@ -112,7 +113,7 @@ class _Lowering:
         cx.w("const int tid = int(thread_idx().x);")
         cx.w("const int block = int(block_idx().x);")
         if k.dynamic:
-            self._dynamic_indices()
+            dynamic_block_indices(cx)
             return
         stride = 1
         for v, n in zip(k.block_indices, k.grid):
@@ -121,17 +122,6 @@ class _Lowering:
             e = e if stride * n >= k.num_blocks else f"({e}) % {n}"
             cx.w(f"const int {name} = {e};")
             stride *= n
-
-    def _dynamic_indices(self) -> None:
-        """Block indices of a grid with size expressions: decoded outermost-last with
-        divisions by the extents below, the outermost axis without a modulo."""
-        cx, k = self.cx, self.kernel
-        below: list[str] = []
-        for axis, (v, n) in enumerate(zip(k.block_indices, k.grid)):
-            e = f"block / ({' * '.join(below)})" if below else "block"
-            e = e if axis == len(k.grid) - 1 else f"({e}) % {size_c(n)}"
-            cx.w(f"const int {cx.define(v)} = {e};")
-            below.append(size_c(n))
 
     def body(self, body: tuple[ir.Stmt, ...]) -> None:
         cx = self.cx
@@ -224,30 +214,6 @@ class _Lowering:
                           tuple(cx.masks), tuple(self.conversions), bound, grid_size)
 
 
-def size_bindings(kernel: ir.Kernel) -> tuple[tuple[str, int, int], ...]:
-    """Each dynamic size the kernel uses, with the (parameter index, dimension) of an input
-    buffer whose dimension it is, in name order."""
-    used: set[str] = set()
-    for g in kernel.grid:
-        used |= sizes.symbols(g)
-    for b in kernel.buffers:
-        for n in b.shape:
-            used |= sizes.symbols(n)
-    for s in ir.walk(kernel.body):
-        if isinstance(s, ir.Op) and s.kind == "size":
-            used |= sizes.symbols(s.attrs["expr"])
-    where: dict[str, tuple[int, int]] = {}
-    for i, b in enumerate(kernel.params):
-        for d, n in enumerate(b.shape):
-            if isinstance(n, str) and n in used and b.role == "input":
-                where.setdefault(n, (i, d))
-    missing = sorted(used - set(where))
-    if missing:
-        raise KernelError(f"kernel '{kernel.name}': the dynamic size {missing[0]} is no "
-                          "dimension of an input, so a launch cannot know it")
-    return tuple((name, *where[name]) for name in sorted(where))
-
-
 _SIZES = {"float": 4, "double": 8, "half": 2, "bf16": 2, "bool": 1, "int8_t": 1,
           "uint8_t": 1, "int16_t": 2, "uint16_t": 2, "int": 4, "unsigned": 4, "int64_t": 8,
           "uint64_t": 8}
@@ -310,21 +276,6 @@ def generate(kernel: ir.Kernel, target: Target) -> CudaKernel:
 def source(kernel: ir.Kernel, target: Target) -> str:
     """The CUDA source of ``kernel``, for inspection."""
     return generate(kernel, target).source
-
-
-def launch_grid(code: CudaKernel) -> sizes.Size:
-    """A dynamic grid's block count over the buffers' dimensions (``dim<i>_<j>``), for the
-    CUDA handler to evaluate with the shapes XLA passes."""
-    where = {name: dimension(i, d) for name, i, d in code.size_params}
-    return sizes.canonical(sizes.fold(code.grid_size, where.__getitem__, _SIZE_TEXT))
-
-
-_SIZE_TEXT = {
-    "+": lambda a, b: f"({a}+{b})", "-": lambda a, b: f"({a}-{b})",
-    "*": lambda a, b: f"({a}*{b})", "neg": lambda a: f"(-{a})",
-    "floordiv": lambda a, b: f"floordiv({a},{b})", "mod": lambda a, b: f"mod({a},{b})",
-    "max": lambda a, b: f"max({a},{b})", "min": lambda a, b: f"min({a},{b})",
-}
 
 
 def compile_to_library(kernel: ir.Kernel, target: Target) -> CompiledCuda:

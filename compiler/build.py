@@ -108,7 +108,8 @@ def build(kernel: ir.Kernel, target: Target, *, emulated: bool = False) -> cache
         return entry
     if emulated:
         library, symbol = emu.compile_to_library(lowered_ir(kernel, target), target)
-        return cache.store(key, library, symbol, kernel.num_blocks,
+        blocks = kernel.num_blocks if sizes.is_static(kernel.grid) else 1
+        return cache.store(key, library, symbol, blocks,
                            alignment=emu.ALIGNMENT, kind=cache.EMULATOR_LIBRARY)
     be = backend(target)
     compiled = be.compile_to_library(lowered_ir(kernel, target), target)

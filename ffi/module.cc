@@ -122,6 +122,28 @@ nb::dict cuda_launch_fields(const std::string& text) {
   return d;
 }
 
+// The grid and parameter values the CUDA handler would launch with, for buffers of these
+// shapes (addresses 0, 1, ...): for tests of dynamic sizes without a GPU.
+nb::dict cuda_launch_geometry(const std::string& text,
+                              const std::vector<std::vector<int64_t>>& shapes) {
+  const cuda::LaunchSpec spec = cuda::parse_launch(text);
+  std::vector<cuda::BufferDims> dims;
+  std::vector<void*> buffers;
+  for (const auto& s : shapes) {
+    dims.push_back(cuda::BufferDims{s.data(), s.size()});
+    buffers.push_back(reinterpret_cast<void*>(buffers.size()));
+  }
+  const auto grid = cuda::resolve_grid(spec, dims.data(), dims.size());
+  nb::list params;
+  for (const cuda::Param& p : spec.params) {
+    params.append(cuda::param_value(p, buffers.data(), dims.data(), dims.size()));
+  }
+  nb::dict d;
+  d["grid"] = nb::make_tuple(grid[0], grid[1], grid[2]);
+  d["params"] = params;
+  return d;
+}
+
 nb::dict cuda_payload_fields(const std::string& key, const std::string& payload) {
   CudaPayload p = decode_cuda_payload(key, payload);
   nb::dict d;
@@ -198,6 +220,9 @@ NB_MODULE(_ffi, m) {
         "A launch configuration as the CUDA handler reads it: grid, block, smem, params as "
         "(is_buffer, index or scalar bytes), buffers_needed. Raises ValueError on bad text. "
         "Meant for tests.");
+  m.def("cuda_launch_geometry", &cuda_launch_geometry, "text"_a, "shapes"_a,
+        "The grid and parameter values (buffer i's address is i) the CUDA handler computes "
+        "for buffers of these shapes. Raises ValueError. Meant for tests.");
   m.def("decode_cuda_payload", &cuda_payload_fields, "key"_a, "payload"_a,
         "The fields of a CUDA kernel payload, checked as the handler checks them (raises "
         "RuntimeError naming what is wrong). Meant for tests.");

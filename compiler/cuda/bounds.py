@@ -371,6 +371,11 @@ def _walk(body: Sequence[ir.Stmt], facts: _Facts, bufs: dict[str, ir.Buffer],
                 branches.append(_walk(body_, inner, bufs, provers))
                 facts.fresh = inner.fresh
             out.append(dataclasses.replace(stmt, then=branches[0], otherwise=branches[1]))
+        elif isinstance(stmt, ir.While):
+            # Nothing is known of the loop's state: values read in it are unknowns.
+            cond = _walk(stmt.cond, facts, bufs, provers)
+            out.append(dataclasses.replace(stmt, cond=tuple(cond),
+                                           body=tuple(_walk(stmt.body, facts, bufs, provers))))
         else:
             _define(stmt, facts)
             out.append(_check_op(stmt, facts, bufs, provers))

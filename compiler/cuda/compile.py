@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import cache
+from .. import cache, sizes
 from ..emulator.build import DEVICE_INCLUDE, ToolchainError
 from ..errors import KernelError
 from ..target import Target
@@ -56,8 +56,11 @@ class CompiledCuda:
     def store(self, key: str) -> cache.Entry:
         """Put the cubin, followed by its PTX, into the build cache under ``key`` (kind
         ``cuda-cubin``)."""
+        # A grid computed from the shapes is no number of blocks (Entry.launched_with sets
+        # one per call, for the key).
+        blocks = self.launch.num_blocks if sizes.is_static(self.launch.grid) else 1
         return cache.store(key, self.cubin + self.ptx, self.kernel_name,
-                           self.launch.num_blocks, alignment=ALIGNMENT, kind=cache.CUDA_CUBIN,
+                           blocks, alignment=ALIGNMENT, kind=cache.CUDA_CUBIN,
                            launch=self.launch.encode(), ptx_bytes=len(self.ptx))
 
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from .. import ir
+from .. import ir, sizes
 from ..errors import KernelError
 from ..passes.layout_inference import uniform_values
 from . import types as T
@@ -207,7 +207,7 @@ class Context:
         conditions of the dimensions in ``checked`` (all when None). ``clamp``: dynamic
         starts are clamped into range first (JAX's get/swap semantics)."""
         buf = self.bufs[region.buffer]
-        strides = [math.prod(buf.shape[d + 1:]) for d in range(len(buf.shape))]
+        strides = row_strides(buf.shape)
         coords = iter(coords)
         terms, conds, positions = [], [], []
         for d, (idx, n) in enumerate(zip(region.index, buf.shape)):
@@ -219,14 +219,14 @@ class Context:
                 if clamp and isinstance(idx.start, ir.Value):
                     # JAX's get/swap: a negative start counts from the end, then the slice
                     # is clamped into range.
-                    hi = n - (idx.size or 1)
+                    hi = size_minus(n, idx.size or 1)
                     s = self.tmp("s")
-                    self.w(f"const int {s} = {start} < 0 ? {start} + {n} : {start};")
+                    self.w(f"const int {s} = {start} < 0 ? {start} + {size_c(n)} : {start};")
                     start = f"({s} < 0 ? 0 : ({s} > {hi} ? {hi} : {s}))"
                 pos = start if c is None else (c if start == "0" else f"{start} + {c}")
             if checked is None or d in checked:
-                conds.append(f"unsigned({pos}) < {n}u")
-            if n > 1:
+                conds.append(below(pos, n))
+            if n != 1:
                 terms.append(f"({pos})" if strides[d] == 1 else f"({pos}) * {strides[d]}")
             positions.append(pos)
         if region.buffer in self.swizzles:
@@ -256,7 +256,7 @@ class Context:
             if idx.size is None:
                 conds.append(f"{c} == {start}")
             elif start == "0":
-                if idx.size < n:
+                if not isinstance(n, int) or idx.size < n:
                     conds.append(f"{c} < {idx.size}")
                 tile.append(c)
             else:
@@ -296,6 +296,47 @@ def _known_factors(kernel: ir.Kernel) -> dict[int, int]:
             out[s.result.id] = of(s.operands[0]) * of(s.operands[1])
         elif s.kind == "elementwise" and s.attrs["fn"] in ("add", "sub"):
             out[s.result.id] = math.gcd(of(s.operands[0]), of(s.operands[1]))
+    return out
+
+
+SIZE_PREFIX = "sz_"
+"""Kernel parameters holding dynamic sizes are named ``sz_<size>`` (``sz_x_0``)."""
+_C_SIZE_OPS = {
+    "+": lambda a, b: f"({a} + {b})", "-": lambda a, b: f"({a} - {b})",
+    "*": lambda a, b: f"({a} * {b})", "neg": lambda a: f"(-{a})",
+    "floordiv": lambda a, b: f"size_floordiv({a}, {b})", "mod": lambda a, b: f"size_mod({a}, {b})",
+    "max": lambda a, b: f"size_max({a}, {b})", "min": lambda a, b: f"size_min({a}, {b})",
+}
+
+
+def size_c(size: sizes.Size, leaf: Callable[[str], str] | None = None) -> str:
+    """C text (int) of a buffer dimension or grid extent: the number, or the size
+    expression over the kernel's size parameters (or what ``leaf`` names each size)."""
+    return str(sizes.fold(size, leaf or (lambda name: SIZE_PREFIX + name), _C_SIZE_OPS))
+
+
+def size_minus(size: sizes.Size, k: int) -> str:
+    """C text of ``size - k``."""
+    return str(size - k) if isinstance(size, int) else f"({size_c(size)} - {k})"
+
+
+def below(pos: str, size: sizes.Size) -> str:
+    """C condition ``0 <= pos < size``."""
+    if isinstance(size, int):
+        return f"unsigned({pos}) < {size}u"
+    return f"unsigned({pos}) < unsigned({size_c(size)})"
+
+
+def row_strides(shape: Sequence[sizes.Size]) -> list[int | str]:
+    """Row-major element strides of ``shape``: ints, or C text where a later dimension is a
+    size expression."""
+    out: list[int | str] = []
+    for d in range(len(shape)):
+        rest = shape[d + 1:]
+        if sizes.is_static(rest):
+            out.append(math.prod(rest))
+        else:
+            out.append(" * ".join(size_c(n) for n in rest if n != 1))
     return out
 
 

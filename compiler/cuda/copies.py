@@ -200,7 +200,8 @@ def _aligned(cx: Context, region: ir.Region, vec: int) -> bool:
     """The region's rows start on a multiple of ``vec`` elements (static starts, rows whose
     length is a multiple of ``vec``, and a buffer the runtime aligns to 16 bytes)."""
     buf = cx.bufs[region.buffer]
-    if buf.scope in ("local", "fragment") or buf.shape[-1] % vec:
+    if buf.scope in ("local", "fragment") or not isinstance(buf.shape[-1], int) or \
+            buf.shape[-1] % vec:
         return False
     last = region.index[-1].start
     # Starts of other dimensions move whole rows; the last one must be a known multiple.
@@ -251,6 +252,12 @@ def _vector_copy(cx: Context, op: ir.Op, lay: Layout) -> bool:
     return True
 
 
+_ATOMICS = frozenset((fn, t) for fn in ("add", "max", "min")
+                     for t in ("float", "double", "int", "int64_t"))
+"""(fn, C type) of the device header's atomic updates (``atomic_<fn>``; the float and 64-bit
+ones are compare-and-swap loops in ``jaxtile/atomics.h``)."""
+
+
 def lower_atomic(cx: Context, op: ir.Op) -> None:
     region, v = op.attrs["dst"], op.operands[0]
     buf = cx.bufs[region.buffer]
@@ -263,7 +270,7 @@ def lower_atomic(cx: Context, op: ir.Op) -> None:
     if buf.scope == "local":
         raise KernelError(f"an atomic update of local buffer '{buf.name}' is not lowered for "
                           f"CUDA yet (at {source_line(op.line)})")
-    if (fn, ctype) not in {("add", "float"), ("add", "int"), ("max", "int"), ("min", "int")}:
+    if (fn, ctype) not in _ATOMICS:
         raise KernelError(f"atomic {fn} on {np.dtype(buf.dtype)} is not lowered for CUDA yet "
                           f"(at {source_line(op.line)})")
     lay = cx.layout(v) if v.shape != () else None

@@ -12,9 +12,10 @@ import functools
 from pathlib import Path
 
 from .. import ir
-from ..emulator.build import Buffer, LaunchConfig, build_library, runtime_library
+from ..emulator.build import Buffer, LaunchConfig, Size, build_library, runtime_library
 from ..target import Target
-from .lower import generate
+from .context import size_c
+from .lower import CudaKernel, generate
 
 ALIGNMENT = 16
 """The buffer alignment generated code assumes (16-byte vector accesses)."""
@@ -32,7 +33,17 @@ def compile_to_library(kernel: ir.Kernel, target: Target) -> tuple[bytes, str]:
     """The emulator library of ``kernel`` (bytes) and its entry symbol."""
     code = generate(kernel, target)
     params = [Buffer(name, dtype) for name, dtype in code.params]
-    launch = LaunchConfig((code.num_blocks, 1, 1), (code.threads, 1, 1))
+    params += [Size(name, i, d) for name, i, d in code.size_params]
+    launch = LaunchConfig((max(code.num_blocks, 1), 1, 1), (code.threads, 1, 1),
+                          grid_of=_grid_of(code))
     path = build_library(code.source, code.symbol, params, launch, file=f"{kernel.name}.cu")
     return Path(path).read_bytes(), code.symbol
 
+
+
+def _grid_of(code: CudaKernel) -> str:
+    """C text of a dynamic grid's block count over the launch shim's buffers ('' if static)."""
+    if code.num_blocks:
+        return ""
+    where = {name: Size(name, i, d).c_value for name, i, d in code.size_params}
+    return size_c(code.grid_size, leaf=where.__getitem__)

@@ -8,7 +8,12 @@ call's payload, as one line of text (:meth:`Launch.encode`) that the C++ handler
 
 Parameters are the kernel's, in order: ``b<i>`` is the device address of XLA buffer ``i``
 (operands, then results), ``i32:``/``i64:``/``u32:``/``u64:``/``f32:``/``f64:`` a scalar
-constant of that C type.
+constant of that C type, ``dim<i>_<j>`` dimension ``j`` of buffer ``i`` (an int: a dynamic
+size). A grid extent is an int or, for a kernel with dynamic sizes, a size expression
+(:mod:`..sizes`) over such dimensions, which the handler evaluates with the shapes XLA
+passes::
+
+    grid=floordiv(dim0_0+7,8),1,1;block=128,1,1;smem=0;params=b0,b1,dim0_0
 """
 
 from __future__ import annotations
@@ -16,13 +21,22 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .. import sizes
+
 SCALAR_TYPES = ("i32", "i64", "u32", "u64", "f32", "f64")
-_PARAM = re.compile(r"b\d+|(?:[iu](?:32|64)):-?\d+|f(?:32|64):[-+0-9.eEinfa]+")
+_PARAM = re.compile(r"b\d+|dim\d+_\d+|(?:[iu](?:32|64)):-?\d+|f(?:32|64):[-+0-9.eEinfa]+")
+_DIM = re.compile(r"dim\d+_\d+")
 
 
 def buffer(index: int) -> str:
     """The parameter that is the address of XLA buffer ``index`` (operands, then results)."""
     return f"b{index}"
+
+
+def dimension(index: int, dim: int) -> str:
+    """The int parameter (or name in a grid expression) that is dimension ``dim`` of XLA
+    buffer ``index``."""
+    return f"dim{index}_{dim}"
 
 
 def scalar(ctype: str, value: int | float) -> str:
@@ -37,7 +51,8 @@ def scalar(ctype: str, value: int | float) -> str:
 class Launch:
     """A CUDA launch configuration, as CUDA states it (x, y, z extents)."""
 
-    grid: tuple[int, int, int]
+    grid: tuple[int | str, int | str, int | str]
+    """Extents: ints, or size expressions over ``dim<i>_<j>`` (see the module docstring)."""
     block: tuple[int, int, int]
     dynamic_smem: int = 0
     params: tuple[str, ...] = ()
@@ -45,6 +60,9 @@ class Launch:
     def __post_init__(self) -> None:
         for name in ("grid", "block"):
             dims = getattr(self, name)
+            if name == "grid" and len(dims) == 3 and not sizes.is_static(dims):
+                _check_grid_expressions(dims)
+                continue
             if len(dims) != 3 or any(type(d) is not int or d < 1 for d in dims):
                 raise ValueError(f"launch {name} {dims!r} must be three positive ints")
         if type(self.dynamic_smem) is not int or self.dynamic_smem < 0:
@@ -55,7 +73,9 @@ class Launch:
 
     @property
     def num_blocks(self) -> int:
-        """Blocks in the grid."""
+        """Blocks in the grid (ValueError for a grid computed from the shapes)."""
+        if not sizes.is_static(self.grid):
+            raise ValueError(f"the grid {self.grid} is computed from the buffers' shapes")
         return self.grid[0] * self.grid[1] * self.grid[2]
 
     @property
@@ -75,7 +95,23 @@ class Launch:
         fields = dict(part.partition("=")[::2] for part in text.split(";"))
         if set(fields) != {"grid", "block", "smem", "params"}:
             raise ValueError(f"bad launch text {text!r}")
-        grid = tuple(int(d) for d in fields["grid"].split(","))
+        grid = tuple(sizes.parse_size(d) for d in sizes.split_dims(fields["grid"]))
         block = tuple(int(d) for d in fields["block"].split(","))
         params = tuple(fields["params"].split(",")) if fields["params"] else ()
         return cls(grid, block, int(fields["smem"]), params)  # type: ignore[arg-type]
+
+
+def _check_grid_expressions(grid: tuple[int | str, ...]) -> None:
+    for d in grid:
+        if isinstance(d, int):
+            if d < 1:
+                raise ValueError(f"launch grid {grid!r}: extents must be positive")
+            continue
+        try:
+            names = sizes.symbols(d)
+        except ValueError:
+            raise ValueError(f"launch grid {grid!r}: {d!r} is no size expression") from None
+        bad = sorted(n for n in names if not _DIM.fullmatch(n))
+        if bad:
+            raise ValueError(f"launch grid {grid!r}: {bad[0]!r} is not a buffer dimension "
+                             "(dim<i>_<j>)")

@@ -14,18 +14,21 @@ import dataclasses
 import math
 import re
 
-from .. import ir
+from .. import ir, sizes
 from ..errors import KernelError
 from ..target import Target
 from . import types as T
 from .compile import CompiledCuda, compile_kernel
-from .context import Context, source_line
+from .context import SIZE_PREFIX, Context, source_line
+from .control import lower_while
 from .copies import lower_atomic, lower_copy
 from .device_rule import device_rule_violations
+from .dynamic import dynamic_block_indices, launch_grid, size_bindings
 from .gemm import lower_gemm, swizzles
-from .launch import Launch
+from .launch import Launch, dimension
 from .pipeline import lower_pipelined
 from .reductions import lower_reduce
+from .sorts import lower_sort
 from .staging import lower_argreduce, lower_scan, lower_staged
 from .values import (
     lower_broadcast,
@@ -33,6 +36,7 @@ from .values import (
     lower_iota,
     lower_load,
     lower_pointwise,
+    lower_size,
     lower_store,
     lower_transpose,
 )
@@ -53,6 +57,11 @@ class CudaKernel:
     """The global accesses that kept a bounds check, and in which dimensions."""
     conversions: tuple[str, ...]
     """The layout conversions inference inserted (through shared memory)."""
+    size_params: tuple[tuple[str, int, int], ...] = ()
+    """Dynamic sizes, passed after the pointers as int parameters (``sz_<name>``): (name,
+    parameter index of the buffer, dimension) it is read from at launch."""
+    grid_size: sizes.Size = 0
+    """Blocks of the (1-D) launch grid: :attr:`num_blocks`, or a size expression."""
 
 
 def symbol_name(kernel: ir.Kernel) -> str:
@@ -67,7 +76,7 @@ _LOWER = {
     "copy": lower_copy, "atomic": lower_atomic, "reduce": lower_reduce,
     "relayout": lower_staged, "reshape": lower_staged, "rev": lower_staged,
     "slice": lower_staged, "concatenate": lower_staged, "scan": lower_scan,
-    "argreduce": lower_argreduce,
+    "argreduce": lower_argreduce, "size": lower_size, "sort": lower_sort,
 }
 
 
@@ -103,6 +112,9 @@ class _Lowering:
         cx, k = self.cx, self.kernel
         cx.w("const int tid = int(thread_idx().x);")
         cx.w("const int block = int(block_idx().x);")
+        if k.dynamic:
+            dynamic_block_indices(cx)
+            return
         stride = 1
         for v, n in zip(k.block_indices, k.grid):
             name = cx.define(v)
@@ -116,6 +128,8 @@ class _Lowering:
         for stmt in body:
             if isinstance(stmt, ir.Op):
                 self.op(stmt)
+            elif isinstance(stmt, ir.While):
+                lower_while(self, stmt)
             elif isinstance(stmt, ir.For):
                 if stmt.kind == "pipelined" and lower_pipelined(self, stmt):
                     continue
@@ -167,7 +181,9 @@ class _Lowering:
         cx, k = self.cx, self.kernel
         symbol = symbol_name(k)
         params = [(b.name, T.memory_dtype(b.dtype)) for b in k.params]
-        sig = ", ".join(f"ptr<{T.mem(b.dtype)}> {b.name}" for b in k.params)
+        bound = size_bindings(k)
+        sig = ", ".join([f"ptr<{T.mem(b.dtype)}> {b.name}" for b in k.params] +
+                        [f"int {SIZE_PREFIX}{name}" for name, _, _ in bound])
         arrays = [(t, n, c * cx.stages.get(n, (1, 0))[0]) for t, n, c in cx.shared]
         shared = [f"  JT_SHARED({t}, {n}, {c});" for t, n, c in arrays]
         shared_bytes = sum(_sizeof(t) * c for t, _, c in arrays)
@@ -192,8 +208,10 @@ class _Lowering:
         bad = device_rule_violations(text)
         if bad:
             raise KernelError(f"generated CUDA breaks the device-header rule: {bad[0]}")
-        return CudaKernel(text, symbol, tuple(params), k.num_blocks, k.threads, shared_bytes,
-                          tuple(cx.masks), tuple(self.conversions))
+        blocks = k.num_blocks if not k.dynamic else 0
+        grid_size = blocks or sizes.canonical("*".join(f"({g})" for g in k.grid))
+        return CudaKernel(text, symbol, tuple(params), blocks, k.threads, shared_bytes,
+                          tuple(cx.masks), tuple(self.conversions), bound, grid_size)
 
 
 _SIZES = {"float": 4, "double": 8, "half": 2, "bf16": 2, "bool": 1, "int8_t": 1,
@@ -236,6 +254,8 @@ def _renamed(kernel: ir.Kernel) -> ir.Kernel:
                 out.append(dataclasses.replace(s, body=body(s.body)))
             elif isinstance(s, ir.If):
                 out.append(dataclasses.replace(s, then=body(s.then), otherwise=body(s.otherwise)))
+            elif isinstance(s, ir.While):
+                out.append(dataclasses.replace(s, cond=body(s.cond), body=body(s.body)))
             else:
                 attrs = {a: region(v) if isinstance(v, ir.Region) else v
                          for a, v in s.attrs.items()}
@@ -262,6 +282,7 @@ def compile_to_library(kernel: ir.Kernel, target: Target) -> CompiledCuda:
     """Generate ``kernel``'s CUDA code and compile it to a cubin (NVRTC, else nvcc) with its
     launch configuration: one block per grid block, the buffers passed in order."""
     code = generate(kernel, target)
-    launch = Launch((code.num_blocks, 1, 1), (code.threads, 1, 1), 0,
-                    tuple(f"b{i}" for i in range(len(code.params))))
+    launch = Launch((code.num_blocks or launch_grid(code), 1, 1), (code.threads, 1, 1), 0,
+                    tuple(f"b{i}" for i in range(len(code.params))) +
+                    tuple(dimension(i, d) for _, i, d in code.size_params))
     return compile_kernel(code.source, code.symbol, target, launch, file=f"{kernel.name}.cu")

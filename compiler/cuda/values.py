@@ -10,7 +10,8 @@ import numpy as np
 from .. import ir
 from . import scalar_math as M
 from . import types as T
-from .context import Context, row_major
+from .context import Context, row_major, size_c, size_minus
+from .control import written_globals
 from .layout import blocked
 
 
@@ -18,6 +19,13 @@ def lower_const(cx: Context, op: ir.Op) -> None:
     res = op.result
     cx.w(f"const {T.reg(res.dtype)} {cx.define(res)} = "
          f"{T.literal(op.attrs['value'], res.dtype)};")
+
+
+def lower_size(cx: Context, op: ir.Op) -> None:
+    """A dynamic size used as a value: computed from the kernel's size parameters."""
+    res = op.result
+    cx.w(f"const {T.reg(res.dtype)} {cx.define(res)} = {T.reg(res.dtype)}"
+         f"({size_c(op.attrs['expr'])});")
 
 
 def _math(op: ir.Op, args: list[str]) -> str:
@@ -84,6 +92,10 @@ def lower_load(cx: Context, op: ir.Op) -> None:
         if buf.scope == "fragment":
             # One element, held by some threads: every thread reads it from shared memory.
             value = f"{stage_fragment(cx, buf)}[{index}]"
+        elif cx.loop_depth and buf.scope == "global" and buf.name in written_globals(cx.kernel):
+            # Other blocks may change it between iterations (a while loop waiting on a
+            # counter): read memory every time, never a copy kept in a register.
+            value = T.from_memory(f"volatile_load({buf.name} + {index})", buf.dtype)
         else:
             value = _read(buf, index)
         cx.w(f"const {T.reg(res.dtype)} {cx.define(res)} = {value};")
@@ -159,9 +171,9 @@ def _clamped_starts(cx: Context, region: ir.Region, buf: ir.Buffer) -> list[str]
     out = []
     for idx, n in zip(region.index, buf.shape):
         if isinstance(idx.start, ir.Value):
-            hi = n - (idx.size or 1)
+            hi = size_minus(n, idx.size or 1)
             s, name = cx.tmp("s"), cx.name(idx.start)
-            cx.w(f"int {s} = {name} < 0 ? {name} + {n} : {name};")
+            cx.w(f"int {s} = {name} < 0 ? {name} + {size_c(n)} : {name};")
             cx.w(f"{s} = {s} < 0 ? 0 : ({s} > {hi} ? {hi} : {s});")
             out.append(s)
         else:

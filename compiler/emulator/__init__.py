@@ -1,6 +1,14 @@
 """The CUDA SIMT emulator's toolchain: build a `.cu` text for the CPU and run it."""
 
-from .build import Buffer, LaunchConfig, Scalar, ToolchainError, build_library, cxx_compiler
+from .build import (
+    Buffer,
+    LaunchConfig,
+    Scalar,
+    Size,
+    ToolchainError,
+    build_library,
+    cxx_compiler,
+)
 from .runner import EmulatedKernel, EmulatorError
 
 __all__ = [
@@ -9,6 +17,7 @@ __all__ = [
     "EmulatorError",
     "LaunchConfig",
     "Scalar",
+    "Size",
     "ToolchainError",
     "build_library",
     "cxx_compiler",

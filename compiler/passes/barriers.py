@@ -14,8 +14,10 @@ unless both are provably made by the same single thread for every element (same 
 owner per element, no replicas). Loops are walked until the accesses carried from the end of
 one iteration into the next no longer add a barrier (read-after-write and write-after-read
 across iterations); after a loop or a conditional, the accesses of every path are pending.
-Conditions and loop bounds in the Tile IR are uniform across the block, so a barrier inside
-them is reached by all threads.
+A ``While`` is walked like a loop whose iteration is its condition then its body. Conditions
+and loop bounds in the Tile IR are uniform across the block, so a barrier inside them is
+reached by all threads -- except a ``While`` condition that reads global memory the kernel
+writes, whose lowering refuses a barrier inside (``cuda/control.py``).
 
 Assumes: layout inference ran. Guarantees: every cross-thread hazard on a shared buffer has
 a ``barrier`` op between its two accesses.
@@ -109,6 +111,20 @@ class _Walker:
                        and np.array_equal(a.owners, b.owners))
         return not same_thread
 
+    def _while(self, stmt: ir.While, pending: list[_Access]) -> tuple[ir.While, list[_Access]]:
+        """The loop with its barriers, and the accesses pending after it. An iteration is
+        the condition then the body; the loop leaves after a condition, so what is pending
+        then is what follows the last condition."""
+        entry = pending
+        for _ in range(4):
+            new_cond, after = self.body(stmt.cond, entry)
+            new_body, end = self.body(stmt.body, after)
+            carried = _union(pending, end)
+            if len(carried) == len(entry):
+                break
+            entry = carried
+        return dataclasses.replace(stmt, cond=tuple(new_cond), body=tuple(new_body)), after
+
     def body(self, body: tuple[ir.Stmt, ...], pending: list[_Access]
              ) -> tuple[list[ir.Stmt], list[_Access]]:
         out: list[ir.Stmt] = []
@@ -144,12 +160,27 @@ class _Walker:
                     entry = carried
                 out.append(dataclasses.replace(stmt, body=tuple(new_body)))
                 pending = _union(entry, end)
+            elif isinstance(stmt, ir.While):
+                loop, after = self._while(stmt, pending)
+                hoisted, hoisted_after = self._while(stmt, [])
+                if _barriers(hoisted) < _barriers(loop):
+                    # A hazard with what precedes the loop: one barrier before it rather
+                    # than one per iteration.
+                    out.append(ir.Op("barrier", (), None, {}, stmt.line,
+                                     {"reason": "before the loop: accesses before it"}))
+                    loop, after = hoisted, hoisted_after
+                out.append(loop)
+                pending = after
             else:
                 then, t_end = self.body(stmt.then, pending)
                 other, o_end = self.body(stmt.otherwise, pending)
                 out.append(dataclasses.replace(stmt, then=tuple(then), otherwise=tuple(other)))
                 pending = _union(t_end, o_end)
         return out, pending
+
+
+def _barriers(stmt: ir.Stmt) -> int:
+    return sum(isinstance(s, ir.Op) and s.kind == "barrier" for s in ir.walk([stmt]))
 
 
 def _union(a: list[_Access], b: list[_Access]) -> list[_Access]:

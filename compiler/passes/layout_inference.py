@@ -42,7 +42,7 @@ import numpy as np
 
 from .. import ir
 from ..cuda import layout as L
-from ..errors import KernelError, kernel_error
+from ..errors import KernelError
 
 Anchors = Callable[[ir.Kernel], Mapping[str, L.Layout]]
 """Strict layouts of fragment buffers (by name), e.g. GEMM accumulators."""
@@ -270,6 +270,9 @@ class _Rewriter:
             elif isinstance(stmt, ir.If):
                 out.append(dataclasses.replace(stmt, then=self.body(stmt.then),
                                                otherwise=self.body(stmt.otherwise)))
+            elif isinstance(stmt, ir.While):
+                out.append(dataclasses.replace(stmt, cond=tuple(self.body(stmt.cond)),
+                                               body=tuple(self.body(stmt.body))))
             else:
                 out += self.op(stmt)
         return out
@@ -302,26 +305,9 @@ class _Rewriter:
                                           notes=notes), *post]
 
 
-_NOT_LOWERED = {"sort": "jnp.sort", "size": "dynamic sizes"}
-
-
-def _check_supported(kernel: ir.Kernel) -> None:
-    if kernel.dynamic:
-        raise kernel_error(kernel.name, "dynamic sizes are not lowered for CUDA yet (the grid "
-                           f"{list(kernel.grid)} depends on them); compile for the CPU", None)
-    for stmt in ir.walk(kernel.body):
-        if isinstance(stmt, ir.While):
-            raise kernel_error(kernel.name, "jt.while_ is not lowered for CUDA yet",
-                               stmt.line)
-        if isinstance(stmt, ir.Op) and stmt.kind in _NOT_LOWERED:
-            raise kernel_error(kernel.name, f"{_NOT_LOWERED[stmt.kind]} is not lowered for "
-                               "CUDA yet", stmt.line)
-
-
 def infer_layouts(kernel: ir.Kernel, anchors: Anchors | None = None) -> ir.Kernel:
     """Give every fragment buffer and non-uniform tile value a layout; see the module
     docstring. Raises KernelError for what the CUDA lowering does not take yet."""
-    _check_supported(kernel)
     st = _State(kernel)
     st.strict(anchors(kernel) if anchors is not None else {})
     st.propagate()

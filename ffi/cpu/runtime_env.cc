@@ -2,6 +2,7 @@
 
 #include <tvm/ffi/c_api.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <iterator>
@@ -103,20 +104,26 @@ void* as_ptr(F* fn) {
 // Atomic updates for jaxtile's `atomic` op: generated code calls jaxtile_atomic_<fn>_<type>
 // (an undefined symbol bound when the library is loaded). Relaxed ordering suffices: the end
 // of a call, where the thread pool joins, orders every update before anyone reads them.
-// Floats, and max/min of any type, update by compare-and-swap; max/min propagate NaN as
-// jnp.maximum/minimum do.
+// Floats, and max/min of any type, update by compare-and-swap; max/min propagate NaN and
+// order -0.0 below 0.0, as jnp.maximum/minimum do (so concurrent updates commute; the CUDA
+// device header's atomics.h follows the same rules).
+template <typename T>
+bool signed_below(T a, T b) {
+  return a < b || (a == b && std::signbit(a) && !std::signbit(b));
+}
+
 template <typename T>
 T combine_max(T a, T b) {
   if (a != a) return a;
   if (b != b) return b;
-  return a < b ? b : a;
+  return signed_below(a, b) ? b : a;
 }
 
 template <typename T>
 T combine_min(T a, T b) {
   if (a != a) return a;
   if (b != b) return b;
-  return b < a ? b : a;
+  return signed_below(b, a) ? b : a;
 }
 
 template <typename T, T (*Combine)(T, T)>

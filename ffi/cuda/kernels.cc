@@ -1,5 +1,6 @@
 #include "cuda/kernels.h"
 
+#include <array>
 #include <exception>
 #include <map>
 #include <memory>
@@ -118,7 +119,7 @@ const Kernel& find_or_load(const Driver& d, CUcontext ctx, std::string_view key,
 }
 
 std::string run(const Driver& d, const Kernel& k, std::string_view key, CUstream stream,
-                void* const* buffers, size_t num_buffers) {
+                void* const* buffers, size_t num_buffers, const BufferDims* dims) {
   const LaunchSpec& s = k.spec;
   if (num_buffers < s.buffers_needed) {
     return who(k.name, key) + ": called with " + std::to_string(num_buffers) +
@@ -139,12 +140,17 @@ std::string run(const Driver& d, const Kernel& k, std::string_view key, CUstream
     values = heap_values.data();
     pointers = heap_pointers.data();
   }
-  for (size_t i = 0; i < n; ++i) {
-    const Param& p = s.params[i];
-    values[i] = p.is_buffer ? reinterpret_cast<uint64_t>(buffers[p.value]) : p.value;
-    pointers[i] = &values[i];
+  std::array<unsigned, 3> grid;
+  try {
+    for (size_t i = 0; i < n; ++i) {
+      values[i] = param_value(s.params[i], buffers, dims, num_buffers);
+      pointers[i] = &values[i];
+    }
+    grid = resolve_grid(s, dims, num_buffers);
+  } catch (const std::invalid_argument& e) {
+    return who(k.name, key) + ": " + e.what();
   }
-  const CUresult r = d.cuLaunchKernel(k.fn, s.grid[0], s.grid[1], s.grid[2], s.block[0],
+  const CUresult r = d.cuLaunchKernel(k.fn, grid[0], grid[1], grid[2], s.block[0],
                                       s.block[1], s.block[2], s.dynamic_smem, stream, pointers,
                                       nullptr);
   if (r != kCudaSuccess) {
@@ -173,10 +179,10 @@ std::pair<const Driver*, const Kernel*> resolve(CUstream stream, std::string_vie
 }  // namespace
 
 std::string launch(CUstream stream, std::string_view key, std::string_view payload,
-                   void* const* buffers, size_t num_buffers) {
+                   void* const* buffers, size_t num_buffers, const BufferDims* dims) {
   try {
     auto [d, k] = resolve(stream, key, payload);
-    return run(*d, *k, key, stream, buffers, num_buffers);
+    return run(*d, *k, key, stream, buffers, num_buffers, dims);
   } catch (const std::exception& e) {
     return e.what();
   }

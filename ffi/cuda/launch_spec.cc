@@ -1,6 +1,7 @@
 #include "cuda/launch_spec.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
@@ -52,6 +53,118 @@ std::array<unsigned, 3> dims(std::string_view whole, std::string_view v) {
   return d;
 }
 
+// `dim<i>_<j>`: buffer i, dimension j; false if `p` is not of that form.
+bool dim_ref(std::string_view whole, std::string_view p, uint64_t* buffer, int32_t* dim) {
+  if (p.substr(0, 3) != "dim") return false;
+  const size_t us = p.find('_');
+  if (us == std::string_view::npos) bad(whole, "bad dimension '" + std::string(p) + "'");
+  *buffer = number<uint64_t>(whole, p.substr(3, us - 3));
+  *dim = number<int32_t>(whole, p.substr(us + 1));
+  return true;
+}
+
+// A recursive-descent parser of compiler/sizes.py's grammar into postfix nodes.
+class ExprParser {
+ public:
+  ExprParser(std::string_view whole, std::string_view text) : whole_(whole), s_(text) {}
+  SizeExpr parse() {
+    sum();
+    if (i_ != s_.size()) fail();
+    return std::move(out_);
+  }
+
+ private:
+  [[noreturn]] void fail() { bad(whole_, "bad size expression '" + std::string(s_) + "'"); }
+  char peek() const { return i_ < s_.size() ? s_[i_] : '\0'; }
+  void expect(char c) {
+    if (peek() != c) fail();
+    ++i_;
+  }
+  int64_t push(SizeExpr::Op op, int64_t a = 0, int64_t b = 0) {
+    out_.nodes.push_back({op, a, b});
+    return static_cast<int64_t>(out_.nodes.size()) - 1;
+  }
+  int64_t sum() {
+    int64_t e = product();
+    while (peek() == '+' || peek() == '-') {
+      const bool add = s_[i_++] == '+';
+      const int64_t r = product();
+      e = push(add ? SizeExpr::kAdd : SizeExpr::kSub, e, r);
+    }
+    return e;
+  }
+  int64_t product() {
+    int64_t e = atom();
+    while (peek() == '*') {
+      ++i_;
+      const int64_t r = atom();
+      e = push(SizeExpr::kMul, e, r);
+    }
+    return e;
+  }
+  int64_t atom() {
+    const char c = peek();
+    if (c == '-') {
+      ++i_;
+      const int64_t a = atom();
+      return push(SizeExpr::kNeg, a);
+    }
+    if (c == '(') {
+      ++i_;
+      const int64_t e = sum();
+      expect(')');
+      return e;
+    }
+    size_t j = i_;
+    while (j < s_.size() && (std::isalnum(static_cast<unsigned char>(s_[j])) || s_[j] == '_')) {
+      ++j;
+    }
+    const std::string_view word = s_.substr(i_, j - i_);
+    if (word.empty()) fail();
+    i_ = j;
+    if (std::isdigit(static_cast<unsigned char>(word[0]))) {
+      return push(SizeExpr::kInt, number<int64_t>(whole_, word));
+    }
+    uint64_t buffer = 0;
+    int32_t dim = 0;
+    if (peek() != '(' && dim_ref(whole_, word, &buffer, &dim)) {
+      return push(SizeExpr::kDim, static_cast<int64_t>(buffer), dim);
+    }
+    static constexpr std::pair<std::string_view, SizeExpr::Op> kFunctions[] = {
+        {"floordiv", SizeExpr::kFloorDiv}, {"mod", SizeExpr::kMod},
+        {"max", SizeExpr::kMax}, {"min", SizeExpr::kMin}};
+    for (const auto& [name, op] : kFunctions) {
+      if (word != name) continue;
+      expect('(');
+      const int64_t a = sum();
+      expect(',');
+      const int64_t b = sum();
+      expect(')');
+      return push(op, a, b);
+    }
+    fail();
+  }
+
+  std::string_view whole_, s_;
+  size_t i_ = 0;
+  SizeExpr out_;
+};
+
+int64_t floordiv(int64_t a, int64_t b) {
+  const int64_t q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+
+int64_t dimension(const BufferDims* buffers, size_t n, uint64_t buffer, int64_t dim) {
+  if (buffer >= n || buffers == nullptr || dim < 0 ||
+      static_cast<size_t>(dim) >= buffers[buffer].rank) {
+    throw std::invalid_argument("the launch reads dimension " + std::to_string(dim) +
+                                " of buffer " + std::to_string(buffer) +
+                                ", which the call does not have");
+  }
+  return buffers[buffer].dims[dim];
+}
+
 Param scalar(std::string_view whole, std::string_view p) {
   const size_t colon = p.find(':');
   const std::string_view type = p.substr(0, colon);
@@ -81,15 +194,93 @@ Param scalar(std::string_view whole, std::string_view p) {
 
 }  // namespace
 
+int64_t SizeExpr::eval(const BufferDims* buffers, size_t num_buffers) const {
+  std::vector<int64_t> v(nodes.size());
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const Node& n = nodes[i];
+    const int64_t a = n.op >= kAdd ? v[n.a] : 0;
+    const int64_t b = n.op >= kAdd && n.op != kNeg ? v[n.b] : 0;
+    if ((n.op == kFloorDiv || n.op == kMod) && b == 0) {
+      throw std::invalid_argument("a grid extent divides by a zero size");
+    }
+    switch (n.op) {
+      case kInt: v[i] = n.a; break;
+      case kDim: v[i] = dimension(buffers, num_buffers, static_cast<uint64_t>(n.a), n.b); break;
+      case kAdd: v[i] = a + b; break;
+      case kSub: v[i] = a - b; break;
+      case kMul: v[i] = a * b; break;
+      case kNeg: v[i] = -a; break;
+      case kFloorDiv: v[i] = floordiv(a, b); break;
+      case kMod: v[i] = a - floordiv(a, b) * b; break;
+      case kMax: v[i] = std::max(a, b); break;
+      case kMin: v[i] = std::min(a, b); break;
+    }
+  }
+  return v.back();
+}
+
+std::array<unsigned, 3> resolve_grid(const LaunchSpec& spec, const BufferDims* dims,
+                                     size_t num_buffers) {
+  if (spec.grid_exprs.empty()) return spec.grid;
+  std::array<unsigned, 3> grid{};
+  for (int i = 0; i < 3; ++i) {
+    const int64_t g = spec.grid_exprs[i].eval(dims, num_buffers);
+    if (g < 1 || g > 2147483647) {
+      throw std::invalid_argument("grid extent " + std::to_string(i) + " comes out as " +
+                                  std::to_string(g) + " for these shapes");
+    }
+    grid[i] = static_cast<unsigned>(g);
+  }
+  return grid;
+}
+
+uint64_t param_value(const Param& p, void* const* buffers, const BufferDims* dims,
+                     size_t num_buffers) {
+  if (p.is_buffer) return reinterpret_cast<uint64_t>(buffers[p.value]);
+  if (p.dim >= 0) return static_cast<uint64_t>(dimension(dims, num_buffers, p.value, p.dim));
+  return p.value;
+}
+
 LaunchSpec parse_launch(std::string_view text) {
   const auto parts = split(text, ';');
   if (parts.size() != 4) bad(text, "expected grid, block, smem and params");
   LaunchSpec spec;
-  spec.grid = dims(text, field(text, parts[0], "grid"));
+  const std::string_view grid = field(text, parts[0], "grid");
+  if (grid.find_first_not_of("0123456789,") == std::string_view::npos) {
+    spec.grid = dims(text, grid);
+  } else {
+    // Top-level commas separate the extents; the functions' commas are inside parentheses.
+    std::vector<std::string_view> extents;
+    int depth = 0;
+    size_t start = 0;
+    for (size_t i = 0; i <= grid.size(); ++i) {
+      if (i == grid.size() || (grid[i] == ',' && depth == 0)) {
+        extents.push_back(grid.substr(start, i - start));
+        start = i + 1;
+      } else {
+        depth += (grid[i] == '(') - (grid[i] == ')');
+      }
+    }
+    if (extents.size() != 3) bad(text, "grid and block need three extents");
+    spec.grid = {1, 1, 1};
+    for (std::string_view e : extents) {
+      spec.grid_exprs.push_back(ExprParser(text, e).parse());
+      for (const SizeExpr::Node& n : spec.grid_exprs.back().nodes) {
+        if (n.op == SizeExpr::kDim) {
+          spec.buffers_needed = std::max<size_t>(spec.buffers_needed, n.a + 1);
+        }
+      }
+    }
+  }
   spec.block = dims(text, field(text, parts[1], "block"));
   spec.dynamic_smem = number<unsigned>(text, field(text, parts[2], "smem"));
   for (std::string_view p : split(field(text, parts[3], "params"), ',')) {
-    if (!p.empty() && p[0] == 'b') {
+    uint64_t buffer = 0;
+    int32_t dim = 0;
+    if (dim_ref(text, p, &buffer, &dim)) {
+      spec.params.push_back(Param{false, buffer, dim});
+      spec.buffers_needed = std::max<size_t>(spec.buffers_needed, buffer + 1);
+    } else if (!p.empty() && p[0] == 'b') {
       const auto index = number<uint64_t>(text, p.substr(1));
       spec.params.push_back(Param{true, index});
       spec.buffers_needed = std::max<size_t>(spec.buffers_needed, index + 1);
@@ -104,7 +295,7 @@ std::string LaunchSpec::describe() const {
   auto d = [](const std::array<unsigned, 3>& a) {
     return std::to_string(a[0]) + "x" + std::to_string(a[1]) + "x" + std::to_string(a[2]);
   };
-  return "grid " + d(grid) + ", block " + d(block) + ", " + std::to_string(dynamic_smem) +
+  return "grid " + (grid_exprs.empty() ? d(grid) : std::string("from the shapes")) + ", block " + d(block) + ", " + std::to_string(dynamic_smem) +
          " B dynamic shared memory";
 }
 

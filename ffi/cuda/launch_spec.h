@@ -3,7 +3,11 @@
 //   grid=4,4,1;block=128,1,1;smem=49152;params=b0,b1,b2,i32:512,f32:0.5
 //
 // Parameters are the kernel's in order: `b<i>` is the device address of XLA buffer i
-// (operands, then results); `<type>:<value>` a scalar constant (i32 i64 u32 u64 f32 f64).
+// (operands, then results); `<type>:<value>` a scalar constant (i32 i64 u32 u64 f32 f64);
+// `dim<i>_<j>` dimension j of buffer i (an int: a dynamic size). A grid extent is a number or
+// a size expression over such dimensions (compiler/sizes.py's grammar: + - *, floordiv, mod,
+// max, min, rounding towards negative infinity), e.g. `grid=floordiv(dim0_0+7,8),1,1`: the
+// kernel has dynamic sizes and the handler computes both from the shapes XLA passes.
 #pragma once
 
 #include <array>
@@ -17,8 +21,27 @@ namespace jaxtile::cuda {
 struct Param {
   bool is_buffer;
   // For a buffer, its index; for a scalar, its bytes (little-endian, low bytes first: the
-  // driver copies as many as the kernel's parameter has).
+  // driver copies as many as the kernel's parameter has); for a dimension, the buffer's index.
   uint64_t value;
+  int32_t dim = -1;  // >= 0: the parameter is dimension `dim` of buffer `value`
+};
+
+// The dimensions of one XLA buffer.
+struct BufferDims {
+  const int64_t* dims = nullptr;
+  size_t rank = 0;
+};
+
+// A size expression over buffer dimensions, as a tree in postfix order (the root last).
+struct SizeExpr {
+  enum Op : uint8_t { kInt, kDim, kAdd, kSub, kMul, kNeg, kFloorDiv, kMod, kMax, kMin };
+  struct Node {
+    Op op;
+    int64_t a = 0, b = 0;  // kInt: a = value; kDim: a = buffer, b = dimension; else children
+  };
+  std::vector<Node> nodes;
+  // Throws std::invalid_argument for a dimension the buffers lack or a division by zero.
+  int64_t eval(const BufferDims* buffers, size_t num_buffers) const;
 };
 
 struct LaunchSpec {
@@ -27,11 +50,21 @@ struct LaunchSpec {
   unsigned dynamic_smem = 0;
   std::vector<Param> params;
   size_t buffers_needed = 0;  // 1 + the largest buffer index used
+  // A grid with dynamic sizes: its three extents (then `grid` holds 1s); else empty.
+  std::vector<SizeExpr> grid_exprs;
 
   std::string describe() const;  // "grid 4x4x1, block 128x1x1, 49152 B dynamic smem"
 };
 
 // Throws std::invalid_argument saying what is wrong with `text`.
 LaunchSpec parse_launch(std::string_view text);
+
+// The grid and the parameters' values (buffer addresses, scalars' bytes, dimensions) of a
+// launch with these buffers; throws std::invalid_argument when a dimension the launch reads
+// is missing or an extent comes out below 1 or above 2^31 - 1.
+std::array<unsigned, 3> resolve_grid(const LaunchSpec& spec, const BufferDims* dims,
+                                     size_t num_buffers);
+uint64_t param_value(const Param& p, void* const* buffers, const BufferDims* dims,
+                     size_t num_buffers);
 
 }  // namespace jaxtile::cuda

@@ -24,15 +24,6 @@ _GPU_DIFFERS = {
         _TF32,
     r"test_language_atomics\.py::test_split_k_gemm\[emu-": _TF32,
     r"test_language_attention\.py::test_flash_attention_forward\[emu-f32-": _TF32,
-    r"test_language_dynamic\.py::test_(one_compile|loop_bound|two_dynamic)\w*\[emu":
-        "dynamic sizes are not lowered for CUDA yet",
-    r"test_language_loops\.py::test_while_(on|with)_\w*\[emu":
-        "jt.while_ is not lowered for CUDA yet",
-    r"test_language_scans\.py::test_sort_in_xla_order\[emu": "jnp.sort is not lowered for "
-                                                             "CUDA yet",
-    r"test_language_atomics\.py::test_atomic_max_and_min\[emu-float32\]":
-        "float32 atomic max/min are not lowered for CUDA yet (no compare-and-swap in the "
-        "device header)",
 }
 """Emulator runs (regular expressions matched at the start of test ids) expected to fail,
 and why."""

@@ -66,7 +66,8 @@ def test_loop_bound_from_a_dynamic_size(rng, dtype):
         y = jax.jit(column_sums)(x)
         want = np.asarray(x, np.float64).sum(axis=0)
         np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(y, column_sums.reference(x), rtol=1e-6, atol=1e-6)
+        # CUDA sums a tile's rows in a shuffle tree, not in the reference's order
+        np.testing.assert_allclose(y, column_sums.reference(x), rtol=1e-5, atol=1e-5)
     assert cache.stats()["stored"] - before == 1
 
 

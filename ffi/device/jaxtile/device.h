@@ -27,7 +27,12 @@
 //   cp_async<B>(dst, src, src_bytes)      cp.async.ca (B = 4, 8) / cp.async.cg (B = 16), zero-fill
 //   cp_async_commit()              cp.async.commit_group
 //   cp_async_wait<N>()             cp.async.wait_group N
-//   atomic_add / atomic_max / atomic_min / atomic_exch   atom.{add,max,min,exch}
+//   atomic_add / atomic_max / atomic_min / atomic_exch   atom.{add,max,min,exch} (32-bit int;
+//                                                  add on float)
+//   atomic_cas(p, compare, v)      atom.cas.b32 / .b64 (unsigned, unsigned long long)
+//   volatile_load(p)               ld.volatile (1-8 bytes): memory another block may change
+//   atomic_max / atomic_min on float and double, atomic_add on double, and all three on
+//   int64_t: compare-and-swap loops with XLA's semantics (atomics.h, plain C++)
 //   fast_exp2(x)                   ex2.approx.ftz.f32
 //   f32x2, f32x4, u32x2, u32x4                     8/16-byte vectors: ld/st.{v2,v4}
 //   xla_max, xla_min, xla_div, xla_rem, xla_f2i, round_f16, round_bf16, ...  (xla_math.h:
@@ -98,3 +103,5 @@ struct bf16 {
 
 // XLA's per-element semantics (min/max with NaN, integer division, saturating casts...).
 #include "xla_math.h"
+// Atomic updates built on compare-and-swap.
+#include "atomics.h"

@@ -47,18 +47,23 @@ JT_DEVICE void sync_warp(unsigned mask = kFullMask) {
 }
 
 // ---- warp shuffles and votes (4-byte values) ----
+// A union rather than __builtin_memcpy, which NVRTC does not have.
 template <class T>
 JT_DEVICE unsigned as_b32_(T v) {
   static_assert(sizeof(T) == 4, "jaxtile shuffles move 4-byte values");
-  unsigned u;
-  __builtin_memcpy(&u, &v, 4);
-  return u;
+  union {
+    T t;
+    unsigned u;
+  } x{v};
+  return x.u;
 }
 template <class T>
 JT_DEVICE T from_b32_(unsigned u) {
-  T v;
-  __builtin_memcpy(&v, &u, 4);
-  return v;
+  union {
+    unsigned u;
+    T t;
+  } x{u};
+  return x.t;
 }
 template <class T>
 JT_DEVICE T shfl_xor(unsigned mask, T v, int lane_mask) {
@@ -209,6 +214,35 @@ JT_DEVICE void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+// ---- a read that is not cached in a register or L1 (ld.volatile) ----
+template <int N>
+struct bits_of_size_;
+template <>
+struct bits_of_size_<1> {
+  using type = unsigned char;
+};
+template <>
+struct bits_of_size_<2> {
+  using type = unsigned short;
+};
+template <>
+struct bits_of_size_<4> {
+  using type = unsigned;
+};
+template <>
+struct bits_of_size_<8> {
+  using type = unsigned long long;
+};
+template <class T>
+JT_DEVICE T volatile_load(const T* p) {
+  using U = typename bits_of_size_<sizeof(T)>::type;
+  union {
+    U u;
+    T t;
+  } v{*reinterpret_cast<const volatile U*>(p)};
+  return v.t;
+}
+
 // ---- atomics (global or shared; return the old value) ----
 JT_DEVICE float atomic_add(float* p, float v) { return atomicAdd(p, v); }
 JT_DEVICE int atomic_add(int* p, int v) { return atomicAdd(p, v); }
@@ -216,6 +250,13 @@ JT_DEVICE unsigned atomic_add(unsigned* p, unsigned v) { return atomicAdd(p, v);
 JT_DEVICE int atomic_max(int* p, int v) { return atomicMax(p, v); }
 JT_DEVICE int atomic_min(int* p, int v) { return atomicMin(p, v); }
 JT_DEVICE int atomic_exch(int* p, int v) { return atomicExch(p, v); }
+JT_DEVICE unsigned atomic_cas(unsigned* p, unsigned compare, unsigned v) {
+  return atomicCAS(p, compare, v);
+}
+JT_DEVICE unsigned long long atomic_cas(unsigned long long* p, unsigned long long compare,
+                                        unsigned long long v) {
+  return atomicCAS(p, compare, v);
+}
 
 // ---- fast math ----
 JT_DEVICE float fast_exp2(float x) {

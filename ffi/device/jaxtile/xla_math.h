@@ -90,4 +90,14 @@ JT_DEVICE I xla_f2i(F x, F lo, F hi, I lo_i, I hi_i) {
   return static_cast<I>(x);
 }
 
+// Dynamic sizes' arithmetic (compiler/sizes.py): floordiv and mod round towards negative
+// infinity, as in Python and JAX.
+JT_DEVICE int size_floordiv(int a, int b) {
+  const int q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+JT_DEVICE int size_mod(int a, int b) { return a - size_floordiv(a, b) * b; }
+JT_DEVICE int size_max(int a, int b) { return a > b ? a : b; }
+JT_DEVICE int size_min(int a, int b) { return a < b ? a : b; }
+
 }  // namespace jaxtile

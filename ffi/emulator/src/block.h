@@ -104,6 +104,7 @@ struct Block {
   const Region* buffers = nullptr;  // the kernel's global buffers, in parameter order
   idx3 bidx{0, 0, 0};
   idx3 bdim{1, 1, 1};
+  DimSpec grid{1, 1, 1};  // the launch grid (a kernel with dynamic sizes computes it)
   uint32_t nthreads = 0;
   uint32_t nwarps = 0;
 

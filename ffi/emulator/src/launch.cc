@@ -84,13 +84,6 @@ int launch(const KernelSpec* spec, const void* packed_args, int32_t num_args) {
     return fail(name + "expected " + std::to_string(spec->num_buffers) + " buffers, got " +
                 std::to_string(num_args - 2));
   }
-  if (std::string why = check_geometry(*spec); !why.empty()) return fail(name + why);
-  const int64_t begin = args[0].v_int64, end = args[1].v_int64;
-  const int64_t num_blocks =
-      static_cast<int64_t>(spec->grid.x) * spec->grid.y * spec->grid.z;
-  if (begin < 0 || begin > end || end > num_blocks) {
-    return fail(name + "block range outside the grid");
-  }
   std::vector<Region> buffers(static_cast<size_t>(spec->num_buffers));
   for (int32_t i = 0; i < spec->num_buffers; ++i) {
     const TVMFFIAny& a = args[2 + i];
@@ -107,7 +100,16 @@ int launch(const KernelSpec* spec, const void* packed_args, int32_t num_args) {
                   std::to_string(spec->buffer_elem_bytes[i] * 8));
     }
     buffers[i] = Region{static_cast<char*>(t->data) + t->byte_offset, count * elem_bits / 8,
-                        spec->buffer_names[i], kGlobal};
+                        spec->buffer_names[i], kGlobal, t->shape, t->ndim};
+  }
+  KernelSpec geometry = *spec;
+  if (spec->grid_of != nullptr) geometry.grid = spec->grid_of(buffers.data());
+  if (std::string why = check_geometry(geometry); !why.empty()) return fail(name + why);
+  const DimSpec grid = geometry.grid;
+  const int64_t begin = args[0].v_int64, end = args[1].v_int64;
+  const int64_t num_blocks = static_cast<int64_t>(grid.x) * grid.y * grid.z;
+  if (begin < 0 || begin > end || end > num_blocks) {
+    return fail(name + "block range outside the grid");
   }
 
   // Heap-held: this library's thread-local storage must stay small (see runtime.h).
@@ -118,6 +120,7 @@ int launch(const KernelSpec* spec, const void* packed_args, int32_t num_args) {
   b.spec = spec;
   b.buffers = buffers.data();
   b.bdim = {spec->block.x, spec->block.y, spec->block.z};
+  b.grid = grid;
   b.nthreads = spec->block.x * spec->block.y * spec->block.z;
   b.nwarps = (b.nthreads + 31) / 32;
   b.fibers.resize(b.nthreads);
@@ -125,9 +128,8 @@ int launch(const KernelSpec* spec, const void* packed_args, int32_t num_args) {
   first_error().clear();
   for (int64_t lin = begin; lin < end; ++lin) {
     const uint64_t u = static_cast<uint64_t>(lin);
-    b.bidx = {static_cast<unsigned>(u % spec->grid.x),
-              static_cast<unsigned>((u / spec->grid.x) % spec->grid.y),
-              static_cast<unsigned>(u / (static_cast<uint64_t>(spec->grid.x) * spec->grid.y))};
+    b.bidx = {static_cast<unsigned>(u % grid.x), static_cast<unsigned>((u / grid.x) % grid.y),
+              static_cast<unsigned>(u / (static_cast<uint64_t>(grid.x) * grid.y))};
     reset_block_memory(b, kMaxStaticShared);
     run_block(b);
     add_counter(kBlockCount, 1);

@@ -373,5 +373,24 @@ uint32_t atomic_rmw(const Region* r, void* addr, int op, uint32_t value, uint32_
   }
 }
 
+uint64_t atomic_cas(const Region* r, void* addr, int bytes, uint64_t compare, uint64_t value,
+                    uint32_t line) {
+  const auto n = static_cast<uint32_t>(bytes);
+  if ((reinterpret_cast<uintptr_t>(addr) & (n - 1)) != 0) {
+    access_out_of_bounds(r, addr, n, kAtomic | kWrite, line);
+    return 0;
+  }
+  if (!access(r, addr, n, kAtomic | kWrite | kRead, line)) return 0;
+  if (n == 8) {
+    __atomic_compare_exchange_n(static_cast<uint64_t*>(addr), &compare, value, false,
+                                __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    return compare;
+  }
+  auto c32 = static_cast<uint32_t>(compare);
+  __atomic_compare_exchange_n(static_cast<uint32_t*>(addr), &c32, static_cast<uint32_t>(value),
+                              false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+  return c32;
+}
+
 }  // namespace emu
 }  // namespace jaxtile

@@ -215,7 +215,7 @@ idx3 cur_thread_idx() { return t_fiber->tidx; }
 idx3 cur_block_idx() { return t_fiber->block->bidx; }
 idx3 cur_block_dim() { return t_fiber->block->bdim; }
 idx3 cur_grid_dim() {
-  const DimSpec& g = t_fiber->block->spec->grid;
+  const DimSpec& g = t_fiber->block->grid;
   return {g.x, g.y, g.z};
 }
 unsigned cur_lane() { return t_fiber->tid % 32; }

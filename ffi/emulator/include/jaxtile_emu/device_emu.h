@@ -324,6 +324,17 @@ void cp_async_wait(uint32_t line = __builtin_LINE()) {
   emu::cp_async_wait(N, line);
 }
 
+// ---- a read another block may be racing with: a relaxed atomic load (ld.volatile) ----
+template <class T>
+T volatile_load(ptr<T> p, uint32_t line = __builtin_LINE()) {
+  using V = std::remove_const_t<T>;
+  V v{};
+  if (emu::access(p.region(), p.raw(), sizeof(T), emu::kRead, line)) {
+    __atomic_load(const_cast<V*>(p.raw()), &v, __ATOMIC_RELAXED);
+  }
+  return v;
+}
+
 // ---- atomics ----
 inline float atomic_add(ptr<float> p, float v, uint32_t line = __builtin_LINE()) {
   return emu::from_bits32_<float>(
@@ -347,6 +358,14 @@ inline int atomic_min(ptr<int> p, int v, uint32_t line = __builtin_LINE()) {
 inline int atomic_exch(ptr<int> p, int v, uint32_t line = __builtin_LINE()) {
   return static_cast<int>(
       emu::atomic_rmw(p.region(), p.raw(), emu::kExchI32, static_cast<uint32_t>(v), line));
+}
+inline unsigned atomic_cas(ptr<unsigned> p, unsigned compare, unsigned v,
+                           uint32_t line = __builtin_LINE()) {
+  return static_cast<unsigned>(emu::atomic_cas(p.region(), p.raw(), 4, compare, v, line));
+}
+inline unsigned long long atomic_cas(ptr<unsigned long long> p, unsigned long long compare,
+                                     unsigned long long v, uint32_t line = __builtin_LINE()) {
+  return emu::atomic_cas(p.region(), p.raw(), 8, compare, v, line);
 }
 
 // ---- fast math ----

@@ -27,6 +27,8 @@ struct Region {
   uint64_t size;
   const char* name;
   uint8_t space;
+  const int64_t* shape = nullptr;  // a global buffer's dimensions (DLTensor shape)
+  int32_t ndim = 0;
 };
 
 // The region of default-constructed (null) pointers: every access through it is reported.
@@ -109,6 +111,10 @@ void cp_async_wait(int pending, uint32_t line);
 // Atomic read-modify-write of 4 bytes at `addr`; op is one of the AtomicOp values.
 enum AtomicOp : int { kAddF32, kAddI32, kAddU32, kMaxI32, kMinI32, kExchI32 };
 uint32_t atomic_rmw(const Region* r, void* addr, int op, uint32_t value, uint32_t line);
+// Compare-and-swap of `bytes` (4 or 8) at `addr`: stores `value` if it holds `compare`;
+// returns what it held. A real CPU compare-and-swap, since blocks run on several threads.
+uint64_t atomic_cas(const Region* r, void* addr, int bytes, uint64_t compare, uint64_t value,
+                    uint32_t line);
 
 // A per-block shared array of `bytes`, the same for every thread of the block: the k-th
 // declaration a thread executes maps to the k-th allocation of its block.
@@ -129,6 +135,8 @@ struct KernelSpec {
   const int32_t* buffer_elem_bytes;
   // Calls the kernel with its arguments; run by every thread of every block.
   void (*entry)(const Region* buffers);
+  // For a grid that depends on dynamic sizes: the grid for these buffers (else `grid`).
+  DimSpec (*grid_of)(const Region* buffers) = nullptr;
 };
 
 // Runs blocks [begin, end) of a kernel from a tvm-ffi packed argument list (block_begin,

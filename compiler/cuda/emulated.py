@@ -32,7 +32,7 @@ def compile_to_library(kernel: ir.Kernel, target: Target) -> tuple[bytes, str]:
     """The emulator library of ``kernel`` (bytes) and its entry symbol."""
     code = generate(kernel, target)
     params = [Buffer(name, dtype) for name, dtype in code.params]
-    launch = LaunchConfig((code.num_blocks, 1, 1), (code.threads, 1, 1))
+    launch = LaunchConfig((code.num_blocks, 1, 1), (code.threads, 1, 1), code.shared_bytes)
     path = build_library(code.source, code.symbol, params, launch, file=f"{kernel.name}.cu")
     return Path(path).read_bytes(), code.symbol
 

@@ -49,18 +49,24 @@ JT_DEVICE void sync_warp(unsigned mask = kFullMask) {
 }
 
 // ---- warp shuffles and votes (4-byte values) ----
+// A union, not __builtin_memcpy, which NVRTC does not know.
+template <class T>
+union b32_ {
+  T value;
+  unsigned bits;
+};
 template <class T>
 JT_DEVICE unsigned as_b32_(T v) {
   static_assert(sizeof(T) == 4, "jaxtile shuffles move 4-byte values");
-  unsigned u;
-  __builtin_memcpy(&u, &v, 4);
-  return u;
+  b32_<T> x;
+  x.value = v;
+  return x.bits;
 }
 template <class T>
 JT_DEVICE T from_b32_(unsigned u) {
-  T v;
-  __builtin_memcpy(&v, &u, 4);
-  return v;
+  b32_<T> x;
+  x.bits = u;
+  return x.value;
 }
 template <class T>
 JT_DEVICE T shfl_xor(unsigned mask, T v, int lane_mask) {

@@ -136,3 +136,51 @@ def test_more_than_the_target_allows_is_a_kernel_error():
     a = jnp.zeros((512, 512), jnp.float16)
     with pytest.raises(jt.KernelError, match="more than the 166912 an sm_80 block can have"):
         generate(_lowered(ops.matmul_relu, a, a, bk=128, stages=4), SM80)
+
+
+@jt.kernel(threads=128)
+def _scaled_matmul(a, b, s, *, bm=64, bn=64, bk=32, stages=2):
+    """``(a @ b) * s[0, 0]``: ``s`` goes through a shared buffer that is dead before the
+    pipelined loop, whose stages the plan puts on its bytes."""
+    m, kk = a.shape
+    n = b.shape[1]
+    c = jt.empty((m, n), jnp.float32)
+    bx, by = jt.grid(jt.cdiv(n, bn), jt.cdiv(m, bm))
+    pre = jt.shared((64, 64), jnp.float32)
+    a_s = jt.shared((bm, bk), a.dtype)
+    b_s = jt.shared((bk, bn), b.dtype)
+    acc = jt.fragment((bm, bn), jnp.float32)
+    jt.copy(s.at[0, 0], pre)
+    t = pre[0, 0]
+    acc[...] = jnp.zeros((bm, bn), jnp.float32)
+
+    @jt.pipelined(jt.cdiv(kk, bk), stages=stages)
+    def _(k):
+        jt.copy(a.at[by * bm, k * bk], a_s)
+        jt.copy(b.at[k * bk, bx * bn], b_s)
+        jt.gemm(a_s, b_s, acc)
+
+    acc[...] = acc[...] * t
+    jt.copy(acc, c.at[by * bm, bx * bn])
+    return c
+
+
+def test_pipeline_stages_reusing_a_dead_buffer_get_a_barrier_before_the_prologue():
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((64, 96)).astype(np.float16)
+    b = rng.standard_normal((96, 64)).astype(np.float16)
+    s = rng.standard_normal((64, 64)).astype(np.float32)
+    k = _lowered(_scaled_matmul, *(jnp.asarray(x) for x in (a, b, s)))
+    plan = plan_kernel(k, SM80.caps)
+    assert ("smem0", "smem1") in plan.shares()         # pre and the stages of a_s
+    loop = next(i for i, st in enumerate(k.body) if isinstance(st, ir.For))
+    barrier = k.body[loop - 1]
+    assert barrier.kind == "barrier" and "before the pipeline's prologue" in \
+        barrier.notes["reason"]
+    want = (a.astype(np.float64) @ b.astype(np.float64)) * s[0, 0]
+    out = np.zeros((64, 64), np.float32)
+    assert _emulate(k, a, b, s, out)["findings"] == []
+    np.testing.assert_allclose(out, want, rtol=1e-3, atol=1e-3)
+    with pytest.raises(EmulatorError, match=r"data race \(write after read\) on shared "
+                                            r"array .smem1."):
+        _emulate(_drop_barriers(k, "prologue"), a, b, s, np.zeros((64, 64), np.float32))

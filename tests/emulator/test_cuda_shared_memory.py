@@ -184,3 +184,49 @@ def test_pipeline_stages_reusing_a_dead_buffer_get_a_barrier_before_the_prologue
     with pytest.raises(EmulatorError, match=r"data race \(write after read\) on shared "
                                             r"array .smem1."):
         _emulate(_drop_barriers(k, "prologue"), a, b, s, np.zeros((64, 64), np.float32))
+
+
+@jt.kernel(threads=128)
+def _column_sums(a, b, *, bm=64, bn=64, bk=32):
+    """The column sums of ``a @ b`` for one block: the reduction over rows crosses warps,
+    so its partials go through a shared scratch array, which the plan puts on the bytes of
+    the (by then dead) pipeline stages."""
+    kk = a.shape[1]
+    out = jt.empty((bn,), jnp.float32)
+    a_s = jt.shared((bm, bk), a.dtype)
+    b_s = jt.shared((bk, bn), b.dtype)
+    acc = jt.fragment((bm, bn), jnp.float32)
+    acc[...] = jnp.zeros((bm, bn), jnp.float32)
+
+    @jt.pipelined(jt.cdiv(kk, bk), stages=2)
+    def _(k):
+        jt.copy(a.at[0, k * bk], a_s)
+        jt.copy(b.at[k * bk, 0], b_s)
+        jt.gemm(a_s, b_s, acc)
+
+    out[...] = jnp.sum(acc[...], axis=0)
+    return out
+
+
+def test_scratch_reusing_dead_buffers_gets_its_own_barrier():
+    rng = np.random.default_rng(4)
+    # One k step: the gemm's last reads are of stage 0, the bytes the partials take.
+    a = rng.standard_normal((64, 32)).astype(np.float16)
+    b = rng.standard_normal((32, 64)).astype(np.float16)
+    k = _lowered(_column_sums, jnp.asarray(a), jnp.asarray(b))
+    code = generate(k, SM80)
+    marker = "sync_threads();  // partials"
+    lines = [ln for ln in code.source.splitlines() if marker in ln]
+    assert len(lines) == 1 and "reuses shared bytes" in lines[0]
+    assert "JT_SHARED_AT(float, partials" in code.source and ", 0);" in code.source
+    want = (a.astype(np.float64) @ b.astype(np.float64)).sum(0)
+    out = np.zeros(64, np.float32)
+    emu = EmulatedKernel.build(code.source, code.symbol, [Buffer(n, d) for n, d in code.params],
+                               LaunchConfig((1, 1, 1), (128, 1, 1), code.shared_bytes))
+    assert emu.run(a, b, out)["findings"] == []
+    np.testing.assert_allclose(out, want, rtol=1e-3, atol=1e-2)
+    racy = code.source.replace(lines[0].strip(), "")
+    emu = EmulatedKernel.build(racy, code.symbol, [Buffer(n, d) for n, d in code.params],
+                               LaunchConfig((1, 1, 1), (128, 1, 1), code.shared_bytes))
+    with pytest.raises(EmulatorError, match=r"data race .* on shared array 'partials"):
+        emu.run(a, b, np.zeros(64, np.float32))

@@ -1,7 +1,8 @@
 """Every kernel of ``jt.ops`` compiled for CUDA (sm_80) and run in the SIMT emulator (races,
 bounds, barriers and cp.async checked), against its reference semantics and an independent
 jnp / numpy formula; the backward and forward-mode kernels through ``jax.grad`` / ``jax.jvp``
-of the public ops. Ragged shapes throughout; the expensive cases are slow."""
+of the public ops. Ragged shapes throughout; the expensive cases are slow. Every kernel
+also compiles for sm_80 (NVRTC, else nvcc)."""
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +12,10 @@ import pytest
 
 import jaxtile as jt
 from jaxtile import ops
+from jaxtile.compiler import build
+from jaxtile.compiler.cuda import nvrtc, toolchain
+from jaxtile.compiler.cuda.lower import compile_to_library
+from jaxtile.compiler.target import parse_target
 
 SLOW = pytest.mark.slow
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -192,3 +197,56 @@ def test_attention_decode_and_combine(emulator):
     _against(ops.decode_combine, (o_part, lse_part), _decode_formula(*args), 1e-4)
     parts = jax.jit(lambda *a: ops.decode_partial(*a, splits=2))(*args)
     _close(parts, (o_part, lse_part), 1e-4)
+
+
+# -- every kernel compiles for sm_80 -------------------------------------------------------
+
+def _compile_cases():
+    x, w = _data((64, 512)), _data((512,), seed=1)
+    stats = jnp.zeros((64,), jnp.float32)
+    h = _data((64, 4096), np.float16)
+    q = _data((2, 4, 256, 128), BF16)
+    kv = _data((2, 2, 256, 128), BF16)
+    lengths = jnp.full((2,), 256, jnp.int32)
+    lse = jnp.zeros((2, 4, 256), jnp.float32)
+    dq_args = (q, kv, kv, lengths, q, lse, q, lse)
+    dkdv_args = (q, kv, kv, lengths, lse, lse, q)
+    jvp_args = (q, kv, kv, lengths, q, lse, q, kv, kv)
+    decode = _decode_case(BF16)
+    o_part = jnp.zeros((2, 4, 2, 64), jnp.float32)
+    lse_part = jnp.zeros((2, 4, 2), jnp.float32)
+    return [
+        ("add", ops.add, (x[0], x[1]), {}),
+        ("softmax", ops.softmax, (x,), {}),
+        ("softmax_bwd", ops.softmax_bwd, (x, x), {}),
+        ("layer_norm_fwd", ops.layer_norm_fwd, (x, w, w), {}),
+        ("layer_norm_bwd", ops.layer_norm_bwd, (x, w, stats, stats, x), {}),
+        ("rms_norm_fwd", ops.rms_norm_fwd, (x, w), {}),
+        ("rms_norm_bwd", ops.rms_norm_bwd, (x, w, stats, x), {}),
+        ("matmul_nt", ops.matmul, (h, h), {"transpose_b": True}),
+        ("matmul_tn", ops.matmul, (h.T, h.T), {"transpose_a": True}),
+        ("matmul_relu", ops.matmul_relu, (h, h.T), {}),
+        ("attention_fwd", ops.attention_fwd, (q, kv, kv, lengths), {"causal": True}),
+        ("attention_dq", ops.attention_dq, dq_args, {"causal": True}),
+        ("attention_dkdv", ops.attention_dkdv, dkdv_args, {"causal": True}),
+        ("attention_jvp", ops.attention_jvp, jvp_args, {}),
+        ("decode_partial", ops.decode_partial, decode, {"splits": 2}),
+        ("decode_combine", ops.decode_combine, (o_part, lse_part), {}),
+    ]
+
+
+_CHEAP = {"softmax", "decode_combine"}
+
+
+@pytest.mark.skipif(not nvrtc.available() and toolchain.nvcc_path() is None,
+                    reason="neither NVRTC (jaxtile[cuda]) nor nvcc is installed")
+@pytest.mark.parametrize("case", [pytest.param(i, id=c[0], marks=() if c[0] in _CHEAP
+                                               else SLOW)
+                                  for i, c in enumerate(_compile_cases())])
+def test_every_kernel_compiles_for_sm80(case):
+    name, kernel, args, params = _compile_cases()[case]
+    target = parse_target("cuda:sm_80")
+    low = kernel.lower(*args, target="cuda:sm_80", **params)
+    compiled = compile_to_library(build.lowered_ir(low.kernel, target), target)
+    assert compiled.ptxas.registers > 0, name
+    assert compiled.launch.dynamic_smem <= target.caps.max_smem_bytes

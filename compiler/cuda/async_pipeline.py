@@ -209,7 +209,7 @@ class PipelineShape:
         return any(stmt is c for c in self.copies)
 
 
-_SCALAR_KINDS = ("const", "elementwise", "convert")
+_SCALAR_KINDS = ("const", "elementwise", "convert", "select")
 
 
 def _loops(body: tuple[ir.Stmt, ...]) -> Iterator[ir.For]:

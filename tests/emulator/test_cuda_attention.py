@@ -174,7 +174,7 @@ def test_late_v_flash_forward_in_the_emulator(emulator, d, causal, stages, seq):
 
 
 @pytest.mark.skipif(not nvrtc.available(), reason="NVRTC is not installed (jaxtile[cuda])")
-@pytest.mark.parametrize("arch", ["cuda:sm_80", pytest.param("cuda:sm_90", marks=SLOW)])
+@pytest.mark.parametrize("arch", ["cuda:sm_80", "cuda:sm_90"])
 @pytest.mark.parametrize("causal", [True, pytest.param(False, marks=SLOW)])
 def test_library_flash_forward_compiles_without_spills(arch, causal):
     """D = 128, 64 x 64 tiles, 2 stages (80 KiB of shared memory, the opt-in)."""

@@ -80,3 +80,52 @@ def test_mixed_staged_and_synchronous_copies_in_the_emulator():
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-4)
     ref = _staging.reference(jnp.asarray(x), jnp.asarray(idx), stages=3)
     np.testing.assert_allclose(np.asarray(ref), want, rtol=1e-5, atol=1e-4)
+
+
+@jt.kernel(threads=128)
+def _two_tiles_per_block(a, b, *, bm=32, bn=64, bk=32, stages=3):
+    """Each block computes two row tiles of ``a @ b`` one after the other, a pipelined K
+    loop inside a serial loop: the second prologue refills stages the first loop's last
+    iterations read."""
+    m, kk = a.shape
+    n = b.shape[1]
+    c = jt.empty((m, n), jnp.float32)
+    bx, by = jt.grid(jt.cdiv(n, bn), jt.cdiv(m, 2 * bm))
+    a_s = jt.shared((bm, bk), a.dtype)
+    b_s = jt.shared((bk, bn), b.dtype)
+    acc = jt.fragment((bm, bn), jnp.float32)
+
+    @jt.loop(2)
+    def _(t):
+        row = (by * 2 + t) * bm
+        acc[...] = jnp.zeros((bm, bn), jnp.float32)
+
+        @jt.pipelined(jt.cdiv(kk, bk), stages=stages)
+        def _(k):
+            jt.copy(a.at[row, k * bk], a_s)
+            jt.copy(b.at[k * bk, bx * bn], b_s)
+            jt.gemm(a_s, b_s, acc)
+
+        jt.copy(acc, c.at[row, bx * bn])
+
+    return c
+
+
+def test_a_pipeline_inside_a_loop_refills_its_stages_safely():
+    rng = np.random.default_rng(6)
+    a = jnp.asarray(rng.standard_normal((100, 80)), jnp.float16)   # ragged M and K
+    b = jnp.asarray(rng.standard_normal((80, 64)), jnp.float16)
+    k = _two_tiles_per_block.lower(a, b, target="cuda:sm_80")
+    assert "// pipelined loop: 3 stages" in k.source
+    before = jt.backend()
+    jt.set_backend("cuda-emulator")
+    jax.clear_caches()
+    try:
+        got = jax.jit(_two_tiles_per_block)(a, b)
+    finally:
+        jt.set_backend(before)
+        jax.clear_caches()
+    want = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(np.asarray(_two_tiles_per_block.reference(a, b), np.float64),
+                               want, rtol=2e-3, atol=2e-3)

@@ -59,12 +59,12 @@ def _close(got, want, dtype):
                                rtol=tol, atol=tol)
 
 
-# (head dim, causal, stages, valid keys per sequence): the default run keeps two (the
-# D=128 one on a smaller batch); the others are slow.
+# (head dim, causal, stages, valid keys per sequence): the default run keeps one (on a
+# smaller batch; the late-V kernel below covers D=64 and 2 stages); the others are slow.
 ALL = (100, 77, 0)
 CASES = [
     pytest.param(128, True, 3, (77, 0), id="d128-causal-3"),
-    pytest.param(64, False, 2, ALL, id="d64-full-2"),
+    pytest.param(64, False, 2, ALL, id="d64-full-2", marks=SLOW),
     pytest.param(128, False, 2, ALL, id="d128-full-2", marks=SLOW),
     pytest.param(128, True, 2, ALL, id="d128-causal-2", marks=SLOW),
     pytest.param(128, False, 3, ALL, id="d128-full-3", marks=SLOW),

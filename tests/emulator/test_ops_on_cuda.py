@@ -1,8 +1,9 @@
 """Every kernel of ``jt.ops`` compiled for CUDA (sm_80) and run in the SIMT emulator (races,
 bounds, barriers and cp.async checked), against its reference semantics and an independent
 jnp / numpy formula; the backward and forward-mode kernels through ``jax.grad`` / ``jax.jvp``
-of the public ops. Ragged shapes throughout; the expensive cases are slow. Every kernel
-also compiles for sm_80 (NVRTC, else nvcc)."""
+of the public ops. Ragged shapes throughout. Every kernel also compiles for sm_80 (NVRTC,
+else nvcc). The default run keeps one emulator case and two compiles (the suite's time
+budget); ``-m slow`` runs the rest."""
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +51,7 @@ def _against(kernel, args, want, tol=2e-5, **params):
 
 # -- elementwise, rows ---------------------------------------------------------------------
 
+@SLOW   # also in test_cuda_backend.py's default run
 def test_add(emulator):
     x, y = _data((1000,)), _data((1000,), seed=1)
     _against(ops.add, (x, y), x + y)
@@ -59,7 +61,8 @@ def _softmax_loss(f, x, w):
     return jnp.sum(f(x) * w)
 
 
-@pytest.mark.parametrize("shape", [(10, 300), pytest.param((33, 64), marks=SLOW)])
+@SLOW
+@pytest.mark.parametrize("shape", [(10, 300), (33, 64)])
 def test_softmax_and_its_backward(emulator, shape):
     x, w = _data(shape), _data(shape, seed=1)
     y = jax.nn.softmax(x, axis=-1)
@@ -78,7 +81,8 @@ def _rms_norm(x, w, eps=1e-6):
     return x / jnp.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
 
 
-@pytest.mark.parametrize("norm", ["layer", pytest.param("rms", marks=SLOW)])
+@SLOW
+@pytest.mark.parametrize("norm", ["layer", "rms"])
 def test_norms_forward_and_backward(emulator, norm):
     x, w, b, g = _data((7, 200)), _data((200,), seed=1), _data((200,), seed=2), \
         _data((7, 200), seed=3)
@@ -189,6 +193,7 @@ def _decode_formula(q, kp, vp, table, lengths):
     return jnp.einsum("bhs,bhsd->bhd", jax.nn.softmax(s, axis=-1), vals)
 
 
+@SLOW
 def test_attention_decode_and_combine(emulator):
     args = _decode_case(np.float32)
     got = jax.jit(lambda *a: ops.attention_decode(*a, splits=2))(*args)

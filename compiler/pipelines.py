@@ -68,12 +68,18 @@ def cuda(target: Target) -> tuple[Pass, ...]:
     """CUDA's passes, in order: layout inference (every register tile gets its thread
     layout, the gemm planner's accumulators first, with conversions where ops disagree);
     bounds (which global accesses keep a mask); barriers (after layouts, which say which
-    thread touches which shared element)."""
+    thread touches which shared element, treating buffers the shared-memory plan puts on
+    the same bytes as one)."""
     from .cuda.gemm import anchors
+    from .cuda.smem_plan import plan_kernel
 
     strict = anchors(target)
+
+    def barriers(k: ir.Kernel) -> ir.Kernel:
+        return insert_barriers(k, plan_kernel(k, target.caps).shares())
+
     return (Pass("layout_inference", lambda k: infer_layouts(k, strict)),
-            Pass("bounds", check_bounds), Pass("barriers", insert_barriers))
+            Pass("bounds", check_bounds), Pass("barriers", barriers))
 
 
 TARGET_PIPELINES: dict[str, Callable[[Target], tuple[Pass, ...]]] = {"cpu": cpu, "cuda": cuda}

@@ -112,6 +112,13 @@ class Lowered:
         """CUDA: the layout conversions (through shared memory) layout inference inserted."""
         return self._cuda.conversions
 
+    @property
+    def shared_memory(self) -> str:
+        """CUDA: where each shared array lives in the dynamic shared memory and the size
+        the kernel launches with (``shared memory 49152 / 166912 bytes (opt-in above
+        49152): smem0@0 smem1@24576``)."""
+        return self._cuda.smem_plan
+
     @functools.cached_property
     def ptxas(self) -> Any:
         """CUDA: ptxas' report for the kernel (registers, spills, shared memory), or None

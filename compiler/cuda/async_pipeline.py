@@ -27,12 +27,28 @@ buffer), copy tile k, commit, wait_group(0), barrier, compute.
 the trip count decides statically are resolved. :func:`check_schedule` executes a schedule
 for one trip count and reports what a GPU would get wrong (a tile read before its copy
 retired or before a barrier published it, a buffer refilled while still being read).
+
+:func:`pipeline_shape` decides, on the Tile IR alone, which ``jt.pipelined`` loops get the
+schedule and which of their copies it issues (so that shared-memory planning, barrier
+insertion and code generation agree): the *staged* copies are the body's top-level copies
+from global memory into a whole shared buffer, wherever they stand in the body (flash
+attention copies V after the softmax), provided their origin is computable at the top of
+the iteration (from the loop counter, values defined before the loop and scalar arithmetic
+of the body on those), nothing in the body touches the destination before the copy or
+writes it elsewhere, nothing in the loop writes the source, and the destination is not used
+outside the loop. All staged copies of an iteration are issued at the top, in one group, so
+one wait makes every tile of the iteration visible at once: a copy that stood after some
+computation then waits with the others. Since it was issued ``stages - 1`` iterations
+earlier, waiting for it at the top costs nothing once the pipeline is full, and the counting
+stays the single ``wait<S - 2>`` above.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 
+from .. import ir, op_defs
 from ..errors import KernelError
 
 
@@ -176,3 +192,94 @@ def check_schedule(plan: PipelinePlan, n: int) -> list[str]:
     if pending or open_group:
         problems.append(f"tiles {pending + open_group} still in flight after the loop")
     return problems
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineShape:
+    """What the schedule issues for one pipelined loop: the ``copies`` (the staged ones, in
+    body order), the scalar ops computing their origins (``scalars``, in body order) and
+    the shared buffers they fill (``staged``, each with ``stages`` buffers)."""
+
+    stages: int
+    copies: tuple[ir.Op, ...]
+    scalars: tuple[ir.Op, ...]
+    staged: tuple[str, ...]
+
+    def is_staged_copy(self, stmt: ir.Stmt) -> bool:
+        return any(stmt is c for c in self.copies)
+
+
+_SCALAR_KINDS = ("const", "elementwise", "convert", "select")
+
+
+def _loops(body: tuple[ir.Stmt, ...]) -> Iterator[ir.For]:
+    for s in ir.walk(body):
+        if isinstance(s, ir.For):
+            yield s
+
+
+def pipeline_shape(kernel: ir.Kernel, loop: ir.For) -> PipelineShape | None:
+    """The staged copies of ``loop`` (see the module docstring), or None when the loop is
+    not pipelined (not ``jt.pipelined``, fewer than 2 stages, or no copy qualifies); it
+    then runs as a serial loop."""
+    if loop.kind != "pipelined" or loop.stages < 2:
+        return None
+    bufs = {b.name: b for b in kernel.buffers}
+    inner = list(ir.walk(loop.body))
+    written = {r.buffer for s in inner if isinstance(s, ir.Op) for r in op_defs.writes(s)}
+    defined = {s.result.id for s in inner if isinstance(s, ir.Op) and s.result is not None}
+    computable: dict[int, ir.Op] = {}   # body scalars computable at the top of an iteration
+    touched: set[str] = set()           # buffers accessed so far in the body
+    copies: list[ir.Op] = []
+    for stmt in loop.body:
+        if isinstance(stmt, ir.Op) and stmt.kind == "copy":
+            src, dst = stmt.attrs["src"], stmt.attrs["dst"]
+            db = bufs[dst.buffer]
+            starts = src.values() + dst.values()
+            if (bufs[src.buffer].scope == "global" and db.scope == "shared"
+                    and dst.is_whole(db.shape) and src.buffer not in written
+                    and dst.buffer not in touched
+                    and all(v.id in computable or v.id not in defined for v in starts)
+                    and not any(c.attrs["dst"].buffer == dst.buffer for c in copies)):
+                copies.append(stmt)
+        if isinstance(stmt, ir.Op) and stmt.kind in _SCALAR_KINDS and stmt.result is not None \
+                and stmt.result.shape == () and all(
+                    v.id in computable or v.id not in defined for v in stmt.operands):
+            computable[stmt.result.id] = stmt
+        for s in ir.walk((stmt,)):
+            if isinstance(s, ir.Op):
+                touched |= {r.buffer for r in ir.regions(s)}
+    # A staged buffer is written only by its copy, and used only inside the loop.
+    writers: dict[str, list[ir.Op]] = {}
+    for s in inner:
+        if isinstance(s, ir.Op):
+            for r in op_defs.writes(s):
+                writers.setdefault(r.buffer, []).append(s)
+    inside = {id(s) for s in inner}
+    outside = {r.buffer for s in ir.walk(kernel.body)
+               if isinstance(s, ir.Op) and id(s) not in inside for r in ir.regions(s)}
+    copies = [c for c in copies
+              if len(writers[c.attrs["dst"].buffer]) == 1 and c.attrs["dst"].buffer not in outside]
+    if not copies:
+        return None
+    staged_names = {c.attrs["dst"].buffer for c in copies}
+    needed: set[int] = set()
+    todo = [v for c in copies for r in ir.regions(c) for v in r.values()]
+    while todo:
+        v = todo.pop()
+        if v.id in computable and v.id not in needed:
+            needed.add(v.id)
+            todo += list(computable[v.id].operands)
+    scalars = tuple(op for op in computable.values() if op.result.id in needed)
+    return PipelineShape(loop.stages, tuple(copies), scalars,
+                         tuple(sorted(staged_names)))
+
+
+def staged_buffers(kernel: ir.Kernel) -> dict[str, int]:
+    """Shared buffers that pipelined loops multi-buffer, with their number of stages."""
+    out: dict[str, int] = {}
+    for loop in _loops(kernel.body):
+        shape = pipeline_shape(kernel, loop)
+        if shape is not None:
+            out.update({name: shape.stages for name in shape.staged})
+    return out

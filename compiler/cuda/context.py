@@ -3,7 +3,8 @@
 Device code is one function per kernel. Every thread runs the whole body; a tile value
 with a layout is a per-thread array of its slots (``float v7[12]``), a uniform value one
 scalar, a fragment buffer an array of its layout's slots, a ``local`` buffer a per-thread
-array of the whole tile, a ``shared`` buffer a ``JT_SHARED`` array. Slots are visited by
+array of the whole tile, a ``shared`` buffer a ``JT_SHARED_AT`` view of the dynamic shared
+memory at the offset the shared-memory plan gives it. Slots are visited by
 ``#pragma unroll`` loops over ``k``, so after unrolling every index is a constant and the
 arrays live in registers.
 """
@@ -28,6 +29,9 @@ MAX_THREAD_BYTES = 64 * 1024
 """Per-thread arrays (tile values, fragments, local buffers) a kernel may declare in all: a
 GPU thread has 255 registers and spills the rest to slow local memory (and the emulator
 gives each thread a 256 KiB stack)."""
+SCRATCH_BARRIER = "@@scratch barrier@@ "
+"""Marks a line where a barrier goes if the scratch array it names reuses bytes (``before``
+its op) or has its bytes reused (``after`` it); resolved once all scratch is planned."""
 _NUMPY = {"float": "float32", "double": "float64", "bool": "bool", "int8_t": "int8",
           "uint8_t": "uint8", "int16_t": "int16", "uint16_t": "uint16", "int": "int32",
           "unsigned": "uint32", "int64_t": "int64", "uint64_t": "uint64",
@@ -80,8 +84,11 @@ class Context:
         self.factors = _known_factors(kernel)
         """Scalar values known to be multiples of a number (for aligned vector accesses)."""
         self.names: dict[int, str] = {}
-        self.shared: list[tuple[str, str, int]] = []
-        """(C type, name, count) of every shared array, declared at kernel scope."""
+        self.shared: list[tuple[str, str, int, ir.Op | None]] = []
+        """(C type, name, count, op) of every shared scratch array, declared at kernel
+        scope."""
+        self.current_op: ir.Op | None = None
+        """The op being lowered (the owner of the scratch it asks for)."""
         self._tmp = 0
         self.stages: dict[str, tuple[int, int]] = {}
         """Multi-buffered shared buffers of a pipelined loop: (stages, elements per stage)."""
@@ -112,8 +119,13 @@ class Context:
         return str(x) if isinstance(x, int) else self.name(x)
 
     def shared_array(self, ctype: str, count: int, hint: str) -> str:
+        """A shared scratch array for the op being lowered (placed by the shared-memory
+        plan around the kernel's buffers; where it reuses bytes, :data:`SCRATCH_BARRIER`
+        marks the barriers that may be needed before and after the op)."""
         name = self.tmp(hint)
-        self.shared.append((ctype, name, max(count, 1)))
+        self.shared.append((ctype, name, max(count, 1), self.current_op))
+        if not self.loop_depth:
+            self.w(f"{SCRATCH_BARRIER}before {name}")
         return name
 
     # -- layouts and slots ----------------------------------------------------------------------

@@ -35,7 +35,7 @@ def compile_to_library(kernel: ir.Kernel, target: Target) -> tuple[bytes, str]:
     params = [Buffer(name, dtype) for name, dtype in code.params]
     params += [Size(name, i, d) for name, i, d in code.size_params]
     launch = LaunchConfig((max(code.num_blocks, 1), 1, 1), (code.threads, 1, 1),
-                          grid_of=_grid_of(code))
+                          code.shared_bytes, grid_of=_grid_of(code))
     path = build_library(code.source, code.symbol, params, launch, file=f"{kernel.name}.cu")
     return Path(path).read_bytes(), code.symbol
 

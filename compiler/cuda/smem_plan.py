@@ -25,11 +25,15 @@ Guarantees: buffers live at the same statement never overlap; every offset is a 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 from ..errors import KernelError
-from ..ir import For, Kernel, Op, Region, Stmt
+from ..ir import For, Kernel, Op, Region, Stmt, While
 from ..target import CudaCaps
+from .async_pipeline import staged_buffers
 
 ALIGN = 128
 
@@ -99,8 +103,8 @@ def _lifetimes(body: Sequence[Stmt], names: set[str], extra: Mapping[int, list[S
                 used |= {s.name for s in extra.get(id(stmt), ())}
                 for name in used:
                     touch(name, here, here)
-            elif isinstance(stmt, For):
-                used = visit(stmt.body)
+            elif isinstance(stmt, For | While):
+                used = visit(stmt.body if isinstance(stmt, For) else stmt.cond + stmt.body)
                 for name in used:       # every iteration touches it again
                     touch(name, here, counter[0] - 1)
             else:
@@ -113,17 +117,27 @@ def _lifetimes(body: Sequence[Stmt], names: set[str], extra: Mapping[int, list[S
 
 
 def plan_shared_memory(kernel: Kernel, bytes_of: Mapping[str, int], caps: CudaCaps,
-                       extra: Sequence[Scratch] = ()) -> SmemPlan:
+                       extra: Sequence[Scratch] = (),
+                       fixed: Mapping[str, int] | None = None) -> SmemPlan:
     """Offsets for the shared buffers ``bytes_of`` sizes (and the ``extra`` scratch) with
     reuse across disjoint lifetimes; KernelError naming the biggest buffers if the total is
-    above ``caps.max_smem_bytes``."""
+    above ``caps.max_smem_bytes``.
+
+    Ties (same size, same lifetime) go in declaration order (``kernel.buffers``, then
+    ``extra``), so renaming buffers or inserting barriers never changes the plan.
+    ``fixed``: offsets decided before (an earlier plan's), kept; the other buffers are
+    placed around them (code generation adds its scratch to the barrier pass's plan)."""
     by_op: dict[int, list[Scratch]] = {}
     for s in extra:
         by_op.setdefault(id(s.op), []).append(s)
     sizes = {**bytes_of, **{s.name: s.bytes for s in extra}}
+    order = {b.name: i for i, b in enumerate(kernel.buffers)}
+    order.update({s.name: len(order) + i for i, s in enumerate(extra)})
     spans = _lifetimes(kernel.body, set(bytes_of), by_op)
-    offsets: dict[str, int] = {}
-    for name in sorted(spans, key=lambda n: (-sizes[n], spans[n], n)):
+    offsets: dict[str, int] = {n: o for n, o in (fixed or {}).items() if n in spans}
+    for name in sorted(spans, key=lambda n: (-sizes[n], spans[n], order.get(n, 0))):
+        if name in offsets:
+            continue
         lo, hi = spans[name]
         busy = sorted((offsets[o], offsets[o] + sizes[o]) for o in offsets
                       if spans[o][0] <= hi and lo <= spans[o][1])
@@ -144,3 +158,40 @@ def plan_shared_memory(kernel: Kernel, bytes_of: Mapping[str, int], caps: CudaCa
             f"{biggest} (smaller tiles or fewer pipeline stages reduce it)")
     return SmemPlan(offsets, {n: sizes[n] for n in offsets}, spans, total,
                     caps.static_smem_bytes, caps.max_smem_bytes)
+
+
+def buffer_bytes(kernel: Kernel) -> dict[str, int]:
+    """Bytes of each shared buffer of ``kernel``, all stages of a pipelined one."""
+    stages = staged_buffers(kernel)
+    return {b.name: max(math.prod(b.shape), 1) * np.dtype(b.dtype).itemsize
+            * stages.get(b.name, 1) for b in kernel.buffers if b.scope == "shared"}
+
+
+def plan_kernel(kernel: Kernel, caps: CudaCaps) -> SmemPlan:
+    """The plan of ``kernel``'s own shared buffers (pipelined ones with their stages): what
+    the barrier pass reads :meth:`SmemPlan.shares` from, and what code generation then
+    places its scratch around (the same offsets: planning ignores names and barriers)."""
+    return plan_shared_memory(kernel, buffer_bytes(kernel), caps)
+
+
+def place_scratch(kernel: Kernel, plan: SmemPlan, scratch: Sequence[Scratch], caps: CudaCaps,
+                  ) -> tuple[SmemPlan, set[str], set[str]]:
+    """``plan`` (the kernel's buffers, offsets kept) with code generation's per-op
+    ``scratch`` placed around it, and the scratch arrays that need a barrier before their
+    op (they reuse bytes some earlier buffer used) and after it (a later one reuses
+    theirs). The barrier pass did not see scratch, so these barriers are code
+    generation's; an op inside a loop has its leading barrier already (its previous
+    iteration's reads)."""
+    sizes = {n: plan.sizes[n] for n in plan.offsets}
+    full = plan_shared_memory(kernel, sizes, caps, scratch, fixed=plan.offsets)
+    names = {s.name for s in scratch}
+    before: set[str] = set()
+    after: set[str] = set()
+    for a, b in full.shares():
+        for mine, other in ((a, b), (b, a)):
+            if mine in names:
+                if full.lifetimes[other][1] < full.lifetimes[mine][0]:
+                    before.add(mine)
+                if full.lifetimes[other][0] > full.lifetimes[mine][1]:
+                    after.add(mine)
+    return full, before, after

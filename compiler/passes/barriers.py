@@ -19,6 +19,20 @@ and loop bounds in the Tile IR are uniform across the block, so a barrier inside
 reached by all threads -- except a ``While`` condition that reads global memory the kernel
 writes, whose lowering refuses a barrier inside (``cuda/control.py``).
 
+Buffers that the shared-memory plan gives the same bytes (``SmemPlan.shares()``, passed in
+as ``shares``) count as one buffer: the last reads of one and the first writes of the next
+are a write-after-read hazard (and the other way round) although they name different
+buffers.
+
+A loop that runs as a ``cp.async`` pipeline (``async_pipeline.pipeline_shape``) is walked as
+its schedule runs it: the staged copies are issued by the prologue before the loop (their
+writes meet what is pending before the loop: a barrier goes before the loop when they
+conflict) and at the top of each iteration, after the schedule's own barrier, into a buffer
+no thread reads in that iteration; so the body is walked once, from that barrier, without the
+staged copies, and its staged reads conflict with nothing inside the loop. Barriers it still
+needs (e.g. between a fragment staged through shared memory and its readers) are ordinary
+barrier ops of the body.
+
 Assumes: layout inference ran. Guarantees: every cross-thread hazard on a shared buffer has
 a ``barrier`` op between its two accesses.
 """
@@ -27,10 +41,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Iterable
 
 import numpy as np
 
 from .. import ir
+from ..cuda.async_pipeline import PipelineShape, pipeline_shape
 from ..cuda.copies import copy_layout
 from ..cuda.layout import Layout, blocked
 from .layout_inference import uniform_values
@@ -54,8 +70,9 @@ def _owners(lay: Layout, primary_only: bool) -> np.ndarray:
 
 
 class _Walker:
-    def __init__(self, kernel: ir.Kernel):
+    def __init__(self, kernel: ir.Kernel, shares: Iterable[tuple[str, str]] = ()):
         self.kernel = kernel
+        self.shares = {frozenset(p) for p in shares}
         self.bufs = {b.name: b for b in kernel.buffers}
         self.uniform = uniform_values(kernel)
         self.layouts = {s.result.id: s.notes["layout"] for s in ir.walk(kernel.body)
@@ -100,10 +117,11 @@ class _Walker:
             return _owners(lay or blocked(v.shape, threads), write)
         return None
 
-    @staticmethod
-    def _conflict(a: _Access, b: _Access) -> bool:
-        if a.buffer != b.buffer or not (a.write or b.write):
+    def _conflict(self, a: _Access, b: _Access) -> bool:
+        if not (a.write or b.write):
             return False
+        if a.buffer != b.buffer:
+            return frozenset((a.buffer, b.buffer)) in self.shares
         if _disjoint(a.region, b.region):
             return False
         same_thread = (a.region == b.region and a.owners is not None and b.owners is not None
@@ -125,8 +143,36 @@ class _Walker:
             entry = carried
         return dataclasses.replace(stmt, cond=tuple(new_cond), body=tuple(new_body)), after
 
-    def body(self, body: tuple[ir.Stmt, ...], pending: list[_Access]
-             ) -> tuple[list[ir.Stmt], list[_Access]]:
+    def _barrier(self, pending: list[_Access], accs: list[_Access], line: str | None
+                 ) -> ir.Op | None:
+        """The barrier ``accs`` need after ``pending``, or None."""
+        hits = [(p, a) for a in accs for p in pending if self._conflict(p, a)]
+        if not hits:
+            return None
+        p, a = next(((p, a) for p, a in hits if p.buffer != a.buffer), hits[0])
+        kind = ("write" if a.write else "read") + " after " + ("write" if p.write else "read")
+        reason = f"{kind} of {a.buffer}"
+        if p.buffer != a.buffer:
+            reason += f" (shares bytes with {p.buffer})"
+        return ir.Op("barrier", (), None, {}, line, {"reason": reason})
+
+    def _pipelined(self, loop: ir.For, shape: PipelineShape, pending: list[_Access]
+                   ) -> tuple[ir.For, list[_Access], ir.Op | None]:
+        """A pipelined loop (see the module docstring): the loop, what is pending after
+        it, and the barrier to put before it (or None)."""
+        issued = [_Access(a.buffer, a.write, a.region, None)
+                  for c in shape.copies for a in self.accesses(c)]
+        barrier = self._barrier(pending, issued, loop.line)
+        if barrier is not None:
+            barrier = barrier.with_notes(reason=barrier.notes["reason"] +
+                                         ", before the pipeline's prologue")
+            pending = []
+        pending = pending + issued
+        new_body, end = self.body(loop.body, [], skip=shape.copies)
+        return dataclasses.replace(loop, body=tuple(new_body)), _union(pending, end), barrier
+
+    def body(self, body: tuple[ir.Stmt, ...], pending: list[_Access],
+             skip: tuple[ir.Op, ...] = ()) -> tuple[list[ir.Stmt], list[_Access]]:
         out: list[ir.Stmt] = []
         pending = list(pending)
         for stmt in body:
@@ -135,18 +181,19 @@ class _Walker:
                     pending = []
                     out.append(stmt)
                     continue
+                if any(stmt is c for c in skip):
+                    out.append(stmt)
+                    continue
                 accs = self.accesses(stmt)
-                hit = next(((p, a) for a in accs for p in pending if self._conflict(p, a)),
-                           None)
-                if hit is not None:
-                    p, a = hit
-                    kind = ("write" if a.write else "read") + " after " + \
-                        ("write" if p.write else "read")
-                    out.append(ir.Op("barrier", (), None, {}, stmt.line,
-                                     {"reason": f"{kind} of {a.buffer}"}))
+                barrier = self._barrier(pending, accs, stmt.line)
+                if barrier is not None:
+                    out.append(barrier)
                     pending = []
                 pending += accs
                 out.append(stmt)
+            elif isinstance(stmt, ir.For) and (shape := pipeline_shape(self.kernel, stmt)):
+                out_stmt, pending, barrier = self._pipelined(stmt, shape, pending)
+                out += [barrier, out_stmt] if barrier is not None else [out_stmt]
             elif isinstance(stmt, ir.For):
                 entry = pending
                 once = isinstance(stmt.extent, int) and stmt.extent <= 1
@@ -197,7 +244,8 @@ def _disjoint(a: ir.Region, b: ir.Region) -> bool:
     return False
 
 
-def insert_barriers(kernel: ir.Kernel) -> ir.Kernel:
-    """Insert the barriers shared-memory hazards need; see the module docstring."""
-    body, _ = _Walker(kernel).body(kernel.body, [])
+def insert_barriers(kernel: ir.Kernel, shares: Iterable[tuple[str, str]] = ()) -> ir.Kernel:
+    """Insert the barriers shared-memory hazards need, ``shares`` naming the pairs of
+    buffers that share bytes; see the module docstring."""
+    body, _ = _Walker(kernel, shares).body(kernel.body, [])
     return dataclasses.replace(kernel, body=tuple(body))

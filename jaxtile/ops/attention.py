@@ -28,7 +28,8 @@ from .attention_mask import (
 
 
 @jt.kernel(threads=128)
-def attention_fwd(q, k, v, lengths, *, causal=False, scale=None, window=None, bm=64, bn=64):
+def attention_fwd(q, k, v, lengths, *, causal=False, scale=None, window=None, bm=64, bn=64,
+                  stages=2):
     """``(out, lse)`` of attention for ``q`` (B, H, T, D), ``k`` and ``v`` (B, Hkv, S, D)
     and the key counts ``lengths`` (B,) int32; ``window`` is None, ``(left, right)`` or an
     int ``w`` for ``(w, w)``.
@@ -36,7 +37,8 @@ def attention_fwd(q, k, v, lengths, *, causal=False, scale=None, window=None, bm
     ``out`` (B, H, T, D) in ``q.dtype``; ``lse`` (B, H, T) float32, the log-sum-exp of each
     row's scaled scores (``-inf`` for a row that sees no key, whose ``out`` is 0). A block
     handles ``bm`` queries of one head against tiles of ``bn`` keys; scores and the softmax
-    are float32, probabilities are cast to ``v.dtype`` for the product with ``v``.
+    are float32, probabilities are cast to ``v.dtype`` for the product with ``v``. On CUDA
+    the K/V tiles come through a ``stages``-deep ``cp.async`` pipeline.
     """
     group, seq = check_qkv("attention", q, k, v, lengths)
     window = window_pair(window)
@@ -62,8 +64,9 @@ def attention_fwd(q, k, v, lengths, *, causal=False, scale=None, window=None, bm
     keys = n_keys(lengths, b, seq)
     first, stop = kv_range(bx * bm, bm, keys, bn, causal=causal, window=window)
 
-    @jt.loop(first, stop)
-    def _(j):
+    @jt.pipelined(stop - first, stages=stages)
+    def _(i):
+        j = first + i
         jt.copy(k.at[b, hk, j * bn, 0], k_s)
         jt.copy(v.at[b, hk, j * bn, 0], v_s)
         s[...] = jnp.zeros((bm, bn), jnp.float32)
@@ -93,7 +96,8 @@ def attention_fwd(q, k, v, lengths, *, causal=False, scale=None, window=None, bm
 
 def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | None = None,
               lengths: Any = None, window: int | tuple[int, int] | None = None,
-              return_lse: bool = False, block_q: int = 64, block_k: int = 64) -> Any:
+              return_lse: bool = False, block_q: int = 64, block_k: int = 64,
+              stages: int = 2) -> Any:
     """Multi-head attention ``softmax(q @ k.T * scale + mask) @ v`` as a flash kernel.
 
     Args:
@@ -110,6 +114,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | No
       return_lse: also return the float32 log-sum-exp of each row's scores, (batch, heads,
         T).
       block_q, block_k: the query and key tile sizes.
+      stages: how many K/V tiles the CUDA kernel keeps in flight (its ``cp.async``
+        pipeline; the backward kernels do not use it).
 
     Returns ``out`` (batch, heads, T, head_dim) in q's dtype, or ``(out, lse)``.
     Differentiable in q, k and v in both modes (``jax.grad``, ``jax.jvp``) by jaxtile
@@ -120,7 +126,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | No
     if lengths is None:
         lengths = jnp.full((q.shape[0],), k.shape[2] if jnp.ndim(k) == 4 else 0, jnp.int32)
     out, lse = attention_fwd(q, k, v, lengths, causal=bool(causal), scale=scale,
-                             window=window, bm=block_q, bn=block_k)
+                             window=window, bm=block_q, bn=block_k, stages=stages)
     return (out, lse) if return_lse else out
 
 
@@ -132,6 +138,7 @@ def _fwd(q, k, v, lengths, **params):
 def _bwd(res, cts, **params):
     q, k, v, lengths, out, lse = res
     g_out, g_lse = cts
+    params.pop("stages", None)
     dq, dk, dv = attention_bwd.attention_grads(q, k, v, lengths, out, lse,
                                                g_out.astype(q.dtype), g_lse, **params)
     return dq, dk, dv, None
@@ -141,6 +148,7 @@ def _jvp(args, outs, tangents, **params):
     q, k, v, lengths = args
     tq, tk, tv, _ = tangents
     out, lse = outs
+    params.pop("stages", None)
     return attention_bwd.attention_jvp(q, k, v, lengths, out, lse, tq.astype(q.dtype),
                                        tk.astype(k.dtype), tv.astype(v.dtype), **params)
 

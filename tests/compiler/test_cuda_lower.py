@@ -139,7 +139,8 @@ def test_fp16_gemm_from_the_language_meets_the_static_targets():
     report = low.ptxas
     assert report.spill_stores == 0 and report.spill_loads == 0
     assert report.registers <= 224
-    assert report.shared_bytes <= 48 * 1024
+    assert report.shared_bytes == 0          # every shared array is a view of the dynamic one
+    assert low.shared_memory.startswith("shared memory 49152 / ")   # 3 stages of A and B
     from jaxtile.compiler.cuda import sass
 
     cubin = toolchain.compile_cubin(low.source, "sm_80")

@@ -12,6 +12,9 @@
 // The contract (both implementations provide exactly this, in namespace jaxtile):
 //   JT_KERNEL, JT_DEVICE, JT_LAUNCH_BOUNDS(n)      kernel / device-function declarations
 //   JT_SHARED(T, name, count)                      a per-block shared array; `name` is a ptr<T>
+//   JT_SHARED_AT(T, name, count, offset)           a named view of `count` T at byte `offset`
+//                                                  of the dynamic shared buffer (views may
+//                                                  overlap: buffers reusing bytes)
 //   ptr<T>                                         a pointer (T* on the GPU; a checked pointer
 //                                                  carrying its allocation in the emulator)
 //   ptr_cast<U>(p), dynamic_shared<T>()            reinterpretation; the dynamic shared buffer

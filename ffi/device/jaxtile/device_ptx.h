@@ -8,6 +8,8 @@
 #define JT_SHARED(T, name, count) __shared__ __align__(16) T name[count]
 
 extern __shared__ __align__(16) unsigned char jaxtile_dynamic_smem[];
+#define JT_SHARED_AT(T, name, count, offset) \
+  T* name = reinterpret_cast<T*>(jaxtile_dynamic_smem + (offset))
 
 namespace jaxtile {
 

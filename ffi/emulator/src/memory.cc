@@ -256,6 +256,40 @@ void* shared_array(uint64_t bytes, const char* name, const Region** region, uint
   return b.smem + offset;
 }
 
+void* shared_view(uint64_t offset, uint64_t bytes, const char* name, const Region** region,
+                  uint32_t line) {
+  Fiber* f = t_fiber;
+  Block& b = *f->block;
+  const uint32_t k = f->shared_decls++;
+  const uint64_t at = static_cast<uint64_t>(b.dynamic_region.base - b.smem) + offset;
+  if (k < b.decls.size()) {
+    const SharedDecl& d = b.decls[k];
+    if (d.bytes != bytes || d.line != line || d.offset != at) {
+      report(kError, "shared-decl@" + std::to_string(line),
+             thread_name(b, f->tid) + " declares shared view '" + name + "' at " +
+                 where(b, line) + " where other threads declared '" + d.name + "' at " +
+                 where(b, d.line) + ": shared declarations must run in the same order in "
+                 "every thread");
+      abort_block(f);
+    }
+    *region = &b.regions[k];
+    return b.smem + d.offset;
+  }
+  if (offset > b.dynamic_region.size || bytes > b.dynamic_region.size - offset ||
+      b.regions.size() == b.regions.capacity()) {
+    report(kError, "shared-size",
+           "shared view '" + std::string(name) + "' at " + where(b, line) + " of " +
+               std::to_string(bytes) + " bytes at offset " + std::to_string(offset) +
+               " lies beyond the " + std::to_string(b.dynamic_region.size) +
+               " bytes of dynamic shared memory the kernel was launched with");
+    abort_block(f);
+  }
+  b.decls.push_back({at, bytes, name, line});
+  b.regions.push_back(Region{b.smem + at, bytes, name, kShared});
+  *region = &b.regions.back();
+  return b.smem + at;
+}
+
 void* dynamic_shared(const Region** region) {
   Block& b = *t_fiber->block;
   *region = &b.dynamic_region;

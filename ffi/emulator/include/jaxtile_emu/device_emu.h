@@ -18,6 +18,9 @@
 #define JT_LAUNCH_BOUNDS(n)
 #define JT_SHARED(T, name, count) \
   ::jaxtile::ptr<T> name = ::jaxtile::emu::shared_array_of<T>((count), #name, __LINE__)
+#define JT_SHARED_AT(T, name, count, offset)                                         \
+  ::jaxtile::ptr<T> name =                                                           \
+      ::jaxtile::emu::shared_view_of<T>((count), (offset), #name, __LINE__)
 
 namespace jaxtile {
 namespace emu {
@@ -132,6 +135,13 @@ template <class T>
 Ptr<T> shared_array_of(uint64_t count, const char* name, uint32_t line) {
   const Region* r = nullptr;
   void* p = shared_array(count * sizeof(T), name, &r, line);
+  return Ptr<T>(static_cast<T*>(p), r);
+}
+
+template <class T>
+Ptr<T> shared_view_of(uint64_t count, uint64_t offset, const char* name, uint32_t line) {
+  const Region* r = nullptr;
+  void* p = shared_view(offset, count * sizeof(T), name, &r, line);
   return Ptr<T>(static_cast<T*>(p), r);
 }
 

@@ -120,6 +120,12 @@ uint64_t atomic_cas(const Region* r, void* addr, int bytes, uint64_t compare, ui
 // declaration a thread executes maps to the k-th allocation of its block.
 void* shared_array(uint64_t bytes, const char* name, const Region** region, uint32_t line);
 void* dynamic_shared(const Region** region);
+// A named view of `bytes` at `offset` in the dynamic shared buffer (declared in the same order
+// by every thread, like shared_array): accesses through it are bounds-checked against the
+// view and reported under its name; views may overlap (buffers reusing bytes), and races are
+// tracked per byte of the block's shared memory whatever view reaches it.
+void* shared_view(uint64_t offset, uint64_t bytes, const char* name, const Region** region,
+                  uint32_t line);
 
 // ---- launching ----
 struct DimSpec {

@@ -60,8 +60,9 @@ check need the sizes: they ran on the same call's trace with its concrete shapes
 def cpu(target: Target) -> tuple[Pass, ...]:
     """The CPU's passes: GEMM loops take K steps of a few hundred, elementwise chains are
     computed inside their consumers."""
-    del target
-    return (Pass("gemm_panels", coarsen_gemm_loops), Pass("fusion", fuse_elementwise))
+    widen = not target.caps.bf16_dot        # bfloat16 panels where the gemm dots them
+    return (Pass("gemm_panels", lambda k: coarsen_gemm_loops(k, widen=widen)),
+            Pass("fusion", fuse_elementwise))
 
 
 def cuda(target: Target) -> tuple[Pass, ...]:

@@ -24,6 +24,7 @@ from tvm.ir import Expr
 from .. import ir
 from . import elementwise as ew
 from .context import Lowering, extent
+from .gemm_bf16 import lower_gemm_bf16
 
 ROWS = 4
 VECTORS_PER_ROW = 2
@@ -51,6 +52,24 @@ def lower_gemm(low: Lowering, op: ir.Op, *, lanes: int) -> None:
     for role in ("a", "b"):
         r = a[role]
         a[role] = r.buffer if whole(r) and r.buffer != c_region.buffer else low.snapshot(r)
+    if _uses_bf16_dot(low, *(low.bufs[a[role]] for role in ("a", "b", "c"))):
+        lower_gemm_bf16(low, low.bufs[a["a"]], low.bufs[a["b"]], low.bufs[a["c"]],
+                        transpose_a=a["transpose_a"], transpose_b=a["transpose_b"])
+    else:
+        _lower_fma(low, a, lanes)
+    if a["c"] != c_region.buffer:
+        low.write_back(a["c"], c_region)
+
+
+def _uses_bf16_dot(low: Lowering, A: tirx.Buffer, B: tirx.Buffer, C: tirx.Buffer) -> bool:
+    """bfloat16 operands of a float32 accumulator, on a target with the bfloat16 dot."""
+    caps = low.target.caps
+    return (getattr(caps, "bf16_dot", False) and str(A.dtype) == str(B.dtype) == "bfloat16"
+            and str(C.dtype) == "float32")
+
+
+def _lower_fma(low: Lowering, a: dict, lanes: int) -> None:
+    """The float32 FMA path (operands converted to the accumulator type)."""
     if a["transpose_b"]:
         b = a["b"]
         a["b"] = low.snapshot(ir.whole(b, low.bufs[b].shape), transpose=True)
@@ -75,8 +94,6 @@ def lower_gemm(low: Lowering, op: ir.Op, *, lanes: int) -> None:
         _plain(low, C, a_at, b_at, (m_main, m), (0, n), k, lanes)
     if m_main and n_main < n:
         _plain(low, C, a_at, b_at, (0, m_main), (n_main, n), k, lanes)
-    if a["c"] != c_region.buffer:
-        low.write_back(a["c"], c_region)
 
 
 def _register_tiles(low: Lowering, C: tirx.Buffer, a_at: Callable, b_at: Callable,

@@ -9,7 +9,9 @@ with ``u * bk`` about :data:`PANEL_K`: the loop copies ``u`` consecutive tiles o
 B side by side into ``u`` times wider buffers (panels), then runs one gemm over them. The
 gemm does the same multiply-adds in the same order, so the result is bitwise the same; the
 iterations that do not fill a whole panel make one shorter panel. bfloat16 and float16
-operands of a float32 accumulator are widened (exactly) by the copies into the panels.
+operands of a float32 accumulator are widened (exactly) by the copies into the panels,
+unless ``widen=False`` (a target whose gemm multiplies bfloat16 directly, see
+:mod:`..cpu.gemm_bf16`, keeps bfloat16 panels: half the bytes, and no conversion).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ PANEL_K = 256
 panel, ``PANEL_K`` x 16 float32, then fits the L1 cache with room for the A rows."""
 
 
-def coarsen_gemm_loops(kernel: ir.Kernel) -> ir.Kernel:
+def coarsen_gemm_loops(kernel: ir.Kernel, *, widen: bool = True) -> ir.Kernel:
     """Coarsen the K loops of GEMMs (see the module doc).
 
     A loop qualifies when its start and extent are static, its body holds only scalar ops
@@ -38,12 +40,13 @@ def coarsen_gemm_loops(kernel: ir.Kernel) -> ir.Kernel:
     memory, and one ``gemm`` of those two buffers (whole) into a third buffer, and the two
     buffers are used nowhere else in the kernel. Guarantees: every copy and multiply-add of
     the original loop happens, in the same order, on the same data; new buffers are
-    scratch buffers named after the ones they replace.
+    scratch buffers named after the ones they replace, of the replaced buffers' dtype or,
+    with ``widen``, float32 for half-precision operands of a float32 accumulator.
     """
     uses = Counter(r.buffer for s in ir.walk(kernel.body) if isinstance(s, ir.Op)
                    for r in ir.regions(s))
     buffers = {b.name: b for b in kernel.buffers}
-    body = _rewrite(kernel.body, buffers, uses)
+    body = _rewrite(kernel.body, buffers, uses, widen)
     if body is None:
         return kernel
     used = {r.buffer for s in ir.walk(body) if isinstance(s, ir.Op) for r in ir.regions(s)}
@@ -52,7 +55,7 @@ def coarsen_gemm_loops(kernel: ir.Kernel) -> ir.Kernel:
 
 
 def _rewrite(stmts: Sequence[ir.Stmt], buffers: dict[str, ir.Buffer],
-             uses: Counter) -> tuple[ir.Stmt, ...] | None:
+             uses: Counter, widen: bool) -> tuple[ir.Stmt, ...] | None:
     """``stmts`` with qualifying loops coarsened (new buffers added to ``buffers``), or
     ``None`` if nothing changed."""
     out: list[ir.Stmt] = []
@@ -60,14 +63,14 @@ def _rewrite(stmts: Sequence[ir.Stmt], buffers: dict[str, ir.Buffer],
     for stmt in stmts:
         new: Sequence[ir.Stmt] | None = None
         if isinstance(stmt, ir.For):
-            inner = _rewrite(stmt.body, buffers, uses)
+            inner = _rewrite(stmt.body, buffers, uses, widen)
             if inner is not None:
                 stmt = dataclasses.replace(stmt, body=inner)
                 changed = True
-            new = _coarsen(stmt, buffers, uses)
+            new = _coarsen(stmt, buffers, uses, widen)
         elif isinstance(stmt, ir.If):
-            then = _rewrite(stmt.then, buffers, uses)
-            otherwise = _rewrite(stmt.otherwise, buffers, uses)
+            then = _rewrite(stmt.then, buffers, uses, widen)
+            otherwise = _rewrite(stmt.otherwise, buffers, uses, widen)
             if then is not None or otherwise is not None:
                 stmt = dataclasses.replace(stmt, then=then or stmt.then,
                                            otherwise=otherwise or stmt.otherwise)
@@ -131,8 +134,8 @@ def _match(loop: ir.For, buffers: dict[str, ir.Buffer], uses: Counter) -> _Match
     return _Match(g, copies, kdim, bk)
 
 
-def _coarsen(loop: ir.For, buffers: dict[str, ir.Buffer],
-             uses: Counter) -> list[ir.Stmt] | None:
+def _coarsen(loop: ir.For, buffers: dict[str, ir.Buffer], uses: Counter,
+             widen: bool) -> list[ir.Stmt] | None:
     m = _match(loop, buffers, uses)
     if m is None:
         return None
@@ -147,7 +150,8 @@ def _coarsen(loop: ir.For, buffers: dict[str, ir.Buffer],
         name = _fresh(f"{n}_panel", buffers)
         # Half-precision operands are widened exactly once, by the copy into the panel,
         # instead of every time the gemm reads them.
-        dtype = acc if b.dtype.name in _WIDENED and acc == np.float32 else b.dtype
+        dtype = acc if widen and b.dtype.name in _WIDENED and acc == np.float32 \
+            else b.dtype
         buffers[name] = dataclasses.replace(b, name=name, shape=shape, dtype=np.dtype(dtype))
         panels[n] = name
     dtype = loop.var.dtype
@@ -179,7 +183,7 @@ def _coarsen(loop: ir.For, buffers: dict[str, ir.Buffer],
         # The iterations left over make one shorter panel (or run as written if just one).
         done = loop.extent - loop.extent % u
         rest = dataclasses.replace(loop, start=loop.start + done, extent=loop.extent % u)
-        out.extend(_coarsen(rest, buffers, uses) or [rest])
+        out.extend(_coarsen(rest, buffers, uses, widen) or [rest])
     return out
 
 

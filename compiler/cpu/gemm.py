@@ -16,7 +16,9 @@ copied once into a local tile in ``[k, j]`` layout, so the j loop has unit strid
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 from tvm import tirx
 from tvm.ir import Expr
@@ -25,6 +27,7 @@ from .. import ir
 from . import elementwise as ew
 from .context import Lowering, extent
 from .gemm_bf16 import lower_gemm_bf16
+from .gemm_live import Live
 
 ROWS = 4
 VECTORS_PER_ROW = 2
@@ -52,11 +55,14 @@ def lower_gemm(low: Lowering, op: ir.Op, *, lanes: int) -> None:
     for role in ("a", "b"):
         r = a[role]
         a[role] = r.buffer if whole(r) and r.buffer != c_region.buffer else low.snapshot(r)
+    # Rows and columns that reach no output are left out (noted at ragged edges only on a
+    # whole accumulator, so the bounds are in c's coordinates).
+    live = Live.of(low, op)
     if _uses_bf16_dot(low, *(low.bufs[a[role]] for role in ("a", "b", "c"))):
         lower_gemm_bf16(low, low.bufs[a["a"]], low.bufs[a["b"]], low.bufs[a["c"]],
-                        transpose_a=a["transpose_a"], transpose_b=a["transpose_b"])
+                        transpose_a=a["transpose_a"], transpose_b=a["transpose_b"], live=live)
     else:
-        _lower_fma(low, a, lanes)
+        _lower_fma(low, a, lanes, live)
     if a["c"] != c_region.buffer:
         low.write_back(a["c"], c_region)
 
@@ -68,7 +74,7 @@ def _uses_bf16_dot(low: Lowering, A: tirx.Buffer, B: tirx.Buffer, C: tirx.Buffer
             and str(C.dtype) == "float32")
 
 
-def _lower_fma(low: Lowering, a: dict, lanes: int) -> None:
+def _lower_fma(low: Lowering, a: dict, lanes: int, live: Live) -> None:
     """The float32 FMA path (operands converted to the accumulator type)."""
     if a["transpose_b"]:
         b = a["b"]
@@ -89,15 +95,22 @@ def _lower_fma(low: Lowering, a: dict, lanes: int) -> None:
     cols = VECTORS_PER_ROW * lanes
     m_main, n_main = m - m % ROWS, n - n % cols
     if m_main and n_main:
-        _register_tiles(low, C, a_at, b_at, (m_main, n_main, k), lanes)
+        _register_tiles(low, C, a_at, b_at, (m_main, n_main, k), lanes, live)
     if m_main < m:
-        _plain(low, C, a_at, b_at, (m_main, m), (0, n), k, lanes)
+        with _when(low, live.reaches(0, m_main)):
+            _plain(low, C, a_at, b_at, (m_main, live.end(0, m_main, m)), (0, n), k, lanes)
     if m_main and n_main < n:
-        _plain(low, C, a_at, b_at, (0, m_main), (n_main, n), k, lanes)
+        with _when(low, live.reaches(1, n_main)):
+            _plain(low, C, a_at, b_at, (0, live.end(0, 0, m_main)), (n_main, n), k, lanes)
+
+
+def _when(low: Lowering, cond: Expr | None) -> AbstractContextManager[None]:
+    """``if cond:`` around what follows, or nothing if ``cond`` is None."""
+    return contextlib.nullcontext() if cond is None else low.kb.if_(cond)
 
 
 def _register_tiles(low: Lowering, C: tirx.Buffer, a_at: Callable, b_at: Callable,
-                    mnk: tuple[int, int, int], lanes: int) -> None:
+                    mnk: tuple[int, int, int], lanes: int, live: Live) -> None:
     kb, acc = low.kb, str(C.dtype)
     m, n, k = mnk
     cols = VECTORS_PER_ROW * lanes
@@ -110,7 +123,8 @@ def _register_tiles(low: Lowering, C: tirx.Buffer, a_at: Callable, b_at: Callabl
                 with kb.loop(low.name("v"), lanes, kind="vectorized") as v:
                     body(r, w, v)
 
-    with kb.loop(low.name("mt"), m // ROWS) as it, kb.loop(low.name("nt"), n // cols) as jt:
+    with kb.loop(low.name("mt"), live.tiles(0, m // ROWS, ROWS)) as it, \
+            kb.loop(low.name("nt"), live.tiles(1, n // cols, cols)) as jt:
         i0, j0 = it * ROWS, jt * cols
         each_vector(lambda r, w, v: kb.store(tile, [r, w + v], C[i0 + r, j0 + w + v]))
         with kb.loop(low.name("k"), k) as kk:
@@ -124,7 +138,7 @@ def _register_tiles(low: Lowering, C: tirx.Buffer, a_at: Callable, b_at: Callabl
 
 
 def _plain(low: Lowering, C: tirx.Buffer, a_at: Callable, b_at: Callable,
-           rows: tuple[int, int], cols: tuple[int, int], k: int, lanes: int) -> None:
+           rows: tuple[int, int | Expr], cols: tuple[int, int], k: int, lanes: int) -> None:
     kb = low.kb
     width = cols[1] - cols[0]
     with kb.loop(low.name("m"), rows[1] - rows[0], start=rows[0]) as i, \

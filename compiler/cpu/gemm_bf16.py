@@ -20,11 +20,15 @@ stored element by element, and its lanes past ``n`` (fed by the zero padding) ar
 
 from __future__ import annotations
 
+import contextlib
+from contextlib import AbstractContextManager
+
 from tvm import tirx
 from tvm.ir import Expr
 
 from .bf16_dot import LANES, dot_pairs
 from .context import Lowering
+from .gemm_live import Live
 
 ROWS = 4
 VECTORS = 4
@@ -35,9 +39,10 @@ accumulators keep it busy."""
 
 
 def lower_gemm_bf16(low: Lowering, A: tirx.Buffer, B: tirx.Buffer, C: tirx.Buffer, *,
-                    transpose_a: bool, transpose_b: bool) -> None:
+                    transpose_a: bool, transpose_b: bool, live: Live) -> None:
     """Emit ``C += op(A) @ op(B)`` for whole local buffers ``A``, ``B`` (bfloat16) and
-    ``C`` (float32) with static shapes."""
+    ``C`` (float32) with static shapes; register tiles with no ``live`` row or column are
+    left out."""
     m, n = (int(d) for d in C.shape)
     k = int(A.shape[0] if transpose_a else A.shape[1])
     pairs = (k + 1) // 2
@@ -65,17 +70,24 @@ def lower_gemm_bf16(low: Lowering, A: tirx.Buffer, B: tirx.Buffer, C: tirx.Buffe
 
     def tiles_of_rows(i0: Expr, rows: int) -> None:
         if col_tiles:
-            with kb.loop(low.name("nt"), col_tiles) as jt:
+            with kb.loop(low.name("nt"), live.tiles(1, col_tiles, cols)) as jt:
                 _register_tile(low, C, ap, bp, (i0, jt * cols), (rows, VECTORS, cols), pairs)
         if cols_left:
-            _register_tile(low, C, ap, bp, (i0, col_tiles * cols),
-                           (rows, -(-cols_left // LANES), cols_left), pairs)
+            with _when(low, live.reaches(1, col_tiles * cols)):
+                _register_tile(low, C, ap, bp, (i0, col_tiles * cols),
+                               (rows, -(-cols_left // LANES), cols_left), pairs)
 
     if row_tiles:
-        with kb.loop(low.name("mt"), row_tiles) as it:
+        with kb.loop(low.name("mt"), live.tiles(0, row_tiles, ROWS)) as it:
             tiles_of_rows(it * ROWS, ROWS)
     if rows_left:
-        tiles_of_rows(tirx.const(row_tiles * ROWS, "int32"), rows_left)
+        with _when(low, live.reaches(0, row_tiles * ROWS)):
+            tiles_of_rows(tirx.const(row_tiles * ROWS, "int32"), rows_left)
+
+
+def _when(low: Lowering, cond: Expr | None) -> AbstractContextManager[None]:
+    """``if cond:`` around what follows, or nothing if ``cond`` is None."""
+    return contextlib.nullcontext() if cond is None else low.kb.if_(cond)
 
 
 def _pack(low: Lowering, dst: tirx.Buffer, shape: tuple[int, int], k: int, at,

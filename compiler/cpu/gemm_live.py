@@ -38,7 +38,7 @@ class Live:
         live = tirx.max(bound, tirx.const(0, "int32"))
         return tirx.min(tirx.const(count, "int32"), tirx.floordiv(live + (size - 1), size))
 
-    def reaches(self, axis: int, start: int) -> Expr | None:
+    def reaches(self, axis: int, start: int | Expr) -> Expr | None:
         """The condition that a row (column) at or after ``start`` is live; None: always."""
         bound = self._bound(axis)
         return None if bound is None else bound > start

@@ -57,8 +57,8 @@ def lower_gemm_bf16(low: Lowering, A: tirx.Buffer, B: tirx.Buffer, C: tirx.Buffe
     def b_at(kk: Expr, j: Expr) -> Expr:
         return B[j, kk] if transpose_b else B[kk, j]
 
-    _pack(low, ap, (m, pairs), k, lambda i, kk: a_at(i, kk), pair_axis=1)
-    _pack(low, bp, (pairs, n), k, b_at, pair_axis=0)
+    _pack(low, ap, (m, pairs), k, a_at, pair_axis=1)
+    _pack(low, bp, (pairs, n), k, b_at, pair_axis=0, vectorize=not transpose_b)
     if n < vectors * LANES:
         with kb.loop(low.name("p"), pairs) as p, \
                 kb.loop(low.name("j"), vectors * LANES - n, start=n) as j:
@@ -94,11 +94,14 @@ def _when(low: Lowering, cond: Expr | None) -> AbstractContextManager[None]:
 
 
 def _pack(low: Lowering, dst: tirx.Buffer, shape: tuple[int, int], k: int, at,
-          pair_axis: int) -> None:
+          pair_axis: int, vectorize: bool = False) -> None:
     """``dst[i, j]`` = the pair of ``at`` at K indices ``2q`` and ``2q + 1`` (``q`` the
-    index along ``pair_axis``), zero past K; ``at(row, kk)`` or ``at(kk, col)``."""
+    index along ``pair_axis``), zero past K; ``at(row, kk)`` or ``at(kk, col)``. With
+    ``vectorize`` (``j`` contiguous in the source), ``j`` goes in whole vectors and a
+    scalar tail: LLVM vectorised a ``j`` loop of 40 with gathers, a third of the gemm."""
     kb = low.kb
-    with kb.loop(low.name("i"), shape[0]) as i, kb.loop(low.name("j"), shape[1]) as j:
+
+    def store(i: Expr, j: Expr) -> None:
         q = j if pair_axis == 1 else i
         other = i if pair_axis == 1 else j
 
@@ -115,6 +118,16 @@ def _pack(low: Lowering, dst: tirx.Buffer, shape: tuple[int, int], k: int, at,
                              tirx.const(0, "uint32"))
         pair = tirx.bitwise_or(hi, tirx.shift_right(lo, tirx.const(16, "uint32")))
         kb.store(dst, [i, j], tirx.reinterpret("int32", pair))
+
+    full = shape[1] - shape[1] % LANES if vectorize else 0
+    with kb.loop(low.name("i"), shape[0]) as i:
+        if full:
+            with kb.loop(low.name("jo"), full // LANES) as jo, \
+                    kb.loop(low.name("v"), LANES, kind="vectorized") as v:
+                store(i, jo * LANES + v)
+        if full < shape[1]:
+            with kb.loop(low.name("j"), shape[1] - full, start=full) as j:
+                store(i, j)
 
 
 def _bits(x: Expr) -> Expr:

@@ -142,7 +142,8 @@ def _operands(rng, m, k, n, ta=False, tb=False, edges=False):
     ((20, 45, 19), dict(bm=8, bn=16, bk=5)),         # odd bk: an odd panel
     ((9, 1, 70), dict(bm=8, bn=64, bk=1)),           # K = 1
     ((70, 300, 33), dict(bm=64, bn=16, bk=32)),      # several panels, a partial vector
-], ids=["even", "ragged", "odd_bk", "k1", "panels"])
+    ((30, 33, 50), dict(bm=8, bn=24, bk=9)),         # tile width not a whole vector
+], ids=["even", "ragged", "odd_bk", "k1", "panels", "width24"])
 def test_bf16_gemm_matches_numpy(rng, path, mkn, tiles):
     _check(path, *_operands(rng, *mkn), **tiles)
 

@@ -25,7 +25,7 @@ from tvm.ir import Expr
 
 from .. import ir
 from . import elementwise as ew
-from .context import Lowering, extent
+from .context import FALLBACK_LANES, Lowering, extent
 from .gemm_bf16 import lower_gemm_bf16
 from .gemm_live import Live
 
@@ -92,10 +92,17 @@ def _lower_fma(low: Lowering, a: dict, lanes: int, live: Live) -> None:
     def b_at(kk: Expr, j: Expr) -> Expr:
         return ew.convert(B[kk, j], str(B.dtype), acc, low.bind)
 
-    cols = VECTORS_PER_ROW * lanes
-    m_main, n_main = m - m % ROWS, n - n % cols
-    if m_main and n_main:
-        _register_tiles(low, C, a_at, b_at, (m_main, n_main, k), lanes, live)
+    m_main = m - m % ROWS
+    # Columns in register tiles of VECTORS_PER_ROW vectors, then of one vector, then of
+    # one 8-lane vector (a 64 x 40 tile: 32 + 8), the rest in the i-k-j nest.
+    n_main = 0
+    for width, vectors in ((lanes, VECTORS_PER_ROW), (lanes, 1), (FALLBACK_LANES, 1)):
+        cols = width * vectors
+        end = n_main + (n - n_main) // cols * cols
+        if m_main and end > n_main:
+            _register_tiles(low, C, a_at, b_at, (m_main, (n_main, end), k),
+                            (width, vectors), live)
+        n_main = end
     if m_main < m:
         with _when(low, live.reaches(0, m_main)):
             _plain(low, C, a_at, b_at, (m_main, live.end(0, m_main, m)), (0, n), k, lanes)
@@ -110,10 +117,14 @@ def _when(low: Lowering, cond: Expr | None) -> AbstractContextManager[None]:
 
 
 def _register_tiles(low: Lowering, C: tirx.Buffer, a_at: Callable, b_at: Callable,
-                    mnk: tuple[int, int, int], lanes: int, live: Live) -> None:
+                    mnk: tuple[int, tuple[int, int], int], vector: tuple[int, int],
+                    live: Live) -> None:
+    """Rows ``0..m`` and columns ``start..stop`` of ``C`` in tiles of ``ROWS`` rows by
+    ``vectors`` vectors of ``lanes``."""
     kb, acc = low.kb, str(C.dtype)
-    m, n, k = mnk
-    cols = VECTORS_PER_ROW * lanes
+    m, (start, stop), k = mnk
+    lanes, vectors = vector
+    cols = vectors * lanes
     tile = kb.alloc_local(low.name("ctile"), (ROWS, cols), acc)
     b_row = kb.alloc_local(low.name("brow"), (cols,), acc)
 
@@ -124,8 +135,8 @@ def _register_tiles(low: Lowering, C: tirx.Buffer, a_at: Callable, b_at: Callabl
                     body(r, w, v)
 
     with kb.loop(low.name("mt"), live.tiles(0, m // ROWS, ROWS)) as it, \
-            kb.loop(low.name("nt"), live.tiles(1, n // cols, cols)) as jt:
-        i0, j0 = it * ROWS, jt * cols
+            kb.loop(low.name("nt"), live.tiles(1, (stop - start) // cols, cols, start)) as jt:
+        i0, j0 = it * ROWS, start + jt * cols
         each_vector(lambda r, w, v: kb.store(tile, [r, w + v], C[i0 + r, j0 + w + v]))
         with kb.loop(low.name("k"), k) as kk:
             for w in range(0, cols, lanes):

@@ -29,13 +29,13 @@ class Live:
     def _bound(self, axis: int) -> Expr | None:
         return self.rows if axis == 0 else self.cols
 
-    def tiles(self, axis: int, count: int, size: int) -> int | Expr:
-        """How many of the first ``count`` tiles of ``size`` rows (``axis`` 0) or columns
-        (1) hold a live one."""
+    def tiles(self, axis: int, count: int, size: int, start: int = 0) -> int | Expr:
+        """How many of ``count`` tiles of ``size`` rows (``axis`` 0) or columns (1), the
+        first at ``start``, hold a live one."""
         bound = self._bound(axis)
         if bound is None:
             return count
-        live = tirx.max(bound, tirx.const(0, "int32"))
+        live = tirx.max(bound - start, tirx.const(0, "int32"))
         return tirx.min(tirx.const(count, "int32"), tirx.floordiv(live + (size - 1), size))
 
     def reaches(self, axis: int, start: int | Expr) -> Expr | None:

@@ -125,7 +125,8 @@ def test_the_pass_leaves_a_kernel_without_ragged_gemms_unchanged():
     ((37, 29, 45), dict(bm=16, bn=32, bk=8)),        # both edges ragged, odd K
     ((70, 300, 33), dict(bm=64, bn=16, bk=32)),      # several panels, one column past
     ((5, 16, 130), dict(bm=16, bn=64, bk=16)),       # fewer rows than one tile
-], ids=["ragged", "panels", "thin"])
+    ((37, 29, 93), dict(bm=16, bn=40, bk=8)),        # 40 = 32 + 8 columns of tiles
+], ids=["ragged", "panels", "thin", "width40"])
 def test_ragged_gemm_matches_whole_tiles_bitwise(rng, dtype, mkn, tiles):
     m, k, n = mkn
     a = data(rng, (m, k), dtype, edges=False)

@@ -7,8 +7,10 @@ accumulator type) is multiplied by one element of ``A`` per row and added in, an
 is stored back after the last ``k``. The rows and vectors of a tile are unrolled here, in
 Python, so every access to the local arrays has a constant offset and LLVM keeps them in
 vector registers: each ``k`` step is ``ROWS * VECTORS_PER_ROW`` fused multiply-adds on
-registers, with no load or store of ``C``. Rows and columns left over at
-the edges use a plain i-k-j nest with the j loop vectorised.
+registers, with no load or store of ``C``. Columns left over go in tiles of one vector,
+then of 8 lanes; the rest, and rows left over, use a plain i-k-j nest with the j loop
+vectorised. bfloat16 operands on a target with the bfloat16 dot go to :mod:`.gemm_bf16`;
+both skip the tiles past the bounds :mod:`..passes.gemm_edges` notes (:mod:`.gemm_live`).
 
 ``A`` is read as ``A[i, k]`` (or ``A[k, i]`` when transposed); a transposed ``B`` is first
 copied once into a local tile in ``[k, j]`` layout, so the j loop has unit stride.

@@ -36,6 +36,8 @@ INTRINSIC = "llvm.x86.avx512bf16.dpbf16ps.512"
 LANES = 16
 """float32 lanes of the accumulator (32 bfloat16 values per operand)."""
 
+FEATURE = "+avx512bf16"
+_FEATURES = re.compile(r'"target-features"(?:="([^"]*)")?')
 _CALL = re.compile(r"^(\s*%[\w.]+ = (?:tail |notail )?call <16 x float> )@"
                    + PLACEHOLDER + r"\((.*)\)(.*)$")
 
@@ -77,12 +79,27 @@ def _patch(text: str) -> str:
         elif line.startswith(f"declare <16 x float> @{PLACEHOLDER}("):
             out.append(f"declare <16 x float> @{INTRINSIC}(<16 x float>, <32 x bfloat>, "
                        "<32 x bfloat>)")
+        elif line.startswith("attributes #") and '"target-cpu"' in line:
+            out.append(_with_feature(line))
         else:
             out.append(line)
     patched = "\n".join(out) + "\n"
     if "@" + PLACEHOLDER in patched:
         raise RuntimeError(f"a call of {PLACEHOLDER} was not rewritten to {INTRINSIC}")
     return patched
+
+
+def _with_feature(line: str) -> str:
+    """An attribute group with AVX512-BF16 among its target features. The placeholder is
+    only called for a CPU whose ISA has it, but LLVM's name for that CPU (``-mcpu``) need
+    not imply it (a CPU it does not know becomes a generic one)."""
+    m = _FEATURES.search(line)
+    if m is None:
+        return line.replace(" }", f' "target-features"="{FEATURE}" }}', 1)
+    features = [f for f in (m.group(1) or "").split(",") if f]
+    if FEATURE not in features:
+        features.append(FEATURE)
+    return line[:m.start()] + f'"target-features"="{",".join(features)}"' + line[m.end():]
 
 
 def _split_operands(text: str) -> list[str]:

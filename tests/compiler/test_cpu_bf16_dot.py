@@ -55,3 +55,16 @@ def test_a_call_in_an_unexpected_form_is_an_error():
                                                         "tail call fast <16 x float> @")
     with pytest.raises(RuntimeError, match="not rewritten"):
         bf16_dot._patch(odd)
+
+
+@pytest.mark.parametrize("group, want", [
+    ('{ "target-cpu"="znver4" }', '{ "target-cpu"="znver4" "target-features"="+avx512bf16" }'),
+    ('{ nounwind "target-cpu"="x" "target-features" }',
+     '{ nounwind "target-cpu"="x" "target-features"="+avx512bf16" }'),
+    ('{ "target-cpu"="x" "target-features"="+avx2,+fma" }',
+     '{ "target-cpu"="x" "target-features"="+avx2,+fma,+avx512bf16" }'),
+    ('{ "target-cpu"="x" "target-features"="+avx512bf16" }',
+     '{ "target-cpu"="x" "target-features"="+avx512bf16" }'),
+])
+def test_functions_get_the_bf16_feature(group, want):
+    assert bf16_dot._with_feature(f"attributes #0 = {group}") == f"attributes #0 = {want}"

@@ -9,7 +9,8 @@ bfloat16 vector type (both seen with apache-tvm 0.27.0.post1, LLVM 22). So kerne
 placeholder, :data:`PLACEHOLDER`, on the same bits held as ``int32x16`` (each 32-bit lane
 one pair, the lower half the even element), and :func:`resolve` rewrites the module's
 optimised LLVM IR: each call of the placeholder becomes two bitcasts to ``<32 x bfloat>``
-and the intrinsic, in place, before machine code is generated. LLVM's optimiser has then
+and the intrinsic, in place, before machine code is generated, and AVX512-BF16 is added
+to the functions' target features (LLVM's CPU name need not imply it). LLVM's optimiser has then
 seen an opaque call there, which only keeps it from moving memory accesses across it;
 local arrays that do not escape (the accumulator tile) are still kept in registers.
 

@@ -10,9 +10,10 @@ placeholder, :data:`PLACEHOLDER`, on the same bits held as ``int32x16`` (each 32
 one pair, the lower half the even element), and :func:`resolve` rewrites the module's
 optimised LLVM IR: each call of the placeholder becomes two bitcasts to ``<32 x bfloat>``
 and the intrinsic, in place, before machine code is generated, and AVX512-BF16 is added
-to the functions' target features (LLVM's CPU name need not imply it). LLVM's optimiser has then
-seen an opaque call there, which only keeps it from moving memory accesses across it;
-local arrays that do not escape (the accumulator tile) are still kept in registers.
+to the functions' target features (LLVM's CPU name need not imply it). LLVM's optimiser
+has then seen an opaque call there, which only keeps it from moving memory accesses
+across it; local arrays that do not escape (the accumulator tile) are still kept in
+registers.
 
 Semantics (Intel SDM, ``VDPBF16PS``; checked bitwise on Zen 4 by
 ``tests/jaxtile/test_cpu_gemm_bf16.py``): each lane adds the odd product first, then the

@@ -18,9 +18,7 @@ copied once into a local tile in ``[k, j]`` layout, so the j loop has unit strid
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 
 from tvm import tirx
 from tvm.ir import Expr
@@ -29,7 +27,7 @@ from .. import ir
 from . import elementwise as ew
 from .context import FALLBACK_LANES, Lowering, extent
 from .gemm_bf16 import lower_gemm_bf16
-from .gemm_live import Live
+from .gemm_live import Live, when
 
 ROWS = 4
 VECTORS_PER_ROW = 2
@@ -106,16 +104,11 @@ def _lower_fma(low: Lowering, a: dict, lanes: int, live: Live) -> None:
                             (width, vectors), live)
         n_main = end
     if m_main < m:
-        with _when(low, live.reaches(0, m_main)):
+        with when(low, live.reaches(0, m_main)):
             _plain(low, C, a_at, b_at, (m_main, live.end(0, m_main, m)), (0, n), k, lanes)
     if m_main and n_main < n:
-        with _when(low, live.reaches(1, n_main)):
+        with when(low, live.reaches(1, n_main)):
             _plain(low, C, a_at, b_at, (0, live.end(0, 0, m_main)), (n_main, n), k, lanes)
-
-
-def _when(low: Lowering, cond: Expr | None) -> AbstractContextManager[None]:
-    """``if cond:`` around what follows, or nothing if ``cond`` is None."""
-    return contextlib.nullcontext() if cond is None else low.kb.if_(cond)
 
 
 def _register_tiles(low: Lowering, C: tirx.Buffer, a_at: Callable, b_at: Callable,

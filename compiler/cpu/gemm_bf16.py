@@ -20,15 +20,12 @@ stored element by element, and its lanes past ``n`` (fed by the zero padding) ar
 
 from __future__ import annotations
 
-import contextlib
-from contextlib import AbstractContextManager
-
 from tvm import tirx
 from tvm.ir import Expr
 
 from .bf16_dot import LANES, dot_pairs
 from .context import Lowering
-from .gemm_live import Live
+from .gemm_live import Live, when
 
 ROWS = 4
 VECTORS = 4
@@ -73,24 +70,19 @@ def lower_gemm_bf16(low: Lowering, A: tirx.Buffer, B: tirx.Buffer, C: tirx.Buffe
     # rebuilt lane by lane at every step (13x slower).
     def tiles_of_rows(i0: Expr, rows: int) -> None:
         if col_tiles:
-            with kb.loop(low.name("nt"), col_tiles) as jt, _when(low, live.reaches(1, jt * cols)):
+            with kb.loop(low.name("nt"), col_tiles) as jt, when(low, live.reaches(1, jt * cols)):
                 _register_tile(low, C, ap, bp, (i0, jt * cols), (rows, VECTORS, cols), pairs)
         if cols_left:
-            with _when(low, live.reaches(1, col_tiles * cols)):
+            with when(low, live.reaches(1, col_tiles * cols)):
                 _register_tile(low, C, ap, bp, (i0, col_tiles * cols),
                                (rows, -(-cols_left // LANES), cols_left), pairs)
 
     if row_tiles:
-        with kb.loop(low.name("mt"), row_tiles) as it, _when(low, live.reaches(0, it * ROWS)):
+        with kb.loop(low.name("mt"), row_tiles) as it, when(low, live.reaches(0, it * ROWS)):
             tiles_of_rows(it * ROWS, ROWS)
     if rows_left:
-        with _when(low, live.reaches(0, row_tiles * ROWS)):
+        with when(low, live.reaches(0, row_tiles * ROWS)):
             tiles_of_rows(tirx.const(row_tiles * ROWS, "int32"), rows_left)
-
-
-def _when(low: Lowering, cond: Expr | None) -> AbstractContextManager[None]:
-    """``if cond:`` around what follows, or nothing if ``cond`` is None."""
-    return contextlib.nullcontext() if cond is None else low.kb.if_(cond)
 
 
 def _pack(low: Lowering, dst: tirx.Buffer, shape: tuple[int, int], k: int, at,

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from contextlib import AbstractContextManager
 
 from tvm import tirx
 from tvm.ir import Expr
@@ -49,3 +51,8 @@ class Live:
         if bound is None:
             return stop
         return tirx.max(tirx.const(start, "int32"), tirx.min(tirx.const(stop, "int32"), bound))
+
+
+def when(low: Lowering, cond: Expr | None) -> AbstractContextManager[None]:
+    """``if cond:`` around what follows, or nothing if ``cond`` is None (all is live)."""
+    return contextlib.nullcontext() if cond is None else low.kb.if_(cond)

@@ -8,7 +8,7 @@ faster), and the geometric mean of the speed-ups closes the report. Target: geom
 >= 1.0, no kernel below 0.8.
 
 ``--sweep`` also times the elementwise kernels over a range of tile sizes (the best tile
-vs the plain one) and the f32 matmul over ``bk`` from 16 to 128.
+vs the plain one) and the f32 and bf16 matmuls over ``bk`` from 16 to 128.
 
     python benchmarks/plain_kernels.py [--rounds 15] [--only bias_gelu,softmax] [--sweep]
 """
@@ -291,25 +291,42 @@ def run_case(name: str, case, rounds: int) -> dict:
         peak = _fma_peak_tflops()
         out["fraction_of_f32_fma_peak"] = {side: round(v / peak, 3)
                                            for side, v in out["tflops"].items()}
+        if args[0].dtype == jnp.bfloat16 and parse_target("cpu").caps.bf16_dot:
+            dot = _bf16_dot_peak_tflops()
+            out["fraction_of_bf16_dot_peak"] = {side: round(v / dot, 3)
+                                                for side, v in out["tflops"].items()}
     return out
 
 
-def _fma_peak_tflops() -> float:
-    """cores x 2 FMA units x float32 lanes x 2 flops x clock (from /proc/cpuinfo's MHz,
-    the base clock on a VM)."""
-    cores = len(os.sched_getaffinity(0))
-    bits = parse_target("cpu").caps.vector_bits
-    mhz = 0.0
+def _clock_hz() -> float:
+    """The clock from /proc/cpuinfo's MHz: the base clock on a VM (this Zen 4 VM says 2.6
+    GHz; a dependent chain of adds measured 3.3-3.5 GHz under load)."""
     with open("/proc/cpuinfo") as f:
         for line in f:
             if line.startswith("cpu MHz"):
-                mhz = float(line.split(":")[1])
-                break
-    return cores * 2 * (bits // 32) * 2 * mhz * 1e6 / 1e12
+                return float(line.split(":")[1]) * 1e6
+    return 0.0
+
+
+def _fma_peak_tflops() -> float:
+    """cores x float32 FMAs per cycle x 2 flops x clock. Zen 4 runs a 512-bit FMA on its
+    two 256-bit pipes, one per cycle (measured here: 16 FMAs per cycle, latency 4 cycles),
+    so its rate is that of two 256-bit units; Intel's AVX-512 server cores have two 512-bit
+    units."""
+    cores = len(os.sched_getaffinity(0))
+    caps = parse_target("cpu").caps
+    width = 256 if "AuthenticAMD" in caps.model else caps.vector_bits
+    return cores * 2 * (width // 32) * 2 * _clock_hz() / 1e12
+
+
+def _bf16_dot_peak_tflops() -> float:
+    """cores x one ``vdpbf16ps`` on 512-bit registers per cycle (32 bfloat16 multiply-adds,
+    64 flops) x clock: Zen 4's rate, measured here (one per cycle, latency 6 cycles)."""
+    return len(os.sched_getaffinity(0)) * 64 * _clock_hz() / 1e12
 
 
 def sweep(rounds: int) -> dict:
-    """Elementwise kernels over tile sizes, and the f32 matmul over bk."""
+    """Elementwise kernels over tile sizes, and the f32 and bf16 matmuls over bk."""
     key = jax.random.key(1)
     x = jax.random.normal(key, (ROWS, COLS), jnp.float32)
     bias = jax.random.normal(key, (COLS,), jnp.float32)
@@ -327,19 +344,25 @@ def sweep(rounds: int) -> dict:
         med = {n: round(statistics.median(v) * 1e3, 3) for n, v in s.items()}
         out[kname] = {"ms": med, "worst_over_best": round(max(med.values()) /
                                                           min(med.values()), 3)}
-    a = jax.random.normal(key, (MM, MM), jnp.float32)
+    for dtype in ("float32", "bfloat16"):
+        a = jax.random.normal(key, (MM, MM), jnp.float32).astype(dtype)
+        out[f"matmul_{'f32' if dtype == 'float32' else 'bf16'}"] = _sweep_matmul(a, rounds)
+    return out
+
+
+def _sweep_matmul(a, rounds: int) -> dict:
+    """The matmul ``a @ a`` with 64 x 64 tiles over ``bk`` from 16 to 128, and 128 x 128 x 32
+    tiles."""
     fns = {f"64x64x{bk}": jax.jit(lambda a, b, bk=bk: matmul(a, b, bk=bk))
            for bk in (16, 32, 64, 128)}
     fns["128x128x32"] = jax.jit(lambda a, b: matmul(a, b, bm=128, bn=128, bk=32))
     for f in fns.values():
         f(a, a).block_until_ready()
-    log(f"sweep matmul: {len(fns)} tiles")
+    log(f"sweep matmul {a.dtype}: {len(fns)} tiles")
     s = interleaved({n: (lambda f=f: f(a, a).block_until_ready()) for n, f in fns.items()},
                     rounds=rounds, calls=1)
     med = {n: round(statistics.median(v) * 1e3, 3) for n, v in s.items()}
-    out["matmul_f32"] = {"ms": med, "worst_over_best": round(max(med.values()) /
-                                                             min(med.values()), 3)}
-    return out
+    return {"ms": med, "worst_over_best": round(max(med.values()) / min(med.values()), 3)}
 
 
 def main() -> None:
@@ -359,6 +382,7 @@ def main() -> None:
         "description": "kernels written plainly vs the jnp formula, both under jax.jit; "
                        "speedup = jnp time / jaxtile time (above 1: jaxtile faster)",
         "f32_fma_peak_tflops": round(_fma_peak_tflops(), 4),
+        "bf16_dot_peak_tflops": round(_bf16_dot_peak_tflops(), 4),
         **results,
         "geomean_speedup": round(geomean, 3),
         "min_speedup": min(speedups),

@@ -27,6 +27,7 @@ from .passes.clamp_check import warn_clamped_accesses
 from .passes.coverage import check_output_coverage
 from .passes.dce import eliminate_dead_code
 from .passes.fusion import fuse_elementwise
+from .passes.gemm_edges import trim_edge_gemms
 from .passes.gemm_panels import coarsen_gemm_loops
 from .passes.layout_inference import infer_layouts
 from .passes.output_init import add_output_inits
@@ -58,10 +59,12 @@ check need the sizes: they ran on the same call's trace with its concrete shapes
 
 
 def cpu(target: Target) -> tuple[Pass, ...]:
-    """The CPU's passes: GEMM loops take K steps of a few hundred, elementwise chains are
+    """The CPU's passes: GEMM loops take K steps of a few hundred, gemms at ragged edges
+    skip the accumulator rows and columns no output receives, elementwise chains are
     computed inside their consumers."""
-    del target
-    return (Pass("gemm_panels", coarsen_gemm_loops), Pass("fusion", fuse_elementwise))
+    widen = not target.caps.bf16_dot        # bfloat16 panels where the gemm dots them
+    return (Pass("gemm_panels", lambda k: coarsen_gemm_loops(k, widen=widen)),
+            Pass("gemm_edges", trim_edge_gemms), Pass("fusion", fuse_elementwise))
 
 
 def cuda(target: Target) -> tuple[Pass, ...]:

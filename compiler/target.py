@@ -52,6 +52,14 @@ class CpuCaps:
     """Width of the widest SIMD registers (512 with AVX-512, 256 with AVX2, else 128);
     sizes vector loops and register tiles such as the GEMM's."""
 
+    @property
+    def bf16_dot(self) -> bool:
+        """Whether bfloat16 pairs can be dotted into float32 lanes in one instruction
+        (``vdpbf16ps`` on 512-bit registers, AVX512-BF16): the GEMM on bfloat16 operands
+        uses it (see :mod:`.cpu.gemm_bf16`). Derived from ``isa``, so it is part of every
+        content key."""
+        return "avx512_bf16" in self.isa and self.vector_bits >= 512
+
 
 @dataclasses.dataclass(frozen=True)
 class CudaCaps:

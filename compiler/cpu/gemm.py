@@ -7,8 +7,10 @@ accumulator type) is multiplied by one element of ``A`` per row and added in, an
 is stored back after the last ``k``. The rows and vectors of a tile are unrolled here, in
 Python, so every access to the local arrays has a constant offset and LLVM keeps them in
 vector registers: each ``k`` step is ``ROWS * VECTORS_PER_ROW`` fused multiply-adds on
-registers, with no load or store of ``C``. Rows and columns left over at
-the edges use a plain i-k-j nest with the j loop vectorised.
+registers, with no load or store of ``C``. Columns left over go in tiles of one vector,
+then of 8 lanes; the rest, and rows left over, use a plain i-k-j nest with the j loop
+vectorised. bfloat16 operands on a target with the bfloat16 dot go to :mod:`.gemm_bf16`;
+both skip the tiles past the bounds :mod:`..passes.gemm_edges` notes (:mod:`.gemm_live`).
 
 ``A`` is read as ``A[i, k]`` (or ``A[k, i]`` when transposed); a transposed ``B`` is first
 copied once into a local tile in ``[k, j]`` layout, so the j loop has unit stride.
@@ -23,7 +25,9 @@ from tvm.ir import Expr
 
 from .. import ir
 from . import elementwise as ew
-from .context import Lowering, extent
+from .context import FALLBACK_LANES, Lowering, extent
+from .gemm_bf16 import lower_gemm_bf16
+from .gemm_live import Live, when
 
 ROWS = 4
 VECTORS_PER_ROW = 2
@@ -51,6 +55,27 @@ def lower_gemm(low: Lowering, op: ir.Op, *, lanes: int) -> None:
     for role in ("a", "b"):
         r = a[role]
         a[role] = r.buffer if whole(r) and r.buffer != c_region.buffer else low.snapshot(r)
+    # Rows and columns that reach no output are left out (noted at ragged edges only on a
+    # whole accumulator, so the bounds are in c's coordinates).
+    live = Live.of(low, op)
+    if _uses_bf16_dot(low, *(low.bufs[a[role]] for role in ("a", "b", "c"))):
+        lower_gemm_bf16(low, low.bufs[a["a"]], low.bufs[a["b"]], low.bufs[a["c"]],
+                        transpose_a=a["transpose_a"], transpose_b=a["transpose_b"], live=live)
+    else:
+        _lower_fma(low, a, lanes, live)
+    if a["c"] != c_region.buffer:
+        low.write_back(a["c"], c_region)
+
+
+def _uses_bf16_dot(low: Lowering, A: tirx.Buffer, B: tirx.Buffer, C: tirx.Buffer) -> bool:
+    """bfloat16 operands of a float32 accumulator, on a target with the bfloat16 dot."""
+    caps = low.target.caps
+    return (getattr(caps, "bf16_dot", False) and str(A.dtype) == str(B.dtype) == "bfloat16"
+            and str(C.dtype) == "float32")
+
+
+def _lower_fma(low: Lowering, a: dict, lanes: int, live: Live) -> None:
+    """The float32 FMA path (operands converted to the accumulator type)."""
     if a["transpose_b"]:
         b = a["b"]
         a["b"] = low.snapshot(ir.whole(b, low.bufs[b].shape), transpose=True)
@@ -67,23 +92,34 @@ def lower_gemm(low: Lowering, op: ir.Op, *, lanes: int) -> None:
     def b_at(kk: Expr, j: Expr) -> Expr:
         return ew.convert(B[kk, j], str(B.dtype), acc, low.bind)
 
-    cols = VECTORS_PER_ROW * lanes
-    m_main, n_main = m - m % ROWS, n - n % cols
-    if m_main and n_main:
-        _register_tiles(low, C, a_at, b_at, (m_main, n_main, k), lanes)
+    m_main = m - m % ROWS
+    # Columns in register tiles of VECTORS_PER_ROW vectors, then of one vector, then of
+    # one 8-lane vector (a 64 x 40 tile: 32 + 8), the rest in the i-k-j nest.
+    n_main = 0
+    for width, vectors in ((lanes, VECTORS_PER_ROW), (lanes, 1), (FALLBACK_LANES, 1)):
+        cols = width * vectors
+        end = n_main + (n - n_main) // cols * cols
+        if m_main and end > n_main:
+            _register_tiles(low, C, a_at, b_at, (m_main, (n_main, end), k),
+                            (width, vectors), live)
+        n_main = end
     if m_main < m:
-        _plain(low, C, a_at, b_at, (m_main, m), (0, n), k, lanes)
+        with when(low, live.reaches(0, m_main)):
+            _plain(low, C, a_at, b_at, (m_main, live.end(0, m_main, m)), (0, n), k, lanes)
     if m_main and n_main < n:
-        _plain(low, C, a_at, b_at, (0, m_main), (n_main, n), k, lanes)
-    if a["c"] != c_region.buffer:
-        low.write_back(a["c"], c_region)
+        with when(low, live.reaches(1, n_main)):
+            _plain(low, C, a_at, b_at, (0, live.end(0, 0, m_main)), (n_main, n), k, lanes)
 
 
 def _register_tiles(low: Lowering, C: tirx.Buffer, a_at: Callable, b_at: Callable,
-                    mnk: tuple[int, int, int], lanes: int) -> None:
+                    mnk: tuple[int, tuple[int, int], int], vector: tuple[int, int],
+                    live: Live) -> None:
+    """Rows ``0..m`` and columns ``start..stop`` of ``C`` in tiles of ``ROWS`` rows by
+    ``vectors`` vectors of ``lanes``."""
     kb, acc = low.kb, str(C.dtype)
-    m, n, k = mnk
-    cols = VECTORS_PER_ROW * lanes
+    m, (start, stop), k = mnk
+    lanes, vectors = vector
+    cols = vectors * lanes
     tile = kb.alloc_local(low.name("ctile"), (ROWS, cols), acc)
     b_row = kb.alloc_local(low.name("brow"), (cols,), acc)
 
@@ -93,8 +129,9 @@ def _register_tiles(low: Lowering, C: tirx.Buffer, a_at: Callable, b_at: Callabl
                 with kb.loop(low.name("v"), lanes, kind="vectorized") as v:
                     body(r, w, v)
 
-    with kb.loop(low.name("mt"), m // ROWS) as it, kb.loop(low.name("nt"), n // cols) as jt:
-        i0, j0 = it * ROWS, jt * cols
+    with kb.loop(low.name("mt"), live.tiles(0, m // ROWS, ROWS)) as it, \
+            kb.loop(low.name("nt"), live.tiles(1, (stop - start) // cols, cols, start)) as jt:
+        i0, j0 = it * ROWS, start + jt * cols
         each_vector(lambda r, w, v: kb.store(tile, [r, w + v], C[i0 + r, j0 + w + v]))
         with kb.loop(low.name("k"), k) as kk:
             for w in range(0, cols, lanes):
@@ -107,7 +144,7 @@ def _register_tiles(low: Lowering, C: tirx.Buffer, a_at: Callable, b_at: Callabl
 
 
 def _plain(low: Lowering, C: tirx.Buffer, a_at: Callable, b_at: Callable,
-           rows: tuple[int, int], cols: tuple[int, int], k: int, lanes: int) -> None:
+           rows: tuple[int, int | Expr], cols: tuple[int, int], k: int, lanes: int) -> None:
     kb = low.kb
     width = cols[1] - cols[0]
     with kb.loop(low.name("m"), rows[1] - rows[0], start=rows[0]) as i, \

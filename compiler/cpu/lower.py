@@ -27,8 +27,8 @@ from .. import ir, sizes
 from ..errors import kernel_error
 from ..passes.liveness import live_intervals, share_storage
 from ..target import Target
+from . import bf16_dot, forwarding, tir_emit
 from . import elementwise as ew
-from . import forwarding, tir_emit
 from .atomics import lower_atomic
 from .context import FALLBACK_LANES, extent
 from .copies import lower_copy
@@ -472,7 +472,7 @@ def source(kernel: ir.Kernel, target: Target) -> str:
 def compile_to_library(kernel: ir.Kernel, target: Target) -> tuple[bytes, str]:
     """Compile a kernel for the host CPU described by ``target``; returns the shared
     library's bytes and the exported symbol of its entry point."""
-    module = tir_emit.build(to_tir(kernel, target), tir_emit.host_cpu())
+    module = bf16_dot.resolve(tir_emit.build(to_tir(kernel, target), tir_emit.host_cpu()))
     with tempfile.TemporaryDirectory(prefix="jaxtile-build-") as tmp:
         path = os.path.join(tmp, "kernel.so")
         tir_emit.export(module, path)

@@ -8,8 +8,13 @@ slower with ``bk=16`` than with ``bk=64``. This pass makes each step ``u`` times
 with ``u * bk`` about :data:`PANEL_K`: the loop copies ``u`` consecutive tiles of A and of
 B side by side into ``u`` times wider buffers (panels), then runs one gemm over them. The
 gemm does the same multiply-adds in the same order, so the result is bitwise the same; the
-iterations that do not fill a whole panel make one shorter panel. bfloat16 and float16
-operands of a float32 accumulator are widened (exactly) by the copies into the panels.
+iterations that do not fill a whole panel make one shorter panel. Where the ``u`` tiles lie
+side by side in the source (the K start is ``bk * k`` plus a term the loop does not change),
+one copy of the whole panel replaces the ``u`` copies: the same elements, and pads, in
+fewer and longer rows. bfloat16 and float16
+operands of a float32 accumulator are widened (exactly) by the copies into the panels,
+unless ``widen=False`` (a target whose gemm multiplies bfloat16 directly, see
+:mod:`..cpu.gemm_bf16`, keeps bfloat16 panels: half the bytes, and no conversion).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ PANEL_K = 256
 panel, ``PANEL_K`` x 16 float32, then fits the L1 cache with room for the A rows."""
 
 
-def coarsen_gemm_loops(kernel: ir.Kernel) -> ir.Kernel:
+def coarsen_gemm_loops(kernel: ir.Kernel, *, widen: bool = True) -> ir.Kernel:
     """Coarsen the K loops of GEMMs (see the module doc).
 
     A loop qualifies when its start and extent are static, its body holds only scalar ops
@@ -38,12 +43,13 @@ def coarsen_gemm_loops(kernel: ir.Kernel) -> ir.Kernel:
     memory, and one ``gemm`` of those two buffers (whole) into a third buffer, and the two
     buffers are used nowhere else in the kernel. Guarantees: every copy and multiply-add of
     the original loop happens, in the same order, on the same data; new buffers are
-    scratch buffers named after the ones they replace.
+    scratch buffers named after the ones they replace, of the replaced buffers' dtype or,
+    with ``widen``, float32 for half-precision operands of a float32 accumulator.
     """
     uses = Counter(r.buffer for s in ir.walk(kernel.body) if isinstance(s, ir.Op)
                    for r in ir.regions(s))
     buffers = {b.name: b for b in kernel.buffers}
-    body = _rewrite(kernel.body, buffers, uses)
+    body = _rewrite(kernel.body, buffers, uses, widen)
     if body is None:
         return kernel
     used = {r.buffer for s in ir.walk(body) if isinstance(s, ir.Op) for r in ir.regions(s)}
@@ -52,7 +58,7 @@ def coarsen_gemm_loops(kernel: ir.Kernel) -> ir.Kernel:
 
 
 def _rewrite(stmts: Sequence[ir.Stmt], buffers: dict[str, ir.Buffer],
-             uses: Counter) -> tuple[ir.Stmt, ...] | None:
+             uses: Counter, widen: bool) -> tuple[ir.Stmt, ...] | None:
     """``stmts`` with qualifying loops coarsened (new buffers added to ``buffers``), or
     ``None`` if nothing changed."""
     out: list[ir.Stmt] = []
@@ -60,14 +66,14 @@ def _rewrite(stmts: Sequence[ir.Stmt], buffers: dict[str, ir.Buffer],
     for stmt in stmts:
         new: Sequence[ir.Stmt] | None = None
         if isinstance(stmt, ir.For):
-            inner = _rewrite(stmt.body, buffers, uses)
+            inner = _rewrite(stmt.body, buffers, uses, widen)
             if inner is not None:
                 stmt = dataclasses.replace(stmt, body=inner)
                 changed = True
-            new = _coarsen(stmt, buffers, uses)
+            new = _coarsen(stmt, buffers, uses, widen)
         elif isinstance(stmt, ir.If):
-            then = _rewrite(stmt.then, buffers, uses)
-            otherwise = _rewrite(stmt.otherwise, buffers, uses)
+            then = _rewrite(stmt.then, buffers, uses, widen)
+            otherwise = _rewrite(stmt.otherwise, buffers, uses, widen)
             if then is not None or otherwise is not None:
                 stmt = dataclasses.replace(stmt, then=then or stmt.then,
                                            otherwise=otherwise or stmt.otherwise)
@@ -131,8 +137,8 @@ def _match(loop: ir.For, buffers: dict[str, ir.Buffer], uses: Counter) -> _Match
     return _Match(g, copies, kdim, bk)
 
 
-def _coarsen(loop: ir.For, buffers: dict[str, ir.Buffer],
-             uses: Counter) -> list[ir.Stmt] | None:
+def _coarsen(loop: ir.For, buffers: dict[str, ir.Buffer], uses: Counter,
+             widen: bool) -> list[ir.Stmt] | None:
     m = _match(loop, buffers, uses)
     if m is None:
         return None
@@ -147,7 +153,8 @@ def _coarsen(loop: ir.For, buffers: dict[str, ir.Buffer],
         name = _fresh(f"{n}_panel", buffers)
         # Half-precision operands are widened exactly once, by the copy into the panel,
         # instead of every time the gemm reads them.
-        dtype = acc if b.dtype.name in _WIDENED and acc == np.float32 else b.dtype
+        dtype = acc if widen and b.dtype.name in _WIDENED and acc == np.float32 \
+            else b.dtype
         buffers[name] = dataclasses.replace(b, name=name, shape=shape, dtype=np.dtype(dtype))
         panels[n] = name
     dtype = loop.var.dtype
@@ -159,28 +166,93 @@ def _coarsen(loop: ir.For, buffers: dict[str, ir.Buffer],
         prologue.append(ir.Op(kind, operands, v, attrs, loop.line))
         return v
 
-    # k = start + outer * u + step; the panel column of this step is step * bk.
-    k = scalar("elementwise", (outer, scalar("const", (), value=u)), fn="mul")
-    k = scalar("elementwise", (k, step), fn="add")
-    if loop.start:
-        k = scalar("elementwise", (k, scalar("const", (), value=loop.start)), fn="add")
-    col = scalar("elementwise", (step, scalar("const", (), value=m.bk)), fn="mul")
-    steps = prologue + _clone(loop, k, col, m, panels)
     gemm = dataclasses.replace(m.gemm, attrs={
         **m.gemm.attrs,
         "a": ir.whole(panels[m.gemm.attrs["a"].buffer],
                       buffers[panels[m.gemm.attrs["a"].buffer]].shape),
         "b": ir.whole(panels[m.gemm.attrs["b"].buffer],
                       buffers[panels[m.gemm.attrs["b"].buffer]].shape)})
-    inner = ir.For(step, 0, u, "serial", 1, steps, loop.line)
-    out: list[ir.Stmt] = [ir.For(outer, 0, loop.extent // u, "serial", 1, (inner, gemm),
-                                 loop.line)]
+    # k = start + outer * u + step; the panel column of this step is step * bk.
+    k = scalar("elementwise", (outer, scalar("const", (), value=u)), fn="mul")
+    if _adjacent(loop, m):
+        # The u tiles lie side by side in the source: one copy of all of them per panel.
+        if loop.start:
+            k = scalar("elementwise", (k, scalar("const", (), value=loop.start)), fn="add")
+        copies = _clone(loop, k, scalar("const", (), value=0), m, panels)
+        body = (*prologue, *(_widened(s, m, panels, buffers, u) for s in copies), gemm)
+    else:
+        k = scalar("elementwise", (k, step), fn="add")
+        if loop.start:
+            k = scalar("elementwise", (k, scalar("const", (), value=loop.start)), fn="add")
+        col = scalar("elementwise", (step, scalar("const", (), value=m.bk)), fn="mul")
+        steps = prologue + _clone(loop, k, col, m, panels)
+        body = (ir.For(step, 0, u, "serial", 1, steps, loop.line), gemm)
+    out: list[ir.Stmt] = [ir.For(outer, 0, loop.extent // u, "serial", 1, body, loop.line)]
     if loop.extent % u:
         # The iterations left over make one shorter panel (or run as written if just one).
         done = loop.extent - loop.extent % u
         rest = dataclasses.replace(loop, start=loop.start + done, extent=loop.extent % u)
-        out.extend(_coarsen(rest, buffers, uses) or [rest])
+        out.extend(_coarsen(rest, buffers, uses, widen) or [rest])
     return out
+
+
+def _adjacent(loop: ir.For, m: _Match) -> bool:
+    """Whether consecutive iterations copy tiles that lie side by side along K: the K start
+    of every copy's source is ``bk * var`` plus something the loop variable does not change,
+    and its other starts do not depend on the variable."""
+    defs = {s.result.id: s for s in loop.body if isinstance(s, ir.Op) and s.result is not None}
+    for dst, copy in m.copies.items():
+        sized = [i for i in copy.attrs["src"].index if i.size is not None]
+        for d, index in enumerate(sized):
+            want = m.bk if d == m.kdim[dst] else 0
+            if _slope(index.start, loop.var, defs) != want:
+                return False
+    return True
+
+
+def _slope(v: int | ir.Value, var: ir.Value, defs: dict[int, ir.Op]) -> int | None:
+    """``d v / d var`` if ``v`` is an integer affine function of ``var`` with a static slope
+    (computed by the loop body's scalar ops), else None."""
+    if isinstance(v, int) or (v.id != var.id and v.id not in defs):
+        return 0                                  # a constant, or defined outside the loop
+    if v.id == var.id:
+        return 1
+    op = defs[v.id]
+    if not np.issubdtype(v.dtype, np.integer):
+        return None
+    slopes = [_slope(o, var, defs) for o in op.operands]
+    if None in slopes or op.kind not in ("const", "convert", "elementwise"):
+        return None
+    if not any(slopes):
+        return 0
+    if op.kind == "convert":
+        return slopes[0]
+    fn = op.attrs["fn"]
+    if fn in ("add", "sub"):
+        return slopes[0] + slopes[1] if fn == "add" else slopes[0] - slopes[1]
+    if fn == "mul":
+        for c, other in ((0, 1), (1, 0)):
+            const = defs.get(op.operands[c].id)
+            if slopes[c] == 0 and const is not None and const.kind == "const":
+                return int(const.attrs["value"]) * slopes[other]
+    return None
+
+
+def _widened(copy: ir.Stmt, m: _Match, panels: dict[str, str], buffers: dict[str, ir.Buffer],
+             u: int) -> ir.Stmt:
+    """A copy of the first tile of a panel made the copy of all ``u`` tiles (see
+    :func:`_adjacent`); other statements as they are."""
+    if not isinstance(copy, ir.Op) or copy.kind != "copy":
+        return copy
+    original = next(b for b, p in panels.items() if p == copy.attrs["dst"].buffer)
+    kd = m.kdim[original]
+    src = copy.attrs["src"]
+    sized = [d for d, i in enumerate(src.index) if i.size is not None]
+    index = tuple(ir.Index(i.start, i.size * u) if d == sized[kd] else i
+                  for d, i in enumerate(src.index))
+    panel = copy.attrs["dst"].buffer
+    return dataclasses.replace(copy, attrs={**copy.attrs, "src": ir.Region(src.buffer, index),
+                                            "dst": ir.whole(panel, buffers[panel].shape)})
 
 
 def _clone(loop: ir.For, k: ir.Value, col: ir.Value, m: _Match,

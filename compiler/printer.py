@@ -68,6 +68,8 @@ def _region(names: _Names, region: ir.Region) -> str:
 def _value(names: _Names, val: Any) -> str:
     if isinstance(val, ir.Region):
         return _region(names, val)
+    if isinstance(val, ir.Value):
+        return names(val)
     if isinstance(val, tuple):
         inner = ", ".join(_value(names, v) for v in val)
         return f"({inner},)" if len(val) == 1 else f"({inner})"

@@ -28,7 +28,7 @@ from ..errors import kernel_error
 from ..passes.liveness import live_intervals, share_storage
 from ..target import Target
 from . import elementwise as ew
-from . import forwarding, tir_emit
+from . import forwarding, rows, tir_emit
 from .atomics import lower_atomic
 from .context import FALLBACK_LANES, extent
 from .copies import lower_copy
@@ -78,6 +78,8 @@ class _Lowering:
         self.forwards: dict[str, forwarding.Forward] = {}
         """Fragments whose copies the statements being lowered forward (see
         :mod:`.forwarding`)."""
+        self._row: tuple[int, Expr] | None = None
+        """``(R, r)`` while statements run one row at a time (see :mod:`.rows`)."""
         self._names = 0
 
     def size(self, size: sizes.Size, dtype: str = "int32") -> int | Expr:
@@ -240,6 +242,17 @@ class _Lowering:
                     idx.append(stack.enter_context(self.kb.loop(self.name("i"), n)))
             yield idx
 
+    @contextlib.contextmanager
+    def value_nest(self, shape: Sequence[int], vectorize: bool = True) -> Iterator[list[Expr]]:
+        """Loops over a tile value's own shape (see :meth:`nest`); while statements run
+        one row at a time, the leading index of a value with ``R`` rows is the row."""
+        if self._row is not None and shape and shape[0] == self._row[0]:
+            with self.nest(shape[1:], vectorize) as idx:
+                yield [self._row[1], *idx]
+        else:
+            with self.nest(shape, vectorize) as idx:
+                yield idx
+
     def while_loop(self, stmt: ir.While) -> None:
         """``test = cond; while test: body; test = cond``: the condition block is emitted
         twice, before the loop and at the end of its body, storing the test in a flag."""
@@ -269,7 +282,15 @@ class _Lowering:
             if inside is not True:
                 branch.enter_context(self.kb.if_(inside))
             self.forwards = {f.fragment: f for f in segment.forwards}
-            self._statements([s for pos, s in rest if pos not in segment.skip])
+            forwarded = [s for pos, s in rest if pos not in segment.skip]
+            n_rows = rows.rows(forwarded)
+            if n_rows is None:
+                self._statements(forwarded)
+            else:
+                with self.kb.loop(self.name("row"), n_rows) as r:
+                    self._row = (n_rows, r)
+                    self._statements(forwarded)
+                    self._row = None
             self.forwards = {}
         if inside is not True:
             with self.kb.else_():
@@ -325,13 +346,13 @@ class _Lowering:
                                           else self.kb.let(self.name("s"), value))
         else:
             arr = self.value_array(op.result)
-            with self.nest(op.result.shape) as idx:
+            with self.value_nest(op.result.shape) as idx:
                 self.kb.store(arr, idx, self.expr(op, idx))
 
     def store(self, op: ir.Op) -> None:
         value, dst = op.operands[0], op.attrs["dst"]
         buf = self.bufs[dst.buffer]
-        with self.nest(value.shape) as idx:
+        with self.value_nest(value.shape) as idx:
             coords = self.element(dst, idx, clamp=True)
             v = ew.convert(self.at(value, idx), ew.tvm_dtype(value.dtype), str(buf.dtype),
                            self.bind)

@@ -46,10 +46,10 @@ def _reduce_leading(low: Lowering, op: ir.Op, keep: list[int], red: list[int]) -
     src, res, fn = op.operands[0], op.result, op.attrs["fn"]
     dtype, src_dtype = ew.tvm_dtype(res.dtype), ew.tvm_dtype(src.dtype)
     arr = low.value_array(res)
-    with low.nest(res.shape) as out_idx:
+    with low.value_nest(res.shape) as out_idx:
         low.kb.store(arr, out_idx, ew.reduce_init(fn, dtype))
     with low.nest([src.shape[d] for d in red], vectorize=False) as red_idx, \
-            low.nest(res.shape) as out_idx:
+            low.value_nest(res.shape) as out_idx:
         full = _source_index(len(src.shape), keep, out_idx, red, red_idx)
         x = ew.convert(low.at(src, full), src_dtype, dtype, low.bind)
         low.kb.store(arr, out_idx, ew.reduce_combine(fn, arr[tuple(out_idx)], x, dtype,
@@ -82,7 +82,7 @@ def lower_reduce(low: Lowering, op: ir.Op) -> None:
         x = ew.convert(low.at(src, full), src_dtype, dtype, low.bind)
         low.kb.store(acc, [lane], ew.reduce_combine(fn, acc[lane], x, dtype, low.bind))
 
-    with low.nest(res.shape, vectorize=False) as out_idx:
+    with low.value_nest(res.shape, vectorize=False) as out_idx:
         with low.kb.loop(low.name("l"), lanes, kind="vectorized" if lanes > 1 else
                           "serial") as lane:
             low.kb.store(acc, [lane], ew.reduce_init(fn, dtype))

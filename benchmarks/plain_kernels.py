@@ -8,7 +8,8 @@ faster), and the geometric mean of the speed-ups closes the report. Target: geom
 >= 1.0, no kernel below 0.8.
 
 ``--sweep`` also times the elementwise kernels over a range of tile sizes (the best tile
-vs the plain one) and the f32 matmul over ``bk`` from 16 to 128.
+vs the plain one), the row-wise kernels over row tiles of 1 to 128 rows, and the f32 matmul
+over ``bk`` from 16 to 128.
 
     python benchmarks/plain_kernels.py [--rounds 15] [--only bias_gelu,softmax] [--sweep]
 """
@@ -327,6 +328,7 @@ def sweep(rounds: int) -> dict:
         med = {n: round(statistics.median(v) * 1e3, 3) for n, v in s.items()}
         out[kname] = {"ms": med, "worst_over_best": round(max(med.values()) /
                                                           min(med.values()), 3)}
+    out.update(_sweep_rows(key, rounds))
     a = jax.random.normal(key, (MM, MM), jnp.float32)
     fns = {f"64x64x{bk}": jax.jit(lambda a, b, bk=bk: matmul(a, b, bk=bk))
            for bk in (16, 32, 64, 128)}
@@ -339,6 +341,33 @@ def sweep(rounds: int) -> dict:
     med = {n: round(statistics.median(v) * 1e3, 3) for n, v in s.items()}
     out["matmul_f32"] = {"ms": med, "worst_over_best": round(max(med.values()) /
                                                              min(med.values()), 3)}
+    return out
+
+
+def _sweep_rows(key, rounds: int) -> dict:
+    """The row-wise kernels over row tiles of 1 to 128 rows (and XLA, not in the ratio)."""
+    ks = jax.random.split(key, 3)
+    xn = jax.random.normal(ks[0], (NORM_ROWS, NORM_COLS), jnp.float32) * 3 + 1
+    w = jax.random.normal(ks[1], (NORM_COLS,), jnp.float32)
+    logits = jax.random.normal(ks[2], (CE_ROWS, CE_VOCAB), jnp.float32) * 4
+    labels = jax.random.randint(ks[2], (CE_ROWS,), 0, CE_VOCAB, jnp.int32)
+    cases = {"softmax": (softmax, _softmax, (xn,)), "rms_norm": (rms_norm, _rms_norm, (xn, w)),
+             "layer_norm": (layer_norm, _layer_norm, (xn, w, w)),
+             "cross_entropy": (cross_entropy, _cross_entropy, (logits, labels))}
+    out = {}
+    for name, (kernel, formula, args) in cases.items():
+        fns = {f"rows{r}": jax.jit(lambda *a, r=r, k=kernel: k(*a, rows=r))
+               for r in (1, 4, 8, 32, 128)}
+        fns["xla"] = jax.jit(formula)
+        for f in fns.values():
+            f(*args).block_until_ready()
+        log(f"sweep {name}: {len(fns) - 1} row tiles")
+        s = interleaved({n: (lambda f=f, a=args: f(*a).block_until_ready())
+                         for n, f in fns.items()}, rounds=rounds, calls=5)
+        med = {n: round(statistics.median(v) * 1e3, 3) for n, v in s.items()}
+        tiles = [v for n, v in med.items() if n != "xla"]
+        out[f"{name}_rows"] = {"ms": med, "worst_over_best": round(max(tiles) / min(tiles), 3),
+                               "rows8_over_best": round(med["rows8"] / min(tiles), 3)}
     return out
 
 

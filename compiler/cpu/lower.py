@@ -41,7 +41,8 @@ MAX_SCRATCH_BYTES = 1 << 30
 """Scratch memory (on-chip buffers, tile values, temporaries) one call of a CPU kernel may
 use, per thread it runs on; a kernel that needs more is rejected when it is compiled."""
 
-_BINDS_OPERANDS = frozenset({"exp", "exp2", "expm1", "logistic", "tanh", "round_away", "sign"})
+_BINDS_OPERANDS = frozenset({"exp", "exp2", "expm1", "logistic", "tanh", "erfc", "round_away",
+                             "sign"})
 
 
 def symbol_name(kernel: ir.Kernel) -> str:

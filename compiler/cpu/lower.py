@@ -81,6 +81,14 @@ class _Lowering:
         :mod:`.forwarding`)."""
         self._row: tuple[int, Expr] | None = None
         """``(R, r)`` while statements run one row at a time (see :mod:`.rows`)."""
+        self._row_local: set[int] = set()
+        """Values of the statements running row by row that nothing else reads: they get
+        arrays of one row, so the passes over a row stay in a few KiB of cache."""
+        self._row_arrays: set[str] = set()
+        self._users: dict[int, list[ir.Stmt]] = {}
+        for stmt in ir.walk(kernel.body):
+            for v in ir.uses(stmt):
+                self._users.setdefault(v.id, []).append(stmt)
         self._names = 0
 
     def size(self, size: sizes.Size, dtype: str = "int32") -> int | Expr:
@@ -110,6 +118,11 @@ class _Lowering:
     def value_array(self, v: ir.Value) -> tirx.Buffer:
         """The array that holds materialised value ``v`` (shared with values that are dead
         by the time ``v`` is defined) and makes ``at`` read it."""
+        if self._row is not None and v.id in self._row_local:
+            arr = self.kb.alloc_local(self.name("t"), (1, *v.shape[1:]), ew.tvm_dtype(v.dtype))
+            self._row_arrays.add(arr.name)
+            self.arrays[v.id] = arr
+            return arr
         slot = self._slot_of[v.id]
         arr = self._slots.get(slot)
         if arr is None:
@@ -117,6 +130,13 @@ class _Lowering:
                                                           ew.tvm_dtype(v.dtype))
         self.arrays[v.id] = arr
         return arr
+
+    def array_index(self, arr: tirx.Buffer, idx: Sequence[Expr]) -> list[Expr]:
+        """The index into ``arr`` (from :meth:`value_array`) of a value's element ``idx``:
+        an array of one row is indexed by row 0."""
+        if arr.name in self._row_arrays:
+            return [tirx.const(0, "int32"), *idx[1:]]
+        return list(idx)
 
     def name(self, prefix: str) -> str:
         self._names += 1
@@ -128,7 +148,8 @@ class _Lowering:
         if v.shape == ():
             return self.scalars[v.id]
         if v.id in self.arrays:
-            return self.arrays[v.id][tuple(idx)]
+            arr = self.arrays[v.id]
+            return arr[tuple(self.array_index(arr, idx))]
         return self.expr(self.inline[v.id], idx)
 
     def start(self, index: ir.Index, dim: int | Expr, clamp: bool) -> Expr:
@@ -288,6 +309,11 @@ class _Lowering:
             if n_rows is None:
                 self._statements(forwarded)
             else:
+                inside_ids = {id(st) for st in forwarded}
+                self._row_local = {
+                    st.result.id for st in forwarded if st.result is not None
+                    and len(st.result.shape) >= 1 and not st.notes.get("inline")
+                    and all(id(u) in inside_ids for u in self._users.get(st.result.id, []))}
                 with self.kb.loop(self.name("row"), n_rows) as r:
                     self._row = (n_rows, r)
                     self._statements(forwarded)
@@ -348,7 +374,7 @@ class _Lowering:
         else:
             arr = self.value_array(op.result)
             with self.value_nest(op.result.shape) as idx:
-                self.kb.store(arr, idx, self.expr(op, idx))
+                self.kb.store(arr, self.array_index(arr, idx), self.expr(op, idx))
 
     def store(self, op: ir.Op) -> None:
         value, dst = op.operands[0], op.attrs["dst"]

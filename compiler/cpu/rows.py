@@ -12,7 +12,9 @@ then runs as fast as a tile of one row, and more blocks per call are not needed.
 :func:`rows` decides whether a statement list (the forwarded branch of
 :mod:`.forwarding`, where the copies are gone) can run so; the lowering then emits it inside
 ``for r in range(R)`` and every loop nest over a tile value's own shape fixes the leading
-index to ``r`` (``Lowering.value_nest``).
+index to ``r`` (``Lowering.value_nest``). A value that nothing outside those statements reads
+gets an array of one row (``Lowering.array_index`` indexes it by row 0): the intermediates
+of every row then reuse the same few KiB, which stay in L1 and are never written back.
 """
 
 from __future__ import annotations

@@ -148,3 +148,35 @@ def test_rows_mixed_by_a_reduction_over_them_are_not_split(rng):
         # The last tile is padded with zeros to 8 rows before the mean (copy's pad).
         want[start:start + 8] = tile - tile.sum(axis=0, keepdims=True) / 8
     check(column_centre, [x], want.astype(np.float32), rtol=1e-5, atol=1e-5)
+
+
+@jt.kernel
+def centre_and_max(x, *, rows=8):
+    """The row maxima are read again after the row-by-row statements (in a loop, outside the
+    forwarded segment): their array must keep every row."""
+    out = jt.empty(x.shape, x.dtype)
+    peak = jt.empty((x.shape[0],), jnp.float32)
+    i = jt.grid(jt.cdiv(x.shape[0], rows))
+    t = jt.fragment((rows, x.shape[1]), jnp.float32)
+    o = jt.fragment((rows,), jnp.float32)
+    jt.copy(x.at[i * rows, 0], t)
+    v = t[...]
+    m = jnp.max(v, axis=1)
+    t[...] = v - m[:, None]
+    jt.copy(t, out.at[i * rows, 0])
+
+    @jt.loop(1)
+    def _(k):
+        o[...] = m * 2.0
+        jt.copy(o, peak.at[i * rows])
+
+    return out, peak
+
+
+def test_values_read_after_the_rows_keep_all_rows(rng):
+    x = data(rng, (37, 80), F32, edges=False)
+    assert _row_loops(centre_and_max.lower(x)) == [8]
+    xf = np.asarray(x, np.float64)
+    m = xf.max(axis=1)
+    want = ((xf - m[:, None]).astype(np.float32), (2 * m).astype(np.float32))
+    check(centre_and_max, [x], want, rtol=1e-6, atol=1e-6)

@@ -40,7 +40,7 @@ def rows(stmts: Sequence[ir.Stmt]) -> int | None:
     computed (element-wise ops, broadcasts and reshapes that keep the leading axis in
     place, reductions over the other axes). Buffers written in ``stmts`` are accessed
     through one region only. Returns ``None`` when there is nothing to gain: no value
-    materialised, or a single row.
+    materialised, a single row, or 1-D tiles without a reduction.
     """
     ops = [s for s in stmts if isinstance(s, ir.Op)]
     if len(ops) != len(stmts) or any(op.kind not in _ALLOWED for op in ops):
@@ -49,9 +49,14 @@ def rows(stmts: Sequence[ir.Stmt]) -> int | None:
                     and not op.notes.get("inline")]
     if not materialised:
         return None
+    stored = [op.operands[0] for op in ops if op.kind == "store"]
+    if not any(op.kind == "reduce" for op in ops) and any(
+            len(v.shape) < 2 for v in [op.result for op in materialised] + stored):
+        # Without a reduction over each row, a 1-D tile would trade its vector loop for
+        # the row loop.
+        return None
     lead = {op.result.shape[0] for op in materialised}
-    lead |= {op.operands[0].shape[0] for op in ops if op.kind == "store"
-             and op.operands[0].shape}
+    lead |= {v.shape[0] for v in stored if v.shape}
     if len(lead) != 1:
         return None
     (n_rows,) = lead
@@ -81,7 +86,8 @@ def rows(stmts: Sequence[ir.Stmt]) -> int | None:
 def _keeps_row(op: ir.Op, operand: ir.Value, n_rows: int) -> bool:
     """Whether ``op`` reads ``operand`` at the leading index of its own element."""
     res = op.result
-    if not operand.shape or operand.shape[0] != n_rows or res.shape[0] != n_rows:
+    if not operand.shape or not res.shape or operand.shape[0] != n_rows \
+            or res.shape[0] != n_rows:
         return False
     if op.kind in _ROW_LOCAL or op.kind == "reduce":
         return True

@@ -180,3 +180,23 @@ def test_values_read_after_the_rows_keep_all_rows(rng):
     m = xf.max(axis=1)
     want = ((xf - m[:, None]).astype(np.float32), (2 * m).astype(np.float32))
     check(centre_and_max, [x], want, rtol=1e-6, atol=1e-6)
+
+
+@jt.kernel
+def twice_exp(x, *, block=64):
+    """1-D tiles with a materialised value: they keep their vector loop (no row loop)."""
+    out = jt.empty(x.shape, x.dtype)
+    i = jt.grid(jt.cdiv(x.shape[0], block))
+    t = jt.fragment((block,), jnp.float32)
+    jt.copy(x.at[i * block], t)
+    e = jnp.exp(t[...])
+    t[...] = e * e + e
+    jt.copy(t, out.at[i * block])
+    return out
+
+
+def test_one_dimensional_tiles_are_not_split(rng):
+    x = data(rng, (200,), F32, edges=False)
+    assert _row_loops(twice_exp.lower(x)) == []
+    xf = np.exp(np.asarray(x, np.float64))
+    check(twice_exp, [x], (xf * xf + xf).astype(np.float32), rtol=1e-6, atol=1e-6)

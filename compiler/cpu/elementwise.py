@@ -194,6 +194,8 @@ def _unary(fn: str, x: Expr, dtype: str, bind: Bind) -> Expr:
         return _exp(x, dtype)
     if fn == "tanh" and dtype == "float32":
         return vm.tanh_f32(x)
+    if fn == "erfc" and dtype == "float32":
+        return vm.erfc_f32(x)
     if fn == "exp2":
         return _exp(x * _const(_LN2, dtype), dtype) if dtype == "float32" else tirx.exp2(x)
     if fn == "expm1":

@@ -27,7 +27,7 @@ from .. import ir, sizes
 from ..errors import kernel_error
 from ..passes.liveness import live_intervals, share_storage
 from ..target import Target
-from . import bf16_dot, forwarding, tir_emit
+from . import bf16_dot, forwarding, rows, tir_emit
 from . import elementwise as ew
 from .atomics import lower_atomic
 from .context import FALLBACK_LANES, extent
@@ -41,7 +41,8 @@ MAX_SCRATCH_BYTES = 1 << 30
 """Scratch memory (on-chip buffers, tile values, temporaries) one call of a CPU kernel may
 use, per thread it runs on; a kernel that needs more is rejected when it is compiled."""
 
-_BINDS_OPERANDS = frozenset({"exp", "exp2", "expm1", "logistic", "tanh", "round_away", "sign"})
+_BINDS_OPERANDS = frozenset({"exp", "exp2", "expm1", "logistic", "tanh", "erfc", "round_away",
+                             "sign"})
 
 
 def symbol_name(kernel: ir.Kernel) -> str:
@@ -78,6 +79,16 @@ class _Lowering:
         self.forwards: dict[str, forwarding.Forward] = {}
         """Fragments whose copies the statements being lowered forward (see
         :mod:`.forwarding`)."""
+        self._row: tuple[int, Expr] | None = None
+        """``(R, r)`` while statements run one row at a time (see :mod:`.rows`)."""
+        self._row_local: set[int] = set()
+        """Values of the statements running row by row that nothing else reads: they get
+        arrays of one row, so the passes over a row stay in a few KiB of cache."""
+        self._row_arrays: set[str] = set()
+        self._users: dict[int, list[ir.Stmt]] = {}
+        for stmt in ir.walk(kernel.body):
+            for v in ir.uses(stmt):
+                self._users.setdefault(v.id, []).append(stmt)
         self._names = 0
 
     def size(self, size: sizes.Size, dtype: str = "int32") -> int | Expr:
@@ -107,6 +118,11 @@ class _Lowering:
     def value_array(self, v: ir.Value) -> tirx.Buffer:
         """The array that holds materialised value ``v`` (shared with values that are dead
         by the time ``v`` is defined) and makes ``at`` read it."""
+        if self._row is not None and v.id in self._row_local:
+            arr = self.kb.alloc_local(self.name("t"), (1, *v.shape[1:]), ew.tvm_dtype(v.dtype))
+            self._row_arrays.add(arr.name)
+            self.arrays[v.id] = arr
+            return arr
         slot = self._slot_of[v.id]
         arr = self._slots.get(slot)
         if arr is None:
@@ -114,6 +130,13 @@ class _Lowering:
                                                           ew.tvm_dtype(v.dtype))
         self.arrays[v.id] = arr
         return arr
+
+    def array_index(self, arr: tirx.Buffer, idx: Sequence[Expr]) -> list[Expr]:
+        """The index into ``arr`` (from :meth:`value_array`) of a value's element ``idx``:
+        an array of one row is indexed by row 0."""
+        if arr.name in self._row_arrays:
+            return [tirx.const(0, "int32"), *idx[1:]]
+        return list(idx)
 
     def name(self, prefix: str) -> str:
         self._names += 1
@@ -125,7 +148,8 @@ class _Lowering:
         if v.shape == ():
             return self.scalars[v.id]
         if v.id in self.arrays:
-            return self.arrays[v.id][tuple(idx)]
+            arr = self.arrays[v.id]
+            return arr[tuple(self.array_index(arr, idx))]
         return self.expr(self.inline[v.id], idx)
 
     def start(self, index: ir.Index, dim: int | Expr, clamp: bool) -> Expr:
@@ -240,6 +264,17 @@ class _Lowering:
                     idx.append(stack.enter_context(self.kb.loop(self.name("i"), n)))
             yield idx
 
+    @contextlib.contextmanager
+    def value_nest(self, shape: Sequence[int], vectorize: bool = True) -> Iterator[list[Expr]]:
+        """Loops over a tile value's own shape (see :meth:`nest`); while statements run
+        one row at a time, the leading index of a value with ``R`` rows is the row."""
+        if self._row is not None and shape and shape[0] == self._row[0]:
+            with self.nest(shape[1:], vectorize) as idx:
+                yield [self._row[1], *idx]
+        else:
+            with self.nest(shape, vectorize) as idx:
+                yield idx
+
     def while_loop(self, stmt: ir.While) -> None:
         """``test = cond; while test: body; test = cond``: the condition block is emitted
         twice, before the loop and at the end of its body, storing the test in a flag."""
@@ -269,7 +304,20 @@ class _Lowering:
             if inside is not True:
                 branch.enter_context(self.kb.if_(inside))
             self.forwards = {f.fragment: f for f in segment.forwards}
-            self._statements([s for pos, s in rest if pos not in segment.skip])
+            forwarded = [s for pos, s in rest if pos not in segment.skip]
+            n_rows = rows.rows(forwarded)
+            if n_rows is None:
+                self._statements(forwarded)
+            else:
+                inside_ids = {id(st) for st in forwarded}
+                self._row_local = {
+                    st.result.id for st in forwarded if st.result is not None
+                    and len(st.result.shape) >= 1 and not st.notes.get("inline")
+                    and all(id(u) in inside_ids for u in self._users.get(st.result.id, []))}
+                with self.kb.loop(self.name("row"), n_rows) as r:
+                    self._row = (n_rows, r)
+                    self._statements(forwarded)
+                    self._row = None
             self.forwards = {}
         if inside is not True:
             with self.kb.else_():
@@ -325,13 +373,13 @@ class _Lowering:
                                           else self.kb.let(self.name("s"), value))
         else:
             arr = self.value_array(op.result)
-            with self.nest(op.result.shape) as idx:
-                self.kb.store(arr, idx, self.expr(op, idx))
+            with self.value_nest(op.result.shape) as idx:
+                self.kb.store(arr, self.array_index(arr, idx), self.expr(op, idx))
 
     def store(self, op: ir.Op) -> None:
         value, dst = op.operands[0], op.attrs["dst"]
         buf = self.bufs[dst.buffer]
-        with self.nest(value.shape) as idx:
+        with self.value_nest(value.shape) as idx:
             coords = self.element(dst, idx, clamp=True)
             v = ew.convert(self.at(value, idx), ew.tvm_dtype(value.dtype), str(buf.dtype),
                            self.bind)

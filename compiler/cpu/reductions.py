@@ -46,14 +46,14 @@ def _reduce_leading(low: Lowering, op: ir.Op, keep: list[int], red: list[int]) -
     src, res, fn = op.operands[0], op.result, op.attrs["fn"]
     dtype, src_dtype = ew.tvm_dtype(res.dtype), ew.tvm_dtype(src.dtype)
     arr = low.value_array(res)
-    with low.nest(res.shape) as out_idx:
-        low.kb.store(arr, out_idx, ew.reduce_init(fn, dtype))
+    with low.value_nest(res.shape) as out_idx:
+        low.kb.store(arr, low.array_index(arr, out_idx), ew.reduce_init(fn, dtype))
     with low.nest([src.shape[d] for d in red], vectorize=False) as red_idx, \
-            low.nest(res.shape) as out_idx:
+            low.value_nest(res.shape) as out_idx:
         full = _source_index(len(src.shape), keep, out_idx, red, red_idx)
         x = ew.convert(low.at(src, full), src_dtype, dtype, low.bind)
-        low.kb.store(arr, out_idx, ew.reduce_combine(fn, arr[tuple(out_idx)], x, dtype,
-                                                      low.bind))
+        at = low.array_index(arr, out_idx)
+        low.kb.store(arr, at, ew.reduce_combine(fn, arr[tuple(at)], x, dtype, low.bind))
 
 
 def lower_reduce(low: Lowering, op: ir.Op) -> None:
@@ -82,7 +82,7 @@ def lower_reduce(low: Lowering, op: ir.Op) -> None:
         x = ew.convert(low.at(src, full), src_dtype, dtype, low.bind)
         low.kb.store(acc, [lane], ew.reduce_combine(fn, acc[lane], x, dtype, low.bind))
 
-    with low.nest(res.shape, vectorize=False) as out_idx:
+    with low.value_nest(res.shape, vectorize=False) as out_idx:
         with low.kb.loop(low.name("l"), lanes, kind="vectorized" if lanes > 1 else
                           "serial") as lane:
             low.kb.store(acc, [lane], ew.reduce_init(fn, dtype))
@@ -103,6 +103,6 @@ def lower_reduce(low: Lowering, op: ir.Op) -> None:
                 low.kb.store(acc, [lane], ew.reduce_combine(
                     fn, acc[lane], acc[lane + width], dtype, low.bind))
         if arr is not None:
-            low.kb.store(arr, out_idx, acc[0])
+            low.kb.store(arr, low.array_index(arr, out_idx), acc[0])
     if arr is None:
         low.scalars[res.id] = low.kb.let(low.name("s"), acc[0])

@@ -270,35 +270,6 @@ def test_exp_f32_accuracy(tmp_path):
     assert np.abs(_ordered(got[~nan]) - _ordered(ref[~nan])).max() <= 2
 
 
-def test_tanh_f32_accuracy(tmp_path):
-    n = 1 << 18
-    kb = tir_emit.KernelBuilder("tanh", [("x", (n,), "float32"), ("y", (n,), "float32")])
-    x, y = kb.buffers
-    with kb.block_loop() as b:
-        with kb.loop("i", 16, kind="vectorized") as i:
-            kb.store(y, [b * 16 + i], vm.tanh_f32(x[b * 16 + i]))
-    _, fn = _compile_and_load(kb, tmp_path)
-
-    edges = np.array(
-        [0.0, -0.0, 1e-30, -1e-8, 1e-6, 0.6249, 0.625, 0.6251, 9.0, 44.0, 89.0, 1e30,
-         np.inf, -np.inf, np.nan],
-        np.float32,
-    )  # fmt: skip
-    rng = np.random.default_rng(5)
-    magnitudes = 10.0 ** rng.uniform(-40, 2, n // 2) * rng.choice([-1.0, 1.0], n // 2)
-    xs = np.concatenate(
-        [edges, magnitudes.astype(np.float32), rng.uniform(-12, 12, n // 2 - len(edges))]
-    ).astype(np.float32)
-    out = tvm.runtime.tensor(np.zeros(n, np.float32))
-    fn(0, n // 16, tvm.runtime.tensor(xs), out)
-    got = out.numpy()
-    ref = np.tanh(xs.astype(np.float64)).astype(np.float32)
-    nan = np.isnan(ref)
-    np.testing.assert_array_equal(np.isnan(got), nan)
-    np.testing.assert_array_equal(np.signbit(got[~nan]), np.signbit(ref[~nan]))
-    assert np.abs(_ordered(got[~nan]) - _ordered(ref[~nan])).max() <= 2
-
-
 def test_float_helpers(tmp_path):
     vals = np.array([-3, -0.5, 0, 2, np.nan, np.inf, -np.inf, 4] * 2, np.float32)
     n = len(vals)

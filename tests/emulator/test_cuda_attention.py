@@ -19,16 +19,6 @@ from jaxtile.compiler.target import parse_target
 SLOW = pytest.mark.slow
 
 
-@pytest.fixture
-def emulator():
-    before = jt.backend()
-    jt.set_backend("cuda-emulator")
-    jax.clear_caches()
-    yield
-    jt.set_backend(before)
-    jax.clear_caches()
-
-
 def _numpy_attention(q, k, v, causal, lengths=None):
     """(B, H, T, D) queries against (B, Hkv, S, D) keys and values, in float64."""
     q, k, v = (np.asarray(t, np.float64) for t in (q, k, v))

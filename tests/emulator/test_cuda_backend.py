@@ -15,14 +15,6 @@ from jaxtile.compiler.emulator import build as emu_build
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
-@pytest.fixture
-def emulator():
-    before = jt.backend()
-    jt.set_backend("cuda-emulator")
-    yield
-    jt.set_backend(before)
-
-
 def _data(shape, dtype, seed=0):
     return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), dtype)
 

@@ -22,16 +22,6 @@ from jaxtile.compiler.target import parse_target
 SM80 = parse_target("cuda:sm_80")
 
 
-@pytest.fixture
-def emulator():
-    before = jt.backend()
-    jt.set_backend("cuda-emulator")
-    jax.clear_caches()
-    yield
-    jt.set_backend(before)
-    jax.clear_caches()
-
-
 @jt.kernel(threads=128)
 def _reuse(x):
     """Two shared buffers with disjoint lifetimes: ``a`` (read whole, then element 7 by

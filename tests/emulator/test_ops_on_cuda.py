@@ -11,7 +11,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import jaxtile as jt
 from jaxtile import ops
 from jaxtile.compiler import build
 from jaxtile.compiler.cuda import nvrtc, toolchain
@@ -20,16 +19,6 @@ from jaxtile.compiler.target import parse_target
 
 SLOW = pytest.mark.slow
 BF16 = np.dtype(ml_dtypes.bfloat16)
-
-
-@pytest.fixture
-def emulator():
-    before = jt.backend()
-    jt.set_backend("cuda-emulator")
-    jax.clear_caches()
-    yield
-    jt.set_backend(before)
-    jax.clear_caches()
 
 
 def _data(shape, dtype=np.float32, seed=0):

@@ -11,19 +11,8 @@ import textwrap
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 import jaxtile as jt
-
-
-@pytest.fixture
-def emulator():
-    before = jt.backend()
-    jax.clear_caches()        # jax.jit's caches do not know jaxtile's backend
-    jt.set_backend("cuda-emulator")
-    yield
-    jt.set_backend(before)
-    jax.clear_caches()
 
 
 def _data(shape, seed=0):

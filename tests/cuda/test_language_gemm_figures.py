@@ -51,7 +51,9 @@ def test_the_language_gemm_meets_the_register_spill_and_shared_memory_targets(co
     p = compiled.ptxas
     assert p.registers <= 224, p
     assert p.spill_stores == p.spill_loads == 0, p
-    assert p.shared_bytes <= 48 * 1024, p
+    # Every shared array is a view of the dynamic shared memory the launch asks for.
+    smem = p.shared_bytes + compiled.launch.dynamic_smem
+    assert 0 < smem <= 48 * 1024, (p, compiled.launch)
 
 
 @pytest.mark.skipif(sass.cuobjdump_path() is None, reason="cuobjdump is not installed")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import resource
 import statistics
 import time
 
@@ -276,11 +277,24 @@ def _cases(key) -> dict:
     return cases
 
 
-def _time(ours, theirs, args, rounds: int, calls: int) -> dict:
-    contenders = {"jaxtile": lambda: ours(*args).block_until_ready(),
-                  "jnp": lambda: theirs(*args).block_until_ready()}
+def _time(ours, theirs, args, rounds: int, calls: int) -> tuple[dict, dict]:
+    """Seconds per call of both (interleaved), and each one's minor page faults per call:
+    an output on memory the allocator has just returned to the OS faults in every page, which
+    can cost more than the kernel (docs/design.md, "The runtime keeps freed memory")."""
+    faults = {"jaxtile": 0, "jnp": 0}
+
+    def counted(name, fn):
+        def call():
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            fn(*args).block_until_ready()
+            faults[name] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        return call
+
+    contenders = {"jaxtile": counted("jaxtile", ours), "jnp": counted("jnp", theirs)}
     interleaved(contenders, rounds=1, calls=calls)  # warm-up, discarded
-    return interleaved(contenders, rounds=rounds, calls=calls)
+    faults.update(jaxtile=0, jnp=0)
+    samples = interleaved(contenders, rounds=rounds, calls=calls)
+    return samples, {name: round(n / (rounds * calls), 1) for name, n in faults.items()}
 
 
 def _calls_for(fn, args) -> int:
@@ -298,13 +312,13 @@ def run_case(name: str, case, rounds: int) -> dict:
     err = float(np.max(np.abs(got - want) / (1 + np.abs(want))))
     calls = _calls_for(theirs, args)
     log(f"{name}: {rounds} rounds x {calls} calls ...")
-    s = _time(ours, theirs, args, rounds, calls)
+    s, faults = _time(ours, theirs, args, rounds, calls)
     speedup = statistics.median(s["jnp"]) / statistics.median(s["jaxtile"])
     paired = statistics.median(b / a for a, b in zip(s["jaxtile"], s["jnp"]))
     out = {"unit": "ms per call", "jaxtile": summary(s["jaxtile"], 1e3),
            "jnp": summary(s["jnp"], 1e3), "speedup": round(speedup, 3),
            "speedup_paired_median": round(paired, 3), "max_rel_err_vs_jnp": err,
-           "accurate": err <= tol}
+           "accurate": err <= tol, "minor_faults_per_call": faults}
     if flops:
         out["tflops"] = {side: round(flops / statistics.median(s[side]) / 1e12, 4)
                          for side in ("jaxtile", "jnp")}

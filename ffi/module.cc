@@ -14,6 +14,7 @@
 #include "common/registry.h"
 #include "cpu/exported_kernel.h"
 #include "cpu/handler.h"
+#include "cpu/heap.h"
 #include "cpu/launch.h"
 #include "cpu/loader.h"
 #include "cpu/thread_pool.h"
@@ -234,6 +235,9 @@ NB_MODULE(_ffi, m) {
   m.def("set_num_threads", &set_num_threads, "n"_a,
         "Set the threads a kernel call is split across; only before the first kernel call "
         "(returns False, changing nothing, after it or for n < 1).");
+  m.def("keep_freed_memory", &keep_freed_memory,
+        "Keep freed buffers of up to 32 MiB, and up to 256 MiB free at the heap's top, in the "
+        "process instead of returning them to the OS (glibc only; returns whether applied).");
   m.def("call_kernel", &call_kernel, "key"_a, "arrays"_a, "block_begin"_a = 0,
         "block_end"_a = nb::none(),
         "Run blocks [block_begin, block_end) of a loaded kernel on numpy arrays (operands then "

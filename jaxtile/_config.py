@@ -77,6 +77,10 @@ VARIABLES = {v.name: v for v in (
              "run kernels without an explicit interpret= as their reference semantics"),
     Variable("JAXTILE_NUM_THREADS", _threads, None,
              "threads a kernel call's blocks are spread over (default: the CPUs available)"),
+    Variable("JAXTILE_KEEP_FREED_MEMORY", boolean, True,
+             "keep freed buffers (up to 32 MiB each, 256 MiB at the heap's top) in the process "
+             "rather than returning them to the OS after every call (glibc; see "
+             "docs/design.md)"),
 )}
 
 _warned: set[tuple[str, str]] = set()
@@ -102,6 +106,8 @@ def configure_runtime() -> None:
     """Hand the runtime its settings; call before any kernel runs (at import)."""
     from jaxtile import _ffi
 
+    if get("JAXTILE_KEEP_FREED_MEMORY"):
+        _ffi.keep_freed_memory()
     threads = get("JAXTILE_NUM_THREADS")
     if threads is not None:
         _ffi.set_num_threads(threads)

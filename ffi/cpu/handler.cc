@@ -11,6 +11,7 @@
 #include "common/payload.h"
 #include "common/registry.h"
 #include "cpu/exported_kernel.h"
+#include "cpu/heap.h"
 #include "cpu/launch.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -98,6 +99,7 @@ ffi::Error run(const Kernel& k, ffi::RemainingArgs args, ffi::RemainingRets rets
       auto buf = rets.get<ffi::AnyBuffer>(i - args.size());
       if (!buf.has_value()) return buf.error();
       err = to_tensor(k, **buf, i, &tensors[i]);
+      prefer_huge_pages((*buf)->untyped_data(), (*buf)->size_bytes());
     }
     if (err.failure()) return err;
     TVMFFIAny& a = packed[i + 2];

@@ -5,6 +5,11 @@
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+#include <cstdint>
 
 namespace jaxtile {
 
@@ -18,12 +23,27 @@ namespace jaxtile {
 // scheme at its ceiling for mmap and raise the trim threshold above it.
 bool keep_freed_memory() {
 #if defined(__GLIBC__)
-  constexpr int kMmapThreshold = 32 << 20;  // glibc's largest allowed value
+  // glibc's largest allowed mmap threshold.
+  static_assert(kFreshMappingBytes == size_t{32} << 20);
+  constexpr int kMmapThreshold = static_cast<int>(kFreshMappingBytes);
   constexpr int kTrimThreshold = 256 << 20;
   return mallopt(M_MMAP_THRESHOLD, kMmapThreshold) == 1 &&
          mallopt(M_TRIM_THRESHOLD, kTrimThreshold) == 1;
 #else
   return false;
+#endif
+}
+
+void prefer_huge_pages(void* data, size_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  if (bytes < kFreshMappingBytes) return;
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  const auto begin = (reinterpret_cast<uintptr_t>(data) + kHuge - 1) & ~(kHuge - 1);
+  const auto end = (reinterpret_cast<uintptr_t>(data) + bytes) & ~(kHuge - 1);
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+#else
+  (void)data;
+  (void)bytes;
 #endif
 }
 

@@ -1,10 +1,12 @@
-"""The runtime's allocator setting (ffi/cpu/heap.cc): outputs of a jit of one kernel reuse
-freed memory instead of faulting in fresh pages on every call."""
+"""The runtime's memory settings (ffi/cpu/heap.cc): outputs of a jit of one kernel reuse freed
+memory instead of faulting in fresh pages on every call, and outputs too big to be reused are
+backed by huge pages."""
 
 import platform
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -16,8 +18,7 @@ def test_the_setting_applies_on_glibc():
     assert _ffi.keep_freed_memory() is (libc == "glibc"), libc
 
 
-_SCRIPT = textwrap.dedent(
-    """
+_KERNEL = """
     import resource, statistics
     import jax, jax.numpy as jnp
     import jaxtile as jt
@@ -32,15 +33,17 @@ _SCRIPT = textwrap.dedent(
         jt.copy(t, out.at[i * rows, 0])
         return out
 
-    x = jnp.ones((4096, 1024), jnp.float32)           # 16 MiB in, 16 MiB out
-    ours, theirs = jax.jit(scale), jax.jit(lambda x: x * 3.0)
-    assert float(ours(x)[5, 7]) == 2.0
-
     def faults_per_call(fn, calls=10):
         r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         for _ in range(calls):
             fn(x).block_until_ready()
         return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0) / calls
+"""
+
+_SCRIPT = textwrap.dedent(_KERNEL + """
+    x = jnp.ones((4096, 1024), jnp.float32)           # 16 MiB in, 16 MiB out
+    ours, theirs = jax.jit(scale), jax.jit(lambda x: x * 3.0)
+    assert float(ours(x)[5, 7]) == 2.0
 
     # Alternating with an XLA computation is what left the main heap's top trimmed.
     counts = []
@@ -48,8 +51,7 @@ _SCRIPT = textwrap.dedent(
         counts.append(faults_per_call(ours))
         faults_per_call(theirs)
     print(statistics.median(counts[1:]))
-    """
-)
+    """)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator: Linux only")
@@ -60,3 +62,31 @@ def test_kernel_outputs_reuse_freed_memory():
     faults = proc.stdout.split()[-1]
     # A 16 MiB output on fresh memory is 4096 faults; reused memory takes none.
     assert float(faults) < 256, f"{faults} page faults per call"
+
+
+_HUGE_SCRIPT = textwrap.dedent(_KERNEL + """
+    x = jnp.ones((8192, 1024), jnp.float32)           # 32 MiB out: mapped afresh every call
+    ours = jax.jit(scale)
+    assert float(ours(x)[8191, 1023]) == 2.0
+    print(statistics.median(faults_per_call(ours, calls=4) for _ in range(3)))
+    """)
+
+
+def _thp_mode() -> str | None:
+    """The transparent huge page mode the kernel offers ("always", "madvise", "never")."""
+    path = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not path.exists():
+        return None
+    text = path.read_text()
+    return text[text.index("[") + 1:text.index("]")]
+
+
+@pytest.mark.skipif(_thp_mode() not in ("always", "madvise"),
+                    reason="this kernel offers no transparent huge pages to madvise")
+def test_big_outputs_fault_in_huge_pages():
+    proc = subprocess.run([sys.executable, "-c", _HUGE_SCRIPT], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    faults = float(proc.stdout.split()[-1])
+    # 8192 faults per call in 4 KiB pages; in 2 MiB pages 16, plus the unaligned ends.
+    assert faults < 2048, f"{faults} page faults per call"

@@ -29,8 +29,11 @@ def emit(result: Mapping[str, Any]) -> None:
 
 
 def interleaved(contenders: Mapping[str, Callable[[], Any]], *, rounds: int,
-                calls: int) -> dict[str, list[float]]:
-    """Seconds per call of each contender, one sample per round.
+                calls: int, clock: Callable[[], float] = time.perf_counter
+                ) -> dict[str, list[float]]:
+    """Seconds per call of each contender, one sample per round, by ``clock`` (wall time; or
+    e.g. ``time.thread_time``, the calling thread's CPU time, which preemption by other
+    processes does not inflate).
 
     A round times ``calls`` back-to-back calls of every contender in turn; the order of the
     contenders is rotated every round, so that slow phases of a noisy machine fall on all of
@@ -42,10 +45,10 @@ def interleaved(contenders: Mapping[str, Callable[[], Any]], *, rounds: int,
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
             fn = contenders[name]
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(calls):
                 fn()
-            samples[name].append((time.perf_counter() - t0) / calls)
+            samples[name].append((clock() - t0) / calls)
     return samples
 
 

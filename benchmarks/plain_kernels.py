@@ -12,6 +12,7 @@ vs the plain one), the row-wise kernels over row tiles of 1 to 128 rows, and the
 bf16 matmuls over ``bk`` from 16 to 128.
 
     python benchmarks/plain_kernels.py [--rounds 15] [--only bias_gelu,softmax] [--sweep]
+    JAXTILE_NUM_THREADS=1 python benchmarks/plain_kernels.py --sweep-only --thread-time
 """
 
 from __future__ import annotations
@@ -359,9 +360,10 @@ def _bf16_dot_peak_tflops() -> float:
     return len(os.sched_getaffinity(0)) * 64 * _clock_hz() / 1e12
 
 
-def sweep(rounds: int) -> dict:
+def sweep(rounds: int, clock=time.perf_counter) -> dict:
     """Elementwise kernels over tile sizes, row-wise kernels over row tiles, and the f32 and
-    bf16 matmuls over bk."""
+    bf16 matmuls over bk, timed by ``clock``; with ``time.thread_time`` (and one thread, so
+    kernels run on the calling thread) XLA, which runs on threads of its own, is left out."""
     key = jax.random.key(1)
     x = jax.random.normal(key, (ROWS, COLS), jnp.float32)
     bias = jax.random.normal(key, (COLS,), jnp.float32)
@@ -375,18 +377,19 @@ def sweep(rounds: int) -> dict:
             f(x, bias).block_until_ready()
         log(f"sweep {kname}: {len(fns)} tiles")
         s = interleaved({n: (lambda f=f: f(x, bias).block_until_ready())
-                         for n, f in fns.items()}, rounds=rounds, calls=3)
+                         for n, f in fns.items()}, rounds=rounds, calls=3, clock=clock)
         med = {n: round(statistics.median(v) * 1e3, 3) for n, v in s.items()}
         out[kname] = {"ms": med, "worst_over_best": round(max(med.values()) /
                                                           min(med.values()), 3)}
-    out.update(_sweep_rows(key, rounds))
+    out.update(_sweep_rows(key, rounds, clock))
     for dtype in ("float32", "bfloat16"):
         a = jax.random.normal(key, (MM, MM), jnp.float32).astype(dtype)
-        out[f"matmul_{'f32' if dtype == 'float32' else 'bf16'}"] = _sweep_matmul(a, rounds)
+        out[f"matmul_{'f32' if dtype == 'float32' else 'bf16'}"] = _sweep_matmul(a, rounds,
+                                                                                 clock)
     return out
 
 
-def _sweep_matmul(a, rounds: int) -> dict:
+def _sweep_matmul(a, rounds: int, clock) -> dict:
     """The matmul ``a @ a`` with 64 x 64 tiles over ``bk`` from 16 to 128, and 128 x 128 x 32
     tiles."""
     fns = {f"64x64x{bk}": jax.jit(lambda a, b, bk=bk: matmul(a, b, bk=bk))
@@ -396,12 +399,12 @@ def _sweep_matmul(a, rounds: int) -> dict:
         f(a, a).block_until_ready()
     log(f"sweep matmul {a.dtype}: {len(fns)} tiles")
     s = interleaved({n: (lambda f=f: f(a, a).block_until_ready()) for n, f in fns.items()},
-                    rounds=rounds, calls=1)
+                    rounds=rounds, calls=1, clock=clock)
     med = {n: round(statistics.median(v) * 1e3, 3) for n, v in s.items()}
     return {"ms": med, "worst_over_best": round(max(med.values()) / min(med.values()), 3)}
 
 
-def _sweep_rows(key, rounds: int) -> dict:
+def _sweep_rows(key, rounds: int, clock) -> dict:
     """The row-wise kernels over row tiles of 1 to 128 rows (and XLA, not in the ratio)."""
     ks = jax.random.split(key, 3)
     xn = jax.random.normal(ks[0], (NORM_ROWS, NORM_COLS), jnp.float32) * 3 + 1
@@ -415,12 +418,13 @@ def _sweep_rows(key, rounds: int) -> dict:
     for name, (kernel, formula, args) in cases.items():
         fns = {f"rows{r}": jax.jit(lambda *a, r=r, k=kernel: k(*a, rows=r))
                for r in (1, 4, 8, 32, 128)}
-        fns["xla"] = jax.jit(formula)
+        if clock is time.perf_counter:
+            fns["xla"] = jax.jit(formula)
         for f in fns.values():
             f(*args).block_until_ready()
         log(f"sweep {name}: {len(fns) - 1} row tiles")
         s = interleaved({n: (lambda f=f, a=args: f(*a).block_until_ready())
-                         for n, f in fns.items()}, rounds=rounds, calls=5)
+                         for n, f in fns.items()}, rounds=rounds, calls=5, clock=clock)
         med = {n: round(statistics.median(v) * 1e3, 3) for n, v in s.items()}
         tiles = [v for n, v in med.items() if n != "xla"]
         out[f"{name}_rows"] = {"ms": med, "worst_over_best": round(max(tiles) / min(tiles), 3),
@@ -433,7 +437,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--only", default="", help="comma-separated case names")
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--sweep-only", action="store_true", help="the sweeps alone")
+    parser.add_argument("--thread-time", action="store_true",
+                        help="time the sweeps by the calling thread's CPU time (needs "
+                             "JAXTILE_NUM_THREADS=1, so that kernels run on that thread)")
     args = parser.parse_args()
+    if args.thread_time and os.environ.get("JAXTILE_NUM_THREADS") != "1":
+        parser.error("--thread-time needs JAXTILE_NUM_THREADS=1")
+    clock = time.thread_time if args.thread_time else time.perf_counter
+    if args.sweep_only:
+        emit({"benchmark": "plain_kernels_sweep", "clock": clock.__name__,
+              "sweep": sweep(args.rounds, clock), "environment": environment()})
+        return
     cases = _cases(jax.random.key(0))
     if args.only:
         cases = {n: c for n, c in cases.items() if n in args.only.split(",")}
@@ -452,7 +467,7 @@ def main() -> None:
         "meets_target": geomean >= 1.0 and min(speedups) >= 0.8,
     }
     if args.sweep:
-        report["sweep"] = sweep(args.rounds)
+        report["sweep"] = sweep(args.rounds, clock)
     report["environment"] = environment()
     emit(report)
 

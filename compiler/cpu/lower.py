@@ -27,7 +27,7 @@ from .. import ir, sizes
 from ..errors import kernel_error
 from ..passes.liveness import live_intervals, share_storage
 from ..target import Target
-from . import bf16_dot, forwarding, rows, tir_emit
+from . import bf16_dot, block_groups, copies, forwarding, rows, tir_emit
 from . import elementwise as ew
 from .atomics import lower_atomic
 from .context import FALLBACK_LANES, extent
@@ -309,15 +309,8 @@ class _Lowering:
             if n_rows is None:
                 self._statements(forwarded)
             else:
-                inside_ids = {id(st) for st in forwarded}
-                self._row_local = {
-                    st.result.id for st in forwarded if st.result is not None
-                    and len(st.result.shape) >= 1 and not st.notes.get("inline")
-                    and all(id(u) in inside_ids for u in self._users.get(st.result.id, []))}
                 with self.kb.loop(self.name("row"), n_rows) as r:
-                    self._row = (n_rows, r)
-                    self._statements(forwarded)
-                    self._row = None
+                    self._rows(segment, forwarded, n_rows, r)
             self.forwards = {}
         if inside is not True:
             with self.kb.else_():
@@ -420,23 +413,86 @@ class _Lowering:
         lower_reduce(self, op)
 
     def run(self) -> tirx.PrimFunc:
+        grouping = block_groups.plan(self.kernel)
+        if grouping is None:
+            with self.kb.block_loop() as blk:
+                self._decode(blk)
+                self.body(self.kernel.body)
+        else:
+            self._grouped(grouping)
+        return self.kb.finish()
+
+    def _decode(self, blk: Expr, offset: Expr | int = 0) -> None:
+        """Bind the block indices of block ``blk``, with ``offset`` added to index 0."""
         extents = [self.size(n, "int64") for n in self.kernel.grid]
         strides = [math.prod(extents[:axis], start=1) for axis in range(len(extents))]
-        with self.kb.block_loop() as blk:
-            # Decoded outermost axis first, by truncating division (the operands are not
-            # negative): TVM 0.27's LowerIntrin fails on a floordiv by a dynamic extent
-            # here ("Let cannot bind the same var to two different values").
-            rest = blk
-            coords = {}
-            for axis in reversed(range(len(extents))):
-                stride = strides[axis]
-                coords[axis] = rest if _is_one(stride) else tirx.truncdiv(rest, stride)
-                if axis:
-                    rest = self.kb.let(self.name("r"), rest - coords[axis] * stride)
-            for axis, v in enumerate(self.kernel.block_indices):
-                self.scalars[v.id] = self.kb.let(self.name("b"), tirx.Cast("int32", coords[axis]))
-            self.body(self.kernel.body)
-        return self.kb.finish()
+        # Decoded outermost axis first, by truncating division (the operands are not
+        # negative): TVM 0.27's LowerIntrin fails on a floordiv by a dynamic extent
+        # here ("Let cannot bind the same var to two different values").
+        rest = blk
+        coords = {}
+        for axis in reversed(range(len(extents))):
+            stride = strides[axis]
+            coords[axis] = rest if _is_one(stride) else tirx.truncdiv(rest, stride)
+            if axis:
+                rest = self.kb.let(self.name("r"), rest - coords[axis] * stride)
+        for axis, v in enumerate(self.kernel.block_indices):
+            coord = tirx.Cast("int32", coords[axis])
+            self.scalars[v.id] = self.kb.let(self.name("b"), coord + offset if axis == 0
+                                             else coord)
+
+    def _grouped(self, grouping: block_groups.Grouping) -> None:
+        """The blocks of this call in groups of ``grouping.size`` run row by row together
+        (:mod:`.block_groups`), and the blocks outside whole groups one by one."""
+        g = grouping.size
+        kb, body = self.kb, self.kernel.body
+        first = (kb.block_begin + (g - 1)) // g   # the whole groups in [begin, end)
+        last = tirx.max(kb.block_end // g, first)
+        with kb.block_loop() as blk:
+            with kb.if_(tirx.Or(blk < first * g, blk >= last * g)):
+                self._decode(blk)
+                self.body(body)
+        segment = forwarding.plan(self.kernel, body)
+        scalars = [s for s in body if s.result is not None and s.result.shape == ()]
+        positions = range(segment.first, segment.last + 1)
+        scalar_ids = {id(s) for s in scalars}
+        forwarded = [s for i, s in enumerate(body) if i in positions
+                     and i not in segment.skip and id(s) not in scalar_ids]
+        with kb.loop(self.name("group"), last - first, start=first) as grp:
+            # Block starts move right with index 0, so a group is inside its buffers when
+            # its first and last blocks are.
+            ends = []
+            for q in (0, g - 1):
+                self._decode(grp * g, q)
+                self._statements(scalars)
+                ends.append(forwarding.inside(self, segment))
+            with contextlib.ExitStack() as branch:
+                inside = copies.all_of(ends)
+                if inside is not True:
+                    branch.enter_context(kb.if_(inside))
+                with kb.loop(self.name("row"), grouping.rows) as r, \
+                        kb.loop(self.name("q"), g) as q:
+                    self._decode(grp * g, q)
+                    self._statements(scalars)
+                    self._rows(segment, forwarded, grouping.rows, r)
+            if inside is not True:
+                with kb.else_(), kb.loop(self.name("q"), g) as q:
+                    self._decode(grp * g, q)
+                    self.body(body)
+
+    def _rows(self, segment: forwarding.Segment, forwarded: list[ir.Stmt], n_rows: int,
+              r: Expr) -> None:
+        """Row ``r`` of the forwarded statements of ``segment``."""
+        self.forwards = {f.fragment: f for f in segment.forwards}
+        inside_ids = {id(st) for st in forwarded}
+        self._row_local = {
+            st.result.id for st in forwarded if st.result is not None
+            and len(st.result.shape) >= 1 and not st.notes.get("inline")
+            and all(id(u) in inside_ids for u in self._users.get(st.result.id, []))}
+        self._row = (n_rows, r)
+        self._statements(forwarded)
+        self._row = None
+        self.forwards = {}
 
 
 def _is_one(v: int | Expr) -> bool:

@@ -30,21 +30,12 @@ _ALLOWED = _ROW_LOCAL | {"load", "store", "broadcast", "reshape", "reduce"}
 
 
 def rows(stmts: Sequence[ir.Stmt]) -> int | None:
-    """The row count ``R`` when ``stmts`` can run row by row, else ``None``.
+    """The row count ``R`` when ``stmts`` can run row by row and gain by it, else ``None``.
 
-    Assumes ``stmts`` is straight-line code of ops (no loops, conditionals or copies: the
-    forwarded branch of a segment) whose scalar ops were emitted before. Guarantees, when
-    it returns ``R``: every materialised value and every stored value has ``R`` rows
-    (leading extent), every reduction keeps the leading axis, and every read of a
-    materialised value, or of a buffer written in ``stmts``, happens at the row being
-    computed (element-wise ops, broadcasts and reshapes that keep the leading axis in
-    place, reductions over the other axes). Buffers written in ``stmts`` are accessed
-    through one region only. Returns ``None`` when there is nothing to gain: no value
-    materialised, a single row, or 1-D tiles without a reduction.
+    As :func:`separable`, and ``None`` when there is nothing to gain: no value
+    materialised, or 1-D tiles without a reduction.
     """
     ops = [s for s in stmts if isinstance(s, ir.Op)]
-    if len(ops) != len(stmts) or any(op.kind not in _ALLOWED for op in ops):
-        return None
     materialised = [op for op in ops if op.result is not None and op.result.shape
                     and not op.notes.get("inline")]
     if not materialised:
@@ -55,6 +46,27 @@ def rows(stmts: Sequence[ir.Stmt]) -> int | None:
         # Without a reduction over each row, a 1-D tile would trade its vector loop for
         # the row loop.
         return None
+    return separable(stmts)
+
+
+def separable(stmts: Sequence[ir.Stmt]) -> int | None:
+    """The row count ``R`` when ``stmts`` can run row by row, else ``None``.
+
+    Assumes ``stmts`` is straight-line code of ops (no loops, conditionals or copies: the
+    forwarded branch of a segment) whose scalar ops were emitted before. Guarantees, when
+    it returns ``R``: ``R`` >= 2, every materialised value and every stored value has ``R``
+    rows (leading extent), every reduction keeps the leading axis, and every read of a
+    materialised value, or of a buffer written in ``stmts``, happens at the row being
+    computed (element-wise ops, broadcasts and reshapes that keep the leading axis in
+    place, reductions over the other axes). Buffers written in ``stmts`` are accessed
+    through one region only.
+    """
+    ops = [s for s in stmts if isinstance(s, ir.Op)]
+    if len(ops) != len(stmts) or any(op.kind not in _ALLOWED for op in ops):
+        return None
+    materialised = [op for op in ops if op.result is not None and op.result.shape
+                    and not op.notes.get("inline")]
+    stored = [op.operands[0] for op in ops if op.kind == "store"]
     lead = {op.result.shape[0] for op in materialised}
     lead |= {v.shape[0] for v in stored if v.shape}
     if len(lead) != 1:

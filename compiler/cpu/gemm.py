@@ -1,14 +1,13 @@
 """``C += op(A) @ op(B)`` on on-chip tiles as TIR loop nests, for the CPU.
 
-The bulk of ``C`` is computed in register tiles of :data:`ROWS` rows by
-:data:`VECTORS_PER_ROW` vectors (of the target's width): the tile of ``C`` is loaded into a
-small local array once, then for every ``k`` one row segment of ``B`` (converted to the
-accumulator type) is multiplied by one element of ``A`` per row and added in, and the tile
-is stored back after the last ``k``. The rows and vectors of a tile are unrolled here, in
-Python, so every access to the local arrays has a constant offset and LLVM keeps them in
-vector registers: each ``k`` step is ``ROWS * VECTORS_PER_ROW`` fused multiply-adds on
-registers, with no load or store of ``C``. Columns left over go in tiles of one vector,
-then of 8 lanes; the rest, and rows left over, use a plain i-k-j nest with the j loop
+The bulk of ``C`` is computed in register tiles of :data:`ROWS` rows by one vector (of the
+target's width): the tile of ``C`` is loaded into a small local array once, then for every
+``k`` one row segment of ``B`` (converted to the accumulator type) is multiplied by one
+element of ``A`` per row and added in, and the tile is stored back after the last ``k``. The
+rows of a tile are unrolled here, in Python, so every access to the local arrays has a
+constant offset and LLVM keeps them in vector registers: each ``k`` step is one fused
+multiply-add per row on registers, with no load or store of ``C``. Columns left over go in
+tiles of 8 lanes; the rest, and rows left over, use a plain i-k-j nest with the j loop
 vectorised. bfloat16 operands on a target with the bfloat16 dot go to :mod:`.gemm_bf16`;
 both skip the tiles past the bounds :mod:`..passes.gemm_edges` notes (:mod:`.gemm_live`).
 
@@ -29,13 +28,13 @@ from .context import FALLBACK_LANES, Lowering, extent
 from .gemm_bf16 import lower_gemm_bf16
 from .gemm_live import Live, when
 
-ROWS = 4
-VECTORS_PER_ROW = 2
-"""A register tile is ``ROWS`` x ``VECTORS_PER_ROW`` vectors of the target's width: 8
-accumulators, two vectors of ``B`` and a broadcast of ``A`` fit the 16 vector registers of
-AVX2 as well as the 32 of AVX-512. Measured on AVX-512 (Zen 4) for 1024^3 float32:
-4 x 2 vectors 12.0-12.9 ms, 4 x 4 12.2-12.7, 8 x 2 12.9-13.1, 6 x 3 12.9-13.2 (XLA 10.4-11.0);
-with half-width vectors (4 x 4 x 8 lanes) 13.8-14.7."""
+ROWS = (8, 4)
+"""A register tile is ``ROWS[0]`` rows by one vector of the target's width, and rows left
+over take tiles of ``ROWS[1]`` rows: 8 accumulators, a vector of ``B`` and the broadcasts of
+``A``, which LLVM folds into the multiply-adds since each is used once, fit the 16 vector
+registers of AVX2 as well as the 32 of AVX-512. Measured on AVX-512 (Zen 4) for 1024^3
+float32 with 64 x 64 x 64 tiles, all in one process, medians of 21 calls on 2 threads: 8 x 1
+vectors 12.6-12.9 ms, 16 x 1 12.4-12.9, 8 x 2 12.6-12.9, 4 x 2 13.4-14.6 (XLA 10.9-11.0)."""
 
 
 def lower_gemm(low: Lowering, op: ir.Op, *, lanes: int) -> None:
@@ -92,16 +91,21 @@ def _lower_fma(low: Lowering, a: dict, lanes: int, live: Live) -> None:
     def b_at(kk: Expr, j: Expr) -> Expr:
         return ew.convert(B[kk, j], str(B.dtype), acc, low.bind)
 
-    m_main = m - m % ROWS
-    # Columns in register tiles of VECTORS_PER_ROW vectors, then of one vector, then of
-    # one 8-lane vector (a 64 x 40 tile: 32 + 8), the rest in the i-k-j nest.
+    # Rows in bands of ROWS[0] then ROWS[1] rows, each band's columns in register tiles of
+    # one vector, then of one 8-lane vector (a 64 x 40 tile: 32 + 8), the rest of the
+    # columns and rows in the i-k-j nest.
+    bands, m_main = [], 0
+    for rows in ROWS:
+        stop = m_main + (m - m_main) // rows * rows
+        if stop > m_main:
+            bands.append((m_main, stop, rows))
+        m_main = stop
     n_main = 0
-    for width, vectors in ((lanes, VECTORS_PER_ROW), (lanes, 1), (FALLBACK_LANES, 1)):
-        cols = width * vectors
-        end = n_main + (n - n_main) // cols * cols
-        if m_main and end > n_main:
-            _register_tiles(low, C, a_at, b_at, (m_main, (n_main, end), k),
-                            (width, vectors), live)
+    for width in (lanes, FALLBACK_LANES):
+        end = n_main + (n - n_main) // width * width
+        if end > n_main:
+            for band in bands:
+                _register_tiles(low, C, a_at, b_at, (band, (n_main, end), k), width, live)
         n_main = end
     if m_main < m:
         with when(low, live.reaches(0, m_main)):
@@ -112,38 +116,34 @@ def _lower_fma(low: Lowering, a: dict, lanes: int, live: Live) -> None:
 
 
 def _register_tiles(low: Lowering, C: tirx.Buffer, a_at: Callable, b_at: Callable,
-                    mnk: tuple[int, tuple[int, int], int], vector: tuple[int, int],
+                    mnk: tuple[tuple[int, int, int], tuple[int, int], int], lanes: int,
                     live: Live) -> None:
-    """Rows ``0..m`` and columns ``start..stop`` of ``C`` in tiles of ``ROWS`` rows by
-    ``vectors`` vectors of ``lanes``."""
+    """Rows ``first..stop`` and columns ``start..stop`` of ``C`` in tiles of ``rows`` rows
+    by one vector of ``lanes``."""
     kb, acc = low.kb, str(C.dtype)
-    m, (start, stop), k = mnk
-    lanes, vectors = vector
-    cols = vectors * lanes
-    tile = kb.alloc_local(low.name("ctile"), (ROWS, cols), acc)
-    b_row = kb.alloc_local(low.name("brow"), (cols,), acc)
+    (first, last, rows), (start, stop), k = mnk
+    tile = kb.alloc_local(low.name("ctile"), (rows, lanes), acc)
+    b_row = kb.alloc_local(low.name("brow"), (lanes,), acc)
 
-    def each_vector(body: Callable[[int, int, Expr], None]) -> None:
-        for r in range(ROWS):
-            for w in range(0, cols, lanes):
-                with kb.loop(low.name("v"), lanes, kind="vectorized") as v:
-                    body(r, w, v)
+    def each_row(body: Callable[[int, Expr], None]) -> None:
+        for r in range(rows):
+            with kb.loop(low.name("v"), lanes, kind="vectorized") as v:
+                body(r, v)
 
-    # Column strips outermost: one strip of B (K x cols) serves every row tile while it is
-    # in L1. Rows outermost streamed all of B from L2 for every 4 rows: 1024^3 float32 with
-    # 64 x 64 x 64 tiles, one Zen 4 core, 27.0 ms against 25.0.
-    with kb.loop(low.name("nt"), live.tiles(1, (stop - start) // cols, cols, start)) as jt, \
-            kb.loop(low.name("mt"), live.tiles(0, m // ROWS, ROWS)) as it:
-        i0, j0 = it * ROWS, start + jt * cols
-        each_vector(lambda r, w, v: kb.store(tile, [r, w + v], C[i0 + r, j0 + w + v]))
+    # Column strips outermost: one strip of B (K x lanes) serves every row tile while it is
+    # in L1. Rows outermost streamed all of B from L2 for every row tile: 1024^3 float32
+    # with 64 x 64 x 64 tiles, one Zen 4 core, 27.0 ms against 25.0.
+    with kb.loop(low.name("nt"), live.tiles(1, (stop - start) // lanes, lanes, start)) as jt, \
+            kb.loop(low.name("mt"), live.tiles(0, (last - first) // rows, rows, first)) as it:
+        i0, j0 = first + it * rows, start + jt * lanes
+        each_row(lambda r, v: kb.store(tile, [r, v], C[i0 + r, j0 + v]))
         with kb.loop(low.name("k"), k) as kk:
-            for w in range(0, cols, lanes):
-                with kb.loop(low.name("v"), lanes, kind="vectorized") as v:
-                    kb.store(b_row, [w + v], b_at(kk, j0 + w + v))
-            a_vals = [a_at(i0 + r, kk) for r in range(ROWS)]
-            each_vector(lambda r, w, v: kb.store(
-                tile, [r, w + v], tirx.Add(tile[r, w + v], tirx.Mul(a_vals[r], b_row[w + v]))))
-        each_vector(lambda r, w, v: kb.store(C, [i0 + r, j0 + w + v], tile[r, w + v]))
+            with kb.loop(low.name("v"), lanes, kind="vectorized") as v:
+                kb.store(b_row, [v], b_at(kk, j0 + v))
+            a_vals = [a_at(i0 + r, kk) for r in range(rows)]
+            each_row(lambda r, v: kb.store(
+                tile, [r, v], tirx.Add(tile[r, v], tirx.Mul(a_vals[r], b_row[v]))))
+        each_row(lambda r, v: kb.store(C, [i0 + r, j0 + v], tile[r, v]))
 
 
 def _plain(low: Lowering, C: tirx.Buffer, a_at: Callable, b_at: Callable,

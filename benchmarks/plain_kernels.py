@@ -259,22 +259,35 @@ def _cases(key) -> dict:
                                  1e-2),
         "cross_entropy_rows8": (cross_entropy, _cross_entropy, (logits, labels), None, 1e-4),
     }
-    attention = getattr(jt.ops, "attention", None)
-    if attention is not None:
-        q, k, v = (jax.random.normal(kk, (1, 8, 1024, 64), jnp.float32)
-                   for kk in jax.random.split(ks[0], 3))
-        for causal in (False, True):
-            def ours(q, k, v, causal=causal):
-                return attention(q, k, v, causal=causal)
+    attention = jt.ops.attention
+    q, k, v = (jax.random.normal(kk, (1, 8, 1024, 64), jnp.float32)
+               for kk in jax.random.split(ks[0], 3))
+    for causal in (False, True):
+        def ours(q, k, v, causal=causal):
+            return attention(q, k, v, causal=causal)
 
-            def theirs(q, k, v, causal=causal):
-                t = (0, 2, 1, 3)       # jax.nn's layout is (batch, seq, heads, dim)
-                return jax.nn.dot_product_attention(
-                    q.transpose(t), k.transpose(t), v.transpose(t),
-                    is_causal=causal).transpose(t)
+        def theirs(q, k, v, causal=causal):
+            t = (0, 2, 1, 3)       # jax.nn's layout is (batch, seq, heads, dim)
+            return jax.nn.dot_product_attention(
+                q.transpose(t), k.transpose(t), v.transpose(t),
+                is_causal=causal).transpose(t)
 
-            name = "attention_fwd_causal" if causal else "attention_fwd"
-            cases[name] = (ours, theirs, (q, k, v), None, 1e-4)
+        name = "attention_fwd_causal" if causal else "attention_fwd"
+        cases[name] = (ours, theirs, (q, k, v), None, 1e-4)
+    g = jax.random.normal(ks[1], q.shape, jnp.float32)
+
+    def backward(fn):
+        # The gradients of <fn(q, k, v), g> in q, k and v: the backward pass, with the
+        # forward it needs; stacked so that the case has one output.
+        def run(q, k, v):
+            grads = jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v) * g), (0, 1, 2))(q, k, v)
+            return jnp.stack(grads)
+        return run
+
+    cases["attention_bwd"] = (backward(lambda q, k, v: attention(q, k, v)),
+                              backward(lambda q, k, v: jax.nn.dot_product_attention(
+                                  *(t.transpose(0, 2, 1, 3) for t in (q, k, v))
+                              ).transpose(0, 2, 1, 3)), (q, k, v), None, 1e-4)
     return cases
 
 

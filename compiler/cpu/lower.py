@@ -27,7 +27,7 @@ from .. import ir, sizes
 from ..errors import kernel_error
 from ..passes.liveness import live_intervals, share_storage
 from ..target import Target
-from . import bf16_dot, block_groups, copies, forwarding, rows, tir_emit
+from . import bf16_dot, block_groups, copies, copy_reuse, forwarding, rows, tir_emit
 from . import elementwise as ew
 from .atomics import lower_atomic
 from .context import FALLBACK_LANES, extent
@@ -90,6 +90,9 @@ class _Lowering:
             for v in ir.uses(stmt):
                 self._users.setdefault(v.id, []).append(stmt)
         self._names = 0
+        self._reused: dict[int, tuple[list[ir.Value], tirx.Buffer, tirx.Buffer]] = {}
+        """Shared copies (:mod:`.copy_reuse`): their start values, the starts they last
+        copied from and whether they have copied in this call."""
 
     def size(self, size: sizes.Size, dtype: str = "int32") -> int | Expr:
         """A buffer dimension or grid extent: an int, or an expression of the dynamic sizes
@@ -381,9 +384,6 @@ class _Lowering:
             else:
                 self.kb.store(buf, coords, v)
 
-    def copy(self, op: ir.Op) -> None:
-        lower_copy(self, op)
-
     def snapshot(self, region: ir.Region, transpose: bool = False) -> str:
         """A fresh local copy of a 2-D tile of an on-chip buffer (transposed if asked), for
         ops that read what they write, want another layout, or work on whole buffers."""
@@ -414,27 +414,65 @@ class _Lowering:
 
     def run(self) -> tirx.PrimFunc:
         grouping = block_groups.plan(self.kernel)
-        if grouping is None:
-            with self.kb.block_loop() as blk:
-                self._decode(blk)
-                self.body(self.kernel.body)
-        else:
+        if grouping is not None:
             self._grouped(grouping)
+            return self.kb.finish()
+        reuse = copy_reuse.plan(self.kernel)
+        order = None
+        if reuse is not None:
+            order = [reuse.fastest] + [a for a in range(len(self.kernel.grid))
+                                       if a != reuse.fastest]
+            self._reuse_copies(reuse)
+        with self.kb.block_loop() as blk:
+            self._decode(blk, order=order)
+            self.body(self.kernel.body)
         return self.kb.finish()
 
-    def _decode(self, blk: Expr, offset: Expr | int = 0) -> None:
-        """Bind the block indices of block ``blk``, with ``offset`` added to index 0."""
-        extents = [self.size(n, "int64") for n in self.kernel.grid]
-        strides = [math.prod(extents[:axis], start=1) for axis in range(len(extents))]
-        # Decoded outermost axis first, by truncating division (the operands are not
+    def _reuse_copies(self, reuse: copy_reuse.Reuse) -> None:
+        """Before the block loop: for each shared copy (:mod:`.copy_reuse`), the array of the
+        starts it last copied from and a flag that it has copied at all in this call."""
+        self._reused = {}
+        for stmt in self.kernel.body:
+            if id(stmt) in reuse.copies:
+                keys = stmt.attrs["src"].values()
+                last = self.kb.alloc_local(self.name("last"), (max(len(keys), 1),), "int32")
+                done = self.kb.alloc_local(self.name("copied"), (1,), "int32")
+                self.kb.store(done, [0], tirx.const(0, "int32"))
+                self._reused[id(stmt)] = (keys, last, done)
+
+    def copy(self, op: ir.Op) -> None:
+        reused = self._reused.get(id(op))
+        if reused is None:
+            lower_copy(self, op)
+            return
+        keys, last, done = reused
+        changed = done[0] == tirx.const(0, "int32")
+        for n, v in enumerate(keys):
+            changed = tirx.Or(changed, last[n] != self.scalars[v.id])
+        with self.kb.if_(changed):
+            lower_copy(self, op)
+            for n, v in enumerate(keys):
+                self.kb.store(last, [n], self.scalars[v.id])
+            self.kb.store(done, [0], tirx.const(1, "int32"))
+
+    def _decode(self, blk: Expr, offset: Expr | int = 0,
+                order: Sequence[int] | None = None) -> None:
+        """Bind the block indices of block ``blk``, with ``offset`` added to index 0; the
+        axes vary in ``order``, fastest first (default: axis 0 fastest)."""
+        order = list(range(len(self.kernel.grid))) if order is None else list(order)
+        extents = {a: self.size(self.kernel.grid[a], "int64") for a in order}
+        strides = {a: math.prod([extents[b] for b in order[:pos]], start=1)
+                   for pos, a in enumerate(order)}
+        # Decoded slowest axis first, by truncating division (the operands are not
         # negative): TVM 0.27's LowerIntrin fails on a floordiv by a dynamic extent
         # here ("Let cannot bind the same var to two different values").
         rest = blk
         coords = {}
-        for axis in reversed(range(len(extents))):
+        for pos in reversed(range(len(order))):
+            axis = order[pos]
             stride = strides[axis]
             coords[axis] = rest if _is_one(stride) else tirx.truncdiv(rest, stride)
-            if axis:
+            if pos:
                 rest = self.kb.let(self.name("r"), rest - coords[axis] * stride)
         for axis, v in enumerate(self.kernel.block_indices):
             coord = tirx.Cast("int32", coords[axis])

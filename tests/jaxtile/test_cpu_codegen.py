@@ -126,12 +126,16 @@ def _gemms(kernel):
 
 
 def test_gemm_panels_coarsen_the_k_loop_and_its_remainder():
-    a = jnp.zeros((20, 1000), jnp.float32)
-    kernel = _cpu_ir(matmul.lower(a, a.T, bk=16))       # 63 steps of 16
+    a = jnp.zeros((20, 5000), jnp.float32)
+    kernel = _cpu_ir(matmul.lower(a, a.T, bk=16))       # 313 steps of 16
     k_extents = [kernel.buffer(g.attrs["a"].buffer).shape[1] for g in _gemms(kernel)]
-    assert k_extents == [256, 240]                      # 3 panels of 16 steps, one of 15
+    assert k_extents == [256, 144]                      # 19 panels of 16 steps, one of 9
     assert {b.name for b in kernel.buffers if b.role == "scratch"} == {
         "frag0", "smem0_panel", "smem1_panel", "smem0_panel1", "smem1_panel1"}
+    # All of K in one panel when both panels fit the budget (63 steps of 16 here).
+    a = jnp.zeros((20, 1000), jnp.float32)
+    kernel = _cpu_ir(matmul.lower(a, a.T, bk=16))
+    assert [kernel.buffer(g.attrs["a"].buffer).shape[1] for g in _gemms(kernel)] == [1008]
     # A loop that already takes K in one step is left alone.
     kernel = _cpu_ir(matmul.lower(a[:, :64], a[:, :64].T, bk=64))
     assert [kernel.buffer(g.attrs["a"].buffer).shape[1] for g in _gemms(kernel)] == [64]
@@ -139,7 +143,7 @@ def test_gemm_panels_coarsen_the_k_loop_and_its_remainder():
 
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=["f32", "bf16"])
 def test_coarsened_gemm_matches_numpy_on_ragged_shapes(rng, dtype):
-    m, k, n = 37, 300, 29                               # 38 steps of 8: panels of 32 and 6
+    m, k, n = 37, 300, 29                               # 38 steps of 8, one panel of all K
     a = data(rng, (m, k), dtype, edges=False)
     b = data(rng, (k, n), dtype, edges=False)
     exact = np.asarray(a, np.float64) @ np.asarray(b, np.float64)

@@ -88,7 +88,8 @@ def _gemm_notes(kernel, *args, **params):
 
 def test_only_the_ragged_axes_get_a_bound():
     z = jnp.zeros
-    both = _gemm_notes(matmul_bias_relu, z((37, 300)), z((300, 45)), z((45,)))
+    # K = 5000: panels over the whole-K budget, so 256-deep ones and a remainder.
+    both = _gemm_notes(matmul_bias_relu, z((37, 5000)), z((5000, 45)), z((45,)))
     assert len(both) == 2                               # a panel and the remainder panel
     assert all(rows is not None and cols is not None for rows, cols in both)
     assert both[0] == both[1]                           # one bound per accumulator

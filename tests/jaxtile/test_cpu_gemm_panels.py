@@ -52,17 +52,25 @@ def test_side_by_side_tiles_are_copied_at_once():
     x = jnp.zeros((20, 300), jnp.float32)
     y = jnp.zeros((300, 40), jnp.float32)
     kernel = build.lowered_ir(matmul.lower(x, y).kernel, parse_target("cpu"))
-    # 38 steps of 8: a panel of 32 steps (256) and one of 6 (48), one copy per operand each.
-    assert sorted(_copies(kernel)) == [(48, "smem0_panel1"), (48, "smem1_panel1"),
+    # 38 steps of 8 in one panel of all of K (304): 16 x 304 and 304 x 32 float32 fit the
+    # budget; one copy per operand, and no K loop left.
+    assert sorted(_copies(kernel)) == [(304, "smem0_panel"), (304, "smem1_panel")]
+    assert not any(isinstance(s, ir.For) for s in kernel.body)
+    # 625 steps: 16 x 5000 float32 is over the budget, so panels of 32 steps (256) and one
+    # of the 17 left (136).
+    x, y = jnp.zeros((20, 5000), jnp.float32), jnp.zeros((5000, 40), jnp.float32)
+    kernel = build.lowered_ir(matmul.lower(x, y).kernel, parse_target("cpu"))
+    assert sorted(_copies(kernel)) == [(136, "smem0_panel1"), (136, "smem1_panel1"),
                                        (256, "smem0_panel"), (256, "smem1_panel")]
     kernel = build.lowered_ir(matmul.lower(x, y, backwards=True).kernel, parse_target("cpu"))
     assert {size for size, _ in _copies(kernel)} == {8}           # one copy per tile
 
 
+@pytest.mark.parametrize("k", [300, 5000], ids=["one_panel", "panels_and_rest"])
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("backwards", [False, True], ids=["forwards", "backwards"])
-def test_panel_copies_give_the_loop_as_written(rng, dtype, backwards):
-    m, k, n = 37, 300, 45
+def test_panel_copies_give_the_loop_as_written(rng, dtype, backwards, k):
+    m, n = 37, 45
     a = data(rng, (m, k), dtype, edges=False)
     b = data(rng, (k, n), dtype, edges=False)
     got = np.asarray(jax.jit(lambda a, b: matmul(a, b, backwards=backwards))(a, b))
@@ -74,5 +82,5 @@ def test_panel_copies_give_the_loop_as_written(rng, dtype, backwards):
     assert (np.abs(got - ref) <= 2 * bound + 1e-30).all()
     if not backwards:
         # One step over all of K adds the same products in the same order.
-        whole = jax.jit(lambda a, b: matmul(a, b, bk=304))(a, b)
+        whole = jax.jit(lambda a, b: matmul(a, b, bk=-(-k // 8) * 8))(a, b)
         np.testing.assert_array_equal(got, np.asarray(whole))

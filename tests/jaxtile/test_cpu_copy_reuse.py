@@ -1,0 +1,128 @@
+"""Copies shared by the blocks of a call on the CPU (``compiler/cpu/copy_reuse.py``): which
+copies are made once and in which block order, and the results, for whole calls and for
+calls that run any part of the grid, against the reference semantics and numpy."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from language_helpers import BF16, F32, data
+
+import jaxtile as jt
+from jaxtile import _ffi
+from jaxtile.compiler import build
+from jaxtile.compiler.cpu import copy_reuse
+from jaxtile.compiler.target import parse_target
+
+
+@jt.kernel
+def matmul(a, b, *, bm=16, bn=32, bk=8):
+    m, k = a.shape
+    n = b.shape[1]
+    c = jt.empty((m, n), jnp.float32)
+    j, i = jt.grid(jt.cdiv(n, bn), jt.cdiv(m, bm))
+    a_s = jt.shared((bm, bk), a.dtype)
+    b_s = jt.shared((bk, bn), b.dtype)
+    acc = jt.fragment((bm, bn), jnp.float32)
+    acc[...] = jnp.zeros((bm, bn), jnp.float32)
+
+    @jt.loop(jt.cdiv(k, bk))
+    def _(kk):
+        jt.copy(a.at[i * bm, kk * bk], a_s)
+        jt.copy(b.at[kk * bk, j * bn], b_s)
+        jt.gemm(a_s, b_s, acc)
+
+    jt.copy(acc, c.at[i * bm, j * bn])
+    return c
+
+
+@jt.kernel
+def scaled_rows(x, w, *, rows=8):
+    """``w`` is copied into a fragment that loads read: forwarding may leave it unfilled,
+    so it is not shared."""
+    out = jt.empty(x.shape, x.dtype)
+    i = jt.grid(jt.cdiv(x.shape[0], rows))
+    t = jt.fragment((rows, x.shape[1]), jnp.float32)
+    w_t = jt.fragment((x.shape[1],), jnp.float32)
+    jt.copy(x.at[i * rows, 0], t)
+    jt.copy(w, w_t)
+    t[...] = t[...] * w_t[...][None, :]
+    jt.copy(t, out.at[i * rows, 0])
+    return out
+
+
+def _plan(kernel, *args, **params):
+    lowered = build.lowered_ir(kernel.lower(*args, **params).kernel, parse_target("cpu"))
+    return copy_reuse.plan(lowered), lowered
+
+
+def _shared_sources(plan, lowered):
+    return sorted(s.attrs["src"].buffer for s in lowered.body if id(s) in plan.copies)
+
+
+def test_the_panel_of_b_is_shared_with_the_row_blocks_fastest():
+    a, b = jnp.zeros((64, 96), F32), jnp.zeros((96, 128), F32)
+    plan, lowered = _plan(matmul, a, b)
+    # The copy of B (256-byte rows) costs more than A's (384-byte rows, as many bytes):
+    # blocks down a column of C run one after another and share it.
+    assert plan.fastest == 1 and _shared_sources(plan, lowered) == ["b"]
+    # One column of blocks: A's copy depends on the only axis that moves; B's is shared.
+    plan, lowered = _plan(matmul, a, jnp.zeros((96, 32), F32))
+    assert plan.fastest == 1 and _shared_sources(plan, lowered) == ["b"]
+    # One row of blocks: the copy of A is the one to share.
+    plan, lowered = _plan(matmul, jnp.zeros((16, 96), F32), b)
+    assert plan.fastest == 0 and _shared_sources(plan, lowered) == ["a"]
+
+
+def test_copies_not_shared():
+    # A K loop too deep for one panel keeps its copies in the loop, unshared; only the
+    # remainder panel (17 steps of 8, all of its K in one copy) is the block's own.
+    plan, lowered = _plan(matmul, jnp.zeros((32, 5000), F32), jnp.zeros((5000, 64), F32))
+    shared = [s for s in lowered.body if id(s) in plan.copies]
+    assert [(s.attrs["src"].buffer, s.attrs["src"].index[0].size) for s in shared] == \
+        [("b", 136)]
+    plan, _ = _plan(scaled_rows, jnp.zeros((64, 128), F32), jnp.zeros((128,), F32))
+    assert plan is None
+
+
+def _bound(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return a.shape[1] * 2.0 ** -24 * (np.abs(a) @ np.abs(b)) + 1e-30
+
+
+@pytest.mark.parametrize("shape", [(37, 300, 45), (64, 96, 128)], ids=["ragged", "even"])
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=["f32", "bf16"])
+def test_shared_copies_give_the_product(rng, shape, dtype):
+    m, k, n = shape
+    a, b = data(rng, (m, k), dtype, edges=False), data(rng, (k, n), dtype, edges=False)
+    plan, _ = _plan(matmul, a, b)
+    assert plan is not None
+    got = np.asarray(jax.jit(matmul)(a, b))
+    exact = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
+    assert (np.abs(got - exact) <= _bound(a, b)).all()
+    ref = np.asarray(matmul.reference(a, b))
+    assert (np.abs(got - ref) <= 2 * _bound(a, b)).all()
+
+
+def _aligned(a):
+    raw = np.empty(a.size + 16, a.dtype)
+    start = (-raw.ctypes.data % 64) // a.dtype.itemsize
+    out = raw[start:start + a.size].reshape(a.shape)
+    out[...] = a
+    return out
+
+
+@pytest.mark.parametrize("cuts", [(0, 16), (0, 5, 16), (0, 7, 9, 16), tuple(range(17))])
+def test_calls_over_parts_of_the_grid(rng, cuts):
+    """However the runtime splits the grid into calls (one per thread chunk), each call
+    starts with nothing shared, and together they compute the product."""
+    a = np.asarray(data(rng, (64, 96), F32, edges=False))
+    b = np.asarray(data(rng, (96, 128), F32, edges=False))
+    lowered = matmul.lower(a, b)                       # grid (4, 4)
+    want = np.asarray(jax.jit(matmul)(a, b))           # also loads the kernel
+    out = _aligned(np.full((64, 128), np.nan, np.float32))
+    args = [_aligned(a), _aligned(b), out]
+    for begin, end in zip(cuts, cuts[1:]):
+        _ffi.call_kernel(lowered.key, args, begin, end)
+    np.testing.assert_array_equal(out, want)
+    assert (np.abs(out - np.asarray(a, np.float64) @ b) <= _bound(a, b)).all()

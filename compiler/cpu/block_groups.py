@@ -28,10 +28,15 @@ RUN_BYTES = 4096
 
 @dataclasses.dataclass(frozen=True)
 class Grouping:
-    """Run ``size`` consecutive blocks of the grid's axis 0 together, ``rows`` rows each."""
+    """Run ``size`` consecutive blocks of the grid's axis 0 together, ``rows`` rows each:
+    the kernel body's scalar ops (``scalars``), then row by row the ``forwarded`` statements
+    of its one forwarded ``segment``."""
 
     size: int
     rows: int
+    segment: forwarding.Segment
+    scalars: tuple[ir.Op, ...]
+    forwarded: tuple[ir.Op, ...]
 
 
 def plan(kernel: ir.Kernel) -> Grouping | None:
@@ -68,7 +73,10 @@ def plan(kernel: ir.Kernel) -> Grouping | None:
         return None
     size = max(g for g in range(1, grid[0] + 1)
                if grid[0] % g == 0 and g * row_bytes <= RUN_BYTES)
-    return Grouping(size, n_rows) if size > 1 else None
+    if size == 1:
+        return None
+    return Grouping(size, n_rows, segment, tuple(s for s in body if _scalar(s)),
+                    tuple(forwarded))
 
 
 def _scalar(stmt: ir.Stmt) -> bool:

@@ -13,7 +13,7 @@ order is the runtime's to choose).
 
 :func:`plan` finds such copies and the axis; the lowering (``Lowering.run``) decodes the
 block index with that axis fastest and emits each copy under ``if`` its starts differ from
-the ones it last copied from.
+the ones it last copied from (:class:`Shared`).
 """
 
 from __future__ import annotations
@@ -21,8 +21,11 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+from tvm import tirx
 
-from .. import ir
+from .. import ir, op_defs
+from .context import Lowering
+from .copies import lower_copy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,11 +58,10 @@ def plan(kernel: ir.Kernel) -> Reuse | None:
     for stmt in ir.walk(kernel.body):
         if not isinstance(stmt, ir.Op):
             continue
-        for name in _written(stmt):
-            writers[name] = writers.get(name, 0) + 1
-        for r in ir.regions(stmt):
-            if r.buffer not in _written(stmt) or stmt.kind == "gemm":
-                readers.setdefault(r.buffer, set()).add(stmt.kind)
+        for r in op_defs.writes(stmt):
+            writers[r.buffer] = writers.get(r.buffer, 0) + 1
+        for r in op_defs.reads(stmt):
+            readers.setdefault(r.buffer, set()).add(stmt.kind)
     defs = {s.result.id: s for s in kernel.body if isinstance(s, ir.Op) and s.result is not None}
     axes = {v.id: a for a, v in enumerate(kernel.block_indices)}
     candidates = []   # (copy, the axes its starts depend on, its cost)
@@ -97,20 +99,6 @@ def _cost(src: ir.Region, buf: ir.Buffer) -> int:
     return int(np.prod(shape)) * buf.dtype.itemsize + 256 * runs
 
 
-def _written(op: ir.Op) -> list[str]:
-    """The buffers ``op`` writes."""
-    a = op.attrs
-    if op.kind == "copy":
-        return [a["dst"].buffer]
-    if op.kind == "gemm":
-        return [a["c"].buffer]
-    if "dst" in a and isinstance(a["dst"], ir.Region):
-        return [a["dst"].buffer]
-    if op.kind in ("atomic", "sort", "scan", "argreduce"):
-        return [r.buffer for r in ir.regions(op)]
-    return []
-
-
 def _axes_of(v: ir.Value, defs: dict[int, ir.Op], axes: dict[int, int]) -> set[int]:
     """The grid axes whose block index scalar ``v`` is computed from."""
     if v.id in axes:
@@ -122,3 +110,34 @@ def _axes_of(v: ir.Value, defs: dict[int, ir.Op], axes: dict[int, int]) -> set[i
     for o in op.operands:
         out |= _axes_of(o, defs, axes)
     return out
+
+
+class Shared:
+    """The lowering's side of the shared copies of :func:`plan`: what each copied last."""
+
+    def __init__(self, low: Lowering, kernel: ir.Kernel, reuse: Reuse) -> None:
+        """Emit, before the block loop, for each shared copy the array of the starts it last
+        copied from and a flag that it has copied at all in this call."""
+        self._last: dict[int, tuple[list[ir.Value], tirx.Buffer, tirx.Buffer]] = {}
+        for stmt in kernel.body:
+            if id(stmt) in reuse.copies:
+                keys = stmt.attrs["src"].values()
+                last = low.kb.alloc_local(low.name("last"), (max(len(keys), 1),), "int32")
+                done = low.kb.alloc_local(low.name("copied"), (1,), "int32")
+                low.kb.store(done, [0], tirx.const(0, "int32"))
+                self._last[id(stmt)] = (keys, last, done)
+
+    def copy(self, low: Lowering, op: ir.Op) -> None:
+        """Emit copy ``op``: as is, or for a shared copy under ``if`` its starts changed."""
+        if id(op) not in self._last:
+            lower_copy(low, op)
+            return
+        keys, last, done = self._last[id(op)]
+        changed = done[0] == tirx.const(0, "int32")
+        for n, v in enumerate(keys):
+            changed = tirx.Or(changed, last[n] != low.scalars[v.id])
+        with low.kb.if_(changed):
+            lower_copy(low, op)
+            for n, v in enumerate(keys):
+                low.kb.store(last, [n], low.scalars[v.id])
+            low.kb.store(done, [0], tirx.const(1, "int32"))

@@ -31,7 +31,6 @@ from . import bf16_dot, block_groups, copies, copy_reuse, forwarding, rows, tir_
 from . import elementwise as ew
 from .atomics import lower_atomic
 from .context import FALLBACK_LANES, extent
-from .copies import lower_copy
 from .gemm import lower_gemm
 from .reductions import lower_reduce
 from .scans import lower_argreduce, lower_scan
@@ -90,9 +89,8 @@ class _Lowering:
             for v in ir.uses(stmt):
                 self._users.setdefault(v.id, []).append(stmt)
         self._names = 0
-        self._reused: dict[int, tuple[list[ir.Value], tirx.Buffer, tirx.Buffer]] = {}
-        """Shared copies (:mod:`.copy_reuse`): their start values, the starts they last
-        copied from and whether they have copied in this call."""
+        self._shared = copy_reuse.Shared(self, kernel, copy_reuse.Reuse(frozenset(), 0))
+        """The copies the blocks of a call share (:mod:`.copy_reuse`); none by default."""
 
     def size(self, size: sizes.Size, dtype: str = "int32") -> int | Expr:
         """A buffer dimension or grid extent: an int, or an expression of the dynamic sizes
@@ -422,38 +420,14 @@ class _Lowering:
         if reuse is not None:
             order = [reuse.fastest] + [a for a in range(len(self.kernel.grid))
                                        if a != reuse.fastest]
-            self._reuse_copies(reuse)
+            self._shared = copy_reuse.Shared(self, self.kernel, reuse)
         with self.kb.block_loop() as blk:
             self._decode(blk, order=order)
             self.body(self.kernel.body)
         return self.kb.finish()
 
-    def _reuse_copies(self, reuse: copy_reuse.Reuse) -> None:
-        """Before the block loop: for each shared copy (:mod:`.copy_reuse`), the array of the
-        starts it last copied from and a flag that it has copied at all in this call."""
-        self._reused = {}
-        for stmt in self.kernel.body:
-            if id(stmt) in reuse.copies:
-                keys = stmt.attrs["src"].values()
-                last = self.kb.alloc_local(self.name("last"), (max(len(keys), 1),), "int32")
-                done = self.kb.alloc_local(self.name("copied"), (1,), "int32")
-                self.kb.store(done, [0], tirx.const(0, "int32"))
-                self._reused[id(stmt)] = (keys, last, done)
-
     def copy(self, op: ir.Op) -> None:
-        reused = self._reused.get(id(op))
-        if reused is None:
-            lower_copy(self, op)
-            return
-        keys, last, done = reused
-        changed = done[0] == tirx.const(0, "int32")
-        for n, v in enumerate(keys):
-            changed = tirx.Or(changed, last[n] != self.scalars[v.id])
-        with self.kb.if_(changed):
-            lower_copy(self, op)
-            for n, v in enumerate(keys):
-                self.kb.store(last, [n], self.scalars[v.id])
-            self.kb.store(done, [0], tirx.const(1, "int32"))
+        self._shared.copy(self, op)
 
     def _decode(self, blk: Expr, offset: Expr | int = 0,
                 order: Sequence[int] | None = None) -> None:
@@ -490,12 +464,7 @@ class _Lowering:
             with kb.if_(tirx.Or(blk < first * g, blk >= last * g)):
                 self._decode(blk)
                 self.body(body)
-        segment = forwarding.plan(self.kernel, body)
-        scalars = [s for s in body if s.result is not None and s.result.shape == ()]
-        positions = range(segment.first, segment.last + 1)
-        scalar_ids = {id(s) for s in scalars}
-        forwarded = [s for i, s in enumerate(body) if i in positions
-                     and i not in segment.skip and id(s) not in scalar_ids]
+        segment, scalars, forwarded = grouping.segment, grouping.scalars, grouping.forwarded
         with kb.loop(self.name("group"), last - first, start=first) as grp:
             # Block starts move right with index 0, so a group is inside its buffers when
             # its first and last blocks are.
@@ -518,7 +487,7 @@ class _Lowering:
                     self._decode(grp * g, q)
                     self.body(body)
 
-    def _rows(self, segment: forwarding.Segment, forwarded: list[ir.Stmt], n_rows: int,
+    def _rows(self, segment: forwarding.Segment, forwarded: Sequence[ir.Stmt], n_rows: int,
               r: Expr) -> None:
         """Row ``r`` of the forwarded statements of ``segment``."""
         self.forwards = {f.fragment: f for f in segment.forwards}

@@ -79,6 +79,17 @@ def data(rng, shape, dtype, *, scale=2.0, edges=True, low=None):
     return jnp.asarray(x.astype(dtype))
 
 
+def aligned(a):
+    """A copy of numpy array ``a`` at a 64-byte aligned address, as compiled kernels assume
+    (numpy promises 16): for calling them directly through ``_ffi.call_kernel``."""
+    a = np.asarray(a)
+    raw = np.empty(a.size + 64 // a.dtype.itemsize, a.dtype)
+    start = (-raw.ctypes.data % 64) // a.dtype.itemsize
+    out = raw[start:start + a.size].reshape(a.shape)
+    out[...] = a
+    return out
+
+
 def put(x, index, values):
     """``x`` with ``x[index] = values``, done in numpy (no XLA op to compile)."""
     a = np.array(x)

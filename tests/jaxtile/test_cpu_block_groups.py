@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from language_helpers import BF16, F16, F32, check, data
+from language_helpers import BF16, F16, F32, aligned, check, data
 
 import jaxtile as jt
 from jaxtile import _ffi
@@ -123,14 +123,6 @@ def test_grouped_row_reductions(rng):
     check(row_sums, [x], want.astype(np.float32), rtol=1e-5, atol=1e-5)
 
 
-def _aligned(a):
-    raw = np.empty(a.size + 16, a.dtype)
-    start = (-raw.ctypes.data % 64) // a.dtype.itemsize
-    out = raw[start:start + a.size].reshape(a.shape)
-    out[...] = a
-    return out
-
-
 @pytest.mark.parametrize("begin,end", [(3, 13), (0, 16), (5, 7), (8, 16), (0, 1)])
 def test_block_ranges_inside_groups(rng, begin, end):
     """A call's range starting or ending inside a group (the runtime splits the grid among
@@ -140,8 +132,8 @@ def test_block_ranges_inside_groups(rng, begin, end):
     lowered = bias_tanh.lower(x, b, bm=16, bn=32)   # grid (8, 2): groups of 8
     assert _groups(lowered) == [8]
     jax.block_until_ready(jax.jit(lambda x, b: bias_tanh(x, b, bm=16, bn=32))(x, b))
-    out = _aligned(np.full((32, 256), -7.0, np.float32))
-    _ffi.call_kernel(lowered.key, [_aligned(x), _aligned(b), out], begin, end)
+    out = aligned(np.full((32, 256), -7.0, np.float32))
+    _ffi.call_kernel(lowered.key, [aligned(x), aligned(b), out], begin, end)
     want = np.full((32, 256), -7.0, np.float32)
     full = _np_bias_tanh(x, b).astype(np.float32)
     for blk in range(begin, end):

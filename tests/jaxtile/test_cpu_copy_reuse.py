@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from language_helpers import BF16, F32, data
+from language_helpers import BF16, F32, aligned, data
 
 import jaxtile as jt
 from jaxtile import _ffi
@@ -104,14 +104,6 @@ def test_shared_copies_give_the_product(rng, shape, dtype):
     assert (np.abs(got - ref) <= 2 * _bound(a, b)).all()
 
 
-def _aligned(a):
-    raw = np.empty(a.size + 16, a.dtype)
-    start = (-raw.ctypes.data % 64) // a.dtype.itemsize
-    out = raw[start:start + a.size].reshape(a.shape)
-    out[...] = a
-    return out
-
-
 @pytest.mark.parametrize("cuts", [(0, 16), (0, 5, 16), (0, 7, 9, 16), tuple(range(17))])
 def test_calls_over_parts_of_the_grid(rng, cuts):
     """However the runtime splits the grid into calls (one per thread chunk), each call
@@ -120,8 +112,8 @@ def test_calls_over_parts_of_the_grid(rng, cuts):
     b = np.asarray(data(rng, (96, 128), F32, edges=False))
     lowered = matmul.lower(a, b)                       # grid (4, 4)
     want = np.asarray(jax.jit(matmul)(a, b))           # also loads the kernel
-    out = _aligned(np.full((64, 128), np.nan, np.float32))
-    args = [_aligned(a), _aligned(b), out]
+    out = aligned(np.full((64, 128), np.nan, np.float32))
+    args = [aligned(a), aligned(b), out]
     for begin, end in zip(cuts, cuts[1:]):
         _ffi.call_kernel(lowered.key, args, begin, end)
     np.testing.assert_array_equal(out, want)

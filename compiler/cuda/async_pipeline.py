@@ -1,8 +1,8 @@
 """The cp.async schedule of a pipelined loop: multi-buffering, commit and wait counts, barriers.
 
 ``@jt.pipelined(n, stages=s)`` over a loop whose iteration ``k`` first copies tile ``k`` of one
-or more global operands into shared memory and then computes on it becomes (GPU.md, "software
-pipeline"), with ``S = stages`` shared buffers per operand::
+or more global operands into shared memory and then computes on it becomes (docs/ptx_facts.md,
+"The pipeline schedule"), with ``S = stages`` shared buffers per operand::
 
     prologue   for s in 0 .. S-2:   if s < n: copy tile s -> buffer s;   commit
     iteration k (0 <= k < n):

@@ -399,7 +399,7 @@ def replicated(shape: Sequence[int], threads: int) -> Layout:
 
 def mma_accumulator(shape: Sequence[int], warps: tuple[int, int], threads: int | None = None,
                     instr: str = "m16n8k16") -> Layout:
-    """The accumulator of ``mma.sync`` m16n8 (f32 C/D, GPU.md's table) over a ``wm x wn``
+    """The accumulator of ``mma.sync`` m16n8 (f32 C/D, docs/ptx_facts.md's table) over a ``wm x wn``
     grid of warps numbered row-major (warp ``w`` is at row ``w // wn``, column ``w % wn``).
 
     Warp ``(i, j)`` owns rows ``[i*M/wm, (i+1)*M/wm)`` and columns ``[j*N/wn, ...)`` of the

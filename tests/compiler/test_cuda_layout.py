@@ -23,8 +23,8 @@ def test_mma_accumulator_matches_the_ptx_table():
     assert lay.text() == "#mma(m16n8k16, warps 1x1)"
     assert lay.num_local == 16 and lay.threads == 32
     thread, local = lay.owners()
-    # GPU.md C/D: lane L, g = L >> 2, t = L % 4: c0,c1 at row g, c2,c3 at row g + 8;
-    # column 2t + (i & 1). Atom (mi, ni) is slot group mi * 2 + ni.
+    # m16n8k16 C/D (docs/ptx_facts.md): lane L, g = L >> 2, t = L % 4: c0,c1 at row g,
+    # c2,c3 at row g + 8; column 2t + (i & 1). Atom (mi, ni) is slot group mi * 2 + ni.
     for lane in range(32):
         g, t = lane >> 2, lane % 4
         for mi in range(2):

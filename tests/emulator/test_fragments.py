@@ -1,6 +1,7 @@
 """ldmatrix and mma.sync, lane by lane, against a numpy model of the PTX ISA fragment tables.
 
-The model below is written from the tables (PTX ISA 9.7.14.5, /work/shared/GPU.md), not from
+The model below is written from the tables (PTX ISA, "Matrix Fragments for mma.m16n8k16
+with floating point type" and "ldmatrix"; summarised in docs/ptx_facts.md), not from
 the emulator's code: for each lane it says which matrix element each register half holds.
 """
 
@@ -73,8 +74,8 @@ def test_ldmatrix_lane_by_lane(ldmatrix_probe, count, trans):
 
 
 def test_ldmatrix_x4_gives_the_mma_a_fragment(ldmatrix_probe):
-    # GPU.md: .x4 over (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15),
-    # (rows 8-15, k 8-15) of a row-major 16x16 tile is the m16n8k16 A fragment.
+    # ldmatrix (docs/ptx_facts.md): .x4 over (rows 0-7, k 0-7), (rows 8-15, k 0-7),
+    # (rows 0-7, k 8-15), (rows 8-15, k 8-15) of a row-major 16x16 tile is the m16n8k16 A fragment.
     a = np.arange(256, dtype=np.uint16).reshape(16, 16)
     src = np.zeros((64, 8), np.uint16)
     src[:32] = np.concatenate([a[:, :8], a[:, 8:]])  # row r of k-half h at 16 h + r

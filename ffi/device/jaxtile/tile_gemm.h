@@ -12,7 +12,7 @@
 // [(w / WARPS_N) * M / WARPS_M, ...) and columns [(w % WARPS_N) * N / WARPS_N, ...); warps past
 // WARPS_M * WARPS_N repeat the first ones (replicas). Each warp covers its part with 16 x 8 atoms;
 // lane L (g = L / 4, t = L % 4) holds in slot ((mi * NI + ni) * 4 + c) the element at row
-// 16 mi + g + 8 (c / 2), column 8 ni + 2 t + (c % 2) of its part (GPU.md's C/D table), whatever
+// 16 mi + g + 8 (c / 2), column 8 ni + 2 t + (c % 2) of its part (C/D in docs/ptx_facts.md), whatever
 // the instruction: the FMA fallback uses the same map, so layouts never depend on the dtype.
 #pragma once
 

@@ -2,7 +2,7 @@
 //
 // 128x128x32 block tiles, 128 threads as a 2x2 grid of warps owning 64x64 each; ldmatrix
 // feeds mma.sync m16n8k16 (A as is, B K-major through .trans); a 3-stage cp.async pipeline
-// with the schedule of /work/shared/GPU.md. Shared tiles are XOR-swizzled so that both the
+// with the schedule in docs/ptx_facts.md. Shared tiles are XOR-swizzled so that both the
 // 16-byte cp.async stores and the ldmatrix rows are free of bank conflicts. M is arbitrary;
 // N and K must be multiples of 8 (16-byte aligned rows for cp.async).
 #include <jaxtile/device.h>

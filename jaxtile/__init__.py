@@ -1,4 +1,4 @@
-"""jaxtile: tile-level kernels for JAX, compiled for the CPU (CUDA and HIP to come).
+"""jaxtile: tile-level kernels for JAX, compiled for the CPU and NVIDIA GPUs (HIP to come).
 
 A kernel is a Python body written with the tile language below and decorated with
 :func:`kernel`; it is called like any JAX function, inside or outside ``jax.jit``.
@@ -6,7 +6,10 @@ A kernel is a Python body written with the tile language below and decorated wit
 Tile language (inside a kernel body): :func:`empty`, :func:`grid`, :func:`shared`,
 :func:`fragment`, :func:`local`, :func:`copy`, :func:`gather`, :func:`scatter`,
 :func:`gemm`, :func:`atomic_add` (``_max``, ``_min``), :func:`loop`, :func:`pipelined`,
-:func:`when`, :func:`while_`, :func:`ds`, :func:`cdiv`.
+:func:`when`, :func:`while_`, :func:`ds`, :func:`cdiv`. :class:`Ref` is the type of the
+buffers a body works on (arguments, outputs, tiles and their views).
+
+The public API is typed (``py.typed``); ``tests/jaxtile/test_typing.py`` checks it with mypy.
 """
 
 from jaxtile.compiler.errors import KernelError
@@ -14,6 +17,7 @@ from jaxtile.compiler.errors import own_code_paths as _own_code_paths
 from jaxtile.compiler.jax_internals import exclude_from_source_lines as _exclude
 from jaxtile.primitives.sharding import ShardRule
 
+from ._typing import Ref
 from .export import export_checks
 from .kernel import (
     Kernel,
@@ -49,7 +53,7 @@ from .language import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "Kernel", "KernelError", "Lowered", "ShardRule", "annotate_layout", "atomic_add",
+    "Kernel", "KernelError", "Lowered", "Ref", "ShardRule", "annotate_layout", "atomic_add",
     "atomic_max", "atomic_min", "backend", "cdiv", "copy", "ds", "empty", "export_checks",
     "fragment", "gather", "gemm", "grid", "interpret_by_default", "kernel", "local", "loop",
     "ops", "pipelined", "scatter", "set_backend", "set_interpret", "shared", "when", "while_",

@@ -6,20 +6,21 @@ import dataclasses
 import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, overload
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxtile.compiler import build, printer
-from jaxtile.compiler import ir as tile_ir
 from jaxtile.compiler.errors import KernelError, kernel_error, user_line
+from jaxtile.compiler.ir import Kernel as TileKernel
 from jaxtile.compiler.target import parse_target
 from jaxtile.primitives import kernel_call, sharding
 
 from . import _config, _trace
 from ._specialisation import Specialisation, flat_outputs
+from ._typing import KernelArg
 
 SUPPORTED_DTYPES = frozenset(np.dtype(d) for d in (
     jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64, jnp.int8, jnp.int16, jnp.int32,
@@ -75,7 +76,7 @@ class Lowered:
     tile_ir: str
     key: str
     target: str
-    kernel: tile_ir.Kernel
+    kernel: TileKernel
     sharding: str = ""
     """How the kernel runs under ``jax.jit`` with sharded inputs: its explicit ShardRule, the
     rule inferred from its grid, or why none was inferred (it then runs unsharded)."""
@@ -221,7 +222,7 @@ class Kernel:
         return spec
 
     # --- calling ---------------------------------------------------------
-    def __call__(self, *args: Any, **params: Any) -> Any:
+    def __call__(self, *args: KernelArg, **params: Any) -> Any:
         interpret = self.interpret if self.interpret is not None else interpret_by_default()
         if not interpret:
             # The eager hot path: concrete arguments of types seen before go straight to
@@ -245,7 +246,7 @@ class Kernel:
             self._eager[key] = run
         return run(*args)
 
-    def reference(self, *args: Any, **params: Any) -> Any:
+    def reference(self, *args: KernelArg, **params: Any) -> Any:
         """Run the kernel's reference semantics (its body as plain JAX ops)."""
         return self._call(args, params, True)
 
@@ -288,7 +289,8 @@ class Kernel:
         """
         self.jvp_rule = jvp
 
-    def lower(self, *args: Any, target: str = "cpu", **params: Any) -> Lowered:
+    def lower(self, *args: KernelArg | jax.ShapeDtypeStruct, target: str = "cpu",
+              **params: Any) -> Lowered:
         """Trace and lower for ``target`` (``"cpu"``, ``"cuda:sm_80"``, ``"cuda:sm_90"``,
         ``"hip:gfx90a"``...) without running; ``args`` may be ``jax.ShapeDtypeStruct`` s.
         Returns the Tile IR, the content key and (``.source``) the generated source. A
@@ -309,7 +311,9 @@ def _call_key(args: tuple[Any, ...], params: dict[str, Any]) -> Any:
     backend and parameters, or None when an argument has no shape or a parameter is unhashable (such
     calls take the checked path and its errors)."""
     try:
-        key = (jax.config.jax_enable_x64, _backend, tuple([(a.shape, a.dtype) for a in args]),
+        # JAX declares its flags at run time, so its Config type lacks them.
+        x64 = jax.config.jax_enable_x64  # type: ignore[attr-defined]
+        key = (x64, _backend, tuple([(a.shape, a.dtype) for a in args]),
                _params_key(params) if params else ())
         hash(key)
     except (AttributeError, TypeError):
@@ -366,10 +370,18 @@ def _dynamic_axes(name: str, arg_names: Sequence[str],
     return out
 
 
+@overload
+def kernel(fn: Callable[..., Any], /) -> Kernel: ...
+@overload
+def kernel(fn: None = None, /, *, threads: int = 128, interpret: bool | None = None,
+           name: str | None = None, sharding: sharding.ShardRule | None = None,
+           dynamic: Mapping[str, int | Sequence[int]] | None = None
+           ) -> Callable[[Callable[..., Any]], Kernel]: ...
 def kernel(fn: Callable[..., Any] | None = None, *, threads: int = 128,
            interpret: bool | None = None, name: str | None = None,
            sharding: sharding.ShardRule | None = None,
-           dynamic: Mapping[str, int | Sequence[int]] | None = None) -> Any:
+           dynamic: Mapping[str, int | Sequence[int]] | None = None
+           ) -> Kernel | Callable[[Callable[..., Any]], Kernel]:
     """Decorator that makes a tile kernel from a Python body.
 
     Positional parameters are the array inputs; keyword-only parameters are compile-time

@@ -7,21 +7,24 @@ Inside a body, kernel arguments and allocations are JAX refs: read them with ``x
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, overload
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.typing import ArrayLike, DTypeLike
 
 from jaxtile.compiler import ir, op_defs
 from jaxtile.compiler import jax_internals as ji
 from jaxtile.primitives import tile_ops
 
 from . import _trace
+from ._typing import Body, Index, LoopBody, Ref
 
 
-def empty(shape: tuple[int, ...], dtype: Any) -> Any:
+def empty(shape: Sequence[int], dtype: DTypeLike) -> Ref:
     """Declare a kernel output of ``shape`` and ``dtype`` in global memory; return it.
 
     Every element should be written by some block; elements left unwritten are undefined.
@@ -29,17 +32,17 @@ def empty(shape: tuple[int, ...], dtype: Any) -> Any:
     return _trace.current("jt.empty").allocate("global", shape, dtype)
 
 
-def shared(shape: tuple[int, ...], dtype: Any) -> Any:
+def shared(shape: Sequence[int], dtype: DTypeLike) -> Ref:
     """A tile in on-chip shared memory (LDS on AMD), visible to all threads of a block."""
     return _trace.current("jt.shared").allocate("shared", shape, dtype)
 
 
-def fragment(shape: tuple[int, ...], dtype: Any) -> Any:
+def fragment(shape: Sequence[int], dtype: DTypeLike) -> Ref:
     """A block-wide register tile; the compiler splits it over the block's threads."""
     return _trace.current("jt.fragment").allocate("fragment", shape, dtype)
 
 
-def local(shape: tuple[int, ...], dtype: Any) -> Any:
+def local(shape: Sequence[int], dtype: DTypeLike) -> Ref:
     """A small tile replicated in every thread of the block (expert use).
 
     Every thread holds the whole tile, so reading it costs no communication; a write must
@@ -51,7 +54,7 @@ def local(shape: tuple[int, ...], dtype: Any) -> Any:
     return _trace.current("jt.local").allocate("local", shape, dtype)
 
 
-def annotate_layout(ref: Any, layout: str) -> None:
+def annotate_layout(ref: Ref, layout: str) -> None:
     """Pin a fragment's thread layout for the GPU lowering (expert use), in the form the
     IR prints: ``"blocked(vec 4)"`` (coalesced, ``vec`` contiguous elements per thread),
     ``"replicated"`` (every thread holds the whole tile), ``"mma(m16n8k16, warps 2x2)"``
@@ -61,7 +64,13 @@ def annotate_layout(ref: Any, layout: str) -> None:
     _trace.current("jt.annotate_layout").annotate(ref, layout)
 
 
-def grid(*extents: int) -> Any:
+@overload
+def grid(nx: int, /) -> jax.Array: ...
+@overload
+def grid(nx: int, ny: int, /) -> tuple[jax.Array, jax.Array]: ...
+@overload
+def grid(nx: int, ny: int, nz: int, /) -> tuple[jax.Array, jax.Array, jax.Array]: ...
+def grid(*extents: int) -> jax.Array | tuple[jax.Array, ...]:
     """Declare the launch grid (1 to 3 static extents) and return the block indices.
 
     ``bx, by = jt.grid(nx, ny)``; with a single extent the index itself is returned.
@@ -82,12 +91,16 @@ def grid(*extents: int) -> Any:
     return idx[0] if len(extents) == 1 else tuple(idx)
 
 
-def cdiv(a: Any, b: Any) -> Any:
+@overload
+def cdiv(a: int, b: int) -> int: ...
+@overload
+def cdiv(a: Index, b: Index) -> Index: ...
+def cdiv(a: Index, b: Index) -> Index:
     """Ceiling division ``ceil(a / b)`` for ints or traced integer scalars."""
     return (a + b - 1) // b
 
 
-def ds(start: Any, size: int) -> Any:
+def ds(start: Index, size: int) -> ji.Slice:
     """A dynamic slice ``[start, start + size)`` of one ref dimension; ``size`` is static."""
     return ji.Slice(start, size)
 
@@ -103,7 +116,7 @@ def _entry(state: Any, entry: Any, role: str, op: str) -> tuple[Any, int | None]
 
 
 def _region(state: Any, x: Any, role: str,
-            op: str = "jt.copy") -> tuple[Any, list[Any], list[int | None], bool]:
+            op: str = "jt.copy") -> tuple[Any, list[Any], list[Any], bool]:
     """``(base_ref, starts, sizes, is_origin)`` of a copy or gemm operand (see
     :func:`copy`).
 
@@ -131,7 +144,8 @@ def _region(state: Any, x: Any, role: str,
     return base, [s for s, _ in dims], [z for _, z in dims], False
 
 
-def _resolve_origin(state: Any, sizes: list, tile: tuple[int, ...], role: str) -> list:
+def _resolve_origin(state: Any, sizes: list[Any], tile: tuple[int, ...],
+                    role: str) -> list[Any]:
     """Give the origin dims (marked ``"origin"``) the tile's extent: the last r of them take
     the tile's r dims, leading ones select a single index."""
     origin = [d for d, s in enumerate(sizes) if s == "origin"]
@@ -152,7 +166,7 @@ def _start(state: Any, s: Any, op: str = "jt.copy") -> Any:
     return jnp.asarray(s, jnp.int32)
 
 
-def _check_fits(state: Any, ref: Any, starts: list, sizes: list, role: str,
+def _check_fits(state: Any, ref: Any, starts: list[Any], sizes: list[Any], role: str,
                 op: str = "jt.copy") -> None:
     """On-chip buffers have no edge semantics: a static region must fit inside them."""
     if state.scope_of(ref) == "global":
@@ -166,7 +180,7 @@ def _check_fits(state: Any, ref: Any, starts: list, sizes: list, role: str,
                               f"{tuple(ref.shape)}")
 
 
-def copy(src: Any, dst: Any, *, pad: float | int | None = None) -> None:
+def copy(src: Ref, dst: Ref, *, pad: float | int | None = None) -> None:
     """Copy a tile from ``src`` to ``dst``, casting to ``dst``'s dtype.
 
     Either operand may be a whole ref, a view with slices (``x.at[jt.ds(i, 64), :]``) or a
@@ -215,7 +229,8 @@ def _index_tile(state: Any, rows: Any, op: str) -> Any:
     return jnp.asarray(rows, jnp.int32)
 
 
-def _indexed_region(state: Any, x: Any, rows: Any, axis: int, role: str, op: str):
+def _indexed_region(state: Any, x: Any, rows: Any, axis: int, role: str,
+                    op: str) -> tuple[Any, list[Any], list[Any]]:
     """``(ref, starts, sizes)`` of a view whose dimension ``axis`` is indexed by ``rows``."""
     base, starts, sizes, origin = _region(state, x, role, op)
     if origin:
@@ -254,8 +269,8 @@ def _indexed_copy(src: Any, dst: Any, rows: Any, axis: int, pad: Any, gather_src
                          dst_sizes=tuple(dsizes), pad=pad)
 
 
-def gather(src: Any, rows: Any, dst: Any, *, axis: int = 0, pad: float | int | None = None
-           ) -> None:
+def gather(src: Ref, rows: jax.Array, dst: Ref, *, axis: int = 0,
+           pad: float | int | None = None) -> None:
     """Copy the slices of ``src`` that ``rows`` selects along ``axis`` into the tile ``dst``:
     ``dst[i, ...] = src[rows[i], ...]`` for ``axis=0``, casting to ``dst``'s dtype.
 
@@ -269,7 +284,7 @@ def gather(src: Any, rows: Any, dst: Any, *, axis: int = 0, pad: float | int | N
     _indexed_copy(src, dst, rows, axis, pad, True, "jt.gather")
 
 
-def scatter(src: Any, rows: Any, dst: Any, *, axis: int = 0) -> None:
+def scatter(src: Ref, rows: jax.Array, dst: Ref, *, axis: int = 0) -> None:
     """Write the tile ``src`` to the slices of the global ``dst`` that ``rows`` selects along
     ``axis``: ``dst[rows[i], ...] = src[i, ...]``. Writes to rows out of range are dropped;
     if two indices are equal, one of the writes wins."""
@@ -298,7 +313,7 @@ def _atomic(dst: Any, value: Any, fn: str) -> None:
                            sizes=tuple(sizes))
 
 
-def atomic_add(dst: Any, value: Any) -> None:
+def atomic_add(dst: Ref, value: ArrayLike) -> None:
     """Add ``value`` (a tile value, or a scalar) into ``dst`` atomically: blocks that run at
     the same time never lose an update.
 
@@ -313,17 +328,17 @@ def atomic_add(dst: Any, value: Any) -> None:
     _atomic(dst, value, "add")
 
 
-def atomic_max(dst: Any, value: Any) -> None:
+def atomic_max(dst: Ref, value: ArrayLike) -> None:
     """Like :func:`atomic_add`, keeping the maximum (NaN wins, as in ``jnp.maximum``)."""
     _atomic(dst, value, "max")
 
 
-def atomic_min(dst: Any, value: Any) -> None:
+def atomic_min(dst: Ref, value: ArrayLike) -> None:
     """Like :func:`atomic_add`, keeping the minimum (NaN wins, as in ``jnp.minimum``)."""
     _atomic(dst, value, "min")
 
 
-def gemm(a: Any, b: Any, c: Any, *, transpose_a: bool = False,
+def gemm(a: Ref, b: Ref, c: Ref, *, transpose_a: bool = False,
          transpose_b: bool = False) -> None:
     """Accumulate a matrix product into ``c``: ``c += op(a) @ op(b)``.
 
@@ -388,7 +403,7 @@ def _run_loop(start: Any, stop: Any, body: Callable[[Any], Any], kind: str,
     if kind == "unrolled" and not (isinstance(start, int) and isinstance(stop, int)):
         raise state.error("jt.loop(..., unroll=True) needs static (Python int) bounds")
 
-    def step(i, carry):
+    def step(i: jax.Array, carry: int) -> int:
         result = body(tile_ops.loop_info_p.bind(i, kind=kind, stages=stages))
         if result is not None:
             raise state.error("a loop body must not return a value; write results to refs")
@@ -397,7 +412,8 @@ def _run_loop(start: Any, stop: Any, body: Callable[[Any], Any], kind: str,
     lax.fori_loop(start, stop, step, 0)
 
 
-def loop(start: Any, stop: Any = None, *, unroll: bool = False) -> Callable:
+def loop(start: Index, stop: Index | None = None, *,
+         unroll: bool = False) -> Callable[[LoopBody], None]:
     """Decorator: run the body for ``i`` in ``range(start, stop)`` on the device.
 
     The bounds are Python ints or traced integer scalars computed in the body (from block
@@ -414,7 +430,7 @@ def loop(start: Any, stop: Any = None, *, unroll: bool = False) -> Callable:
     return lambda body: _run_loop(start, stop, body, "unrolled" if unroll else "serial", 1)
 
 
-def pipelined(n: Any, *, stages: int = 2) -> Callable:
+def pipelined(n: Index, *, stages: int = 2) -> Callable[[LoopBody], None]:
     """Decorator: a loop over ``range(n)`` whose copies the compiler may software-pipeline
     ``stages`` deep (on the CPU it is a plain loop). ``n`` may be traced, and smaller than
     ``stages``."""
@@ -424,7 +440,7 @@ def pipelined(n: Any, *, stages: int = 2) -> Callable:
     return lambda body: _run_loop(0, n, body, "pipelined", stages)
 
 
-def while_(cond: Callable[[], Any]) -> Callable:
+def while_(cond: Callable[[], ArrayLike]) -> Callable[[Body], None]:
     """Decorator: run the body on the device as long as ``cond()`` is true.
 
     ``cond`` is a function of no arguments evaluated before every iteration; it reads refs
@@ -437,20 +453,20 @@ def while_(cond: Callable[[], Any]) -> Callable:
     ... def _():
     ...     i[0] += 1
     """
-    def deco(body: Callable[[], Any]) -> None:
+    def deco(body: Body) -> None:
         state = _trace.current("jt.while_")
         if not callable(cond):
             raise state.error("jt.while_ takes a function that computes the condition, e.g. "
                               "@jt.while_(lambda: i[0] < n)")
 
-        def test():
+        def test() -> jax.Array:
             c = cond()
             if jnp.shape(c) != ():
                 raise state.error(f"jt.while_: the condition must be a scalar, got shape "
                                   f"{jnp.shape(c)}")
             return jnp.asarray(c, jnp.bool_)
 
-        def step(_):
+        def step(_: jax.Array) -> jax.Array:
             if body() is not None:
                 raise state.error("a jt.while_ body must not return a value")
             return test()
@@ -462,9 +478,9 @@ def while_(cond: Callable[[], Any]) -> Callable:
     return deco
 
 
-def when(cond: Any) -> Callable:
+def when(cond: ArrayLike) -> Callable[[Body], None]:
     """Decorator: run the body only where the traced scalar ``cond`` is true."""
-    def deco(body: Callable[[], Any]) -> None:
+    def deco(body: Body) -> None:
         state = _trace.current("jt.when")
         if isinstance(cond, bool | np.bool_):
             if cond:
@@ -474,7 +490,7 @@ def when(cond: Any) -> Callable:
             raise state.error(f"jt.when: the condition must be a scalar, got shape "
                               f"{jnp.shape(cond)}")
 
-        def branch():
+        def branch() -> None:
             if body() is not None:
                 raise state.error("a jt.when body must not return a value")
 

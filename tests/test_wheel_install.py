@@ -1,10 +1,12 @@
-"""A regular (non-editable) wheel builds, installs and runs a kernel on its own."""
+"""A regular (non-editable) wheel builds, installs and runs a kernel on its own, and carries
+the py.typed marker."""
 
 import os
 import subprocess
 import sys
 import sysconfig
 import textwrap
+import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -15,6 +17,8 @@ def test_wheel_builds_installs_and_runs(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                     "-q", "-w", str(dist), str(REPO)], check=True, timeout=600)
     (wheel,) = dist.glob("jaxtile-*.whl")
+    # The type-checking marker ships, so that type checkers read jaxtile's annotations.
+    assert "jaxtile/py.typed" in zipfile.ZipFile(wheel).namelist()
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
                     str(target), str(wheel)], check=True, timeout=300)
     # -S skips site-packages' .pth files, so the editable install cannot shadow the wheel;

@@ -149,3 +149,10 @@ def _section(path: Path, heading: str) -> str:
     level = len(heading.split()[0])
     end = re.compile(rf"^#{{1,{level}}} ", re.M).search(text, start + len(heading))
     return text[start:end.start() if end else len(text)]
+
+
+def test_design_lists_every_tile_ir_op_kind():
+    from jaxtile.compiler import op_defs
+
+    section = _section(ROOT / "docs" / "design.md", "## Tile IR")
+    assert not [k for k in op_defs.OPS if f"`{k}`" not in section], sorted(op_defs.OPS)

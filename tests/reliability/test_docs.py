@@ -156,3 +156,16 @@ def test_design_lists_every_tile_ir_op_kind():
 
     section = _section(ROOT / "docs" / "design.md", "## Tile IR")
     assert not [k for k in op_defs.OPS if f"`{k}`" not in section], sorted(op_defs.OPS)
+
+
+def test_design_states_the_limits_the_code_enforces():
+    from jaxtile import _trace
+    from jaxtile.compiler.cpu.lower import MAX_SCRATCH_BYTES
+    from jaxtile.compiler.cpu.tir_emit import MAX_STACK_BYTES
+    from jaxtile.compiler.passes.fusion import MAX_DEPTH
+
+    design = " ".join((ROOT / "docs" / "design.md").read_text().split())
+    assert _trace.MAX_ELEMENTS == 2**31 - 1 and "limited to 2^31 - 1 elements" in design
+    assert f"stack budget of {MAX_STACK_BYTES >> 10} KiB" in design
+    assert f"more than {MAX_SCRATCH_BYTES >> 30} GiB of scratch" in design
+    assert f"nest at most {MAX_DEPTH} deep" in design

@@ -119,11 +119,14 @@ def test_readme_lists_every_library_kernel():
     assert not missing, f"jt.ops exports missing from the README's kernel library: {missing}"
 
 
-def test_readme_names_every_target():
+def test_readme_and_design_name_every_target():
     from jaxtile.compiler.target import KNOWN
 
     readme = (ROOT / "README.md").read_text()
     assert not [t for t in KNOWN if f'"{t}"' not in readme], KNOWN
+    targets = _section(ROOT / "docs" / "design.md", "## Targets")
+    names = set(re.findall(r"(cpu|sm_\d+|gfx\w+)", targets))
+    assert not [t for t in KNOWN if t.split(":")[-1] not in names], KNOWN
 
 
 def test_readme_says_which_extra_the_framework_examples_need():

@@ -1,12 +1,14 @@
-"""What each operation a kernel body may use computes: its semantics, dtypes and limits, as
-markdown, for ``docs/operations.md``.
+"""What each Tile IR operation computes, in words, for ``docs/operations.md``: its
+semantics, dtypes and limits, as markdown.
 
-:data:`DESCRIPTIONS` maps the name of every JAX primitive the converter accepts
-(``from_jaxpr.CONVERTERS``, less the rejected ones) to its text; the generator of
-``docs/operations.md`` (``operations_doc.py``) shows it next to the name, and a test
-(``tests/reliability/test_docs.py``) keeps the two sets of names equal. :data:`RULES` holds
-the rules every operation shares (dtypes, half precision), stated once for the page's
-preamble. The per-element rules themselves are code in ``semantics.py``; this is their
+:data:`DESCRIPTIONS` maps an operation's name in that page -- an op kind (``"reduce"``), or a
+kind and its function (``"elementwise.exp"``) for the kinds that take one (``fn``) -- to
+markdown that ``operations_doc.py`` prints under the operation. :data:`PRIMITIVES` says, for
+the JAX primitives that do not map one to one onto an operation (control flow, calls,
+``integer_pow``, ``clamp``...), what a kernel body may do with them, and :data:`RULES` the
+rules every operation shares, for the page's preamble. ``tests/compiler/test_operations_text.py``
+keeps the names equal to the operations ``op_defs`` defines and the primitives the converter
+accepts. The per-element rules themselves are code in ``semantics.py``; this is their
 description for users.
 """
 
@@ -27,160 +29,177 @@ RULES = """\
   target bounds (on CUDA, shared tiles beyond the GPU's shared memory are a `KernelError`).
 """
 
-_FLOAT_MATH = "Floating dtypes (16-bit computed in float32). "
 _NAN = "A NaN operand gives NaN."
 
 
 def _float(what: str) -> str:
-    return f"{what} {_FLOAT_MATH}{_NAN}"
+    return f"{what} Floating dtypes; float16 and bfloat16 are computed in float32. {_NAN}"
 
 
-def _compare(op: str) -> str:
-    return (f"`{op}`, element by element; the result is bool. Any dtype; a comparison with a "
-            "NaN operand is false (`ne`: true).")
+def _compare(op: str, fn: str) -> str:
+    return (f"`x {op} y` (`jnp.{fn}`), element by element; the result is bool. A comparison "
+            "with a NaN operand is false (for `ne`: true).")
 
 
 def _reduce(what: str, fn: str, identity: str) -> str:
-    return (f"{what} over the given axes (`{fn}`), starting from {identity}. Any number of "
-            "axes; the kept axes keep their order.")
+    return (f"{what} over one or more axes (`{fn}`), starting from {identity}; the kept axes "
+            "keep their order. 16-bit floats accumulate in float32 and are rounded once.")
+
+
+def _scan(what: str, fn: str) -> str:
+    return (f"`{fn}` along one axis, forward or reverse: the inclusive running {what}. "
+            "16-bit floats accumulate in float32 and are rounded once per element.")
 
 
 DESCRIPTIONS: dict[str, str] = {
+    "const": "A Python scalar broadcast to a tile (`jnp.zeros`, `jnp.full`, literals).",
+    "iota": ("`lax.broadcasted_iota` / `jnp.arange` of a static size: the positions along one "
+             "dimension, in the requested dtype."),
+    "size": ("A dynamic size (`x.shape[0]` of a kernel with `dynamic=`) used as a value: an "
+             "integer scalar known when the kernel runs."),
     # --- elementwise: float math ---
-    "exp": _float("`e^x`."),
-    "exp2": _float("`2^x`."),
-    "expm1": _float("`e^x - 1`, accurate near 0."),
-    "log": _float("Natural logarithm; `log(0)` is `-inf`, negative arguments give NaN."),
-    "log1p": _float("`log(1 + x)`, accurate near 0."),
-    "sqrt": _float("Square root; negative arguments give NaN."),
-    "rsqrt": _float("`1 / sqrt(x)`; `rsqrt(0)` is `inf`."),
-    "logistic": _float("`1 / (1 + e^-x)` (`jax.nn.sigmoid`)."),
-    "tanh": _float("Hyperbolic tangent."),
-    "sin": _float("Sine (radians)."),
-    "cos": _float("Cosine (radians)."),
-    "tan": _float("Tangent (radians)."),
-    "asin": _float("Arcsine; outside [-1, 1] NaN."),
-    "acos": _float("Arccosine; outside [-1, 1] NaN."),
-    "atan": _float("Arctangent."),
-    "atan2": _float("`atan2(y, x)`: the angle of the point (x, y)."),
-    "sinh": _float("Hyperbolic sine."),
-    "cosh": _float("Hyperbolic cosine."),
-    "asinh": _float("Inverse hyperbolic sine."),
-    "acosh": _float("Inverse hyperbolic cosine; below 1 NaN."),
-    "atanh": _float("Inverse hyperbolic tangent; outside [-1, 1] NaN."),
-    "erf": _float("The error function (`jax.nn.gelu(approximate=False)` uses it)."),
-    "erfc": _float("`1 - erf(x)`, accurate for large `x`."),
-    "pow": _float("`x ** y` for float `y` (`jnp.power`); integer powers are `integer_pow`."),
-    "is_finite": "`jnp.isfinite`: false for `inf` and NaN. Floating dtypes; the result is bool.",
-    "floor": "Round toward -inf. Floating dtypes.",
-    "ceil": "Round toward +inf. Floating dtypes.",
-    "round": ("`jnp.round` (half to even) or `lax.round` with `AWAY_FROM_ZERO`. Floating "
-              "dtypes."),
+    "elementwise.exp": _float("`e^x`."),
+    "elementwise.exp2": _float("`2^x`."),
+    "elementwise.expm1": _float("`e^x - 1`, accurate near 0."),
+    "elementwise.log": _float("Natural logarithm; `log(0)` is `-inf`, below 0 NaN."),
+    "elementwise.log1p": _float("`log(1 + x)`, accurate near 0."),
+    "elementwise.sqrt": _float("Square root; below 0 NaN."),
+    "elementwise.rsqrt": _float("`1 / sqrt(x)`; `rsqrt(0)` is `inf`."),
+    "elementwise.logistic": _float("`1 / (1 + e^-x)` (`jax.nn.sigmoid`)."),
+    "elementwise.tanh": _float("Hyperbolic tangent."),
+    "elementwise.sin": _float("Sine (radians)."),
+    "elementwise.cos": _float("Cosine (radians)."),
+    "elementwise.tan": _float("Tangent (radians)."),
+    "elementwise.asin": _float("Arcsine; outside [-1, 1] NaN."),
+    "elementwise.acos": _float("Arccosine; outside [-1, 1] NaN."),
+    "elementwise.atan": _float("Arctangent."),
+    "elementwise.atan2": _float("`atan2(y, x)`: the angle of the point (x, y)."),
+    "elementwise.sinh": _float("Hyperbolic sine."),
+    "elementwise.cosh": _float("Hyperbolic cosine."),
+    "elementwise.asinh": _float("Inverse hyperbolic sine."),
+    "elementwise.acosh": _float("Inverse hyperbolic cosine; below 1 NaN."),
+    "elementwise.atanh": _float("Inverse hyperbolic tangent; outside [-1, 1] NaN."),
+    "elementwise.erf": _float("The error function (`jax.nn.gelu(approximate=False)` uses it)."),
+    "elementwise.erfc": _float("`1 - erf(x)`, accurate for large `x`."),
+    "elementwise.pow": _float("`x ** y` for a float exponent (`jnp.power`); a static integer "
+                              "exponent becomes multiplications instead (`integer_pow`)."),
+    "elementwise.is_finite": ("`jnp.isfinite`: false for `inf` and NaN. Floating dtypes; the "
+                              "result is bool."),
+    "elementwise.floor": "Round toward -inf (`jnp.floor`). Floating dtypes.",
+    "elementwise.ceil": "Round toward +inf (`jnp.ceil`). Floating dtypes.",
+    "elementwise.round": "Round half to even (`jnp.round`). Floating dtypes.",
+    "elementwise.round_away": ("Round half away from zero (`lax.round` with "
+                               "`RoundingMethod.AWAY_FROM_ZERO`). Floating dtypes."),
     # --- elementwise: arithmetic ---
-    "add": "`x + y`. Any numeric dtype; integers wrap around on overflow.",
-    "sub": "`x - y`. Any numeric dtype; integers wrap around on overflow.",
-    "mul": "`x * y`. Any numeric dtype; integers wrap around on overflow.",
-    "div": ("`x / y`. Floats: IEEE division. Integers truncate toward zero and never trap: "
-            "`x / 0` is -1 (all ones for unsigned types), `INT_MIN / -1` is `INT_MIN`."),
-    "rem": ("`x % y` with the sign of the dividend (`lax.rem`; `jnp.remainder` adds the "
-            "correction for the divisor's sign). Integers: `x % 0` is `x`, `INT_MIN % -1` is "
-            "0. Floats: `fmod`."),
-    "neg": "`-x`. Any numeric dtype.",
-    "abs": "Absolute value (`jnp.abs`). Any numeric dtype.",
-    "sign": "-1, 0 or 1 (NaN for NaN). Any numeric dtype.",
-    "square": "`x * x`. Any numeric dtype.",
-    "integer_pow": ("`x ** n` for a static integer `n` (`x ** 3`, `jnp.square`): repeated "
-                    "multiplication in XLA's order, a reciprocal for negative `n`."),
-    "max": ("`jnp.maximum`. NaN wins (either operand NaN gives NaN); `max(-0.0, 0.0)` may be "
-            "either zero. Any dtype."),
-    "min": "`jnp.minimum`. NaN wins, as for `max`. Any dtype.",
-    "clamp": "`lax.clamp(lo, x, hi)`: `min(max(x, lo), hi)`, NaN as in `max`/`min`.",
+    "elementwise.add": "`x + y`. Integers wrap around on overflow.",
+    "elementwise.sub": "`x - y`. Integers wrap around on overflow.",
+    "elementwise.mul": "`x * y`. Integers wrap around on overflow.",
+    "elementwise.div": ("`x / y`. Floats: IEEE division. Integers truncate toward zero and "
+                        "never trap: `x / 0` is -1 (all ones for unsigned types), "
+                        "`INT_MIN / -1` is `INT_MIN`."),
+    "elementwise.rem": ("`lax.rem`: the remainder with the sign of the dividend (`jnp.remainder` "
+                        "and `%` add the correction for the divisor's sign around it). "
+                        "Integers: `x % 0` is `x`, `INT_MIN % -1` is 0. Floats: `fmod`."),
+    "elementwise.neg": "`-x`.",
+    "elementwise.abs": "Absolute value (`jnp.abs`).",
+    "elementwise.sign": "-1, 0 or 1 (`jnp.sign`); NaN for NaN.",
+    "elementwise.square": "`x * x` (`jnp.square`).",
+    "elementwise.max": ("`jnp.maximum`. NaN wins (either operand NaN gives NaN); "
+                        "`max(-0.0, 0.0)` may be either zero."),
+    "elementwise.min": "`jnp.minimum`. NaN wins, as for `max`.",
     # --- elementwise: logic and comparisons ---
-    "and": "Bitwise and (`&`), logical for bool. Integer and bool dtypes.",
-    "or": "Bitwise or (`jnp.bitwise_or`), logical for bool. Integer and bool dtypes.",
-    "xor": "Bitwise exclusive or (`^`), logical for bool. Integer and bool dtypes.",
-    "not": "Bitwise not (`~`), logical for bool. Integer and bool dtypes.",
-    "eq": _compare("=="),
-    "ne": _compare("!="),
-    "lt": _compare("<"),
-    "le": _compare("<="),
-    "gt": _compare(">"),
-    "ge": _compare(">="),
-    "select_n": ("`jnp.where(pred, a, b)` / `lax.select`: two-way selection by a bool tile "
-                 "(or scalar). More than two cases (`lax.select_n` with several) is a "
-                 "`KernelError`."),
-    "convert_element_type": (
-        "`x.astype(dtype)`. Float to integer saturates at the integer type's bounds and maps "
-        "NaN to 0; float to bool is `x != 0` (NaN is true); to a 16-bit float rounds to "
-        "nearest even."),
+    "elementwise.and": "Bitwise and (`&`), logical for bool. Integers and bool.",
+    "elementwise.or": "Bitwise or (`jnp.bitwise_or`), logical for bool. Integers and bool.",
+    "elementwise.xor": "Bitwise exclusive or (`^`), logical for bool. Integers and bool.",
+    "elementwise.not": "Bitwise not (`~`), logical for bool. Integers and bool.",
+    "elementwise.eq": _compare("==", "equal"),
+    "elementwise.ne": _compare("!=", "not_equal"),
+    "elementwise.lt": _compare("<", "less"),
+    "elementwise.le": _compare("<=", "less_equal"),
+    "elementwise.gt": _compare(">", "greater"),
+    "elementwise.ge": _compare(">=", "greater_equal"),
+    "select": ("`jnp.where(pred, a, b)` / `lax.select`: two-way selection by a bool tile or "
+               "scalar. `lax.select_n` with more than two cases is a `KernelError`."),
+    "convert": ("`x.astype(dtype)`. Float to integer saturates at the integer type's bounds "
+                "and maps NaN to 0; float to bool is `x != 0` (NaN is true); to a 16-bit "
+                "float rounds to nearest even."),
     # --- reductions, scans, sorting ---
-    "reduce_sum": _reduce("Sum", "jnp.sum", "0; a sum of bools is their `or`"),
-    "reduce_prod": _reduce("Product", "jnp.prod", "1"),
-    "reduce_max": _reduce("Maximum", "jnp.max", "the dtype's lowest value, NaN winning"),
-    "reduce_min": _reduce("Minimum", "jnp.min", "the dtype's highest value, NaN winning"),
-    "reduce_and": _reduce("Logical and", "jnp.all", "true"),
-    "reduce_or": _reduce("Logical or", "jnp.any", "false"),
-    "argmax": ("`jnp.argmax` along one axis: the index of the first maximum, NaN counting as "
-               "the largest (as XLA). The result is an integer tile without that axis."),
-    "argmin": ("`jnp.argmin` along one axis: the index of the first minimum, NaN counting as "
-               "the smallest (as XLA). The result is an integer tile without that axis."),
-    "cumsum": ("`jnp.cumsum` along one axis, forward or reverse: the inclusive running sum. "
-               "16-bit floats accumulate in float32 and are rounded once per element."),
-    "cumprod": "`jnp.cumprod` along one axis, forward or reverse: the inclusive running product.",
-    "cummax": "`lax.cummax` along one axis, forward or reverse; NaN wins.",
-    "cummin": "`lax.cummin` along one axis, forward or reverse; NaN wins.",
+    "reduce.sum": _reduce("Sum", "jnp.sum", "0; a sum of bools is their `or`"),
+    "reduce.prod": _reduce("Product", "jnp.prod", "1"),
+    "reduce.max": _reduce("Maximum", "jnp.max", "the dtype's lowest value, NaN winning"),
+    "reduce.min": _reduce("Minimum", "jnp.min", "the dtype's highest value, NaN winning"),
+    "reduce.and": _reduce("Logical and", "jnp.all", "true"),
+    "reduce.or": _reduce("Logical or", "jnp.any", "false"),
+    "scan.sum": _scan("sum", "jnp.cumsum"),
+    "scan.prod": _scan("product", "jnp.cumprod"),
+    "scan.max": "`lax.cummax` along one axis, forward or reverse; NaN wins.",
+    "scan.min": "`lax.cummin` along one axis, forward or reverse; NaN wins.",
+    "argreduce.max": ("`jnp.argmax` along one axis: the index of the first maximum, NaN "
+                      "counting as the largest (as XLA); an integer tile without that axis."),
+    "argreduce.min": ("`jnp.argmin` along one axis: the index of the first minimum, NaN "
+                      "counting as the smallest (as XLA); an integer tile without that axis."),
     "sort": ("`jnp.sort` of one tile along one axis, in XLA's order: ascending, stable, NaNs "
              "last, -0.0 equal to 0.0. Sorting several arrays together (`jnp.argsort`, "
              "`lax.sort` with several operands) is a `KernelError`."),
     # --- shapes ---
-    "broadcast_in_dim": "Broadcasting (`v[None, :]`, `jnp.broadcast_to`, scalar operands).",
-    "reshape": "`v.reshape(shape)`: same elements in row-major order; static shapes.",
-    "squeeze": "`jnp.squeeze`: drops axes of size 1.",
-    "expand_dims": "`jnp.expand_dims` / `v[:, None]`: adds axes of size 1.",
+    "broadcast": "Broadcasting (`v[None, :]`, `jnp.broadcast_to`, scalar operands).",
+    "reshape": ("`v.reshape(shape)`, `jnp.squeeze`, `jnp.expand_dims`: the same elements in "
+                "row-major order; static shapes."),
     "transpose": "`v.T`, `jnp.transpose(v, perm)`: any permutation of the axes.",
     "rev": "`jnp.flip`: the tile reversed along the given axes.",
     "slice": ("Static slices of a tile value (`v[:, 1:]`, `v[::2]`), with strides. Slices of a "
               "*ref* are views instead (`x.at[...]`, `jt.ds`)."),
     "concatenate": "`jnp.concatenate` of one or more tiles along one axis.",
-    "iota": ("`lax.broadcasted_iota` / `jnp.arange` of a static size: positions along one "
-             "dimension, in the requested dtype."),
-    "dim_as_value": ("A dynamic size (`x.shape[0]` of a kernel with `dynamic=`) used as a "
-                     "value: an integer scalar known when the kernel runs."),
     # --- refs and tile operations ---
-    "get": ("Reading a ref: `x[...]`, `x[i, j]`, `x[jt.ds(s, n), :]`. Starts that run past "
-            "the end are clamped into range, as in JAX (`jt.copy` pads instead)."),
-    "swap": ("Writing a ref: `x[...] = v`. Kernel inputs are read-only (`KernelError`); "
-             "starts are clamped as for reads."),
-    "addupdate": "`x[...] += v` on a ref, with the same indexing as `swap`.",
-    "jt_copy": ("`jt.copy`, `jt.gather`, `jt.scatter`: a tile copy between refs, casting to the "
-                "destination's dtype. Reads past the end of a global tensor give `pad`, "
-                "writes past it are dropped; "
-                "`gather`/`scatter` take their rows from an integer tile."),
-    "jt_gemm": ("`jt.gemm(a, b, c)`: `c += op(a) @ op(b)` on 2-D on-chip tiles (shared, "
-                "fragment or local, or views of them), accumulated in `c`'s dtype; 16-bit "
-                "operands are multiplied exactly and summed in a float32 `c`."),
-    "jt_atomic": ("`jt.atomic_add`/`atomic_max`/`atomic_min` on a global output or an on-chip "
-                  "tile: each element updated atomically. float32, float64, int32, int64."),
-    "jt_loop_info": ("The counter of a `jt.loop`/`jt.pipelined` loop (internal: marks the "
-                     "loop's kind and stages)."),
-    # --- control flow and calls ---
+    "load": ("Reading a ref: `x[...]`, `x[i, j]`, `x[jt.ds(s, n), :]`. Starts that run past "
+             "the end are clamped into range, as in JAX (a warning says where; `jt.copy` "
+             "pads instead)."),
+    "store": ("Writing a ref: `x[...] = v`, `x[...] += v`. Kernel inputs are read-only "
+              "(`KernelError`); starts are clamped as for reads."),
+    "copy": ("`jt.copy`, `jt.gather`, `jt.scatter`: a tile copy between refs, casting to the "
+             "destination's dtype. Reads past the end of a global tensor give `pad` (default "
+             "0), writes past it are dropped; `gather`/`scatter` take the positions along one "
+             "dimension from a 1-D integer tile, and out-of-range positions read `pad` or are "
+             "dropped."),
+    "gemm": ("`jt.gemm(a, b, c)`: `c += op(a) @ op(b)` on 2-D on-chip tiles (shared, fragment "
+             "or local, or views of them), `op` transposing when asked. The products of "
+             "16-bit operands are exact in a float32 accumulator. `jnp.dot` of tile values is "
+             "a `KernelError` pointing here."),
+    "atomic.add": ("`jt.atomic_add` on a global output or an on-chip tile: each element updated "
+                   "atomically; writes past a global edge are dropped. float32, float64, "
+                   "int32, int64."),
+    "atomic.max": "`jt.atomic_max`: as `atomic.add`, keeping the maximum (NaN wins).",
+    "atomic.min": "`jt.atomic_min`: as `atomic.add`, keeping the minimum (NaN wins).",
+    "relayout": ("Inserted by the GPU passes, never written: a value moved to another thread "
+                 "layout through shared memory where two operations need different ones."),
+    "barrier": ("Inserted by the GPU passes, never written: all threads of a block wait, and "
+                "see each other's shared-memory writes (`__syncthreads`)."),
+}
+"""Operation name (op kind, or ``kind.fn``) -> markdown: what it computes, its dtypes and
+limits."""
+
+PRIMITIVES: dict[str, str] = {
+    "integer_pow": ("`x ** n` for a static integer `n`: multiplications in XLA's order, then "
+                    "a reciprocal for negative `n`."),
+    "clamp": "`lax.clamp(lo, x, hi)`: `min(max(x, lo), hi)`, NaN as in `max`/`min`.",
     "while": ("`jt.loop`/`jt.pipelined` with bounds computed on the device (a `fori_loop` "
               "whose condition is `i < stop`), or a `jt.while_` loop on a device condition. "
               "Other `lax.while_loop`s, with values carried between iterations, are a "
               "`KernelError`: keep loop state in refs."),
     "scan": ("`jt.loop`/`jt.pipelined` with static bounds (a `fori_loop` with a static trip "
-             "count). `lax.scan` with carried values or reversed is a `KernelError`."),
+             "count). `lax.scan` with carried values, or reversed, is a `KernelError`."),
     "cond": ("`jt.when(cond)`: a two-way branch on a scalar computed on the device, without "
-             "results (write them to refs). `lax.cond` with results or `lax.switch` with more "
-             "branches is a `KernelError`."),
+             "results (write them to refs). `lax.cond` with results, or `lax.switch` with more "
+             "branches, is a `KernelError`."),
     "jit": "A nested `jax.jit` call: inlined.",
     "closed_call": "A nested call of a closed function: inlined.",
-    "remat2": "`jax.checkpoint` / `jax.remat`: inlined (nothing is rematerialised in a kernel).",
-    "custom_jvp_call": ("A function with a `jax.custom_jvp` rule (`jax.nn.relu`, "
-                        "...): its primal body is inlined."),
+    "remat2": "`jax.checkpoint`: inlined (nothing is rematerialised inside a kernel).",
+    "custom_jvp_call": ("A function with a `jax.custom_jvp` rule (`jax.nn.relu`, ...): its "
+                        "primal body is inlined."),
     "custom_vjp_call": "A function with a `jax.custom_vjp` rule: its primal body is inlined.",
     "stop_gradient": "`lax.stop_gradient`: the value itself.",
     "optimization_barrier": "`lax.optimization_barrier`: the values themselves.",
     "copy": "`jnp.copy` of a tile value: the value itself.",
+    "dot_general": "`jnp.dot`/`@` of tile values: a `KernelError` that points to `jt.gemm`.",
 }
-"""Operation name -> markdown: what it computes, the dtypes it takes, its limits."""
+"""JAX primitive -> markdown, for the primitives that are not one Tile IR operation each."""

@@ -371,7 +371,9 @@ def _dynamic_axes(name: str, arg_names: Sequence[str],
 
 
 @overload
-def kernel(fn: Callable[..., Any], /) -> Kernel: ...
+def kernel(fn: Callable[..., Any], /, *, threads: int = 128, interpret: bool | None = None,
+           name: str | None = None, sharding: sharding.ShardRule | None = None,
+           dynamic: Mapping[str, int | Sequence[int]] | None = None) -> Kernel: ...
 @overload
 def kernel(fn: None = None, /, *, threads: int = 128, interpret: bool | None = None,
            name: str | None = None, sharding: sharding.ShardRule | None = None,

@@ -64,6 +64,7 @@ def _two_dimensional_grid() -> None:
 
 assert_type(scale_rows, jt.Kernel)
 assert_type(jt.kernel(lambda x: x), jt.Kernel)
+assert_type(jt.kernel(lambda x: x, threads=64), jt.Kernel)
 x = np.ones((16, 32), np.float32)
 lowered = scale_rows.lower(x, np.ones((32,), np.float32), target="cuda:sm_80", rows=4)
 assert_type(lowered, jt.Lowered)

@@ -175,6 +175,12 @@ class Kernel:
             if dtype not in SUPPORTED_DTYPES:
                 raise kernel_error(self.name, f"argument '{name}' has unsupported dtype "
                                    f"{dtype}", user_line())
+            if any(not isinstance(d, int | np.integer) for d in a.shape):
+                raise kernel_error(self.name, f"argument '{name}' has the symbolic shape "
+                                   f"{tuple(a.shape)} (jax.export with shape polymorphism?); "
+                                   "jaxtile traces kernels for concrete shapes: export one "
+                                   "program per shape (with dynamic=, they share one "
+                                   "compiled kernel)", user_line())
             specs.append(jax.ShapeDtypeStruct(tuple(a.shape), dtype))
         return tuple(specs)
 
@@ -391,8 +397,10 @@ def kernel(fn: Callable[..., Any] | None = None, *, threads: int = 128,
     ``dynamic={"x": 0}`` (or ``{"x": (0, 1)}``) makes those dimensions of an argument
     dynamic: one compiled kernel serves every size of them. In the body, ``x.shape[0]`` is
     then a symbolic size (``x_0``): the grid, output shapes, loop bounds and masks may depend
-    on it, tile shapes may not. JAX still traces once per shape; a call with a new size
-    compiles nothing.
+    on it, tile shapes may not, and neither may a Python decision (``if n % 8 == 0:``):
+    that is a KernelError at its line, since one compiled kernel serves every size; decide
+    on the device instead (``jnp.where(jnp.asarray(n) % 8 == 0, ...)``). JAX still traces
+    once per shape; a call with a new size compiles nothing.
     """
     def wrap(f: Callable[..., Any]) -> Kernel:
         return Kernel(f, threads=threads, interpret=interpret, name=name, sharding=sharding,

@@ -286,3 +286,27 @@ def on_undecided_dim_comparison(callback: Callable[[str, str], None]) -> Iterato
         yield
     finally:
         _dim_hooks.callback = previous
+
+
+def explain_export_check_failures(explain: Callable[[str], Exception | None]) -> None:
+    """Have ``jax.export``'s check of custom-call targets ask ``explain(message)`` for a
+    clearer error when it rejects a module; ``explain`` returns the error to raise instead,
+    or None to keep JAX's.
+
+    A lowering rule can give that error itself, but only when it runs: JAX caches lowerings
+    by jaxpr and lowering parameters, which do not hold ``disabled_checks``, so a second
+    export of a function without them reuses the first lowering and reaches JAX's check
+    (whose message prints every rejected op, payloads included).
+    """
+    check = _jax_export._check_module
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return check(*args, **kwargs)
+        except ValueError as e:
+            clearer = explain(str(e))
+            if clearer is None:
+                raise
+            raise clearer from None
+
+    _jax_export._check_module = checked

@@ -141,6 +141,9 @@ class Kernel:
         self.fn = fn
         self.sharding = sharding
         self.name = name or fn.__name__
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise kernel_error(self.name, "threads must be a positive int (threads per "
+                               f"block), got {threads!r}", user_line())
         self.threads = threads
         self.interpret = interpret
         sig = inspect.signature(fn)
@@ -302,6 +305,7 @@ class Kernel:
         tgt = parse_target(target)
         build.check_backend(tgt)
         spec = self._specialise(args, params)
+        spec.check_threads(tgt)
         kernel = spec.compiled_ir
         sharded = (f"explicit {spec.shard_rule}" if self.sharding is not None
                    else spec.inferred_sharding[1])

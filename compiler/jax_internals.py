@@ -15,6 +15,7 @@ import contextlib
 import os
 import sys
 import threading
+import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -132,6 +133,13 @@ def concrete_int(x: Any) -> int | None:
     except Exception:  # noqa: BLE001 - anything not concretisable is simply not static
         return None
     return None if value is None else int(value)
+
+
+def failed_in_ref_indexing(tb: Any) -> bool:
+    """Whether a traceback passes through JAX's indexing of refs (``x[a:b]``,
+    ``x.at[a:b]``), whose only Python decisions are on slice bounds: a bool conversion
+    error there means a slice bound is traced."""
+    return any(frame.filename == _indexing.__file__ for frame in traceback.extract_tb(tb))
 
 
 def lowering_for_export(ctx: Any) -> bool:

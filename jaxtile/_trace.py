@@ -361,6 +361,12 @@ def _run_user(name: str, thunk: Callable[[], Any], symbolic: bool = False) -> An
         raise kernel_error(name, _SIZE_DECISION.format(what=f"JAX: {what}"),
                            user_line(e.__traceback__)) from None
     except jax.errors.TracerBoolConversionError as e:
+        if ji.failed_in_ref_indexing(e.__traceback__):
+            raise kernel_error(
+                name, "a slice of a ref has a traced start or stop (x[i * n:(i + 1) * n]); "
+                "Python slices need static bounds: use jt.ds(start, size) for a dynamic start "
+                "(x[jt.ds(i * n, n)], x.at[jt.ds(i * n, n)])", user_line(e.__traceback__)
+            ) from None
         raise kernel_error(
             name, "a Python `if`/`while`/`and`/`or` depends on a traced value; use @jt.when "
             "for a device-side condition or jnp.where for a select", user_line(e.__traceback__)

@@ -198,6 +198,15 @@ class Kernel:
         if missing:
             raise kernel_error(self.name, f"missing compile-time parameter(s) {missing}",
                                user_line())
+        for k, v in merged.items():
+            if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(v)):
+                raise kernel_error(
+                    self.name, f"compile-time parameter '{k}' is a traced value (a JAX "
+                    "tracer: under jax.jit, grad or vmap the arguments of the traced function "
+                    "are tracers), but keyword parameters are constants the kernel is compiled "
+                    f"for. Make it static (jax.jit(f, static_argnames='{k}')) or pass it to "
+                    "the kernel as a positional array argument, read on the device",
+                    user_line())
         return merged
 
     def _specialise(self, args: tuple[Any, ...], params: dict[str, Any]) -> Specialisation:
@@ -221,7 +230,9 @@ class Kernel:
             cache_key = (specs, _params_key(params), batch, backend_name)
             hash(cache_key)
         except TypeError:
-            raise kernel_error(self.name, "compile-time parameters must be hashable",
+            bad = [k for k, v in params.items() if not _hashable(_value_key(v))]
+            raise kernel_error(self.name, "compile-time parameters must be hashable (a tuple, "
+                               f"not a list); not hashable: {', '.join(bad)}",
                                user_line()) from None
         spec = self._specs.get(cache_key)
         if spec is None:
@@ -353,6 +364,14 @@ def _value_key(v: Any) -> Any:
         items = [_value_key(x) for x in v]
         return t, tuple(items if t is tuple else sorted(items, key=repr))
     return t, v
+
+
+def _hashable(v: Any) -> bool:
+    try:
+        hash(v)
+    except TypeError:
+        return False
+    return True
 
 
 def _dynamic_axes(name: str, arg_names: Sequence[str],

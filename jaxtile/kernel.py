@@ -141,10 +141,11 @@ class Kernel:
         self.fn = fn
         self.sharding = sharding
         self.name = name or fn.__name__
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        if isinstance(threads, bool) or not isinstance(threads, int | np.integer) \
+                or threads < 1:
             raise kernel_error(self.name, "threads must be a positive int (threads per "
                                f"block), got {threads!r}", user_line())
-        self.threads = threads
+        self.threads = int(threads)
         self.interpret = interpret
         sig = inspect.signature(fn)
         kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)

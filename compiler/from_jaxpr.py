@@ -179,6 +179,11 @@ class _Converter:
             self.line = ji.user_source_line(eqn.source_info) or outer
             self.fallback_line = self.line
             convert = CONVERTERS.get(eqn.primitive.name)
+            if eqn.primitive.name in _NOT_COMPILED:
+                raise self.error(f"{_NOT_COMPILED[eqn.primitive.name]} is not supported in "
+                                 "compiled kernels yet; it works with interpret=True "
+                                 "(@jt.kernel(interpret=True) or JAXTILE_INTERPRET=1), which "
+                                 "runs the body as plain JAX ops")
             if convert is None:
                 raise self.error(f"the operation `{eqn.primitive.name}` is not supported in "
                                  "kernel bodies")
@@ -195,6 +200,11 @@ class _Converter:
         line = self.line
         self.block(jaxpr, body)
         self.line = line
+
+
+_NOT_COMPILED = {"debug_print": "jax.debug.print", "debug_callback": "jax.debug.callback"}
+"""Operations that run in the reference semantics but are not compiled, by what the user
+wrote."""
 
 
 def _elementwise(fn: str) -> Converter:

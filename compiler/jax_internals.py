@@ -11,14 +11,19 @@ checks each assumption so that a JAX upgrade fails there first.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import threading
+import traceback
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from jax import tree_util
 from jax._src import core as _core
 from jax._src import source_info_util as _source_info
 from jax._src.export import _export as _jax_export
+from jax._src.export import shape_poly as _shape_poly
 from jax._src.state import discharge as _discharge
 from jax._src.state import indexing as _indexing
 from jax._src.state import types as _state_types
@@ -130,6 +135,13 @@ def concrete_int(x: Any) -> int | None:
     return None if value is None else int(value)
 
 
+def failed_in_ref_indexing(tb: Any) -> bool:
+    """Whether a traceback passes through JAX's indexing of refs (``x[a:b]``,
+    ``x.at[a:b]``), whose only Python decisions are on slice bounds: a bool conversion
+    error there means a slice bound is traced."""
+    return any(frame.filename == _indexing.__file__ for frame in traceback.extract_tb(tb))
+
+
 def lowering_for_export(ctx: Any) -> bool:
     """Whether an MLIR lowering rule runs for ``jax.export`` (JAX has no public way to ask)."""
     return bool(getattr(ctx.module_context.lowering_parameters, "for_export", False))
@@ -190,3 +202,119 @@ COMMAND_BUFFER_COMPATIBLE = _Traits.COMMAND_BUFFER_COMPATIBLE
 capture a custom call into a command buffer (a CUDA graph). The handler declares the same
 trait itself (XLA reads it from the handler's metadata); this is for registration paths that
 take it from the registration instead."""
+
+
+InconclusiveDimensionOperation = _core.InconclusiveDimensionOperation
+"""What JAX raises for a comparison of symbolic dimensions (or ``int()`` of one) that it
+cannot decide for every value of the dimensions."""
+
+_DimExpr = _shape_poly._DimExpr
+_jax_dim_eq = _DimExpr.__eq__
+_dim_hooks = threading.local()
+_dim_hooks_installed = threading.Lock()
+
+
+def _undecided_equality(a: Any, b: Any) -> bool:
+    """Whether ``a == b`` (``a`` symbolic) holds for some values of the dimensions and not
+    for others: JAX's ``==`` then answers False (its ``__eq__`` must not raise, as hashing
+    uses it), which is right for none of the values where they are equal."""
+    if not (is_symbolic_dim(b) or _core.is_constant_dim(b)):
+        return False
+    try:
+        diff = a - b
+    except Exception:  # noqa: BLE001 - e.g. dimensions of two scopes: never equal
+        return False
+    if not is_symbolic_dim(diff):
+        return False
+    for provably_unequal in (lambda: diff >= 1, lambda: diff <= -1):
+        try:
+            if provably_unequal():
+                return False
+        except InconclusiveDimensionOperation:
+            pass
+    return True
+
+
+def _caller(depth: int) -> str:
+    """``file:line`` of the frame that made a comparison, past JAX's own dimension code
+    (``!=`` calls ``__eq__``)."""
+    frame = sys._getframe(depth + 1)
+    while frame is not None and frame.f_code.co_filename == _shape_poly.__file__:
+        frame = frame.f_back
+    return "" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+def _report(what: str, caller: str) -> None:
+    callback = getattr(_dim_hooks, "callback", None)
+    _dim_hooks.callback = None      # the callback may compare dimensions itself
+    try:
+        callback(what, caller)
+    finally:
+        _dim_hooks.callback = callback
+
+
+def _checked_eq(self: Any, other: Any) -> bool:
+    equal = _jax_dim_eq(self, other)
+    if (not equal and getattr(_dim_hooks, "callback", None) is not None
+            and _undecided_equality(self, other)):
+        _report(f"{self} == {other}", _caller(1))
+    return equal
+
+
+def _checked_bool(self: Any) -> bool:
+    # A symbolic dimension has no __bool__ of its own: it is always true, as any object.
+    if getattr(_dim_hooks, "callback", None) is not None and _undecided_equality(self, 0):
+        _report(f"bool({self})", _caller(1))
+    return True
+
+
+def _install_dim_hooks() -> None:
+    with _dim_hooks_installed:
+        if _DimExpr.__eq__ is not _checked_eq:
+            _DimExpr.__eq__ = _checked_eq
+            _DimExpr.__bool__ = _checked_bool
+
+
+@contextlib.contextmanager
+def on_undecided_dim_comparison(callback: Callable[[str, str], None]) -> Iterator[None]:
+    """While active on this thread, ``==``, ``!=`` or a truth test of a symbolic dimension
+    whose answer depends on the dimension's value calls ``callback(what, caller)`` first
+    (``caller``: ``file:line`` of the code that compared), which may raise.
+
+    JAX answers such an ``==`` "not equal" and such a truth test "true", whatever the
+    value, so code that branches on it takes one branch silently. (``<``, ``>=`` and ``int()``
+    raise :data:`InconclusiveDimensionOperation` instead.) The hooks are installed on JAX's
+    dimension class once; on other threads, and outside this context, they only forward to
+    JAX's own behaviour.
+    """
+    _install_dim_hooks()
+    previous = getattr(_dim_hooks, "callback", None)
+    _dim_hooks.callback = callback
+    try:
+        yield
+    finally:
+        _dim_hooks.callback = previous
+
+
+def explain_export_check_failures(explain: Callable[[str], Exception | None]) -> None:
+    """Have ``jax.export``'s check of custom-call targets ask ``explain(message)`` for a
+    clearer error when it rejects a module; ``explain`` returns the error to raise instead,
+    or None to keep JAX's.
+
+    A lowering rule can give that error itself, but only when it runs: JAX caches lowerings
+    by jaxpr and lowering parameters, which do not hold ``disabled_checks``, so a second
+    export of a function without them reuses the first lowering and reaches JAX's check
+    (whose message prints every rejected op, payloads included).
+    """
+    check = _jax_export._check_module
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return check(*args, **kwargs)
+        except ValueError as e:
+            clearer = explain(str(e))
+            if clearer is None:
+                raise
+            raise clearer from None
+
+    _jax_export._check_module = checked

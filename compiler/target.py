@@ -202,6 +202,9 @@ def parse_target(name: str = "cpu") -> Target:
     >>> parse_target("cuda:sm_80").caps.warp_size
     32
     """
+    if not isinstance(name, str):
+        raise KernelError(f"target must be a string such as 'cpu' or 'cuda:sm_80', got "
+                          f"{name!r}; known targets: {', '.join(KNOWN)}")
     if name == "cpu":
         return _cpu()
     m = re.fullmatch(r"cuda:sm_(\d+)a?", name)

@@ -64,9 +64,10 @@ CUDA code run in the SIMT emulator (``docs/emulator.md``)."""
 
 
 def _backend(text: str) -> str:
-    if text not in BACKENDS:
-        raise ValueError(f"expected one of {', '.join(BACKENDS)}")
-    return text
+    """A backend name in any case, as the boolean variables are read."""
+    if text.lower() not in BACKENDS:
+        raise ValueError(f"expected one of {', '.join(BACKENDS)} (in any case)")
+    return text.lower()
 
 
 VARIABLES = {v.name: v for v in (

@@ -115,6 +115,7 @@ class Specialisation:
         discarded and rebuilt, once."""
         entry = self._entries.get((target, emulated))
         if entry is None:
+            self.check_threads(target)
             built = self._build(target, emulated)
             try:
                 entry = self._launched(built)
@@ -125,6 +126,19 @@ class Specialisation:
                 load(entry)
             self._entries[(target, emulated)] = entry
         return entry
+
+    def check_threads(self, target: Target) -> None:
+        """On a GPU target, the kernel's ``threads`` must be a whole number of warps and at
+        most the target's threads per block (a CPU runs any positive count)."""
+        warp = getattr(target.caps, "warp_size", None)
+        if warp is None:
+            return
+        threads, most = self.owner.threads, target.caps.max_threads_per_block
+        if threads % warp or threads > most:
+            raise kernel_error(self.owner.name, f"threads={threads} cannot run on "
+                               f"{target.name}: a block there is a whole number of "
+                               f"{warp}-thread warps, at most {most} threads",
+                               _definition(self.owner))
 
     def _launched(self, entry: cache.Entry) -> cache.Entry:
         """A kernel with dynamic sizes has one artifact for all of them; this call's grid

@@ -252,7 +252,7 @@ def trace(fn: Callable[..., Any], name: str, arg_names: Sequence[str],
     first = _TraceState(name, batch, None, symbolic=bool(dynamic))
     first.threads = threads
     _run_user(name, lambda: jax.make_jaxpr(lambda *ops: run(first, ops))(
-        *index_avals, *in_avals))
+        *index_avals, *in_avals), symbolic=bool(dynamic))
     out_tree, returned = _returned_outputs(first)
 
     # Second pass: outputs in returned order, then scratch in creation order.
@@ -272,7 +272,7 @@ def trace(fn: Callable[..., Any], name: str, arg_names: Sequence[str],
         return ()
 
     jaxpr = _run_user(name, lambda: jax.make_jaxpr(second_pass)(
-        *index_avals, *in_avals, *alloc_avals))
+        *index_avals, *in_avals, *alloc_avals), symbolic=bool(dynamic))
 
     buffers = [ir.Buffer(n, _sizes(s), np.dtype(a.dtype), "global", "input")
                for n, s, a in zip(arg_names, full_shapes, args)]
@@ -329,13 +329,44 @@ def _returned_outputs(state: _TraceState) -> tuple[Any, list[int]]:
     return tree, found
 
 
-def _run_user(name: str, thunk: Callable[[], Any]) -> Any:
-    """Run a trace, turning any failure inside the user's body into a KernelError."""
+_SIZE_DECISION = ("a Python decision depends on a dynamic size ({what}); one compiled kernel "
+                  "serves every size, so it cannot take the branch of this one. Decide on "
+                  "the device (jnp.where, or @jt.when on a condition computed from "
+                  "jnp.asarray(size)), or leave that dimension out of dynamic=")
+
+
+def _refuse_size_decisions(name: str) -> Callable[[str, str], None]:
+    """The callback of ``ji.on_undecided_dim_comparison`` for a symbolic trace: a comparison
+    made by the body (not by JAX's or jaxtile's own code, which knowingly rely on JAX's
+    answer) is an error at the body's line."""
+    def refuse(what: str, caller: str) -> None:
+        line = user_line()
+        if caller == line:
+            raise kernel_error(name, _SIZE_DECISION.format(what=what), line)
+    return refuse
+
+
+def _run_user(name: str, thunk: Callable[[], Any], symbolic: bool = False) -> Any:
+    """Run a trace, turning any failure inside the user's body into a KernelError; in a
+    ``symbolic`` trace (dynamic sizes), a Python decision on a size is one too."""
     try:
-        return thunk()
+        if not symbolic:
+            return thunk()
+        with ji.on_undecided_dim_comparison(_refuse_size_decisions(name)):
+            return thunk()
     except KernelError:
         raise
+    except ji.InconclusiveDimensionOperation as e:
+        what = (str(e).strip().splitlines() or [""])[0]
+        raise kernel_error(name, _SIZE_DECISION.format(what=f"JAX: {what}"),
+                           user_line(e.__traceback__)) from None
     except jax.errors.TracerBoolConversionError as e:
+        if ji.failed_in_ref_indexing(e.__traceback__):
+            raise kernel_error(
+                name, "a slice of a ref has a traced start or stop (x[i * n:(i + 1) * n]); "
+                "Python slices need static bounds: use jt.ds(start, size) for a dynamic start "
+                "(x[jt.ds(i * n, n)], x.at[jt.ds(i * n, n)])", user_line(e.__traceback__)
+            ) from None
         raise kernel_error(
             name, "a Python `if`/`while`/`and`/`or` depends on a traced value; use @jt.when "
             "for a device-side condition or jnp.where for a select", user_line(e.__traceback__)

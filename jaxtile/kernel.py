@@ -142,7 +142,11 @@ class Kernel:
         self.fn = fn
         self.sharding = sharding
         self.name = name or fn.__name__
-        self.threads = threads
+        if isinstance(threads, bool) or not isinstance(threads, int | np.integer) \
+                or threads < 1:
+            raise kernel_error(self.name, "threads must be a positive int (threads per "
+                               f"block), got {threads!r}", user_line())
+        self.threads = int(threads)
         self.interpret = interpret
         sig = inspect.signature(fn)
         kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -176,6 +180,12 @@ class Kernel:
             if dtype not in SUPPORTED_DTYPES:
                 raise kernel_error(self.name, f"argument '{name}' has unsupported dtype "
                                    f"{dtype}", user_line())
+            if any(not isinstance(d, int | np.integer) for d in a.shape):
+                raise kernel_error(self.name, f"argument '{name}' has the symbolic shape "
+                                   f"{tuple(a.shape)} (jax.export with shape polymorphism?); "
+                                   "jaxtile traces kernels for concrete shapes: export one "
+                                   "program per shape (with dynamic=, they share one "
+                                   "compiled kernel)", user_line())
             specs.append(jax.ShapeDtypeStruct(tuple(a.shape), dtype))
         return tuple(specs)
 
@@ -190,6 +200,15 @@ class Kernel:
         if missing:
             raise kernel_error(self.name, f"missing compile-time parameter(s) {missing}",
                                user_line())
+        for k, v in merged.items():
+            if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(v)):
+                raise kernel_error(
+                    self.name, f"compile-time parameter '{k}' is a traced value (a JAX "
+                    "tracer: under jax.jit, grad or vmap the arguments of the traced function "
+                    "are tracers), but keyword parameters are constants the kernel is compiled "
+                    f"for. Make it static (jax.jit(f, static_argnames='{k}')) or pass it to "
+                    "the kernel as a positional array argument, read on the device",
+                    user_line())
         return merged
 
     def _specialise(self, args: tuple[Any, ...], params: dict[str, Any]) -> Specialisation:
@@ -213,7 +232,9 @@ class Kernel:
             cache_key = (specs, _params_key(params), batch, backend_name)
             hash(cache_key)
         except TypeError:
-            raise kernel_error(self.name, "compile-time parameters must be hashable",
+            bad = [k for k, v in params.items() if not _hashable(_value_key(v))]
+            raise kernel_error(self.name, "compile-time parameters must be hashable (a tuple, "
+                               f"not a list); not hashable: {', '.join(bad)}",
                                user_line()) from None
         spec = self._specs.get(cache_key)
         if spec is None:
@@ -298,6 +319,7 @@ class Kernel:
         tgt = parse_target(target)
         build.check_backend(tgt)
         spec = self._specialise(args, params)
+        spec.check_threads(tgt)
         kernel = spec.compiled_ir
         sharded = (f"explicit {spec.shard_rule}" if self.sharding is not None
                    else spec.inferred_sharding[1])
@@ -347,6 +369,14 @@ def _value_key(v: Any) -> Any:
         items = [_value_key(x) for x in v]
         return t, tuple(items if t is tuple else sorted(items, key=repr))
     return t, v
+
+
+def _hashable(v: Any) -> bool:
+    try:
+        hash(v)
+    except TypeError:
+        return False
+    return True
 
 
 def _dynamic_axes(name: str, arg_names: Sequence[str],
@@ -405,8 +435,10 @@ def kernel(fn: Callable[..., Any] | None = None, *, threads: int = 128,
     ``dynamic={"x": 0}`` (or ``{"x": (0, 1)}``) makes those dimensions of an argument
     dynamic: one compiled kernel serves every size of them. In the body, ``x.shape[0]`` is
     then a symbolic size (``x_0``): the grid, output shapes, loop bounds and masks may depend
-    on it, tile shapes may not. JAX still traces once per shape; a call with a new size
-    compiles nothing.
+    on it, tile shapes may not, and neither may a Python decision (``if n % 8 == 0:``):
+    that is a KernelError at its line, since one compiled kernel serves every size; decide
+    on the device instead (``jnp.where(jnp.asarray(n) % 8 == 0, ...)``). JAX still traces
+    once per shape; a call with a new size compiles nothing.
     """
     def wrap(f: Callable[..., Any]) -> Kernel:
         return Kernel(f, threads=threads, interpret=interpret, name=name, sharding=sharding,

@@ -187,7 +187,8 @@ def copy(src: Ref, dst: Ref, *, pad: float | int | None = None) -> None:
     *tile origin*: a view whose indices are all scalars (``a.at[by * bm, k * bk]``), whose
     extent then comes from the other operand (its last r indices are the origin, leading
     ones select a single index). Reads past the end of a global tensor give ``pad``
-    (default 0); writes past the end are dropped.
+    (default 0), a value of the source's dtype (a pad it cannot hold is an error); writes
+    past the end are dropped.
 
     >>> jt.copy(a.at[by * bm, k * bk], a_s)      # doctest: +SKIP
     """
@@ -208,16 +209,41 @@ def copy(src: Ref, dst: Ref, *, pad: float | int | None = None) -> None:
     if stile != dtile:
         raise state.error(f"jt.copy: shape mismatch: the source tile is {stile} but the "
                           f"destination tile is {dtile}")
-    if pad is not None:
-        if not isinstance(pad, int | float):
-            raise state.error(f"jt.copy: pad must be a Python number, got {pad!r}")
-        if not jnp.issubdtype(sref.dtype, jnp.floating) and not float(pad).is_integer():
-            raise state.error(f"jt.copy: pad {pad} is not representable in {sref.dtype}")
+    _check_pad(state, pad, sref.dtype, "jt.copy")
     _check_fits(state, sref, sstarts, ssizes, "source")
     _check_fits(state, dref, dstarts, dsizes, "destination")
     starts = [_start(state, s) for s in sstarts + dstarts]
     tile_ops.copy_p.bind(sref, dref, *starts, src_sizes=tuple(ssizes),
                          dst_sizes=tuple(dsizes), pad=pad)
+
+
+def _check_pad(state: Any, pad: Any, dtype: Any, op: str) -> None:
+    """``pad`` (None: 0) is a value of ``dtype``, the dtype of the source it extends: for an
+    integer or bool dtype an integer in its range, for a float one a number that does not
+    overflow it (it is rounded as any float is). A pad outside the dtype would wrap in one
+    backend, saturate in another and stop the CPU compiler."""
+    if pad is None:
+        return
+    if not isinstance(pad, int | float):
+        raise state.error(f"{op}: pad must be a Python number, got {pad!r}")
+    dtype = np.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.floating):
+        try:
+            value = float(pad)
+        except OverflowError:
+            value = None
+        if value is not None and not np.isfinite(value):
+            return                  # inf and NaN pads are values of every float dtype
+        with np.errstate(over="ignore"):
+            if value is None or not np.isfinite(np.float64(value).astype(dtype)):
+                raise state.error(f"{op}: pad {pad} overflows {dtype}, the dtype of the "
+                                  f"source (largest: {jnp.finfo(dtype).max})")
+        return
+    low, high = (0, 1) if dtype == np.bool_ else (int(jnp.iinfo(dtype).min),
+                                                 int(jnp.iinfo(dtype).max))
+    if not float(pad).is_integer() or not low <= int(pad) <= high:
+        raise state.error(f"{op}: pad {pad} is not a value of {dtype}, the dtype of the "
+                          f"source (integers from {low} to {high})")
 
 
 def _index_tile(state: Any, rows: Any, op: str) -> Any:
@@ -257,6 +283,7 @@ def _indexed_copy(src: Any, dst: Any, rows: Any, axis: int, pad: Any, gather_src
         dref, dstarts, dsizes = _indexed_region(state, dst, rows, axis, "destination", op)
     if origin:
         raise state.error(f"{op}: the tile must be a ref or a view with slices")
+    _check_pad(state, pad, sref.dtype, op)
     stile = tuple(z for z in ssizes if z is not None)
     dtile = tuple(z for z in dsizes if z is not None)
     if stile != dtile:
@@ -276,8 +303,8 @@ def gather(src: Ref, rows: jax.Array, dst: Ref, *, axis: int = 0,
 
     ``src`` is a global tensor or a view with slices (``x.at[:, jt.ds(c, 64)]``); ``rows`` a
     1-D integer tile value (e.g. read from an index input). Rows out of range read ``pad``
-    (default 0), as copies past an edge do. Embedding lookups, MoE token dispatch, paged
-    attention.
+    (default 0; a value of ``src``'s dtype), as copies past an edge do. Embedding lookups,
+    MoE token dispatch, paged attention.
 
     >>> jt.gather(table.at[:, jt.ds(0, d)], ids_s[...], rows_f)    # doctest: +SKIP
     """

@@ -145,6 +145,20 @@ def _require_export_checks(kernel: KernelHandle, target_name: str) -> None:
             user_line())
 
 
+def _explain_export_check(message: str) -> KernelError | None:
+    """jax.export's check rejected a module: say what to pass when jaxtile's calls are among
+    the rejected ones (the lowering rules say it too, but a cached lowering skips them)."""
+    names = [n for n in (CPU_EXPORTED_TARGET_NAME, CUDA_TARGET_NAME) if f"@{n}(" in message]
+    if not names:
+        return None
+    line = user_line()
+    return KernelError(
+        "jax.export only accepts custom calls it knows to be stable: pass "
+        "disabled_checks=jt.export_checks() to jax.export.export (the program calls jaxtile "
+        f"kernels through {', '.join(map(repr, names))}, which is stable: its payload format "
+        "is versioned)" + (f" (at {line})" if line else ""))
+
+
 def _unsupported_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
     del args
     platforms = tuple(ctx.module_context.platforms)
@@ -162,6 +176,7 @@ mlir.register_lowering(kernel_call_p, _cpu_lowering, platform="cpu")
 mlir.register_lowering(kernel_call_p, _cuda_lowering, platform="cuda")
 mlir.register_lowering(kernel_call_p, _gpu_lowering("rocm"), platform="rocm")
 ji.require_devices_when_lowering(kernel_call_p)
+ji.explain_export_check_failures(_explain_export_check)
 jax.ffi.register_ffi_target(CPU_TARGET_NAME, _ffi.cpu_handler(), platform="cpu")
 jax.ffi.register_ffi_target(CPU_EXPORTED_TARGET_NAME, _ffi.cpu_exported_handler(),
                             platform="cpu")

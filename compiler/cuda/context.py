@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .. import ir, sizes
-from ..errors import KernelError
+from ..errors import KernelError, kernel_error
 from ..passes.layout_inference import uniform_values
 from . import types as T
 from .layout import Layout, replicated
@@ -146,13 +146,22 @@ class Context:
         self.array(T.reg(v.dtype), name, self.layout(v).num_local)
         return name
 
-    def array(self, ctype: str, name: str, count: int, comment: str = "") -> None:
-        """Declare a per-thread array, counting it against :data:`MAX_THREAD_BYTES`."""
-        self.thread_bytes += count * np.dtype(_NUMPY[ctype]).itemsize
+    def array(self, ctype: str, name: str, count: int, comment: str = "",
+              line: str | None = None) -> None:
+        """Declare a per-thread array, counting it against :data:`MAX_THREAD_BYTES`;
+        ``line``: the user's line that declared it (default: that of the op being lowered),
+        which the error names as where the kernel went over."""
+        nbytes = count * np.dtype(_NUMPY[ctype]).itemsize
+        self.thread_bytes += nbytes
         if self.thread_bytes > MAX_THREAD_BYTES:
-            raise KernelError(f"kernel '{self.kernel.name}' needs more than "
-                              f"{MAX_THREAD_BYTES // 1024} KiB of registers and local memory "
-                              f"per thread; use smaller tiles or more threads")
+            if line is None and self.current_op is not None:
+                line = self.current_op.line
+            what = comment or f"{count} {ctype} elements"
+            raise kernel_error(self.kernel.name, f"needs more than {MAX_THREAD_BYTES // 1024} "
+                               f"KiB of registers and local memory per thread ({what}: "
+                               f"{nbytes} bytes per thread, {self.thread_bytes} in all, with "
+                               f"{self.threads} threads); use smaller tiles or more threads",
+                               line)
         self.w(f"{ctype} {name}[{count}];{'  // ' + comment if comment else ''}")
 
     def result(self, v: ir.Value, lay: Layout | None = None) -> tuple[str, Layout]:

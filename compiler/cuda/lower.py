@@ -103,10 +103,12 @@ class _Lowering:
         for b in k.buffers:
             if b.scope == "fragment":
                 cx.array(T.reg(b.dtype), b.name, b.layout.num_local,
-                         f"fragment {b.name}: {b.dtype.name}{list(b.shape)}{b.layout.text()}")
+                         f"fragment {b.name}: {b.dtype.name}{list(b.shape)}{b.layout.text()}",
+                         b.line)
             elif b.scope == "local":
                 cx.array(T.reg(b.dtype), b.name, max(math.prod(b.shape), 1),
-                         f"local {b.name}: {b.dtype.name}{list(b.shape)} (every thread)")
+                         f"local {b.name}: {b.dtype.name}{list(b.shape)} (every thread)",
+                         b.line)
         self.body(k.body)
         return self._assemble()
 

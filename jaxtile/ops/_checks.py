@@ -37,3 +37,10 @@ def same_dtype(op: str, **operands: Any) -> None:
         if b.dtype != a.dtype:
             raise TypeError(f"{op}: {first} is {a.dtype} but {name} is {b.dtype}; cast them "
                             "to one dtype")
+
+
+def positive_int(op: str, name: str, value: Any) -> None:
+    """``value`` is a Python int >= 1 (not a bool): a count of blocks or shares, where 0
+    would launch no block and leave the output unwritten."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{op}: {name} must be a positive int, got {value!r}")

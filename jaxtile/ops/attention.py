@@ -35,7 +35,8 @@ def attention_fwd(q, k, v, lengths, *, causal=False, scale=None, window=None, bm
     int ``w`` for ``(w, w)``.
 
     ``out`` (B, H, T, D) in ``q.dtype``; ``lse`` (B, H, T) float32, the log-sum-exp of each
-    row's scaled scores (``-inf`` for a row that sees no key, whose ``out`` is 0). A block
+    row's scaled scores (``-inf`` for a row that sees no key, whose ``out`` is 0; NaN and
+    inf scores propagate to ``out`` and ``lse`` as NaN). A block
     handles ``bm`` queries of one head against tiles of ``bn`` keys; scores and the softmax
     are float32, probabilities are cast to ``v.dtype`` for the product with ``v``. On CUDA
     the K/V tiles come through a ``stages``-deep ``cp.async`` pipeline.
@@ -87,9 +88,11 @@ def attention_fwd(q, k, v, lengths, *, causal=False, scale=None, window=None, bm
         m_i[...] = m_new
 
     lv = l_i[...]
-    o[...] = jnp.where(lv[:, None] > 0, acc[...] / lv[:, None], 0.0).astype(q.dtype)
+    # Only a row that saw no key has l == 0; testing `l > 0` instead would also turn a NaN
+    # (from a NaN or inf in q, k or scale) into 0 where jax.nn.dot_product_attention gives NaN.
+    o[...] = jnp.where(lv[:, None] == 0, 0.0, acc[...] / lv[:, None]).astype(q.dtype)
     jt.copy(o, out.at[b, h, bx * bm, 0])
-    l_i[...] = jnp.where(lv > 0, m_i[...] + jnp.log(lv), -jnp.inf)
+    l_i[...] = jnp.where(lv == 0, -jnp.inf, m_i[...] + jnp.log(lv))
     jt.copy(l_i, lse.at[b, h, bx * bm])
     return out, lse
 
@@ -108,7 +111,12 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | No
       causal: query ``i`` sees keys ``j <= i``.
       scale: the score scale; default ``1 / sqrt(head_dim)``.
       lengths: optional int32 (batch,): sequence ``b`` has ``lengths[b]`` valid keys (the
-        rest is padding). A query that sees no key gets 0 (and a log-sum-exp of ``-inf``).
+        rest is padding). A query that sees no key gets 0 and a log-sum-exp of ``-inf``:
+        its softmax is over no key, so it has no value of its own; 0 is what a split of
+        the keys that holds none contributes when partial results are merged by their
+        log-sum-exp, and it carries nothing from keys the query must not see
+        (``jax.nn.dot_product_attention`` with ``implementation="xla"`` returns the
+        average of all of V there instead).
       window: optional sliding window: query ``i`` sees keys ``i - left <= j <= i + right``
         for ``window=(left, right)``; an int ``w`` is ``(w, w)``.
       return_lse: also return the float32 log-sum-exp of each row's scores, (batch, heads,
@@ -117,7 +125,9 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | No
       stages: how many K/V tiles the CUDA kernel keeps in flight (its ``cp.async``
         pipeline; the backward kernels do not use it).
 
-    Returns ``out`` (batch, heads, T, head_dim) in q's dtype, or ``(out, lse)``.
+    Returns ``out`` (batch, heads, T, head_dim) in q's dtype, or ``(out, lse)``. A NaN or
+    infinite score (from q, k or scale) makes its row NaN, as in
+    ``jax.nn.dot_product_attention``; a NaN in v reaches the rows that see its key.
     Differentiable in q, k and v in both modes (``jax.grad``, ``jax.jvp``) by jaxtile
     kernels, and batched by ``jax.vmap`` as one kernel with a larger grid.
 

@@ -59,6 +59,7 @@ def decode_partial(q, k_pages, v_pages, page_table, lengths, *, scale=None, spli
     log-sum-exp, (batch, splits, heads) float32 (``-inf`` for a share with no key). A share
     is ``cdiv(pages, splits)`` consecutive pages of the sequence."""
     group = _check(q, k_pages, v_pages, page_table, lengths)
+    _checks.positive_int("attention_decode", "splits", splits)
     batch, heads, d = q.shape
     kv_heads, _, page, _ = k_pages.shape
     scale = attention_scale(scale, d)
@@ -100,9 +101,10 @@ def decode_partial(q, k_pages, v_pages, page_table, lengths, *, scale=None, spli
         m_i[...] = m_new
 
     lv = l_i[...]
-    acc[...] = jnp.where(lv[:, None] > 0, acc[...] / lv[:, None], 0.0)
+    # l == 0 only for a share with no key; a NaN l (from a NaN or inf operand) must stay NaN.
+    acc[...] = jnp.where(lv[:, None] == 0, 0.0, acc[...] / lv[:, None])
     jt.copy(acc, o_part.at[b, sp, hk * group, 0])
-    l_i[...] = jnp.where(lv > 0, m_i[...] + jnp.log(lv), -jnp.inf)
+    l_i[...] = jnp.where(lv == 0, -jnp.inf, m_i[...] + jnp.log(lv))
     jt.copy(l_i, lse_part.at[b, sp, hk * group])
     return o_part, lse_part
 
@@ -144,7 +146,7 @@ def decode_combine(o_part, lse_part, *, dtype=jnp.float32, heads_per_block=8):
         m_i[...] = m_new
 
     lv = l_i[...]
-    res[...] = jnp.where(lv[:, None] > 0, acc[...] / lv[:, None], 0.0).astype(dtype)
+    res[...] = jnp.where(lv[:, None] == 0, 0.0, acc[...] / lv[:, None]).astype(dtype)
     jt.copy(res, out.at[b, hx * bh, 0])
     return out
 
@@ -159,12 +161,14 @@ def attention_decode(q: Any, k_pages: Any, v_pages: Any, page_table: Any, length
         multiple of ``kv_heads`` (grouped-query attention).
       page_table: int32 (batch, pages_per_sequence): the pages of each sequence, in order.
       lengths: int32 (batch,): the number of cached tokens of each sequence (at most
-        ``pages_per_sequence * page_size``); a sequence of length 0 gets 0.
+        ``pages_per_sequence * page_size``); a sequence of length 0 gets 0 (as in
+        :func:`jaxtile.ops.attention`, a query that sees no key gets 0).
       scale: the score scale; default ``1 / sqrt(head_dim)``.
       splits: how many shares each sequence's pages are split into (blocks that run in
         parallel; then combined).
 
-    Returns (batch, heads, head_dim) in q's dtype.
+    Returns (batch, heads, head_dim) in q's dtype; a NaN or inf in a head's scores makes
+    that head's output NaN, as in ``jax.nn.dot_product_attention``.
 
     >>> out = jt.ops.attention_decode(q, k_pages, v_pages, page_table, lengths)  # doctest: +SKIP
     """

@@ -120,3 +120,19 @@ def test_symbolic_sizes_trace_to_dim_as_value():
     jaxpr = jax.make_jaxpr(body)(ji.ref_aval((n,), jnp.int32))
     eqns = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "dim_as_value"]
     assert len(eqns) == 1 and str(eqns[0].params["dim"]) == "x_0"
+
+
+def test_undecided_dimension_comparisons_reach_the_callback():
+    # JAX answers an `==` of symbolic dimensions it cannot decide with False and a truth
+    # test with True (no error); the hook reports those, and only those, to the callback.
+    (n,) = jax.export.symbolic_shape("x_0")
+    assert (n % 8 == 0) is False and bool(n % 8) is True
+    seen = []
+    with ji.on_undecided_dim_comparison(lambda what, caller: seen.append((what, caller))):
+        assert (n == 16) is False and (n != 16) is True and bool(n % 8)
+        assert (n == 0) is False and n == n and bool(n)     # decided for every size
+    line = test_undecided_dimension_comparisons_reach_the_callback.__code__.co_firstlineno
+    assert [w for w, _ in seen] == ["x_0 == 16", "x_0 == 16", "bool(mod(x_0, 8))"]
+    assert {c for _, c in seen} == {f"{__file__}:{line + 7}"}
+    assert (n == 16) is False       # outside the context: JAX's answer, no callback
+    assert len(seen) == 3

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 
 from .. import ir
+from ..errors import KernelError
 from . import types as T
 from .context import Context, row_major
 
@@ -32,6 +33,9 @@ def _less(a: str, b: str, floating: bool) -> str:
 def lower_sort(cx: Context, op: ir.Op) -> None:
     """Emit a ``sort`` (attribute ``axis``) of a tile value; see the module docstring."""
     src, res = op.operands[0], op.result
+    if len(op.operands) > 1 or op.attrs["descending"] or op.attrs["total_order"]:
+        raise KernelError("argsort, top_k and sorts of several operands are not lowered "
+                          f"for CUDA yet (line {op.line})")
     axis, n = op.attrs["axis"], src.shape[op.attrs["axis"]]
     reg = T.reg(src.dtype)
     src_lay = cx.layout(src)

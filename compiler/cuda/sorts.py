@@ -31,7 +31,7 @@ def _key_type(dtype: np.dtype) -> str:
     """The C type of a staged key: the float's bits as a signed integer, a bool as int."""
     reg = T.reg(dtype)
     if T.is_float(dtype):
-        return "long long" if reg == "double" else "int"
+        return "int64_t" if reg == "double" else "int"
     return "int" if reg == "bool" else reg
 
 
@@ -44,7 +44,7 @@ def _key_lines(x: str, dtype: np.dtype, total_order: bool, key: str) -> list[str
     if not T.is_float(dtype):
         return [f"const {ktype} {key} = {ktype}({x});"]
     reg = T.reg(dtype)
-    top = "0x7fffffffffffffffLL" if ktype == "long long" else "0x7fffffff"
+    top = "0x7fffffffffffffffLL" if ktype == "int64_t" else "0x7fffffff"
     bits = f"{key}_bits"
     lines = [f"union {{ {reg} f; {ktype} i; }} {bits}{{{x}}};",
              f"{ktype} {key} = {bits}.i < 0 ? ({bits}.i ^ {top}) : {bits}.i;"]

@@ -42,6 +42,9 @@ def _total_key(x):
     ranks by: -NaN < -inf < -0.0 < 0.0 < inf < NaN)."""
     if x.dtype.kind in "iu":
         return x.astype(np.int64)
+    if x.dtype == np.float64:
+        bits = x.view(np.int64)
+        return np.where(bits < 0, bits ^ 0x7FFFFFFFFFFFFFFF, bits)
     bits = x.astype(np.float32).view(np.int32).astype(np.int64)
     return np.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
 
@@ -143,3 +146,32 @@ def test_sort_of_several_operands_by_two_keys(rng):
     ref = kern.reference(x)
     _assert_same(by_major, ref[0])
     _assert_same(payload, ref[1])
+
+
+def test_float64_keys(rng):
+    # float64 keys are 64-bit integers (int64_t in CUDA's shared memory).
+    @jt.kernel
+    def sort_and_top(x):
+        out = jt.empty(x.shape, x.dtype)
+        idx = jt.empty((x.shape[0], 3), jnp.int32)
+        jt.grid(1)
+        t = jt.fragment(x.shape, x.dtype)
+        ti = jt.fragment((x.shape[0], 3), jnp.int32)
+        jt.copy(x.at[0, 0], t)
+        ti[...] = lax.top_k(t[...], 3)[1]
+        t[...] = jnp.sort(t[...], axis=1)
+        jt.copy(t, out.at[0, 0])
+        jt.copy(ti, idx.at[0, 0])
+        return out, idx
+
+    with jax.enable_x64(True):
+        x = rng.integers(-3, 3, (4, 11)).astype(np.float64)
+        x[0, [1, 5]] = np.nan
+        x[1, [2, 3]] = [-0.0, 0.0]
+        x[2, 4] = -np.nan
+        values, indices = jax.jit(sort_and_top)(jnp.asarray(x))
+        _assert_same(values, np.sort(x, axis=1, kind="stable"))
+        _assert_same(indices, _np_top_k(x, 3)[1])
+        ref_v, ref_i = sort_and_top.reference(jnp.asarray(x))
+        _assert_same(values, ref_v)
+        _assert_same(indices, ref_i)

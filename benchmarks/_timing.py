@@ -88,7 +88,7 @@ def environment() -> dict[str, Any]:
         "cpu_model": _cpu_model(),
         "cpus_available": cpus,
         "jaxtile_num_threads": os.environ.get("JAXTILE_NUM_THREADS"),
-        "jaxtile_keep_freed_memory": os.environ.get("JAXTILE_KEEP_FREED_MEMORY", "1 (default)"),
+        "jaxtile_keep_freed_memory": os.environ.get("JAXTILE_KEEP_FREED_MEMORY", "0 (default)"),
         "load_average_1min": round(os.getloadavg()[0], 2),
         "python": platform.python_version(),
         "jax": jax.__version__,

@@ -355,12 +355,30 @@ def _argreduce(c: _Converter, eqn: Any, out: list) -> None:
 
 @_converts("sort")
 def _sort(c: _Converter, eqn: Any, out: list) -> None:
-    if len(eqn.invars) != 1:
-        raise c.error("sorting several arrays together (jnp.argsort, lax.sort with several "
-                      "operands) is not supported in kernels yet; jnp.sort of one tile is")
-    # XLA's order, stable: NaNs last, -0.0 and 0.0 equal (lax.sort's default comparator).
-    c.emit(out, "sort", [c.value(eqn.invars[0], out)], eqn.outvars[0],
-           axis=int(eqn.params["dimension"]))
+    # lax.sort of one or more operands (jnp.sort; jnp.argsort sorts the keys with an iota):
+    # one op per result, each the same stable sort taking another operand; DCE drops the
+    # ones nobody reads. XLA's order: NaNs last, -0.0 and 0.0 equal. An unstable sort may
+    # order ties any way, so the stable one serves it too.
+    operands = [c.value(v, out) for v in eqn.invars]
+    for take, outvar in enumerate(eqn.outvars):
+        c.emit(out, "sort", operands, outvar, axis=int(eqn.params["dimension"]),
+               num_keys=int(eqn.params["num_keys"]), take=take, descending=False,
+               total_order=False)
+
+
+@_converts("top_k")
+def _top_k(c: _Converter, eqn: Any, out: list) -> None:
+    # The first k of a stable descending sort of (operand, its positions), as XLA's TopK:
+    # floats in the IEEE total order (NaN above inf, 0.0 above -0.0, -NaN below -inf),
+    # ties to the lower index.
+    x = c.value(eqn.invars[0], out)
+    axis = int(eqn.params.get("axis", -1)) % len(x.shape)
+    positions = c.op(out, "iota", (), ir.Value(x.shape, np.dtype(np.int32)), dimension=axis)
+    for take, outvar in enumerate(eqn.outvars):
+        whole = c.op(out, "sort", (x, positions), ir.Value(x.shape, outvar.aval.dtype),
+                     axis=axis, num_keys=1, take=take, descending=True, total_order=True)
+        c.emit(out, "slice", [whole], outvar, start=(0,) * len(x.shape),
+               stride=(1,) * len(x.shape))
 
 
 @_converts(*_IDENTITY)

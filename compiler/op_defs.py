@@ -29,6 +29,12 @@ initialisation, coverage (and later barrier insertion and pipelining) ask the de
                updated atomically; writes past a global edge are dropped
 ``scan``       ``fn`` (sum/prod/max/min), ``axis``, ``reverse``: inclusive running
                reduction along one axis (``jnp.cumsum``, ``lax.cummax``...)
+``sort``       ``axis``, ``num_keys``, ``take``, ``descending``, ``total_order``: the
+               operands (all of the result's shape) reordered together along ``axis`` by
+               their first ``num_keys`` operands, compared in turn, stably (ties keep their
+               order); the result is operand ``take`` reordered. Floats compare in XLA's
+               order (NaNs last, -0.0 equal to 0.0) or, with ``total_order``, by the IEEE
+               total order (-NaN < -inf < -0.0 < 0.0 < inf < NaN: ``lax.top_k``'s)
 ``rev``        ``dims``: the operand reversed along those dimensions
 ``slice``      ``start``, ``stride``: the elements ``start + i * stride`` of the operand
 ``concatenate``  ``dimension``: the operands (one or more) joined along it
@@ -240,12 +246,27 @@ def _check_reduce(op: Op, bufs: Buffers) -> str | None:
 
 
 def _check_along_axis(op: Op, bufs: Buffers) -> str | None:
-    """Scans and sorts: a result of the operand's type, computed along a valid axis."""
+    """Scans: a result of the operand's type, computed along a valid axis."""
     src, res, axis = op.operands[0], op.result, op.attrs["axis"]
     if not 0 <= axis < len(src.shape):
         return f"{op.kind} along axis {axis} of a rank-{len(src.shape)} value"
     if res.shape != src.shape or res.dtype != src.dtype:
         return f"{op.kind}: the result's type differs from the operand's"
+    return None
+
+
+def _check_sort(op: Op, bufs: Buffers) -> str | None:
+    res, axis = op.result, op.attrs["axis"]
+    if not 0 <= axis < len(res.shape):
+        return f"sort along axis {axis} of a rank-{len(res.shape)} value"
+    if any(v.shape != res.shape for v in op.operands):
+        return f"sort: operands of shapes {[v.shape for v in op.operands]}, result {res.shape}"
+    if not 1 <= op.attrs["num_keys"] <= len(op.operands):
+        return f"sort: {op.attrs['num_keys']} keys of {len(op.operands)} operands"
+    if not 0 <= op.attrs["take"] < len(op.operands):
+        return f"sort: take={op.attrs['take']} of {len(op.operands)} operands"
+    if op.operands[op.attrs["take"]].dtype != res.dtype:
+        return "sort: the result's type differs from the operand it takes"
     return None
 
 
@@ -375,7 +396,8 @@ _DEFS = (
           check=_check_along_axis),
     OpDef("argreduce", {"fn": "arg", "axis": "int"}, (1,), True, True, False,
           check=_check_argreduce),
-    OpDef("sort", {"axis": "int"}, (1,), True, True, False, check=_check_along_axis),
+    OpDef("sort", {"axis": "int", "num_keys": "int", "take": "int", "descending": "bool",
+                   "total_order": "bool"}, None, True, True, False, check=_check_sort),
     OpDef("select", {}, (3,), True, True, True, True, check=_check_select),
     OpDef("load", {"src": "region"}, (0,), True, True, True, True, reads=("src",),
           check=_check_load),

@@ -10,7 +10,7 @@ _GROUPS = (
     ("Elementwise", lambda n: n in fj._UNARY or n in fj._BINARY or n in (
         "round", "integer_pow", "convert_element_type", "select_n", "clamp")),
     ("Reductions and scans", lambda n: n in fj._REDUCE or n in fj._SCANS or n in (
-        "argmax", "argmin", "sort")),
+        "argmax", "argmin", "sort", "top_k")),
     ("Shapes", lambda n: n in ("broadcast_in_dim", "reshape", "squeeze", "expand_dims",
                                "transpose", "iota", "rev", "slice", "concatenate",
                                "dim_as_value")),
@@ -29,7 +29,9 @@ def operations_markdown() -> str:
              "`compiler/operations_doc.py` writes this page): the JAX primitives that "
              "`jnp`/`lax` calls in a kernel body may produce. `while` is a counted loop "
              "(`jt.loop`/`jt.pipelined` with traced bounds) or a `jt.while_` loop; "
-             "`dot_general` is rejected with a pointer to `jt.gemm`. "
+             "`dot_general` is rejected with a pointer to `jt.gemm`. `sort` is `jnp.sort`, "
+             "`jnp.argsort` and `lax.sort` of several operands (stable, XLA's order); "
+             "`top_k` is `lax.top_k` (values and indices, ties to the lower index). "
              "Anything else is a `KernelError` at the line that uses it.", "",
              "| group | primitives |", "| --- | --- |"]
     seen: set[str] = set()

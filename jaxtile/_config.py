@@ -78,9 +78,10 @@ VARIABLES = {v.name: v for v in (
              "run kernels without an explicit interpret= as their reference semantics"),
     Variable("JAXTILE_NUM_THREADS", _threads, None,
              "threads a kernel call's blocks are spread over (default: the CPUs available)"),
-    Variable("JAXTILE_KEEP_FREED_MEMORY", boolean, True,
-             "keep freed buffers (up to 32 MiB each, 256 MiB at the heap's top) in the process "
-             "rather than returning them to the OS after every call (glibc; see "
+    Variable("JAXTILE_KEEP_FREED_MEMORY", boolean, False,
+             "opt in to setting glibc's allocator, for the whole process, to keep freed "
+             "buffers (up to 32 MiB each, 256 MiB per arena's top) rather than returning them "
+             "to the OS (faster repeated large kernel calls, more memory kept; see "
              "docs/design.md)"),
 )}
 

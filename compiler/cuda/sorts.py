@@ -1,69 +1,126 @@
-"""CUDA lowering of ``sort`` along one axis of a tile, in XLA's stable order.
+"""CUDA lowering of ``sort`` along one axis of a tile (``op_defs`` states its meaning).
 
-XLA's order (``lax.sort``'s default comparator, as ``compiler/cpu/sorts.py``): a float is
-less than another when it compares less, or when only the other is NaN, so NaNs go last;
-elements neither less than the other (equal values, -0.0 and 0.0, two NaNs) keep their
-order. The operand is staged in shared memory; every thread computes the *rank* of each of
-its elements in its line -- how many elements are less, plus how many equal ones come
-before it -- and writes the element to that position of a second shared array; after a
-barrier each thread reads its result slots. That is ``n`` comparisons per element for a
-line of ``n`` and two barriers, with no rounds: tiles are small, and the ranks of distinct
-positions are distinct, so every position is written once. In a loop no third barrier is
-needed: the last reads of each array in one iteration come before a barrier that precedes
-its first write in the next (the staged array is read before the second barrier, the
-sorted one before the next iteration's first).
+The same bitonic network as ``compiler/cpu/sorts.py``, run by the whole block in shared
+memory: ``O(n log^2 n)`` comparisons spread over the threads, in ``log2(N) * (log2(N) + 1)
+/ 2`` rounds for the power of two ``N >= n``, each followed by a barrier (the comparators
+of one round touch distinct elements, so a round has no races). The first step of each
+merge compares mirrored positions, so positions past ``n`` act as +infinity and their
+comparators are skipped. Each element carries its position in its line and ties go to the
+lower one, which makes the order total and the result the stable sort.
+
+Keys are staged as integers whose order is the sort order (:func:`_key_lines`), with the
+positions and the operand the result takes; after the network each thread gathers its
+result slots through the sorted positions, so values (NaN payloads, -0.0 next to 0.0) are
+copied, never recomputed. Inside a loop a last barrier keeps the next iteration's staging
+from overwriting what slower threads still gather.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+
+import numpy as np
 
 from .. import ir
 from . import types as T
 from .context import Context, row_major
 
 
-def _less(a: str, b: str, floating: bool) -> str:
-    if not floating:
-        return f"({a} < {b})"
-    return f"({a} < {b} || ({b} != {b} && {a} == {a}))"
+def _key_type(dtype: np.dtype) -> str:
+    """The C type of a staged key: the float's bits as a signed integer, a bool as int."""
+    reg = T.reg(dtype)
+    if T.is_float(dtype):
+        return "int64_t" if reg == "double" else "int"
+    return "int" if reg == "bool" else reg
+
+
+def _key_lines(x: str, dtype: np.dtype, total_order: bool, key: str) -> list[str]:
+    """C statements defining ``key``, an integer whose order is ``x``'s sort order. A
+    float's bits with the magnitude flipped under a set sign bit order -NaN < -inf < ...
+    < -0.0 < 0.0 < ... < inf < NaN (``total_order``); XLA's order makes -0.0 0.0 and
+    every NaN the largest key."""
+    ktype = _key_type(dtype)
+    if not T.is_float(dtype):
+        return [f"const {ktype} {key} = {ktype}({x});"]
+    reg = T.reg(dtype)
+    top = "0x7fffffffffffffffLL" if ktype == "int64_t" else "0x7fffffff"
+    bits = f"{key}_bits"
+    lines = [f"union {{ {reg} f; {ktype} i; }} {bits}{{{x}}};",
+             f"{ktype} {key} = {bits}.i < 0 ? ({bits}.i ^ {top}) : {bits}.i;"]
+    if not total_order:
+        lines.append(f"{key} = {x} != {x} ? {top} : ({x} == 0 ? 0 : {key});")
+    return lines
 
 
 def lower_sort(cx: Context, op: ir.Op) -> None:
-    """Emit a ``sort`` (attribute ``axis``) of a tile value; see the module docstring."""
-    src, res = op.operands[0], op.result
-    axis, n = op.attrs["axis"], src.shape[op.attrs["axis"]]
-    reg = T.reg(src.dtype)
-    src_lay = cx.layout(src)
+    """Emit a ``sort`` of tile values; see the module docstring."""
+    res, axis = op.result, op.attrs["axis"]
+    shape, n = res.shape, res.shape[op.attrs["axis"]]
+    size, inner = math.prod(shape), math.prod(shape[axis + 1:])
+    stages = max(n - 1, 0).bit_length()          # N = 2**stages >= n
+    half = (1 << stages) // 2
+    descending, total = op.attrs["descending"], op.attrs["total_order"]
+    src = op.operands[op.attrs["take"]]
+    keys = [(v, cx.shared_array(_key_type(v.dtype), size, "key"))
+            for v in op.operands[:op.attrs["num_keys"]]]
+    pos = cx.shared_array("int", size, "pos")
+    vals = cx.shared_array(T.reg(src.dtype), size, "vals")
+
+    def stage(v: ir.Value, body: Callable[[str], list[str]], dst: str) -> None:
+        """Write ``body(x)``'s last variable for each element ``x`` of ``v`` to ``dst``."""
+        lay = cx.layout(v)
+        if lay is None:                          # one value: every element
+            with cx.w.block(f"for (int e = tid; e < {size}; e += {cx.threads})"):
+                for line in body(cx.name(v)):
+                    cx.w(line)
+                cx.w(f"{dst}[e] = staged;")
+            return
+        primary = cx.primary(lay)
+        with cx.slots(lay, guard=True) as c:
+            for line in body(f"{cx.name(v)}[k]"):
+                cx.w(line)
+            stmt = f"{dst}[{row_major(c, shape)}] = staged;"
+            cx.w(f"if ({primary}) {stmt}" if primary else stmt)
+
+    for v, key in keys:
+        stage(v, lambda x, v=v: _key_lines(x, v.dtype, total, "staged"), key)
+    stage(src, lambda x: [f"const {T.reg(src.dtype)} staged = {x};"], vals)
+    with cx.w.block(f"for (int e = tid; e < {size}; e += {cx.threads})"):
+        cx.w(f"{pos}[e] = e / {inner} % {n};")
+    cx.w("sync_threads();")
+
+    def precedes(i: str, j: str) -> str:
+        out = f"{pos}[{i}] < {pos}[{j}]"
+        for _, key in reversed(keys):
+            a, b = (f"{key}[{j}]", f"{key}[{i}]") if descending else (f"{key}[{i}]",
+                                                                       f"{key}[{j}]")
+            out = f"{a} < {b} || ({a} == {b} && ({out}))"
+        return out
+
+    if stages:
+        with cx.w.block(f"for (int s = 0; s < {stages}; ++s)"), \
+                cx.w.block("for (int t = 0; t <= s; ++t)"):
+            with cx.w.block(f"for (int e = tid; e < {size // n * half}; e += {cx.threads})"):
+                cx.w(f"const int line = e / {half}, m = e % {half}, d = s - t;")
+                cx.w("const int block = (m >> d) << (d + 1), r = m & ((1 << d) - 1);")
+                cx.w("const int lo = block + r;")
+                cx.w("const int hi = t == 0 ? block + (2 << d) - 1 - r : lo + (1 << d);")
+                with cx.w.block(f"if (hi < {n})"):
+                    cx.w(f"const int base = line / {inner} * {n * inner} + line % {inner};")
+                    cx.w(f"const int a = base + lo * {inner}, b = base + hi * {inner};")
+                    with cx.w.block(f"if ({precedes('b', 'a')})"):
+                        # (a named type: in the emulator a shared element is a proxy)
+                        for arr, ctype in ((pos, "int"), *((key, _key_type(v.dtype))
+                                                           for v, key in keys)):
+                            cx.w(f"const {ctype} {arr}_a = {arr}[a];")
+                            cx.w(f"{arr}[a] = {arr}[b];")
+                            cx.w(f"{arr}[b] = {arr}_a;")
+            cx.w("sync_threads();")
     name, lay = cx.result(res)
-    if src_lay is None:
-        # Every element is the same value: sorted already.
-        with cx.slots(lay, need_coords=False):
-            cx.w(f"{name}[k] = {cx.name(src)};")
-        cx.finish(res, name)
-        return
-    floating = T.is_float(src.dtype)
-    size = math.prod(src.shape)
-    staged = cx.shared_array(reg, size, "staged")
-    ordered = cx.shared_array(reg, size, "sorted")
-    primary = cx.primary(src_lay)
-    with cx.slots(src_lay, guard=True) as c:
-        stmt = f"{staged}[{row_major(c, src.shape)}] = {cx.name(src)}[k];"
-        cx.w(f"if ({primary}) {stmt}" if primary else stmt)
-    cx.w("sync_threads();")
-    with cx.slots(src_lay, guard=True) as c:
-        x, rank, y = cx.tmp("x"), cx.tmp("r"), cx.tmp("x")
-        cx.w(f"const {reg} {x} = {cx.name(src)}[k];")
-        cx.w(f"int {rank} = 0;")
-        at = [("i" if d == axis else e) for d, e in enumerate(c)]
-        with cx.w.block(f"for (int i = 0; i < {n}; ++i)"):
-            cx.w(f"const {reg} {y} = {staged}[{row_major(at, src.shape)}];")
-            cx.w(f"{rank} += {_less(y, x, floating)} || "
-                 f"(i < {c[axis]} && !{_less(x, y, floating)});")
-        to = [(rank if d == axis else e) for d, e in enumerate(c)]
-        stmt = f"{ordered}[{row_major(to, src.shape)}] = {x};"
-        cx.w(f"if ({primary}) {stmt}" if primary else stmt)
-    cx.w("sync_threads();")
     with cx.slots(lay, guard=True) as c:
-        cx.w(f"{name}[k] = {ordered}[{row_major(c, res.shape)}];")
+        at = row_major(c, shape)
+        cx.w(f"{name}[k] = {vals}[{at} + ({pos}[{at}] - ({c[axis]})) * {inner}];")
+    if cx.loop_depth:
+        cx.w("sync_threads();")
     cx.finish(res, name)

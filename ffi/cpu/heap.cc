@@ -20,7 +20,9 @@ namespace jaxtile {
 // threshold, at most 2 x 32 MiB), so it is returned to the kernel, and the next call's
 // output is fresh memory: a page fault per 4 KiB page, 1.2 us each on the VMs measured, which
 // tripled the time of a 16 MiB RMS norm (benchmarks/README.md). The values fix the adaptive
-// scheme at its ceiling for mmap and raise the trim threshold above it.
+// scheme at its ceiling for mmap and raise the trim threshold above it. glibc applies the
+// trim threshold to every arena, so a many-threaded program keeps up to 256 MiB per arena
+// after freeing: the Python side calls this only when the user opts in.
 bool keep_freed_memory() {
 #if defined(__GLIBC__)
   // glibc's largest allowed mmap threshold.

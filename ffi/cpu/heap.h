@@ -10,7 +10,8 @@ namespace jaxtile {
 constexpr size_t kFreshMappingBytes = size_t{32} << 20;
 
 // Keeps freed buffers of under kFreshMappingBytes in the heap, and up to 256 MiB of free
-// memory at the heap's top, instead of handing them back to the kernel after each call.
+// memory at the top of each arena's heap, instead of handing them back to the kernel after
+// each call. Process-wide, so only on request (JAXTILE_KEEP_FREED_MEMORY=1), never by default.
 // Returns false, changing nothing, where the C library is not glibc.
 bool keep_freed_memory();
 

@@ -168,9 +168,3 @@ def test_sort_in_xla_order(rng, fn, axis, dtype):
         if dtype != I32:
             np.testing.assert_array_equal(np.signbit(got.astype(np.float32)),
                                           np.signbit(expected.astype(np.float32)))
-
-
-def test_argsort_is_a_clear_error():
-    from jaxtile.compiler.errors import KernelError
-    with pytest.raises(KernelError, match="argsort"):
-        _row_tile_kernel(lambda v: jnp.argsort(v, axis=1)).lower(jnp.ones((8, 4)))

@@ -45,11 +45,13 @@ def header_digest() -> str:
 @functools.cache
 def _version(which: str) -> str:
     if which == "nvrtc":
-        try:
-            dist = importlib.metadata.version("nvidia-cuda-nvrtc")
-        except importlib.metadata.PackageNotFoundError:
-            dist = "toolkit"
         numbers = nvrtc.version()
+        dist = "toolkit"
+        if numbers and numbers[0] in nvrtc.DISTRIBUTIONS:
+            try:
+                dist = importlib.metadata.version(nvrtc.DISTRIBUTIONS[numbers[0]])
+            except importlib.metadata.PackageNotFoundError:
+                pass
         return f"{'.'.join(map(str, numbers))} ({dist})" if numbers else "none"
     nvcc = toolchain.nvcc_path()
     if nvcc is None:

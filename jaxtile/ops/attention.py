@@ -139,7 +139,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | No
     """
     if lengths is None:
         lengths = jnp.full((q.shape[0],), k.shape[2] if jnp.ndim(k) == 4 else 0, jnp.int32)
-    tiles = default_tiles(q.dtype, q.shape[-1])
+    # q is checked by the kernel (check_qkv), which names what is wrong.
+    tiles = default_tiles(jnp.result_type(q), jnp.shape(q)[-1] if jnp.ndim(q) else 0)
     block_q = tiles[0] if block_q is None else block_q
     block_k = tiles[1] if block_k is None else block_k
     out, lse = attention_fwd(q, k, v, lengths, causal=bool(causal), scale=scale,

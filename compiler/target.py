@@ -225,7 +225,7 @@ def _cuda(arch: str) -> Target:
         raise KernelError(f"target cuda:{arch} lacks what jaxtile's CUDA lowering needs: "
                           f"{'; '.join(missing)}. CUDA kernels are compiled for "
                           f"{', '.join(usable)}; on an older GPU run them on the CPU "
-                          "(jt.set_backend('cpu') and the cpu platform)")
+                          "(jax.default_device(jax.devices('cpu')[0]))")
     return Target(f"cuda:{arch}", "cuda", caps, toolchain_fingerprint())
 
 

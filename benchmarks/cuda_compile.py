@@ -45,7 +45,7 @@ def main() -> int:
         result["not_run"] = "no CUDA compiler (neither NVRTC nor nvcc)"
         emit(result)
         return 0
-    for target_name in ("cuda:sm_80", "cuda:sm_90"):
+    for target_name in ("cuda:sm_80", "cuda:sm_90a"):
         target = parse_target(target_name)
         reports = {}
 

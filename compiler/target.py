@@ -1,6 +1,6 @@
 """Targets as capabilities: what the passes and lowerings may know about a machine.
 
-A :class:`Target` is parsed from a name (``"cpu"``, ``"cuda:sm_80"``, ``"cuda:sm_90"``,
+A :class:`Target` is parsed from a name (``"cpu"``, ``"cuda:sm_80"``, ``"cuda:sm_90a"``,
 ``"hip:gfx90a"``, ``"hip:gfx942"``) and carries typed capabilities for its kind. Target
 differences live here, as data, never as ``if arch == ...`` branches across the compiler.
 ``Target.describe()`` is part of every content key: it holds the capabilities and the
@@ -67,6 +67,10 @@ class CudaCaps:
 
     sm: int
     """Compute capability times ten: 80 for sm_80 (Ampere), 90 for sm_90 (Hopper)."""
+    arch_specific: bool
+    """The ``a`` variant (sm_90a, sm_100a): code may use the architecture-specific
+    instructions, and its PTX runs on that architecture only (no PTX fallback to newer
+    GPUs, see :func:`.cuda.compile.arch_of`)."""
     warp_size: int
     max_threads_per_block: int
     static_smem_bytes: int
@@ -76,14 +80,16 @@ class CudaCaps:
     smem_banks: int
     bank_bytes: int
     async_copy: bool
-    """``cp.async`` global -> shared copies."""
+    """``cp.async`` global -> shared copies (sm_80 on)."""
     ldmatrix: bool
     mma_shapes: tuple[tuple[str, str], ...]
     """``(shape, input type)`` pairs of ``mma.sync`` the lowering may use."""
     wgmma: bool
-    """Warpgroup MMA (sm_90a); used by a later lowering."""
+    """Warpgroup MMA (sm_90a only: Blackwell has tcgen05 instead); used by a later lowering."""
+    tcgen05: bool
+    """Fifth-generation tensor core instructions (sm_100a); used by a later lowering."""
     tma: bool
-    """Tensor memory accelerator copies (sm_90); used by a later lowering."""
+    """Tensor memory accelerator copies (sm_90 on); used by a later lowering."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,24 +174,65 @@ def _cpu() -> Target:
     return Target("cpu", "cpu", caps, _version("apache-tvm"))
 
 
-_F16_MMA = (("m16n8k16", "f16"), ("m16n8k16", "bf16"), ("m16n8k8", "tf32"))
-_CUDA = {
-    80: dict(max_smem_bytes=163 * 1024, wgmma=False, tma=False),
-    86: dict(max_smem_bytes=99 * 1024, wgmma=False, tma=False),
-    89: dict(max_smem_bytes=99 * 1024, wgmma=False, tma=False),
-    90: dict(max_smem_bytes=227 * 1024, wgmma=True, tma=True),
+_AMPERE_MMA = (("m16n8k16", "f16"), ("m16n8k16", "bf16"), ("m16n8k8", "tf32"))
+_TURING_MMA = (("m16n8k8", "f16"),)
+_KIB = 1024
+_CUDA: dict[str, dict] = {
+    # Turing: no cp.async, no bf16 or tf32 mma.sync, m16n8k8 only for f16.
+    "sm_75": dict(max_smem_bytes=64 * _KIB, async_copy=False, mma_shapes=_TURING_MMA),
+    "sm_80": dict(max_smem_bytes=163 * _KIB),  # A100
+    "sm_86": dict(max_smem_bytes=99 * _KIB),  # RTX 30xx, A40
+    "sm_87": dict(max_smem_bytes=163 * _KIB),  # Jetson Orin
+    "sm_89": dict(max_smem_bytes=99 * _KIB),  # RTX 40xx, L4, L40
+    "sm_90": dict(max_smem_bytes=227 * _KIB, tma=True),  # H100, H200
+    "sm_90a": dict(max_smem_bytes=227 * _KIB, tma=True, wgmma=True),
+    "sm_100": dict(max_smem_bytes=227 * _KIB, tma=True),  # B200
+    "sm_100a": dict(max_smem_bytes=227 * _KIB, tma=True, tcgen05=True),
+    "sm_103": dict(max_smem_bytes=227 * _KIB, tma=True),  # B300
+    "sm_120": dict(max_smem_bytes=99 * _KIB, tma=True),  # RTX 50xx, RTX PRO 6000
+    "sm_121": dict(max_smem_bytes=99 * _KIB, tma=True),  # DGX Spark
 }
+"""Each CUDA architecture jaxtile knows, by its ``sm_XY[a]`` name: what differs from an
+Ampere default (:func:`_cuda_caps`). An ``a`` name is its own target."""
+
+
+def _cuda_caps(arch: str) -> CudaCaps:
+    """The capabilities of ``arch`` (a key of :data:`_CUDA`): Ampere's, changed by its row."""
+    defaults = dict(sm=int(arch[3:].rstrip("a")), arch_specific=arch.endswith("a"),
+                    warp_size=32, max_threads_per_block=1024, static_smem_bytes=48 * _KIB,
+                    smem_banks=32, bank_bytes=4, async_copy=True, ldmatrix=True,
+                    mma_shapes=_AMPERE_MMA, wgmma=False, tcgen05=False, tma=False)
+    return CudaCaps(**{**defaults, **_CUDA[arch]})
+
+
+def missing_for_lowering(caps: CudaCaps) -> list[str]:
+    """What the CUDA lowering needs that ``caps`` lack (empty for sm_80 and later): copy
+    pipelines are made of ``cp.async``, the gemm's tensor-core path of Ampere's ``mma.sync``
+    shapes."""
+    missing = []
+    if not caps.async_copy:
+        missing.append("cp.async (asynchronous global -> shared copies)")
+    if absent := [f"{shape} on {dtype}" for shape, dtype in _AMPERE_MMA
+                  if (shape, dtype) not in caps.mma_shapes]:
+        missing.append(f"mma.sync {', '.join(absent)}")
+    return missing
+
+
+def _cuda(arch: str) -> Target:
+    caps = _cuda_caps(arch)
+    if missing := missing_for_lowering(caps):
+        usable = [a for a in _CUDA if not missing_for_lowering(_cuda_caps(a))]
+        raise KernelError(f"target cuda:{arch} lacks what jaxtile's CUDA lowering needs: "
+                          f"{'; '.join(missing)}. CUDA kernels are compiled for "
+                          f"{', '.join(usable)}; on an older GPU run them on the CPU "
+                          "(jax.default_device(jax.devices('cpu')[0]))")
+    return Target(f"cuda:{arch}", "cuda", caps, toolchain_fingerprint())
+
+
 _HIP = {
     "gfx90a": (("32x32x8", "f16"), ("32x32x8", "bf16_1k"), ("16x16x16", "f16")),
     "gfx942": (("32x32x8", "f16"), ("32x32x8", "bf16"), ("16x16x16", "f16")),
 }
-
-
-def _cuda(sm: int) -> Target:
-    caps = CudaCaps(sm=sm, warp_size=32, max_threads_per_block=1024,
-                    static_smem_bytes=48 * 1024, smem_banks=32, bank_bytes=4, async_copy=True,
-                    ldmatrix=True, mma_shapes=_F16_MMA, **_CUDA[sm])
-    return Target(f"cuda:sm_{sm}", "cuda", caps, toolchain_fingerprint())
 
 
 def _hip(gfx: str) -> Target:
@@ -193,7 +240,7 @@ def _hip(gfx: str) -> Target:
     return Target(f"hip:{gfx}", "hip", caps, "rocm")
 
 
-KNOWN = ("cpu", *(f"cuda:sm_{sm}" for sm in _CUDA), *(f"hip:{g}" for g in _HIP))
+KNOWN = ("cpu", *(f"cuda:{arch}" for arch in _CUDA), *(f"hip:{g}" for g in _HIP))
 
 
 def parse_target(name: str = "cpu") -> Target:
@@ -207,23 +254,40 @@ def parse_target(name: str = "cpu") -> Target:
                           f"{name!r}; known targets: {', '.join(KNOWN)}")
     if name == "cpu":
         return _cpu()
-    m = re.fullmatch(r"cuda:sm_(\d+)a?", name)
-    if m and int(m.group(1)) in _CUDA:
-        return _cuda(int(m.group(1)))
+    if name.startswith("cuda:") and name[5:] in _CUDA:
+        return _cuda(name[5:])
     m = re.fullmatch(r"hip:(gfx\w+)", name)
     if m and m.group(1) in _HIP:
         return _hip(m.group(1))
     raise KernelError(f"unknown target {name!r}; known targets: {', '.join(KNOWN)}")
 
 
+def cuda_target_for(compute_capability: str) -> Target:
+    """The target for a GPU of ``compute_capability`` (``"9.0"``): its plain ``sm_XY``,
+    which the cubin is compiled for and whose PTX runs on every later GPU. A GPU newer than
+    every known architecture gets the highest plain one at or below it: the driver compiles
+    that target's PTX for it (the CUDA handler's fallback). The ``a`` targets are only
+    chosen by name: their PTX runs on that architecture alone."""
+    major, _, minor = compute_capability.partition(".")
+    try:
+        sm = int(major) * 10 + int(minor or 0)
+    except ValueError:
+        raise KernelError(f"bad CUDA compute capability {compute_capability!r}") from None
+    plain = [a for a in _CUDA if not a.endswith("a") and int(a[3:]) <= sm]
+    if not plain:
+        raise KernelError(f"a GPU of compute capability {compute_capability} is older than "
+                          f"every CUDA target jaxtile knows ({', '.join(_CUDA)})")
+    return _cuda(max(plain, key=lambda a: int(a[3:])))
+
+
 def for_platform(platform_name: str, compute_capability: str | None = None) -> Target:
     """The target a JAX platform compiles for: ``cpu`` is the host; ``cuda`` needs the
-    device's compute capability (e.g. ``"9.0"``); ``rocm`` the device's gfx name."""
+    device's compute capability (e.g. ``"9.0"``, see :func:`cuda_target_for`); ``rocm``
+    the device's gfx name."""
     if platform_name == "cpu":
         return parse_target("cpu")
     if platform_name == "cuda":
-        major, _, minor = (compute_capability or "8.0").partition(".")
-        return parse_target(f"cuda:sm_{int(major)}{int(minor or 0)}")
+        return cuda_target_for(compute_capability or "8.0")
     if platform_name == "rocm":
         return parse_target(f"hip:{compute_capability or 'gfx90a'}")
     raise KernelError(f"jaxtile has no target for the platform {platform_name!r}")

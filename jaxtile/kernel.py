@@ -125,10 +125,11 @@ class Lowered:
         """CUDA: ptxas' report for the kernel (registers, spills, shared memory), or None
         when nvcc is not installed."""
         from jaxtile.compiler.cuda import toolchain
+        from jaxtile.compiler.cuda.compile import arch_of
 
         if toolchain.nvcc_path() is None:
             return None
-        arch = "sm_90a" if parse_target(self.target).caps.sm >= 90 else "sm_80"
+        arch = arch_of(parse_target(self.target))
         cubin = toolchain.compile_cubin(self.source, arch, file=f"{self.kernel.name}.cu")
         return cubin.kernels.get(self._cuda.symbol)
 

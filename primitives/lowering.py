@@ -5,7 +5,8 @@ loaded here. A program lowered by ``jax.export`` must run elsewhere, so it calls
 ``jaxtile_cpu_exported_call {key, payload}`` instead, whose payload carries the compiled
 library (``payload.py``); the handler loads it on the first call in a process that lacks it.
 Each platform's rule chooses the target (the host CPU; on a GPU, from the device's compute
-capability, sm_80 where the lowering has no device, as for an export made on a CPU-only
+capability, the highest known plain architecture at or below it for a GPU newer than every
+known one, sm_80 where the lowering has no device, as for an export made on a CPU-only
 machine) and compiles the kernel for it there, so one traced call can be lowered for several
 platforms. On ``cuda`` the call is ``jaxtile_cuda_call {key, payload}`` under jit as under
 export: the payload carries the cubin and its launch, which the CUDA handler loads on the
@@ -94,7 +95,12 @@ def _check_launch(entry: cache.Entry) -> None:
 def _cuda_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
     if (sharded := _sharded(ctx, args, kernel)) is not None:
         return sharded
-    target = for_platform("cuda", ji.compute_capability(ctx))
+    try:
+        target = for_platform("cuda", ji.compute_capability(ctx))
+    except KernelError as e:
+        # A GPU older than every target the lowering can compile for (sm_75: no cp.async).
+        raise kernel_error(kernel.name, f"cannot be compiled for this GPU: {e}",
+                           user_line()) from None
     try:
         entry = kernel.spec.build(target, _check_launch)
     except KernelError as e:

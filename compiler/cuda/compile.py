@@ -65,10 +65,10 @@ class CompiledCuda:
 
 
 def arch_of(target: Target) -> str:
-    """The ``sm_XY`` a target compiles for; the ``a`` variant where the target has
-    architecture-specific instructions (sm_90a: wgmma, setmaxnreg)."""
+    """The ``sm_XY`` a target compiles for; ``sm_XYa`` for an architecture-specific target
+    (sm_90a: wgmma, setmaxnreg), whose PTX runs on that architecture only."""
     caps = target.caps
-    return f"sm_{caps.sm}{'a' if caps.wgmma else ''}"
+    return f"sm_{caps.sm}{'a' if caps.arch_specific else ''}"
 
 
 def _repro(source: str, kernel_name: str, arch: str) -> str:
@@ -123,8 +123,14 @@ def compile_kernel(source: str, kernel_name: str, target: Target, launch: Launch
     present = nvrtc.available() if which == "nvrtc" else toolchain.nvcc_path() is not None
     if not present:
         raise KernelError(
-            f"kernel '{kernel_name}': no CUDA compiler ({which} was not found): install NVRTC "
-            "with pip install 'jaxtile[cuda]', or put nvcc on PATH")
+            f"kernel '{kernel_name}': no CUDA compiler ({which} was not found): "
+            f"{nvrtc.missing()}, or put nvcc on PATH")
+    if which == "nvrtc" and target.caps.sm not in nvrtc.supported_archs():
+        major = nvrtc.jax_cuda_major() or max(nvrtc.EXTRAS)
+        raise KernelError(
+            f"kernel '{kernel_name}': NVRTC {'.'.join(map(str, nvrtc.version() or ()))} cannot "
+            f"compile for {arch} (it knows sm_{', sm_'.join(map(str, nvrtc.supported_archs()))}"
+            f"): install a newer release, pip install --upgrade '{nvrtc.EXTRAS[major]}'")
     file = file or f"{kernel_name}.cu"
     start = time.perf_counter()
     result = (_nvrtc if which == "nvrtc" else _nvcc)(source, file, arch)

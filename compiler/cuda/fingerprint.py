@@ -10,6 +10,7 @@ import functools
 import hashlib
 import importlib.metadata
 import os
+import re
 import subprocess
 
 from ..emulator.build import DEVICE_INCLUDE
@@ -45,11 +46,13 @@ def header_digest() -> str:
 @functools.cache
 def _version(which: str) -> str:
     if which == "nvrtc":
-        try:
-            dist = importlib.metadata.version("nvidia-cuda-nvrtc")
-        except importlib.metadata.PackageNotFoundError:
-            dist = "toolkit"
         numbers = nvrtc.version()
+        dist = "toolkit"
+        if numbers and numbers[0] in nvrtc.DISTRIBUTIONS:
+            try:
+                dist = importlib.metadata.version(nvrtc.DISTRIBUTIONS[numbers[0]])
+            except importlib.metadata.PackageNotFoundError:
+                pass
         return f"{'.'.join(map(str, numbers))} ({dist})" if numbers else "none"
     nvcc = toolchain.nvcc_path()
     if nvcc is None:
@@ -57,6 +60,18 @@ def _version(which: str) -> str:
     out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip()
     # The last line names the exact build, e.g. "Build cuda_13.0.r13.0/compiler.36424714_0".
     return out.splitlines()[-1] if out else "unknown"
+
+
+def cuda_major(compiler: str | None = None) -> int | None:
+    """The CUDA major version of the compiler that would be used (``compiler`` as for
+    :func:`choose_compiler`); None where there is none. ptxas' figures are per toolkit: the
+    tests' and benchmarks' budgets are looked up by it."""
+    which = choose_compiler(compiler)
+    if which == "nvrtc":
+        numbers = nvrtc.version()
+        return numbers[0] if numbers else None
+    m = re.search(r"cuda_(\d+)\.", _version("nvcc"))
+    return int(m.group(1)) if m else None
 
 
 def toolchain_fingerprint(compiler: str | None = None) -> str:

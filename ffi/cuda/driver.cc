@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 
 #include <mutex>
+#include <utility>
 
 namespace jaxtile::cuda {
 namespace {
@@ -34,9 +35,11 @@ Loaded load() {
   const bool ok = resolve(lib, "cuInit", &d.cuInit, &l.error) &&
                   resolve(lib, "cuGetErrorName", &d.cuGetErrorName, &l.error) &&
                   resolve(lib, "cuGetErrorString", &d.cuGetErrorString, &l.error) &&
+                  resolve(lib, "cuDriverGetVersion", &d.cuDriverGetVersion, &l.error) &&
                   resolve(lib, "cuStreamGetCtx", &d.cuStreamGetCtx, &l.error) &&
                   resolve(lib, "cuCtxPushCurrent_v2", &d.cuCtxPushCurrent, &l.error) &&
                   resolve(lib, "cuCtxPopCurrent_v2", &d.cuCtxPopCurrent, &l.error) &&
+                  resolve(lib, "cuCtxGetCurrent", &d.cuCtxGetCurrent, &l.error) &&
                   resolve(lib, "cuModuleLoadData", &d.cuModuleLoadData, &l.error) &&
                   resolve(lib, "cuModuleGetFunction", &d.cuModuleGetFunction, &l.error) &&
                   resolve(lib, "cuFuncSetAttribute", &d.cuFuncSetAttribute, &l.error) &&
@@ -57,6 +60,32 @@ std::string Driver::describe(CUresult r) const {
   cuGetErrorString(r, &text);
   return (name ? std::string(name) : "CUDA error " + std::to_string(r)) + ": " +
          (text ? text : "(no description)");
+}
+
+int Driver::cuda_version() const {
+  int v = 0;
+  return cuDriverGetVersion(&v) == kCudaSuccess ? v : 0;
+}
+
+std::string cuda_version_text(int version) {
+  return std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
+}
+
+int cuda_version_for_ptx_isa(int major, int minor) {
+  // CUDA 12.6 kept ISA 8.5, so 8.6 onwards is one CUDA minor ahead.
+  if (major == 8 && minor >= 6) return 12000 + 10 * (minor + 1);
+  return 1000 * (major + 4) + 10 * minor;
+}
+
+int driver_release_for_cuda(int version) {
+  // CUDA version -> first Linux driver branch that supports it (CUDA's release notes).
+  static constexpr std::pair<int, int> kReleases[] = {
+      {13010, 590}, {13000, 580}, {12090, 575}, {12080, 570}, {12060, 560},
+      {12050, 555}, {12040, 550}, {12030, 545}, {12020, 535}, {12010, 530}, {12000, 525}};
+  for (const auto& [cuda, release] : kReleases) {
+    if (version == cuda) return release;
+  }
+  return 0;
 }
 
 const Driver* driver(std::string* why) {

@@ -1,6 +1,7 @@
 #include "cuda/kernels.h"
 
 #include <array>
+#include <cstdio>
 #include <exception>
 #include <map>
 #include <memory>
@@ -16,6 +17,7 @@ namespace jaxtile::cuda {
 namespace {
 
 constexpr size_t kInlineParams = 32;
+constexpr uintptr_t kBufferAlignment = 16;
 
 struct Kernel {
   std::string name;
@@ -51,20 +53,59 @@ std::string name_in(std::string_view key, std::string_view payload) {
   }
 }
 
-// Makes `ctx` current for the scope: modules load into the current context.
+// Makes `ctx` current for the scope, as loading a module, setting a function's attribute and
+// launching on a stream of `ctx` need: XLA usually has it current on its thread already (then
+// nothing is pushed), but a thread of another runtime or a call after a context switch may not.
 class ContextScope {
  public:
-  ContextScope(const Driver& d, CUcontext ctx) : d_(d) { pushed_ = d.cuCtxPushCurrent(ctx); }
+  ContextScope(const Driver& d, CUcontext ctx) : d_(d) {
+    CUcontext current = nullptr;
+    status_ = d.cuCtxGetCurrent(&current);
+    if (status_ == kCudaSuccess && current != ctx) {
+      status_ = d.cuCtxPushCurrent(ctx);
+      pushed_ = status_ == kCudaSuccess;
+    }
+  }
   ~ContextScope() {
     CUcontext ignored;
-    if (pushed_ == kCudaSuccess) d_.cuCtxPopCurrent(&ignored);
+    if (pushed_) d_.cuCtxPopCurrent(&ignored);
   }
-  CUresult status() const { return pushed_; }
+  ContextScope(const ContextScope&) = delete;
+  ContextScope& operator=(const ContextScope&) = delete;
+  CUresult status() const { return status_; }
 
  private:
   const Driver& d_;
-  CUresult pushed_;
+  CUresult status_;
+  bool pushed_ = false;
 };
+
+// The CUDA version whose driver the payload's PTX needs (from its `.version` directive); 0
+// without PTX (an architecture-specific cubin) or a directive.
+int ptx_cuda_version(const std::string& ptx) {
+  size_t at = ptx.rfind(".version ", 0) == 0 ? 0 : ptx.find("\n.version ");
+  if (at == std::string::npos) return 0;
+  at = ptx.find(".version ", at) + 9;
+  int major = 0, minor = 0;
+  if (std::sscanf(ptx.c_str() + at, "%d.%d", &major, &minor) != 2) return 0;
+  return cuda_version_for_ptx_isa(major, minor);
+}
+
+// What to do about a driver older than the CUDA version `needed`.
+std::string too_old(int driver_version, int needed) {
+  const int release = driver_release_for_cuda(needed);
+  std::string msg = "the NVIDIA driver supports CUDA " + cuda_version_text(driver_version) +
+                    ", but the kernel was compiled by CUDA " + cuda_version_text(needed) +
+                    ": install an NVIDIA driver for CUDA " + cuda_version_text(needed) +
+                    " or newer";
+  if (release > 0) msg += " (release " + std::to_string(release) + " or later)";
+  if (needed / 1000 > driver_version / 1000 && driver_version / 1000 >= 12) {
+    msg += ", or compile kernels with CUDA " + std::to_string(driver_version / 1000) +
+           ": pip install 'jaxtile[cuda" + std::to_string(driver_version / 1000) +
+           "]' (with jax[cuda" + std::to_string(driver_version / 1000) + "])";
+  }
+  return msg;
+}
 
 // Loads the payload's cubin into `ctx`; throws std::runtime_error with the whole message.
 std::unique_ptr<Kernel> load(const Driver& d, CUcontext ctx, std::string_view key,
@@ -84,16 +125,32 @@ std::unique_ptr<Kernel> load(const Driver& d, CUcontext ctx, std::string_view ke
   };
   ContextScope scope(d, ctx);
   check(scope.status(), "making the stream's context current");
+  // A cubin runs on drivers of its toolkit's CUDA major version (minor version
+  // compatibility), its PTX on drivers of the PTX's CUDA version or newer.
+  const int driver_version = d.cuda_version();
+  const int ptx_needs = ptx_cuda_version(p.ptx);
+  if (driver_version > 0 && ptx_needs / 1000 > driver_version / 1000) {
+    throw std::runtime_error(who(p.name, key) + " cannot run: " +
+                             too_old(driver_version, ptx_needs));
+  }
   CUmodule module = nullptr;
   CUresult loaded = d.cuModuleLoadData(&module, p.cubin.data());
   std::string what = "loading its cubin (compiled for " + p.arch + ") into the device's context";
   if (loaded == kCudaErrorNoBinaryForGpu && !p.ptx.empty()) {
     // A GPU of a newer family: the driver compiles the PTX for it (once per process).
+    if (driver_version > 0 && ptx_needs > driver_version) {
+      throw std::runtime_error(who(p.name, key) + ": its cubin (" + p.arch + ") is not for " +
+                               "this GPU and its PTX cannot be compiled here: " +
+                               too_old(driver_version, ptx_needs));
+    }
     loaded = d.cuModuleLoadData(&module, p.ptx.c_str());
     what = "compiling its PTX (for " + p.arch + " and later) for this GPU, whose family the " +
            "cubin is not for,";
   } else if (loaded == kCudaErrorNoBinaryForGpu) {
     what += " (it carries no PTX: compiled for an architecture-specific target)";
+  }
+  if (loaded != kCudaSuccess && driver_version > 0) {
+    what += " with a driver for CUDA " + cuda_version_text(driver_version);
   }
   check(loaded, what);
   check(d.cuModuleGetFunction(&k->fn, module, p.symbol.c_str()),
@@ -118,13 +175,36 @@ const Kernel& find_or_load(const Driver& d, CUcontext ctx, std::string_view key,
   return *it->second;
 }
 
-std::string run(const Driver& d, const Kernel& k, std::string_view key, CUstream stream,
-                void* const* buffers, size_t num_buffers, const BufferDims* dims) {
+// "" if every buffer the kernel reads or writes starts on a multiple of kBufferAlignment bytes,
+// else what is wrong. The generated code accesses them 16 bytes at a time where the layout
+// allows (compiler/cuda/compile.py's ALIGNMENT); a misaligned vector access would fault.
+// Rows whose length is only known at launch (dynamic sizes) are not assumed aligned: the
+// code generator uses element accesses for them (compiler/cuda/copies.py).
+std::string misaligned(const Kernel& k, std::string_view key, void* const* buffers) {
+  for (const Param& p : k.spec.params) {
+    if (!p.is_buffer) continue;
+    const auto address = reinterpret_cast<uintptr_t>(buffers[p.value]);
+    if (address % kBufferAlignment == 0) continue;
+    char hex[32];
+    std::snprintf(hex, sizeof hex, "%#llx", static_cast<unsigned long long>(address));
+    return who(k.name, key) + ": buffer " + std::to_string(p.value) +
+           " (operands, then results) is at address " + hex + ", which is not " +
+           std::to_string(kBufferAlignment) + "-byte aligned: its generated code reads and " +
+           "writes buffers in " + std::to_string(kBufferAlignment) + "-byte vectors; pass " +
+           "a buffer XLA allocated, not a view at an offset into one";
+  }
+  return "";
+}
+
+std::string run(const Driver& d, CUcontext ctx, const Kernel& k, std::string_view key,
+                CUstream stream, void* const* buffers, size_t num_buffers,
+                const BufferDims* dims) {
   const LaunchSpec& s = k.spec;
   if (num_buffers < s.buffers_needed) {
     return who(k.name, key) + ": called with " + std::to_string(num_buffers) +
            " buffers, but its parameters use " + std::to_string(s.buffers_needed);
   }
+  if (std::string bad = misaligned(k, key, buffers); !bad.empty()) return bad;
   // Each parameter's bytes, and the array of pointers to them that the driver reads; on the
   // stack for the usual few parameters.
   const size_t n = s.params.size();
@@ -150,6 +230,11 @@ std::string run(const Driver& d, const Kernel& k, std::string_view key, CUstream
   } catch (const std::invalid_argument& e) {
     return who(k.name, key) + ": " + e.what();
   }
+  ContextScope scope(d, ctx);
+  if (scope.status() != kCudaSuccess) {
+    return who(k.name, key) + ": making the stream's context current failed: " +
+           d.describe(scope.status());
+  }
   const CUresult r = d.cuLaunchKernel(k.fn, grid[0], grid[1], grid[2], s.block[0],
                                       s.block[1], s.block[2], s.dynamic_smem, stream, pointers,
                                       nullptr);
@@ -159,8 +244,14 @@ std::string run(const Driver& d, const Kernel& k, std::string_view key, CUstream
   return "";
 }
 
-// The driver and the kernel loaded in the stream's context; throws with the whole message.
-std::pair<const Driver*, const Kernel*> resolve(CUstream stream, std::string_view key,
+struct Resolved {
+  const Driver* driver;
+  CUcontext ctx;
+  const Kernel* kernel;
+};
+
+// The driver, the stream's context and the kernel loaded in it; throws with the whole message.
+Resolved resolve(CUstream stream, std::string_view key,
                                                 std::string_view payload) {
   std::string why;
   const Driver* d = driver(&why);
@@ -173,7 +264,7 @@ std::pair<const Driver*, const Kernel*> resolve(CUstream stream, std::string_vie
                              ": cannot find the context of the stream XLA passed: " +
                              d->describe(r));
   }
-  return {d, &find_or_load(*d, ctx, key, payload)};
+  return {d, ctx, &find_or_load(*d, ctx, key, payload)};
 }
 
 }  // namespace
@@ -181,8 +272,8 @@ std::pair<const Driver*, const Kernel*> resolve(CUstream stream, std::string_vie
 std::string launch(CUstream stream, std::string_view key, std::string_view payload,
                    void* const* buffers, size_t num_buffers, const BufferDims* dims) {
   try {
-    auto [d, k] = resolve(stream, key, payload);
-    return run(*d, *k, key, stream, buffers, num_buffers, dims);
+    const Resolved r = resolve(stream, key, payload);
+    return run(*r.driver, r.ctx, *r.kernel, key, stream, buffers, num_buffers, dims);
   } catch (const std::exception& e) {
     return e.what();
   }

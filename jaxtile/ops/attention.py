@@ -97,10 +97,24 @@ def attention_fwd(q, k, v, lengths, *, causal=False, scale=None, window=None, bm
     return out, lse
 
 
+def default_tiles(dtype: Any, head_dim: int) -> tuple[int, int]:
+    """``(block_q, block_k)`` of :func:`attention` for operands of ``dtype`` and ``head_dim``.
+
+    Chosen so that the CUDA kernel (128 threads, 255 registers each at most) does not spill:
+    float32 operands (tf32 products) need twice the registers of 16-bit ones for the
+    probabilities and K/V fragments, and spilled 100 bytes at 64 x 64 (D = 64); 64 x 32
+    (D <= 64) and 32 x 32 (D = 128, which also fits the 99 KiB of shared memory of sm_86/89/
+    120/121 in two stages) use at most 150 registers (``tests/cuda/test_attention_registers.py``).
+    """
+    if jnp.dtype(dtype) == jnp.float32:
+        return (64, 32) if head_dim <= 64 else (32, 32)
+    return 64, 64
+
+
 def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | None = None,
               lengths: Any = None, window: int | tuple[int, int] | None = None,
-              return_lse: bool = False, block_q: int = 64, block_k: int = 64,
-              stages: int = 2) -> Any:
+              return_lse: bool = False, block_q: int | None = None,
+              block_k: int | None = None, stages: int = 2) -> Any:
     """Multi-head attention ``softmax(q @ k.T * scale + mask) @ v`` as a flash kernel.
 
     Args:
@@ -121,7 +135,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | No
         for ``window=(left, right)``; an int ``w`` is ``(w, w)``.
       return_lse: also return the float32 log-sum-exp of each row's scores, (batch, heads,
         T).
-      block_q, block_k: the query and key tile sizes.
+      block_q, block_k: the query and key tile sizes (default :func:`default_tiles`).
       stages: how many K/V tiles the CUDA kernel keeps in flight (its ``cp.async``
         pipeline; the backward kernels do not use it).
 
@@ -135,6 +149,10 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | No
     """
     if lengths is None:
         lengths = jnp.full((q.shape[0],), k.shape[2] if jnp.ndim(k) == 4 else 0, jnp.int32)
+    # q is checked by the kernel (check_qkv), which names what is wrong.
+    tiles = default_tiles(jnp.result_type(q), jnp.shape(q)[-1] if jnp.ndim(q) else 0)
+    block_q = tiles[0] if block_q is None else block_q
+    block_k = tiles[1] if block_k is None else block_k
     out, lse = attention_fwd(q, k, v, lengths, causal=bool(causal), scale=scale,
                              window=window, bm=block_q, bn=block_k, stages=stages)
     return (out, lse) if return_lse else out

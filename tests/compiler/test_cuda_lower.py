@@ -8,7 +8,7 @@ import pytest
 
 import jaxtile as jt
 from jaxtile import ops
-from jaxtile.compiler import parser, printer
+from jaxtile.compiler import parser, printer, target
 from jaxtile.compiler.cuda import toolchain
 from jaxtile.compiler.cuda.device_rule import device_rule_violations
 
@@ -117,8 +117,47 @@ def test_no_barrier_when_the_same_thread_reads_what_it_wrote():
     assert "barrier()" not in low.lowered_ir
 
 
+@pytest.mark.parametrize("name", [n for n in target.KNOWN
+                                  if n.startswith("cuda:") and n != "cuda:sm_75"])
+def test_every_cuda_target_lowers(name):
+    low = ops.softmax.lower(_spec((10, 300)), target=name)
+    assert "#include <jaxtile/device.h>" in low.source and low.lowered_ir
+
+
+def test_turing_lowering_is_a_clear_error():
+    with pytest.raises(jt.KernelError, match="cuda:sm_75 lacks .*cp.async"):
+        _ = ops.softmax.lower(_spec((10, 300)), target="cuda:sm_75").source
+
+
+@jt.kernel(threads=128)
+def _stage_through_shared(x):
+    n, m = x.shape
+    out = jt.empty((n, m), F32)
+    jt.grid(1)
+    s = jt.shared((n, m), F32)
+    jt.copy(x.at[0, 0], s)
+    jt.copy(s, out.at[0, 0])
+    return out
+
+
+@pytest.mark.parametrize("name,fits", [("cuda:sm_80", True), ("cuda:sm_87", True),
+                                       ("cuda:sm_86", False), ("cuda:sm_89", False),
+                                       ("cuda:sm_120", False), ("cuda:sm_121", False),
+                                       ("cuda:sm_90", True), ("cuda:sm_100", True)])
+def test_shared_memory_per_block_is_each_architectures(name, fits):
+    # 112 KiB of shared memory: more than the 99 KiB of sm_86/89/120/121, within the 163 KiB
+    # of sm_80/87 and the 227 KiB of sm_90/100.
+    low = _stage_through_shared.lower(_spec((224, 128)), target=name)
+    if fits:
+        assert "shared memory 114688 / " in low.shared_memory
+    else:
+        with pytest.raises(jt.KernelError, match="114688 bytes of shared memory, more than "
+                                                 "the 101376"):
+            _ = low.shared_memory
+
+
 @pytest.mark.skipif(toolchain.nvcc_path() is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_90a"])
 def test_nvcc_compiles_the_generated_source(arch):
     low = ops.softmax.lower(_spec((10, 300)), target=f"cuda:{arch}")
     report = low.ptxas

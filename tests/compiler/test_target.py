@@ -44,15 +44,71 @@ def test_cpu_description_names_the_toolchain():
     assert "apache-tvm" in target.parse_target("cpu").describe()
 
 
-@pytest.mark.parametrize("name,sm,wgmma", [("cuda:sm_80", 80, False),
-                                            ("cuda:sm_90", 90, True),
-                                            ("cuda:sm_90a", 90, True)])
-def test_cuda_targets(name, sm, wgmma):
+KIB = 1024
+# (name, compute capability x 10, arch-specific, max shared memory per block): the limits of
+# the CUDA programming guide's table of compute capabilities.
+CUDA_TARGETS = [("cuda:sm_80", 80, False, 163 * KIB), ("cuda:sm_86", 86, False, 99 * KIB),
+                ("cuda:sm_87", 87, False, 163 * KIB), ("cuda:sm_89", 89, False, 99 * KIB),
+                ("cuda:sm_90", 90, False, 227 * KIB), ("cuda:sm_90a", 90, True, 227 * KIB),
+                ("cuda:sm_100", 100, False, 227 * KIB), ("cuda:sm_100a", 100, True, 227 * KIB),
+                ("cuda:sm_103", 103, False, 227 * KIB), ("cuda:sm_120", 120, False, 99 * KIB),
+                ("cuda:sm_121", 121, False, 99 * KIB)]
+
+
+@pytest.mark.parametrize("name,sm,specific,smem", CUDA_TARGETS)
+def test_cuda_targets(name, sm, specific, smem):
     t = target.parse_target(name)
-    assert t.kind == "cuda" and t.caps.sm == sm and t.caps.warp_size == 32
-    assert t.caps.wgmma == wgmma and t.caps.async_copy and t.caps.ldmatrix
+    assert t.name == name and t.kind == "cuda" and t.caps.sm == sm and t.caps.warp_size == 32
+    assert t.caps.arch_specific == specific and t.caps.async_copy and t.caps.ldmatrix
     assert ("m16n8k16", "f16") in t.caps.mma_shapes
-    assert t.caps.static_smem_bytes == 48 * 1024 < t.caps.max_smem_bytes
+    assert t.caps.static_smem_bytes == 48 * 1024 < t.caps.max_smem_bytes == smem
+    assert t.caps.tma == (sm >= 90)
+    assert not target.missing_for_lowering(t.caps)
+
+
+def test_the_arch_specific_targets_are_their_own():
+    # sm_90a has wgmma, sm_90 not (Blackwell has neither: tcgen05 on sm_100a); each name is
+    # its own content key.
+    plain, specific = target.parse_target("cuda:sm_90"), target.parse_target("cuda:sm_90a")
+    assert (plain.caps.wgmma, specific.caps.wgmma) == (False, True)
+    assert plain.describe() != specific.describe()
+    b, ba = target.parse_target("cuda:sm_100"), target.parse_target("cuda:sm_100a")
+    assert not b.caps.wgmma and not ba.caps.wgmma and (b.caps.tcgen05, ba.caps.tcgen05) == (
+        False, True)
+    assert len({target.parse_target(n).describe() for n, *_ in CUDA_TARGETS}) == len(
+        CUDA_TARGETS)
+
+
+def test_turing_is_a_clear_error_naming_what_it_lacks():
+    with pytest.raises(KernelError) as info:
+        target.parse_target("cuda:sm_75")
+    msg = str(info.value)
+    for words in ("cuda:sm_75 lacks", "cp.async", "m16n8k16 on bf16", "m16n8k8 on tf32",
+                  "sm_80, sm_86", "on the CPU"):
+        assert words in msg, (words, msg)
+    assert "sm_75," not in msg.split("compiled for")[1]
+
+
+@pytest.mark.parametrize("cc,name", [("8.0", "cuda:sm_80"), ("8.6", "cuda:sm_86"),
+                                     ("8.7", "cuda:sm_87"), ("9.0", "cuda:sm_90"),
+                                     ("10.0", "cuda:sm_100"), ("10.3", "cuda:sm_103"),
+                                     ("12.1", "cuda:sm_121"),
+                                     # Newer than every known GPU, or between known ones: the
+                                     # highest plain target below, whose PTX the driver
+                                     # compiles for it (never sm_100a's, which runs on
+                                     # sm_100 only).
+                                     ("11.0", "cuda:sm_103"), ("13.0", "cuda:sm_121"),
+                                     ("10.1", "cuda:sm_100"), ("8.8", "cuda:sm_87")])
+def test_the_target_of_a_gpu(cc, name):
+    assert target.for_platform("cuda", cc).name == name
+
+
+def test_gpus_older_than_the_lowering_are_clear_errors():
+    with pytest.raises(KernelError, match="cuda:sm_75 lacks .*cp.async"):
+        target.for_platform("cuda", "7.5")
+    with pytest.raises(KernelError, match="compute capability 7.0 is older than every CUDA "
+                                          "target jaxtile knows"):
+        target.for_platform("cuda", "7.0")
 
 
 def test_hip_target():
@@ -71,16 +127,18 @@ def test_capabilities_are_immutable():
         target.parse_target("cuda:sm_80").caps.sm = 75
 
 
-@pytest.mark.parametrize("name", ["tpu", "cuda", "cuda:sm_7", "cuda:sm_75", "hip:gfx000",
-                                  "CPU"])
+@pytest.mark.parametrize("name", ["tpu", "cuda", "cuda:sm_7", "cuda:sm_70", "cuda:sm_80a",
+                                  "cuda:sm_110", "hip:gfx000", "CPU"])
 def test_unknown_target_is_a_clear_error(name):
-    with pytest.raises(KernelError, match="unknown target.*known targets: cpu, cuda:sm_80"):
+    with pytest.raises(KernelError,
+                       match="unknown target.*known targets: cpu, cuda:sm_75, cuda:sm_80"):
         target.parse_target(name)
 
 
 @pytest.mark.parametrize("platform,cc,name", [("cpu", None, "cpu"),
                                                ("cuda", "8.0", "cuda:sm_80"),
                                                ("cuda", "9.0", "cuda:sm_90"),
+                                               ("cuda", None, "cuda:sm_80"),
                                                ("rocm", "gfx942", "hip:gfx942")])
 def test_target_for_a_jax_platform(platform, cc, name):
     assert target.for_platform(platform, cc).name == name

@@ -6,7 +6,10 @@
  *                                e.g. "884" for two pointers and an int (what the launch logs)
  *   "FAKECUBIN other-family"     fails with CUDA_ERROR_NO_BINARY_FOR_GPU (209)
  *   "FAKEPTX params=<sizes>"     loads (PTX the driver would compile)
- * A module must be loaded while a context is current (CUDA_ERROR_INVALID_CONTEXT otherwise).
+ * A module must be loaded, and a kernel launched on a stream, while the context (of the stream)
+ * is current (CUDA_ERROR_INVALID_CONTEXT otherwise). No context is current until one is pushed,
+ * or $FAKE_CUDA_CURRENT_CTX names the one the calling thread has current. The driver supports
+ * CUDA $FAKE_CUDA_DRIVER_VERSION (as cuDriverGetVersion counts; 13000 if unset).
  * The function "missing" is not found; $FAKE_CUDA_LAUNCH_ERROR makes launches fail with that
  * code. A stream's context is the stream's value divided by 256 (stream 0x100 -> context 1);
  * stream 0xdead has none. */
@@ -42,6 +45,12 @@ struct function {
 static uintptr_t g_ctx_stack[16];
 static int g_depth = 0;
 
+static uintptr_t current_ctx(void) {
+  if (g_depth > 0) return g_ctx_stack[g_depth - 1];
+  const char* preset = getenv("FAKE_CUDA_CURRENT_CTX");
+  return preset ? (uintptr_t)strtoul(preset, NULL, 0) : 0;
+}
+
 CUresult cuInit(unsigned flags) {
   logf_line("cuInit %u", flags);
   return 0;
@@ -58,6 +67,17 @@ CUresult cuGetErrorName(CUresult r, const char** out) {
 
 CUresult cuGetErrorString(CUresult r, const char** out) {
   *out = r == 701 ? "too many resources requested for launch" : "fake driver error";
+  return 0;
+}
+
+CUresult cuDriverGetVersion(int* version) {
+  const char* v = getenv("FAKE_CUDA_DRIVER_VERSION");
+  *version = v ? atoi(v) : 13000;
+  return 0;
+}
+
+CUresult cuCtxGetCurrent(void** ctx) {
+  *ctx = (void*)current_ctx();
   return 0;
 }
 
@@ -84,8 +104,8 @@ CUresult cuCtxPopCurrent_v2(void** ctx) {
 
 CUresult cuModuleLoadData(void** module, const void* image) {
   const char* text = (const char*)image;
-  if (g_depth == 0) return 201;
-  const uintptr_t ctx = g_ctx_stack[g_depth - 1];
+  const uintptr_t ctx = current_ctx();
+  if (ctx == 0) return 201;
   const int ptx = strncmp(text, "FAKEPTX ", 8) == 0;
   if (!ptx && strncmp(text, "FAKECUBIN ", 10) != 0) return 1;
   const char* sizes = strstr(text, "params=");
@@ -120,6 +140,11 @@ CUresult cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigne
                         unsigned by, unsigned bz, unsigned smem, void* stream, void** params,
                         void** extra) {
   const struct function* f = fn;
+  if (current_ctx() != (uintptr_t)stream / 256) {
+    logf_line("cuLaunchKernel %s refused: context %lu is current, the stream's is %lu", f->name,
+              (unsigned long)current_ctx(), (unsigned long)((uintptr_t)stream / 256));
+    return 201;
+  }
   char line[1024];
   int at = snprintf(line, sizeof line, "cuLaunchKernel %s grid=%u,%u,%u block=%u,%u,%u smem=%u "
                     "stream=%#lx extra=%s params=", f->name, gx, gy, gz, bx, by, bz, smem,

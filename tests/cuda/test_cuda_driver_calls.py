@@ -36,12 +36,13 @@ _SCRIPT = textwrap.dedent("""
     cases = json.loads(sys.argv[1])
     log = os.environ["FAKE_CUDA_LOG"]
     results = {}
-    for name, how, key, text, stream, buffers in cases:
+    for name, how, key, text, stream, buffers, env in cases:
         with open(log, "a") as f:
             f.write("== " + name + "\\n")
-        os.environ.pop("FAKE_CUDA_LAUNCH_ERROR", None)
-        if how == "launch-error":
-            os.environ["FAKE_CUDA_LAUNCH_ERROR"] = "701"
+        for var in ("FAKE_CUDA_LAUNCH_ERROR", "FAKE_CUDA_CURRENT_CTX",
+                    "FAKE_CUDA_DRIVER_VERSION"):
+            os.environ.pop(var, None)
+        os.environ.update(env)
         try:
             if how == "load":
                 _ffi.cuda_load(key, text, stream)
@@ -59,19 +60,22 @@ def _payload(key=KEY, launch=SCALE, cubin=CUBIN, ptx=b"", symbol="scale_shift"):
                              launch=launch, cubin=cubin, ptx=ptx)
 
 
+PTX_13_0 = b"FAKEPTX params=8844\n.version 9.0\n.target sm_80\n"
+
+
 def _cases():
     other = "7a11" * 16
-    return [
+    cases = [
         ("first", "launch", KEY, _payload(), 0x100, [0x1000, 0x2000]),
         ("again", "launch", KEY, _payload(), 0x100, [0x3000, 0x4000]),
         ("same-context-other-stream", "launch", KEY, _payload(), 0x1A0, [0x1000, 0x2000]),
         ("other-context", "launch", KEY, _payload(), 0x200, [0x1000, 0x2000]),
         ("initialize-stage", "load", other, _payload(key=other), 0x100, []),
-        ("after-initialize", "launch", other, _payload(key=other), 0x100, [0x5, 0x6]),
+        ("after-initialize", "launch", other, _payload(key=other), 0x100, [0x50, 0x60]),
         ("big-shared", "launch", "b1" * 32,
          _payload(key="b1" * 32, launch=BIG_SMEM, cubin=b"FAKECUBIN params=8"), 0x100, [0x7000]),
         ("ptx-fallback", "launch", "f0" * 32,
-         _payload(key="f0" * 32, cubin=b"FAKECUBIN other-family", ptx=b"FAKEPTX params=8844"),
+         _payload(key="f0" * 32, cubin=b"FAKECUBIN other-family", ptx=PTX_13_0),
          0x100, [0x10, 0x20]),
         ("no-ptx", "launch", "e0" * 32, _payload(key="e0" * 32, cubin=b"FAKECUBIN other-family"),
          0x100, [0x10, 0x20]),
@@ -79,8 +83,28 @@ def _cases():
          0x100, [0x10, 0x20]),
         ("no-context", "launch", "c0" * 32, _payload(key="c0" * 32), 0xDEAD, [0x10, 0x20]),
         ("too-few-buffers", "launch", KEY, _payload(), 0x100, [0x10]),
-        ("launch-error", "launch-error", KEY, _payload(), 0x100, [0x10, 0x20]),
+        ("launch-error", "launch", KEY, _payload(), 0x100, [0x10, 0x20],
+         {"FAKE_CUDA_LAUNCH_ERROR": "701"}),
+        # The thread already has the stream's context current: nothing is pushed.
+        ("context-current", "launch", "cc" * 32, _payload(key="cc" * 32), 0x100, [0x10, 0x20],
+         {"FAKE_CUDA_CURRENT_CTX": "1"}),
+        # Another context is current (another runtime's, or a device switch): the launch
+        # makes the stream's current around itself.
+        ("other-context-current", "launch", KEY, _payload(), 0x100, [0x10, 0x20],
+         {"FAKE_CUDA_CURRENT_CTX": "2"}),
+        ("misaligned", "launch", KEY, _payload(), 0x100, [0x1000, 0x2004]),
+        # A CUDA 12.4 driver and a kernel NVRTC 13 compiled (PTX ISA 9.0).
+        ("driver-major-too-old", "launch", "a0" * 32,
+         _payload(key="a0" * 32, ptx=PTX_13_0), 0x100, [0x10, 0x20],
+         {"FAKE_CUDA_DRIVER_VERSION": "12040"}),
+        # A CUDA 12.4 driver, a new GPU and PTX of CUDA 12.9 (ISA 8.8): the cubin would load
+        # (minor version compatibility), the PTX cannot be compiled.
+        ("driver-minor-too-old-for-ptx", "launch", "a1" * 32,
+         _payload(key="a1" * 32, cubin=b"FAKECUBIN other-family",
+                  ptx=PTX_13_0.replace(b"9.0", b"8.8")), 0x100, [0x10, 0x20],
+         {"FAKE_CUDA_DRIVER_VERSION": "12040"}),
     ]
+    return [case if len(case) == 7 else (*case, {}) for case in cases]
 
 
 @pytest.fixture(scope="module")
@@ -117,10 +141,13 @@ def test_the_first_launch_loads_the_module_in_the_streams_context(driver_run):
         "cuModuleLoadData ctx=1 cubin",
         "cuModuleGetFunction scale_shift",
         "cuCtxPopCurrent ctx=1",
+        # The launch too, in the stream's context (the fake refuses it elsewhere).
+        "cuCtxPushCurrent ctx=1",
         # The grid, block and shared memory of the launch text, on XLA's stream; the
         # parameters in order: buffer 1, buffer 0, the int32 -7's four bytes, 0.5f's.
         "cuLaunchKernel scale_shift grid=3,2,1 block=128,1,1 smem=0 stream=0x100 extra=null "
         "params=0x2000,0x1000,0xfffffff9,0x3f000000",
+        "cuCtxPopCurrent ctx=1",
     ]
 
 
@@ -129,10 +156,12 @@ def test_later_launches_in_a_context_reuse_its_module(driver_run):
     assert results["again"] == results["same-context-other-stream"] == "ok"
     assert log["again"] == [
         "cuStreamGetCtx stream=0x100 ctx=1",
+        "cuCtxPushCurrent ctx=1",
         "cuLaunchKernel scale_shift grid=3,2,1 block=128,1,1 smem=0 stream=0x100 extra=null "
-        "params=0x4000,0x3000,0xfffffff9,0x3f000000"]
+        "params=0x4000,0x3000,0xfffffff9,0x3f000000",
+        "cuCtxPopCurrent ctx=1"]
     assert not any("ModuleLoad" in line for line in log["same-context-other-stream"])
-    assert "stream=0x1a0" in log["same-context-other-stream"][-1]
+    assert "stream=0x1a0" in log["same-context-other-stream"][-2]
 
 
 def test_each_context_gets_its_own_module(driver_run):
@@ -148,7 +177,7 @@ def test_the_initialize_stage_loads_and_does_not_launch(driver_run):
     assert not any("cuLaunchKernel" in line for line in log["initialize-stage"])
     # The call after it finds the module loaded.
     assert [line.split()[0] for line in log["after-initialize"]] == [
-        "cuStreamGetCtx", "cuLaunchKernel"]
+        "cuStreamGetCtx", "cuCtxPushCurrent", "cuLaunchKernel", "cuCtxPopCurrent"]
 
 
 def test_more_than_48k_of_shared_memory_is_opted_into(driver_run):
@@ -156,7 +185,7 @@ def test_more_than_48k_of_shared_memory_is_opted_into(driver_run):
     assert results["big-shared"] == "ok"
     # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, before the first launch.
     at = log["big-shared"].index("cuFuncSetAttribute scale_shift attribute=8 value=98304")
-    assert "smem=98304" in log["big-shared"][at + 2]
+    assert "smem=98304" in log["big-shared"][at + 3]
     assert not any("cuFuncSetAttribute" in line for line in log["first"])
 
 
@@ -165,10 +194,49 @@ def test_a_cubin_for_another_family_falls_back_to_its_ptx(driver_run):
     assert results["ptx-fallback"] == "ok"
     assert log["ptx-fallback"][2:4] == ["cuModuleLoadData ctx=1 cubin refused",
                                         "cuModuleLoadData ctx=1 ptx"]
-    assert "params=0x20,0x10" in log["ptx-fallback"][-1]
+    assert "params=0x20,0x10" in log["ptx-fallback"][-2]
     msg = results["no-ptx"]
     assert "'scale_shift'" in msg and "CUDA_ERROR_NO_BINARY_FOR_GPU" in msg
     assert "carries no PTX" in msg
+
+
+def test_the_launch_makes_the_streams_context_current_only_when_it_is_not(driver_run):
+    results, log = driver_run
+    assert results["context-current"] == results["other-context-current"] == "ok"
+    # Context 1 is current already: loading and launching push nothing.
+    assert not any(line.startswith("cuCtx") for line in log["context-current"])
+    assert "cuModuleLoadData ctx=1 cubin" in log["context-current"]
+    assert log["other-context-current"] == [
+        "cuStreamGetCtx stream=0x100 ctx=1",
+        "cuCtxPushCurrent ctx=1",
+        "cuLaunchKernel scale_shift grid=3,2,1 block=128,1,1 smem=0 stream=0x100 extra=null "
+        "params=0x20,0x10,0xfffffff9,0x3f000000",
+        "cuCtxPopCurrent ctx=1"]
+
+
+def test_a_misaligned_buffer_is_refused_before_the_launch(driver_run):
+    results, log = driver_run
+    msg = results["misaligned"]
+    assert msg.startswith("error: jaxtile: CUDA kernel 'scale_shift'"), msg
+    for w in ("buffer 1", "0x2004", "16-byte aligned"):
+        assert w in msg, (w, msg)
+    assert not any("cuLaunchKernel" in line for line in log["misaligned"])
+
+
+def test_a_driver_older_than_the_compiling_cuda_is_named_with_what_to_install(driver_run):
+    results, log = driver_run
+    msg = results["driver-major-too-old"]
+    for w in ("'scale_shift'", "cannot run", "supports CUDA 12.4", "compiled by CUDA 13.0",
+              "release 580", "pip install 'jaxtile[cuda12]'", "jax[cuda12]"):
+        assert w in msg, (w, msg)
+    assert not any("ModuleLoad" in line for line in log["driver-major-too-old"])
+    msg = results["driver-minor-too-old-for-ptx"]
+    for w in ("'scale_shift'", "PTX cannot be compiled here", "supports CUDA 12.4",
+              "CUDA 12.9", "release 575"):
+        assert w in msg, (w, msg)
+    assert "cuda12" not in msg  # the same major: a newer driver is the fix
+    loads = [line for line in log["driver-minor-too-old-for-ptx"] if "ModuleLoad" in line]
+    assert loads == ["cuModuleLoadData ctx=1 cubin refused"]
 
 
 @pytest.mark.parametrize("case,words", [

@@ -85,3 +85,31 @@ def test_the_source_takes_the_sizes_as_parameters():
 def test_bad_grids_are_refused_with_the_reason(text, why):
     with pytest.raises(ValueError, match=why):
         _ffi.cuda_launch_geometry(text, [[1]])
+
+
+@jt.kernel(dynamic={"x": (1,)})
+def _double_rows(x, *, rows=4, cols=64):
+    n, m = x.shape
+    out = jt.empty((n, m), jnp.float32)
+    c, r = jt.grid(jt.cdiv(m, cols), jt.cdiv(n, rows))
+    t = jt.fragment((rows, cols), jnp.float32)
+    jt.copy(x.at[r * rows, c * cols], t)
+    t[...] = t[...] * 2
+    jt.copy(t, out.at[r * rows, c * cols])
+    return out
+
+
+@jt.kernel
+def _double_rows_static(x, *, rows=4, cols=64):
+    return _double_rows.fn(x, rows=rows, cols=cols)
+
+
+def test_rows_of_a_dynamic_length_are_not_assumed_aligned():
+    # The handler checks only the buffers' base addresses at launch (16 bytes): a row whose
+    # length is a launch-time size may start anywhere (13 floats: 52 bytes), so the code
+    # generator reads and writes such rows element by element, never in 16-byte vectors.
+    spec = jax.ShapeDtypeStruct((16, 128), jnp.float32)
+    static = _double_rows_static.lower(spec, target="cuda:sm_80").source
+    assert "ptr_cast<f32x4>" in static      # rows of 128 floats: vectors
+    dynamic = _double_rows.lower(spec, target="cuda:sm_80").source
+    assert "ptr_cast<" not in dynamic and "cp_async" not in dynamic

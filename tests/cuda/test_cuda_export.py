@@ -114,6 +114,34 @@ def test_export_for_cpu_and_cuda_holds_both_calls(stand_in_backend):
     np.testing.assert_allclose(exported.call(x), x * 2 + 1)
 
 
+def test_a_gpu_newer_than_every_target_gets_the_highest_plain_one(stand_in_backend,
+                                                                     monkeypatch):
+    # Compute capability 11.0 (newer than every known target): sm_103's cubin, which the
+    # handler finds is not for this GPU, and its PTX, which the driver compiles for it.
+    from jaxtile.primitives import lowering
+    monkeypatch.setattr(lowering.ji, "compute_capability", lambda ctx: "11.0")
+    spec = jax.ShapeDtypeStruct((64,), jnp.float32)
+    lowered = jax.jit(_scale_shift_kernel()).trace(spec).lower(lowering_platforms=("cuda",))
+    (text,) = _payloads(lowered.as_text())
+    header, _ = payload.unpack(text)
+    (compiled,) = stand_in_backend
+    assert header["arch"] == compiled.arch == "sm_103"
+    assert int(header["ptx_size"]) > 0 and b".target sm_103" in compiled.ptx
+
+
+def test_a_gpu_older_than_the_lowering_is_a_kernel_error_naming_the_kernel(stand_in_backend,
+                                                                            monkeypatch):
+    from jaxtile.primitives import lowering
+    monkeypatch.setattr(lowering.ji, "compute_capability", lambda ctx: "7.5")
+    spec = jax.ShapeDtypeStruct((64,), jnp.float32)
+    with pytest.raises(jt.KernelError) as info:
+        jax.jit(_scale_shift_kernel()).trace(spec).lower(lowering_platforms=("cuda",))
+    msg = str(info.value)
+    for words in ("kernel 'scale_shift'", "cannot be compiled for this GPU", "cuda:sm_75 lacks",
+                  "cp.async", "test_cuda_export.py"):
+        assert words in msg, (words, msg)
+
+
 def test_export_for_cuda_without_export_checks_says_what_to_pass(stand_in_backend):
     spec = jax.ShapeDtypeStruct((64,), jnp.float32)
     with pytest.raises(jt.KernelError, match="export_checks.*jaxtile_cuda_call"):
@@ -131,7 +159,7 @@ def test_export_for_cuda_without_a_cuda_backend_is_a_kernel_error(monkeypatch):
         assert words in msg, msg
 
 
-@pytest.mark.parametrize("target", ["cuda:sm_80", "cuda:sm_90"])
+@pytest.mark.parametrize("target", ["cuda:sm_80", "cuda:sm_90a"])
 def test_generated_kernels_compile_to_cubins(target):
     # The real backend: Tile IR -> CUDA source -> NVRTC (or nvcc) -> a cached cubin.
     from jaxtile.compiler.target import parse_target

@@ -7,9 +7,9 @@ import subprocess
 import pytest
 from cuda_kernels import SCALE_SHIFT, gemm_source, needs_compiler, needs_nvrtc
 
-from jaxtile.compiler import cache
-from jaxtile.compiler.cuda import fingerprint, sass
-from jaxtile.compiler.cuda.compile import compile_kernel
+from jaxtile.compiler import cache, target
+from jaxtile.compiler.cuda import fingerprint, nvrtc, sass
+from jaxtile.compiler.cuda.compile import arch_of, compile_kernel
 from jaxtile.compiler.cuda.launch import Launch, buffer, scalar
 from jaxtile.compiler.errors import KernelError
 from jaxtile.compiler.target import parse_target
@@ -17,7 +17,7 @@ from jaxtile.compiler.target import parse_target
 GEMM_LAUNCH = Launch((4, 4, 1), (128, 1, 1), 0,
                      (buffer(0), buffer(1), buffer(2), *[scalar("i32", 512)] * 3))
 SM80 = parse_target("cuda:sm_80")
-SM90 = parse_target("cuda:sm_90")
+SM90A = parse_target("cuda:sm_90a")
 ELF = b"\x7fELF"
 
 
@@ -50,12 +50,46 @@ def test_gemm_compiles_to_a_cubin_with_the_ptxas_report(gemm_cubins, which):
 
 
 @needs_nvrtc
-def test_sm90_compiles_for_the_arch_specific_variant():
-    c = compile_kernel(SCALE_SHIFT, "scale_shift", SM90, Launch((1, 1, 1), (128, 1, 1)),
+def test_sm90a_compiles_for_the_arch_specific_variant():
+    c = compile_kernel(SCALE_SHIFT, "scale_shift", SM90A, Launch((1, 1, 1), (128, 1, 1)),
                        compiler="nvrtc")
     assert c.arch == "sm_90a" and c.cubin.startswith(ELF)
     assert c.ptx == b""  # sm_90a PTX runs on sm_90 only, where the cubin runs too
     assert c.ptxas.registers > 0 and c.ptxas.shared_bytes == 0
+
+
+LOWERED_TARGETS = [n for n in target.KNOWN if n.startswith("cuda:") and n != "cuda:sm_75"]
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("name", LOWERED_TARGETS)
+def test_nvrtc_compiles_a_cubin_for_every_target(name):
+    t = parse_target(name)
+    arch = arch_of(t)
+    if t.caps.sm not in nvrtc.supported_archs():
+        pytest.skip(f"NVRTC {nvrtc.version()} cannot emit {arch} (it knows "
+                    f"{nvrtc.supported_archs()})")
+    c = compile_kernel(SCALE_SHIFT, "scale_shift", t, Launch((1, 1, 1), (128, 1, 1)),
+                       compiler="nvrtc")
+    assert c.arch == arch == name[5:] and c.cubin.startswith(ELF)
+    # The ELF header's flags name the architecture (bits 8-15: 80 for sm_80).
+    assert (int.from_bytes(c.cubin[0x30:0x34], "little") >> 8) & 0xFF == t.caps.sm
+    # A plain target's PTX rides along for later GPUs; an arch-specific one's runs nowhere
+    # else, so there is none.
+    if t.caps.arch_specific:
+        assert c.ptx == b""
+    else:
+        assert f".target {arch}".encode() in c.ptx
+
+
+def test_an_architecture_nvrtc_cannot_emit_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(nvrtc, "available", lambda: True)
+    monkeypatch.setattr(nvrtc, "version", lambda: (12, 8))
+    monkeypatch.setattr(nvrtc, "supported_archs", lambda: (75, 80, 86, 87, 89, 90, 100, 120))
+    with pytest.raises(KernelError, match=r"'scale_shift': NVRTC 12.8 cannot compile for "
+                                          r"sm_103 .*sm_120\): install a newer release"):
+        compile_kernel(SCALE_SHIFT, "scale_shift", parse_target("cuda:sm_103"),
+                       Launch((1, 1, 1), (32, 1, 1)), compiler="nvrtc")
 
 
 @needs_compiler

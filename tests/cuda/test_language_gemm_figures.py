@@ -1,18 +1,19 @@
 """The fp16 GEMM written in the tile language (128x128x32 tiles, 128 threads, 3-stage
 jt.pipelined), compiled for sm_80 as jaxtile compiles it: issue 11's static targets hold
-(at most 224 registers, no spills, at most 48 KiB of shared memory, tensor-core, ldmatrix
+(at most 224 registers with CUDA 13 or 12, per toolkit in ``PTXAS_BUDGETS``, no spills, at
+most 48 KiB of shared memory, tensor-core, ldmatrix
 and cp.async instructions in the SASS). ``benchmarks/ptxas_report.py`` reports the same
 figures with the emulator's bank-conflict counts and the cold compile time."""
 
 import jax
 import jax.numpy as jnp
 import pytest
-from cuda_kernels import needs_compiler
+from cuda_kernels import PTXAS_BUDGETS, needs_compiler
 
 import jaxtile as jt
 from jaxtile.compiler import build
+from jaxtile.compiler.cuda import fingerprint, sass
 from jaxtile.compiler.cuda import lower as cuda_lower
-from jaxtile.compiler.cuda import sass
 from jaxtile.compiler.target import parse_target
 
 pytestmark = needs_compiler
@@ -49,7 +50,8 @@ def compiled():
 
 def test_the_language_gemm_meets_the_register_spill_and_shared_memory_targets(compiled):
     p = compiled.ptxas
-    assert p.registers <= 224, p
+    assert p.registers <= PTXAS_BUDGETS[fingerprint.cuda_major(compiled.compiler)][
+        "gemm_registers"], p
     assert p.spill_stores == p.spill_loads == 0, p
     # Every shared array is a view of the dynamic shared memory the launch asks for.
     smem = p.shared_bytes + compiled.launch.dynamic_smem

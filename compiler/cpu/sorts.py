@@ -13,7 +13,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.ir import Expr
 
-from .. import ir, semantics
+from .. import ir
 from . import elementwise as ew
 from .context import Lowering
 
@@ -28,7 +28,7 @@ def lower_sort(low: Lowering, op: ir.Op) -> None:
     """Emit a ``sort`` into an array."""
     src, res, axis = op.operands[0], op.result, op.attrs["axis"]
     dtype = ew.tvm_dtype(res.dtype)
-    compute = ew.tvm_dtype(semantics.compute_dtype(res.dtype))
+    compute = ew.order_dtype(res.dtype)
     floating = ew.is_float(dtype)
     n = src.shape[axis]
     work = low.kb.alloc_local(low.name("sort"), (n,), compute)

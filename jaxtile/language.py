@@ -330,7 +330,9 @@ def gemm(a: Any, b: Any, c: Any, *, transpose_a: bool = False,
     ``a``, ``b`` and ``c`` are 2-D tiles of on-chip buffers (``jt.shared``/``jt.fragment``/
     ``jt.local``): whole 2-D buffers or views that select a 2-D tile, such as one stage of
     a multi-buffered tile (``a_s.at[k % stages]``) or a slice (``q_s.at[:, jt.ds(0, 64)]``).
-    ``op`` transposes when asked. The product is accumulated in ``c.dtype``.
+    ``op`` transposes when asked. The product is accumulated in ``c.dtype``, except into a
+    float16 or bfloat16 ``c``: then ``c`` and the products are summed in float32 and the sum
+    is rounded once into ``c`` (on every backend, as in ``jnp.dot``).
     """
     state = _trace.current("jt.gemm")
     tiles, starts, sizes = {}, [], {}

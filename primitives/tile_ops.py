@@ -7,7 +7,8 @@ and as the test oracle. The compiler recognises these primitives by name in the 
 - ``jt_copy``: copy a region between two refs, casting to the destination dtype. Reads past
   the end of the source yield ``pad``; writes past the end of the destination are dropped.
   A start may be a vector of positions (``jt.gather``/``jt.scatter``).
-- ``jt_gemm``: ``c += op(a) @ op(b)`` on regions of tiles, accumulated in ``c.dtype``.
+- ``jt_gemm``: ``c += op(a) @ op(b)`` on regions of tiles, accumulated in ``c.dtype``
+  (in float32 for a 16-bit float ``c``, rounded once).
 - ``jt_atomic``: ``dst[region] = fn(dst[region], value)`` (add, max, min); the reference
   applies the updates of every block in turn, as the atomic updates of concurrent blocks
   amount to. Writes past the end of a global destination are dropped.
@@ -21,6 +22,7 @@ from jax import lax
 from jax.interpreters import mlir
 
 from jaxtile.compiler import jax_internals as ji
+from jaxtile.compiler import semantics
 from jaxtile.compiler import tile_primitives as tp
 
 copy_p = ji.Primitive(tp.COPY)
@@ -94,11 +96,12 @@ def _gemm_abstract_eval(a, b, c, *starts, a_sizes, b_sizes, c_sizes, transpose_a
 
 def gemm_reference(a, b, c, transpose_a: bool, transpose_b: bool):
     """Reference semantics of ``jt_gemm`` on tiles: ``c + op(a) @ op(b)`` accumulated in
-    c's dtype."""
+    c's dtype, or in float32 for a float16/bfloat16 ``c``, rounded once into c's dtype."""
     a = a.T if transpose_a else a
     b = b.T if transpose_b else b
-    prod = jnp.matmul(a, b, preferred_element_type=c.dtype, precision=lax.Precision.HIGHEST)
-    return c + prod
+    wide = semantics.compute_dtype(c.dtype)
+    prod = jnp.matmul(a, b, preferred_element_type=wide, precision=lax.Precision.HIGHEST)
+    return (c.astype(wide) + prod).astype(c.dtype)
 
 
 def _tile(x, starts, sizes):

@@ -64,6 +64,8 @@ def _region_indices(starts, sizes, shape):
 
 def copy_reference(src_val, dst_val, src_starts, dst_starts, src_sizes, dst_sizes, pad):
     """Reference semantics of ``jt_copy`` on array values; returns the new destination."""
+    if dst_val.size == 0:  # every write is past the end (and scatter needs an element)
+        return dst_val
     sidx, smask = _region_indices(src_starts, src_sizes, src_val.shape)
     pad_value = jnp.asarray(0 if pad is None else pad, src_val.dtype)
     if src_val.size == 0:  # nothing is in bounds (and nothing could be gathered)
@@ -135,6 +137,8 @@ _ATOMIC_UPDATE = {"add": "add", "max": "max", "min": "min"}
 @ji.register_discharge_rule(atomic_p)
 def _atomic_discharge(in_avals, out_avals, dst, value, *starts, fn, sizes):
     del in_avals, out_avals
+    if dst.size == 0:  # every update is past the end (and scatter needs an element)
+        return [dst, None] + [None] * len(starts), []
     idx, mask = _region_indices(starts, sizes, dst.shape)
     dropped = [jnp.where(mask, i, n) for i, n in zip(idx, dst.shape)]
     mesh_shape = tuple(1 if s is None else s for s in sizes)

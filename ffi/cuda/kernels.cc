@@ -150,6 +150,9 @@ std::string run(const Driver& d, const Kernel& k, std::string_view key, CUstream
   } catch (const std::invalid_argument& e) {
     return who(k.name, key) + ": " + e.what();
   }
+  if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0) {
+    return "";  // no blocks (an empty batch): nothing to run, and CUDA refuses such a grid
+  }
   const CUresult r = d.cuLaunchKernel(k.fn, grid[0], grid[1], grid[2], s.block[0],
                                       s.block[1], s.block[2], s.dynamic_smem, stream, pointers,
                                       nullptr);

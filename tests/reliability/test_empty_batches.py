@@ -67,6 +67,11 @@ def test_attention_of_an_empty_batch():
     out, lse = jax.jit(lambda q: jt.ops.attention(q, q, q, causal=True, return_lse=True))(q)
     _same(out, q)
     _same(lse, jnp.zeros((0, 2, 16), jnp.float32))
+
+
+@pytest.mark.slow
+def test_attention_gradient_of_an_empty_batch():
+    q = jnp.zeros((0, 2, 16, 32), jnp.float32)
     grads = jax.grad(lambda q, k, v: jt.ops.attention(q, k, v).sum(), argnums=(0, 1, 2))(q, q, q)
     want = jax.grad(lambda q, k, v: _attention_jnp(q, k, v).sum(), argnums=(0, 1, 2))(q, q, q)
     for g, w in zip(grads, want):
@@ -92,7 +97,8 @@ def test_attention_without_features_is_a_clear_error(op):
                                     jnp.zeros((1, 4), jnp.int32), jnp.ones((1,), jnp.int32))
 
 
-@pytest.mark.parametrize("a_shape,b_shape", [((4, 8), (8, 0)), ((0, 8), (8, 3))])
+@pytest.mark.parametrize("a_shape,b_shape", [
+    ((4, 8), (8, 0)), pytest.param((0, 8), (8, 3), marks=pytest.mark.slow)])
 def test_matmul_value_and_gradient_with_a_zero_dimension(a_shape, b_shape):
     a = jnp.ones(a_shape, jnp.float32)
     b = jnp.ones(b_shape, jnp.float32)
@@ -114,17 +120,22 @@ def _layer_norm_jnp(x, w, b, eps=1e-5):
     return (x - mean) * lax.rsqrt(var + eps) * w + b
 
 
-def test_norms_with_no_features():
-    shape = (4, 0)
-    x = jnp.ones(shape, jnp.float32)
-    w, b = jnp.ones(shape[1:], jnp.float32), jnp.zeros(shape[1:], jnp.float32)
-    cases = [(lambda x, w: jt.ops.rms_norm(x, w), _rms_norm_jnp, (x, w)),
-             (lambda x, w, b: jt.ops.layer_norm(x, w, b), _layer_norm_jnp, (x, w, b))]
-    for ours, theirs, args in cases:
-        _same(ours(*args), theirs(*args))
+@pytest.mark.parametrize("op,grad", [
+    ("rms_norm", False), pytest.param("rms_norm", True, marks=pytest.mark.slow),
+    pytest.param("layer_norm", True, marks=pytest.mark.slow)])
+def test_norms_with_no_features(op, grad):
+    x = jnp.ones((4, 0), jnp.float32)
+    w, b = jnp.ones((0,), jnp.float32), jnp.zeros((0,), jnp.float32)
+    if op == "rms_norm":
+        ours, theirs, args = (lambda x, w: jt.ops.rms_norm(x, w)), _rms_norm_jnp, (x, w)
+    else:
+        ours, theirs, args = (lambda x, w, b: jt.ops.layer_norm(x, w, b)), _layer_norm_jnp, \
+            (x, w, b)
+    _same(ours(*args), theirs(*args))
+    if grad:          # the backward kernels divided by the feature count too
         argnums = tuple(range(len(args)))
-        got = jax.grad(lambda *a, f=ours: f(*a).sum(), argnums=argnums)(*args)
-        want = jax.grad(lambda *a, f=theirs: f(*a).sum(), argnums=argnums)(*args)
+        got = jax.grad(lambda *a: ours(*a).sum(), argnums=argnums)(*args)
+        want = jax.grad(lambda *a: theirs(*a).sum(), argnums=argnums)(*args)
         for g, wnt in zip(got, want):
             _same(g, wnt)
 
@@ -155,6 +166,7 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow   # a child process (the fake driver must be found when it is opened)
 @pytest.mark.skipif(_CC is None, reason="no C compiler to build the fake CUDA driver")
 def test_the_cuda_handler_skips_a_grid_of_no_blocks(tmp_path):
     subprocess.run([_CC, "-shared", "-fPIC", "-O1", "-o", str(tmp_path / "libcuda.so.1"),

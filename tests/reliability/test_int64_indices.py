@@ -91,8 +91,10 @@ def _count(bounds):
     return out
 
 
-@pytest.mark.parametrize("start,stop", [(0, -2**32 + 3), (2**32, 2**32 + 3), (-2**33, -2**33 + 2),
-                                        (2, 5)])
+@pytest.mark.parametrize("start,stop", [
+    (0, -2**32 + 3), (2**32, 2**32 + 3),
+    pytest.param(-2**33, -2**33 + 2, marks=pytest.mark.slow),
+    pytest.param(2, 5, marks=pytest.mark.slow)])
 def test_loop_bounds_saturate_instead_of_wrapping(x64, backend, start, stop):
     bounds = jnp.asarray([start, stop], jnp.int64)
     # both bounds saturate into int32: wrapping would run 3, 3 and 2 iterations

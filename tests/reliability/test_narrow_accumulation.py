@@ -48,7 +48,8 @@ def _rounded_once(x: np.ndarray, dtype) -> tuple[np.ndarray, ...]:
 
 
 @pytest.mark.parametrize("on_backend", _BACKENDS, indirect=True)
-@pytest.mark.parametrize("dtype,n", [(ml_dtypes.bfloat16, 512), (np.float16, 4096)])
+@pytest.mark.parametrize("dtype,n", [(ml_dtypes.bfloat16, 512),
+                                     pytest.param(np.float16, 4096, marks=pytest.mark.slow)])
 def test_running_sums_of_ones_are_exact(on_backend, dtype, n):
     x = np.ones((2, n), dtype)
     got = jax.jit(_running)(jnp.asarray(x))
@@ -62,6 +63,7 @@ def test_running_sums_of_ones_are_exact(on_backend, dtype, n):
                                   [n, n])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("on_backend", _BACKENDS, indirect=True)
 def test_bfloat16_running_products_and_sums_round_once(on_backend):
     rng = np.random.RandomState(0)
@@ -114,7 +116,7 @@ def _ulp_error(got, exact: np.ndarray, dtype) -> float:
 
 
 @pytest.mark.parametrize("on_backend", _BACKENDS, indirect=True)
-@pytest.mark.parametrize("bk", [256, 64])
+@pytest.mark.parametrize("bk", [256, pytest.param(64, marks=pytest.mark.slow)])
 def test_float16_gemm_accumulator_rounds_once_per_gemm(on_backend, bk):
     rng = np.random.RandomState(1)
     a = jnp.asarray(rng.randn(32, 256), jnp.float16)

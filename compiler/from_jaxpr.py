@@ -39,6 +39,14 @@ _REDUCE = {
 _INLINE = {"jit": "jaxpr", "closed_call": "call_jaxpr", "custom_jvp_call": "call_jaxpr",
            "custom_vjp_call": "call_jaxpr", "remat2": "jaxpr"}
 """Call-like primitives whose body is converted in place, and the param holding it."""
+_INT32 = np.iinfo(np.int32)
+
+
+def _saturate(i: int) -> int:
+    """``i`` clamped into the int32 range (see ``_Converter.scalar``)."""
+    return min(max(i, int(_INT32.min)), int(_INT32.max))
+
+
 _IDENTITY = ("copy", "optimization_barrier", tp.LOOP_INFO, "stop_gradient")
 
 Converter = Callable[["_Converter", Any, list], None]
@@ -149,12 +157,26 @@ class _Converter:
         return self.scalar(entry, out), None
 
     def scalar(self, atom: Any, out: list[ir.Stmt]) -> int | ir.Value:
+        """A scalar index or bound: an int, or a Value. Kernels index in int32, and a value
+        of a wider integer type (an int64 index under x64) is saturated into int32's range:
+        no dimension exceeds 2**31 - 1, so an index out of int32's range stays out of range
+        and follows the edge rules, where a cast would wrap it onto a valid one."""
         if isinstance(atom, int | np.integer):
-            return int(atom)
+            return _saturate(int(atom))
         lit = ji.literal_value(atom)
         if lit is not None:
-            return int(lit)
-        return self.value(atom, out)
+            return _saturate(int(lit))
+        v = self.value(atom, out)
+        if not np.issubdtype(v.dtype, np.integer):
+            return v
+        info = np.iinfo(v.dtype)
+        if info.max <= _INT32.max and info.min >= _INT32.min:
+            return v
+        if info.max > _INT32.max:
+            v = self.binary(out, "min", v, self.constant(_INT32.max, v.dtype, out))
+        if info.min < _INT32.min:
+            v = self.binary(out, "max", v, self.constant(_INT32.min, v.dtype, out))
+        return self.op(out, "convert", (v,), ir.Value((), np.int32))
 
     def scalar_value(self, atom: Any, out: list[ir.Stmt]) -> ir.Value:
         """A scalar index as a Value (a constant for a static one)."""

@@ -19,7 +19,8 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from jax import tree_util
+import numpy as np
+from jax import lax, tree_util
 from jax._src import core as _core
 from jax._src import source_info_util as _source_info
 from jax._src.export import _export as _jax_export
@@ -318,3 +319,66 @@ def explain_export_check_failures(explain: Callable[[str], Exception | None]) ->
             raise clearer from None
 
     _jax_export._check_module = checked
+
+
+def _wide_index(atom: Any) -> bool:
+    """Whether ``atom`` is a scalar of an integer type with values outside int32's range."""
+    dtype = np.dtype(atom.aval.dtype)
+    if getattr(atom.aval, "shape", None) != () or not np.issubdtype(dtype, np.integer):
+        return False
+    info, i32 = np.iinfo(dtype), np.iinfo(np.int32)
+    return info.max > i32.max or info.min < i32.min
+
+
+def _saturating_eqns(index: Any, eqn: JaxprEqn) -> tuple[Any, list[JaxprEqn]]:
+    """``index`` (a scalar integer atom of a type wider than int32) clamped into int32's
+    range by new min/max eqns, with ``eqn``'s source info."""
+    dtype = np.dtype(index.aval.dtype)
+    info, i32 = np.iinfo(dtype), np.iinfo(np.int32)
+    if isinstance(index, Literal):
+        value = min(max(int(index.val), int(i32.min)), int(i32.max))
+        return Literal(np.array(value, dtype), index.aval), []
+    eqns, atom = [], index
+    for prim, bound in ((lax.min_p, i32.max), (lax.max_p, i32.min)):
+        if (prim is lax.min_p and info.max > i32.max) or (prim is lax.max_p and
+                                                          info.min < i32.min):
+            out = Var(index.aval)
+            eqns.append(_core.new_jaxpr_eqn([atom, Literal(np.array(bound, dtype), index.aval)],
+                                            [out], prim, {}, set(), eqn.source_info))
+            atom = out
+    return atom, eqns
+
+
+def saturate_ref_indices(closed: ClosedJaxpr) -> ClosedJaxpr:
+    """``closed`` with every scalar index of a ``get``/``swap``/``addupdate`` (``x[i]``,
+    ``x[ds(i, n)]``) of an integer type wider than int32 first clamped into int32's range,
+    in nested jaxprs too.
+
+    JAX's state discharge casts such indices to int32, so under x64 ``x[2**32 + 1]`` would
+    read row 1; clamped first, it stays past the end and is clamped back into range as
+    ``lax.dynamic_slice`` clamps, as the compiled kernels index."""
+
+    def rewrite(jaxpr: Jaxpr) -> Jaxpr:
+        eqns: list[JaxprEqn] = []
+        for eqn in jaxpr.eqns:
+            params = {k: _rewrite_param(v) for k, v in eqn.params.items()}
+            invars = list(eqn.invars)
+            if eqn.primitive.name in ("get", "swap", "addupdate"):
+                first = 1 if eqn.primitive.name == "get" else 2
+                for n in range(first, len(invars)):
+                    if _wide_index(invars[n]):
+                        invars[n], extra = _saturating_eqns(invars[n], eqn)
+                        eqns += extra
+            eqns.append(eqn.replace(invars=invars, params=params))
+        return jaxpr.replace(eqns=eqns)
+
+    def _rewrite_param(v: Any) -> Any:
+        if isinstance(v, ClosedJaxpr):
+            return v.replace(jaxpr=rewrite(v.jaxpr))
+        if isinstance(v, Jaxpr):
+            return rewrite(v)
+        if isinstance(v, tuple) and v and all(isinstance(b, ClosedJaxpr | Jaxpr) for b in v):
+            return tuple(_rewrite_param(b) for b in v)
+        return v
+
+    return closed.replace(jaxpr=rewrite(closed.jaxpr))

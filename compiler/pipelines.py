@@ -1,12 +1,12 @@
 """Pass pipelines: the named Tile IR passes each target runs, in order.
 
 A kernel goes through two pipelines. The *neutral* one (verify, coverage, dce,
-clamp_check, scratch_init, output_init) runs once per specialisation, whatever the target;
-its result is the IR that the content key hashes and that ``kernel.lower(...)`` shows. Each
-target kind then has one function listing its own passes, run by the build on the neutral
-IR before the target's lowering: the CPU fuses elementwise chains into their consumers.
-CUDA runs layout inference, bounds and barrier insertion (docs/design.md), then its lowering
-writes the CUDA source.
+clamp_check, scratch_init, output_init, wide_accumulation) runs once per specialisation,
+whatever the target; its result is the IR that the content key hashes and that
+``kernel.lower(...)`` shows. Each target kind then has one function listing its own passes,
+run by the build on the neutral IR before the target's lowering: the CPU fuses elementwise
+chains into their consumers. CUDA runs layout inference, bounds and barrier insertion
+(docs/design.md), then its lowering writes the CUDA source.
 
 ``JAXTILE_DUMP_IR=<pass>[,<pass>...]`` (or ``all``) prints the IR after the named passes to
 standard error; ``JAXTILE_VERIFY_IR=1`` verifies the IR after every pass (the test suite
@@ -32,6 +32,7 @@ from .passes.gemm_panels import coarsen_gemm_loops
 from .passes.layout_inference import infer_layouts
 from .passes.output_init import add_output_inits
 from .passes.scratch_init import zero_uninitialised_scratch
+from .passes.wide_accumulation import widen_half_accumulation
 from .target import Target
 
 
@@ -50,6 +51,7 @@ NEUTRAL = (
     Pass("clamp_check", warn_clamped_accesses),
     Pass("scratch_init", zero_uninitialised_scratch),
     Pass("output_init", add_output_inits),
+    Pass("wide_accumulation", widen_half_accumulation),
 )
 """Target-neutral passes, run on every specialisation before its key is computed."""
 

@@ -7,7 +7,10 @@ vectorisable polynomials in ``cpu/``, later the CUDA device header's functions),
 ``tests/compiler/test_semantics.py`` checks each rule against XLA itself.
 
 - **Half precision.** float16 and bfloat16 math is done in float32 and rounded to the
-  storage type (to nearest, ties to even) after *every* op (:func:`compute_dtype`).
+  storage type (to nearest, ties to even) after *every* op (:func:`compute_dtype`). Running
+  sums and products (reductions and scans with sum or prod, gemm accumulators) are the
+  exception: they accumulate in float32 and are rounded once, when stored
+  (``passes/wide_accumulation.py`` states this in the IR).
 - **Integer division** never traps: ``x / 0`` is -1 (all ones for unsigned types), ``x % 0``
   is ``x``, ``INT_MIN / -1`` is ``INT_MIN`` and ``INT_MIN % -1`` is 0
   (:func:`int_div_by_zero`, :func:`int_overflow_quotient`). Quotients truncate toward zero

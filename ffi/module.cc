@@ -88,14 +88,18 @@ void call_kernel(const std::string& key, const nb::list& arrays, int64_t block_b
 
 // What the CUDA handler does on a call, without XLA: for tests of the error paths.
 void cuda_launch(const std::string& key, const std::string& payload, uintptr_t stream,
-                 const std::vector<uintptr_t>& buffers) {
+                 const std::vector<uintptr_t>& buffers,
+                 const std::vector<std::vector<int64_t>>& shapes) {
   std::vector<void*> pointers;
   for (uintptr_t b : buffers) pointers.push_back(reinterpret_cast<void*>(b));
+  // The buffers' shapes, as XLA passes them, when the test gives them (dynamic sizes).
+  std::vector<cuda::BufferDims> dims;
+  for (const auto& s : shapes) dims.push_back(cuda::BufferDims{s.data(), s.size()});
   std::string error;
   {
     nb::gil_scoped_release release;
     error = cuda::launch(reinterpret_cast<cuda::CUstream>(stream), key, payload,
-                         pointers.data(), pointers.size());
+                         pointers.data(), pointers.size(), dims.empty() ? nullptr : dims.data());
   }
   if (!error.empty()) throw std::runtime_error(error);
 }
@@ -212,8 +216,10 @@ NB_MODULE(_ffi, m) {
       },
       "Why the NVIDIA driver cannot be used here ('' if it can); loads it on first call.");
   m.def("cuda_launch", &cuda_launch, "key"_a, "payload"_a, "stream"_a, "buffers"_a,
+        "shapes"_a = std::vector<std::vector<int64_t>>(),
         "Launch a CUDA kernel as the handler does (device addresses of operands then "
-        "results), raising RuntimeError with the handler's message. Meant for tests.");
+        "results, and optionally their shapes), raising RuntimeError with the handler's "
+        "message. Meant for tests.");
   m.def("cuda_load", &cuda_load, "key"_a, "payload"_a, "stream"_a,
         "Load a CUDA kernel into the stream's context as the handler's initialize stage does, "
         "raising RuntimeError with its message. Meant for tests.");

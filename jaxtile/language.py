@@ -158,12 +158,34 @@ def _resolve_origin(state: Any, sizes: list[Any], tile: tuple[int, ...],
     return out
 
 
+_INT32 = np.iinfo(np.int32)
+
+
+def _saturate(i: int) -> int:
+    return min(max(i, int(_INT32.min)), int(_INT32.max))
+
+
+def _to_int32(x: Any) -> Any:
+    """A traced integer index, index tile or loop bound as int32, the type jaxtile indexes
+    and counts with. A value of a wider type is saturated into int32's range first: no buffer
+    dimension exceeds 2**31 - 1, so an index out of int32's range stays out of range and
+    follows the edge rules (pad, dropped write), where a plain cast would wrap it onto a
+    valid one (2**32 + 1 would read row 1)."""
+    dtype = jnp.result_type(x)
+    if jnp.iinfo(dtype).max > _INT32.max:
+        x = jnp.minimum(x, jnp.asarray(_INT32.max, dtype))
+    if jnp.iinfo(dtype).min < _INT32.min:
+        x = jnp.maximum(x, jnp.asarray(_INT32.min, dtype))
+    return jnp.asarray(x, jnp.int32)
+
+
 def _start(state: Any, s: Any, op: str = "jt.copy") -> Any:
     if isinstance(s, int | np.integer):
-        return jnp.int32(int(s))
+        return jnp.int32(_saturate(int(s)))
     if not jnp.issubdtype(jnp.result_type(s), jnp.integer):
         raise state.error(f"{op}: indices must be integers, got {jnp.result_type(s)}")
-    return jnp.asarray(s, jnp.int32)
+    static = ji.concrete_int(s)        # a constant index needs no clamp on the device
+    return jnp.int32(_saturate(static)) if static is not None else _to_int32(s)
 
 
 def _check_fits(state: Any, ref: Any, starts: list[Any], sizes: list[Any], role: str,
@@ -252,7 +274,7 @@ def _index_tile(state: Any, rows: Any, op: str) -> Any:
     if not jnp.issubdtype(jnp.result_type(rows), jnp.integer):
         raise state.error(f"{op}: the index tile must hold integers, got "
                           f"{jnp.result_type(rows)}")
-    return jnp.asarray(rows, jnp.int32)
+    return _to_int32(rows)
 
 
 def _indexed_region(state: Any, x: Any, rows: Any, axis: int, role: str,
@@ -372,7 +394,9 @@ def gemm(a: Ref, b: Ref, c: Ref, *, transpose_a: bool = False,
     ``a``, ``b`` and ``c`` are 2-D tiles of on-chip buffers (``jt.shared``/``jt.fragment``/
     ``jt.local``): whole 2-D buffers or views that select a 2-D tile, such as one stage of
     a multi-buffered tile (``a_s.at[k % stages]``) or a slice (``q_s.at[:, jt.ds(0, 64)]``).
-    ``op`` transposes when asked. The product is accumulated in ``c.dtype``.
+    ``op`` transposes when asked. The product is accumulated in ``c.dtype``, except into a
+    float16 or bfloat16 ``c``: then ``c`` and the products are summed in float32 and the sum
+    is rounded once into ``c`` (on every backend, as in ``jnp.dot``).
     """
     state = _trace.current("jt.gemm")
     tiles, starts, sizes = {}, [], {}
@@ -412,15 +436,21 @@ def gemm(a: Ref, b: Ref, c: Ref, *, transpose_a: bool = False,
 
 
 def _bound(state: Any, b: Any) -> Any:
-    """A loop bound: a Python int, or a traced integer scalar (computed on the device)."""
+    """A loop bound: a Python int, or a traced integer scalar (computed on the device).
+    Loops count in int32: a static bound outside its range is an error, a traced one of a
+    wider type saturates into it (so a loop from 2**32 to 2**32 + 3 runs no iteration,
+    rather than three from 0)."""
     if isinstance(b, int | np.integer):
+        if _saturate(int(b)) != int(b):
+            raise state.error(f"the loop bound {int(b)} is outside the int32 range that "
+                              "device loops count in")
         return int(b)
     if ji.is_symbolic_dim(b):
         return jnp.asarray(b, jnp.int32)
     if jnp.shape(b) != () or not jnp.issubdtype(jnp.result_type(b), jnp.integer):
         raise state.error(f"loop bounds must be ints or integer scalars, got "
                           f"{jnp.result_type(b)}{list(jnp.shape(b))}")
-    return jnp.asarray(b, jnp.int32)
+    return _to_int32(b)
 
 
 def _run_loop(start: Any, stop: Any, body: Callable[[Any], Any], kind: str,
@@ -436,7 +466,10 @@ def _run_loop(start: Any, stop: Any, body: Callable[[Any], Any], kind: str,
             raise state.error("a loop body must not return a value; write results to refs")
         return carry
 
-    lax.fori_loop(start, stop, step, 0)
+    # int32 counters whatever the bounds' Python types: under x64 Python ints would give
+    # the loop an int64 counter, which kernels do not count in.
+    lax.fori_loop(jnp.int32(start) if isinstance(start, int) else start,
+                  jnp.int32(stop) if isinstance(stop, int) else stop, step, 0)
 
 
 def loop(start: Index, stop: Index | None = None, *,
@@ -446,7 +479,8 @@ def loop(start: Index, stop: Index | None = None, *,
     The bounds are Python ints or traced integer scalars computed in the body (from block
     indices or values read from inputs), e.g. causal attention's
     ``jnp.minimum(jt.cdiv(S, bn), jt.cdiv((bx + 1) * bm, bn))``; a loop whose stop is not
-    above its start runs no iteration.
+    above its start runs no iteration. Loops count in int32: a traced bound of a wider type
+    (int64 under x64) saturates into its range, a Python int outside it is an error.
 
     >>> @jt.loop(n)                               # doctest: +SKIP
     ... def _(i):

@@ -2,7 +2,8 @@
 
 The stateful body is discharged into a pure function of the buffer values, and the grid
 becomes a ``fori_loop`` over blocks (block index 0 varies fastest) that threads the outputs
-through; scratch buffers start as zeros in every block, outputs start as zeros once. This is
+through; scratch buffers start as zeros in every block, outputs start as zeros once (and stay
+zeros when the grid has no blocks). This is
 ``interpret=True``, the oracle of the tests, and the fallback for transformations without a
 dedicated rule. It works under ``jit``, ``vmap`` and ``grad`` because it is plain JAX.
 """
@@ -37,10 +38,14 @@ def run_reference(jaxpr: ji.ClosedJaxpr, grid: Sequence[int],
     """Run a traced kernel on ``inputs``; returns the final value of every output buffer.
 
     ``index_axes`` maps the jaxpr's block-index inputs to grid axes (None reads 0)."""
-    pure = ji.discharge_state(jaxpr)
     n_in = len(inputs)
     allocs = buffers[n_in:]
     out_pos = [i for i, b in enumerate(allocs) if b.role == "output"]
+    if math.prod(grid) == 0:
+        # No block runs, so the body is not even discharged: its reads of an empty input
+        # (``lens[b]`` with no rows) have no JAX meaning.
+        return [jnp.zeros(allocs[i].shape, allocs[i].dtype) for i in out_pos]
+    pure = ji.discharge_state(ji.saturate_ref_indices(jaxpr))
 
     def block(flat, outs):
         values, it = [], iter(outs)

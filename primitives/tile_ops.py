@@ -7,7 +7,8 @@ and as the test oracle. The compiler recognises these primitives by name in the 
 - ``jt_copy``: copy a region between two refs, casting to the destination dtype. Reads past
   the end of the source yield ``pad``; writes past the end of the destination are dropped.
   A start may be a vector of positions (``jt.gather``/``jt.scatter``).
-- ``jt_gemm``: ``c += op(a) @ op(b)`` on regions of tiles, accumulated in ``c.dtype``.
+- ``jt_gemm``: ``c += op(a) @ op(b)`` on regions of tiles, accumulated in ``c.dtype``
+  (in float32 for a 16-bit float ``c``, rounded once).
 - ``jt_atomic``: ``dst[region] = fn(dst[region], value)`` (add, max, min); the reference
   applies the updates of every block in turn, as the atomic updates of concurrent blocks
   amount to. Writes past the end of a global destination are dropped.
@@ -21,6 +22,7 @@ from jax import lax
 from jax.interpreters import mlir
 
 from jaxtile.compiler import jax_internals as ji
+from jaxtile.compiler import semantics
 from jaxtile.compiler import tile_primitives as tp
 
 copy_p = ji.Primitive(tp.COPY)
@@ -62,6 +64,8 @@ def _region_indices(starts, sizes, shape):
 
 def copy_reference(src_val, dst_val, src_starts, dst_starts, src_sizes, dst_sizes, pad):
     """Reference semantics of ``jt_copy`` on array values; returns the new destination."""
+    if dst_val.size == 0:  # every write is past the end (and scatter needs an element)
+        return dst_val
     sidx, smask = _region_indices(src_starts, src_sizes, src_val.shape)
     pad_value = jnp.asarray(0 if pad is None else pad, src_val.dtype)
     if src_val.size == 0:  # nothing is in bounds (and nothing could be gathered)
@@ -94,11 +98,12 @@ def _gemm_abstract_eval(a, b, c, *starts, a_sizes, b_sizes, c_sizes, transpose_a
 
 def gemm_reference(a, b, c, transpose_a: bool, transpose_b: bool):
     """Reference semantics of ``jt_gemm`` on tiles: ``c + op(a) @ op(b)`` accumulated in
-    c's dtype."""
+    c's dtype, or in float32 for a float16/bfloat16 ``c``, rounded once into c's dtype."""
     a = a.T if transpose_a else a
     b = b.T if transpose_b else b
-    prod = jnp.matmul(a, b, preferred_element_type=c.dtype, precision=lax.Precision.HIGHEST)
-    return c + prod
+    wide = semantics.compute_dtype(c.dtype)
+    prod = jnp.matmul(a, b, preferred_element_type=wide, precision=lax.Precision.HIGHEST)
+    return (c.astype(wide) + prod).astype(c.dtype)
 
 
 def _tile(x, starts, sizes):
@@ -132,6 +137,8 @@ _ATOMIC_UPDATE = {"add": "add", "max": "max", "min": "min"}
 @ji.register_discharge_rule(atomic_p)
 def _atomic_discharge(in_avals, out_avals, dst, value, *starts, fn, sizes):
     del in_avals, out_avals
+    if dst.size == 0:  # every update is past the end (and scatter needs an element)
+        return [dst, None] + [None] * len(starts), []
     idx, mask = _region_indices(starts, sizes, dst.shape)
     dropped = [jnp.where(mask, i, n) for i, n in zip(idx, dst.shape)]
     mesh_shape = tuple(1 if s is None else s for s in sizes)

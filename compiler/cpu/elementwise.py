@@ -73,6 +73,13 @@ def is_nan(x: Expr, dtype: str) -> Expr:
                    tirx.const(0x7F800000, "uint32"))
 
 
+def order_dtype(dtype: np.dtype) -> str:
+    """The TVM type that values of ``dtype`` are ordered in (sorts, arg-reductions): the
+    compute type, and int32 for bool, because LLVM's code generator has no ordered compare
+    of ``i1`` values (TVM stops at an internal check)."""
+    return "int32" if np.dtype(dtype) == np.bool_ else semantics.compute_dtype(dtype).name
+
+
 def _is_finite(x: Expr, dtype: str) -> Expr:
     """Neither inf nor NaN: the exponent bits are not all ones."""
     if dtype == "float64":
@@ -153,6 +160,10 @@ def _binary(fn: str, a: Expr, b: Expr, dtype: str) -> Expr:
         return _libm(dtype, "fmod", a, b)
     if fn == "atan2":
         return _libm(dtype, "atan2", a, b)
+    if dtype == "bool" and fn in ("max", "min"):
+        # The largest of bools is their or, the smallest their and (LLVM has no ordered
+        # compare of i1 values to select with).
+        return (tirx.Or if fn == "max" else tirx.And)(a, b)
     if fn == "max":
         return vm.maximum(a, b)
     if fn == "min":

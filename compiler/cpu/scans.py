@@ -11,7 +11,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.ir import Expr
 
-from .. import ir, semantics
+from .. import ir
 from . import elementwise as ew
 from .context import Lowering
 
@@ -48,7 +48,7 @@ def lower_argreduce(low: Lowering, op: ir.Op) -> None:
     fn, axis = op.attrs["fn"], op.attrs["axis"]
     dtype, index_dtype = ew.tvm_dtype(src.dtype), ew.tvm_dtype(res.dtype)
     floating = ew.is_float(dtype)
-    compute = semantics.compute_dtype(src.dtype).name
+    compute = ew.order_dtype(src.dtype)
     n = src.shape[axis]
     best = low.kb.alloc_local(low.name("best"), (1,), compute)
     where = low.kb.alloc_local(low.name("arg"), (1,), index_dtype)

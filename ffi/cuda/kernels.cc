@@ -204,7 +204,6 @@ std::string run(const Driver& d, CUcontext ctx, const Kernel& k, std::string_vie
     return who(k.name, key) + ": called with " + std::to_string(num_buffers) +
            " buffers, but its parameters use " + std::to_string(s.buffers_needed);
   }
-  if (std::string bad = misaligned(k, key, buffers); !bad.empty()) return bad;
   // Each parameter's bytes, and the array of pointers to them that the driver reads; on the
   // stack for the usual few parameters.
   const size_t n = s.params.size();
@@ -230,6 +229,11 @@ std::string run(const Driver& d, CUcontext ctx, const Kernel& k, std::string_vie
   } catch (const std::invalid_argument& e) {
     return who(k.name, key) + ": " + e.what();
   }
+  if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0) {
+    return "";  // no blocks (an empty batch): nothing to run, and CUDA refuses such a grid
+  }
+  // After the empty-grid exit: the buffers of an empty batch may be anywhere.
+  if (std::string bad = misaligned(k, key, buffers); !bad.empty()) return bad;
   ContextScope scope(d, ctx);
   if (scope.status() != kCudaSuccess) {
     return who(k.name, key) + ": making the stream's context current failed: " +

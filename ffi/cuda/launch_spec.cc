@@ -225,7 +225,7 @@ std::array<unsigned, 3> resolve_grid(const LaunchSpec& spec, const BufferDims* d
   std::array<unsigned, 3> grid{};
   for (int i = 0; i < 3; ++i) {
     const int64_t g = spec.grid_exprs[i].eval(dims, num_buffers);
-    if (g < 1 || g > 2147483647) {
+    if (g < 0 || g > 2147483647) {
       throw std::invalid_argument("grid extent " + std::to_string(i) + " comes out as " +
                                   std::to_string(g) + " for these shapes");
     }

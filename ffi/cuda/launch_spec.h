@@ -61,7 +61,8 @@ LaunchSpec parse_launch(std::string_view text);
 
 // The grid and the parameters' values (buffer addresses, scalars' bytes, dimensions) of a
 // launch with these buffers; throws std::invalid_argument when a dimension the launch reads
-// is missing or an extent comes out below 1 or above 2^31 - 1.
+// is missing or an extent comes out below 0 or above 2^31 - 1. An extent of 0 (an empty
+// batch) is a grid of no blocks, which the caller must not launch: CUDA refuses it.
 std::array<unsigned, 3> resolve_grid(const LaunchSpec& spec, const BufferDims* dims,
                                      size_t num_buffers);
 uint64_t param_value(const Param& p, void* const* buffers, const BufferDims* dims,

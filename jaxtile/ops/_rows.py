@@ -3,6 +3,7 @@ prologue and epilogue every backward norm kernel has."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax.numpy as jnp
@@ -19,6 +20,12 @@ def row_tile(n_cols: int, block_cols: int | None) -> int:
     if cols < n_cols:
         raise ValueError(f"block_cols={cols} is smaller than the row length {n_cols}")
     return cols
+
+
+def mean_scale(n_cols: int) -> float:
+    """The factor that turns a row's sum into its mean: ``1 / n_cols``, and NaN for rows of
+    no features, whose mean ``jnp.mean`` gives as NaN (0 / 0)."""
+    return 1.0 / n_cols if n_cols else math.nan
 
 
 def check_norm(op: str, x: Any, **vectors: Any) -> None:

@@ -35,6 +35,9 @@ def _check(q: Any, k_pages: Any, v_pages: Any, page_table: Any, lengths: Any) ->
     if q.dtype not in [jnp.dtype(d) for d in FLOATS]:
         raise TypeError(f"{op}: q must be float32, bfloat16 or float16, got {q.dtype}")
     b, h, d = q.shape
+    if d == 0:
+        raise ValueError(f"{op}: q has shape {tuple(q.shape)}: head_dim is 0 (no features "
+                         "to score keys with); attention needs head_dim >= 1")
     hk = k_pages.shape[0]
     if k_pages.shape[3] != d or hk == 0 or h % hk:
         raise ValueError(f"{op}: q has shape {tuple(q.shape)} (batch, heads, head_dim) but "

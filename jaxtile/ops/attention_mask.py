@@ -51,6 +51,9 @@ def check_qkv(op: str, q: Any, k: Any, v: Any, lengths: Any) -> tuple[int, int]:
         raise TypeError(f"{op}: q, k and v must be float32, bfloat16 or float16, got "
                         f"{q.dtype}")
     b, h, _, d = q.shape
+    if d == 0:
+        raise ValueError(f"{op}: q has shape {tuple(q.shape)}: head_dim is 0 (no features "
+                         "to score keys with); attention needs head_dim >= 1")
     if k.shape[0] != b or k.shape[3] != d:
         raise ValueError(f"{op}: q has shape {tuple(q.shape)} but k has shape "
                          f"{tuple(k.shape)}; batch and head_dim must agree")

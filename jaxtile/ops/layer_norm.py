@@ -12,7 +12,7 @@ from jax import lax
 
 import jaxtile as jt
 
-from ._rows import NormBackward, check_norm, row_tile
+from ._rows import NormBackward, check_norm, mean_scale, row_tile
 
 
 def _normalise(x, w, b, eps, rows, block_cols):
@@ -32,12 +32,12 @@ def _normalise(x, w, b, eps, rows, block_cols):
     jt.copy(w.at[0], w_t)
     jt.copy(b.at[0], b_t)
     xv = x_t[...]
-    mean_t[...] = jnp.sum(xv, axis=1) * (1.0 / n_cols)
+    mean_t[...] = jnp.sum(xv, axis=1) * mean_scale(n_cols)
     xc = xv - mean_t[...][:, None]
     if cols > n_cols:                     # padding columns read 0, not the mean
         col = lax.broadcasted_iota(jnp.int32, (rows, cols), 1)
         xc = jnp.where(col < n_cols, xc, 0.0)
-    var = jnp.sum(xc * xc, axis=1) * (1.0 / n_cols)
+    var = jnp.sum(xc * xc, axis=1) * mean_scale(n_cols)
     # A variance that overflowed makes every output NaN, as in jnp's formula (where the
     # mean overflows first): a zero rstd would make finite-looking zeros instead, and only
     # where the summation order happened to keep the mean finite.
@@ -96,7 +96,7 @@ def layer_norm_bwd(x, w, mean, rstd, g, *, rows=4, block_cols=None, groups=8):
         xhat = (nb.x_t[...] - mean_t[...][:, None]) * s
         gv = nb.g_t[...]
         gw = gv * nb.w_t[...][None, :]
-        scale = 1.0 / nb.n_cols
+        scale = mean_scale(nb.n_cols)
         mean_gw = jnp.sum(gw, axis=1, keepdims=True) * scale
         mean_gwx = jnp.sum(gw * xhat, axis=1, keepdims=True) * scale
         dw_t[...] = dw_t[...] + jnp.sum(gv * xhat, axis=0)

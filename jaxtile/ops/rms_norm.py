@@ -13,7 +13,7 @@ from jax import lax
 
 import jaxtile as jt
 
-from ._rows import NormBackward, check_norm, row_tile
+from ._rows import NormBackward, check_norm, mean_scale, row_tile
 
 
 def _normalise(x, w, eps, rows, block_cols):
@@ -30,7 +30,7 @@ def _normalise(x, w, eps, rows, block_cols):
     jt.copy(x.at[r * rows, 0], x_t)
     jt.copy(w.at[0], w_t)
     xv = x_t[...]
-    s_t[...] = lax.rsqrt(jnp.sum(xv * xv, axis=1) * (1.0 / n_cols) + eps)
+    s_t[...] = lax.rsqrt(jnp.sum(xv * xv, axis=1) * mean_scale(n_cols) + eps)
     x_t[...] = xv * s_t[...][:, None] * w_t[...][None, :]
     jt.copy(x_t, y.at[r * rows, 0])
     return y, s_t, r
@@ -82,7 +82,7 @@ def rms_norm_bwd(x, w, rstd, g, *, rows=4, block_cols=None, groups=8):
         xhat = nb.x_t[...] * s
         gv = nb.g_t[...]
         gw = gv * nb.w_t[...][None, :]
-        mean = jnp.sum(gw * xhat, axis=1, keepdims=True) * (1.0 / nb.n_cols)
+        mean = jnp.sum(gw * xhat, axis=1, keepdims=True) * mean_scale(nb.n_cols)
         dw_t[...] = dw_t[...] + jnp.sum(gv * xhat, axis=0)
         nb.x_t[...] = s * (gw - xhat * mean)
         nb.store_dx(row)

@@ -152,7 +152,8 @@ def test_coverage_rejects_a_grid_that_misses_part_of_an_output():
 
 def test_pipelines_name_their_passes_in_order():
     assert [p.name for p in pipelines.NEUTRAL] == ["verify", "coverage", "dce", "clamp_check",
-                                                  "scratch_init", "output_init"]
+                                                  "scratch_init", "output_init",
+                                                  "wide_accumulation"]
     assert [p.name for p in pipelines.for_target(parse_target("cpu"))] == [
         "gemm_panels", "gemm_edges", "fusion"]
     assert [p.name for p in pipelines.for_target(parse_target("cuda:sm_80"))] == [

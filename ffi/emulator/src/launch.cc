@@ -15,16 +15,16 @@ __attribute__((visibility("default"))) void (*__TVMFFIErrorSetRaisedFromCStr)(
     const char* kind, const char* message) = nullptr;
 }
 
-// Turns the costly checks on (1) or off (0) for later launches; returns the previous value.
-extern "C" __attribute__((visibility("default"))) int jaxtile_emu_set_checks(int on) {
-  const int old = jaxtile::emu::g_checks;
-  jaxtile::emu::g_checks = on != 0 ? 1 : 0;
-  return old;
-}
-
 namespace jaxtile {
 namespace emu {
+
+thread_local int g_checks __attribute__((tls_model("initial-exec"))) = 1;
+
 namespace {
+
+// The watchdog's limit when neither the kernel nor $JAXTILE_EMULATOR_TIMEOUT sets one: far
+// beyond any emulated kernel of the test suite, short of hanging a session forever.
+constexpr double kDefaultTimeout = 600;
 
 // Hardware limits (sm_80/sm_90): threads per block, block extents, grid extents, and the
 // largest shared memory a block can opt in to.
@@ -55,6 +55,43 @@ int fail(const std::string& message) {
   }
   return -1;
 }
+
+// The watchdog's limit in seconds for `spec` (0: none), or a message saying what is wrong with
+// $JAXTILE_EMULATOR_TIMEOUT.
+std::string time_limit(const KernelSpec& spec, double* seconds) {
+  if (spec.settings != nullptr && spec.settings->timeout_s >= 0) {
+    *seconds = spec.settings->timeout_s;
+    return {};
+  }
+  *seconds = kDefaultTimeout;
+  const char* env = std::getenv("JAXTILE_EMULATOR_TIMEOUT");
+  if (env == nullptr || *env == '\0') return {};
+  char* end = nullptr;
+  const double v = std::strtod(env, &end);
+  if (*end != '\0' || !(v >= 0) || v > 1e9) {
+    return std::string("$JAXTILE_EMULATOR_TIMEOUT must be a number of seconds (0: no limit), "
+                       "got '") + env + "'";
+  }
+  *seconds = v;
+  return {};
+}
+
+// Restores what a launch changed on its CPU thread, however it ends.
+class LaunchScope {
+ public:
+  explicit LaunchScope(const KernelSpec* spec) : checks_(g_checks) {
+    g_checks = spec->settings != nullptr ? spec->settings->checks != 0 : 1;
+    use_reports_of(spec);
+  }
+  ~LaunchScope() {
+    flush_counters();
+    use_reports_of(nullptr);
+    g_checks = checks_;
+  }
+
+ private:
+  int checks_;
+};
 
 std::string check_geometry(const KernelSpec& s) {
   const DimSpec& b = s.block;
@@ -112,6 +149,10 @@ int launch(const KernelSpec* spec, const void* packed_args, int32_t num_args) {
     return fail(name + "block range outside the grid");
   }
 
+  double timeout = 0;
+  if (std::string why = time_limit(*spec, &timeout); !why.empty()) return fail(name + why);
+
+  LaunchScope scope(spec);
   // Heap-held: this library's thread-local storage must stay small (see runtime.h).
   GpuFloatingPoint gpu_fp;
   static thread_local Block* block = nullptr;
@@ -125,6 +166,9 @@ int launch(const KernelSpec* spec, const void* packed_args, int32_t num_args) {
   b.nwarps = (b.nthreads + 31) / 32;
   b.fibers.resize(b.nthreads);
   b.collectives.assign(static_cast<size_t>(b.nwarps) * kCollectivesPerWarp, Collective{});
+  b.stack_bytes = fiber_stack_bytes(*spec);
+  b.timeout_s = timeout;
+  b.deadline_ns = timeout > 0 ? now_ns() + static_cast<uint64_t>(timeout * 1e9) : 0;
   first_error().clear();
   for (int64_t lin = begin; lin < end; ++lin) {
     const uint64_t u = static_cast<uint64_t>(lin);
@@ -136,10 +180,9 @@ int launch(const KernelSpec* spec, const void* packed_args, int32_t num_args) {
     // Stop at the first block with an error: later blocks would mostly repeat it.
     if (!first_error().empty()) break;
   }
-  flush_counters();
   if (!first_error().empty()) {
     std::string msg = name + first_error() +
-                      " (all findings: jaxtile_emu_take_report, or the runner's report())";
+                      " (all findings: the kernel's report(), or EmulatorError.report)";
     first_error().clear();
     return fail(msg);
   }

@@ -75,7 +75,11 @@ class EmulatedKernel:
         from jaxtile import _ffi
 
         self.key = f"emulator:{self.library.stem}"
-        _ffi.load_kernel(self.key, str(self.library), self.name, self.launch.num_blocks, 1)
+        # The full entry symbol: looked up by the bare kernel name, a kernel called `div` or
+        # `remainder` would bind to the C library's function of that name, which the handler
+        # would then call as the kernel.
+        _ffi.load_kernel(self.key, str(self.library), f"__tvm_ffi_{self.name}",
+                         self.launch.num_blocks, 1)
         # The same file is already open in this process, so this is the same library instance
         # whose kernels jaxtile's handler runs.
         self._lib = ctypes.CDLL(str(self.library))

@@ -1,0 +1,257 @@
+"""Faults in emulated device code never kill the Python process (issue 19, point 9).
+
+Each fault that used to end the process (SIGSEGV from a stack overflow, SIGFPE from an integer
+division by zero, SIGABRT from a device ``assert``) runs in one child process, so that a
+regression fails these tests instead of killing pytest; the child prints one JSON line per
+probe. Per-kernel checks and reports run in this process: they cannot crash it.
+"""
+
+import json
+import threading
+
+import numpy as np
+import pytest
+from probes import run_python
+
+from jaxtile.compiler.emulator import Buffer, EmulatedKernel, EmulatorError, LaunchConfig
+
+_HEAD = "#include <jaxtile/device.h>\n#include <cassert>\nusing namespace jaxtile;\n"
+
+# One kernel (one compilation) with a fault per mode, x[0]: x[1:] are its data.
+FAULTS = _HEAD + """JT_DEVICE int down(int n, ptr<const int> x) {
+  volatile char pad[512];
+  pad[0] = static_cast<char>(n);
+  if (n == 0) return x[1];
+  return down(n - 1, x) + pad[0];  // RECURSE
+}
+JT_KERNEL void faults(ptr<const int> x, ptr<float> out) {
+  const unsigned t = thread_idx().x;
+  switch (x[0]) {
+    case 0: {
+      // 320 KB of locals per thread: legal CUDA (up to 512 KiB of local memory per thread),
+      // above the emulator's default 256 KiB fiber stack.
+      float local[80000];
+      const int n = x[1];
+      for (int i = 0; i < 80000; ++i) local[i] = float(i % n);
+      out[t] = local[(t * 7919 + 13) % 80000];
+      break;
+    }
+    case 1: out[t] = float(down(x[1], x)); break;
+    case 2: out[t] = float(100 / x[1 + t]); break;  // DIVIDE
+    case 3: out[t] = float(100u % static_cast<unsigned>(x[1 + t])); break;  // REMAINDER
+    case 4: {
+      const int v = x[1 + t];
+      assert(v >= 0 && "counts are not negative");  // ASSERT
+      out[t] = float(v);
+      break;
+    }
+    case 5: {
+      ptr<float> null_ptr;
+      null_ptr[t] = 1.0f;  // NULL
+      ptr<float> unowned(nullptr, nullptr);
+      unowned[0] = 1.0f;  // UNOWNED
+      ptr<float> wild = out + (int64_t(1) << 40);
+      wild[0] = float(x[1]);  // WILD
+      out[t] = 2.0f;
+      break;
+    }
+    default:
+      while (volatile_load(x + 1) == 0) {}  // SPIN
+      out[t] = 1.0f;
+  }
+}
+"""
+
+_CHILD = """
+import json, time
+import numpy as np
+from jaxtile.compiler.emulator import Buffer, EmulatedKernel, EmulatorError, LaunchConfig
+
+k = EmulatedKernel.build(FAULTS, "faults", [Buffer("x", "int32"), Buffer("out", "float32")],
+                         LaunchConfig((1, 1, 1), (32, 1, 1)), file="faults.cu")
+
+def probe(label, mode, data, timeout=None):
+    k.set_timeout(timeout)
+    out = np.zeros(32, np.float32)
+    row = {"label": label, "stack_bytes": k.stack_bytes}
+    start = time.perf_counter()
+    try:
+        k.run(np.asarray([mode] + data + [1] * (63 - len(data)), np.int32), out)
+        row["out"] = out.tolist()
+    except EmulatorError as e:
+        row["error"] = str(e)
+        row["findings"] = [f["message"] for f in e.report["findings"]]
+    row["seconds"] = time.perf_counter() - start
+    print(json.dumps(row), flush=True)
+
+probe("big", 0, [7])
+probe("recurse", 1, [10**7])
+probe("divide", 2, [1] * 5 + [0])
+probe("remainder", 3, [3] * 9 + [0])
+probe("assert", 4, [1, 2, 3, -1])
+probe("pointers", 5, [7])
+probe("spin", 6, [0], timeout=0.5)
+"""
+
+
+def _line(tag: str, source: str = FAULTS) -> int:
+    return next(i for i, text in enumerate(source.splitlines(), 1) if f"// {tag}" in text)
+
+
+@pytest.fixture(scope="module")
+def faults():
+    """Every probe's outcome, by label; the child's stderr if it died."""
+    proc = run_python(_CHILD, preamble=f"FAULTS = {FAULTS!r}\n", timeout=600)
+    rows = {}
+    for text in proc.stdout.splitlines():
+        if text.startswith("{"):
+            row = json.loads(text)
+            rows[row["label"]] = row
+    return rows, proc
+
+
+def _row(faults, label):
+    rows, proc = faults
+    assert label in rows, (f"the child process died before probe {label!r} reported (status "
+                           f"{proc.returncode}):\n{proc.stderr[-3000:]}")
+    return rows[label]
+
+
+def test_large_per_thread_array_runs(faults):
+    row = _row(faults, "big")
+    assert "error" not in row, row["error"]
+    # What g++ reports for the kernel's frame sizes the fiber stacks: 320 KB of locals.
+    assert row["stack_bytes"] >= 320_000
+    tid = np.arange(32)
+    np.testing.assert_array_equal(row["out"], ((tid * 7919 + 13) % 80000) % 7)
+
+
+def test_deep_recursion_is_an_error_naming_kernel_thread_and_line(faults):
+    row = _row(faults, "recurse")
+    assert "error" in row, "ten million nested calls cannot fit any stack"
+    assert row["error"].startswith("emulated kernel 'faults': stack overflow: thread (")
+    assert "of block (0,0,0)" in row["error"]
+    assert f"faults.cu:{_line('RECURSE')}" in row["error"]
+
+
+@pytest.mark.parametrize("label,tag,thread", [("divide", "DIVIDE", 5),
+                                              ("remainder", "REMAINDER", 9)])
+def test_integer_division_by_zero_is_reported_at_its_line(faults, label, tag, thread):
+    row = _row(faults, label)
+    assert "error" in row, "a division by zero is an error by default"
+    assert f"integer division by zero at faults.cu:{_line(tag)}" in row["error"]
+    assert f"thread ({thread},0,0)" in row["error"]
+
+
+def test_failed_device_assert_fails_the_launch_with_text_thread_and_line(faults):
+    row = _row(faults, "assert")
+    assert "error" in row
+    assert row["error"].startswith("emulated kernel 'faults': device assertion "
+                                   "`v >= 0 && \"counts are not negative\"` failed at "
+                                   f"faults.cu:{_line('ASSERT')} in thread (3,0,0)")
+
+
+def test_null_and_wild_pointers_are_out_of_bounds_findings(faults):
+    row = _row(faults, "pointers")
+    assert "error" in row
+    text = "\n".join(row["findings"])
+    assert f"out-of-bounds write of 4 bytes at faults.cu:{_line('NULL')}" in text
+    assert f"faults.cu:{_line('UNOWNED')}" in text
+    wild = [m for m in row["findings"] if f"faults.cu:{_line('WILD')}" in m]
+    assert wild and "global buffer 'out' (128 bytes) at byte offset 4398046511104" in wild[0]
+
+
+def test_endless_loop_meets_the_watchdog(faults):
+    row = _row(faults, "spin")
+    assert "error" in row
+    assert row["error"].startswith("emulated kernel 'faults': the launch ran past its time "
+                                   "limit of 0.5 s")
+    assert f"was at faults.cu:{_line('SPIN')}" in row["error"]
+    assert "threads 1-31 runnable" in row["error"]
+    assert row["seconds"] < 30
+
+
+def test_watchdog_limit_from_the_environment_is_validated(monkeypatch):
+    k = _kernel(CLEAN, "clean")
+    k.set_timeout(None)
+    monkeypatch.setenv("JAXTILE_EMULATOR_TIMEOUT", "soon")
+    with pytest.raises(EmulatorError, match=r"\$JAXTILE_EMULATOR_TIMEOUT must be a number of "
+                                            r"seconds \(0: no limit\), got 'soon'"):
+        k.run(np.zeros(64, np.float32))
+    with pytest.raises(ValueError, match="time limit must be a number of seconds"):
+        k.set_timeout(-1)
+
+
+# ---- per-kernel checks and reports ----
+
+CLEAN = _HEAD + """JT_KERNEL void clean(ptr<float> out) {
+  JT_SHARED(float, s, 64);
+  s[thread_idx().x] = float(thread_idx().x);
+  sync_threads();
+  out[thread_idx().x] = s[63 - thread_idx().x];
+}
+"""
+# Thread t reads what thread t+1 wrote with no barrier between.
+RACY = _HEAD + """JT_KERNEL void racy(ptr<float> out) {
+  JT_SHARED(float, s, 64);
+  s[thread_idx().x] = float(thread_idx().x);
+  out[thread_idx().x] = s[(thread_idx().x + 1) % 64];
+}
+"""
+
+
+def _kernel(source: str, name: str) -> EmulatedKernel:
+    return EmulatedKernel.build(source, name, [Buffer("out", "float32")],
+                                LaunchConfig((1, 1, 1), (64, 1, 1)), file=name + ".cu")
+
+
+def test_set_checks_applies_to_its_own_kernel():
+    quiet = _kernel(RACY, "racy")
+    other = _kernel(RACY.replace("racy", "racy_too"), "racy_too")
+    quiet.set_checks(False)
+    try:
+        quiet.run(np.zeros(64, np.float32))  # its race goes unchecked
+        with pytest.raises(EmulatorError, match="data race"):
+            other.run(np.zeros(64, np.float32))
+    finally:
+        quiet.set_checks(True)
+    with pytest.raises(EmulatorError, match="data race"):
+        quiet.run(np.zeros(64, np.float32))
+
+
+def test_concurrent_launches_keep_separate_reports():
+    clean, racy = _kernel(CLEAN, "clean"), _kernel(RACY, "racy")
+    expected = np.arange(64)[::-1].astype(np.float32)
+    problems = []
+
+    def run_clean():
+        for _ in range(200):
+            out = np.zeros(64, np.float32)
+            report = clean.run(out)
+            if report["findings"] or not np.array_equal(out, expected):
+                problems.append(("clean", report["findings"]))
+
+    def run_racy():
+        for _ in range(200):
+            try:
+                racy.run(np.zeros(64, np.float32))
+                problems.append(("racy", "no error"))
+            except EmulatorError as e:
+                if not any("data race" in f["message"] for f in e.report["findings"]):
+                    problems.append(("racy", e.report["findings"]))
+
+    threads = [threading.Thread(target=run_clean), threading.Thread(target=run_racy)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not problems, problems[:3]
+
+
+def test_kernel_named_like_a_c_library_function_runs():
+    # Looked up by its bare name, `remainder` was libm's function, called as the kernel: the
+    # launch silently did nothing.
+    k = _kernel(CLEAN.replace("void clean(", "void remainder("), "remainder")
+    out = np.zeros(64, np.float32)
+    k.run(out)
+    np.testing.assert_array_equal(out, np.arange(64)[::-1])

@@ -113,6 +113,14 @@ class EmulatedKernel:
                              f"seconds between 0 (none) and 1e9, got {seconds!r}")
         self._settings.timeout_s = float(seconds)
 
+    def set_isolate(self, on: bool | None) -> None:
+        """Run this kernel's launches in a forked worker process (None: as
+        ``$JAXTILE_EMULATOR_ISOLATE`` says, off by default). Faults the emulator cannot
+        contain by construction (a raw pointer dereferenced, ``INT_MIN / -1``, an endless loop
+        that touches no memory) then fail the launch with an EmulatorError naming the signal,
+        thread and line, instead of ending the process. Isolated launches take turns."""
+        self._settings.isolate = -1 if on is None else int(bool(on))
+
     @property
     def stack_bytes(self) -> int:
         """What the kernel's frames need per CUDA thread, as g++ reported them; fiber stacks

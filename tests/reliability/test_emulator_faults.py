@@ -55,9 +55,19 @@ JT_KERNEL void faults(ptr<const int> x, ptr<float> out) {
       out[t] = 2.0f;
       break;
     }
-    default:
+    case 6:
       while (volatile_load(x + 1) == 0) {}  // SPIN
       out[t] = 1.0f;
+      break;
+    // What cannot be contained by construction: isolated launches only.
+    case 7:
+      reinterpret_cast<float*>(static_cast<uintptr_t>(x[1]))[t] = 1.0f;  // RAW
+      break;
+    case 8: out[t] = float(x[1] / x[2]); break;  // OVERFLOW
+    default: {
+      volatile int forever = 1;
+      while (forever) {}  // FOREVER
+    }
   }
 }
 """
@@ -70,8 +80,9 @@ from jaxtile.compiler.emulator import Buffer, EmulatedKernel, EmulatorError, Lau
 k = EmulatedKernel.build(FAULTS, "faults", [Buffer("x", "int32"), Buffer("out", "float32")],
                          LaunchConfig((1, 1, 1), (32, 1, 1)), file="faults.cu")
 
-def probe(label, mode, data, timeout=None):
+def probe(label, mode, data, timeout=None, isolate=None):
     k.set_timeout(timeout)
+    k.set_isolate(isolate)
     out = np.zeros(32, np.float32)
     row = {"label": label, "stack_bytes": k.stack_bytes}
     start = time.perf_counter()
@@ -91,6 +102,10 @@ probe("remainder", 3, [3] * 9 + [0])
 probe("assert", 4, [1, 2, 3, -1])
 probe("pointers", 5, [7])
 probe("spin", 6, [0], timeout=0.5)
+probe("raw", 7, [0], isolate=True)
+probe("overflow", 8, [-2**31, -1], isolate=True)
+probe("forever", 9, [], timeout=0.5, isolate=True)
+probe("isolated-big", 0, [7], isolate=True)
 """
 
 
@@ -169,6 +184,33 @@ def test_endless_loop_meets_the_watchdog(faults):
     assert f"was at faults.cu:{_line('SPIN')}" in row["error"]
     assert "threads 1-31 runnable" in row["error"]
     assert row["seconds"] < 30
+
+
+@pytest.mark.parametrize("label,tag,what", [
+    ("raw", "RAW", "SIGSEGV (an invalid memory access)"),
+    ("overflow", "OVERFLOW", "SIGFPE (an arithmetic fault, e.g. INT_MIN / -1)")])
+def test_isolated_launch_turns_an_uncontained_fault_into_an_error(faults, label, tag, what):
+    row = _row(faults, label)
+    assert "error" in row
+    assert row["error"].startswith(f"emulated kernel 'faults': the worker process running the "
+                                   f"launch stopped on {what} in thread (0,0,0) [warp 0 lane "
+                                   f"0] of block (0,0,0) at faults.cu:{_line(tag)}")
+
+
+def test_isolated_endless_loop_without_memory_accesses_is_stopped(faults):
+    row = _row(faults, "forever")
+    assert "error" in row
+    assert row["error"].startswith("emulated kernel 'faults': the launch ran past its time "
+                                   "limit of 0.5 s")
+    assert f"stopped: thread (0,0,0) [warp 0 lane 0] of block (0,0,0) at faults.cu:" \
+        f"{_line('FOREVER')}" in row["error"]
+    assert row["seconds"] < 30
+
+
+def test_isolated_launch_returns_outputs(faults):
+    row = _row(faults, "isolated-big")
+    assert "error" not in row, row["error"]
+    assert row["out"] == _row(faults, "big")["out"]
 
 
 def test_watchdog_limit_from_the_environment_is_validated(monkeypatch):

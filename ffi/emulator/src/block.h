@@ -203,6 +203,13 @@ void flush_counters();
 // Sends this CPU thread's findings and counters to `spec`'s own report until the next call
 // (null: to no kernel's).
 void use_reports_of(const KernelSpec* spec);
+// In an isolated launch's worker process: findings go to a new sink (another thread of the
+// parent may have held the kernel's sink's lock when it forked).
+void use_fresh_reports();
+// This CPU thread's findings, bank statistics and counters as text, for the parent process;
+// and the parent's side: adds a worker's text to the current kernel's report.
+std::string export_reports();
+void import_reports(const std::string& text);
 // The first error reported on this CPU thread since it was last cleared (by launch).
 std::string& first_error();
 enum Counter : int { kSharedAccessCount, kCollectiveCount, kBlockCount, kNumCounters };

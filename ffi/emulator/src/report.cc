@@ -135,6 +135,77 @@ void use_reports_of(const KernelSpec* spec) {
   t_sink = spec != nullptr ? &sink_of(spec) : nullptr;
 }
 
+void use_fresh_reports() { t_sink = new Sink(); }
+
+std::string export_reports() {
+  Sink& s = sink();
+  flush_counters_to(s);
+  std::lock_guard<std::mutex> lock(s.mu);
+  std::string out;
+  for (const Finding& f : s.findings) {
+    std::string message = f.message;
+    std::replace(message.begin(), message.end(), '\n', ' ');
+    out += "F\t" + std::to_string(static_cast<int>(f.severity)) + "\t" +
+           std::to_string(f.count) + "\t" + message + "\n";
+  }
+  out += "D\t" + std::to_string(s.dropped) + "\n";
+  for (const auto& [line, b] : s.banks) {
+    out += "B\t" + std::to_string(line) + "\t" + std::to_string(b.instructions) + "\t" +
+           std::to_string(b.wavefronts) + "\t" + std::to_string(b.ideal) + "\n";
+  }
+  for (int i = 0; i <= kNumCounters; ++i) {
+    out += "C\t" + std::to_string(i) + "\t" + std::to_string(s.counters[i]) + "\n";
+  }
+  return out;
+}
+
+void import_reports(const std::string& text) {
+  Sink& s = sink();
+  std::lock_guard<std::mutex> lock(s.mu);
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(pos, end - pos);
+    pos = end + 1;
+    if (line.empty()) continue;
+    // Tab-separated; a finding's message, the last field, may hold tabs itself.
+    const size_t fields = line[0] == 'F' ? 4 : line[0] == 'B' ? 5 : line[0] == 'C' ? 3 : 2;
+    std::vector<std::string> f;
+    size_t a = 0;
+    while (f.size() + 1 < fields) {
+      const size_t tab = line.find('\t', a);
+      if (tab == std::string::npos) break;
+      f.push_back(line.substr(a, tab - a));
+      a = tab + 1;
+    }
+    f.push_back(line.substr(a));
+    if (f.size() != fields) continue;
+    const auto num = [&](size_t i) { return std::strtoull(f[i].c_str(), nullptr, 10); };
+    if (f[0] == "F") {
+      const std::string key = "worker:" + f[3];
+      auto it = s.index.find(key);
+      if (it != s.index.end()) {
+        s.findings[it->second].count += num(2);
+      } else if (s.findings.size() >= kMaxFindings) {
+        s.dropped += num(2);
+      } else {
+        s.index.emplace(key, s.findings.size());
+        s.findings.push_back({num(1) != 0 ? kError : kWarning, f[3], num(2)});
+      }
+    } else if (f[0] == "D") {
+      s.dropped += num(1);
+    } else if (f[0] == "B") {
+      BankStat& bank = s.banks[static_cast<uint32_t>(num(1))];
+      bank.instructions += num(2);
+      bank.wavefronts += num(3);
+      bank.ideal += num(4);
+    } else if (f[0] == "C" && num(1) <= kNumCounters) {
+      s.counters[num(1)] += num(2);
+    }
+  }
+}
+
 std::string thread_name(const Block& b, uint32_t tid) {
   char buf[96];
   if (tid == UINT32_MAX) {

@@ -106,6 +106,26 @@ probe("raw", 7, [0], isolate=True)
 probe("overflow", 8, [-2**31, -1], isolate=True)
 probe("forever", 9, [], timeout=0.5, isolate=True)
 probe("isolated-big", 0, [7], isolate=True)
+
+# Isolated inside jax.jit: blocks split over the FFI handler's threads, each with a worker.
+import jax, jax.numpy as jnp
+import jaxtile.primitives  # registers the jaxtile_cpu_call target
+k.set_isolate(True)
+k.set_timeout(None)
+blocks = EmulatedKernel.build(BLOCKS, "blocks", [Buffer("x", "float32"), Buffer("y", "float32")],
+                              LaunchConfig((8, 1, 1), (32, 1, 1)), file="blocks.cu")
+blocks.set_isolate(True)
+x = jnp.arange(256, dtype=jnp.float32)
+(y,) = jax.jit(lambda x: blocks.ffi_call([((256,), jnp.float32)], x))(x)
+print(json.dumps({"label": "isolated-jit", "out": np.asarray(y).tolist(),
+                  "report": blocks.report()["counters"]}), flush=True)
+"""
+
+
+BLOCKS = _HEAD + """JT_KERNEL void blocks(ptr<const float> x, ptr<float> y) {
+  const unsigned i = block_idx().x * 32 + thread_idx().x;
+  y[i] = 2.0f * x[i] + float(block_idx().x);
+}
 """
 
 
@@ -116,7 +136,8 @@ def _line(tag: str, source: str = FAULTS) -> int:
 @pytest.fixture(scope="module")
 def faults():
     """Every probe's outcome, by label; the child's stderr if it died."""
-    proc = run_python(_CHILD, preamble=f"FAULTS = {FAULTS!r}\n", timeout=600)
+    proc = run_python(_CHILD, preamble=f"FAULTS = {FAULTS!r}\nBLOCKS = {BLOCKS!r}\n",
+                      timeout=600)
     rows = {}
     for text in proc.stdout.splitlines():
         if text.startswith("{"):
@@ -213,7 +234,14 @@ def test_isolated_launch_returns_outputs(faults):
     assert row["out"] == _row(faults, "big")["out"]
 
 
-def test_watchdog_limit_from_the_environment_is_validated(monkeypatch):
+def test_isolated_launch_inside_jit_returns_every_block(faults):
+    row = _row(faults, "isolated-jit")
+    i = np.arange(256)
+    np.testing.assert_array_equal(row["out"], 2.0 * i + i // 32)
+    assert row["report"]["blocks"] == 8
+
+
+def test_settings_from_the_environment_are_validated(monkeypatch):
     k = _kernel(CLEAN, "clean")
     k.set_timeout(None)
     monkeypatch.setenv("JAXTILE_EMULATOR_TIMEOUT", "soon")
@@ -222,6 +250,13 @@ def test_watchdog_limit_from_the_environment_is_validated(monkeypatch):
         k.run(np.zeros(64, np.float32))
     with pytest.raises(ValueError, match="time limit must be a number of seconds"):
         k.set_timeout(-1)
+    monkeypatch.delenv("JAXTILE_EMULATOR_TIMEOUT")
+    k.set_isolate(None)
+    monkeypatch.setenv("JAXTILE_EMULATOR_ISOLATE", "sometimes")
+    with pytest.raises(EmulatorError, match=r"\$JAXTILE_EMULATOR_ISOLATE must be one of 1, "
+                                            r"true, yes, on or 0, false, no, off, got "
+                                            r"'sometimes'"):
+        k.run(np.zeros(64, np.float32))
 
 
 # ---- per-kernel checks and reports ----

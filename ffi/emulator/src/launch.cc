@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -148,10 +149,25 @@ void run_blocks(Block& b, int64_t begin, int64_t end, volatile int64_t* progress
 // starts from every earlier launch's results and the parent copies back only the bytes the
 // worker changed.
 
-bool isolated(const KernelSpec& spec) {
-  if (spec.settings != nullptr && spec.settings->isolate >= 0) return spec.settings->isolate;
+// Whether `spec`'s launches are isolated, or a message saying what is wrong with
+// $JAXTILE_EMULATOR_ISOLATE (read at each launch: the backend's launches come from XLA).
+std::string isolation(const KernelSpec& spec, bool* on) {
+  *on = false;
+  if (spec.settings != nullptr && spec.settings->isolate >= 0) {
+    *on = spec.settings->isolate != 0;
+    return {};
+  }
   const char* env = std::getenv("JAXTILE_EMULATOR_ISOLATE");
-  return env != nullptr && env[0] != '\0' && std::strcmp(env, "0") != 0;
+  if (env == nullptr || *env == '\0') return {};
+  std::string v(env);
+  for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (v == "1" || v == "true" || v == "yes" || v == "on") {
+    *on = true;
+  } else if (!(v == "0" || v == "false" || v == "no" || v == "off")) {
+    return std::string("$JAXTILE_EMULATOR_ISOLATE must be one of 1, true, yes, on or 0, "
+                       "false, no, off, got '") + env + "'";
+  }
+  return {};
 }
 
 struct WorkerHeader {
@@ -353,6 +369,8 @@ int launch(const KernelSpec* spec, const void* packed_args, int32_t num_args) {
 
   double timeout = 0;
   if (std::string why = time_limit(*spec, &timeout); !why.empty()) return fail(name + why);
+  bool isolate = false;
+  if (std::string why = isolation(*spec, &isolate); !why.empty()) return fail(name + why);
 
   LaunchScope scope(spec);
   // Heap-held: this library's thread-local storage must stay small (see runtime.h).
@@ -372,7 +390,7 @@ int launch(const KernelSpec* spec, const void* packed_args, int32_t num_args) {
   b.timeout_s = timeout;
   b.deadline_ns = timeout > 0 ? now_ns() + static_cast<uint64_t>(timeout * 1e9) : 0;
   first_error().clear();
-  if (isolated(*spec)) {
+  if (isolate) {
     run_isolated(b, begin, end);
   } else {
     run_blocks(b, begin, end, nullptr);

@@ -142,11 +142,14 @@ std::string export_reports() {
   flush_counters_to(s);
   std::lock_guard<std::mutex> lock(s.mu);
   std::string out;
-  for (const Finding& f : s.findings) {
+  std::vector<const std::string*> keys(s.findings.size());
+  for (const auto& [key, i] : s.index) keys[i] = &key;
+  for (size_t i = 0; i < s.findings.size(); ++i) {
+    const Finding& f = s.findings[i];
     std::string message = f.message;
     std::replace(message.begin(), message.end(), '\n', ' ');
     out += "F\t" + std::to_string(static_cast<int>(f.severity)) + "\t" +
-           std::to_string(f.count) + "\t" + message + "\n";
+           std::to_string(f.count) + "\t" + *keys[i] + "\t" + message + "\n";
   }
   out += "D\t" + std::to_string(s.dropped) + "\n";
   for (const auto& [line, b] : s.banks) {
@@ -170,7 +173,7 @@ void import_reports(const std::string& text) {
     pos = end + 1;
     if (line.empty()) continue;
     // Tab-separated; a finding's message, the last field, may hold tabs itself.
-    const size_t fields = line[0] == 'F' ? 4 : line[0] == 'B' ? 5 : line[0] == 'C' ? 3 : 2;
+    const size_t fields = line[0] == 'F' ? 5 : line[0] == 'B' ? 5 : line[0] == 'C' ? 3 : 2;
     std::vector<std::string> f;
     size_t a = 0;
     while (f.size() + 1 < fields) {
@@ -183,7 +186,9 @@ void import_reports(const std::string& text) {
     if (f.size() != fields) continue;
     const auto num = [&](size_t i) { return std::strtoull(f[i].c_str(), nullptr, 10); };
     if (f[0] == "F") {
-      const std::string key = "worker:" + f[3];
+      // Under the finding's own key: the same finding from workers of different blocks is
+      // counted once, as in a launch that is not isolated.
+      const std::string& key = f[3];
       auto it = s.index.find(key);
       if (it != s.index.end()) {
         s.findings[it->second].count += num(2);
@@ -191,7 +196,7 @@ void import_reports(const std::string& text) {
         s.dropped += num(2);
       } else {
         s.index.emplace(key, s.findings.size());
-        s.findings.push_back({num(1) != 0 ? kError : kWarning, f[3], num(2)});
+        s.findings.push_back({num(1) != 0 ? kError : kWarning, f[4], num(2)});
       }
     } else if (f[0] == "D") {
       s.dropped += num(1);

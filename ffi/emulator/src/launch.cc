@@ -1,6 +1,8 @@
 // Launching an emulated kernel through jaxtile's CPU kernel ABI: the tvm-ffi packed call
 // (block_begin, block_end, then one DLTensor* per buffer) that jaxtile's FFI handler splits
 // over its thread pool. Each CPU call runs its range of CUDA blocks one after another.
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -270,20 +272,33 @@ void run_isolated(Block& b, int64_t begin, int64_t end) {
   auto* h = new (p) WorkerHeader();
   h->block = begin;
   h->tid = -1;
+  // The worker holds the write end of a pipe: its exit, however it ends, wakes the parent.
+  int done[2];
+  if (pipe2(done, O_CLOEXEC) != 0) {
+    report(kError, "isolate", "cannot make a pipe to the worker process");
+    munmap(p, bytes);
+    return;
+  }
   const pid_t pid = fork();
-  if (pid == 0) worker_main(b, begin, end, h);
+  if (pid == 0) {
+    close(done[0]);
+    worker_main(b, begin, end, h);
+  }
+  close(done[1]);
   if (pid < 0) {
     report(kError, "isolate", "cannot start the worker process (fork failed)");
+    close(done[0]);
     munmap(p, bytes);
     return;
   }
   // The watchdog's backstop: a worker stuck where it never polls (an endless loop touching no
-  // memory) is asked where it is (SIGUSR1), then killed.
+  // memory) is asked where it is (SIGUSR1), then killed. Waits in slices of at most 100 ms,
+  // in case a process forked elsewhere meanwhile holds a copy of the pipe.
   const uint64_t deadline = b.deadline_ns == 0 ? 0 : b.deadline_ns + 1000000000u;
   int status = 0;
   bool asked = false;
   uint64_t asked_at = 0;
-  for (long nap = 20000; waitpid(pid, &status, WNOHANG) == 0;) {
+  while (waitpid(pid, &status, WNOHANG) != pid) {
     const uint64_t now = now_ns();
     if (deadline != 0 && now > deadline && !asked) {
       kill(pid, SIGUSR1);
@@ -292,10 +307,13 @@ void run_isolated(Block& b, int64_t begin, int64_t end) {
     } else if (asked && now > asked_at + 1000000000u) {
       kill(pid, SIGKILL);
     }
-    const timespec t{0, nap};
-    nanosleep(&t, nullptr);
-    if (nap < 10000000) nap *= 2;
+    pollfd wait_for{done[0], POLLIN, 0};
+    if (poll(&wait_for, 1, 100) > 0) {  // the worker has exited: the pipe is at its end
+      waitpid(pid, &status, 0);
+      break;
+    }
   }
+  close(done[0]);
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
     // Copy back what the worker changed, 64 bytes at a time.
     const char* in = reinterpret_cast<const char*>(h + 1);

@@ -251,10 +251,10 @@ struct JtSourceLocation {{
   uint32_t line, column;
 }};
 JT_GUARD void __ubsan_handle_divrem_overflow(const JtSourceLocation* at, void*, void*) {{
-  ::jaxtile::emu::divide_by_zero(at->line);
+  ::jaxtile::emu::divide_by_zero(at->file, at->line);
 }}
 JT_GUARD void __ubsan_handle_divrem_overflow_abort(const JtSourceLocation* at, void*, void*) {{
-  ::jaxtile::emu::divide_by_zero(at->line);
+  ::jaxtile::emu::divide_by_zero(at->file, at->line);
 }}
 // What -finstrument-functions calls on entry to and exit from each device function. g++
 // declares them itself, visible; the assembler makes them hidden all the same.

@@ -64,6 +64,7 @@ JT_KERNEL void faults(ptr<const int> x, ptr<float> out) {
       reinterpret_cast<float*>(static_cast<uintptr_t>(x[1]))[t] = 1.0f;  // RAW
       break;
     case 8: out[t] = float(x[1] / x[2]); break;  // OVERFLOW
+    case 10: out[t] = float(size_floordiv(7, x[1 + t])); break;  // in the device header
     default: {
       volatile int forever = 1;
       while (forever) {}  // FOREVER
@@ -99,6 +100,7 @@ probe("big", 0, [7])
 probe("recurse", 1, [10**7])
 probe("divide", 2, [1] * 5 + [0])
 probe("remainder", 3, [3] * 9 + [0])
+probe("in-header", 10, [3] * 2 + [0])
 probe("assert", 4, [1, 2, 3, -1])
 probe("pointers", 5, [7])
 probe("spin", 6, [0], timeout=0.5)
@@ -177,6 +179,17 @@ def test_integer_division_by_zero_is_reported_at_its_line(faults, label, tag, th
     assert "error" in row, "a division by zero is an error by default"
     assert f"integer division by zero at faults.cu:{_line(tag)}" in row["error"]
     assert f"thread ({thread},0,0)" in row["error"]
+
+
+def test_division_by_zero_in_a_header_names_the_header(faults):
+    from jaxtile.compiler.emulator.build import DEVICE_INCLUDE
+
+    row = _row(faults, "in-header")
+    assert "error" in row
+    # The header's own name and line, not faults.cu with the header's line number.
+    header = (DEVICE_INCLUDE / "jaxtile" / "xla_math.h").read_text().splitlines()
+    line = next(i for i, text in enumerate(header, 1) if "const int q = a / b;" in text)
+    assert f"integer division by zero at xla_math.h:{line} by thread (2,0,0)" in row["error"]
 
 
 def test_failed_device_assert_fails_the_launch_with_text_thread_and_line(faults):

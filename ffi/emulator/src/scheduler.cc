@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -373,12 +374,18 @@ void device_assert_failed(const char* expr, uint32_t line) {
   abort_block(me);
 }
 
-void divide_by_zero(uint32_t line) {
+void divide_by_zero(const char* file, uint32_t line) {
   Fiber* me = t_fiber;
   if (me == nullptr) std::abort();
   Block& b = *me->block;
-  report(kError, "divide-by-zero:" + std::to_string(line),
-         "integer division by zero at " + where(b, line) + " by " + thread_name(b, me->tid) +
+  // The kernel's source is compiled from a temporary copy: name it as the kernel names it,
+  // and a header by its own name.
+  const char* slash = std::strrchr(file, '/');
+  const std::string base = slash != nullptr ? slash + 1 : file;
+  const std::string at = base == b.spec->file ? where(b, line)
+                                               : base + ":" + std::to_string(line);
+  report(kError, "divide-by-zero:" + base + ":" + std::to_string(line),
+         "integer division by zero at " + at + " by " + thread_name(b, me->tid) +
              " (a GPU gives an unspecified value there; the emulator stops the block)");
   abort_block(me);
 }

@@ -136,9 +136,9 @@ void* shared_view(uint64_t offset, uint64_t bytes, const char* name, const Regio
 // ---- faults device code cannot be allowed to take (see the launch shim) ----
 // A failed device `assert`: reports the expression, thread and line, and fails the launch.
 [[noreturn]] void device_assert_failed(const char* expr, uint32_t line);
-// An integer division or remainder by zero at `line` (found by g++'s divide-by-zero
+// An integer division or remainder by zero at `line` of `file` (found by g++'s divide-by-zero
 // instrumentation): reported, and the block stops before the division traps.
-[[noreturn]] void divide_by_zero(uint32_t line);
+[[noreturn]] void divide_by_zero(const char* file, uint32_t line);
 // Called on entry to every device function: fails the block, naming the call at `call_site`,
 // when the thread's stack is nearly used up (deep recursion), before it overflows.
 void check_stack(void* call_site);

@@ -161,6 +161,9 @@ uint64_t now_ns();
 constexpr size_t kStackReserve = 64 * 1024;
 // Bytes of stack each CUDA thread of `spec` gets: its frames' needs or the default, if larger.
 size_t fiber_stack_bytes(const KernelSpec& spec);
+// Gives back the memory this CPU thread's stacks touched if they are larger than the default
+// (a kernel with large per-thread arrays), so that it does not stay committed after the launch.
+void release_large_stacks();
 // Prepares `f` to start in fiber_main on stack `stack_index` of `count` stacks of
 // `stack_bytes` each; false if they cannot be mapped.
 bool fiber_init(Fiber& f, uint32_t stack_index, uint32_t count, size_t stack_bytes);

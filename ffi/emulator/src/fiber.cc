@@ -75,6 +75,12 @@ StackPool& stacks() {
 
 }  // namespace
 
+void release_large_stacks() {
+  StackPool& pool = stacks();
+  if (pool.base == nullptr || pool.bytes <= default_stack_bytes()) return;
+  madvise(pool.base, pool.count * pool.stride, MADV_DONTNEED);
+}
+
 size_t fiber_stack_bytes(const KernelSpec& spec) {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   size_t bytes = default_stack_bytes();

@@ -412,6 +412,7 @@ int launch(const KernelSpec* spec, const void* packed_args, int32_t num_args) {
     run_isolated(b, begin, end);
   } else {
     run_blocks(b, begin, end, nullptr);
+    release_large_stacks();
   }
   if (!first_error().empty()) {
     std::string msg = name + first_error() +

@@ -208,9 +208,15 @@ void worker_signal(int sig, siginfo_t*, void* context) {
   struct sigaction sa{};
   sa.sa_sigaction = &worker_signal;
   sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+  // The calling thread's signal mask is inherited: a fault under a blocked SIGSEGV would end
+  // the worker without saying where.
+  sigset_t caught;
+  sigemptyset(&caught);
   for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTRAP, SIGUSR1}) {
     sigaction(sig, &sa, nullptr);
+    sigaddset(&caught, sig);
   }
+  sigprocmask(SIG_UNBLOCK, &caught, nullptr);
   use_fresh_reports();
   run_blocks(b, begin, end, &h->block);
   char* out = reinterpret_cast<char*>(h + 1);

@@ -195,9 +195,12 @@ def _includes() -> list[str]:
     return [f"-I{DEVICE_INCLUDE}", f"-I{EMULATOR_INCLUDE}", f"-I{RUNTIME_SOURCES}"]
 
 
-def _device_flags() -> list[str]:
+def _device_flags(version: str) -> list[str]:
     # Functions of the device header, the emulator's and the system's headers are not
-    # instrumented: they do not recurse, and some are on every memory access.
+    # instrumented: they do not recurse, and some are on every memory access. Clang has no
+    # exclusion list; instrumenting after inlining spares the same small functions.
+    if "clang" in version:
+        return [*_DEVICE_FLAGS, "-finstrument-functions-after-inlining"]
     exclude = ",".join([str(DEVICE_INCLUDE), str(EMULATOR_INCLUDE), "/usr/"])
     return [*_DEVICE_FLAGS, f"-finstrument-functions-exclude-file-list={exclude}"]
 
@@ -373,10 +376,12 @@ def build_library(
     the name reports give the source. Raises ToolchainError with the compiler's messages.
     """
     cxx = cxx_compiler()
+    version = _compiler_version(cxx)
     runtime = runtime_library()
     text = source + launch_shim(kernel, params, launch, file)
+    device_flags = _device_flags(version)
     key = hashlib.sha256(
-        "|".join([text, runtime.name, _compiler_version(cxx), *_FLAGS, *_device_flags(),
+        "|".join([text, runtime.name, version, *_FLAGS, *device_flags,
                   fault_guards(0)]).encode()
     ).hexdigest()[:32]
     out = cache_dir() / "emulator" / f"{kernel}-{key}.so"
@@ -386,11 +391,13 @@ def build_library(
         src = Path(tmp) / file
         src.write_text(text)
         obj = Path(tmp) / "kernel.o"
-        cmd = [cxx, *_FLAGS, *_device_flags(), *_includes(), "-x", "c++", "-c", str(src),
+        cmd = [cxx, *_FLAGS, *device_flags, *_includes(), "-x", "c++", "-c", str(src),
                "-o", str(obj)]
         _run(cmd, f"compiling '{file}' for the CUDA emulator")
         guards = Path(tmp) / "fault_guards.cc"
-        guards.write_text(fault_guards(frame_bytes((Path(tmp) / "kernel.su").read_text())))
+        # A compiler without -fstack-usage output leaves the default stacks.
+        usage = Path(tmp) / "kernel.su"
+        guards.write_text(fault_guards(frame_bytes(usage.read_text()) if usage.exists() else 0))
         lib = Path(tmp) / "kernel.so"
         # The runtime sits beside the kernel library in the cache: found through $ORIGIN.
         cmd = [cxx, *_FLAGS, *_includes(), "-x", "c++", str(guards), "-x", "none", str(obj),

@@ -37,6 +37,7 @@ enum WaitKind : uint8_t { kNoWait, kWaitBarrier, kWaitCollective };
 
 struct Fiber {
   void* sp = nullptr;
+  char* stack_low = nullptr;  // the lowest usable byte of its stack (the guard page is below)
   Block* block = nullptr;
   uint32_t tid = 0;
   idx3 tidx{0, 0, 0};
@@ -114,6 +115,12 @@ struct Block {
   void* main_sp = nullptr;
   uint32_t done = 0;
   bool aborted = false;
+  size_t stack_bytes = 0;     // per fiber, for this launch
+
+  // The watchdog: the launch's time limit, checked every so many accesses and barriers.
+  double timeout_s = 0;       // 0: none
+  uint64_t deadline_ns = 0;   // CLOCK_MONOTONIC; 0: none
+  uint32_t sync_ops = 0;
 
   // Shared memory: static arrays from offset 0, then the dynamic buffer.
   std::vector<char> smem_storage;
@@ -145,10 +152,21 @@ void wake(Fiber* f);        // makes a blocked fiber runnable
 [[noreturn]] void abort_block(Fiber* me);  // after a fatal report: abandon the block
 // Runs one block to completion (or to a reported deadlock or fatal error).
 void run_block(Block& b);
+// Nanoseconds on the monotonic clock, for the watchdog's deadline.
+uint64_t now_ns();
 
 // ---- fibers (fiber.cc) ----
-// Prepares `f` to start in fiber_main on its own stack.
-void fiber_init(Fiber& f, uint32_t stack_index, uint32_t count);
+// What a thread's stack keeps free below the deepest device frame allowed, for the runtime
+// functions device code calls (reports included): check_stack fails the block past it.
+constexpr size_t kStackReserve = 64 * 1024;
+// Bytes of stack each CUDA thread of `spec` gets: its frames' needs or the default, if larger.
+size_t fiber_stack_bytes(const KernelSpec& spec);
+// Gives back the memory this CPU thread's stacks touched if they are larger than the default
+// (a kernel with large per-thread arrays), so that it does not stay committed after the launch.
+void release_large_stacks();
+// Prepares `f` to start in fiber_main on stack `stack_index` of `count` stacks of
+// `stack_bytes` each; false if they cannot be mapped.
+bool fiber_init(Fiber& f, uint32_t stack_index, uint32_t count, size_t stack_bytes);
 void fiber_switch(void** save_sp, void* to_sp);
 void fiber_main(Fiber* f);
 
@@ -180,8 +198,21 @@ void report(Severity sev, const std::string& key, const std::string& message);
 std::string thread_name(const Block& b, uint32_t tid);
 std::string describe_threads(const Block& b, const std::vector<uint32_t>& tids);
 std::string where(const Block& b, uint32_t line);
+// The source line of the device code at `pc` (a return address in a kernel library compiled
+// with line tables), found by addr2line on the library's file; 0 when unknown.
+uint32_t source_line_of(const void* pc);
 void record_banks(uint32_t line, uint64_t wavefronts, uint64_t ideal);
 void flush_counters();
+// Sends this CPU thread's findings and counters to `spec`'s own report until the next call
+// (null: to no kernel's).
+void use_reports_of(const KernelSpec* spec);
+// In an isolated launch's worker process: findings go to a new sink (another thread of the
+// parent may have held the kernel's sink's lock when it forked).
+void use_fresh_reports();
+// This CPU thread's findings, bank statistics and counters as text, for the parent process;
+// and the parent's side: adds a worker's text to the current kernel's report.
+std::string export_reports();
+void import_reports(const std::string& text);
 // The first error reported on this CPU thread since it was last cleared (by launch).
 std::string& first_error();
 enum Counter : int { kSharedAccessCount, kCollectiveCount, kBlockCount, kNumCounters };

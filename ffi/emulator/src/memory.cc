@@ -14,7 +14,6 @@ namespace emu {
 constexpr uint64_t kMaxSharedPerBlock = 227 * 1024;
 
 const Region kNullRegion{nullptr, 0, "null pointer", kNull};
-int g_checks = 1;
 
 namespace {
 

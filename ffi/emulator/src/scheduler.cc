@@ -1,6 +1,10 @@
 // Running a block: its threads as fibers, switched at barriers and warp collectives, and the
 // deadlock report when no thread can run but some have not finished.
+#include <time.h>
+
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -196,7 +200,14 @@ void run_block(Block& b) {
     f.open_group = 0;
     f.copies.clear();
     f.copies_head = 0;
-    fiber_init(f, t, b.nthreads);
+    if (!fiber_init(f, t, b.nthreads, b.stack_bytes)) {
+      report(kError, "no-stacks",
+             "cannot reserve " + std::to_string(b.nthreads) + " fiber stacks of " +
+                 std::to_string(b.stack_bytes / 1024) +
+                 " KiB each (the kernel's frames need that much per CUDA thread): the "
+                 "process is out of address space");
+      return;
+    }
     wake(&f);
   }
   Fiber* first = pop_ready(b);
@@ -224,6 +235,7 @@ unsigned cur_warp() { return t_fiber->tid / 32; }
 void barrier(unsigned id, unsigned nthreads, bool whole_block, uint32_t line) {
   Fiber* me = t_fiber;
   Block& b = *me->block;
+  if ((++b.sync_ops & 0xfff) == 0) poll_watchdog(line);
   if (whole_block) nthreads = b.nthreads;
   if (id >= 16 || nthreads == 0 || nthreads > b.nthreads ||
       (!whole_block && nthreads % 32 != 0 && nthreads != b.nthreads)) {
@@ -270,6 +282,7 @@ void barrier(unsigned id, unsigned nthreads, bool whole_block, uint32_t line) {
 void collective(int kind, unsigned mask, const void* in, void* out, int arg, uint32_t line) {
   Fiber* me = t_fiber;
   Block& b = *me->block;
+  if ((++b.sync_ops & 0xfff) == 0) poll_watchdog(line);
   const uint32_t lane = me->tid % 32, warp = me->tid / 32;
   if (!(mask >> lane & 1u)) {
     report(kError, "mask-omits-lane@" + std::to_string(line),
@@ -322,6 +335,74 @@ void collective(int kind, unsigned mask, const void* in, void* out, int arg, uin
   for (uint32_t l = 0; l < 32; ++l) {
     if ((mask >> l & 1u) && l != lane) wake(&b.fibers[warp * 32 + l]);
   }
+}
+
+// ---- faults of device code, contained (see runtime.h) ----
+
+uint64_t now_ns() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<uint64_t>(t.tv_sec) * 1000000000u + static_cast<uint64_t>(t.tv_nsec);
+}
+
+void poll_watchdog(uint32_t line) {
+  Fiber* me = t_fiber;
+  if (me == nullptr) return;
+  Block& b = *me->block;
+  if (b.deadline_ns == 0 || now_ns() < b.deadline_ns) return;
+  std::vector<uint32_t> others;
+  for (uint32_t t = 0; t < b.nthreads; ++t) {
+    if (t != me->tid) others.push_back(t);
+  }
+  char limit[32];
+  snprintf(limit, sizeof limit, "%g", b.timeout_s);
+  report(kError, "timeout",
+         std::string("the launch ran past its time limit of ") + limit +
+             " s ($JAXTILE_EMULATOR_TIMEOUT; an endless loop?): " + thread_name(b, me->tid) +
+             " was at " + where(b, line) +
+             (others.empty() ? "" : "; the block's other threads: " + whereabouts(b, others)));
+  abort_block(me);
+}
+
+void device_assert_failed(const char* expr, uint32_t line) {
+  Fiber* me = t_fiber;
+  if (me == nullptr) std::abort();  // device code runs only in fibers
+  Block& b = *me->block;
+  report(kError, "assert:" + std::to_string(line),
+         std::string("device assertion `") + expr + "` failed at " + where(b, line) + " in " +
+             thread_name(b, me->tid));
+  abort_block(me);
+}
+
+void divide_by_zero(const char* file, uint32_t line) {
+  Fiber* me = t_fiber;
+  if (me == nullptr) std::abort();
+  Block& b = *me->block;
+  // The kernel's source is compiled from a temporary copy: name it as the kernel names it,
+  // and a header by its own name.
+  const char* slash = std::strrchr(file, '/');
+  const std::string base = slash != nullptr ? slash + 1 : file;
+  const std::string at = base == b.spec->file ? where(b, line)
+                                               : base + ":" + std::to_string(line);
+  report(kError, "divide-by-zero:" + base + ":" + std::to_string(line),
+         "integer division by zero at " + at + " by " + thread_name(b, me->tid) +
+             " (a GPU gives an unspecified value there; the emulator stops the block)");
+  abort_block(me);
+}
+
+void check_stack(void* call_site) {
+  Fiber* me = t_fiber;
+  if (me == nullptr) return;
+  const char* sp = static_cast<const char*>(__builtin_frame_address(0));
+  if (static_cast<size_t>(sp - me->stack_low) > kStackReserve) return;
+  Block& b = *me->block;
+  const uint32_t line = source_line_of(call_site);
+  report(kError, "stack-overflow:" + std::to_string(line),
+         "stack overflow: " + thread_name(b, me->tid) + " used up its " +
+             std::to_string(b.stack_bytes / 1024) + " KiB stack (recursion too deep?) in the " +
+             "call at " + (line != 0 ? where(b, line) : std::string(b.spec->file) +
+                                                           " (line unknown: no addr2line)"));
+  abort_block(me);
 }
 
 }  // namespace emu

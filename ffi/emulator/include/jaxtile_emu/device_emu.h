@@ -102,7 +102,9 @@ template <class T>
 class Ptr {
  public:
   Ptr() : p_(nullptr), r_(&kNullRegion) {}
-  Ptr(T* p, const Region* r) : p_(p), r_(r) {}
+  // A pointer made without an allocation (a null region) is checked as a null pointer: every
+  // access through it is reported, none dereferenced.
+  Ptr(T* p, const Region* r) : p_(p), r_(r != nullptr ? r : &kNullRegion) {}
   template <class U, class = std::enable_if_t<std::is_convertible_v<U*, T*>>>
   Ptr(const Ptr<U>& o) : p_(o.raw()), r_(o.region()) {}
 

@@ -36,7 +36,9 @@ extern const Region kNullRegion;
 
 // Non-zero while the costly checks (races, uninitialised reads, cp.async hazards, bank
 // conflicts) are on. Bounds checks are always on: an out-of-bounds access never touches memory.
-extern int g_checks;
+// Per CPU thread: each launch sets it from its own kernel's settings, so that one kernel's
+// `set_checks` leaves the kernels launched beside it alone.
+extern thread_local int g_checks __attribute__((tls_model("initial-exec")));
 
 // Memory accesses made by device code on this CPU thread (the benchmark's operation count).
 extern thread_local uint64_t t_accesses __attribute__((tls_model("initial-exec")));
@@ -53,8 +55,12 @@ bool access_misaligned(const Region* r, const void* addr, uint32_t bytes, int ki
 // current thread. Returns true (the access goes ahead).
 bool access_shared(const Region* r, const void* addr, uint32_t bytes, int kind, uint32_t line);
 
+// Every 2^16 accesses of a CPU thread: stops the block if the launch ran past its time limit
+// (an infinite loop that reads or writes memory). Never returns in that case.
+void poll_watchdog(uint32_t line);
+
 inline bool access(const Region* r, const void* addr, uint32_t bytes, int kind, uint32_t line) {
-  ++t_accesses;
+  if (__builtin_expect((++t_accesses & 0xffff) == 0, 0)) poll_watchdog(line);
   const uintptr_t off = reinterpret_cast<uintptr_t>(addr) - reinterpret_cast<uintptr_t>(r->base);
   if (off > r->size || bytes > r->size - off) {
     return access_out_of_bounds(r, addr, bytes, kind, line);
@@ -127,9 +133,29 @@ void* dynamic_shared(const Region** region);
 void* shared_view(uint64_t offset, uint64_t bytes, const char* name, const Region** region,
                   uint32_t line);
 
+// ---- faults device code cannot be allowed to take (see the launch shim) ----
+// A failed device `assert`: reports the expression, thread and line, and fails the launch.
+[[noreturn]] void device_assert_failed(const char* expr, uint32_t line);
+// An integer division or remainder by zero at `line` of `file` (found by g++'s divide-by-zero
+// instrumentation): reported, and the block stops before the division traps.
+[[noreturn]] void divide_by_zero(const char* file, uint32_t line);
+// Called on entry to every device function: fails the block, naming the call at `call_site`,
+// when the thread's stack is nearly used up (deep recursion), before it overflows.
+void check_stack(void* call_site);
+
 // ---- launching ----
 struct DimSpec {
   unsigned x, y, z;
+};
+
+// What one kernel library's launches use, set from Python through the shim's
+// `jaxtile_emu_kernel_settings` (one instance per library, so per kernel).
+struct KernelSettings {
+  int32_t checks = 1;          // the costly checks (g_checks) for this kernel's launches
+  int32_t isolate = -1;        // run launches in a worker process; -1: $JAXTILE_EMULATOR_ISOLATE
+  double timeout_s = -1;       // watchdog limit in seconds (0: none); -1: $JAXTILE_EMULATOR_TIMEOUT
+  uint64_t stack_bytes = 0;    // what the kernel's frames need per CUDA thread (build.py)
+  void* sink = nullptr;        // this kernel's findings (report.cc), made on first use
 };
 struct KernelSpec {
   const char* name;
@@ -143,12 +169,18 @@ struct KernelSpec {
   void (*entry)(const Region* buffers);
   // For a grid that depends on dynamic sizes: the grid for these buffers (else `grid`).
   DimSpec (*grid_of)(const Region* buffers) = nullptr;
+  KernelSettings* settings = nullptr;
 };
 
 // Runs blocks [begin, end) of a kernel from a tvm-ffi packed argument list (block_begin,
 // block_end, then one DLTensor* per buffer). Returns 0, or -1 with the error message set
-// through the tvm-ffi error hook (and kept for jaxtile_emu_take_report).
+// through the tvm-ffi error hook (and kept in the kernel's report, see take_report).
 int launch(const KernelSpec* spec, const void* packed_args, int32_t num_args);
+
+// Takes `spec`'s findings, bank statistics and counters gathered since the last call, as
+// JSON (see report.cc for the fields). Returns the text's length; copies it (NUL-terminated)
+// only if `cap` is larger, and only then clears them.
+size_t take_report(const KernelSpec* spec, char* buf, size_t cap);
 
 }  // namespace emu
 }  // namespace jaxtile

@@ -1,6 +1,7 @@
 // Memory of a block and its checks: bounds, shared-memory races (vector clocks within a
-// whole-block barrier generation), uninitialised shared reads, cp.async that lands at its
-// wait_group, and atomics. Bank conflicts are in banks.cc.
+// whole-block barrier generation), uninitialised shared reads, cp.async that writes between
+// its issue and the wait_group that retires it (where its data lands), and atomics. Bank
+// conflicts are in banks.cc.
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -332,6 +333,12 @@ void cp_async(const Region* dst_r, void* dst, const Region* src_r, const void* s
   std::memcpy(c.data, src, static_cast<size_t>(src_bytes));
   std::memset(c.data + src_bytes, 0, static_cast<size_t>(bytes - src_bytes));
   if (g_checks) {
+    // The destination is written at some moment between this issue and the wait that
+    // retires the copy. Checked here as a write with the issuing thread's clock: an access
+    // by another thread not ordered before the issue races with it (a stage refilled while
+    // slower warps still read it). Accesses after the issue are checked at the wait (and, while
+    // the copy is in flight, by the hazard check).
+    check_shared(*f, dst_r, c.dst, c.bytes, kWrite | kNoBankLog, line);
     const uint64_t first = static_cast<uint64_t>(c.dst - b.smem);
     for (uint32_t i = 0; i < c.bytes; ++i) ++b.shadow[first + i].pending;
     log_bank_access(*f, c.dst, c.bytes, line);
@@ -348,8 +355,9 @@ void land_copies(Fiber& f, uint64_t before_group) {
     if (g_checks) {
       const uint64_t first = static_cast<uint64_t>(c.dst - b.smem);
       for (uint32_t i = 0; i < c.bytes; ++i) --b.shadow[first + i].pending;
-      // The copy writes when it is retired, as this thread, at the wait; reports name the
-      // cp.async that issued it.
+      // The copy has written by the time it is retired: checked again with this thread's
+      // clock at the wait, so a later access must be ordered after the wait; reports name
+      // the cp.async that issued it.
       check_shared(f, c.region, c.dst, c.bytes, kWrite | kNoBankLog, c.line);
     }
     std::memcpy(c.dst, c.data, c.bytes);

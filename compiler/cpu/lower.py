@@ -29,7 +29,7 @@ from ..passes.liveness import live_intervals, share_storage
 from ..target import Target
 from . import bf16_dot, block_groups, copies, copy_reuse, forwarding, rows, tir_emit
 from . import elementwise as ew
-from .atomics import lower_atomic
+from .atomics import lower_atomic, lower_fence, lower_load_acquire, lower_store_release
 from .context import FALLBACK_LANES, extent
 from .gemm import lower_gemm
 from .reductions import lower_reduce
@@ -47,6 +47,11 @@ _BINDS_OPERANDS = frozenset({"exp", "exp2", "expm1", "logistic", "tanh", "erfc",
 def symbol_name(kernel: ir.Kernel) -> str:
     """The C-safe function name the kernel is compiled under."""
     return "jt_" + re.sub(r"\W", "_", kernel.name)
+
+
+_ORDERING = {"load_acquire": lower_load_acquire, "store_release": lower_store_release,
+             "fence": lower_fence}
+"""Memory ordering between blocks (atomics.py)."""
 
 
 class _Lowering:
@@ -357,6 +362,8 @@ class _Lowering:
             lower_scan(self, op)
         elif op.kind == "atomic":
             lower_atomic(self, op)
+        elif op.kind in _ORDERING:
+            _ORDERING[op.kind](self, op)
         elif op.kind == "argreduce":
             lower_argreduce(self, op)
         elif op.kind == "sort":

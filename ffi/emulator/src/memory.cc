@@ -1,7 +1,8 @@
 // Memory of a block and its checks: bounds, shared-memory races (vector clocks within a
 // whole-block barrier generation), uninitialised shared reads, cp.async that writes between
-// its issue and the wait_group that retires it (where its data lands), and atomics. Bank
-// conflicts are in banks.cc.
+// its issue and the wait_group that retires it (where its data lands), atomics, and the
+// ordering of reads of other blocks' data after the flags that publish it. Bank conflicts
+// are in banks.cc.
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -201,6 +202,9 @@ void reset_block_memory(Block& b, uint64_t static_capacity) {
   b.regions.clear();
   b.regions.reserve(64 + static_cast<size_t>(b.spec->num_buffers));
   b.dynamic_region = Region{b.smem + static_capacity, dyn, "dynamic shared memory", kShared};
+  b.global_writes.clear();
+  b.writes_merged = 0;
+  for (Fiber& f : b.fibers) f.relaxed_flag = nullptr;
   if (g_checks) {
     // A block that was abandoned (fatal error, deadlock) may leave copies marked in flight.
     const bool clean = b.serial != 0 && !b.aborted && b.done == b.nthreads;
@@ -378,6 +382,72 @@ void cp_async_wait(int pending, uint32_t) {
   land_copies(*f, limit);
 }
 
+// ---- ordering between blocks ----
+
+namespace {
+
+// Whether this block wrote all of global bytes [lo, hi).
+bool block_wrote(Block& b, uintptr_t lo, uintptr_t hi) {
+  auto& w = b.global_writes;
+  if (b.writes_merged != w.size()) {
+    std::sort(w.begin(), w.end());
+    size_t n = 0;
+    for (const auto& r : w) {
+      if (n > 0 && r.first <= w[n - 1].second) {
+        w[n - 1].second = std::max(w[n - 1].second, r.second);
+      } else {
+        w[n++] = r;
+      }
+    }
+    w.resize(n);
+    b.writes_merged = n;
+  }
+  auto it = std::upper_bound(w.begin(), w.end(), std::make_pair(lo, UINTPTR_MAX));
+  if (it == w.begin()) return false;
+  --it;
+  return it->first <= lo && hi <= it->second;
+}
+
+}  // namespace
+
+void global_write(const void* addr, uint32_t bytes) {
+  Block& b = *t_fiber->block;
+  const auto a = reinterpret_cast<uintptr_t>(addr);
+  auto& w = b.global_writes;
+  // A thread's consecutive writes often extend the last range (not yet merged).
+  if (w.size() > b.writes_merged && w.back().second == a) {
+    w.back().second = a + bytes;
+    return;
+  }
+  w.emplace_back(a, a + bytes);
+}
+
+void global_read(const Region* r, const void* addr, uint32_t bytes, uint32_t line) {
+  Fiber* f = t_fiber;
+  if (f->relaxed_flag == nullptr) return;
+  Block& b = *f->block;
+  const auto a = reinterpret_cast<uintptr_t>(addr);
+  if (block_wrote(b, a, a + bytes)) return;
+  report(kError,
+         "unordered-flag:" + std::to_string(f->relaxed_flag_line) + ":" + std::to_string(line),
+         "read not ordered after its flag: " + thread_name(b, f->tid) + " read a flag in " +
+             region_name(f->relaxed_flag) + " with a relaxed (volatile) load at " +
+             where(b, f->relaxed_flag_line) + ", then reads " + region_name(r) +
+             " at byte offset " + std::to_string(a - reinterpret_cast<uintptr_t>(r->base)) +
+             " at " + where(b, line) + ", which its block did not write: on a GPU it may see "
+             "data older than the flag. Read the flag with an acquire load (jt.load_acquire) "
+             "or put a fence (jt.fence) between the two reads");
+}
+
+void flag_read(const Region* r, bool acquire, uint32_t line) {
+  if (!g_checks || r->space != kGlobal) return;
+  Fiber* f = t_fiber;
+  f->relaxed_flag = acquire ? nullptr : r;
+  f->relaxed_flag_line = line;
+}
+
+void fence() { t_fiber->relaxed_flag = nullptr; }
+
 // ---- atomics ----
 
 uint32_t atomic_rmw(const Region* r, void* addr, int op, uint32_t value, uint32_t line) {
@@ -386,6 +456,7 @@ uint32_t atomic_rmw(const Region* r, void* addr, int op, uint32_t value, uint32_
     return 0;
   }
   if (!access(r, addr, 4, kAtomic | kWrite | kRead, line)) return 0;
+  if (g_checks && r->space == kGlobal) global_write(addr, 4);
   auto* p = static_cast<uint32_t*>(addr);
   // Blocks run concurrently on CPU threads, so global atomics must be real ones.
   uint32_t old = __atomic_load_n(p, __ATOMIC_RELAXED);
@@ -423,6 +494,7 @@ uint64_t atomic_cas(const Region* r, void* addr, int bytes, uint64_t compare, ui
     return 0;
   }
   if (!access(r, addr, n, kAtomic | kWrite | kRead, line)) return 0;
+  if (g_checks && r->space == kGlobal) global_write(addr, n);
   if (n == 8) {
     __atomic_compare_exchange_n(static_cast<uint64_t*>(addr), &compare, value, false,
                                 __ATOMIC_RELAXED, __ATOMIC_RELAXED);

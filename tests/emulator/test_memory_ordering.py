@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import jaxtile as jt
+from jaxtile.compiler import parser, printer
 from jaxtile.compiler.cuda import nvrtc, toolchain
 
 
@@ -104,6 +105,10 @@ def test_the_cuda_source_orders_the_flag_accesses_and_flags_start_as_zeros():
     assert "load_acquire" not in low.source and "store_release" not in low.source
     # Plain flags: every output the kernel reads starts as zeros.
     assert {b.aliases for b in low.kernel.buffers if b.role == "init"} == {"out0", "out1"}
+    # The new ops print and parse back.
+    for order in ("acquire", "fence"):
+        text = chained_sums.lower(x, target="cuda:sm_80", order=order).tile_ir
+        assert printer.format_kernel(parser.parse_kernel(text)) == text
 
 
 @pytest.mark.skipif(not nvrtc.available() and toolchain.nvcc_path() is None,

@@ -11,6 +11,7 @@ import pytest
 import jaxtile as jt
 from jaxtile.compiler import parser, printer
 from jaxtile.compiler.cuda import nvrtc, toolchain
+from jaxtile.compiler.emulator import Buffer, EmulatedKernel, EmulatorError, LaunchConfig
 
 
 @jt.kernel(threads=64)
@@ -125,6 +126,58 @@ def test_the_ptx_has_gpu_scope_acquire_release_and_fence():
         low = chained_sums.lower(x, target="cuda:sm_80", order=order)
         ptx += compile_to_library(build.lowered_ir(low.kernel, target), target).ptx
     assert b"ld.acquire.gpu" in ptx and b"st.release.gpu" in ptx and b"fence.acq_rel.gpu" in ptx
+
+
+_HANDOFF = """#include <jaxtile/device.h>
+
+using jaxtile::ptr;
+
+// Block 0 writes the data and publishes it; in block 1 thread 0 waits for the flag, and after
+// a barrier every thread reads the data.
+JT_KERNEL void handoff(ptr<float> data, ptr<int> flags, ptr<float> out) {
+  const int t = jaxtile::thread_idx().x;
+  if (jaxtile::block_idx().x == 0) {
+    data[t] = float(t) * 0.5f;
+    jaxtile::sync_threads();
+    if (t == 0) jaxtile::store_release(flags + 0, 1);
+    return;
+  }
+  if (t == 0) {
+    while (jaxtile::WAIT(flags + 0) == 0) {
+    }
+    FENCE
+  }
+  jaxtile::sync_threads();
+  out[t] = data[t];
+}
+"""
+
+
+@pytest.mark.parametrize("wait, fence, clean", [
+    ("volatile_load", "", False), ("volatile_load", "jaxtile::fence();", True),
+    ("load_acquire", "", True)], ids=["volatile", "volatile-fence", "acquire"])
+def test_a_flag_read_by_one_thread_orders_the_block_only_with_a_fence(wait, fence, clean):
+    # The barrier after thread 0's flag read orders the other threads after it, but only an
+    # acquire (or a fence) at gpu scope orders them after block 0's writes.
+    src = _HANDOFF.replace("WAIT", wait).replace("FENCE", fence)
+    k = EmulatedKernel.build(src, "handoff", [Buffer("data", "float32"), Buffer("flags", "int32"),
+                                              Buffer("out", "float32")],
+                             LaunchConfig((2, 1, 1), (64, 1, 1)), file="handoff.cu")
+    data, flags, out = np.zeros(64, np.float32), np.zeros(1, np.int32), np.zeros(64, np.float32)
+    if clean:
+        assert k.run(data, flags, out)["findings"] == []
+        np.testing.assert_array_equal(out, np.arange(64, dtype=np.float32) * 0.5)
+        return
+    with pytest.raises(EmulatorError, match="read not ordered after its flag") as e:
+        k.run(data, flags, out)
+    (finding,) = e.value.report["findings"]
+    message = finding["message"]
+    assert finding["count"] == 64     # every thread; 63 ordered after the read by the barrier
+    assert "global buffer 'flags'" in message and "reads global buffer 'data'" in message
+    lines = src.splitlines()
+    flag_line = next(n for n, line in enumerate(lines, 1) if "while (" in line)
+    data_line = next(n for n, line in enumerate(lines, 1) if "out[t] = data[t]" in line)
+    assert f"handoff.cu:{flag_line}" in message and f"handoff.cu:{data_line}" in message
 
 
 def test_bad_flag_operands_are_kernel_errors():

@@ -167,13 +167,37 @@ bool check_shared(Fiber& f, const Region* r, const char* addr, uint32_t bytes, i
 
 // ---- vector clocks ----
 
+namespace {
+
+// A barrier orders its participants (`tids`, or the whole block if null) after each other's
+// relaxed flag reads, but acquires nothing (that takes a fence or an acquire load at gpu
+// scope): the state spreads to all of them.
+void spread_relaxed_flag(Block& b, const uint32_t* tids, size_t n) {
+  const Fiber* reader = nullptr;
+  for (size_t i = 0; i < n && reader == nullptr; ++i) {
+    const Fiber& f = b.fibers[tids != nullptr ? tids[i] : i];
+    if (f.relaxed_flag != nullptr) reader = &f;
+  }
+  if (reader == nullptr) return;
+  for (size_t i = 0; i < n; ++i) {
+    Fiber& f = b.fibers[tids != nullptr ? tids[i] : i];
+    f.relaxed_flag = reader->relaxed_flag;
+    f.relaxed_flag_line = reader->relaxed_flag_line;
+  }
+}
+
+}  // namespace
+
 void reset_clocks(Block& b) {
   ++b.gen;
   std::fill(b.vc.begin(), b.vc.end(), 0u);
   for (uint32_t t = 0; t < b.nthreads; ++t) b.clock_of(t)[t] = 1;
+  // A whole-block barrier (or the block's start, before any flag read).
+  spread_relaxed_flag(b, nullptr, b.nthreads);
 }
 
 void sync_clocks(Block& b, const uint32_t* tids, size_t n) {
+  spread_relaxed_flag(b, tids, n);
   std::vector<uint32_t> joined(b.nthreads, 0);
   for (size_t i = 0; i < n; ++i) {
     const uint32_t* c = b.clock_of(tids[i]);

@@ -3,6 +3,8 @@
 memory model asks for; and the emulator's finding when the flag is read with a plain
 (volatile, relaxed) load, which orders nothing on a GPU."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -72,6 +74,19 @@ def test_published_data_on_the_cpu_and_in_the_reference(order):
     x, want = _case(24)
     _check(jax.jit(lambda x: chained_sums(x, order=order))(x), want)
     _check(chained_sums.reference(x, order=order), want)
+
+
+def test_the_cpu_reads_a_polled_flag_from_memory_every_time():
+    # A plain load in a loop that stores nothing else may be hoisted by LLVM (the loop would
+    # spin on a stale value): the flag is read through the runtime's acquire load, an opaque
+    # call, in both versions; release and fence are runtime calls too.
+    x, _ = _case(6)
+    src = chained_sums.lower(x, target="cpu").source
+    assert "jaxtile_load_acquire_i32" in src and "jaxtile_store_release_i32" in src
+    assert "jaxtile_fence" not in src
+    src = chained_sums.lower(x, target="cpu", order="fence").source
+    assert "jaxtile_load_acquire_i32" in src and src.count("jaxtile_fence") == 2
+    assert re.search(r"= out1\[", src) is None         # the flags (out1) are never read plainly
 
 
 @pytest.mark.parametrize("order", ["acquire", "fence"])

@@ -466,6 +466,30 @@ def _atomic(c: _Converter, eqn: Any, out: list) -> None:
     c.op(out, "atomic", (value,), None, dst=region, fn=eqn.params["fn"])
 
 
+@_converts(tp.LOAD_ACQUIRE)
+def _load_acquire(c: _Converter, eqn: Any, out: list) -> None:
+    src = c.buffer(eqn.invars[0])
+    starts = eqn.invars[1:]
+    c.emit(out, "load_acquire", [], eqn.outvars[0],
+           src=c.starts_region(src, starts, [None] * len(starts), out))
+
+
+@_converts(tp.STORE_RELEASE)
+def _store_release(c: _Converter, eqn: Any, out: list) -> None:
+    dst = c.buffer(eqn.invars[0])
+    if dst.role == "input":
+        raise c.error(f"kernel inputs are read-only: jt.store_release writes to '{dst.name}'")
+    starts = eqn.invars[2:]
+    region = c.starts_region(dst, starts, [None] * len(starts), out)
+    c.op(out, "store_release", (c.value(eqn.invars[1], out),), None, dst=region)
+
+
+@_converts(tp.FENCE)
+def _fence(c: _Converter, eqn: Any, out: list) -> None:
+    del eqn
+    c.op(out, "fence", (), None)
+
+
 @_converts(tp.GEMM)
 def _gemm(c: _Converter, eqn: Any, out: list) -> None:
     p = eqn.params

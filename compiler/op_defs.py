@@ -44,6 +44,10 @@ initialisation, coverage (and later barrier insertion and pipelining) ask the de
                demand different layouts of one value; it goes through shared memory)
 ``barrier``    all threads of a block wait here, and see each other's shared-memory writes
                (GPU passes insert it)
+``load_acquire``   ``src``: one element of a global buffer, read with acquire ordering
+``store_release``  ``dst``: one element of a global output; operand: the scalar, written
+               with release ordering (after all the block's earlier writes)
+``fence``      orders the block's global accesses before it against those after it
 =============  =====================================================================
 """
 
@@ -357,6 +361,19 @@ def _check_atomic(op: Op, bufs: Buffers) -> str | None:
     return None
 
 
+def _check_flag(op: Op, bufs: Buffers) -> str | None:
+    region = op.attrs["src" if op.kind == "load_acquire" else "dst"]
+    buf = bufs[region.buffer]
+    if buf.scope != "global" or region.shape != ():
+        return f"{op.kind} of '{region.buffer}': one element of a global buffer, got {region}"
+    if buf.dtype not in ATOMIC_DTYPES:
+        return f"{op.kind} of '{region.buffer}': {buf.dtype} has no atomic support"
+    value = op.result if op.kind == "load_acquire" else op.operands[0]
+    if value.shape != () or value.dtype != buf.dtype:
+        return f"{op.kind} of '{region.buffer}': the value must be a {buf.dtype} scalar"
+    return None
+
+
 def _check_gemm(op: Op, bufs: Buffers) -> str | None:
     a, b, c = (op.attrs[r] for r in ("a", "b", "c"))
     for role, r in (("a", a), ("b", b), ("c", c)):
@@ -408,6 +425,12 @@ _DEFS = (
     OpDef("atomic", {"dst": "region", "fn": "atomic"}, (1,), False, False, False,
           reads=("dst",), writes=("dst",), check=_check_atomic),
     OpDef("relayout", {}, (1,), True, True, False, check=_check_relayout),
+    # Memory ordering between blocks: never removed, never merged into other ops.
+    OpDef("load_acquire", {"src": "region"}, (0,), True, False, False, reads=("src",),
+          check=_check_flag),
+    OpDef("store_release", {"dst": "region"}, (1,), False, False, False, writes=("dst",),
+          check=_check_flag),
+    OpDef("fence", {}, (0,), False, False, False),
     OpDef("barrier", {}, (0,), False, False, False),
     OpDef("gemm", {"a": "region", "b": "region", "c": "region", "transpose_a": "bool",
                    "transpose_b": "bool"}, (0,), False, False, False,

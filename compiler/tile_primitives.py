@@ -16,3 +16,12 @@ ATOMIC = "jt_atomic"
 """``jt_atomic(dst, value, *starts, fn, sizes)``: ``dst[region] = fn(dst[region], value)``
 element by element, atomically (``fn``: add, max, min); writes past a global edge are
 dropped."""
+LOAD_ACQUIRE = "jt_load_acquire"
+"""``jt_load_acquire(src, *starts)``: one element of a global buffer, read with acquire
+ordering (later reads of this block see what the writer of that value wrote before it)."""
+STORE_RELEASE = "jt_store_release"
+"""``jt_store_release(dst, value, *starts)``: one element of a global output written with
+release ordering (the block's earlier writes are visible before it)."""
+FENCE = "jt_fence"
+"""``jt_fence(*outputs)``: orders the block's global memory accesses before it against those
+after it (the operands, the kernel's outputs, only keep it in the trace)."""

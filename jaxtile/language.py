@@ -387,6 +387,71 @@ def atomic_min(dst: Ref, value: ArrayLike) -> None:
     _atomic(dst, value, "min")
 
 
+def _element_of(ref_view: Any, op: str, role: str) -> tuple[Any, Any, list[Any]]:
+    """``(state, base_ref, starts)`` of a view naming one element of a global buffer."""
+    state = _trace.current(op)
+    ref, starts, sizes, origin = _region(state, ref_view, role, op)
+    if not origin or any(z not in (None, "origin") for z in sizes):
+        raise state.error(f"{op}: the {role} must name one element, e.g. flags.at[i] (all "
+                          "indices scalars)")
+    if state.scope_of(ref) != "global":
+        raise state.error(f"{op}: the {role} is a {state.scope_of(ref)} buffer; acquire and "
+                          "release order global memory between blocks (a block's own threads "
+                          "are ordered by its barriers)")
+    if np.dtype(ref.dtype) not in op_defs.ATOMIC_DTYPES:
+        raise state.error(f"{op}: the {role} has dtype {ref.dtype}; flags must be one of "
+                          f"{', '.join(sorted(str(d) for d in op_defs.ATOMIC_DTYPES))}")
+    return state, ref, [_start(state, s, op) for s in starts]
+
+
+def load_acquire(src: Ref) -> jax.Array:
+    """Read one element of a global buffer with *acquire* ordering: the block's later reads
+    see everything the writer of the value wrote before its :func:`store_release` (or
+    before its :func:`fence` and plain store). A plain read of a flag another block sets --
+    even inside a ``jt.while_`` that waits for it -- orders nothing on a GPU: data read after
+    it may be older than the flag.
+
+    >>> @jt.while_(lambda: jt.load_acquire(flags.at[i - 1]) == 0)   # doctest: +SKIP
+    ... def _(): pass
+    >>> prev = out[i - 1]                      # written by block i - 1 before its flag
+    """
+    state, ref, starts = _element_of(src, "jt.load_acquire", "source")
+    del state
+    return tile_ops.load_acquire_p.bind(ref, *starts)
+
+
+def store_release(dst: Ref, value: ArrayLike) -> None:
+    """Write one element of a global output with *release* ordering: every write the block
+    made before it (all its threads') is visible to a block that reads this value with
+    :func:`load_acquire`. On CUDA the block's threads first wait for each other, so it must
+    be reached by all of them (not inside a ``jt.while_`` whose condition reads a flag).
+
+    >>> out[i] = total                                              # doctest: +SKIP
+    >>> jt.store_release(flags.at[i], 1)       # then out[i] is published
+    """
+    state, ref, starts = _element_of(dst, "jt.store_release", "destination")
+    value = jnp.asarray(value)
+    if value.shape != ():
+        raise state.error(f"jt.store_release: the value must be a scalar, got shape "
+                          f"{value.shape}")
+    tile_ops.store_release_p.bind(ref, value.astype(ref.dtype), *starts)
+
+
+def fence() -> None:
+    """A memory fence between blocks (``fence.acq_rel.gpu``; a sequentially consistent fence
+    on the CPU): the block's global memory accesses before it are ordered before those after
+    it. Writes, ``jt.fence()``, then a plain flag store publish like :func:`store_release`;
+    a plain flag read, ``jt.fence()``, then data reads acquire like :func:`load_acquire`. On
+    CUDA the block's threads first wait for each other (like ``store_release``)."""
+    state = _trace.current("jt.fence")
+    outputs = {id(b): b for b in (ji.flatten_ref(r)[0] for r, a in
+                                  zip(state.refs, state.allocations) if a.scope == "global")}
+    if not outputs:
+        raise state.error("jt.fence: the kernel has declared no output yet (jt.empty); a fence "
+                          "orders the accesses to its outputs, so call it after them")
+    tile_ops.fence_p.bind(*outputs.values())
+
+
 def gemm(a: Ref, b: Ref, c: Ref, *, transpose_a: bool = False,
          transpose_b: bool = False) -> None:
     """Accumulate a matrix product into ``c``: ``c += op(a) @ op(b)``.

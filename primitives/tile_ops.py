@@ -12,6 +12,9 @@ and as the test oracle. The compiler recognises these primitives by name in the 
 - ``jt_atomic``: ``dst[region] = fn(dst[region], value)`` (add, max, min); the reference
   applies the updates of every block in turn, as the atomic updates of concurrent blocks
   amount to. Writes past the end of a global destination are dropped.
+- ``jt_load_acquire``, ``jt_store_release``, ``jt_fence``: memory ordering between blocks.
+  The reference runs blocks one after another, where every access is ordered: they are a
+  plain read, a plain write and nothing.
 - ``jt_loop_info``: an identity on a loop index that tells the compiler the loop's kind.
 """
 
@@ -148,6 +151,57 @@ def _atomic_discharge(in_avals, out_avals, dst, value, *starts, fn, sizes):
     return [new_dst, None] + [None] * len(starts), []
 
 
+load_acquire_p = ji.Primitive(tp.LOAD_ACQUIRE)
+store_release_p = ji.Primitive(tp.STORE_RELEASE)
+store_release_p.multiple_results = True
+fence_p = ji.Primitive(tp.FENCE)
+fence_p.multiple_results = True
+
+
+def _load_acquire_abstract_eval(src, *starts):
+    del starts
+    return ji.ShapedArray((), src.dtype), {ji.ReadEffect(0)}
+
+
+def _store_release_abstract_eval(dst, value, *starts):
+    del dst, value, starts
+    return [], {ji.WriteEffect(0)}
+
+
+def _fence_abstract_eval(*outputs):
+    # It reads and writes every output: nothing moves across it, and it is never dropped.
+    return [], {e for i in range(len(outputs)) for e in (ji.ReadEffect(i), ji.WriteEffect(i))}
+
+
+def _element(x, starts):
+    """The element of ``x`` at ``starts``, clamped into range as ``get`` clamps."""
+    return _tile(x, [jnp.asarray(s, jnp.int32) for s in starts], [None] * len(starts))
+
+
+@ji.register_discharge_rule(load_acquire_p)
+def _load_acquire_discharge(in_avals, out_avals, src, *starts):
+    del in_avals, out_avals
+    return [None] * (1 + len(starts)), _element(src, starts)
+
+
+@ji.register_discharge_rule(store_release_p)
+def _store_release_discharge(in_avals, out_avals, dst, value, *starts):
+    del in_avals, out_avals
+    starts = [jnp.asarray(s, jnp.int32) for s in starts]
+    new_dst = lax.dynamic_update_slice(dst, value.astype(dst.dtype).reshape((1,) * dst.ndim),
+                                       starts)
+    return [new_dst, None] + [None] * len(starts), []
+
+
+@ji.register_discharge_rule(fence_p)
+def _fence_discharge(in_avals, out_avals, *outputs):
+    del in_avals, out_avals
+    return [None] * len(outputs), []
+
+
+ji.effectful_abstract_eval(load_acquire_p, _load_acquire_abstract_eval)
+ji.effectful_abstract_eval(store_release_p, _store_release_abstract_eval)
+ji.effectful_abstract_eval(fence_p, _fence_abstract_eval)
 ji.effectful_abstract_eval(atomic_p, _atomic_abstract_eval)
 ji.effectful_abstract_eval(copy_p, _copy_abstract_eval)
 ji.effectful_abstract_eval(gemm_p, _gemm_abstract_eval)

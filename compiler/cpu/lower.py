@@ -29,7 +29,14 @@ from ..passes.liveness import live_intervals, share_storage
 from ..target import Target
 from . import bf16_dot, block_groups, copies, copy_reuse, forwarding, rows, tir_emit
 from . import elementwise as ew
-from .atomics import lower_atomic
+from .atomics import (
+    lower_atomic,
+    lower_fence,
+    lower_load_acquire,
+    lower_store_release,
+    polled_load,
+    written_globals,
+)
 from .context import FALLBACK_LANES, extent
 from .gemm import lower_gemm
 from .reductions import lower_reduce
@@ -47,6 +54,11 @@ _BINDS_OPERANDS = frozenset({"exp", "exp2", "expm1", "logistic", "tanh", "erfc",
 def symbol_name(kernel: ir.Kernel) -> str:
     """The C-safe function name the kernel is compiled under."""
     return "jt_" + re.sub(r"\W", "_", kernel.name)
+
+
+_ORDERING = {"load_acquire": lower_load_acquire, "store_release": lower_store_release,
+             "fence": lower_fence}
+"""Memory ordering between blocks (atomics.py)."""
 
 
 class _Lowering:
@@ -69,6 +81,10 @@ class _Lowering:
                 self.bufs[b.name] = self.kb.alloc_local(b.name, b.shape,
                                                         ew.tvm_dtype(b.dtype))
         self.scalars: dict[int, Expr] = {}
+        # Inside a while loop, a scalar read of global memory the kernel writes (a flag or
+        # counter other blocks change) must be a real read every time (atomics.polled_load).
+        self.while_depth = 0
+        self.written_globals = written_globals(kernel)
         self.arrays: dict[int, tirx.Buffer] = {}
         # Materialised values whose lifetimes do not overlap share one array.
         self._slot_of = share_storage(live_intervals(kernel),
@@ -228,7 +244,10 @@ class _Lowering:
             src = op.attrs["src"]
             if src.buffer in self.forwards:
                 return forwarding.load(self, self.forwards[src.buffer], idx)
-            return self.bufs[src.buffer][tuple(self.element(src, idx, clamp=True))]
+            coords = self.element(src, idx, clamp=True)
+            if self.while_depth and res.shape == () and src.buffer in self.written_globals:
+                return polled_load(self.bufs[src.buffer], coords)
+            return self.bufs[src.buffer][tuple(coords)]
         raise NotImplementedError(kind)
 
     def concatenated(self, op: ir.Op, idx: Sequence[Expr]) -> Expr:
@@ -285,10 +304,12 @@ class _Lowering:
             self.body(stmt.cond)
             self.kb.store(flag, [0], tirx.Cast("int8", self.at(stmt.test, ())))
 
+        self.while_depth += 1
         test()
         with self.kb.while_(flag[0] != tirx.const(0, "int8")):
             self.body(stmt.body)
             test()
+        self.while_depth -= 1
 
     def body(self, stmts: Sequence[ir.Stmt]) -> None:
         segment = forwarding.plan(self.kernel, stmts)
@@ -357,6 +378,8 @@ class _Lowering:
             lower_scan(self, op)
         elif op.kind == "atomic":
             lower_atomic(self, op)
+        elif op.kind in _ORDERING:
+            _ORDERING[op.kind](self, op)
         elif op.kind == "argreduce":
             lower_argreduce(self, op)
         elif op.kind == "sort":

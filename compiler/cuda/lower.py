@@ -26,6 +26,7 @@ from .device_rule import device_rule_violations
 from .dynamic import dynamic_block_indices, launch_grid, size_bindings
 from .gemm import lower_gemm, swizzles
 from .launch import Launch, dimension
+from .ordering import lower_fence, lower_load_acquire, lower_store_release
 from .pipeline import lower_pipelined
 from .reductions import lower_reduce
 from .smem_plan import Scratch, place_scratch, plan_kernel
@@ -81,6 +82,8 @@ _LOWER = {
     "relayout": lower_staged, "reshape": lower_staged, "rev": lower_staged,
     "slice": lower_staged, "concatenate": lower_staged, "scan": lower_scan,
     "argreduce": lower_argreduce, "size": lower_size, "sort": lower_sort,
+    "load_acquire": lower_load_acquire, "store_release": lower_store_release,
+    "fence": lower_fence,
 }
 
 

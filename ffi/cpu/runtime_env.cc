@@ -149,7 +149,38 @@ int32_t atomic_add_int(T* ptr, T value) {
   return 0;
 }
 
+// Memory ordering between the blocks of one call (jt.load_acquire, jt.store_release,
+// jt.fence): a flag one block publishes and another waits for. Out-of-line calls, so the
+// compiler neither keeps a flag in a register across a loop nor moves other memory accesses
+// across them.
+template <typename T>
+T load_acquire(const T* ptr) {
+  T v;
+  __atomic_load(ptr, &v, __ATOMIC_ACQUIRE);
+  return v;
+}
+
+template <typename T>
+int32_t store_release(T* ptr, T value) {
+  __atomic_store(ptr, &value, __ATOMIC_RELEASE);
+  return 0;
+}
+
+int32_t fence() {
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  return 0;
+}
+
 const RuntimeSymbol kFunctions[] = {
+    {"jaxtile_load_acquire_f32", as_ptr(&load_acquire<float>)},
+    {"jaxtile_load_acquire_f64", as_ptr(&load_acquire<double>)},
+    {"jaxtile_load_acquire_i32", as_ptr(&load_acquire<int32_t>)},
+    {"jaxtile_load_acquire_i64", as_ptr(&load_acquire<int64_t>)},
+    {"jaxtile_store_release_f32", as_ptr(&store_release<float>)},
+    {"jaxtile_store_release_f64", as_ptr(&store_release<double>)},
+    {"jaxtile_store_release_i32", as_ptr(&store_release<int32_t>)},
+    {"jaxtile_store_release_i64", as_ptr(&store_release<int64_t>)},
+    {"jaxtile_fence", as_ptr(&fence)},
     {"jaxtile_atomic_add_f32", as_ptr(&atomic_update<float, combine_add<float>>)},
     {"jaxtile_atomic_add_f64", as_ptr(&atomic_update<double, combine_add<double>>)},
     {"jaxtile_atomic_add_i32", as_ptr(&atomic_add_int<int32_t>)},

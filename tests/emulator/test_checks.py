@@ -34,6 +34,30 @@ def test_removed_barrier_is_a_race():
     assert all(m.count("thread (") == 2 and m.count("gemm_f16.cu:") == 2 for m in races)
 
 
+@pytest.mark.parametrize("stages", [pytest.param(2, marks=pytest.mark.slow), 3])
+def test_barrier_after_the_refill_is_a_write_after_read_race(stages):
+    # The stage a refill overwrites was read by every warp in the previous iteration; with
+    # the barrier after the refill instead of before it, a fast warp's cp.async overwrites it
+    # while slower warps may still read it. The copy is issued before those reads' barrier but
+    # lands (at its wait, two iterations on) after it, so it must be checked when issued.
+    source = kernel_source("gemm_f16").replace("STAGES = 3,", f"STAGES = {stages},")
+    src = mutate(source, "barrier", "jaxtile::sync_threads();", "")
+    src = mutate(src, "refilled", "jaxtile::cp_async_commit();",
+                 "jaxtile::cp_async_commit(); jaxtile::sync_threads();")
+    with pytest.raises(EmulatorError, match="data race") as e:
+        # stages + 1 k-tiles: the first refill of a stage read before (iteration 1) happens.
+        gemm(128, 128, 32 * (stages + 1), src).run(*_gemm_args(128, 128, 32 * (stages + 1)))
+    races = [m for m in _messages(e.value.report) if m.startswith("data race (write after read)")]
+    assert races, _messages(e.value.report)
+    issue_lines = {f"gemm_f16.cu:{n}" for n, line in enumerate(source.splitlines(), 1)
+                   if "jaxtile::cp_async<16>" in line}
+    # The write is the refill's cp.async; the read, an ldmatrix of the previous iteration.
+    assert all(any(f"wrote at {loc}" in m for loc in issue_lines) for m in races)
+    read_lines = {f"gemm_f16.cu:{n}" for n, line in enumerate(source.splitlines(), 1)
+                  if "ldmatrix_x4" in line}
+    assert all(any(f"read at {loc}" in m for loc in read_lines) for m in races)
+
+
 def test_wait_group_off_by_one_is_a_hazard():
     src = _wait_off_by_one()
     with pytest.raises(EmulatorError, match="cp.async hazard") as e:

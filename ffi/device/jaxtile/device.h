@@ -34,6 +34,10 @@
 //                                                  add on float)
 //   atomic_cas(p, compare, v)      atom.cas.b32 / .b64 (unsigned, unsigned long long)
 //   volatile_load(p)               ld.volatile (1-8 bytes): memory another block may change
+//                                  (relaxed: orders no other access)
+//   load_acquire(p)                ld.acquire.gpu (4, 8 bytes): later accesses stay after it
+//   store_release(p, v)            st.release.gpu (4, 8 bytes): earlier accesses stay before it
+//   fence()                        fence.acq_rel.gpu
 //   atomic_max / atomic_min on float and double, atomic_add on double, and all three on
 //   int64_t: compare-and-swap loops with XLA's semantics (atomics.h, plain C++)
 //   fast_exp2(x)                   ex2.approx.ftz.f32

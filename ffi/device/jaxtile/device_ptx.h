@@ -245,6 +245,41 @@ JT_DEVICE T volatile_load(const T* p) {
   return v.t;
 }
 
+// ---- ordering between blocks (gpu scope): flags one block publishes, another waits for ----
+// A relaxed or volatile flag read orders nothing: data read after it may be older than the
+// flag. ld.acquire orders this thread's later accesses after it; st.release orders this
+// thread's earlier ones (and, being cumulative, those a barrier made it see) before it.
+JT_DEVICE void fence() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+template <class T>
+JT_DEVICE T load_acquire(const T* p) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "load_acquire reads 4 or 8 bytes");
+  using U = typename bits_of_size_<sizeof(T)>::type;
+  union {
+    U u;
+    T t;
+  } v{0};
+  if constexpr (sizeof(T) == 4) {
+    asm volatile("ld.acquire.gpu.b32 %0, [%1];" : "=r"(v.u) : "l"(p) : "memory");
+  } else {
+    asm volatile("ld.acquire.gpu.b64 %0, [%1];" : "=l"(v.u) : "l"(p) : "memory");
+  }
+  return v.t;
+}
+template <class T>
+JT_DEVICE void store_release(T* p, T value) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "store_release writes 4 or 8 bytes");
+  using U = typename bits_of_size_<sizeof(T)>::type;
+  union {
+    T t;
+    U u;
+  } v{value};
+  if constexpr (sizeof(T) == 4) {
+    asm volatile("st.release.gpu.b32 [%0], %1;" ::"l"(p), "r"(v.u) : "memory");
+  } else {
+    asm volatile("st.release.gpu.b64 [%0], %1;" ::"l"(p), "l"(v.u) : "memory");
+  }
+}
+
 // ---- atomics (global or shared; return the old value) ----
 JT_DEVICE float atomic_add(float* p, float v) { return atomicAdd(p, v); }
 JT_DEVICE int atomic_add(int* p, int v) { return atomicAdd(p, v); }

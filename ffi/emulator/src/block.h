@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "jaxtile/device.h"
@@ -50,6 +51,10 @@ struct Fiber {
   uint64_t open_group = 0;  // id of the cp.async group not yet committed
   std::vector<PendingCopy> copies;  // in issue order, hence in group order
   size_t copies_head = 0;
+  // The last flag read of global memory, while it was relaxed (volatile) and no fence has
+  // followed: reads of other blocks' data are not ordered after it (null otherwise).
+  const Region* relaxed_flag = nullptr;
+  uint32_t relaxed_flag_line = 0;
 };
 
 // Shadow state of one byte of shared memory. `gen` is the block-wide barrier generation the
@@ -136,6 +141,11 @@ struct Block {
   uint32_t serial = 0;  // of the block on this CPU thread, from 1
   std::vector<uint32_t> vc;  // nthreads x nthreads vector clocks, row per thread
   std::vector<std::vector<BankAccess>> bank_log;  // per thread, since the warp converged
+
+  // Byte ranges [begin, end) of global memory this block wrote, in write order; sorted and
+  // merged up to `writes_merged` entries when a check looks them up.
+  std::vector<std::pair<uintptr_t, uintptr_t>> global_writes;
+  size_t writes_merged = 0;
 
   Barrier barriers[16];
   std::vector<Collective> collectives;  // kCollectivesPerWarp per warp

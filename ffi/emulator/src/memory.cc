@@ -1,6 +1,8 @@
 // Memory of a block and its checks: bounds, shared-memory races (vector clocks within a
-// whole-block barrier generation), uninitialised shared reads, cp.async that lands at its
-// wait_group, and atomics. Bank conflicts are in banks.cc.
+// whole-block barrier generation), uninitialised shared reads, cp.async that writes between
+// its issue and the wait_group that retires it (where its data lands), atomics, and the
+// ordering of reads of other blocks' data after the flags that publish it. Bank conflicts
+// are in banks.cc.
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -164,13 +166,37 @@ bool check_shared(Fiber& f, const Region* r, const char* addr, uint32_t bytes, i
 
 // ---- vector clocks ----
 
+namespace {
+
+// A barrier orders its participants (`tids`, or the whole block if null) after each other's
+// relaxed flag reads, but acquires nothing (that takes a fence or an acquire load at gpu
+// scope): the state spreads to all of them.
+void spread_relaxed_flag(Block& b, const uint32_t* tids, size_t n) {
+  const Fiber* reader = nullptr;
+  for (size_t i = 0; i < n && reader == nullptr; ++i) {
+    const Fiber& f = b.fibers[tids != nullptr ? tids[i] : i];
+    if (f.relaxed_flag != nullptr) reader = &f;
+  }
+  if (reader == nullptr) return;
+  for (size_t i = 0; i < n; ++i) {
+    Fiber& f = b.fibers[tids != nullptr ? tids[i] : i];
+    f.relaxed_flag = reader->relaxed_flag;
+    f.relaxed_flag_line = reader->relaxed_flag_line;
+  }
+}
+
+}  // namespace
+
 void reset_clocks(Block& b) {
   ++b.gen;
   std::fill(b.vc.begin(), b.vc.end(), 0u);
   for (uint32_t t = 0; t < b.nthreads; ++t) b.clock_of(t)[t] = 1;
+  // A whole-block barrier (or the block's start, before any flag read).
+  spread_relaxed_flag(b, nullptr, b.nthreads);
 }
 
 void sync_clocks(Block& b, const uint32_t* tids, size_t n) {
+  spread_relaxed_flag(b, tids, n);
   std::vector<uint32_t> joined(b.nthreads, 0);
   for (size_t i = 0; i < n; ++i) {
     const uint32_t* c = b.clock_of(tids[i]);
@@ -199,6 +225,9 @@ void reset_block_memory(Block& b, uint64_t static_capacity) {
   b.regions.clear();
   b.regions.reserve(64 + static_cast<size_t>(b.spec->num_buffers));
   b.dynamic_region = Region{b.smem + static_capacity, dyn, "dynamic shared memory", kShared};
+  b.global_writes.clear();
+  b.writes_merged = 0;
+  for (Fiber& f : b.fibers) f.relaxed_flag = nullptr;
   if (g_checks) {
     // A block that was abandoned (fatal error, deadlock) may leave copies marked in flight.
     const bool clean = b.serial != 0 && !b.aborted && b.done == b.nthreads;
@@ -331,6 +360,12 @@ void cp_async(const Region* dst_r, void* dst, const Region* src_r, const void* s
   std::memcpy(c.data, src, static_cast<size_t>(src_bytes));
   std::memset(c.data + src_bytes, 0, static_cast<size_t>(bytes - src_bytes));
   if (g_checks) {
+    // The destination is written at some moment between this issue and the wait that
+    // retires the copy. Checked here as a write with the issuing thread's clock: an access
+    // by another thread not ordered before the issue races with it (a stage refilled while
+    // slower warps still read it). Accesses after the issue are checked at the wait (and, while
+    // the copy is in flight, by the hazard check).
+    check_shared(*f, dst_r, c.dst, c.bytes, kWrite | kNoBankLog, line);
     const uint64_t first = static_cast<uint64_t>(c.dst - b.smem);
     for (uint32_t i = 0; i < c.bytes; ++i) ++b.shadow[first + i].pending;
     log_bank_access(*f, c.dst, c.bytes, line);
@@ -347,8 +382,9 @@ void land_copies(Fiber& f, uint64_t before_group) {
     if (g_checks) {
       const uint64_t first = static_cast<uint64_t>(c.dst - b.smem);
       for (uint32_t i = 0; i < c.bytes; ++i) --b.shadow[first + i].pending;
-      // The copy writes when it is retired, as this thread, at the wait; reports name the
-      // cp.async that issued it.
+      // The copy has written by the time it is retired: checked again with this thread's
+      // clock at the wait, so a later access must be ordered after the wait; reports name
+      // the cp.async that issued it.
       check_shared(f, c.region, c.dst, c.bytes, kWrite | kNoBankLog, c.line);
     }
     std::memcpy(c.dst, c.data, c.bytes);
@@ -369,6 +405,72 @@ void cp_async_wait(int pending, uint32_t) {
   land_copies(*f, limit);
 }
 
+// ---- ordering between blocks ----
+
+namespace {
+
+// Whether this block wrote all of global bytes [lo, hi).
+bool block_wrote(Block& b, uintptr_t lo, uintptr_t hi) {
+  auto& w = b.global_writes;
+  if (b.writes_merged != w.size()) {
+    std::sort(w.begin(), w.end());
+    size_t n = 0;
+    for (const auto& r : w) {
+      if (n > 0 && r.first <= w[n - 1].second) {
+        w[n - 1].second = std::max(w[n - 1].second, r.second);
+      } else {
+        w[n++] = r;
+      }
+    }
+    w.resize(n);
+    b.writes_merged = n;
+  }
+  auto it = std::upper_bound(w.begin(), w.end(), std::make_pair(lo, UINTPTR_MAX));
+  if (it == w.begin()) return false;
+  --it;
+  return it->first <= lo && hi <= it->second;
+}
+
+}  // namespace
+
+void global_write(const void* addr, uint32_t bytes) {
+  Block& b = *t_fiber->block;
+  const auto a = reinterpret_cast<uintptr_t>(addr);
+  auto& w = b.global_writes;
+  // A thread's consecutive writes often extend the last range (not yet merged).
+  if (w.size() > b.writes_merged && w.back().second == a) {
+    w.back().second = a + bytes;
+    return;
+  }
+  w.emplace_back(a, a + bytes);
+}
+
+void global_read(const Region* r, const void* addr, uint32_t bytes, uint32_t line) {
+  Fiber* f = t_fiber;
+  if (f->relaxed_flag == nullptr) return;
+  Block& b = *f->block;
+  const auto a = reinterpret_cast<uintptr_t>(addr);
+  if (block_wrote(b, a, a + bytes)) return;
+  report(kError,
+         "unordered-flag:" + std::to_string(f->relaxed_flag_line) + ":" + std::to_string(line),
+         "read not ordered after its flag: " + thread_name(b, f->tid) + " read a flag in " +
+             region_name(f->relaxed_flag) + " with a relaxed (volatile) load at " +
+             where(b, f->relaxed_flag_line) + ", then reads " + region_name(r) +
+             " at byte offset " + std::to_string(a - reinterpret_cast<uintptr_t>(r->base)) +
+             " at " + where(b, line) + ", which its block did not write: on a GPU it may see "
+             "data older than the flag. Read the flag with an acquire load (jt.load_acquire) "
+             "or put a fence (jt.fence) between the two reads");
+}
+
+void flag_read(const Region* r, bool acquire, uint32_t line) {
+  if (!g_checks || r->space != kGlobal) return;
+  Fiber* f = t_fiber;
+  f->relaxed_flag = acquire ? nullptr : r;
+  f->relaxed_flag_line = line;
+}
+
+void fence() { t_fiber->relaxed_flag = nullptr; }
+
 // ---- atomics ----
 
 uint32_t atomic_rmw(const Region* r, void* addr, int op, uint32_t value, uint32_t line) {
@@ -377,6 +479,7 @@ uint32_t atomic_rmw(const Region* r, void* addr, int op, uint32_t value, uint32_
     return 0;
   }
   if (!access(r, addr, 4, kAtomic | kWrite | kRead, line)) return 0;
+  if (g_checks && r->space == kGlobal) global_write(addr, 4);
   auto* p = static_cast<uint32_t*>(addr);
   // Blocks run concurrently on CPU threads, so global atomics must be real ones.
   uint32_t old = __atomic_load_n(p, __ATOMIC_RELAXED);
@@ -414,6 +517,7 @@ uint64_t atomic_cas(const Region* r, void* addr, int bytes, uint64_t compare, ui
     return 0;
   }
   if (!access(r, addr, n, kAtomic | kWrite | kRead, line)) return 0;
+  if (g_checks && r->space == kGlobal) global_write(addr, n);
   if (n == 8) {
     __atomic_compare_exchange_n(static_cast<uint64_t*>(addr), &compare, value, false,
                                 __ATOMIC_RELAXED, __ATOMIC_RELAXED);

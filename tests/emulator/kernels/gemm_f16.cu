@@ -72,7 +72,7 @@ JT_KERNEL JT_LAUNCH_BOUNDS(128) void gemm_f16(ptr<const half> A, ptr<const half>
       const int st = next % STAGES;
       load_tile(As + st * A_TILE, Bs + st * B_TILE, A, B, M, N, K, m0, n0, next * BK, tid);
     }
-    jaxtile::cp_async_commit();
+    jaxtile::cp_async_commit();            // MUTATE:refilled
     const ptr<half> as = As + (kt % STAGES) * A_TILE;
     const ptr<half> bs = Bs + (kt % STAGES) * B_TILE;
     #pragma unroll

@@ -48,7 +48,13 @@ class Ref {
   Ref(T* a, const Region* r, uint32_t line) : a_(a), r_(r), line_(line) {}
   operator V() const {
     V v{};
-    if (aligned() && access(r_, a_, sizeof(T), kRead, line_)) memcpy(&v, a_, sizeof(T));
+    if (aligned() && access(r_, a_, sizeof(T), kRead, line_)) {
+      // Only writable global memory (outputs) can hold data other blocks wrote.
+      if constexpr (!std::is_const_v<T>) {
+        if (g_checks && r_->space == kGlobal) global_read(r_, a_, sizeof(T), line_);
+      }
+      memcpy(&v, a_, sizeof(T));
+    }
     return v;
   }
   template <class U>
@@ -56,6 +62,7 @@ class Ref {
     static_assert(!std::is_const_v<T>, "jaxtile: store through a pointer to const");
     const V v = static_cast<V>(u);
     if (aligned() && access(r_, a_, sizeof(T), kWrite, line_)) {
+      if (g_checks && r_->space == kGlobal) global_write(a_, sizeof(T));
       memcpy(const_cast<V*>(a_), &v, sizeof(T));
     }
     return *this;
@@ -343,9 +350,34 @@ T volatile_load(ptr<T> p, uint32_t line = __builtin_LINE()) {
   V v{};
   if (emu::access(p.region(), p.raw(), sizeof(T), emu::kRead, line)) {
     __atomic_load(const_cast<V*>(p.raw()), &v, __ATOMIC_RELAXED);
+    emu::flag_read(p.region(), false, line);
   }
   return v;
 }
+
+// ---- ordering between blocks: acquire loads, release stores, fences (gpu scope) ----
+template <class T>
+T load_acquire(ptr<T> p, uint32_t line = __builtin_LINE()) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "load_acquire reads 4 or 8 bytes");
+  using V = std::remove_const_t<T>;
+  V v{};
+  if (emu::access(p.region(), p.raw(), sizeof(T), emu::kRead, line)) {
+    __atomic_load(const_cast<V*>(p.raw()), &v, __ATOMIC_ACQUIRE);
+    emu::flag_read(p.region(), true, line);
+  }
+  return v;
+}
+template <class T>
+void store_release(ptr<T> p, T value, uint32_t line = __builtin_LINE()) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "store_release writes 4 or 8 bytes");
+  if (emu::access(p.region(), p.raw(), sizeof(T), emu::kWrite, line)) {
+    if (emu::g_checks && p.region()->space == emu::kGlobal) {
+      emu::global_write(p.raw(), sizeof(T));
+    }
+    __atomic_store(p.raw(), &value, __ATOMIC_RELEASE);
+  }
+}
+inline void fence(uint32_t = __builtin_LINE()) { emu::fence(); }
 
 // ---- atomics ----
 inline float atomic_add(ptr<float> p, float v, uint32_t line = __builtin_LINE()) {

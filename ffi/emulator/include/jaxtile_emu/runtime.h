@@ -114,6 +114,16 @@ void cp_async(const Region* dst_r, void* dst, const Region* src_r, const void* s
 void cp_async_commit();
 void cp_async_wait(int pending, uint32_t line);
 
+// Ordering between blocks. A block's global writes are remembered (global_write); a thread
+// whose last flag read (volatile_load, or load_acquire) was relaxed, with no fence since,
+// is ordered after no other block's writes, and its reads of global memory its own block did
+// not write are reported (global_read). An acquire read or a fence clears that state; a
+// barrier spreads it to its participants.
+void global_write(const void* addr, uint32_t bytes);
+void global_read(const Region* r, const void* addr, uint32_t bytes, uint32_t line);
+void flag_read(const Region* r, bool acquire, uint32_t line);
+void fence();
+
 // Atomic read-modify-write of 4 bytes at `addr`; op is one of the AtomicOp values.
 enum AtomicOp : int { kAddF32, kAddI32, kAddU32, kMaxI32, kMinI32, kExchI32 };
 uint32_t atomic_rmw(const Region* r, void* addr, int op, uint32_t value, uint32_t line);

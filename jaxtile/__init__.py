@@ -17,6 +17,7 @@ from jaxtile.compiler.errors import own_code_paths as _own_code_paths
 from jaxtile.compiler.jax_internals import exclude_from_source_lines as _exclude
 from jaxtile.primitives.sharding import ShardRule
 
+from ._stats import KernelStats, stats
 from ._typing import Ref
 from .export import export_checks
 from .kernel import (
@@ -57,6 +58,7 @@ __all__ = [
     "atomic_max", "atomic_min", "backend", "cdiv", "copy", "ds", "empty", "export_checks",
     "fragment", "gather", "gemm", "grid", "interpret_by_default", "kernel", "local", "loop",
     "ops", "pipelined", "scatter", "set_backend", "set_interpret", "shared", "when", "while_",
+    "KernelStats", "stats",
 ]
 
 

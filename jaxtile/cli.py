@@ -1,4 +1,5 @@
-"""The ``jaxtile`` command (also ``python -m jaxtile``): ``doctor``, ``cache``, ``inspect``.
+"""The ``jaxtile`` command (also ``python -m jaxtile``): ``doctor``, ``cache``, ``inspect``,
+``bench``.
 
 Each subcommand is a function of its parsed arguments returning the exit status; errors a
 user can fix (a bad kernel reference, argument spec or duration) are one line on stderr
@@ -114,13 +115,8 @@ def _cache_clear(args: argparse.Namespace) -> int:
 
 
 # --- inspect ---------------------------------------------------------------------------
-def load_kernel(ref: str) -> Any:
-    """The kernel ``path/to/file.py:name`` names (the file is run as a module)."""
-    import jaxtile as jt
-
-    path, sep, name = ref.rpartition(":")
-    if not sep or not path or not name:
-        raise UsageError(f"expected path/to/file.py:kernel_name, got {ref!r}")
+def _load_file(path: str) -> Any:
+    """Run the Python file ``path`` as a module and return it."""
     file = Path(path)
     if not file.is_file():
         raise UsageError(f"{path}: no such file")
@@ -133,7 +129,17 @@ def load_kernel(ref: str) -> Any:
         spec.loader.exec_module(module)
     finally:
         sys.path.pop(0)
-    found = getattr(module, name, None)
+    return module
+
+
+def load_kernel(ref: str) -> Any:
+    """The kernel ``path/to/file.py:name`` names (the file is run as a module)."""
+    import jaxtile as jt
+
+    path, sep, name = ref.rpartition(":")
+    if not sep or not path or not name:
+        raise UsageError(f"expected path/to/file.py:kernel_name, got {ref!r}")
+    found = getattr(_load_file(path), name, None)
     if not isinstance(found, jt.Kernel):
         what = "not defined" if found is None else f"a {type(found).__name__}"
         raise UsageError(f"{path}: {name} is {what}, not a jaxtile kernel (@jt.kernel)")
@@ -219,8 +225,93 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- bench -----------------------------------------------------------------------------
+def load_function(ref: str) -> Any:
+    """The function ``module:name`` or ``path/to/file.py:name`` names."""
+    where, sep, name = ref.rpartition(":")
+    if not sep or not where or not name:
+        raise UsageError(f"--against: expected module:function or file.py:function, got {ref!r}")
+    if where.endswith(".py"):
+        module = _load_file(where)
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ImportError as e:
+            raise UsageError(f"--against: cannot import {where}: {e}") from None
+    found = getattr(module, name, None)
+    if not callable(found):
+        raise UsageError(f"--against: {where} has no function {name}")
+    return found
+
+
+def _random_inputs(specs: Sequence[Any], seed: int) -> list[Any]:
+    import jax
+    import jax.numpy as jnp
+
+    keys = jax.random.split(jax.random.key(seed), max(len(specs), 1))
+    inputs = []
+    for key, spec in zip(keys, specs):
+        if jnp.issubdtype(spec.dtype, jnp.floating):
+            inputs.append(jax.random.normal(key, spec.shape, spec.dtype))
+        elif spec.dtype == jnp.bool_:
+            inputs.append(jax.random.bernoulli(key, 0.5, spec.shape))
+        else:
+            inputs.append(jax.random.randint(key, spec.shape, 0, 16, spec.dtype))
+    return inputs
+
+
+def _median_seconds(fn: Any, inputs: Sequence[Any], runs: int) -> tuple[float, Any]:
+    import jax
+
+    result = jax.block_until_ready(fn(*inputs))  # compile and warm up outside the timing
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*inputs))
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2], result
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import jax
+    import numpy as np
+
+    import jaxtile as jt
+
+    kernel = load_kernel(args.kernel)
+    against = load_function(args.against)
+    specs = [parse_arg(a) for a in args.arg]
+    params = dict(parse_param(p) for p in args.param)
+    if args.runs < 1:
+        raise UsageError("--runs must be at least 1")
+    inputs = _random_inputs(specs, args.seed)
+    try:
+        ours, got = _median_seconds(jax.jit(lambda *xs: kernel(*xs, **params)), inputs,
+                                    args.runs)
+    except jt.KernelError as e:
+        raise UsageError(str(e)) from None
+    theirs, want = _median_seconds(jax.jit(against), inputs, args.runs)
+    got_leaves, want_leaves = jax.tree.leaves(got), jax.tree.leaves(want)
+    if len(got_leaves) != len(want_leaves):
+        raise UsageError(f"the kernel returns {len(got_leaves)} arrays, --against "
+                         f"{len(want_leaves)}")
+    worst, agree = 0.0, True
+    for g, w in zip(got_leaves, want_leaves):
+        g64, w64 = np.asarray(g, np.float64), np.asarray(w, np.float64)
+        if g64.shape != w64.shape:
+            raise UsageError(f"the kernel returns shape {g64.shape}, --against {w64.shape}")
+        tol = 2e-2 if np.dtype(g.dtype).itemsize <= 2 else 1e-4
+        worst = max(worst, float(np.max(np.abs(g64 - w64), initial=0.0)))
+        agree = agree and bool(np.allclose(g64, w64, rtol=tol, atol=tol))
+    print(f"backend {jt.backend()}, median of {args.runs} runs")
+    print(f"{kernel.name:<24} {ours * 1e3:10.3f} ms")
+    print(f"{args.against:<24} {theirs * 1e3:10.3f} ms   ({theirs / ours:.2f}x the kernel's time)")
+    print(f"max |difference| {worst:.3g}: " + ("results agree" if agree else "RESULTS DIFFER"))
+    return 0 if agree else 1
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="jaxtile", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="jaxtile", description="jaxtile: kernels for JAX")
     sub = parser.add_subparsers(dest="command", required=True)
     doctor = sub.add_parser("doctor", help="toolchains, GPU driver, JAX plugins, CPU ISA, "
                             "cache: what is found and what to do where something is missing")
@@ -248,6 +339,20 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--show", action="append", choices=_SHOWS, metavar="WHAT",
                          help=f"one of {', '.join(_SHOWS)} (repeatable; default ir)")
     inspect.set_defaults(run=_inspect)
+
+    bench = sub.add_parser("bench", help="time a kernel against a JAX function on random "
+                           "inputs, and compare their results")
+    bench.add_argument("kernel", help="path/to/file.py:kernel_name")
+    bench.add_argument("--against", required=True, metavar="MODULE:FUNCTION",
+                       help="the function to compare with (module:name or file.py:name), "
+                       "called with the same arrays")
+    bench.add_argument("--arg", action="append", default=[], metavar="DTYPE[DIMS]",
+                       help="an argument's type, in order, e.g. f32[1024,1024]")
+    bench.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                       help="a compile-time parameter of the kernel, e.g. bm=64")
+    bench.add_argument("--runs", type=int, default=20, help="timed runs of each (median)")
+    bench.add_argument("--seed", type=int, default=0, help="of the random inputs")
+    bench.set_defaults(run=_bench)
     return parser
 
 

@@ -23,6 +23,14 @@ _KERNEL_FILE = textwrap.dedent("""
         return out
 
     not_a_kernel = 3
+
+
+    def scale_jnp(x):
+        return x * 2.0
+
+
+    def off_by_one_jnp(x):
+        return x * 2.0 + 1.0
 """)
 
 
@@ -118,6 +126,30 @@ def test_inspect_cuda_shared_memory_and_layouts(kernel_file, capsys):
     assert tile_lines and all("]#" in line for line in tile_lines)
     assert set(tile_lines) <= {line.strip() for line in expected.lowered_ir.splitlines()}
     assert [c.strip() for c in conversions.splitlines()] == (list(expected.conversions) or ["none"])
+
+
+def test_bench_times_and_compares(kernel_file, capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("JAXTILE_CACHE_DIR", str(tmp_path))
+    common = [f"{kernel_file}:cli_scale", "--arg", "f32[64,8]", "--runs", "3"]
+    status, out, _ = _run(capsys, "bench", *common, "--against", f"{kernel_file}:scale_jnp")
+    lines = out.splitlines()
+    assert status == 0 and lines[0] == "backend cpu, median of 3 runs"
+    assert lines[1].startswith("cli_scale") and lines[1].endswith(" ms")
+    assert lines[2].startswith(f"{kernel_file}:scale_jnp") and "x the kernel's time)" in lines[2]
+    assert lines[3] == "max |difference| 0: results agree"
+
+    status, out, _ = _run(capsys, "bench", *common, "--against",
+                          f"{kernel_file}:off_by_one_jnp")
+    assert status == 1 and out.splitlines()[3] == "max |difference| 1: RESULTS DIFFER"
+
+
+def test_bench_errors_name_the_mistake(kernel_file, capsys):
+    common = ["bench", f"{kernel_file}:cli_scale", "--arg", "f32[8]"]
+    status, _, err = _run(capsys, *common, "--against", "jax.numpy:no_such_function")
+    assert status == 2 and err == "jaxtile bench: --against: jax.numpy has no function " \
+        "no_such_function\n"
+    status, _, err = _run(capsys, *common, "--against", "no_such_module_xyz:f")
+    assert status == 2 and "--against: cannot import no_such_module_xyz" in err
 
 
 @pytest.mark.parametrize(("argv", "message"), [

@@ -151,6 +151,10 @@ def _cache() -> Check:
     root = cache.cache_dir()
     if not root.exists():
         return Check("kernel cache", True, f"{root} (not created yet)")
+    if not root.is_dir():
+        return Check("kernel cache", False, f"{root} is not a directory",
+                     "set JAXTILE_CACHE_DIR to a directory (kernels otherwise recompile in "
+                     "every process)")
     if not os.access(root, os.W_OK):
         return Check("kernel cache", False, f"{root} is not writable",
                      "set JAXTILE_CACHE_DIR to a writable directory (kernels otherwise "

@@ -209,6 +209,7 @@ def runtime_library() -> Path:
         cmd = [cxx, *_RUNTIME_FLAGS, *_includes(), f"-I{_tvm_ffi_include()}",
                *map(str, sources), "-shared", f"-Wl,-soname,{out.name}", "-o", str(lib)]
         # About half a minute, once per machine and compiler: say so rather than hang.
+        compile_log.logger.info("building the CUDA emulator runtime %s", out)
         with compile_log.progress("building the CUDA emulator's runtime (once)", after=0):
             _run(cmd, "compiling the emulator runtime")
         os.replace(lib, out)

@@ -1,6 +1,7 @@
 """Long work says so: a progress line on a terminal's stderr, none on a pipe."""
 
 import io
+import logging
 import os
 import pty
 import subprocess
@@ -101,7 +102,7 @@ def test_a_long_compile_shows_progress(fresh_cache, monkeypatch):
     assert terminal.getvalue().startswith("jaxtile: compiling progress_double for cpu... done (")
 
 
-def test_emulator_runtime_build_shows_progress(fresh_cache, monkeypatch):
+def test_emulator_runtime_build_shows_progress(fresh_cache, monkeypatch, caplog):
     def fake_compiler(cmd, what):
         out = cmd[cmd.index("-o") + 1]
         with open(out, "wb") as f:
@@ -109,7 +110,10 @@ def test_emulator_runtime_build_shows_progress(fresh_cache, monkeypatch):
 
     monkeypatch.setattr(emulator_build, "_run", fake_compiler)
     terminal = _terminal(monkeypatch)
+    caplog.set_level(logging.INFO, logger="jaxtile")
     path = emulator_build.runtime_library()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"building the CUDA emulator runtime {path}"]
     assert path.exists() and path.is_relative_to(fresh_cache)
     assert terminal.getvalue().startswith(
         "jaxtile: building the CUDA emulator's runtime (once)... done (")

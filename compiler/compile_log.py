@@ -67,8 +67,8 @@ def snapshot(reset: bool = False) -> dict[str, KernelCounts]:
 def progress(message: str, after: float | None = None) -> Iterator[None]:
     """Around a step that may be long: if it is still running after ``after`` seconds
     (default :data:`PROGRESS_AFTER`; 0 for a step known to be long) and stderr is a
-    terminal, write ``jaxtile: <message>...`` and, when it ends, `` done (N.N s)`` on the
-    same line. Nothing is written otherwise."""
+    terminal, write ``jaxtile: <message>...`` and, when it ends, `` done (N.N s)`` (or
+    `` failed``, if it raised) on the same line. Nothing is written otherwise."""
     stream = sys.stderr
     try:
         interactive = stream.isatty()
@@ -95,11 +95,14 @@ def progress(message: str, after: float | None = None) -> Iterator[None]:
         show()
     else:
         timer.start()
+    finished = False
     try:
         yield
+        finished = True
     finally:
         timer.cancel()
         with guard:
             if shown:
-                stream.write(f" done ({time.perf_counter() - start:.1f} s)\n")
+                outcome = "done" if finished else "failed"
+                stream.write(f" {outcome} ({time.perf_counter() - start:.1f} s)\n")
                 stream.flush()

@@ -117,3 +117,10 @@ def test_emulator_runtime_build_shows_progress(fresh_cache, monkeypatch, caplog)
     assert path.exists() and path.is_relative_to(fresh_cache)
     assert terminal.getvalue().startswith(
         "jaxtile: building the CUDA emulator's runtime (once)... done (")
+
+
+def test_a_failed_step_says_so(monkeypatch):
+    terminal = _terminal(monkeypatch)
+    with pytest.raises(RuntimeError), compile_log.progress("doomed step", after=0):
+        raise RuntimeError("compiler crashed")
+    assert terminal.getvalue().startswith("jaxtile: doomed step... failed (")

@@ -30,11 +30,13 @@ class UsageError(Exception):
 
 
 def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+    if n < 1024:
+        return f"{n:.0f} B"
+    for unit in ("KiB", "MiB"):
         n /= 1024
-    raise AssertionError("unreachable")
+        if n < 1024:
+            return f"{n:.1f} {unit}"
+    return f"{n / 1024:.1f} GiB"
 
 
 def _age(seconds: float) -> str:
@@ -211,8 +213,9 @@ def _inspect(args: argparse.Namespace) -> int:
     kernel = load_kernel(args.kernel)
     specs = [parse_arg(a) for a in args.arg]
     params = dict(parse_param(p) for p in args.param)
-    if args.target == "cpu" and any(s in ("ptxas", "smem", "layouts") for s in args.show):
-        raise UsageError(f"--show {'/'.join(args.show)} needs a CUDA target, "
+    cuda_only = [s for s in args.show if s in ("ptxas", "smem", "layouts")]
+    if cuda_only and not args.target.startswith("cuda:"):
+        raise UsageError(f"--show {'/'.join(cuda_only)} needs a CUDA target, "
                          "e.g. --target cuda:sm_80")
     try:
         lowered = kernel.lower(*specs, target=args.target, **params)

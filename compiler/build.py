@@ -11,10 +11,11 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import cache, from_jaxpr, ir, pipelines, printer, sizes
+from . import cache, compile_log, from_jaxpr, ir, pipelines, printer, sizes
 from . import jax_internals as ji
 from .cuda.compile import CompiledCuda
 from .errors import KernelError
@@ -103,10 +104,26 @@ def build(kernel: ir.Kernel, target: Target, *, emulated: bool = False) -> cache
     if emulated:
         emu = importlib.import_module(_EMULATOR, __package__)
         emu.load_runtime()
-    entry = cache.lookup(key)
+    entry, where = cache.find(key)
     if entry is not None:
+        compile_log.record(kernel.name, where)
+        compile_log.logger.debug("cache hit (%s) for %s on %s", where, kernel.name, target.name)
         return entry
+    on = target.name + (" (emulated)" if emulated else "")
+    compile_log.logger.info("compiling %s for %s", kernel.name, on)
+    start = time.perf_counter()
+    with compile_log.progress(f"compiling {kernel.name} for {on}"):
+        entry = _compile(kernel, target, key, emulated)
+    seconds = time.perf_counter() - start
+    compile_log.record(kernel.name, "compile", seconds)
+    compile_log.logger.info("compiled %s for %s in %.2f s", kernel.name, on, seconds)
+    return entry
+
+
+def _compile(kernel: ir.Kernel, target: Target, key: str, emulated: bool) -> cache.Entry:
+    """A cache miss of :func:`build`: run the target's passes, compile and store."""
     if emulated:
+        emu = importlib.import_module(_EMULATOR, __package__)
         library, symbol = emu.compile_to_library(lowered_ir(kernel, target), target)
         blocks = kernel.num_blocks if sizes.is_static(kernel.grid) else 1
         return cache.store(key, library, symbol, blocks,

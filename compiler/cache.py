@@ -191,15 +191,27 @@ def stats() -> dict[str, int]:
 
 def lookup(key: str) -> Entry | None:
     """The entry for ``key`` from memory or a verified disk entry, else None."""
+    return find(key)[0]
+
+
+def find(key: str) -> tuple[Entry | None, str]:
+    """:func:`lookup`, and where the entry came from: ``"memory"``, ``"disk"`` or
+    ``"miss"`` (for per-kernel statistics)."""
     entry = _memory.get(key)
     if entry is not None:
         _stats["memory_hits"] += 1
-        return entry
+        return entry, "memory"
     entry = _read_entry(cache_dir(), key)
     if entry is not None:
         _memory[key] = entry
     _stats["disk_hits" if entry is not None else "misses"] += 1
-    return entry
+    return entry, "disk" if entry is not None else "miss"
+
+
+def read_entry(root: Path, key: str) -> Entry | None:
+    """The entry for ``key`` under the cache directory ``root`` if its record and artifact
+    pass the checks a lookup makes, else None (for inspecting a cache)."""
+    return _read_entry(root, key)
 
 
 def discard(key: str) -> None:

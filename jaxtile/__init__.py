@@ -18,6 +18,7 @@ from jaxtile.compiler.errors import own_code_paths as _own_code_paths
 from jaxtile.compiler.jax_internals import exclude_from_source_lines as _exclude
 from jaxtile.primitives.sharding import ShardRule
 
+from ._stats import KernelStats, stats
 from ._typing import Ref
 from .export import export_checks
 from .kernel import (
@@ -62,6 +63,7 @@ __all__ = [
     "fence", "fragment", "gather", "gemm", "grid", "interpret_by_default", "kernel",
     "load_acquire", "local", "loop", "ops", "pipelined", "scatter", "set_backend",
     "set_interpret", "shared", "store_release", "when", "while_",
+    "KernelStats", "stats",
 ]
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import compile_log
 from ..cache import cache_dir
 
 
@@ -291,7 +292,10 @@ def runtime_library() -> Path:
         lib = Path(tmp) / out.name
         cmd = [cxx, *_RUNTIME_FLAGS, *_includes(), f"-I{_tvm_ffi_include()}",
                *map(str, sources), "-shared", f"-Wl,-soname,{out.name}", "-o", str(lib)]
-        _run(cmd, "compiling the emulator runtime")
+        # About half a minute, once per machine and compiler: say so rather than hang.
+        compile_log.logger.info("building the CUDA emulator runtime %s", out)
+        with compile_log.progress("building the CUDA emulator's runtime (once)", after=0):
+            _run(cmd, "compiling the emulator runtime")
         os.replace(lib, out)
     return out
 

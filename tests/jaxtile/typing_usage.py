@@ -74,3 +74,6 @@ assert_type(jt.backend(), str)
 jt.set_backend("cpu")
 jt.set_interpret(False)
 assert_type(jt.export_checks(), list[jax.export.DisabledSafetyCheck])
+assert_type(jt.stats(), dict[str, jt.KernelStats])
+for counts in jt.stats(reset=True).values():
+    assert_type(counts.compile_seconds, float)

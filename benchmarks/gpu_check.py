@@ -53,8 +53,10 @@ KERNEL_TESTS = ("tests/jaxtile/test_ops.py", "tests/jaxtile/test_language_attent
 EMULATOR_EXPECTED_FAILURES: dict[str, str] = {}
 """Checks known to fail only in the SIMT emulator (name: why); on a GPU they must pass."""
 
-# The flash-attention forward's (query, key) tiles, in the correctness check and the timing.
-FLASH_TILES = (128, 64)
+# The flash-attention forward's (query, key) tiles, in the correctness check and the timing:
+# 64 x 32 compiles without spills on sm_80 (128-136 registers; 128 x 64 spilled 12-60 bytes,
+# benchmarks/ptxas_attention.py measures both).
+FLASH_TILES = (64, 32)
 
 
 class Clock:

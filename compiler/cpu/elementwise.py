@@ -55,6 +55,8 @@ def _exp(x: Expr, dtype: str) -> Expr:
 
 def _sign(x: Expr, dtype: str) -> Expr:
     one, zero = _const(1, dtype), _const(0, dtype)
+    if dtype.startswith("uint"):  # TVM has no -1 of an unsigned type
+        return tirx.Select(x > zero, one, zero)
     return tirx.Select(x > zero, one, tirx.Select(x < zero, -one, x))
 
 
@@ -153,6 +155,9 @@ def _binary(fn: str, a: Expr, b: Expr, dtype: str) -> Expr:
         return _libm(dtype, "fmod", a, b)
     if fn == "atan2":
         return _libm(dtype, "atan2", a, b)
+    if fn in ("max", "min") and dtype == "bool":
+        # On {false, true} max is or and min is and (TVM's max and min reject bool).
+        return (tirx.Or if fn == "max" else tirx.And)(a, b)
     if fn == "max":
         return vm.maximum(a, b)
     if fn == "min":
@@ -181,7 +186,10 @@ def _expm1(x: Expr, dtype: str, bind: Bind) -> Expr:
 
 def _unary(fn: str, x: Expr, dtype: str, bind: Bind) -> Expr:
     if fn == "neg":
-        return -x
+        # Two's complement for unsigned types: TVM's -x would make a -1, and it simplifies
+        # 0 - x to 0 (no unsigned value is below 0)
+        return tirx.Add(tirx.bitwise_not(x), _const(1, dtype)) if dtype.startswith("uint") \
+            else -x
     if fn == "abs":
         return tirx.abs(x)
     if fn == "sign":

@@ -7,8 +7,8 @@ independent jnp formula computed by XLA. The lowered IR of each kernel must hold
 kind its cases are there to run (so that no case silently stops testing its op). Known holes
 run in kernels of their own, as xfails naming the reason.
 
-The default run takes the CPU with a few dtypes; ``-m slow`` runs every dtype on the CPU
-and in the CUDA emulator (a g++ build per kernel)."""
+The default run takes one dtype per backend (:data:`DEFAULT`); ``-m slow`` runs every dtype
+on the CPU and in the CUDA emulator (a g++ build per kernel)."""
 
 import dataclasses
 import pathlib
@@ -26,8 +26,9 @@ from jaxtile.compiler import op_defs, operations_doc
 SHAPE = (16, 32)
 BACKENDS = {"cpu": "cpu", "cuda-emulator": "cuda:sm_80"}
 DTYPES = sorted(op_defs.DTYPES, key=lambda d: (d.kind, d.itemsize, d.name))
-DEFAULT_CPU = {np.dtype(np.float32)}
-"""The dtypes the default run covers on the CPU (the suite's time budget)."""
+DEFAULT = {("cpu", np.dtype(np.float32)), ("cuda-emulator", np.dtype(np.int32))}
+"""What the default run covers (the suite's time budget): the most operations on the CPU,
+integer arithmetic, atomics and a GEMM through shared memory in the emulator."""
 _TRANSCENDENTAL = op_defs.EXPENSIVE - {"div", "rem"}
 
 
@@ -317,7 +318,7 @@ def _params():
     out = []
     for backend in BACKENDS:
         for dtype in DTYPES:
-            marks = [] if backend == "cpu" and dtype in DEFAULT_CPU else [pytest.mark.slow]
+            marks = [] if (backend, dtype) in DEFAULT else [pytest.mark.slow]
             out.append(pytest.param(backend, dtype, marks=marks,
                                     id=f"{backend}-{dtype.name}"))
     return out

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 from jax import lax
 
-from jaxtile.compiler import ir, op_defs
+from jaxtile.compiler import ir, op_defs, parser
+from jaxtile.compiler.errors import KernelError
+from jaxtile.compiler.target import parse_target
 
 
 def _scalar_op(kind, dtype, n_operands, operand_dtype=None, **attrs):
@@ -92,3 +94,17 @@ def test_dtypes_per_function():
     assert np.dtype(np.uint8) not in ew.accepts("abs")
     assert op_defs.get("copy").accepts() == op_defs.DTYPES
     assert op_defs.get("atomic").accepts("add") == op_defs.ATOMIC_DTYPES
+
+
+def test_a_kind_the_cpu_does_not_lower_is_a_kernel_error():
+    from jaxtile.compiler.cpu import lower as cpu_lower
+
+    kernel = parser.parse_kernel("\n".join([
+        "kernel k(grid=[1], threads=128) blocks(%0):",
+        "  input x: global float32[8]",
+        "  output y: global float32[8]",
+        "  %1: float32[8] = load() {src=x[0:+8]}",
+        "  %2: float32[8] = relayout(%1)  # user.py:3",
+        "  store(%2) {dst=y[0:+8]}"]))
+    with pytest.raises(KernelError, match=r"relayout is not lowered for the CPU.*user.py:3"):
+        cpu_lower.to_tir(kernel, parse_target("cpu"))

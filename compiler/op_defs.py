@@ -2,9 +2,16 @@
 
 An :class:`OpDef` says everything passes need to know about an op without looking at its
 kind: how many operands it takes, its attributes and their types, the rule its result obeys,
-the buffer regions it reads and writes, whether it is pure, and whether it works element by
-element. The verifier checks every op against its definition; DCE, fusion, scratch
-initialisation, coverage (and later barrier insertion and pipelining) ask the definition.
+the buffer regions it reads and writes, whether it is pure, whether it works element by
+element, its layout rule (:data:`LAYOUT_RULES`) and how its scalar result evaluates on
+integers (:func:`evaluate`). The verifier checks every op against its definition; DCE,
+fusion, scratch initialisation, coverage, barrier insertion, layout inference and the scalar
+analyses ask the definition instead of matching kinds. Its fields are keywords
+(``OpDef(kind="fence", arity=(0,), has_result=False, pure=False, per_element=False)``).
+
+Each backend lowers ops through its own :class:`Lowerings` registry (``@lowers("reduce")``);
+``docs/operations.md`` shows which kinds each backend lowers and which dtypes they accept
+(:data:`DTYPES`, ``operations_doc.py``).
 
 =============  =====================================================================
 ``const``      ``value``: a Python scalar broadcast to the result shape
@@ -55,12 +62,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
-from . import sizes
+from . import semantics, sizes
 from .ir import Buffer, Op, Region, Value
 
 UNARY = frozenset({
@@ -87,8 +95,27 @@ ATOMICS = frozenset({"add", "max", "min"})
 ATOMIC_DTYPES = frozenset(np.dtype(d) for d in (np.float32, np.float64, np.int32, np.int64))
 ARG_REDUCTIONS = frozenset({"max", "min"})
 
+FLOATS = frozenset(np.dtype(d) for d in (np.float16, ml_dtypes.bfloat16, np.float32,
+                                          np.float64))
+INTEGERS = frozenset(np.dtype(d) for d in (np.int8, np.int16, np.int32, np.int64, np.uint8,
+                                            np.uint16, np.uint32, np.uint64))
+SIGNED = frozenset(d for d in INTEGERS if np.issubdtype(d, np.signedinteger))
+NUMBERS = FLOATS | INTEGERS
+BOOL = frozenset({np.dtype(np.bool_)})
+DTYPES = NUMBERS | BOOL
+"""Every dtype a kernel's buffers and values may have."""
+_FN_DTYPES: dict[str, frozenset[np.dtype]] = {
+    **dict.fromkeys(UNARY | BINARY, FLOATS),
+    **dict.fromkeys(("add", "sub", "mul", "div", "rem", "neg", "sign", "square"), NUMBERS),
+    **dict.fromkeys(COMPARISONS | {"max", "min"}, DTYPES),
+    **dict.fromkeys(("and", "or", "xor", "not"), INTEGERS | BOOL),
+    "abs": FLOATS | SIGNED,
+}
+"""The operand dtypes each elementwise function takes (as ``lax`` defines them)."""
+
 Buffers = Mapping[str, Buffer]
 Check = Callable[[Op, Buffers], "str | None"]
+Evaluate = Callable[[Op, Sequence[int]], "int | None"]
 
 
 def _is_scalar(v: Any) -> bool:
@@ -118,12 +145,24 @@ ATTR_TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
 """Attribute types: a test and what it expects, for messages."""
 
 
-@dataclasses.dataclass(frozen=True)
+LAYOUT_RULES = frozenset({"same", "broadcast", "transpose", "reduce"})
+"""What an op demands of its operands' and result's thread layouts (GPU layout inference):
+
+``same``        every operand that is not uniform takes the result's layout (an operand
+                broadcast along some dimensions takes it with those dimensions dropped)
+``broadcast``   the operand's layout is the result's with the broadcast dimensions dropped
+``transpose``   the operand's layout is the result's permuted by ``perm``
+``reduce``      the result's layout is the operand's with the reduced ``axes`` dropped
+
+An op with no rule (``None``) leaves its result's layout to the op's own lowering."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class OpDef:
-    """What an op kind is; see the module docstring."""
+    """What an op kind is; see the module docstring. Every field is a keyword."""
 
     kind: str
-    attrs: Mapping[str, str]
+    attrs: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """Attribute name -> type name in :data:`ATTR_TYPES`."""
     arity: tuple[int, ...] | None
     """Allowed numbers of operands (None: one or more)."""
@@ -134,18 +173,41 @@ class OpDef:
     """Result element ``i`` depends only on element ``i`` of each operand (broadcast
     dimensions aside): fusion may recompute it in a consumer that writes where it reads."""
     one_at_a_time: bool = False
-    indexed: bool = False
-    """Its regions may have a dimension whose positions are a 1-D index tile (the start is
-    a Value of shape ``(size,)``): gather and scatter copies."""
     """Each result element can be computed alone from a few operand elements (per-element
     ops and index mappings such as broadcast or transpose, not reductions or scans): what
     fusion may recompute inside a consumer."""
+    indexed: bool = False
+    """Its regions may have a dimension whose positions are a 1-D index tile (the start is
+    a Value of shape ``(size,)``): gather and scatter copies."""
     reads: tuple[str, ...] = ()
     """Region attributes the op reads."""
     writes: tuple[str, ...] = ()
-    """Region attributes the op writes."""
+    """Region attributes the op writes (one both read and written is updated in place:
+    each element is read and then written by the same thread)."""
+    layout: str | None = None
+    """Its layout rule, one of :data:`LAYOUT_RULES` (None: none)."""
+    evaluate: Evaluate | None = None
+    """The integer its scalar result holds, given the integers its operands hold (None
+    where the result is not an integer or the op cannot tell): scalar analyses fold
+    constants through it instead of knowing each kind."""
+    dtypes: frozenset[np.dtype] | Mapping[str, frozenset[np.dtype]] = DTYPES
+    """The dtypes of the values and buffer elements it takes (its operands', else its
+    regions', else its result's), or per function (the ``fn`` attribute): what
+    ``docs/operations.md`` lists and ``tests/compiler/test_operation_matrix.py`` runs."""
     check: Check | None = None
     """Further rules (result shape and dtype, attribute values): returns a message."""
+
+    def accepts(self, fn: str | None = None) -> frozenset[np.dtype]:
+        """The dtypes it takes (with function ``fn``, for kinds that have one)."""
+        return self.dtypes[fn] if isinstance(self.dtypes, Mapping) else self.dtypes
+
+    def __post_init__(self) -> None:
+        if self.layout is not None and self.layout not in LAYOUT_RULES:
+            raise ValueError(f"op {self.kind!r}: layout rule {self.layout!r} is not one of "
+                             f"{sorted(LAYOUT_RULES)}")
+        unknown = set(self.reads + self.writes) - set(self.attrs)
+        if unknown:
+            raise ValueError(f"op {self.kind!r}: regions {sorted(unknown)} are not attributes")
 
     def read_regions(self, op: Op) -> list[Region]:
         return [op.attrs[a] for a in self.reads]
@@ -390,51 +452,129 @@ def _check_gemm(op: Op, bufs: Buffers) -> str | None:
     return None
 
 
+def _as_int(value: int, dtype: np.dtype) -> int | None:
+    """``value`` as integer ``dtype`` holds it (wrapping around), or None for a dtype that
+    is not an integer."""
+    if not np.issubdtype(dtype, np.integer):
+        return None
+    info = np.iinfo(dtype)
+    return (value - int(info.min)) % (int(info.max) - int(info.min) + 1) + int(info.min)
+
+
+def _int_operands(op: Op) -> bool:
+    return all(np.issubdtype(v.dtype, np.integer) for v in op.operands)
+
+
+def _evaluate_const(op: Op, values: Sequence[int]) -> int | None:
+    value = op.attrs["value"]
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None
+    return _as_int(value, op.result.dtype)
+
+
+def _evaluate_convert(op: Op, values: Sequence[int]) -> int | None:
+    return _as_int(values[0], op.result.dtype) if _int_operands(op) else None
+
+
+def _quotient(a: int, b: int, dtype: np.dtype) -> int:
+    """XLA's integer ``a / b``: truncated toward zero; ``x / 0`` as
+    :func:`.semantics.int_div_by_zero` says (``INT_MIN / -1`` wraps to ``INT_MIN``)."""
+    if b == 0:
+        return semantics.int_div_by_zero(dtype)
+    q = abs(a) // abs(b)
+    return q if (a < 0) == (b < 0) else -q
+
+
+_INT_FUNCTIONS: dict[str, Callable[..., int]] = {
+    "add": lambda a, b, t: a + b, "sub": lambda a, b, t: a - b, "mul": lambda a, b, t: a * b,
+    "div": _quotient, "rem": lambda a, b, t: a if b == 0 else a - b * _quotient(a, b, t),
+    "max": lambda a, b, t: max(a, b), "min": lambda a, b, t: min(a, b),
+    "and": lambda a, b, t: a & b, "or": lambda a, b, t: a | b, "xor": lambda a, b, t: a ^ b,
+    "neg": lambda a, t: -a, "abs": lambda a, t: abs(a), "not": lambda a, t: ~a,
+    "sign": lambda a, t: (a > 0) - (a < 0), "square": lambda a, t: a * a,
+}
+"""Integer elementwise functions by name, on Python ints (then wrapped to the dtype)."""
+
+
+def _evaluate_elementwise(op: Op, values: Sequence[int]) -> int | None:
+    fn = _INT_FUNCTIONS.get(op.attrs["fn"])
+    if fn is None or not _int_operands(op):
+        return None
+    return _as_int(fn(*values, op.result.dtype), op.result.dtype)
+
+
 _DEFS = (
-    OpDef("const", {"value": "scalar"}, (0,), True, True, True, True),
-    OpDef("iota", {"dimension": "int"}, (0,), True, True, False, True, check=_check_iota),
-    OpDef("size", {"expr": "size"}, (0,), True, True, True, True, check=_check_size),
-    OpDef("elementwise", {"fn": "elementwise"}, (1, 2), True, True, True, True,
-          check=_check_elementwise),
-    OpDef("convert", {}, (1,), True, True, True, True, check=_check_same_shape),
-    OpDef("broadcast", {"dims": "ints"}, (1,), True, True, False, True,
-          check=_check_broadcast),
-    OpDef("reshape", {}, (1,), True, True, False, True, check=_check_reshape),
-    OpDef("rev", {"dims": "ints"}, (1,), True, True, False, True, check=_check_rev),
-    OpDef("slice", {"start": "ints", "stride": "ints"}, (1,), True, True, False, True,
+    OpDef(kind="const", attrs={"value": "scalar"}, arity=(0,), has_result=True, pure=True,
+          per_element=True, one_at_a_time=True, evaluate=_evaluate_const),
+    OpDef(kind="iota", attrs={"dimension": "int"}, arity=(0,), has_result=True, pure=True,
+          per_element=False, one_at_a_time=True, check=_check_iota,
+          dtypes=NUMBERS),
+    OpDef(kind="size", attrs={"expr": "size"}, arity=(0,), has_result=True, pure=True,
+          per_element=True, one_at_a_time=True, check=_check_size,
+          dtypes=INTEGERS),
+    OpDef(kind="elementwise", attrs={"fn": "elementwise"}, arity=(1, 2), has_result=True,
+          pure=True, per_element=True, one_at_a_time=True, layout="same",
+          evaluate=_evaluate_elementwise, check=_check_elementwise,
+          dtypes=_FN_DTYPES),
+    OpDef(kind="convert", arity=(1,), has_result=True, pure=True, per_element=True,
+          one_at_a_time=True, layout="same", evaluate=_evaluate_convert,
+          check=_check_same_shape),
+    OpDef(kind="broadcast", attrs={"dims": "ints"}, arity=(1,), has_result=True, pure=True,
+          per_element=False, one_at_a_time=True, layout="broadcast", check=_check_broadcast),
+    OpDef(kind="reshape", arity=(1,), has_result=True, pure=True, per_element=False,
+          one_at_a_time=True, check=_check_reshape),
+    OpDef(kind="rev", attrs={"dims": "ints"}, arity=(1,), has_result=True, pure=True,
+          per_element=False, one_at_a_time=True, check=_check_rev),
+    OpDef(kind="slice", attrs={"start": "ints", "stride": "ints"}, arity=(1,),
+          has_result=True, pure=True, per_element=False, one_at_a_time=True,
           check=_check_slice),
-    OpDef("concatenate", {"dimension": "int"}, None, True, True, False, True,
-          check=_check_concatenate),
-    OpDef("transpose", {"perm": "ints"}, (1,), True, True, False, True,
-          check=_check_transpose),
-    OpDef("reduce", {"fn": "reduction", "axes": "ints"}, (1,), True, True, False,
-          check=_check_reduce),
-    OpDef("scan", {"fn": "scan", "axis": "int", "reverse": "bool"}, (1,), True, True, False,
-          check=_check_along_axis),
-    OpDef("argreduce", {"fn": "arg", "axis": "int"}, (1,), True, True, False,
-          check=_check_argreduce),
-    OpDef("sort", {"axis": "int", "num_keys": "int", "take": "int", "descending": "bool",
-                   "total_order": "bool"}, None, True, True, False, check=_check_sort),
-    OpDef("select", {}, (3,), True, True, True, True, check=_check_select),
-    OpDef("load", {"src": "region"}, (0,), True, True, True, True, reads=("src",),
-          check=_check_load),
-    OpDef("store", {"dst": "region"}, (1,), False, False, False, writes=("dst",),
-          check=_check_store),
-    OpDef("copy", {"src": "region", "dst": "region", "pad": "pad"}, (0,), False, False, False,
-          indexed=True, reads=("src",), writes=("dst",), check=_check_copy),
-    OpDef("atomic", {"dst": "region", "fn": "atomic"}, (1,), False, False, False,
-          reads=("dst",), writes=("dst",), check=_check_atomic),
-    OpDef("relayout", {}, (1,), True, True, False, check=_check_relayout),
+    OpDef(kind="concatenate", attrs={"dimension": "int"}, arity=None, has_result=True,
+          pure=True, per_element=False, one_at_a_time=True, check=_check_concatenate),
+    OpDef(kind="transpose", attrs={"perm": "ints"}, arity=(1,), has_result=True, pure=True,
+          per_element=False, one_at_a_time=True, layout="transpose", check=_check_transpose),
+    OpDef(kind="reduce", attrs={"fn": "reduction", "axes": "ints"}, arity=(1,),
+          has_result=True, pure=True, per_element=False, layout="reduce",
+          check=_check_reduce,
+          dtypes={"sum": NUMBERS, "prod": NUMBERS, "max": DTYPES, "min": DTYPES,
+                  "and": INTEGERS | BOOL, "or": INTEGERS | BOOL}),
+    OpDef(kind="scan", attrs={"fn": "scan", "axis": "int", "reverse": "bool"}, arity=(1,),
+          has_result=True, pure=True, per_element=False, check=_check_along_axis,
+          dtypes=dict.fromkeys(SCANS, NUMBERS)),
+    OpDef(kind="argreduce", attrs={"fn": "arg", "axis": "int"}, arity=(1,), has_result=True,
+          pure=True, per_element=False, check=_check_argreduce,
+          dtypes=dict.fromkeys(ARG_REDUCTIONS, DTYPES)),
+    OpDef(kind="sort", attrs={"axis": "int", "num_keys": "int", "take": "int",
+                              "descending": "bool", "total_order": "bool"},
+          arity=None, has_result=True, pure=True, per_element=False, check=_check_sort),
+    OpDef(kind="select", arity=(3,), has_result=True, pure=True, per_element=True,
+          one_at_a_time=True, layout="same", check=_check_select),
+    OpDef(kind="load", attrs={"src": "region"}, arity=(0,), has_result=True, pure=True,
+          per_element=True, one_at_a_time=True, reads=("src",), check=_check_load),
+    OpDef(kind="store", attrs={"dst": "region"}, arity=(1,), has_result=False, pure=False,
+          per_element=False, writes=("dst",), check=_check_store),
+    OpDef(kind="copy", attrs={"src": "region", "dst": "region", "pad": "pad"}, arity=(0,),
+          has_result=False, pure=False, per_element=False, indexed=True, reads=("src",),
+          writes=("dst",), check=_check_copy),
+    OpDef(kind="atomic", attrs={"dst": "region", "fn": "atomic"}, arity=(1,),
+          has_result=False, pure=False, per_element=False, reads=("dst",), writes=("dst",),
+          check=_check_atomic,
+          dtypes=dict.fromkeys(ATOMICS, ATOMIC_DTYPES)),
+    OpDef(kind="relayout", arity=(1,), has_result=True, pure=True, per_element=False,
+          check=_check_relayout),
     # Memory ordering between blocks: never removed, never merged into other ops.
-    OpDef("load_acquire", {"src": "region"}, (0,), True, False, False, reads=("src",),
-          check=_check_flag),
-    OpDef("store_release", {"dst": "region"}, (1,), False, False, False, writes=("dst",),
-          check=_check_flag),
-    OpDef("fence", {}, (0,), False, False, False),
-    OpDef("barrier", {}, (0,), False, False, False),
-    OpDef("gemm", {"a": "region", "b": "region", "c": "region", "transpose_a": "bool",
-                   "transpose_b": "bool"}, (0,), False, False, False,
-          reads=("a", "b", "c"), writes=("c",), check=_check_gemm),
+    OpDef(kind="load_acquire", attrs={"src": "region"}, arity=(0,), has_result=True,
+          pure=False, per_element=False, reads=("src",), check=_check_flag,
+          dtypes=ATOMIC_DTYPES),
+    OpDef(kind="store_release", attrs={"dst": "region"}, arity=(1,), has_result=False,
+          pure=False, per_element=False, writes=("dst",), check=_check_flag,
+          dtypes=ATOMIC_DTYPES),
+    OpDef(kind="fence", arity=(0,), has_result=False, pure=False, per_element=False),
+    OpDef(kind="barrier", arity=(0,), has_result=False, pure=False, per_element=False),
+    OpDef(kind="gemm", attrs={"a": "region", "b": "region", "c": "region",
+                              "transpose_a": "bool", "transpose_b": "bool"},
+          arity=(0,), has_result=False, pure=False, per_element=False,
+          reads=("a", "b", "c"), writes=("c",), check=_check_gemm,
+          dtypes=NUMBERS),
 )
 OPS: Mapping[str, OpDef] = {d.kind: d for d in _DEFS}
 
@@ -456,3 +596,44 @@ def writes(op: Op) -> list[Region]:
 
 def is_pure(op: Op) -> bool:
     return OPS[op.kind].pure
+
+
+def evaluate(op: Op, values: Sequence[int]) -> int | None:
+    """The integer ``op``'s scalar result holds when its operands hold ``values``, or None
+    where that is not an integer or the op's definition cannot tell (see
+    :attr:`OpDef.evaluate`)."""
+    d = OPS[op.kind]
+    if d.evaluate is None or op.result is None or op.result.shape != ():
+        return None
+    return d.evaluate(op, values)
+
+
+class Lowerings:
+    """One backend's lowering functions, by op kind. A backend makes one and registers
+    with it as a decorator, ``@lowers("reduce")`` (several kinds may share a function), or
+    from a table; a kind with no entry is one the backend does not lower, which
+    ``docs/operations.md`` lists (``operations_doc.py`` reads :meth:`kinds`)."""
+
+    def __init__(self, backend: str, table: Mapping[str, Callable[..., Any]] | None = None):
+        self.backend = backend
+        self._by_kind: dict[str, Callable[..., Any]] = {}
+        for kind, fn in (table or {}).items():
+            self(kind)(fn)
+
+    def __call__(self, *kinds: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            for kind in kinds:
+                if kind not in OPS:
+                    raise ValueError(f"{self.backend}: lowering for unknown op kind {kind!r}")
+                if kind in self._by_kind:
+                    raise ValueError(f"{self.backend}: op kind {kind!r} is lowered twice")
+                self._by_kind[kind] = fn
+            return fn
+        return register
+
+    def get(self, kind: str) -> Callable[..., Any] | None:
+        """The function lowering ``kind``, or None if this backend does not lower it."""
+        return self._by_kind.get(kind)
+
+    def kinds(self) -> frozenset[str]:
+        return frozenset(self._by_kind)

@@ -72,7 +72,10 @@ def reduce_identity(fn: str, dtype: np.dtype) -> bool | int | float:
     if fn in ("sum", "or"):
         return False if dtype == np.bool_ else 0
     if fn in ("prod", "and"):
-        return True if dtype == np.bool_ else (1 if fn == "prod" else -1)
+        if dtype == np.bool_:
+            return True
+        # "and" starts from all ones: -1, or the maximum of an unsigned type
+        return 1 if fn == "prod" else int(np.iinfo(dtype).max) if dtype.kind == "u" else -1
     if dtype == np.bool_:
         return fn == "min"
     if np.issubdtype(dtype, np.integer):

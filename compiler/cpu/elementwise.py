@@ -55,6 +55,8 @@ def _exp(x: Expr, dtype: str) -> Expr:
 
 def _sign(x: Expr, dtype: str) -> Expr:
     one, zero = _const(1, dtype), _const(0, dtype)
+    if dtype.startswith("uint"):  # TVM has no -1 of an unsigned type
+        return tirx.Select(x > zero, one, zero)
     return tirx.Select(x > zero, one, tirx.Select(x < zero, -one, x))
 
 
@@ -192,7 +194,10 @@ def _expm1(x: Expr, dtype: str, bind: Bind) -> Expr:
 
 def _unary(fn: str, x: Expr, dtype: str, bind: Bind) -> Expr:
     if fn == "neg":
-        return -x
+        # Two's complement for unsigned types: TVM's -x would make a -1, and it simplifies
+        # 0 - x to 0 (no unsigned value is below 0)
+        return tirx.Add(tirx.bitwise_not(x), _const(1, dtype)) if dtype.startswith("uint") \
+            else -x
     if fn == "abs":
         return tirx.abs(x)
     if fn == "sign":

@@ -23,7 +23,7 @@ from tvm import tirx
 from tvm.ir import Expr
 
 from .. import cpu_abi as abi
-from .. import ir, sizes
+from .. import ir, op_defs, sizes
 from ..errors import kernel_error
 from ..passes.liveness import live_intervals, share_storage
 from ..target import Target
@@ -47,6 +47,19 @@ MAX_SCRATCH_BYTES = 1 << 30
 """Scratch memory (on-chip buffers, tile values, temporaries) one call of a CPU kernel may
 use, per thread it runs on; a kernel that needs more is rejected when it is compiled."""
 
+STATEMENTS = lowers = op_defs.Lowerings("cpu", {
+    "reduce": lower_reduce, "scan": lower_scan, "atomic": lower_atomic,
+    "argreduce": lower_argreduce, "sort": lower_sort,
+    # Memory ordering between blocks (atomics.py).
+    "load_acquire": lower_load_acquire, "store_release": lower_store_release,
+    "fence": lower_fence,
+})
+"""Ops lowered as statements of their own: ``f(lowering, op)`` emits the op's loops."""
+ELEMENTS = element = op_defs.Lowerings("cpu")
+"""Ops whose result is computed element by element: ``f(lowering, op, idx)`` is the
+result's element at tile index ``idx``, a TIR expression; the lowering puts it in a loop
+nest over the result (or inlines it into a consumer, as fusion decided)."""
+
 _BINDS_OPERANDS = frozenset({"exp", "exp2", "expm1", "logistic", "tanh", "erfc", "round_away",
                              "sign"})
 
@@ -54,11 +67,6 @@ _BINDS_OPERANDS = frozenset({"exp", "exp2", "expm1", "logistic", "tanh", "erfc",
 def symbol_name(kernel: ir.Kernel) -> str:
     """The C-safe function name the kernel is compiled under."""
     return "jt_" + re.sub(r"\W", "_", kernel.name)
-
-
-_ORDERING = {"load_acquire": lower_load_acquire, "store_release": lower_store_release,
-             "fence": lower_fence}
-"""Memory ordering between blocks (atomics.py)."""
 
 
 class _Lowering:
@@ -193,77 +201,8 @@ class _Lowering:
         return coords
 
     def expr(self, op: ir.Op, idx: Sequence[Expr]) -> Expr:
-        """The value of ``op``'s result at tile index ``idx``."""
-        res = op.result
-        out = ew.tvm_dtype(res.dtype)
-        kind = op.kind
-        if kind == "const":
-            return tirx.const(op.attrs["value"], out)
-        if kind == "iota":
-            return tirx.Cast(out, idx[op.attrs["dimension"]])
-        if kind == "size":
-            return tirx.Cast(out, self.size(op.attrs["expr"]))
-        if kind == "elementwise":
-            args = [self.at(v, _operand_index(v, idx)) for v in op.operands]
-            in_dtype = ew.tvm_dtype(op.operands[0].dtype)
-            if op.attrs["fn"] in _BINDS_OPERANDS and any(map(tir_emit.involves_bfloat16, args)):
-                # These expand into TIR Let expressions, which TVM miscompiles when the
-                # bound value involves bfloat16: compute in float32 from operands bound
-                # through a store (KernelBuilder.let).
-                args = [self.kb.let(self.name("h"), tirx.Cast("float32", a)) for a in args]
-                in_dtype = "float32"
-            return ew.elementwise(op.attrs["fn"], args, in_dtype, out, self.bind)
-        if kind == "convert":
-            src = op.operands[0]
-            return ew.convert(self.at(src, idx), ew.tvm_dtype(src.dtype), out, self.bind)
-        if kind == "select":
-            pred, on_false, on_true = (self.at(v, _operand_index(v, idx)) for v in op.operands)
-            return tirx.Select(pred, on_true, on_false)
-        if kind == "broadcast":
-            src = op.operands[0]
-            sub = [idx[d] if n == res.shape[d] else tirx.const(0, "int32")
-                   for d, n in zip(op.attrs["dims"], src.shape)]
-            return self.at(src, sub)
-        if kind == "transpose":
-            sub = [None] * len(idx)
-            for i, p in enumerate(op.attrs["perm"]):
-                sub[p] = idx[i]
-            return self.at(op.operands[0], sub)
-        if kind == "reshape":
-            return self.at(op.operands[0], _reindex(idx, res.shape, op.operands[0].shape))
-        if kind == "rev":
-            dims = op.attrs["dims"]
-            return self.at(op.operands[0], [n - 1 - e if d in dims else e
-                                            for d, (n, e) in enumerate(zip(res.shape, idx))])
-        if kind == "slice":
-            return self.at(op.operands[0], [s + e * t for s, t, e in zip(
-                op.attrs["start"], op.attrs["stride"], idx)])
-        if kind == "concatenate":
-            return self.concatenated(op, idx)
-        if kind == "load":
-            src = op.attrs["src"]
-            if src.buffer in self.forwards:
-                return forwarding.load(self, self.forwards[src.buffer], idx)
-            coords = self.element(src, idx, clamp=True)
-            if self.while_depth and res.shape == () and src.buffer in self.written_globals:
-                return polled_load(self.bufs[src.buffer], coords)
-            return self.bufs[src.buffer][tuple(coords)]
-        raise NotImplementedError(kind)
-
-    def concatenated(self, op: ir.Op, idx: Sequence[Expr]) -> Expr:
-        """Element ``idx`` of a concatenation: every operand is read at an index clamped
-        into it (so no read leaves its array), and the one that holds ``idx`` selected."""
-        d = op.attrs["dimension"]
-        value, offset = None, 0
-        for v in op.operands:
-            n = v.shape[d]
-            at = list(idx)
-            at[d] = tirx.max(tirx.min(idx[d] - offset, tirx.const(n - 1, "int32")),
-                             tirx.const(0, "int32"))
-            x = self.at(v, at)
-            value = x if value is None else tirx.Select(idx[d] < offset, value, x)
-            offset += n
-        return value
+        """The value of ``op``'s result at tile index ``idx`` (see :data:`ELEMENTS`)."""
+        return ELEMENTS.get(op.kind)(self, op, idx)
 
     # --- statements -------------------------------------------------------
     @contextlib.contextmanager
@@ -364,26 +303,14 @@ class _Lowering:
         return tirx.const(s, "int32") if isinstance(s, int) else self.scalars[s.id]
 
     def op(self, op: ir.Op) -> None:
+        statement = STATEMENTS.get(op.kind)
         if op.notes.get("inline"):
             self.inline[op.result.id] = op
-        elif op.kind == "store":
-            self.store(op)
-        elif op.kind == "copy":
-            self.copy(op)
-        elif op.kind == "gemm":
-            self.gemm(op)
-        elif op.kind == "reduce":
-            self.reduce(op)
-        elif op.kind == "scan":
-            lower_scan(self, op)
-        elif op.kind == "atomic":
-            lower_atomic(self, op)
-        elif op.kind in _ORDERING:
-            _ORDERING[op.kind](self, op)
-        elif op.kind == "argreduce":
-            lower_argreduce(self, op)
-        elif op.kind == "sort":
-            lower_sort(self, op)
+        elif statement is not None:
+            statement(self, op)
+        elif ELEMENTS.get(op.kind) is None:
+            raise kernel_error(self.kernel.name, f"{op.kind} is not lowered for the CPU",
+                               op.line)
         elif op.result.shape == ():
             value = self.expr(op, ())
             self.scalars[op.result.id] = (value if op.kind == "const"
@@ -393,6 +320,7 @@ class _Lowering:
             with self.value_nest(op.result.shape) as idx:
                 self.kb.store(arr, self.array_index(arr, idx), self.expr(op, idx))
 
+    @lowers("store")
     def store(self, op: ir.Op) -> None:
         value, dst = op.operands[0], op.attrs["dst"]
         buf = self.bufs[dst.buffer]
@@ -427,11 +355,9 @@ class _Lowering:
             self.kb.store(dst, self.element(region, idx, clamp=True),
                           self.bufs[name][tuple(idx)])
 
+    @lowers("gemm")
     def gemm(self, op: ir.Op) -> None:
         lower_gemm(self, op, lanes=self.target.caps.vector_bits // 32)
-
-    def reduce(self, op: ir.Op) -> None:
-        lower_reduce(self, op)
 
     def run(self) -> tirx.PrimFunc:
         grouping = block_groups.plan(self.kernel)
@@ -449,6 +375,7 @@ class _Lowering:
             self.body(self.kernel.body)
         return self.kb.finish()
 
+    @lowers("copy")
     def copy(self, op: ir.Op) -> None:
         self._shared.copy(self, op)
 
@@ -523,6 +450,110 @@ class _Lowering:
         self._statements(forwarded)
         self._row = None
         self.forwards = {}
+
+
+@element("const")
+def _const(lw: _Lowering, op: ir.Op, idx: Sequence[Expr]) -> Expr:
+    return tirx.const(op.attrs["value"], ew.tvm_dtype(op.result.dtype))
+
+
+@element("iota")
+def _iota(lw: _Lowering, op: ir.Op, idx: Sequence[Expr]) -> Expr:
+    return tirx.Cast(ew.tvm_dtype(op.result.dtype), idx[op.attrs["dimension"]])
+
+
+@element("size")
+def _size(lw: _Lowering, op: ir.Op, idx: Sequence[Expr]) -> Expr:
+    return tirx.Cast(ew.tvm_dtype(op.result.dtype), lw.size(op.attrs["expr"]))
+
+
+@element("elementwise")
+def _elementwise(lw: _Lowering, op: ir.Op, idx: Sequence[Expr]) -> Expr:
+    args = [lw.at(v, _operand_index(v, idx)) for v in op.operands]
+    in_dtype = ew.tvm_dtype(op.operands[0].dtype)
+    if op.attrs["fn"] in _BINDS_OPERANDS and any(map(tir_emit.involves_bfloat16, args)):
+        # These expand into TIR Let expressions, which TVM miscompiles when the bound value
+        # involves bfloat16: compute in float32 from operands bound through a store
+        # (KernelBuilder.let).
+        args = [lw.kb.let(lw.name("h"), tirx.Cast("float32", a)) for a in args]
+        in_dtype = "float32"
+    return ew.elementwise(op.attrs["fn"], args, in_dtype, ew.tvm_dtype(op.result.dtype),
+                          lw.bind)
+
+
+@element("convert")
+def _convert(lw: _Lowering, op: ir.Op, idx: Sequence[Expr]) -> Expr:
+    src = op.operands[0]
+    return ew.convert(lw.at(src, idx), ew.tvm_dtype(src.dtype), ew.tvm_dtype(op.result.dtype),
+                      lw.bind)
+
+
+@element("select")
+def _select(lw: _Lowering, op: ir.Op, idx: Sequence[Expr]) -> Expr:
+    pred, on_false, on_true = (lw.at(v, _operand_index(v, idx)) for v in op.operands)
+    return tirx.Select(pred, on_true, on_false)
+
+
+@element("broadcast")
+def _broadcast(lw: _Lowering, op: ir.Op, idx: Sequence[Expr]) -> Expr:
+    src = op.operands[0]
+    sub = [idx[d] if n == op.result.shape[d] else tirx.const(0, "int32")
+           for d, n in zip(op.attrs["dims"], src.shape)]
+    return lw.at(src, sub)
+
+
+@element("transpose")
+def _transpose(lw: _Lowering, op: ir.Op, idx: Sequence[Expr]) -> Expr:
+    sub = [None] * len(idx)
+    for i, p in enumerate(op.attrs["perm"]):
+        sub[p] = idx[i]
+    return lw.at(op.operands[0], sub)
+
+
+@element("reshape")
+def _reshape(lw: _Lowering, op: ir.Op, idx: Sequence[Expr]) -> Expr:
+    return lw.at(op.operands[0], _reindex(idx, op.result.shape, op.operands[0].shape))
+
+
+@element("rev")
+def _rev(lw: _Lowering, op: ir.Op, idx: Sequence[Expr]) -> Expr:
+    dims = op.attrs["dims"]
+    return lw.at(op.operands[0], [n - 1 - e if d in dims else e
+                                  for d, (n, e) in enumerate(zip(op.result.shape, idx))])
+
+
+@element("slice")
+def _slice(lw: _Lowering, op: ir.Op, idx: Sequence[Expr]) -> Expr:
+    return lw.at(op.operands[0], [s + e * t for s, t, e in zip(
+        op.attrs["start"], op.attrs["stride"], idx)])
+
+
+@element("concatenate")
+def _concatenate(lw: _Lowering, op: ir.Op, idx: Sequence[Expr]) -> Expr:
+    """Every operand is read at an index clamped into it (so no read leaves its array),
+    and the one that holds ``idx`` selected."""
+    d = op.attrs["dimension"]
+    value, offset = None, 0
+    for v in op.operands:
+        n = v.shape[d]
+        at = list(idx)
+        at[d] = tirx.max(tirx.min(idx[d] - offset, tirx.const(n - 1, "int32")),
+                         tirx.const(0, "int32"))
+        x = lw.at(v, at)
+        value = x if value is None else tirx.Select(idx[d] < offset, value, x)
+        offset += n
+    return value
+
+
+@element("load")
+def _load(lw: _Lowering, op: ir.Op, idx: Sequence[Expr]) -> Expr:
+    src = op.attrs["src"]
+    if src.buffer in lw.forwards:
+        return forwarding.load(lw, lw.forwards[src.buffer], idx)
+    coords = lw.element(src, idx, clamp=True)
+    if lw.while_depth and op.result.shape == () and src.buffer in lw.written_globals:
+        return polled_load(lw.bufs[src.buffer], coords)
+    return lw.bufs[src.buffer][tuple(coords)]
 
 
 def _is_one(v: int | Expr) -> bool:

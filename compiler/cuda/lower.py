@@ -13,8 +13,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Callable
 
-from .. import ir, sizes
+from .. import ir, op_defs, sizes
 from ..errors import KernelError
 from ..target import Target
 from . import types as T
@@ -79,12 +80,14 @@ _LOWER = {
     "select": lower_pointwise, "broadcast": lower_broadcast, "iota": lower_iota,
     "transpose": lower_transpose, "load": lower_load, "store": lower_store,
     "copy": lower_copy, "atomic": lower_atomic, "reduce": lower_reduce,
-    "relayout": lower_staged, "reshape": lower_staged, "rev": lower_staged,
+    "reshape": lower_staged, "rev": lower_staged,
     "slice": lower_staged, "concatenate": lower_staged, "scan": lower_scan,
     "argreduce": lower_argreduce, "size": lower_size, "sort": lower_sort,
     "load_acquire": lower_load_acquire, "store_release": lower_store_release,
     "fence": lower_fence,
 }
+"""Lowerings that only write through the context (``f(cx, op)``), each after the op's comment;
+:data:`LOWERINGS` holds them and the others."""
 
 
 def _describe(op: ir.Op) -> str:
@@ -168,26 +171,17 @@ class _Lowering:
         cx.current_op = None
 
     def _op(self, op: ir.Op) -> None:
-        cx = self.cx
-        if op.kind == "barrier":
-            cx.w(f"sync_threads();  // {op.notes.get('reason', 'shared-memory hazard')}")
-            return
-        if op.kind == "gemm":
-            cx.w(f"// {source_line(op.line)}: {_describe(op)}")
-            lower_gemm(cx, op, self.target)
-            return
-        lower = _LOWER.get(op.kind)
+        lower = LOWERINGS.get(op.kind)
         if lower is None:
             raise KernelError(f"{op.kind} is not lowered for CUDA yet "
                               f"(at {source_line(op.line)})")
-        if op.kind == "relayout":
-            src = op.operands[0]
-            self.conversions.append(f"{source_line(op.line)}: {src.dtype.name}"
-                                    f"{list(src.shape)} {cx.layout(src).text()} -> "
-                                    f"{op.notes['layout'].text()}")
-        if op.result is None or op.result.id not in cx.uniform:
-            cx.w(f"// {source_line(op.line)}: {_describe(op)}")
-        lower(cx, op)
+        lower(self, op)
+
+    def comment(self, op: ir.Op) -> None:
+        """A comment naming the op and its source line (not for uniform values, which are
+        plain scalar declarations)."""
+        if op.result is None or op.result.id not in self.cx.uniform:
+            self.cx.w(f"// {source_line(op.line)}: {_describe(op)}")
 
     def _has_gemm(self) -> bool:
         return any(isinstance(s, ir.Op) and s.kind == "gemm" for s in ir.walk(self.kernel.body))
@@ -247,6 +241,38 @@ class _Lowering:
                 continue
             body.append(line)
         return decls, body, plan
+
+
+def _commented(lower: Callable[[Context, ir.Op], None]) -> Callable[[_Lowering, ir.Op], None]:
+    """A lowering that writes to the context, after the op's comment."""
+    def lower_commented(lw: _Lowering, op: ir.Op) -> None:
+        lw.comment(op)
+        lower(lw.cx, op)
+    return lower_commented
+
+
+LOWERINGS = lowers = op_defs.Lowerings("cuda", {k: _commented(f) for k, f in _LOWER.items()})
+"""The CUDA lowering of each op kind: ``f(lowering, op)`` writes the op's code."""
+
+
+@lowers("barrier")
+def _barrier(lw: _Lowering, op: ir.Op) -> None:
+    lw.cx.w(f"sync_threads();  // {op.notes.get('reason', 'shared-memory hazard')}")
+
+
+@lowers("gemm")
+def _gemm(lw: _Lowering, op: ir.Op) -> None:
+    lw.comment(op)
+    lower_gemm(lw.cx, op, lw.target)
+
+
+@lowers("relayout")
+def _relayout(lw: _Lowering, op: ir.Op) -> None:
+    src = op.operands[0]
+    lw.conversions.append(f"{source_line(op.line)}: {src.dtype.name}{list(src.shape)} "
+                          f"{lw.cx.layout(src).text()} -> {op.notes['layout'].text()}")
+    lw.comment(op)
+    lower_staged(lw.cx, op)
 
 
 _SIZES = {"float": 4, "double": 8, "half": 2, "bf16": 2, "bool": 1, "int8_t": 1,

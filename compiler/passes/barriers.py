@@ -45,7 +45,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from .. import ir
+from .. import ir, op_defs
 from ..cuda.async_pipeline import PipelineShape, pipeline_shape
 from ..cuda.copies import copy_layout
 from ..cuda.layout import Layout, blocked
@@ -88,14 +88,17 @@ class _Walker:
         return self._accesses[id(op)]
 
     def _make_accesses(self, op: ir.Op) -> list[_Access]:
+        """One access per region the op's definition says it reads or writes; a region it
+        reads and writes (an atomic's, a GEMM's accumulator) is read by the threads that
+        write it."""
+        d = op_defs.get(op.kind)
         out = []
-        shared = {a: r for a, r in op.attrs.items()
-                  if isinstance(r, ir.Region) and self.bufs[r.buffer].scope in _SCOPES}
-        for attr, region in shared.items():
-            write = attr in ("dst", "c") if op.kind in ("copy", "gemm", "atomic") else \
-                op.kind == "store"
+        for attr, region in op.attrs.items():
+            if not isinstance(region, ir.Region) or self.bufs[region.buffer].scope not in _SCOPES:
+                continue
+            write = attr in d.writes
             out.append(_Access(region.buffer, write, region, self._owners(op, attr, write)))
-            if op.kind == "atomic":
+            if write and attr in d.reads:
                 out.append(_Access(region.buffer, False, region, out[-1].owners))
         return out
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import warnings
 
-from .. import ir
+from .. import ir, op_defs
 from ..errors import ClampedIndexWarning
 
 _Range = tuple[int, int]
@@ -66,9 +66,10 @@ def _ranges(kernel: ir.Kernel) -> dict[int, _Range]:
 
 def _scalar_range(op: ir.Op, known: dict[int, _Range]) -> _Range | None:
     ops = [known.get(v.id) for v in op.operands]
-    if op.kind == "const":
-        value = op.attrs.get("value")
-        return (value, value) if isinstance(value, int) else None
+    points = [r[0] for r in ops if r is not None and r[0] == r[1]]
+    value = op_defs.evaluate(op, points) if len(points) == len(ops) else None
+    if value is not None:
+        return value, value
     if op.kind == "convert" and ops and ops[0] is not None:
         return ops[0] if op.result.dtype.kind in "iu" else None
     if op.kind == "elementwise" and len(ops) == 2 and None not in ops:

@@ -23,8 +23,10 @@ def _affine_defs(kernel: ir.Kernel) -> dict[int, _Affine]:
         if not isinstance(stmt, ir.Op) or stmt.result is None or stmt.result.shape != ():
             continue
         res, ops = stmt.result, [known.get(v.id) for v in stmt.operands]
-        if stmt.kind == "const" and isinstance(stmt.attrs["value"], int):
-            known[res.id] = (-1, 0, stmt.attrs["value"])
+        consts = [o[2] for o in ops if o is not None and o[0] == -1]
+        value = op_defs.evaluate(stmt, consts) if len(consts) == len(ops) else None
+        if value is not None:
+            known[res.id] = (-1, 0, value)
         elif stmt.kind == "convert" and ops[0] is not None:
             known[res.id] = ops[0]
         elif stmt.kind == "elementwise" and None not in ops and len(ops) == 2:

@@ -40,14 +40,18 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from .. import ir
+from .. import ir, op_defs
 from ..cuda import layout as L
 from ..errors import KernelError
 
 Anchors = Callable[[ir.Kernel], Mapping[str, L.Layout]]
 """Strict layouts of fragment buffers (by name), e.g. GEMM accumulators."""
 
-_GROUP = frozenset({"elementwise", "select", "convert"})
+
+
+def _layout_rule(op: ir.Op) -> str | None:
+    """The op's layout rule (:data:`.op_defs.LAYOUT_RULES`)."""
+    return op_defs.get(op.kind).layout
 
 
 def uniform_values(kernel: ir.Kernel) -> set[int]:
@@ -60,7 +64,8 @@ def uniform_values(kernel: ir.Kernel) -> set[int]:
         res = stmt.result
         if res.shape == () or stmt.kind == "const":
             out.add(res.id)
-        elif stmt.kind in _GROUP | {"broadcast"} and all(v.id in out for v in stmt.operands):
+        elif (_layout_rule(stmt) in ("same", "broadcast")
+              and all(v.id in out for v in stmt.operands)):
             out.add(res.id)
     return out
 
@@ -102,8 +107,8 @@ class _State:
                 changed |= self._rule(op)
 
     def _rule(self, op: ir.Op) -> bool:
-        k, res = op.kind, op.result
-        if k in _GROUP and res.id not in self.uniform:
+        k, rule, res = op.kind, _layout_rule(op), op.result
+        if rule == "same" and res.id not in self.uniform:
             full = [v for v in (*op.operands, res) if v.id not in self.uniform
                     and v.shape == res.shape]
             known = next((self.value[v.id] for v in full if v.id in self.value), None)
@@ -115,14 +120,14 @@ class _State:
                     changed |= self.set_value(v, known.drop(_expanded(v.shape, res.shape),
                                                             keepdims=True))
             return changed
-        if k == "broadcast" and res.id in self.value:
+        if rule == "broadcast" and res.id in self.value:
             src = op.operands[0]
             if self.open(src):
                 return self.set_value(src, _broadcast_operand(self.value[res.id], op))
             return False
-        if k == "reduce" and op.operands[0].id in self.value:
+        if rule == "reduce" and op.operands[0].id in self.value:
             return self.set_value(res, self.value[op.operands[0].id].drop(op.attrs["axes"]))
-        if k == "transpose":
+        if rule == "transpose":
             perm = op.attrs["perm"]
             src = op.operands[0]
             if src.id in self.value:
@@ -219,7 +224,8 @@ def _demands(st: _State, op: ir.Op) -> list[tuple[int, L.Layout]]:
     """(operand index, layout it must have) for an op, given the result's layout."""
     res = op.result
     out: list[tuple[int, L.Layout]] = []
-    if op.kind in _GROUP and res.id not in st.uniform:
+    rule = _layout_rule(op)
+    if rule == "same" and res.id not in st.uniform:
         lay = st.value[res.id]
         for i, v in enumerate(op.operands):
             if v.id in st.uniform:
@@ -227,10 +233,10 @@ def _demands(st: _State, op: ir.Op) -> list[tuple[int, L.Layout]]:
             want = lay if v.shape == res.shape else lay.drop(_expanded(v.shape, res.shape),
                                                               keepdims=True)
             out.append((i, want))
-    elif (op.kind == "broadcast" and res.id not in st.uniform
+    elif (rule == "broadcast" and res.id not in st.uniform
           and op.operands[0].id not in st.uniform):
         out.append((0, _broadcast_operand(st.value[res.id], op)))
-    elif op.kind == "transpose":
+    elif rule == "transpose":
         out.append((0, st.value[res.id].permute(np.argsort(op.attrs["perm"]))))
     elif op.kind == "store":
         region, v = op.attrs["dst"], op.operands[0]
@@ -246,7 +252,7 @@ def _demands(st: _State, op: ir.Op) -> list[tuple[int, L.Layout]]:
 def _natural(st: _State, op: ir.Op) -> L.Layout | None:
     """The layout an op produces by itself, where it has one: a reduction's and a
     whole-fragment load's."""
-    if op.kind == "reduce":
+    if _layout_rule(op) == "reduce":
         return st.value[op.operands[0].id].drop(op.attrs["axes"])
     if op.kind == "load":
         buf = st.frag(op.attrs["src"])

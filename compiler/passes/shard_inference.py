@@ -59,16 +59,22 @@ def _affine_values(kernel: ir.Kernel) -> dict[int, _Affine]:
         if not isinstance(stmt, ir.Op) or stmt.result is None or stmt.result.shape != ():
             continue
         ops = [known.get(v.id) for v in stmt.operands]
-        value = None
-        if stmt.kind == "const" and isinstance(stmt.attrs.get("value"), int):
-            value = (-1, 0, stmt.attrs["value"])
-        elif stmt.kind == "convert" and ops and ops[0] is not None:
+        value = _constant(stmt, ops)
+        if value is None and stmt.kind == "convert" and ops and ops[0] is not None:
             value = ops[0]
-        elif stmt.kind == "elementwise" and len(ops) == 2 and None not in ops:
+        elif value is None and stmt.kind == "elementwise" and len(ops) == 2 and None not in ops:
             value = _combine(stmt.attrs.get("fn"), ops[0], ops[1])
         if value is not None:
             known[stmt.result.id] = value
     return known
+
+
+def _constant(op: ir.Op, operands: list[_Affine | None]) -> _Affine | None:
+    """The op's result as a constant, where its definition evaluates it from constant
+    operands."""
+    consts = [o[2] for o in operands if o is not None and o[0] == -1]
+    value = op_defs.evaluate(op, consts) if len(consts) == len(operands) else None
+    return None if value is None else (-1, 0, value)
 
 
 def _combine(fn: str | None, x: _Affine, y: _Affine) -> _Affine | None:

@@ -150,6 +150,23 @@ def test_coverage_rejects_a_grid_that_misses_part_of_an_output():
     _check(check_output_coverage, covered, covered)
 
 
+def test_coverage_folds_constants_through_the_op_definitions():
+    # the block stride is 8 - 4, which only op_defs.evaluate knows to be 4
+    striped = _text("""
+        kernel k(grid=[2], threads=128) blocks(%0):
+          input x: global float32[10]
+          output y: global float32[10]
+          %1: int32[] = const() {value=8}
+          %2: int32[] = const() {value=4}
+          %3: int32[] = elementwise(%1, %2) {fn='sub'}
+          %4: int32[] = elementwise(%0, %3) {fn='mul'}
+          %5: float32[4] = load() {src=x[%4:+4]}
+          store(%5) {dst=y[%4:+4]}  # user.py:9
+    """)
+    with pytest.raises(KernelError, match=r"no write reaches index 8.*user.py:9"):
+        check_output_coverage(parser.parse_kernel(striped))
+
+
 def test_pipelines_name_their_passes_in_order():
     assert [p.name for p in pipelines.NEUTRAL] == ["verify", "coverage", "dce", "clamp_check",
                                                   "scratch_init", "output_init",

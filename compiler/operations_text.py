@@ -138,9 +138,10 @@ DESCRIPTIONS: dict[str, str] = {
                       "counting as the largest (as XLA); an integer tile without that axis."),
     "argreduce.min": ("`jnp.argmin` along one axis: the index of the first minimum, NaN "
                       "counting as the smallest (as XLA); an integer tile without that axis."),
-    "sort": ("`jnp.sort` of one tile along one axis, in XLA's order: ascending, stable, NaNs "
-             "last, -0.0 equal to 0.0. Sorting several arrays together (`jnp.argsort`, "
-             "`lax.sort` with several operands) is a `KernelError`."),
+    "sort": ("`jnp.sort`, `jnp.argsort`, `lax.sort` of several operands (`num_keys` of them "
+             "keys) and `lax.top_k` (`take` elements, descending in IEEE total order) of tiles "
+             "along one axis, in XLA's order: ascending unless asked, stable, NaNs last, -0.0 "
+             "equal to 0.0 (except in total order). A bitonic network, O(n log^2 n)."),
     # --- shapes ---
     "broadcast": "Broadcasting (`v[None, :]`, `jnp.broadcast_to`, scalar operands).",
     "reshape": ("`v.reshape(shape)`, `jnp.squeeze`, `jnp.expand_dims`: the same elements in "
@@ -170,6 +171,17 @@ DESCRIPTIONS: dict[str, str] = {
                    "int32, int64."),
     "atomic.max": "`jt.atomic_max`: as `atomic.add`, keeping the maximum (NaN wins).",
     "atomic.min": "`jt.atomic_min`: as `atomic.add`, keeping the minimum (NaN wins).",
+    "load_acquire": ("`jt.load_acquire(flags.at[i])`: one element of a global buffer read with "
+                     "acquire ordering (`ld.acquire.gpu`; a C11 acquire load on the CPU): later "
+                     "reads see what the writer published before its release. float32, "
+                     "float64, int32, int64."),
+    "store_release": ("`jt.store_release(flags.at[i], v)`: one element of a global output "
+                      "written with release ordering after every earlier write of the block "
+                      "(`st.release.gpu` after a block barrier; a C11 release store on the "
+                      "CPU). Reached by all the block's threads."),
+    "fence": ("`jt.fence()`: orders the block's global accesses before it against those after "
+              "it (`fence.acq_rel.gpu` after a block barrier; a sequentially consistent fence "
+              "on the CPU)."),
     "relayout": ("Inserted by the GPU passes, never written: a value moved to another thread "
                  "layout through shared memory where two operations need different ones."),
     "barrier": ("Inserted by the GPU passes, never written: all threads of a block wait, and "

@@ -83,8 +83,8 @@ def test_a_registry_rejects_unknown_and_doubly_lowered_kinds():
         lowers("reduction")(lower)
     with pytest.raises(ValueError, match="'scan' is lowered twice"):
         lowers("scan")(lower)
-    with pytest.raises(ValueError, match="unknown op kind 'fence'"):
-        op_defs.Lowerings("test", {"fence": lower})
+    with pytest.raises(ValueError, match="unknown op kind 'halt'"):
+        op_defs.Lowerings("test", {"halt": lower})
 
 
 def test_dtypes_per_function():

@@ -18,6 +18,7 @@ from jaxtile.compiler.jax_internals import exclude_from_source_lines as _exclude
 from jaxtile.primitives.sharding import ShardRule
 
 from ._typing import Ref
+from .autotune import autotune
 from .export import export_checks
 from .kernel import (
     Kernel,
@@ -57,6 +58,7 @@ __all__ = [
     "atomic_max", "atomic_min", "backend", "cdiv", "copy", "ds", "empty", "export_checks",
     "fragment", "gather", "gemm", "grid", "interpret_by_default", "kernel", "local", "loop",
     "ops", "pipelined", "scatter", "set_backend", "set_interpret", "shared", "when", "while_",
+    "autotune",
 ]
 
 

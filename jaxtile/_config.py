@@ -82,6 +82,8 @@ VARIABLES = {v.name: v for v in (
              "keep freed buffers (up to 32 MiB each, 256 MiB at the heap's top) in the process "
              "rather than returning them to the OS after every call (glibc; see "
              "docs/design.md)"),
+    Variable("JAXTILE_AUTOTUNE", boolean, True,
+             "time the candidates of autotuned kernels; off: take the first valid config"),
 )}
 
 _warned: set[tuple[str, str]] = set()

@@ -310,6 +310,13 @@ class Kernel:
         """
         self.jvp_rule = jvp
 
+    def autotune(self, configs: Sequence[Mapping[str, Any]], **options: Any) -> Any:
+        """This kernel with its parameters tuned over ``configs``: see :func:`jaxtile.autotune`
+        (a ``TunedKernel``; its ``tuning_report(*args)`` lists every candidate)."""
+        from .autotune import autotune
+
+        return autotune(self, configs=configs, **options)
+
     def lower(self, *args: KernelArg | jax.ShapeDtypeStruct, target: str = "cpu",
               **params: Any) -> Lowered:
         """Trace and lower for ``target`` (``"cpu"``, ``"cuda:sm_80"``, ``"cuda:sm_90"``,

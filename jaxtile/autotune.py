@@ -30,6 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -38,7 +39,7 @@ import jax
 import numpy as np
 
 from jaxtile.compiler import build, cache
-from jaxtile.compiler.errors import KernelError
+from jaxtile.compiler.errors import ClampedIndexWarning, KernelError
 from jaxtile.compiler.target import Target, for_platform, parse_target
 
 from . import _config
@@ -124,7 +125,11 @@ class TunedKernel:
             raise ValueError(f"autotune {kernel.name}: warmup must be an int >= 0, got "
                              f"{warmup!r}")
         self.runs, self.warmup, self.progress = runs, warmup, progress
-        self._siblings: dict[int, _kernel.Kernel] = {kernel.threads: kernel}
+        # Kernels of this tuner's own, one per threads value (a Kernel's threads is fixed),
+        # made now so that a bad threads value is an error here.
+        self._siblings: dict[int, _kernel.Kernel] = {}
+        for config in self.configs:
+            self._with(config)
         self._reports: dict[Any, TuningReport] = {}
 
     def __repr__(self) -> str:
@@ -188,17 +193,33 @@ class TunedKernel:
                  target: Target) -> list[tuple[str, str | None]]:
         """Per candidate: its Tile-IR content key (or ``error:`` and the message of the
         KernelError that prunes it) and that pruning reason or None."""
-        out = []
+        out: list[tuple[str, str | None]] = []
         for config in self.configs:
             kernel, tuned = self._with(config)
-            try:
-                spec = kernel._specialise(specs, {**params, **tuned})
-                spec.check_threads(target)
-                key = build.ir_key(spec.compiled_ir)
-            except KernelError as e:
-                out.append((f"error: {e}", f"KernelError: {e}"))
-                continue
-            out.append((key, None))
+            # The kernels are this tuner's own, so the first trace of each specialisation
+            # (the only one that warns) happens here.
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", ClampedIndexWarning)
+                try:
+                    spec = kernel._specialise(specs, {**params, **tuned})
+                    spec.check_threads(target)
+                    key = build.ir_key(spec.compiled_ir)
+                except KernelError as e:
+                    out.append((f"error: {e}", f"KernelError: {e}"))
+                    continue
+            clamped = [w for w in caught if issubclass(w.category, ClampedIndexWarning)]
+            for w in caught:
+                if w not in clamped:
+                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            seen = [i for i, (k, _) in enumerate(out) if k == key]
+            if clamped:
+                # A direct index that JAX clamps reads or writes another block's elements.
+                reason = f"the tile does not fit the shape: {clamped[0].message}"
+            elif seen:
+                reason = f"the same Tile IR as {_fmt(self.configs[seen[0]])}"
+            else:
+                reason = None
+            out.append((key, reason))
         return out
 
     def _tune(self, args: tuple[Any, ...], specs: tuple[jax.ShapeDtypeStruct, ...],

@@ -18,20 +18,21 @@ from jaxtile.compiler.target import parse_target
 
 at = importlib.import_module("jaxtile.autotune")  # the module (jt.autotune is the function)
 
-CONFIGS = [{"rows": 100}, {"rows": 2}, {"rows": 8, "threads": 64}]
-"""rows=100 is a tile taller than the 64-row inputs: pruned (a KernelError at trace)."""
+CONFIGS = [{"rows": 100}, {"rows": 2}, {"rows": 8, "threads": 64}, {"rows": 0},
+           {"rows": 2, "threads": 128}]
+"""On 64-row inputs: rows=100 is a tile that does not fit (JAX would clamp its direct index,
+reading another block's rows), rows=0 fails in the body (a KernelError at trace) and the last
+is the second again (threads=128 is the default): all three are pruned."""
 
 
 def make_scale_rows(helper):
-    """A kernel that reads whole row blocks directly (so a block taller than the array is a
-    KernelError), scaled by ``helper``: a closure, so that two kernels differ only there."""
+    """A kernel that reads whole row blocks directly, scaled by ``helper``: a closure, so
+    that two kernels differ only there."""
     @jt.kernel
     def scale_rows(x, *, rows=4):
         n, d = x.shape
-        if n % rows:
-            raise jt.KernelError(f"rows={rows} does not divide the {n} rows")
         out = jt.empty((n, d), x.dtype)
-        r = jt.grid(n // rows)
+        r = jt.grid(jt.cdiv(n, rows))
         out[jt.ds(r * rows, rows), :] = helper(x[jt.ds(r * rows, rows), :])
         return out
 
@@ -60,11 +61,15 @@ def test_prunes_times_reports_and_runs_the_best(fresh_cache):
     tuned = jt.autotune(make_scale_rows(double), configs=CONFIGS, runs=2)
     x = jnp.asarray(np.random.default_rng(0).standard_normal((64, 16)), jnp.float32)
     report = tuned.tuning_report(x)
-    first, *rest = report.candidates
-    assert first.seconds is None and "rows=100 does not divide" in first.pruned
-    assert all(c.pruned is None and c.seconds > 0 for c in rest)
-    assert report.best in CONFIGS[1:] and report.timed and not report.from_cache
-    assert report.best == min(rest, key=lambda c: c.seconds).config
+    too_tall, *valid, zero, same = report.candidates
+    assert too_tall.pruned.startswith("the tile does not fit the shape: ")
+    assert "0 + 100 > 64" in too_tall.pruned
+    assert zero.pruned.startswith("KernelError: ") and "ZeroDivisionError" in zero.pruned
+    assert same.pruned == "the same Tile IR as rows=2"
+    assert all(c.seconds is None for c in (too_tall, zero, same))
+    assert all(c.pruned is None and c.seconds > 0 for c in valid)
+    assert report.best in CONFIGS[1:3] and report.timed and not report.from_cache
+    assert report.best == min(valid, key=lambda c: c.seconds).config
     text = str(report)
     assert "pruned: KernelError" in text and " us" in text and "threads=64" in text
     out = tuned(x)
@@ -80,7 +85,7 @@ def test_under_jit_tunes_at_trace_time_on_the_inputs_hook(fresh_cache):
         seen.append((spec.shape, spec.dtype))
         return (jnp.ones(spec.shape, spec.dtype),)
 
-    tuned = make_scale_rows(double).autotune(CONFIGS[1:], inputs=inputs, runs=1)
+    tuned = make_scale_rows(double).autotune(CONFIGS[1:3], inputs=inputs, runs=1)
     x = jnp.arange(64 * 8, dtype=jnp.float32).reshape(64, 8)
     before = _timed_runs()
     np.testing.assert_allclose(jax.jit(tuned)(x), x * 2)
@@ -92,7 +97,7 @@ def test_the_record_key_covers_code_shapes_dtypes_target_and_version(fresh_cache
 
     def tunes(kernel, *args):
         before = _timed_runs()
-        report = jt.autotune(kernel, configs=CONFIGS[1:], runs=1).tuning_report(*args)
+        report = jt.autotune(kernel, configs=CONFIGS[1:3], runs=1).tuning_report(*args)
         assert report.from_cache == (_timed_runs() == before)
         return not report.from_cache
 
@@ -119,7 +124,7 @@ def test_a_key_bucket_shares_one_tuning_and_still_checks_the_code(fresh_cache):
         return x.shape[0] // 64
 
     def tuned(helper):
-        return jt.autotune(make_scale_rows(helper), configs=CONFIGS[1:], key=bucket, runs=1)
+        return jt.autotune(make_scale_rows(helper), configs=CONFIGS[1:3], key=bucket, runs=1)
 
     before = _timed_runs()
     tuned(double).tuning_report(jnp.ones((64, 16)))
@@ -138,13 +143,13 @@ def test_autotune_off_takes_the_first_valid_config_untimed(fresh_cache, monkeypa
     before = _timed_runs()
     report = tuned.tuning_report(x)
     assert report.best == CONFIGS[1] and not report.timed and _timed_runs() == before
-    assert "rows=100 does not divide" in report.candidates[0].pruned
+    assert "does not fit" in report.candidates[0].pruned
     assert "untimed" in str(report)
     np.testing.assert_allclose(tuned(x), x * 2)
 
 
 def test_tuning_on_the_emulator_is_refused(fresh_cache):
-    tuned = jt.autotune(make_scale_rows(double), configs=CONFIGS[1:])
+    tuned = jt.autotune(make_scale_rows(double), configs=CONFIGS[1:3])
     jt.set_backend("cuda-emulator")
     try:
         with pytest.raises(jt.KernelError, match="simulator whose timings say nothing"):
@@ -159,6 +164,8 @@ def test_bad_configs_are_clear_errors():
         jt.autotune(k, configs=[{"block": 4}])
     with pytest.raises(jt.KernelError, match="non-empty list of dicts"):
         jt.autotune(k, configs={"rows": 4})
+    with pytest.raises(jt.KernelError, match="threads must be a positive int"):
+        jt.autotune(k, configs=[{"threads": 0}])
     with pytest.raises(jt.KernelError, match="key= names"):
         jt.autotune(k, configs=[{"rows": 4}], key=("y",))
     tuned = jt.autotune(k, configs=[{"rows": 4}])

@@ -33,7 +33,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, overload
 
 import jax
 import numpy as np
@@ -46,6 +46,11 @@ from . import _config
 from . import kernel as _kernel
 
 _FORMAT = "jaxtile-autotune-1"
+
+Key = Sequence[str] | Callable[..., Any] | None
+"""What a tuning is for: the named arguments' shapes and dtypes, or a bucket function."""
+Inputs = Callable[..., Sequence[Any]] | None
+"""A function of the arguments' ``jax.ShapeDtypeStruct`` s returning arrays to time on."""
 
 _stats = {"tuned": 0, "memory_hits": 0, "disk_hits": 0, "timed_runs": 0}
 
@@ -101,9 +106,8 @@ class TunedKernel:
     Create it with :func:`autotune` or :meth:`jaxtile.Kernel.autotune`."""
 
     def __init__(self, kernel: _kernel.Kernel, configs: Sequence[Mapping[str, Any]], *,
-                 key: Sequence[str] | Callable[..., Any] | None = None,
-                 inputs: Callable[..., Sequence[Any]] | None = None,
-                 runs: int = 5, warmup: int = 1, progress: bool | None = None):
+                 key: Key = None, inputs: Inputs = None, runs: int = 5, warmup: int = 1,
+                 progress: bool | None = None):
         if not isinstance(kernel, _kernel.Kernel):
             raise TypeError(f"autotune wraps a jt.kernel, got {type(kernel).__name__}; put "
                             "@jt.autotune above @jt.kernel")
@@ -297,7 +301,7 @@ class TunedKernel:
         interleaved, ``runs`` rounds; the median of each. ``pruned`` is updated."""
         inputs = self._inputs(args, specs)
         bar = _Progress(self.name, len(valid), self.progress)
-        calls: dict[int, Callable[..., Any]] = {}
+        calls: dict[int, Any] = {}
         with bar:
             for done, i in enumerate(valid):
                 kernel, tuned = self._with(self.configs[i])
@@ -500,11 +504,17 @@ class _Progress:
             self.out.flush()
 
 
+@overload
+def autotune(kernel: _kernel.Kernel, /, *, configs: Sequence[Mapping[str, Any]],
+             key: Key = None, inputs: Inputs = None, runs: int = 5, warmup: int = 1,
+             progress: bool | None = None) -> TunedKernel: ...
+@overload
+def autotune(kernel: None = None, /, *, configs: Sequence[Mapping[str, Any]],
+             key: Key = None, inputs: Inputs = None, runs: int = 5, warmup: int = 1,
+             progress: bool | None = None) -> Callable[[_kernel.Kernel], TunedKernel]: ...
 def autotune(kernel: _kernel.Kernel | None = None, /, *,
-             configs: Sequence[Mapping[str, Any]],
-             key: Sequence[str] | Callable[..., Any] | None = None,
-             inputs: Callable[..., Sequence[Any]] | None = None, runs: int = 5,
-             warmup: int = 1, progress: bool | None = None
+             configs: Sequence[Mapping[str, Any]], key: Key = None, inputs: Inputs = None,
+             runs: int = 5, warmup: int = 1, progress: bool | None = None
              ) -> TunedKernel | Callable[[_kernel.Kernel], TunedKernel]:
     """Tune a kernel's compile-time parameters: ``@jt.autotune(configs=[...])`` above
     ``@jt.kernel``, or ``jt.autotune(k, configs=[...])``.

@@ -22,6 +22,7 @@ that survives pruning.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import json
@@ -279,6 +280,20 @@ class TunedKernel:
             "candidates": [{"seconds": c.seconds, "pruned": c.pruned} for c in candidates]})
         return report
 
+    def _prebuild(self, i: int, specs: tuple[jax.ShapeDtypeStruct, ...],
+                  params: dict[str, Any], target: Target) -> str | None:
+        """Compile candidate ``i`` for ``target`` into the build cache; why it cannot be
+        compiled, or None."""
+        kernel, tuned = self._with(self.configs[i])
+        spec = kernel._specialise(specs, {**params, **tuned})
+        if spec.empty:
+            return None  # runs its reference semantics: nothing to compile
+        try:
+            spec._build(target)
+        except KernelError as e:
+            return f"KernelError: {e}"
+        return None
+
     def _inputs(self, args: tuple[Any, ...],
                 specs: tuple[jax.ShapeDtypeStruct, ...]) -> tuple[Any, ...]:
         """What the candidates run on: the user's hook, the call's own arrays, or random
@@ -289,7 +304,8 @@ class TunedKernel:
                 raise KernelError(f"autotune {self.name}: inputs= returned {len(got)} arrays "
                                   f"for {len(specs)} arguments")
             return got
-        if all(isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer) for a in args):
+        if all(isinstance(a, np.ndarray | np.generic) or
+               (isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer)) for a in args):
             return args
         rng = np.random.default_rng(0)
         return tuple(_random(rng, s) for s in specs)
@@ -297,24 +313,37 @@ class TunedKernel:
     def _time(self, args: tuple[Any, ...], specs: tuple[jax.ShapeDtypeStruct, ...],
               params: dict[str, Any], valid: list[int],
               pruned: list[str | None]) -> dict[int, float]:
-        """Compile the valid candidates (a compile failure prunes), then time them
-        interleaved, ``runs`` rounds; the median of each. ``pruned`` is updated."""
+        """Compile the valid candidates in parallel (a compile failure prunes), then time
+        them interleaved, ``runs`` rounds; the median of each. ``pruned`` is updated."""
         inputs = self._inputs(args, specs)
         bar = _Progress(self.name, len(valid), self.progress)
         calls: dict[int, Any] = {}
+        target = tuning_target()
         with bar:
-            for done, i in enumerate(valid):
+            # The compilers release the GIL (LLVM in TVM, NVRTC, the linker): the artifacts
+            # are built on threads into the build cache, where the calls below find them.
+            workers = max(1, min(_config.cpu_count(), len(valid)))
+            with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+                builds = {pool.submit(self._prebuild, i, specs, params, target): i
+                          for i in valid}
+                for done, future in enumerate(concurrent.futures.as_completed(builds)):
+                    reason = future.result()
+                    if reason is not None:
+                        pruned[builds[future]] = reason
+                    bar.update(f"compiled {done + 1}/{len(valid)}", None,
+                               (done + 1) / (len(valid) + 1))
+            for i in valid:
+                if pruned[i] is not None:
+                    continue
                 kernel, tuned = self._with(self.configs[i])
                 fn = jax.jit(_bound(kernel, {**params, **tuned}))
                 try:
-                    for _ in range(max(self.warmup, 1)):  # the first run compiles
+                    for _ in range(max(self.warmup, 1)):  # the first run traces and loads
                         jax.block_until_ready(fn(*inputs))
                 except KernelError as e:
                     pruned[i] = f"KernelError: {e}"
                 else:
                     calls[i] = fn
-                bar.update(f"compiled {done + 1}/{len(valid)}", None,
-                           (done + 1) / (len(valid) + 1))
             samples: dict[int, list[float]] = {i: [] for i in calls}
             for r in range(self.runs):
                 for i, fn in calls.items():

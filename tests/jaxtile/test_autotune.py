@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 
 import jaxtile as jt
+from jaxtile.compiler import cache
+from jaxtile.compiler.cuda import toolchain
 from jaxtile.compiler.target import parse_target
 
 at = importlib.import_module("jaxtile.autotune")  # the module (jt.autotune is the function)
@@ -60,7 +62,11 @@ def _timed_runs():
 def test_prunes_times_reports_and_runs_the_best(fresh_cache):
     tuned = jt.autotune(make_scale_rows(double), configs=CONFIGS, runs=2)
     x = jnp.asarray(np.random.default_rng(0).standard_normal((64, 16)), jnp.float32)
+    stored = cache.stats()["stored"]
     report = tuned.tuning_report(x)
+    # The two valid candidates were compiled once each (on the pool; the timed calls found
+    # them in the build cache).
+    assert cache.stats()["stored"] == stored + 2
     too_tall, *valid, zero, same = report.candidates
     assert too_tall.pruned.startswith("the tile does not fit the shape: ")
     assert "0 + 100 > 64" in too_tall.pruned
@@ -189,6 +195,46 @@ def test_shared_memory_over_a_cuda_targets_limit_is_pruned():
     reason = at._target_limits(staged, {"rows": 64}, specs, {}, target)
     assert "bytes of shared memory" in reason
     assert at._target_limits(staged, {}, specs, {}, parse_target("cpu")) is None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(toolchain.nvcc_path() is None, reason="nvcc is not installed")
+def test_register_spills_reported_by_ptxas_are_pruned():
+    @jt.kernel(threads=32)
+    def wide(x, *, cols=64):
+        n, d = x.shape
+        out = jt.empty((n, d), x.dtype)
+        r = jt.grid(n // 32)
+        t = jt.fragment((32, cols), jnp.float32)
+        jt.copy(x.at[r * 32, 0], t)
+        v = t[...]
+        t[...] = jnp.exp(v) * jnp.sum(v, axis=0, keepdims=True) + jnp.flip(v, axis=1)
+        jt.copy(t, out.at[r * 32, 0])
+        return out
+
+    target = parse_target("cuda:sm_80")
+    specs = (jax.ShapeDtypeStruct((1024, 512), jnp.float32),)
+    # 512 floats per thread cannot live in 255 registers.
+    assert "register spills" in at._target_limits(wide, {"cols": 512}, specs, {}, target)
+    specs = (jax.ShapeDtypeStruct((1024, 64), jnp.float32),)
+    assert at._target_limits(wide, {"cols": 64}, specs, {}, target) is None
+
+
+def test_progress_when_asked_off_a_terminal_and_a_damaged_record_retunes(fresh_cache,
+                                                                         capsys):
+    x = jnp.ones((64, 16))
+    tuned = jt.autotune(make_scale_rows(double), configs=CONFIGS[1:3], runs=2, progress=True)
+    best = tuned.tuning_report(x).best
+    err = capsys.readouterr().err
+    assert "autotune scale_rows: [" in err and "2 candidates" in err and "timed 2/2" in err
+    assert f"({at._fmt(best)})" in err and err.endswith("\n")
+    (record,) = (fresh_cache / "autotune").glob("*.json")
+    record.write_text('{"format": "jaxtile-autotune-1", "best": 7}')
+    before = _timed_runs()
+    again = jt.autotune(make_scale_rows(double), configs=CONFIGS[1:3], runs=1, progress=False)
+    assert not again.tuning_report(x).from_cache and _timed_runs() == before + 2
+    assert capsys.readouterr().err == ""
+    assert jt.autotune(make_scale_rows(double), configs=CONFIGS[1:3]).tuning_report(x).from_cache
 
 
 _SCRIPT = """

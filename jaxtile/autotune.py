@@ -5,11 +5,13 @@ A tuned kernel wraps a :class:`jaxtile.Kernel` with a list of candidate configur
 tuned for, it
 
 1. specialises every candidate and prunes those that cannot work, keeping the reason: a
-   ``KernelError`` from tracing or the verifier (e.g. a tile that does not fit the shape), and
-   on a CUDA target shared memory over the limit or ptxas register spills;
-2. compiles the rest, runs them interleaved inside ``jax.jit`` and takes the median of
-   several runs each (under ``jax.jit`` this happens at trace time, on inputs of the traced
-   arguments' shapes: random, or from the ``inputs=`` hook);
+   ``KernelError`` from tracing or the verifier, a tile that does not fit the shape (a direct
+   index JAX would clamp), the same Tile IR as an earlier candidate, and on a CUDA target
+   shared memory over the limit or ptxas register spills;
+2. compiles the rest on a thread pool bounded by the CPUs, runs them interleaved inside
+   ``jax.jit`` and takes the median of several runs each (under ``jax.jit`` this happens at
+   trace time, on inputs of the traced arguments' shapes: random, or from the ``inputs=``
+   hook); tuning on the SIMT emulator is refused, its timings mean nothing;
 3. stores the best configuration in a JSON record under ``<cache dir>/autotune``.
 
 The record's identity covers everything that may change the answer: the Tile-IR content key
@@ -34,7 +36,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO, overload
+from typing import Any, overload
 
 import jax
 import numpy as np
@@ -275,6 +277,7 @@ class TunedKernel:
         _stats["tuned"] += 1
         _write_record(path, {
             "format": _FORMAT, "kernel": self.name, "target": target.name,
+            "configs": [_fmt(c) for c in self.configs],  # for people reading the file
             "specs": _specs_json(specs), "ir_keys": [k for k, _ in keyed],
             "best": self.configs.index(best),
             "candidates": [{"seconds": c.seconds, "pruned": c.pruned} for c in candidates]})
@@ -499,8 +502,8 @@ class _Progress:
     """A one-line progress bar on stderr: shown when asked (``progress=True``) or, by
     default, when stderr is a terminal."""
 
-    def __init__(self, name: str, count: int, enabled: bool | None, out: TextIO | None = None):
-        self.out = out or sys.stderr
+    def __init__(self, name: str, count: int, enabled: bool | None):
+        self.out = sys.stderr
         if enabled is None:
             enabled = bool(getattr(self.out, "isatty", lambda: False)())
         self.enabled = enabled

@@ -159,15 +159,21 @@ class TunedKernel:
             raise KernelError(f"autotune {self.name}: {clash} are tuned, so a call cannot "
                               "also pass them")
         specs = self.kernel._arg_specs(args)
+        kernel, tuned = self._with(self.configs[0])
+        kernel._params({**params, **tuned})  # unknown, missing or traced parameters
         target = tuning_target()
-        bucket = self._bucket(specs)
         params_key = _kernel._params_key(params)
         mem_key = (specs, params_key, target, _config.get("JAXTILE_AUTOTUNE"))
-        report = self._reports.get(mem_key)
+        try:
+            report = self._reports.get(mem_key)
+        except TypeError:
+            raise KernelError(f"autotune {self.name}: compile-time parameters must be "
+                              f"hashable (a tuple, not a list); got {params!r}") from None
         if report is not None:
             _stats["memory_hits"] += 1
             return report
-        report = self._tune(args, specs, params, target, bucket, repr(params_key))
+        report = self._tune(args, specs, params, target, self._bucket(specs),
+                            repr(params_key))
         self._reports[mem_key] = report
         return report
 

@@ -178,6 +178,27 @@ def test_bad_configs_are_clear_errors():
     with pytest.raises(jt.KernelError, match=r"\['rows'\] are tuned"):
         tuned(jnp.ones((8, 8)), rows=2)
 
+    @jt.kernel
+    def scaled(x, *, scale, rows):
+        out = jt.empty(x.shape, x.dtype)
+        r = jt.grid(x.shape[0] // rows)
+        out[jt.ds(r * rows, rows), :] = x[jt.ds(r * rows, rows), :] * scale[0]
+        return out
+
+    tuned = jt.autotune(scaled, configs=[{"rows": 4}, {"rows": 2}])
+    with pytest.raises(jt.KernelError, match="must be hashable"):
+        tuned(jnp.ones((8, 8)), scale=[2.0])
+    with pytest.raises(jt.KernelError, match="'scale' is a traced value"):
+        jax.jit(lambda x, s: tuned(x, scale=s))(jnp.ones((8, 8)), 2.0)
+    with pytest.raises(jt.KernelError, match=r"missing compile-time parameter\(s\) \['scale'\]"):
+        tuned(jnp.ones((8, 8)))
+    with pytest.raises(jt.KernelError, match="takes 1 array argument"):
+        tuned(jnp.ones((8, 8)), jnp.ones(3), scale=(2.0,))
+    # Untuned parameters pass through and are part of what a tuning is for.
+    x = jnp.arange(64.0).reshape(8, 8)
+    np.testing.assert_allclose(tuned(x, scale=(2.0,)), x * 2)
+    assert tuned.tuning_report(x, scale=(3.0,)) is not tuned.tuning_report(x, scale=(2.0,))
+
 
 def test_shared_memory_over_a_cuda_targets_limit_is_pruned():
     @jt.kernel

@@ -42,7 +42,7 @@ import jax
 import numpy as np
 
 from jaxtile.compiler import build, cache
-from jaxtile.compiler.errors import ClampedIndexWarning, KernelError
+from jaxtile.compiler.errors import ClampedIndexWarning, KernelError, kernel_error, user_line
 from jaxtile.compiler.target import Target, for_platform, parse_target
 
 from . import _config
@@ -122,7 +122,7 @@ class TunedKernel:
             key = tuple(key)
             bad = [k for k in key if k not in kernel.arg_names]
             if bad:
-                raise KernelError(f"autotune {kernel.name}: key= names {bad}, which are not "
+                raise _error(kernel.name, f"key= names {bad}, which are not "
                                   f"its array arguments ({', '.join(kernel.arg_names)})")
         self.key = key
         self.inputs = inputs
@@ -156,7 +156,7 @@ class TunedKernel:
         untuned parameters: from memory, from a stored record, or done now."""
         clash = sorted(set(params) & set(self.tuned_names))
         if clash:
-            raise KernelError(f"autotune {self.name}: {clash} are tuned, so a call cannot "
+            raise _error(self.name, f"{clash} are tuned, so a call cannot "
                               "also pass them")
         specs = self.kernel._arg_specs(args)
         kernel, tuned = self._with(self.configs[0])
@@ -167,7 +167,7 @@ class TunedKernel:
         try:
             report = self._reports.get(mem_key)
         except TypeError:
-            raise KernelError(f"autotune {self.name}: compile-time parameters must be "
+            raise _error(self.name, f"compile-time parameters must be "
                               f"hashable (a tuple, not a list); got {params!r}") from None
         if report is not None:
             _stats["memory_hits"] += 1
@@ -265,7 +265,7 @@ class TunedKernel:
         valid = [i for i, reason in enumerate(pruned) if reason is None]
         if not valid:
             reasons = "; ".join(f"{_fmt(c)}: {r}" for c, r in zip(self.configs, pruned))
-            raise KernelError(f"autotune {self.name}: every candidate was pruned ({reasons})")
+            raise _error(self.name, f"every candidate was pruned ({reasons})")
         if not tuning:
             best = self.configs[valid[0]]
             candidates = tuple(Candidate(c, None, r) for c, r in zip(self.configs, pruned))
@@ -277,7 +277,7 @@ class TunedKernel:
         timed = [i for i in valid if pruned[i] is None]
         if not timed:
             reasons = "; ".join(f"{_fmt(c)}: {r}" for c, r in zip(self.configs, pruned))
-            raise KernelError(f"autotune {self.name}: every candidate was pruned ({reasons})")
+            raise _error(self.name, f"every candidate was pruned ({reasons})")
         best = self.configs[min(timed, key=lambda i: times[i])]
         report = TuningReport(self.name, target.name, candidates, best, False, True)
         _stats["tuned"] += 1
@@ -310,7 +310,7 @@ class TunedKernel:
         if self.inputs is not None:
             got = tuple(self.inputs(*specs))
             if len(got) != len(specs):
-                raise KernelError(f"autotune {self.name}: inputs= returned {len(got)} arrays "
+                raise _error(self.name, f"inputs= returned {len(got)} arrays "
                                   f"for {len(specs)} arguments")
             return got
         if all(isinstance(a, np.ndarray | np.generic) or
@@ -386,20 +386,25 @@ def _random(rng: np.random.Generator, spec: jax.ShapeDtypeStruct) -> jax.Array:
     return jax.numpy.asarray(data, dtype=dtype)
 
 
+def _error(name: str, message: str) -> KernelError:
+    """An autotuning error naming the kernel and the user's line."""
+    return kernel_error(name, f"autotune: {message}", user_line())
+
+
 def _check_configs(kernel: _kernel.Kernel,
                    configs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     if isinstance(configs, Mapping) or not isinstance(configs, Sequence) or not configs:
-        raise KernelError(f"autotune {kernel.name}: configs must be a non-empty list of dicts "
+        raise _error(kernel.name, f"configs must be a non-empty list of dicts "
                           f"(keyword parameters, and threads), got {configs!r}")
     allowed = set(kernel.param_defaults) | {"threads"}
     out = []
     for config in configs:
         if not isinstance(config, Mapping):
-            raise KernelError(f"autotune {kernel.name}: each config must be a dict, got "
+            raise _error(kernel.name, f"each config must be a dict, got "
                               f"{config!r}")
         unknown = sorted(set(config) - allowed)
         if unknown:
-            raise KernelError(f"autotune {kernel.name}: config {_fmt(config)} sets {unknown}, "
+            raise _error(kernel.name, f"config {_fmt(config)} sets {unknown}, "
                               "which are not its keyword parameters "
                               f"({', '.join(sorted(kernel.param_defaults)) or 'none'}) or "
                               "threads")
@@ -418,8 +423,8 @@ def tuning_target() -> Target:
 
 def _check_timing_backend(name: str) -> None:
     if jax.devices()[0].platform == "cpu" and _kernel.backend() != "cpu":
-        raise KernelError(
-            f"autotune {name}: the active backend is {_kernel.backend()!r}, a simulator whose "
+        raise _error(
+            name, f"the active backend is {_kernel.backend()!r}, a simulator whose "
             "timings say nothing about real hardware; tune on the GPU or with the cpu "
             "backend (or set JAXTILE_AUTOTUNE=0 to take the first valid config)")
 

@@ -166,7 +166,8 @@ def test_tuning_on_the_emulator_is_refused(fresh_cache):
 
 def test_bad_configs_are_clear_errors():
     k = make_scale_rows(double)
-    with pytest.raises(jt.KernelError, match=r"sets \['block'\], which are not"):
+    with pytest.raises(jt.KernelError, match=r"sets \['block'\], which are not.*"
+                       r"\(at .*test_autotune.py:\d+\)"):
         jt.autotune(k, configs=[{"block": 4}])
     with pytest.raises(jt.KernelError, match="non-empty list of dicts"):
         jt.autotune(k, configs={"rows": 4})

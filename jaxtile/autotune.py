@@ -147,6 +147,15 @@ class TunedKernel:
         kernel, tuned = self._with(config)
         return kernel(*args, **params, **tuned)
 
+    def defvjp(self, fwd: Callable[..., Any], bwd: Callable[..., Any]) -> None:
+        """The kernel's reverse-mode rule (:meth:`jaxtile.Kernel.defvjp`); ``fwd`` and
+        ``bwd`` get the tuned parameters too."""
+        self.kernel.defvjp(fwd, bwd)
+
+    def defjvp(self, jvp: Callable[..., Any]) -> None:
+        """The kernel's forward-mode rule (:meth:`jaxtile.Kernel.defjvp`)."""
+        self.kernel.defjvp(jvp)
+
     def best_config(self, *args: Any, **params: Any) -> dict[str, Any]:
         """The configuration calls with these arguments use (tuning first if needed)."""
         return dict(self.tuning_report(*args, **params).best)
@@ -181,15 +190,16 @@ class TunedKernel:
     def _with(self, config: Mapping[str, Any]) -> tuple[_kernel.Kernel, dict[str, Any]]:
         """The kernel for ``config`` (one per ``threads`` value) and its keyword params."""
         params = dict(config)
-        threads = params.pop("threads", self.kernel.threads)
+        k = self.kernel
+        threads = params.pop("threads", k.threads)
         sibling = self._siblings.get(threads)
         if sibling is None:
-            k = self.kernel
             sibling = _kernel.Kernel(k.fn, threads=threads, interpret=k.interpret, name=k.name,
                                      sharding=k.sharding)
             sibling.dynamic = k.dynamic
-            sibling.vjp_rule, sibling.jvp_rule = k.vjp_rule, k.jvp_rule
             self._siblings[threads] = sibling
+        # The wrapped kernel's rules, as they are now (defvjp may come after autotune).
+        sibling.vjp_rule, sibling.jvp_rule = k.vjp_rule, k.jvp_rule
         return sibling, params
 
     def _bucket(self, specs: tuple[jax.ShapeDtypeStruct, ...]) -> str:

@@ -98,6 +98,25 @@ def test_under_jit_tunes_at_trace_time_on_the_inputs_hook(fresh_cache):
     assert seen == [((64, 8), np.dtype(np.float32))] and _timed_runs() == before + 2
 
 
+def test_under_jit_on_random_inputs_and_with_a_vjp_rule_given_after(fresh_cache):
+    tuned = jt.autotune(make_scale_rows(double), configs=CONFIGS[1:3], runs=1)
+    bwd_calls = []
+
+    def fwd(x, **params):
+        return tuned(x), None
+
+    def bwd(res, g, **params):
+        bwd_calls.append(params)
+        return (g * 2,)
+
+    tuned.defvjp(fwd, bwd)
+    x = jnp.arange(64 * 8, dtype=jnp.float32).reshape(64, 8)
+    np.testing.assert_allclose(jax.jit(tuned)(x), x * 2)
+    grad = jax.grad(lambda x: jnp.sum(tuned(x) ** 2))(x)
+    np.testing.assert_allclose(grad, 8 * x)
+    assert bwd_calls == [{"rows": tuned.best_config(x)["rows"]}]
+
+
 def test_the_record_key_covers_code_shapes_dtypes_target_and_version(fresh_cache, monkeypatch):
     x = jnp.ones((64, 16), jnp.float32)
 

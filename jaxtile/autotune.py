@@ -122,8 +122,8 @@ class TunedKernel:
             key = tuple(key)
             bad = [k for k in key if k not in kernel.arg_names]
             if bad:
-                raise _error(kernel.name, f"key= names {bad}, which are not "
-                                  f"its array arguments ({', '.join(kernel.arg_names)})")
+                raise _error(kernel.name, f"key= names {bad}, which are not its array "
+                             f"arguments ({', '.join(kernel.arg_names)})")
         self.key = key
         self.inputs = inputs
         if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
@@ -165,8 +165,7 @@ class TunedKernel:
         untuned parameters: from memory, from a stored record, or done now."""
         clash = sorted(set(params) & set(self.tuned_names))
         if clash:
-            raise _error(self.name, f"{clash} are tuned, so a call cannot "
-                              "also pass them")
+            raise _error(self.name, f"{clash} are tuned, so a call cannot also pass them")
         specs = self.kernel._arg_specs(args)
         kernel, tuned = self._with(self.configs[0])
         kernel._params({**params, **tuned})  # unknown, missing or traced parameters
@@ -176,8 +175,8 @@ class TunedKernel:
         try:
             report = self._reports.get(mem_key)
         except TypeError:
-            raise _error(self.name, f"compile-time parameters must be "
-                              f"hashable (a tuple, not a list); got {params!r}") from None
+            raise _error(self.name, "compile-time parameters must be hashable (a tuple, "
+                         f"not a list); got {params!r}") from None
         if report is not None:
             _stats["memory_hits"] += 1
             return report
@@ -320,8 +319,8 @@ class TunedKernel:
         if self.inputs is not None:
             got = tuple(self.inputs(*specs))
             if len(got) != len(specs):
-                raise _error(self.name, f"inputs= returned {len(got)} arrays "
-                                  f"for {len(specs)} arguments")
+                raise _error(self.name, f"inputs= returned {len(got)} arrays for "
+                             f"{len(specs)} arguments")
             return got
         if all(isinstance(a, np.ndarray | np.generic) or
                (isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer)) for a in args):
@@ -404,20 +403,18 @@ def _error(name: str, message: str) -> KernelError:
 def _check_configs(kernel: _kernel.Kernel,
                    configs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     if isinstance(configs, Mapping) or not isinstance(configs, Sequence) or not configs:
-        raise _error(kernel.name, f"configs must be a non-empty list of dicts "
-                          f"(keyword parameters, and threads), got {configs!r}")
+        raise _error(kernel.name, "configs must be a non-empty list of dicts (keyword "
+                     f"parameters, and threads), got {configs!r}")
     allowed = set(kernel.param_defaults) | {"threads"}
     out = []
     for config in configs:
         if not isinstance(config, Mapping):
-            raise _error(kernel.name, f"each config must be a dict, got "
-                              f"{config!r}")
+            raise _error(kernel.name, f"each config must be a dict, got {config!r}")
         unknown = sorted(set(config) - allowed)
         if unknown:
-            raise _error(kernel.name, f"config {_fmt(config)} sets {unknown}, "
-                              "which are not its keyword parameters "
-                              f"({', '.join(sorted(kernel.param_defaults)) or 'none'}) or "
-                              "threads")
+            raise _error(kernel.name, f"config {_fmt(config)} sets {unknown}, which are "
+                         "not its keyword parameters "
+                         f"({', '.join(sorted(kernel.param_defaults)) or 'none'}) or threads")
         out.append(dict(config))
     return out
 
@@ -483,9 +480,19 @@ def _read_record(path: Path, count: int) -> dict[str, Any] | None:
     if not isinstance(record, dict) or record.get("format") != _FORMAT \
             or not {"specs", "ir_keys", "best", "candidates"} <= set(record) \
             or not isinstance(record["candidates"], list) or len(record["candidates"]) != count \
-            or type(record["best"]) is not int or not 0 <= record["best"] < count:
+            or type(record["best"]) is not int or not 0 <= record["best"] < count \
+            or not all(_candidate_record(c) for c in record["candidates"]):
+        return None
+    try:
+        _specs_from_json(record["specs"])
+    except (TypeError, ValueError):
         return None
     return record
+
+
+def _candidate_record(c: Any) -> bool:
+    return isinstance(c, dict) and isinstance(c.get("seconds"), float | int | type(None)) \
+        and isinstance(c.get("pruned"), str | type(None))
 
 
 def _write_record(path: Path, record: dict[str, Any]) -> None:

@@ -3,6 +3,7 @@ its key covers, JAXTILE_AUTOTUNE=0, the emulator refusal and the progress bar.""
 
 import dataclasses
 import importlib
+import json
 import os
 import pty
 import subprocess
@@ -275,6 +276,11 @@ def test_progress_when_asked_off_a_terminal_and_a_damaged_record_retunes(fresh_c
     again = jt.autotune(make_scale_rows(double), configs=CONFIGS[1:3], runs=1, progress=False)
     assert not again.tuning_report(x).from_cache and _timed_runs() == before + 2
     assert capsys.readouterr().err == ""
+    # A record damaged inside (candidates that are not records) is a miss too.
+    data = json.loads(record.read_text())
+    record.write_text(json.dumps({**data, "candidates": [1, 2]}))
+    assert not jt.autotune(make_scale_rows(double), configs=CONFIGS[1:3],
+                           runs=1).tuning_report(x).from_cache
     assert jt.autotune(make_scale_rows(double), configs=CONFIGS[1:3]).tuning_report(x).from_cache
 
 

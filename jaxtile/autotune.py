@@ -138,12 +138,22 @@ class TunedKernel:
         for config in self.configs:
             self._with(config)
         self._reports: dict[Any, TuningReport] = {}
+        self._by_call: dict[Any, dict[str, Any]] = {}
 
     def __repr__(self) -> str:
         return f"<jaxtile autotuned kernel {self.name}, {len(self.configs)} configs>"
 
     def __call__(self, *args: Any, **params: Any) -> Any:
-        config = self.tuning_report(*args, **params).best
+        # The hot path: argument types, parameters and backend seen before (the kernel's
+        # own call key) go straight to their configuration.
+        fast = _kernel._call_key(args, params)
+        if fast is not None:
+            fast = (fast, _config.get("JAXTILE_AUTOTUNE"))
+        config = self._by_call.get(fast) if fast is not None else None
+        if config is None:
+            config = self.tuning_report(*args, **params).best
+            if fast is not None:
+                self._by_call[fast] = config
         kernel, tuned = self._with(config)
         return kernel(*args, **params, **tuned)
 

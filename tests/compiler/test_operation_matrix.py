@@ -340,7 +340,8 @@ def _hole_params():
     for table, strict in ((_HOLES, True), (_FIXED_ELSEWHERE, False)):
         for (backend, name, dtype), reason in table.items():
             out.append(pytest.param(backend, name, np.dtype(dtype), marks=[
-                pytest.mark.xfail(reason=reason, strict=strict), pytest.mark.slow],
+                pytest.mark.xfail(reason=reason, strict=strict, raises=jt.KernelError),
+                pytest.mark.slow],
                 id=f"{backend}-{name}-{dtype}"))
     return out
 

@@ -533,10 +533,12 @@ def _run_loop(start: Any, stop: Any, body: Callable[[Any], Any], kind: str,
             raise state.error("a loop body must not return a value; write results to refs")
         return carry
 
-    # int32 counters whatever the bounds' Python types: under x64 Python ints would give
-    # the loop an int64 counter, which kernels do not count in.
-    lax.fori_loop(jnp.int32(start) if isinstance(start, int) else start,
-                  jnp.int32(stop) if isinstance(stop, int) else stop, step, 0)
+    if jax.config.jax_enable_x64:
+        # Under x64 Python-int bounds would give the loop an int64 counter, which kernels
+        # do not count in: int32 bounds make it count in int32. Only then: without x64,
+        # Python ints keep a static trip count, which the CPU's gemm passes plan with.
+        start, stop = (jnp.int32(b) if isinstance(b, int) else b for b in (start, stop))
+    lax.fori_loop(start, stop, step, 0)
 
 
 def loop(start: Index, stop: Index | None = None, *,

@@ -603,7 +603,11 @@ def _index_result(c: _Converter, var: Any, value: ir.Value, out: list[ir.Stmt]) 
 
 
 def _steps_by_one(body: Any, carries: Sequence[Any]) -> bool:
-    """Whether the body's first result is its first carried value plus 1 (a loop index)."""
+    """Whether the body's first result is its first carried value, an integer scalar, plus 1
+    (a loop index)."""
+    aval = carries[0].aval
+    if aval.shape != () or not np.issubdtype(aval.dtype, np.integer):
+        return False
     step = next((e for e in body.eqns if e.outvars[0] is body.outvars[0]), None)
     return (step is not None and step.primitive.name == "add" and step.invars[0] is carries[0]
             and ji.literal_value(step.invars[1]) == 1)

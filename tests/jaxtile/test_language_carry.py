@@ -76,6 +76,13 @@ def test_fori_loop_tile_carry_online_softmax(rng):
     assert "scratch carry0: fragment float32[8]" in text
 
 
+def test_carried_values_under_vmap(rng):
+    x = jnp.asarray(rng.standard_normal((3, 16, 32)) * 4, jnp.float32)
+    got = jax.jit(jax.vmap(_online_softmax))(x)
+    _check(got, jax.vmap(_online_softmax.reference)(x), jax.nn.softmax(x, axis=-1),
+           rtol=2e-5, atol=1e-7)
+
+
 @jt.kernel
 def _prefix_tiles(x, counts):
     """Block b sums the first counts[b] row tiles of x (a trip count read from an input,
@@ -160,6 +167,27 @@ def test_scan_without_xs(rng):
     x = jnp.asarray(rng.standard_normal((4, 8)), jnp.float32)
     got = jax.jit(lambda v: _scan_doubling(v, length=5))(x)
     _check(got, _scan_doubling.reference(x, length=5), np.asarray(x) * 32 + 31)
+
+
+@jt.kernel
+def _counters(x, *, length):
+    """Carries that step by one but are not a loop index: a float scalar (which also
+    offsets the tile) and an integer tile."""
+    out = jt.empty(x.shape, jnp.float32)
+    jt.grid(1)
+
+    def step(c, _):
+        f, t = c
+        return (f + 1, t + 1), None
+    (f, t), _ = lax.scan(step, (jnp.float32(0.5), x[...].astype(jnp.int32)), length=length)
+    out[...] = t.astype(jnp.float32) + f
+    return out
+
+
+def test_scan_whose_first_carry_steps_by_one_but_is_no_index():
+    x = jnp.asarray(np.arange(-8, 8).reshape(2, 8), jnp.float32)
+    got = jax.jit(lambda v: _counters(v, length=3))(x)
+    _check(got, _counters.reference(x, length=3), np.asarray(x) + 3 + 3.5)
 
 
 @jt.kernel

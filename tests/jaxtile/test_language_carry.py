@@ -337,3 +337,43 @@ def test_scan_over_xs_is_a_clear_error():
     with pytest.raises(jt.KernelError, match=r"lax.scan over arrays \(xs\).*"
                        r"test_language_carry.py:\d+"):
         _scan_with_xs(x)
+
+
+BQ, BK, D = 8, 8, 16
+
+
+@jt.kernel
+def _attention(q, k, v):
+    """Attention as Pallas' flash-attention kernel writes it: a fori_loop over key blocks
+    carrying the output tile and the running row max and sum (o, m_i, l_i); products of
+    tiles are broadcast multiplies summed over the shared axis."""
+    n, _ = q.shape
+    out = jt.empty(q.shape, jnp.float32)
+    b = jt.grid(n // BQ)
+    qt = q[jt.ds(b * BQ, BQ), :]
+
+    def body(j, carry):
+        o, m_i, l_i = carry
+        kt, vt = k[jt.ds(j * BK, BK), :], v[jt.ds(j * BK, BK), :]
+        s = (qt[:, None, :] * kt[None, :, :]).sum(axis=2)
+        m_new = jnp.maximum(m_i, s.max(axis=1))
+        alpha = jnp.exp(m_i - m_new)
+        p = jnp.exp(s - m_new[:, None])
+        o = o * alpha[:, None] + (p[:, :, None] * vt[None, :, :]).sum(axis=1)
+        return o, m_new, l_i * alpha + p.sum(axis=1)
+
+    init = (jnp.zeros((BQ, D), jnp.float32), jnp.full((BQ,), -jnp.inf, jnp.float32),
+            jnp.zeros((BQ,), jnp.float32))
+    o, _, l_i = lax.fori_loop(0, k.shape[0] // BK, body, init)
+    out[jt.ds(b * BQ, BQ), :] = o / l_i[:, None]
+    return out
+
+
+def test_attention_carrying_output_max_and_sum(rng):
+    q, k, v = (jnp.asarray(rng.standard_normal(s), jnp.float32)
+               for s in ((16, D), (24, D), (24, D)))
+    got = jax.jit(_attention)(q, k, v)
+    s = np.asarray(q, np.float64) @ np.asarray(k, np.float64).T
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    want = (p / p.sum(axis=1, keepdims=True)) @ np.asarray(v, np.float64)
+    _check(got, _attention.reference(q, k, v), want, rtol=2e-5, atol=2e-6)

@@ -3,7 +3,9 @@
 Assumes the jaxpr's inputs are ``[block indices, *buffers]`` in the order of the given
 buffers, as jaxtile's tracer produces. Guarantees a Tile IR kernel whose ops are defined in
 :mod:`.op_defs`; any primitive without a Tile IR meaning is rejected with the user's source
-line. Each primitive has one converter in :data:`CONVERTERS`.
+line. Each primitive has one converter in :data:`CONVERTERS`. Values carried through loops
+and out of conditionals pass through on-chip scratch buffers (``carryN``, after the given
+buffers; :meth:`_Converter.carry_buffer`), so the IR's statements have no results.
 """
 
 from __future__ import annotations
@@ -204,11 +206,8 @@ class _Converter:
         plain SSA blocks and no backend needs to know: a tile lives in a ``fragment`` (the
         GPU's layout inference splits it over threads like any fragment), a scalar in a
         one-element ``local`` tile (scalars are the same in every thread, which is what a
-        local tile must hold)."""
+        local tile must hold). Its value's shape is static: every value's is (:meth:`emit`)."""
         shape = tuple(aval.shape)
-        if not all(isinstance(d, int) for d in shape):
-            raise self.error(f"a carried value of shape {shape} depends on a dynamic size; "
-                             "tile shapes must be static")
         n = len(self.carried)
         while f"carry{n}" in self._taken:
             n += 1

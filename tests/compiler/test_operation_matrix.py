@@ -195,6 +195,7 @@ _SHAPES = {
 }
 _NOT_RUN = {
     "size": "a dynamic size; tests/jaxtile/test_language_dynamic.py runs it",
+    "print": "writes text, not an output; tests/jaxtile/test_language_print.py runs it",
 }
 """Operations this test does not run, and why."""
 _ALSO_IN = {"load": "every case", "store": "every case",

@@ -238,9 +238,13 @@ def _print_lowered(when, *operands, text, tag):
 
 
 def _print_batched(args, dims, *, text, tag):
-    size = next(x.shape[d] for x, d in zip(args, dims) if d is not batching.not_mapped)
+    # The batch index joins the tag as a last grid axis, as in a compiled batched kernel
+    # (an inner vmap's batching runs first: innermost level first). JAX marks an unbatched
+    # operand with dimension None; those are broadcast.
+    size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
     args = [batching.bdim_at_front(x, d, size) for x, d in zip(args, dims)]
-    return print_p.bind(*args, text=text, tag=tag), []
+    args.insert(1 + tag, lax.iota(jnp.int32, size))
+    return print_p.bind(*args, text=text, tag=tag + 1), []
 
 
 def _print_jvp(primals, tangents, *, text, tag):

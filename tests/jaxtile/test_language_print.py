@@ -143,3 +143,47 @@ def test_a_bad_print_is_a_kernel_error_at_the_users_line(kind, call, message):
         _bad(kind)(x)
     assert f"(at {_line_of(call)})" in str(info.value)
 
+
+
+@jt.kernel
+def _running(x):
+    out = jt.empty((x.shape[0],), jnp.float32)
+    i = jt.grid(x.shape[0])
+    acc = jt.local((1,), jnp.float32)
+    acc[0] = 0.0
+
+    @jt.loop(0, x.shape[1])
+    def _(j):
+        acc[0] += x[i, j]
+        jt.print("step {} acc {}", j, acc[0], when=j >= 1)
+
+    @jt.when(i == 1)
+    def _():
+        jt.print("last {}", acc[0])
+    out[i] = acc[0]
+    return out
+
+
+def _running_want(x, batch=None):
+    tag = (lambda i: f"[block {i}]") if batch is None else (lambda i: f"[block ({i}, {batch})]")
+    sums = np.cumsum(np.asarray(x), axis=1)
+    lines = [f"{tag(i)} step {j} acc {sums[i, j]:g}" for i in range(x.shape[0])
+             for j in range(1, x.shape[1])]
+    return lines + [f"{tag(1)} last {sums[1, -1]:g}"]
+
+
+def test_prints_inside_loops_and_conditionals_and_under_vmap(capfd):
+    x = jnp.arange(6, dtype=jnp.float32).reshape(2, 3)
+    capfd.readouterr()
+    np.testing.assert_array_equal(jax.block_until_ready(_running(x)), jnp.sum(x, axis=1))
+    assert _lines(capfd) == sorted(_running_want(x))
+    np.testing.assert_array_equal(jax.block_until_ready(_running.reference(x)),
+                                  jnp.sum(x, axis=1))
+    assert _lines(capfd) == sorted(_running_want(x))
+    # A batch level is one more grid axis, in the tag too, compiled or not.
+    xs = jnp.stack([x, x + 10])
+    want = sorted(_running_want(x, 0) + _running_want(x + 10, 1))
+    jax.block_until_ready(jax.vmap(_running)(xs))
+    assert _lines(capfd) == want
+    jax.block_until_ready(jax.vmap(_running.reference)(xs))
+    assert _lines(capfd) == want

@@ -243,7 +243,9 @@ def _print_batched(args, dims, *, text, tag):
     # operand with dimension None; those are broadcast.
     size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
     args = [batching.bdim_at_front(x, d, size) for x, d in zip(args, dims)]
-    args.insert(1 + tag, lax.iota(jnp.int32, size))
+    # Every operand now has the batch in front of the same shape (an outer vmap's batch
+    # comes in front of an inner one's), and so does the new index.
+    args.insert(1 + tag, lax.broadcasted_iota(jnp.int32, args[0].shape, 0))
     return print_p.bind(*args, text=text, tag=tag + 1), []
 
 

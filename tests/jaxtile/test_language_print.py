@@ -187,3 +187,23 @@ def test_prints_inside_loops_and_conditionals_and_under_vmap(capfd):
     assert _lines(capfd) == want
     jax.block_until_ready(jax.vmap(_running.reference)(xs))
     assert _lines(capfd) == want
+
+
+@jt.kernel
+def _first(x):
+    out = jt.empty((1,), jnp.float32)
+    jt.grid(1)
+    jt.print("v {}", x[0])
+    out[0] = x[0]
+    return out
+
+
+def test_nested_vmaps_tag_the_inner_batch_index_first(capfd):
+    xs = jnp.arange(6, dtype=jnp.float32).reshape(2, 3, 1)
+    want = sorted(f"[block (0, {b}, {a})] v {a * 3 + b}" for a in range(2) for b in range(3))
+    capfd.readouterr()
+    got = jax.block_until_ready(jax.vmap(jax.vmap(_first))(xs))
+    assert _lines(capfd) == want
+    np.testing.assert_array_equal(got, xs)
+    jax.block_until_ready(jax.vmap(jax.vmap(_first.reference))(xs))
+    assert _lines(capfd) == want

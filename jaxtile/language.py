@@ -455,7 +455,8 @@ def fence() -> None:
 def print(fmt: str, /, *values: ArrayLike, when: ArrayLike | None = None) -> None:  # noqa: A001
     """Print one line per block from inside a kernel: ``fmt`` with each ``{}`` replaced by
     the next value, after the block's tag (``[block 3] row 3 max 2.5``; ``[block (i, j)]`` on
-    a grid of several axes). ``when`` (a scalar bool) prints only where it holds.
+    a grid of several axes: those of the ``jt.grid`` called before it, then the batch
+    indices under ``vmap``). ``when`` (a scalar bool) prints only where it holds.
 
     Values are scalars (a tile prints nothing sensible once per block: reduce it or index
     one element first), written as C's ``printf`` would: integers in decimal, floats with

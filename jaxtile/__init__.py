@@ -20,6 +20,7 @@ from jaxtile.primitives.sharding import ShardRule
 
 from ._stats import KernelStats, stats
 from ._typing import Ref
+from .autotune import autotune
 from .export import export_checks
 from .kernel import (
     Kernel,
@@ -65,6 +66,7 @@ __all__ = [
     "load_acquire", "local", "loop", "ops", "pipelined", "print", "scatter", "set_backend",
     "set_interpret", "shared", "store_release", "when", "while_",
     "KernelStats", "stats",
+    "autotune",
 ]
 
 

@@ -83,6 +83,8 @@ VARIABLES = {v.name: v for v in (
              "buffers (up to 32 MiB each, 256 MiB per arena's top) rather than returning them "
              "to the OS (faster repeated large kernel calls, more memory kept; see "
              "docs/design.md)"),
+    Variable("JAXTILE_AUTOTUNE", boolean, True,
+             "time the candidates of autotuned kernels; off: take the first valid config"),
 )}
 
 _warned: set[tuple[str, str]] = set()

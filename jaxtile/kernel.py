@@ -6,7 +6,7 @@ import dataclasses
 import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +21,9 @@ from jaxtile.primitives import kernel_call, sharding
 from . import _config, _trace
 from ._specialisation import Specialisation, flat_outputs
 from ._typing import KernelArg
+
+if TYPE_CHECKING:
+    from .autotune import TunedKernel
 
 SUPPORTED_DTYPES = frozenset(np.dtype(d) for d in (
     jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64, jnp.int8, jnp.int16, jnp.int32,
@@ -310,6 +313,13 @@ class Kernel:
         >>> softmax.defjvp(jvp)                            # doctest: +SKIP
         """
         self.jvp_rule = jvp
+
+    def autotune(self, configs: Sequence[Mapping[str, Any]], **options: Any) -> TunedKernel:
+        """This kernel with its parameters tuned over ``configs``: see :func:`jaxtile.autotune`
+        (a ``TunedKernel``; its ``tuning_report(*args)`` lists every candidate)."""
+        from .autotune import autotune
+
+        return autotune(self, configs=configs, **options)
 
     def lower(self, *args: KernelArg | jax.ShapeDtypeStruct, target: str = "cpu",
               **params: Any) -> Lowered:

@@ -12,6 +12,7 @@ from typing import Any, overload
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 from jax import lax
 from jax.typing import ArrayLike, DTypeLike
@@ -172,9 +173,9 @@ def _to_int32(x: Any) -> Any:
     follows the edge rules (pad, dropped write), where a plain cast would wrap it onto a
     valid one (2**32 + 1 would read row 1)."""
     dtype = jnp.result_type(x)
-    if jnp.iinfo(dtype).max > _INT32.max:
+    if np.iinfo(dtype).max > _INT32.max:
         x = jnp.minimum(x, jnp.asarray(_INT32.max, dtype))
-    if jnp.iinfo(dtype).min < _INT32.min:
+    if np.iinfo(dtype).min < _INT32.min:
         x = jnp.maximum(x, jnp.asarray(_INT32.min, dtype))
     return jnp.asarray(x, jnp.int32)
 
@@ -258,11 +259,12 @@ def _check_pad(state: Any, pad: Any, dtype: Any, op: str) -> None:
             return                  # inf and NaN pads are values of every float dtype
         with np.errstate(over="ignore"):
             if value is None or not np.isfinite(np.float64(value).astype(dtype)):
+                largest = ml_dtypes.finfo(dtype).max  # type: ignore[no-untyped-call]
                 raise state.error(f"{op}: pad {pad} overflows {dtype}, the dtype of the "
-                                  f"source (largest: {jnp.finfo(dtype).max})")
+                                  f"source (largest: {largest})")
         return
-    low, high = (0, 1) if dtype == np.bool_ else (int(jnp.iinfo(dtype).min),
-                                                 int(jnp.iinfo(dtype).max))
+    low, high = (0, 1) if dtype == np.bool_ else (int(np.iinfo(dtype).min),
+                                                 int(np.iinfo(dtype).max))
     if not float(pad).is_integer() or not low <= int(pad) <= high:
         raise state.error(f"{op}: pad {pad} is not a value of {dtype}, the dtype of the "
                           f"source (integers from {low} to {high})")

@@ -3,9 +3,10 @@
 A line is the block's tag, then the format's literal pieces interleaved with the values:
 ``[block 3] row 3 max 2.5`` (``[block (1, 0)] ...`` on a grid of several axes, batch axes
 last). Values are scalars, written as C's ``printf`` writes them so that every backend prints
-the same text: integers in decimal, floats with ``%g`` (six significant digits; 16-bit floats
-widened to float32 first), bools as ``True``/``False``. The reference semantics render the
-line in Python (:func:`render`), the CPU runtime and the device header in C.
+the same text: integers in decimal, floats with ``%g`` (six significant digits; every NaN as
+``nan``: its sign bit differs between backends' arithmetic), bools as ``True``/``False``.
+The reference semantics render the line in Python (:func:`render`), the CPU runtime and the
+device header in C.
 """
 
 from __future__ import annotations
@@ -77,8 +78,7 @@ def render_value(value: Any) -> str:
         return "True" if bool(v) else "False"
     if np.issubdtype(v.dtype, np.integer):
         return str(int(v))
-    text = f"{float(v):g}"
-    return "-nan" if text == "nan" and np.signbit(v) else text
+    return f"{float(v):g}"
 
 
 def render(text: Sequence[str], indices: Sequence[int], values: Sequence[Any]) -> str:

@@ -14,7 +14,8 @@ from .context import Context
 
 _CONVERSION = {"int": ("%lld", "(long long)({})"),
                "uint": ("%llu", "(unsigned long long)({})"),
-               "float": ("%g", "double({})"),
+               # every NaN as "nan" (print_format)
+               "float": ("%g", "({0} != {0} ? fabs(double({0})) : double({0}))"),
                "bool": ("%s", '(({}) ? "True" : "False")')}
 """How each kind of value is passed to printf: its conversion and argument expression."""
 

@@ -196,7 +196,8 @@ int32_t print_int(int64_t v) { return print_number("%lld", static_cast<long long
 int32_t print_uint(uint64_t v) {
   return print_number("%llu", static_cast<unsigned long long>(v));
 }
-int32_t print_float(double v) { return print_number("%g", v); }
+// Every NaN as "nan": its sign bit differs between backends' arithmetic.
+int32_t print_float(double v) { return print_number("%g", std::isnan(v) ? std::fabs(v) : v); }
 int32_t print_bool(int32_t v) { return print_text(v != 0 ? "True" : "False"); }
 
 int32_t print_end() {

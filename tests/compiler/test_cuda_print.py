@@ -34,7 +34,8 @@ def test_the_source_prints_from_thread_zero_with_an_escaped_format():
     fmt = r'"[block %lld] 50%% \"q\" \\ \303\251 %g %s %lld\012"'
     assert calls[0].startswith("if (tid == 0 && ")
     assert f"device_printf({fmt}, (long long)(" in calls[0]
-    assert ', double(' in calls[0] and '? "True" : "False")' in calls[0]
+    assert ' : double(' in calls[0] and '? "True" : "False")' in calls[0]
+    assert 'fabs(double(' in calls[0]     # a NaN of either sign prints as "nan"
     assert device_rule_violations(low.source) == []
 
 

@@ -67,10 +67,11 @@ def test_the_reference_prints_the_same_lines(capfd):
 
 
 @jt.kernel
-def _dtypes(a, b, c):
+def _dtypes(a, b, c, d):
     out = jt.empty((1,), jnp.int32)
     jt.grid(1)
-    jt.print("i8 {} u32 {} f16 {} pct 100% {{braces}} const {}", a[0], b[0], c[0], 7)
+    jt.print("i8 {} u32 {} f16 {} pct 100% {{braces}} const {} nan {}", a[0], b[0], c[0], 7,
+             d[0])
     out[0] = jnp.int32(0)
     return out
 
@@ -79,12 +80,13 @@ def test_integer_unsigned_half_and_literal_text_print_alike(capfd):
     a = jnp.asarray([-5], jnp.int8)
     b = jnp.asarray([4000000000], jnp.uint32)
     c = jnp.asarray([0.1], jnp.float16)
+    d = jnp.asarray([-np.nan], jnp.float32)    # the sign bit set: still "nan" everywhere
     want = [f"[block 0] i8 -5 u32 4000000000 f16 {float(np.float16(0.1)):g} pct 100% "
-            "{braces} const 7"]
+            "{braces} const 7 nan nan"]
     capfd.readouterr()
-    jax.block_until_ready(_dtypes(a, b, c))
+    jax.block_until_ready(_dtypes(a, b, c, d))
     assert _lines(capfd) == want
-    jax.block_until_ready(_dtypes.reference(a, b, c))
+    jax.block_until_ready(_dtypes.reference(a, b, c, d))
     assert _lines(capfd) == want
 
 

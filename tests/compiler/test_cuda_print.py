@@ -54,3 +54,10 @@ def test_nvrtc_compiles_it_to_a_vprintf_call():
     target = parse_target("cuda:sm_80")
     ptx = compile_to_library(build.lowered_ir(_lowered().kernel, target), target).ptx
     assert b"call.uni" in ptx and b"vprintf" in ptx
+
+
+@pytest.mark.skipif(toolchain.nvcc_path() is None, reason="nvcc is not installed")
+def test_nvcc_compiles_it_too():
+    # nvcc declares printf through the CUDA runtime headers, NVRTC by itself.
+    report = _lowered().ptxas
+    assert report is not None and report.registers > 0 and report.spill_stores == 0

@@ -243,9 +243,10 @@ class _Converter:
             convert = CONVERTERS.get(eqn.primitive.name)
             if eqn.primitive.name in _NOT_COMPILED:
                 raise self.error(f"{_NOT_COMPILED[eqn.primitive.name]} is not supported in "
-                                 "compiled kernels yet; it works with interpret=True "
-                                 "(@jt.kernel(interpret=True) or JAXTILE_INTERPRET=1), which "
-                                 "runs the body as plain JAX ops")
+                                 "compiled kernels; print with jt.print(\"x {}\", x) instead "
+                                 "(every backend), or run the body as plain JAX ops with "
+                                 "interpret=True (@jt.kernel(interpret=True) or "
+                                 "JAXTILE_INTERPRET=1)")
             if convert is None:
                 raise self.error(f"the operation `{eqn.primitive.name}` is not supported in "
                                  "kernel bodies")
@@ -528,6 +529,12 @@ def _store_release(c: _Converter, eqn: Any, out: list) -> None:
 def _fence(c: _Converter, eqn: Any, out: list) -> None:
     del eqn
     c.op(out, "fence", (), None)
+
+
+@_converts(tp.PRINT)
+def _print(c: _Converter, eqn: Any, out: list) -> None:
+    c.op(out, "print", [c.value(a, out) for a in eqn.invars], None, text=eqn.params["text"],
+         tag=eqn.params["tag"])
 
 
 @_converts(tp.GEMM)

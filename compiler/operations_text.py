@@ -182,6 +182,10 @@ DESCRIPTIONS: dict[str, str] = {
     "fence": ("`jt.fence()`: orders the block's global accesses before it against those after "
               "it (`fence.acq_rel.gpu` after a block barrier; a sequentially consistent fence "
               "on the CPU)."),
+    "print": ("`jt.print(\"row {} max {}\", r, m, when=c)`: one line per block where `c` "
+              "holds, tagged with the block's indices; scalar values, printed as C's printf "
+              "does (`%d`, `%g`). A runtime call writing to stdout on the CPU, device "
+              "`printf` from thread 0 on CUDA, `jax.debug.callback` in the reference."),
     "relayout": ("Inserted by the GPU passes, never written: a value moved to another thread "
                  "layout through shared memory where two operations need different ones."),
     "barrier": ("Inserted by the GPU passes, never written: all threads of a block wait, and "

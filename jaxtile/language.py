@@ -17,7 +17,7 @@ import numpy as np
 from jax import lax
 from jax.typing import ArrayLike, DTypeLike
 
-from jaxtile.compiler import ir, op_defs
+from jaxtile.compiler import ir, op_defs, print_format
 from jaxtile.compiler import jax_internals as ji
 from jaxtile.primitives import tile_ops
 
@@ -452,6 +452,49 @@ def fence() -> None:
         raise state.error("jt.fence: the kernel has declared no output yet (jt.empty); a fence "
                           "orders the accesses to its outputs, so call it after them")
     tile_ops.fence_p.bind(*outputs.values())
+
+
+def print(fmt: str, /, *values: ArrayLike, when: ArrayLike | None = None) -> None:  # noqa: A001
+    """Print one line per block from inside a kernel: ``fmt`` with each ``{}`` replaced by
+    the next value, after the block's tag (``[block 3] row 3 max 2.5``; ``[block (i, j)]`` on
+    a grid of several axes: those of the ``jt.grid`` called before it, then the batch
+    indices under ``vmap``). ``when`` (a scalar bool) prints only where it holds.
+
+    Values are scalars (a tile prints nothing sensible once per block: reduce it or index
+    one element first), written as C's ``printf`` would: integers in decimal, floats with
+    ``%g``, bools as ``True``/``False``. Every backend prints the same text, to C's stdout
+    (device ``printf`` on a GPU, which flushes when the kernel completes); the order across
+    blocks is unspecified, as with CUDA's ``printf`` and ``jax.debug.print``. On a GPU the
+    line comes from the block's thread 0.
+
+    >>> jt.print("row {} max {}", i, jnp.max(x), when=i < 2)         # doctest: +SKIP
+    """
+    state = _trace.current("jt.print")
+    text = print_format.pieces(fmt, len(values))
+    if isinstance(text, str):
+        raise state.error(f"jt.print: {text}")
+    args = []
+    for k, v in enumerate(values):
+        try:
+            a = jnp.asarray(v)
+        except TypeError as e:
+            raise state.error(f"jt.print: value {k} ({type(v).__name__}) is not a number: "
+                              f"{e}") from None
+        if a.shape != ():
+            raise state.error(f"jt.print: value {k} is a tile of shape {a.shape}; jt.print "
+                              "prints scalars (reduce the tile, e.g. jnp.max(x), or index "
+                              "one element)")
+        if a.dtype not in op_defs.DTYPES:
+            raise state.error(f"jt.print: value {k} has dtype {a.dtype}, which kernels do "
+                              "not compute in")
+        args.append(a)
+    cond = jnp.asarray(True if when is None else when)
+    if cond.shape != () or cond.dtype != np.bool_:
+        raise state.error(f"jt.print: when= must be a scalar bool, got {cond.dtype}"
+                          f"{list(cond.shape)}")
+    rank = len(state.grid) if state.grid is not None else 1
+    tag = list(state.block_indices[:rank]) + list(reversed(state.batch_indices))
+    tile_ops.print_p.bind(cond, *tag, *args, text=text, tag=len(tag))
 
 
 def gemm(a: Ref, b: Ref, c: Ref, *, transpose_a: bool = False,

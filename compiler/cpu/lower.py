@@ -39,6 +39,7 @@ from .atomics import (
 )
 from .context import FALLBACK_LANES, extent
 from .gemm import lower_gemm
+from .printing import lower_print
 from .reductions import lower_reduce
 from .scans import lower_argreduce, lower_scan
 from .sorts import lower_sort
@@ -52,7 +53,7 @@ STATEMENTS = lowers = op_defs.Lowerings("cpu", {
     "argreduce": lower_argreduce, "sort": lower_sort,
     # Memory ordering between blocks (atomics.py).
     "load_acquire": lower_load_acquire, "store_release": lower_store_release,
-    "fence": lower_fence,
+    "fence": lower_fence, "print": lower_print,
 })
 """Ops lowered as statements of their own: ``f(lowering, op)`` emits the op's loops."""
 ELEMENTS = element = op_defs.Lowerings("cpu")

@@ -136,3 +136,18 @@ def test_undecided_dimension_comparisons_reach_the_callback():
     assert {c for _, c in seen} == {f"{__file__}:{line + 7}"}
     assert (n == 16) is False       # outside the context: JAX's answer, no callback
     assert len(seen) == 3
+
+
+def test_the_debug_effect_is_jax_debug_callbacks_and_survives_discharge_inside_loops():
+    # jt.print's primitive declares it: kept in loops (jt.loop is a fori_loop) and through
+    # state discharge (the reference semantics), never dropped as dead code.
+    def body(x):
+        def step(i, c):
+            jax.debug.callback(lambda v: None, x[0])
+            return c
+        lax.fori_loop(0, 2, step, 0)
+        return ()
+
+    jaxpr = _jaxpr(body, ji.ref_aval((4,), jnp.float32))
+    assert ji.debug_effect in jaxpr.effects
+    assert ji.debug_effect in ji.discharge_state(jaxpr).effects

@@ -198,6 +198,7 @@ _NOT_RUN = {
     "load_acquire": "flags between blocks; tests/emulator/test_memory_ordering.py runs it",
     "store_release": "flags between blocks; tests/emulator/test_memory_ordering.py runs it",
     "fence": "ordering between blocks; tests/emulator/test_memory_ordering.py runs it",
+    "print": "writes text, not an output; tests/jaxtile/test_language_print.py runs it",
 }
 """Operations this test does not run, and why."""
 _ALSO_IN = {"load": "every case", "store": "every case",

@@ -163,7 +163,9 @@ def test_f32_gemm(monkeypatch, rng, level, mkn):
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
     got = np.asarray(jax.jit(lambda x, y: matmul(x, y))(a, b))
-    assert cache.find(build.kernel_key(matmul.lower(a, b).kernel, tgt))[0] is not None
+    lowered = matmul.lower(a, b)
+    assert lowered.target == tgt.name  # "cpu" is the CPU platform's target
+    assert cache.find(build.kernel_key(lowered.kernel, tgt))[0] is not None  # what ran
     want = a.astype(np.float64) @ b.astype(np.float64)
     bound = k * 2.0 ** -23 * (np.abs(a).astype(np.float64) @ np.abs(b))
     assert (np.abs(got - want) <= bound).all()

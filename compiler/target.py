@@ -192,7 +192,11 @@ def _cpu_model() -> str:
     return ",".join(f"{k}={info[k]}" for k in keys if k in info)
 
 
-def _cpu_vector_bits(isa: tuple[str, ...]) -> int:
+def _cpu_vector_bits() -> int:
+    return _vector_bits(host_isa())
+
+
+def _vector_bits(isa: tuple[str, ...]) -> int:
     flags = set(isa)
     if "avx512f" in flags:
         return 512
@@ -211,7 +215,8 @@ def _cpu(level: str = "host") -> Target:
     """The host CPU, or the CPUs of an ISA ``level``: code for a level this machine lacks
     can be compiled and inspected, not run (:func:`check_isa_level` says)."""
     isa = host_isa() if level == "host" else ISA_LEVELS[level]
-    caps = CpuCaps(platform.machine(), isa, _cpu_model(), _cpu_vector_bits(isa), level)
+    bits = _cpu_vector_bits() if level == "host" else _vector_bits(isa)
+    caps = CpuCaps(platform.machine(), isa, _cpu_model(), bits, level)
     return Target("cpu" if level == "host" else f"cpu:{level}", "cpu", caps,
                   _version("apache-tvm"))
 

@@ -153,12 +153,13 @@ def _use(monkeypatch, level):
         return parse_target(_config.cpu_target_name())
 
 
-@pytest.mark.parametrize("level", LEVELS)
+@_requires("x86-64-v3")
 @pytest.mark.parametrize("mkn", [(128, 128, 128), (70, 90, 100)], ids=["tiles", "ragged"])
-def test_f32_gemm(monkeypatch, rng, level, mkn):
-    """Whole 6 x 2 / 8 x 1 tiles, and ragged edges: rows in bands of 6 and 4 and the i-k-j
-    nest, columns in two-vector, one-vector and 8-lane tiles."""
-    tgt = _use(monkeypatch, level)
+def test_f32_gemm_on_avx2(monkeypatch, rng, mkn):
+    """Whole 6 x 2 tiles, and ragged edges: rows in bands of 6 and 4 and the i-k-j nest,
+    columns in two-vector, one-vector and 8-lane tiles. (The host's f32 GEMM is tested in
+    test_cpu_gemm_*.py and test_language_gemm_control.py.)"""
+    tgt = _use(monkeypatch, "x86-64-v3")
     m, k, n = mkn
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)

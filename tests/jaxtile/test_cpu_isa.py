@@ -8,6 +8,7 @@ semantics and independent formulas."""
 import re
 import shutil
 import subprocess
+import uuid
 import warnings
 
 import jax
@@ -19,10 +20,11 @@ from test_cpu_gemm_bf16 import _check as check_bf16_gemm
 from test_cpu_gemm_bf16 import _operands as bf16_operands
 
 import jaxtile as jt
-from jaxtile import _config
+from jaxtile import _config, _ffi
 from jaxtile.compiler import build, cache, target
 from jaxtile.compiler.cpu import gemm
 from jaxtile.compiler.target import ISA_LEVELS, parse_target
+from jaxtile.primitives import payload
 
 HOST = set(target.host_isa())
 RUNNABLE = [level for level in ISA_LEVELS if set(ISA_LEVELS[level]) <= HOST]
@@ -212,3 +214,13 @@ def test_an_export_requires_the_level_not_the_host(monkeypatch, rng):
     fields = re.findall(r"isa=([\w,]*)", exported.mlir_module())
     assert fields and all(f.split(",") == list(ISA_LEVELS["x86-64-v3"]) for f in fields)
     np.testing.assert_allclose(exported.call(a), matmul.reference(a, a), rtol=1e-5, atol=1e-4)
+    # The runtime's check (ffi/cpu/exported_kernel.cc) passes such a payload on this host:
+    # loaded under a key not loaded yet, so the check runs (a loaded key returns early).
+    entry = build.build(matmul.lower(a, a).kernel, parse_target("cpu:x86-64-v3"))
+    with open(entry.library, "rb") as f:
+        library = f.read()
+    key = f"test-cpu-isa-{uuid.uuid4().hex}"
+    _ffi.load_exported_kernel(key, payload.pack(
+        key=key, name="matmul", symbol=entry.symbol, num_blocks=entry.num_blocks,
+        alignment=entry.alignment, isa=ISA_LEVELS["x86-64-v3"], library=library))
+    assert _ffi.is_loaded(key)

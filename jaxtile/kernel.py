@@ -326,8 +326,10 @@ class Kernel:
         """Trace and lower for ``target`` (``"cpu"``, ``"cuda:sm_80"``, ``"cuda:sm_90"``,
         ``"hip:gfx90a"``...) without running; ``args`` may be ``jax.ShapeDtypeStruct`` s.
         Returns the Tile IR, the content key and (``.source``) the generated source. A
-        target that has no backend yet is a KernelError saying so."""
-        tgt = parse_target(target)
+        target that has no backend yet is a KernelError saying so. ``"cpu"`` is the target
+        the CPU platform compiles for (``"cpu:x86-64-v3"`` under ``JAXTILE_CPU_ISA=x86-64-v3``);
+        ``"cpu:x86-64-v4"`` lowers for AVX-512 also where the host lacks it."""
+        tgt = parse_target(_config.cpu_target_name() if target == "cpu" else target)
         build.check_backend(tgt)
         spec = self._specialise(args, params)
         spec.check_threads(tgt)

@@ -65,7 +65,7 @@ def _cpu_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
     if ji.lowering_for_export(ctx):
         _require_export_checks(kernel, CPU_EXPORTED_TARGET_NAME)
         return jax.ffi.ffi_lowering(CPU_EXPORTED_TARGET_NAME, **aliases)(
-            ctx, *args, key=entry.key, payload=payload.encode(kernel.name, entry))
+            ctx, *args, key=entry.key, payload=payload.encode(kernel.name, entry, target.caps.isa))
     return jax.ffi.ffi_lowering(CPU_TARGET_NAME, **aliases)(ctx, *args, key=entry.key)
 
 

@@ -636,9 +636,12 @@ def source(kernel: ir.Kernel, target: Target) -> str:
 
 
 def compile_to_library(kernel: ir.Kernel, target: Target) -> tuple[bytes, str]:
-    """Compile a kernel for the host CPU described by ``target``; returns the shared
-    library's bytes and the exported symbol of its entry point."""
-    module = bf16_dot.resolve(tir_emit.build(to_tir(kernel, target), tir_emit.host_cpu()))
+    """Compile a kernel for the CPU ``target`` describes (the host, or an ISA level, which
+    is also LLVM's name for the generic CPU of that level); returns the shared library's
+    bytes and the exported symbol of its entry point."""
+    level = target.caps.level
+    cpu = tir_emit.host_cpu() if level == "host" else level
+    module = bf16_dot.resolve(tir_emit.build(to_tir(kernel, target), cpu))
     with tempfile.TemporaryDirectory(prefix="jaxtile-build-") as tmp:
         path = os.path.join(tmp, "kernel.so")
         tir_emit.export(module, path)

@@ -576,7 +576,7 @@ def _run_loop(start: Any, stop: Any, body: Callable[[Any], Any], kind: str,
             raise state.error("a loop body must not return a value; write results to refs")
         return carry
 
-    if jax.config.jax_enable_x64:
+    if jax.config.jax_enable_x64:  # type: ignore[attr-defined]
         # Under x64 Python-int bounds would give the loop an int64 counter, which kernels
         # do not count in: int32 bounds make it count in int32. Only then: without x64,
         # Python ints keep a static trip count, which the CPU's gemm passes plan with.

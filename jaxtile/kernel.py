@@ -115,7 +115,8 @@ class Lowered:
         assigned it to (``acc = jt.fragment(...)``: ``"acc"``) or by its IR name
         (``"frag0"``). For a ``jt.fragment``, each element's thread and slot in that
         thread's registers; for a ``jt.shared`` tile, each element's bank under the swizzle
-        the GEMMs reading it chose. Returns the SVG text; ``path`` also writes it there."""
+        the GEMMs reading it chose. Returns the SVG text; ``path`` also writes the picture
+        there: a PNG for a ``.png`` path (which needs matplotlib), else the SVG."""
         from jaxtile.compiler.cuda import gemm, gemm_plan, layout_svg
 
         kernel = self._cuda_ir
@@ -130,17 +131,24 @@ class Lowered:
                  f"{buf.scope} {buf.dtype}{list(buf.shape)}")
         try:
             if buf.scope == "fragment":
-                svg = layout_svg.fragment_svg(buf.layout, f"{title} {buf.layout.text()}")
+                picture = layout_svg.fragment_picture(buf.layout, f"{title} {buf.layout.text()}")
             else:
                 if len(buf.shape) != 2:
                     raise ValueError("only 2-D shared tiles are drawn")
                 plan = gemm.swizzles(kernel, parse_target(self.target)).get(buf.name)
                 shared = plan or gemm_plan.SharedTile(buf.dtype, *buf.shape, swizzled=False)
-                svg = layout_svg.shared_svg(shared, f"{title}, "
-                                            f"{'swizzled' if shared.swizzled else 'row-major'}")
+                picture = layout_svg.shared_picture(
+                    shared, f"{title}, {'swizzled' if shared.swizzled else 'row-major'}")
         except ValueError as e:
             raise KernelError(f"{self.kernel.name}: cannot plot {tile!r}: {e}") from None
-        if path is not None:
+        svg = picture.svg()
+        if path is not None and str(path).lower().endswith(".png"):
+            try:
+                picture.save_png(str(path))
+            except ImportError:
+                raise KernelError(f"{self.kernel.name}: writing {path} needs matplotlib (pip "
+                                  "install matplotlib); an .svg path needs nothing") from None
+        elif path is not None:
             with open(path, "w", encoding="utf-8") as f:
                 f.write(svg)
         return svg

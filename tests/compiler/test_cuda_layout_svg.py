@@ -2,9 +2,11 @@
 and checked against the PTX ISA's fragment table and jaxtile's documented swizzle
 (docs/ptx_facts.md), written out here independently of compiler/cuda/layout.py."""
 
+import sys
 import xml.etree.ElementTree as ET
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import jaxtile as jt
@@ -104,3 +106,40 @@ def test_a_cpu_lowering_has_no_layouts():
     a = jnp.ones((128, 128), jnp.float16)
     with pytest.raises(jt.KernelError, match="has no CUDA code"):
         matmul.lower(a, a).plot_layout("acc")
+
+
+def _small_picture():
+    from jaxtile.compiler.cuda import layout, layout_svg
+
+    return layout_svg.fragment_picture(layout.mma_accumulator((16, 8), (1, 1)), "16 x 8")
+
+
+def test_a_png_shows_each_cell_in_its_colour(tmp_path):
+    image = pytest.importorskip("matplotlib.image", reason="PNG pictures need matplotlib")
+    from jaxtile.compiler.cuda import layout_svg as ls
+
+    picture = _small_picture()
+    path = tmp_path / "acc.png"
+    picture.save_png(str(path))
+    pixels = image.imread(str(path))
+    height, width = pixels.shape[:2]
+    # The axes span the whole figure: data x from -MARGIN/CELL_W to cols + MARGIN/CELL_W,
+    # data y from -(TITLE_H + MARGIN)/CELL_H (top) to rows + MARGIN/CELL_H (bottom).
+    x0, x1 = -ls.MARGIN / ls.CELL_W, picture.cols + ls.MARGIN / ls.CELL_W
+    y0, y1 = -(ls.TITLE_H + ls.MARGIN) / ls.CELL_H, picture.rows + ls.MARGIN / ls.CELL_H
+    for cell in picture.cells:
+        # Near the cell's top-left corner, clear of its border and its text.
+        px = int((cell.col + 0.15 - x0) / (x1 - x0) * width)
+        py = int((cell.row + 0.12 - y0) / (y1 - y0) * height)
+        np.testing.assert_allclose(pixels[py, px, :3], cell.rgb, atol=0.02,
+                                   err_msg=str((cell.row, cell.col)))
+    # Lane 5 (g = 1, t = 1) holds c1 of the atom at row 1, column 3, and the cell says so.
+    cell = next(c for c in picture.cells if (c.row, c.col) == (1, 3))
+    assert cell.lines == ("T5", "r1")
+
+
+def test_a_png_without_matplotlib_is_a_clear_error(lowered, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails
+    with pytest.raises(jt.KernelError, match="needs matplotlib"):
+        lowered.plot_layout("acc", str(tmp_path / "acc.png"))
+    assert not (tmp_path / "acc.png").exists()

@@ -30,6 +30,7 @@ import numpy as np
 from _timing import emit, environment, interleaved, log, summary
 
 import jaxtile as jt
+from jaxtile import _config
 from jaxtile.compiler.target import parse_target
 
 ROWS, COLS = 8192, 1024          # 8M float32 elements for the elementwise kernels
@@ -352,7 +353,7 @@ def run_case(name: str, case, rounds: int) -> dict:
         peak = _fma_peak_tflops()
         out["fraction_of_f32_fma_peak"] = {side: round(v / peak, 3)
                                            for side, v in out["tflops"].items()}
-        if args[0].dtype == jnp.bfloat16 and parse_target("cpu").caps.bf16_dot:
+        if args[0].dtype == jnp.bfloat16 and _cpu_caps().bf16_dot:
             dot = _bf16_dot_peak_tflops()
             out["fraction_of_bf16_dot_peak"] = {side: round(v / dot, 3)
                                                 for side, v in out["tflops"].items()}
@@ -369,13 +370,18 @@ def _clock_hz() -> float:
     return 0.0
 
 
+def _cpu_caps():
+    """The capabilities kernels are compiled for (narrowed by ``JAXTILE_CPU_ISA``)."""
+    return parse_target(_config.cpu_target_name()).caps
+
+
 def _fma_peak_tflops() -> float:
     """cores x float32 FMAs per cycle x 2 flops x clock. Zen 4 runs a 512-bit FMA on its
     two 256-bit pipes, one per cycle (measured here: 16 FMAs per cycle, latency 4 cycles),
     so its rate is that of two 256-bit units; Intel's AVX-512 server cores have two 512-bit
     units."""
     cores = len(os.sched_getaffinity(0))
-    caps = parse_target("cpu").caps
+    caps = _cpu_caps()
     width = 256 if "AuthenticAMD" in caps.model else caps.vector_bits
     return cores * 2 * (width // 32) * 2 * _clock_hz() / 1e12
 
@@ -487,6 +493,7 @@ def main() -> None:
                        "speedup = jnp time / jaxtile time (above 1: jaxtile faster)",
         "f32_fma_peak_tflops": round(_fma_peak_tflops(), 4),
         "bf16_dot_peak_tflops": round(_bf16_dot_peak_tflops(), 4),
+        "cpu_target": _config.cpu_target_name(),
         **results,
         "geomean_speedup": round(geomean, 3),
         "min_speedup": min(speedups),

@@ -3,7 +3,9 @@
 Assumes the jaxpr's inputs are ``[block indices, *buffers]`` in the order of the given
 buffers, as jaxtile's tracer produces. Guarantees a Tile IR kernel whose ops are defined in
 :mod:`.op_defs`; any primitive without a Tile IR meaning is rejected with the user's source
-line. Each primitive has one converter in :data:`CONVERTERS`.
+line. Each primitive has one converter in :data:`CONVERTERS`. Values carried through loops
+and out of conditionals pass through on-chip scratch buffers (``carryN``, after the given
+buffers; :meth:`_Converter.carry_buffer`), so the IR's statements have no results.
 """
 
 from __future__ import annotations
@@ -63,9 +65,13 @@ def _converts(*names: str) -> Callable[[Converter], Converter]:
 
 
 class _Converter:
-    def __init__(self, kernel: str):
+    def __init__(self, kernel: str, taken: Sequence[str] = ()):
         self.kernel = kernel
         self.env: dict[Any, Any] = {}
+        self.carried: list[ir.Buffer] = []
+        """Scratch buffers holding loop-carried values and branch results (see
+        :meth:`carry_buffer`), added to the kernel's buffers."""
+        self._taken = set(taken)
         self.line: str | None = None
         # Eqns traced inside library code (e.g. jnp.sort's own jit) have no user frame;
         # they are reported at the line of the user's call that contains them.
@@ -192,6 +198,40 @@ class _Converter:
             return self.scalar(atom, out)
         return ir.Region(buf.name, tuple(ir.Index(start(s), z) for s, z in zip(starts, sizes)))
 
+    # carried values -------------------------------------------------------
+    def carry_buffer(self, aval: Any) -> ir.Buffer:
+        """A new on-chip scratch buffer for one loop-carried value or branch result.
+
+        Values flow between iterations and out of branches through memory, so the IR keeps
+        plain SSA blocks and no backend needs to know: a tile lives in a ``fragment`` (the
+        GPU's layout inference splits it over threads like any fragment), a scalar in a
+        one-element ``local`` tile (scalars are the same in every thread, which is what a
+        local tile must hold). Its value's shape is static: every value's is (:meth:`emit`)."""
+        shape = tuple(aval.shape)
+        n = len(self.carried)
+        while f"carry{n}" in self._taken:
+            n += 1
+        buf = ir.Buffer(f"carry{n}", shape or (1,), np.dtype(aval.dtype),
+                        "fragment" if shape else "local", "scratch", self.line)
+        self._taken.add(buf.name)
+        self.carried.append(buf)
+        return buf
+
+    def put(self, buf: ir.Buffer, atom: Any, out: list[ir.Stmt]) -> None:
+        """Store the value of ``atom`` into all of ``buf`` (a :meth:`carry_buffer`)."""
+        v = self.value(atom, out)
+        if v.shape != buf.shape:
+            v = self.op(out, "reshape", (v,), ir.Value(buf.shape, buf.dtype))
+        self.op(out, "store", (v,), None, dst=ir.whole(buf.name, buf.shape))
+
+    def take(self, buf: ir.Buffer, var: Any, out: list[ir.Stmt]) -> None:
+        """Load all of ``buf`` (a :meth:`carry_buffer`) as the value of ``var``."""
+        v = self.op(out, "load", (), ir.Value(buf.shape, buf.dtype),
+                    src=ir.whole(buf.name, buf.shape))
+        if tuple(var.aval.shape) != buf.shape:
+            v = self.op(out, "reshape", (v,), ir.Value((), buf.dtype))
+        self.env[var] = v
+
     # statements -----------------------------------------------------------
     def block(self, jaxpr: ji.Jaxpr, out: list[ir.Stmt],
               eqns: Sequence[ji.JaxprEqn] | None = None) -> None:
@@ -203,9 +243,10 @@ class _Converter:
             convert = CONVERTERS.get(eqn.primitive.name)
             if eqn.primitive.name in _NOT_COMPILED:
                 raise self.error(f"{_NOT_COMPILED[eqn.primitive.name]} is not supported in "
-                                 "compiled kernels yet; it works with interpret=True "
-                                 "(@jt.kernel(interpret=True) or JAXTILE_INTERPRET=1), which "
-                                 "runs the body as plain JAX ops")
+                                 "compiled kernels; print with jt.print(\"x {}\", x) instead "
+                                 "(every backend), or run the body as plain JAX ops with "
+                                 "interpret=True (@jt.kernel(interpret=True) or "
+                                 "JAXTILE_INTERPRET=1)")
             if convert is None:
                 raise self.error(f"the operation `{eqn.primitive.name}` is not supported in "
                                  "kernel bodies")
@@ -490,6 +531,12 @@ def _fence(c: _Converter, eqn: Any, out: list) -> None:
     c.op(out, "fence", (), None)
 
 
+@_converts(tp.PRINT)
+def _print(c: _Converter, eqn: Any, out: list) -> None:
+    c.op(out, "print", [c.value(a, out) for a in eqn.invars], None, text=eqn.params["text"],
+         tag=eqn.params["tag"])
+
+
 @_converts(tp.GEMM)
 def _gemm(c: _Converter, eqn: Any, out: list) -> None:
     p = eqn.params
@@ -502,39 +549,138 @@ def _gemm(c: _Converter, eqn: Any, out: list) -> None:
          transpose_b=p["transpose_b"])
 
 
+def _carry_slots(c: _Converter, carries: Sequence[Any], inits: Sequence[Any],
+                 results: Sequence[Any], out: list[ir.Stmt]) -> list[ir.Buffer | None]:
+    """One slot per loop-carried value: None for one the body returns unchanged (it keeps
+    its initial value, read directly), else a carry buffer that holds the value between
+    iterations, its initial value stored into it in ``out`` (before the loop)."""
+    slots: list[ir.Buffer | None] = []
+    for var, init, result in zip(carries, inits, results):
+        if result is var:
+            slots.append(None)
+        else:
+            slots.append(c.carry_buffer(var.aval))
+            c.put(slots[-1], init, out)
+    return slots
+
+
+def _carried_block(c: _Converter, jaxpr: Any, consts: Sequence[Any], const_atoms: Sequence[Any],
+                   carries: Sequence[Any], slots: Sequence[ir.Buffer | None],
+                   inits: Sequence[Any], out: list[ir.Stmt],
+                   results: Sequence[Any] | None) -> list[ir.Stmt]:
+    """The statements of one iteration of ``jaxpr`` (a loop's body or condition): its first
+    inputs bound to ``const_atoms``, then its carried values ``carries`` loaded from their
+    ``slots`` (an unchanged one is its initial value, read in ``out``); with ``results``
+    (the body's outputs), the new carried values stored back at the end."""
+    c.bind_consts(jaxpr, consts, out)
+    for var, atom in zip(jaxpr.invars, const_atoms):
+        c.env[var] = c.read(atom, out)
+    stmts: list[ir.Stmt] = []
+    for var, slot, init in zip(carries, slots, inits):
+        if slot is None:
+            c.env[var] = c.read(init, out)
+        else:
+            c.take(slot, var, stmts)
+    line = c.line
+    c.block(jaxpr, stmts)
+    c.line = line
+    for slot, atom in zip(slots, results or ()):
+        if slot is not None:
+            c.put(slot, atom, stmts)
+    return stmts
+
+
+def _carried_results(c: _Converter, outvars: Sequence[Any], slots: Sequence[ir.Buffer | None],
+                     inits: Sequence[Any], out: list[ir.Stmt]) -> None:
+    """Bind a loop's results: each carried value's buffer loaded after the loop, or its
+    initial value for one the loop never changes."""
+    for var, slot, init in zip(outvars, slots, inits):
+        if slot is None:
+            c.env[var] = c.read(init, out)
+        else:
+            c.take(slot, var, out)
+
+
+def _index_result(c: _Converter, var: Any, value: ir.Value, out: list[ir.Stmt]) -> None:
+    """Bind a counted loop's final index (``value``, int32) to ``var``."""
+    if value.dtype != np.dtype(var.aval.dtype):
+        value = c.op(out, "convert", (value,), ir.Value((), var.aval.dtype))
+    c.env[var] = value
+
+
+def _steps_by_one(body: Any, carries: Sequence[Any]) -> bool:
+    """Whether the body's first result is its first carried value, an integer scalar, plus 1
+    (a loop index)."""
+    aval = carries[0].aval
+    if aval.shape != () or not np.issubdtype(aval.dtype, np.integer):
+        return False
+    step = next((e for e in body.eqns if e.outvars[0] is body.outvars[0]), None)
+    return (step is not None and step.primitive.name == "add" and step.invars[0] is carries[0]
+            and ji.literal_value(step.invars[1]) == 1)
+
+
 @_converts("scan")
 def _scan(c: _Converter, eqn: Any, out: list) -> None:
+    """``lax.scan`` without xs and ys (``fori_loop`` with static bounds, ``jt.loop``) as a
+    For statement. A first carried value that the body steps by one (fori_loop's index)
+    becomes the loop variable; the other carried values live in carry buffers."""
     p = eqn.params
     closed = p["jaxpr"]
     body = closed.jaxpr
     n_consts, n_carry = p["num_consts"], p["num_carry"]
-    if n_carry != 1 or len(eqn.invars) != n_consts + 1 or p["reverse"]:
-        raise c.error("lax.scan / fori_loop with loop-carried values is not supported "
-                      "in kernel bodies; use @jt.loop and keep state in refs")
-    start = c.scalar(eqn.invars[n_consts], out)
+    if len(eqn.invars) != n_consts + n_carry or len(eqn.outvars) != n_carry:
+        raise c.error("lax.scan over arrays (xs) or stacking per-iteration results (ys) is "
+                      "not supported in kernel bodies; carry values through the loop "
+                      "(lax.fori_loop, or lax.scan with xs=None) and read or write refs in "
+                      "its body")
+    carries, inits = body.invars[n_consts:], eqn.invars[n_consts:]
     var = ir.Value((), np.int32)
-    c.env[body.invars[n_consts]] = var
-    kind, stages = _loop_kind(body, body.invars[n_consts])
-    stmts: list[ir.Stmt] = []
-    c.nested(body, closed.consts, body.invars[:n_consts], eqn.invars[:n_consts], out, stmts)
-    out.append(ir.For(var, start, int(p["length"]), kind, stages, stmts, c.line))
+    length = int(p["length"])
+    counted = n_carry > 0 and not p["reverse"] and _steps_by_one(body, carries)
+    first = int(counted)
+    start: int | ir.Value = 0
+    kind, stages = "serial", 1
+    if counted:
+        start = c.scalar(inits[0], out)
+        c.env[carries[0]] = var
+        kind, stages = _loop_kind(body, carries[0])
+    slots = _carry_slots(c, carries[first:], inits[first:], body.outvars[first:], out)
+    stmts = _carried_block(c, body, closed.consts, eqn.invars[:n_consts], carries[first:],
+                           slots, inits[first:], out, body.outvars[first:])
+    out.append(ir.For(var, start, length, kind, stages, stmts, c.line))
+    _carried_results(c, eqn.outvars[first:], slots, inits[first:], out)
+    if counted:
+        _index_result(c, eqn.outvars[0], c.binary(out, "add", c.scalar_value(inits[0], out),
+                                                  c.constant(length, np.int32, out)), out)
 
 
 @_converts("cond")
 def _cond(c: _Converter, eqn: Any, out: list) -> None:
+    """``lax.cond`` / ``lax.switch`` as If statements on the branch index; every branch
+    stores its results into carry buffers, loaded after the If."""
     branches = eqn.params["branches"]
-    if len(branches) != 2 or eqn.outvars:
-        raise c.error("only two-way conditions without results are supported; "
-                      "use @jt.when and write results to refs")
     index = c.value(eqn.invars[0], out)
-    zero = c.op(out, "const", (), ir.Value((), index.dtype), value=0)
-    pred = c.op(out, "elementwise", (index, zero), ir.Value((), np.bool_), fn="ne")
+    slots = [c.carry_buffer(v.aval) for v in eqn.outvars]
     cases = []
     for branch in branches:
         stmts: list[ir.Stmt] = []
         c.nested(branch.jaxpr, branch.consts, branch.jaxpr.invars, eqn.invars[1:], out, stmts)
+        for slot, atom in zip(slots, branch.jaxpr.outvars):
+            c.put(slot, atom, stmts)
         cases.append(stmts)
-    out.append(ir.If(pred, cases[1], cases[0], c.line))
+    # lax.switch clamps its index into range before the cond, so the last branch runs for
+    # every index the others do not take (lax.cond's is 0 or 1).
+    chain = cases[-1]
+    for k in range(len(cases) - 2, -1, -1):
+        test = c.constant(k, index.dtype, out)
+        pred = c.op(out, "elementwise", (index, test), ir.Value((), np.bool_),
+                    fn="ne" if k == 0 else "eq")
+        # Index 0 against the rest as ``index != 0``, the form jt.when has always had.
+        chain = [ir.If(pred, chain, cases[k], c.line) if k == 0
+                 else ir.If(pred, cases[k], chain, c.line)]
+    out.extend(chain)
+    for var, slot in zip(eqn.outvars, slots):
+        c.take(slot, var, out)
 
 
 def _loop_kind(body: Any, index: Any) -> tuple[str, int]:
@@ -547,7 +693,8 @@ def _loop_kind(body: Any, index: Any) -> tuple[str, int]:
 
 def _counted(cond: Any, body: Any, n_consts: int) -> bool:
     """Whether a ``while`` is a counted loop as ``fori_loop`` with traced bounds makes it:
-    carries ``(i, stop, *unchanged)``, condition ``i < stop``, and the body adds 1 to i."""
+    carries ``(i, stop, *values)``, condition ``i < stop``, the body adds 1 to i and keeps
+    stop."""
     if len(cond.eqns) != 1 or len(cond.invars) < 2:
         return False
     test = cond.eqns[0]
@@ -555,10 +702,7 @@ def _counted(cond: Any, body: Any, n_consts: int) -> bool:
             or list(cond.outvars) != list(test.outvars)):
         return False
     carries = body.invars[n_consts:]
-    step = next((e for e in body.eqns if e.outvars[0] is body.outvars[0]), None)
-    return (step is not None and step.primitive.name == "add" and step.invars[0] is carries[0]
-            and ji.literal_value(step.invars[1]) == 1
-            and all(o is i for o, i in zip(body.outvars[1:], carries[1:])))
+    return _steps_by_one(body, carries) and body.outvars[1] is carries[1]
 
 
 def _flag_loop(cond: Any, body: Any, nc: int, nb: int) -> bool:
@@ -594,30 +738,42 @@ def _flag_while(c: _Converter, eqn: Any, out: list) -> None:
 
 @_converts("while")
 def _while(c: _Converter, eqn: Any, out: list) -> None:
+    """``lax.while_loop``: jt.while_'s flag loop; a counted loop (``fori_loop`` with traced
+    bounds, ``jt.loop``) as a For statement whose other carried values live in carry
+    buffers; any other as a While statement whose condition and body load the carried
+    values from carry buffers (the body stores them back)."""
     p = eqn.params
     nc, nb = p["cond_nconsts"], p["body_nconsts"]
-    body = p["body_jaxpr"].jaxpr
-    if nc or not _counted(p["cond_jaxpr"].jaxpr, body, nb):
-        if _flag_loop(p["cond_jaxpr"].jaxpr, body, nc, nb):
-            _flag_while(c, eqn, out)
-            return
-        raise c.error("lax.while_loop with loop-carried values is not supported on the "
-                      "device: keep the state in refs (e.g. a jt.local scalar) and use "
-                      "@jt.while_(lambda: <condition>), or jt.loop / jt.pipelined for "
-                      "counted loops (their bounds may be traced values)")
-    carries = eqn.invars[nc + nb:]
-    start = c.scalar(carries[0], out)
-    kind, stages = _loop_kind(body, body.invars[nb])
-    extent = c.binary(out, "sub", c.scalar_value(carries[1], out),
-                      c.scalar_value(carries[0], out))
-    var = ir.Value((), np.int32)
-    c.env[body.invars[nb]] = var
-    for inner, atom in zip(body.invars[nb + 1:], carries[1:]):
-        c.env[inner] = c.read(atom, out)
-    stmts: list[ir.Stmt] = []
-    c.nested(body, p["body_jaxpr"].consts, body.invars[:nb], eqn.invars[nc:nc + nb], out,
-             stmts)
-    out.append(ir.For(var, start, extent, kind, stages, stmts, c.line))
+    cond, body = p["cond_jaxpr"], p["body_jaxpr"]
+    if _flag_loop(cond.jaxpr, body.jaxpr, nc, nb):
+        _flag_while(c, eqn, out)
+        return
+    inits = eqn.invars[nc + nb:]
+    carries = body.jaxpr.invars[nb:]
+    if not nc and _counted(cond.jaxpr, body.jaxpr, nb):
+        start = c.scalar(inits[0], out)
+        kind, stages = _loop_kind(body.jaxpr, carries[0])
+        first, stop = c.scalar_value(inits[0], out), c.scalar_value(inits[1], out)
+        var = ir.Value((), np.int32)
+        c.env[carries[0]] = var
+        c.env[carries[1]] = c.read(inits[1], out)
+        slots = _carry_slots(c, carries[2:], inits[2:], body.jaxpr.outvars[2:], out)
+        stmts = _carried_block(c, body.jaxpr, body.consts, eqn.invars[nc:nc + nb],
+                               carries[2:], slots, inits[2:], out, body.jaxpr.outvars[2:])
+        out.append(ir.For(var, start, c.binary(out, "sub", stop, first), kind, stages, stmts,
+                          c.line))
+        _carried_results(c, eqn.outvars[2:], slots, inits[2:], out)
+        _index_result(c, eqn.outvars[0], c.binary(out, "max", first, stop), out)
+        c.env[eqn.outvars[1]] = c.read(inits[1], out)
+        return
+    slots = _carry_slots(c, carries, inits, body.jaxpr.outvars, out)
+    test_stmts = _carried_block(c, cond.jaxpr, cond.consts, eqn.invars[:nc],
+                                cond.jaxpr.invars[nc:], slots, inits, out, None)
+    test = c.value(cond.jaxpr.outvars[0], test_stmts)
+    stmts = _carried_block(c, body.jaxpr, body.consts, eqn.invars[nc:nc + nb], carries, slots,
+                           inits, out, body.jaxpr.outvars)
+    out.append(ir.While(test_stmts, test, stmts, c.line))
+    _carried_results(c, eqn.outvars, slots, inits, out)
 
 
 def convert(name: str, closed: ji.ClosedJaxpr, buffers: Sequence[ir.Buffer],
@@ -628,7 +784,7 @@ def convert(name: str, closed: ji.ClosedJaxpr, buffers: Sequence[ir.Buffer],
     ``index_axes[i]`` is the grid axis that the jaxpr's i-th block-index input reads, or
     None for an unused one (it reads as 0).
     """
-    conv = _Converter(name)
+    conv = _Converter(name, [b.name for b in buffers])
     jaxpr = closed.jaxpr
     block_indices = tuple(ir.Value((), np.int32) for _ in grid)
     body: list[ir.Stmt] = []
@@ -641,4 +797,5 @@ def convert(name: str, closed: ji.ClosedJaxpr, buffers: Sequence[ir.Buffer],
         conv.env[var] = buf
     conv.bind_consts(jaxpr, closed.consts, body)
     conv.block(jaxpr, body)
-    return ir.Kernel(name, tuple(grid), threads, tuple(buffers), block_indices, body)
+    return ir.Kernel(name, tuple(grid), threads, tuple(buffers) + tuple(conv.carried),
+                     block_indices, body)

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from jax import lax, tree_util
 from jax._src import core as _core
+from jax._src import debugging as _debugging
 from jax._src import source_info_util as _source_info
 from jax._src.export import _export as _jax_export
 from jax._src.export import shape_poly as _shape_poly
@@ -46,6 +47,8 @@ Primitive = _core.Primitive
 
 discharge_state = _discharge.discharge_state
 register_discharge_rule = _discharge.register_discharge_rule
+debug_effect = _debugging.debug_effect
+"""The effect of ``jax.debug.callback``: allowed in loops and conditionals, never dropped."""
 
 
 def ref_aval(shape: tuple[int, ...], dtype: Any) -> AbstractRef:
@@ -174,9 +177,9 @@ def named_op_location(ctx: Any, name: str) -> Any:
 
 def lower_per_platform(ctx: Any, description: str, rules: dict[str, Callable[..., Any]],
                        default: Callable[..., Any], *args: Any, **params: Any) -> Any:
-    """Inside the one lowering rule of a primitive registered with ``cacheable=False``: each
-    platform's rule (``default`` for the others), in a switch on the platform when lowering
-    for several (as JAX does for rules registered per platform).
+    """Inside the one lowering rule of a primitive without effects registered with
+    ``cacheable=False``: each platform's rule (``default`` for the others), in a switch on
+    the platform when lowering for several (as JAX does for rules registered per platform).
 
     JAX's own dispatch of an uncacheable primitive fails when lowering for several platforms
     (it concatenates a list with the tuple ``ctx.avals_out`` of that path), so such a

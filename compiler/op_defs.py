@@ -55,6 +55,9 @@ Each backend lowers ops through its own :class:`Lowerings` registry (``@lowers("
 ``store_release``  ``dst``: one element of a global output; operand: the scalar, written
                with release ordering (after all the block's earlier writes)
 ``fence``      orders the block's global accesses before it against those after it
+``print``      ``text``: literal pieces, ``tag``: how many block indices; operands: a bool
+               condition, the block indices, the scalar values; one line per block where
+               the condition holds (:mod:`.print_format`)
 =============  =====================================================================
 """
 
@@ -139,6 +142,8 @@ ATTR_TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "scan": (lambda v: v in SCANS, f"one of {sorted(SCANS)}"),
     "arg": (lambda v: v in ARG_REDUCTIONS, f"one of {sorted(ARG_REDUCTIONS)}"),
     "atomic": (lambda v: v in ATOMICS, f"one of {sorted(ATOMICS)}"),
+    "strs": (lambda v: isinstance(v, tuple) and all(isinstance(x, str) for x in v),
+             "a tuple of strs"),
     "size": (lambda v: isinstance(v, int | str) and not isinstance(v, bool)
              and _is_size(v), "an int or a size expression"),
 }
@@ -227,6 +232,23 @@ def _is_size(v: int | str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _check_print(op: Op, bufs: Buffers) -> str | None:
+    """Operands: the condition (a bool), the block's indices (``tag`` int32s), then the values
+    (one per gap between the ``text`` pieces); all scalars."""
+    when, tag, text = op.operands[0], op.attrs["tag"], op.attrs["text"]
+    if any(v.shape != () for v in op.operands):
+        return "print: every operand is a scalar"
+    if when.dtype != np.bool_:
+        return f"print: the condition has dtype {when.dtype}, expected bool"
+    if not 0 <= tag <= len(op.operands) - 1 or any(
+            v.dtype != np.int32 for v in op.operands[1:1 + tag]):
+        return f"print: {tag} block indices (int32) expected after the condition"
+    if len(text) != len(op.operands) - tag:
+        return (f"print: {len(text)} text pieces for {len(op.operands) - 1 - tag} values "
+                "(one more piece than values)")
+    return None
 
 
 def _check_size(op: Op, bufs: Buffers) -> str | None:
@@ -569,6 +591,9 @@ _DEFS = (
           pure=False, per_element=False, writes=("dst",), check=_check_flag,
           dtypes=ATOMIC_DTYPES),
     OpDef(kind="fence", arity=(0,), has_result=False, pure=False, per_element=False),
+    # Printing: never removed, and kept in its place (its line is the program's output).
+    OpDef(kind="print", attrs={"text": "strs", "tag": "int"}, arity=None, has_result=False,
+          pure=False, per_element=False, check=_check_print),
     OpDef(kind="barrier", arity=(0,), has_result=False, pure=False, per_element=False),
     OpDef(kind="gemm", attrs={"a": "region", "b": "region", "c": "region",
                               "transpose_a": "bool", "transpose_b": "bool"},

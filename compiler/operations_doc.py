@@ -25,7 +25,7 @@ _GROUPS = (
                                "dim_as_value")),
     ("Refs and tile ops", lambda n: n in ("get", "swap", "addupdate", tp.COPY, tp.GEMM,
                                           tp.ATOMIC, tp.LOAD_ACQUIRE, tp.STORE_RELEASE,
-                                          tp.FENCE)),
+                                          tp.FENCE, tp.PRINT)),
     ("Control flow and calls", lambda n: n in ("scan", "while", "cond") or n in fj._INLINE
      or n in fj._IDENTITY),
 )

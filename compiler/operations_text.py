@@ -182,6 +182,10 @@ DESCRIPTIONS: dict[str, str] = {
     "fence": ("`jt.fence()`: orders the block's global accesses before it against those after "
               "it (`fence.acq_rel.gpu` after a block barrier; a sequentially consistent fence "
               "on the CPU)."),
+    "print": ("`jt.print(\"row {} max {}\", r, m, when=c)`: one line per block where `c` "
+              "holds, tagged with the block's indices; scalar values, printed as C's printf "
+              "does (`%d`, `%g`). A runtime call writing to stdout on the CPU, device "
+              "`printf` from thread 0 on CUDA, `jax.debug.callback` in the reference."),
     "relayout": ("Inserted by the GPU passes, never written: a value moved to another thread "
                  "layout through shared memory where two operations need different ones."),
     "barrier": ("Inserted by the GPU passes, never written: all threads of a block wait, and "
@@ -194,15 +198,17 @@ PRIMITIVES: dict[str, str] = {
     "integer_pow": ("`x ** n` for a static integer `n`: multiplications in XLA's order, then "
                     "a reciprocal for negative `n`."),
     "clamp": "`lax.clamp(lo, x, hi)`: `min(max(x, lo), hi)`, NaN as in `max`/`min`.",
-    "while": ("`jt.loop`/`jt.pipelined` with bounds computed on the device (a `fori_loop` "
-              "whose condition is `i < stop`), or a `jt.while_` loop on a device condition. "
-              "Other `lax.while_loop`s, with values carried between iterations, are a "
-              "`KernelError`: keep loop state in refs."),
-    "scan": ("`jt.loop`/`jt.pipelined` with static bounds (a `fori_loop` with a static trip "
-             "count). `lax.scan` with carried values, or reversed, is a `KernelError`."),
-    "cond": ("`jt.when(cond)`: a two-way branch on a scalar computed on the device, without "
-             "results (write them to refs). `lax.cond` with results, or `lax.switch` with more "
-             "branches, is a `KernelError`."),
+    "while": ("`lax.while_loop`: `jt.loop`/`jt.pipelined` with bounds computed on the "
+              "device (a `fori_loop` whose condition is `i < stop`) are counted loops, a "
+              "`jt.while_` loops on a device condition, any other loops on its condition "
+              "function. Values carried between iterations (scalars, tiles) live in on-chip "
+              "tiles, a store and a load per iteration."),
+    "scan": ("`lax.scan` without `xs` or `ys`: `jt.loop`/`jt.pipelined` and `fori_loop` with "
+             "a static trip count; values carried between iterations live in on-chip tiles. "
+             "A scan over `xs` or stacking `ys` is a `KernelError`."),
+    "cond": ("`lax.cond`/`lax.switch` (and `jt.when`) on a scalar computed on the device, with "
+             "operands and results (scalars, tiles: each result passes through an on-chip "
+             "tile)."),
     "jit": "A nested `jax.jit` call: inlined.",
     "closed_call": "A nested call of a closed function: inlined.",
     "remat2": "`jax.checkpoint`: inlined (nothing is rematerialised inside a kernel).",

@@ -13,6 +13,11 @@ machine that runs it. LLVM's CPU name (what ``-mcpu`` code generation follows) i
 function of the model and the extensions for a given LLVM, whose version is fixed by TVM's
 version in the toolchain identity; so the key determines it without loading TVM, which a
 cache hit must not do.
+
+A CPU target may also name an ISA level narrower than the host (``cpu:x86-64-v3``, see
+:data:`ISA_LEVELS`): its extensions are the level's, its vector width theirs, and LLVM
+compiles for the level's generic CPU, so the code runs on any machine of that level. That
+is how AVX2 code is built and tested on an AVX-512 machine (``JAXTILE_CPU_ISA``).
 """
 
 from __future__ import annotations
@@ -51,6 +56,15 @@ class CpuCaps:
     vector_bits: int
     """Width of the widest SIMD registers (512 with AVX-512, 256 with AVX2, else 128);
     sizes vector loops and register tiles such as the GEMM's."""
+    level: str = "host"
+    """``"host"``: code for this very CPU (LLVM's name for it); else an ISA level of
+    :data:`ISA_LEVELS` (``"x86-64-v3"``), also LLVM's CPU name for it, whose extensions
+    alone ``isa`` then lists."""
+
+    @property
+    def vector_registers(self) -> int:
+        """SIMD registers the code may use: 32 with AVX-512, else 16 (x86-64's ymm/xmm)."""
+        return 32 if "avx512f" in self.isa else 16
 
     @property
     def bf16_dot(self) -> bool:
@@ -148,6 +162,30 @@ def host_isa() -> tuple[str, ...]:
     return tuple(sorted(ISA_FLAGS.intersection(flags)))
 
 
+_V2 = "sse sse2 pni ssse3 sse4_1 sse4_2 popcnt cx16 lahf_lm"
+_V3 = _V2 + " avx avx2 bmi1 bmi2 f16c fma abm movbe"
+_V4 = _V3 + " avx512f avx512bw avx512cd avx512dq avx512vl"
+ISA_LEVELS = {"x86-64-v3": tuple(sorted(_V3.split())), "x86-64-v4": tuple(sorted(_V4.split()))}
+"""The x86-64 micro-architecture levels (System V psABI) a CPU target may be narrowed to,
+with their extensions as ``/proc/cpuinfo`` names them (``abm`` is LZCNT): v3 is AVX2 + FMA
+(Haswell, Zen 1-3), v4 adds AVX-512 F/BW/CD/DQ/VL (Skylake-X, Zen 4; not its BF16)."""
+
+
+def check_isa_level(level: str) -> None:
+    """Raise ``ValueError`` unless ``level`` is ``"host"`` or a level of
+    :data:`ISA_LEVELS` this machine can run (what running kernels built for it needs)."""
+    if level == "host":
+        return
+    if level not in ISA_LEVELS:
+        raise ValueError(f"expected host or one of {', '.join(ISA_LEVELS)}")
+    if platform.machine() not in ("x86_64", "AMD64"):
+        raise ValueError(f"{level} is an x86-64 level and this machine is "
+                         f"{platform.machine()}")
+    if missing := sorted(set(ISA_LEVELS[level]) - set(host_isa())):
+        raise ValueError(f"this CPU lacks {' '.join(missing)} of {level}, so code built for "
+                         "it could not run here")
+
+
 def _cpu_model() -> str:
     info = _cpuinfo()
     keys = ("vendor_id", "cpu family", "model", "CPU implementer", "CPU part")
@@ -155,7 +193,11 @@ def _cpu_model() -> str:
 
 
 def _cpu_vector_bits() -> int:
-    flags = set(host_isa())
+    return _vector_bits(host_isa())
+
+
+def _vector_bits(isa: tuple[str, ...]) -> int:
+    flags = set(isa)
     if "avx512f" in flags:
         return 512
     return 256 if "avx2" in flags else 128
@@ -169,9 +211,14 @@ def _version(dist: str) -> str:
         return f"{dist} unknown"
 
 
-def _cpu() -> Target:
-    caps = CpuCaps(platform.machine(), host_isa(), _cpu_model(), _cpu_vector_bits())
-    return Target("cpu", "cpu", caps, _version("apache-tvm"))
+def _cpu(level: str = "host") -> Target:
+    """The host CPU, or the CPUs of an ISA ``level``: code for a level this machine lacks
+    can be compiled and inspected, not run (:func:`check_isa_level` says)."""
+    isa = host_isa() if level == "host" else ISA_LEVELS[level]
+    bits = _cpu_vector_bits() if level == "host" else _vector_bits(isa)
+    caps = CpuCaps(platform.machine(), isa, _cpu_model(), bits, level)
+    return Target("cpu" if level == "host" else f"cpu:{level}", "cpu", caps,
+                  _version("apache-tvm"))
 
 
 _AMPERE_MMA = (("m16n8k16", "f16"), ("m16n8k16", "bf16"), ("m16n8k8", "tf32"))
@@ -240,11 +287,13 @@ def _hip(gfx: str) -> Target:
     return Target(f"hip:{gfx}", "hip", caps, "rocm")
 
 
-KNOWN = ("cpu", *(f"cuda:{arch}" for arch in _CUDA), *(f"hip:{g}" for g in _HIP))
+KNOWN = ("cpu", *(f"cpu:{level}" for level in ISA_LEVELS), *(f"cuda:{arch}" for arch in _CUDA),
+         *(f"hip:{g}" for g in _HIP))
 
 
 def parse_target(name: str = "cpu") -> Target:
-    """The target called ``name`` (one of :data:`KNOWN`); ``"cpu"`` is this machine.
+    """The target called ``name`` (one of :data:`KNOWN`); ``"cpu"`` is this machine,
+    ``"cpu:x86-64-v3"`` this machine narrowed to AVX2 (see :data:`ISA_LEVELS`).
 
     >>> parse_target("cuda:sm_80").caps.warp_size
     32
@@ -254,6 +303,8 @@ def parse_target(name: str = "cpu") -> Target:
                           f"{name!r}; known targets: {', '.join(KNOWN)}")
     if name == "cpu":
         return _cpu()
+    if name.startswith("cpu:") and name[4:] in ISA_LEVELS:
+        return _cpu(name[4:])
     if name.startswith("cuda:") and name[5:] in _CUDA:
         return _cuda(name[5:])
     m = re.fullmatch(r"hip:(gfx\w+)", name)

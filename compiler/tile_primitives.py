@@ -25,3 +25,6 @@ release ordering (the block's earlier writes are visible before it)."""
 FENCE = "jt_fence"
 """``jt_fence(*outputs)``: orders the block's global memory accesses before it against those
 after it (the operands, the kernel's outputs, only keep it in the trace)."""
+PRINT = "jt_print"
+"""``jt_print(when, *tag, *values, text)``: when ``when`` holds, one line: the block's tag
+(its indices ``tag``) and ``text`` (literal pieces) interleaved with the scalar ``values``."""

@@ -6,8 +6,8 @@ A kernel is a Python body written with the tile language below and decorated wit
 Tile language (inside a kernel body): :func:`empty`, :func:`grid`, :func:`shared`,
 :func:`fragment`, :func:`local`, :func:`copy`, :func:`gather`, :func:`scatter`,
 :func:`gemm`, :func:`atomic_add` (``_max``, ``_min``), :func:`load_acquire`,
-:func:`store_release`, :func:`fence`, :func:`loop`, :func:`pipelined`, :func:`when`,
-:func:`while_`, :func:`ds`, :func:`cdiv`. :class:`Ref` is the type of the
+:func:`store_release`, :func:`fence`, :func:`print`, :func:`loop`, :func:`pipelined`,
+:func:`when`, :func:`while_`, :func:`ds`, :func:`cdiv`. :class:`Ref` is the type of the
 buffers a body works on (arguments, outputs, tiles and their views).
 
 The public API is typed (``py.typed``); ``tests/jaxtile/test_typing.py`` checks it with mypy.
@@ -20,6 +20,7 @@ from jaxtile.primitives.sharding import ShardRule
 
 from ._stats import KernelStats, stats
 from ._typing import Ref
+from .autotune import autotune
 from .export import export_checks
 from .kernel import (
     Kernel,
@@ -48,6 +49,7 @@ from .language import (
     local,
     loop,
     pipelined,
+    print,
     scatter,
     shared,
     store_release,
@@ -61,9 +63,10 @@ __all__ = [
     "Kernel", "KernelError", "Lowered", "Ref", "ShardRule", "annotate_layout", "atomic_add",
     "atomic_max", "atomic_min", "backend", "cdiv", "copy", "ds", "empty", "export_checks",
     "fence", "fragment", "gather", "gemm", "grid", "interpret_by_default", "kernel",
-    "load_acquire", "local", "loop", "ops", "pipelined", "scatter", "set_backend",
+    "load_acquire", "local", "loop", "ops", "pipelined", "print", "scatter", "set_backend",
     "set_interpret", "shared", "store_release", "when", "while_",
     "KernelStats", "stats",
+    "autotune",
 ]
 
 

@@ -70,10 +70,22 @@ def _backend(text: str) -> str:
     return text.lower()
 
 
+def _cpu_isa(text: str) -> str:
+    """``host`` or an x86-64 ISA level this CPU can run, in any case."""
+    from jaxtile.compiler.target import check_isa_level
+
+    check_isa_level(text.lower())
+    return text.lower()
+
+
 VARIABLES = {v.name: v for v in (
     Variable("JAXTILE_BACKEND", _backend, "cpu",
              "what runs kernels on the CPU platform: cpu (compiled for the CPU) or "
              "cuda-emulator (compiled for CUDA, run in the SIMT emulator)"),
+    Variable("JAXTILE_CPU_ISA", _cpu_isa, "host",
+             "the instruction set CPU kernels are compiled for: host (this CPU's own) or a "
+             "narrower x86-64 level it can run, x86-64-v3 (AVX2 + FMA) or x86-64-v4 "
+             "(AVX-512), e.g. to test the code other machines get"),
     Variable("JAXTILE_INTERPRET", boolean, False,
              "run kernels without an explicit interpret= as their reference semantics"),
     Variable("JAXTILE_NUM_THREADS", _threads, None,
@@ -83,9 +95,18 @@ VARIABLES = {v.name: v for v in (
              "buffers (up to 32 MiB each, 256 MiB per arena's top) rather than returning them "
              "to the OS (faster repeated large kernel calls, more memory kept; see "
              "docs/design.md)"),
+    Variable("JAXTILE_AUTOTUNE", boolean, True,
+             "time the candidates of autotuned kernels; off: take the first valid config"),
 )}
 
 _warned: set[tuple[str, str]] = set()
+
+
+def cpu_target_name() -> str:
+    """The target CPU kernels compile for: ``"cpu"`` (the host), or ``"cpu:<level>"`` as
+    ``JAXTILE_CPU_ISA`` narrows it."""
+    level = get("JAXTILE_CPU_ISA")
+    return "cpu" if level == "host" else f"cpu:{level}"
 
 
 def get(name: str) -> Any:

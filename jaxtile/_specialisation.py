@@ -114,8 +114,10 @@ class Specialisation:
     @property
     def cpu_platform_target(self) -> Target:
         """The target the kernel compiles for when JAX runs it on the CPU platform: the host
-        CPU, or CUDA for the SIMT emulator (the ``cuda-emulator`` backend)."""
-        return parse_target(_config.BACKENDS[self.backend])
+        CPU (narrowed by ``JAXTILE_CPU_ISA``), or CUDA for the SIMT emulator (the
+        ``cuda-emulator`` backend)."""
+        name = _config.BACKENDS[self.backend]
+        return parse_target(_config.cpu_target_name() if name == "cpu" else name)
 
     def build(self, target: Target, load: Callable[[cache.Entry], None], *,
               emulated: bool = False) -> cache.Entry:

@@ -338,7 +338,8 @@ def _parser() -> argparse.ArgumentParser:
                          help="an argument's type, in order, e.g. f32[1024,1024]")
     inspect.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                          help="a compile-time parameter, e.g. bm=64")
-    inspect.add_argument("--target", default="cpu", help="cpu, cuda:sm_80, cuda:sm_90...")
+    inspect.add_argument("--target", default="cpu",
+                         help="cpu, cpu:x86-64-v3, cuda:sm_80, cuda:sm_90...")
     inspect.add_argument("--show", action="append", choices=_SHOWS, metavar="WHAT",
                          help=f"one of {', '.join(_SHOWS)} (repeatable; default ir)")
     inspect.set_defaults(run=_inspect)

@@ -9,7 +9,7 @@ import inspect
 import linecache
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +24,9 @@ from jaxtile.primitives import kernel_call, sharding
 from . import _config, _trace
 from ._specialisation import Specialisation, flat_outputs
 from ._typing import KernelArg
+
+if TYPE_CHECKING:
+    from .autotune import TunedKernel
 
 SUPPORTED_DTYPES = frozenset(np.dtype(d) for d in (
     jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64, jnp.int8, jnp.int16, jnp.int32,
@@ -381,13 +384,22 @@ class Kernel:
         """
         self.jvp_rule = jvp
 
+    def autotune(self, configs: Sequence[Mapping[str, Any]], **options: Any) -> TunedKernel:
+        """This kernel with its parameters tuned over ``configs``: see :func:`jaxtile.autotune`
+        (a ``TunedKernel``; its ``tuning_report(*args)`` lists every candidate)."""
+        from .autotune import autotune
+
+        return autotune(self, configs=configs, **options)
+
     def lower(self, *args: KernelArg | jax.ShapeDtypeStruct, target: str = "cpu",
               **params: Any) -> Lowered:
         """Trace and lower for ``target`` (``"cpu"``, ``"cuda:sm_80"``, ``"cuda:sm_90"``,
         ``"hip:gfx90a"``...) without running; ``args`` may be ``jax.ShapeDtypeStruct`` s.
         Returns the Tile IR, the content key and (``.source``) the generated source. A
-        target that has no backend yet is a KernelError saying so."""
-        tgt = parse_target(target)
+        target that has no backend yet is a KernelError saying so. ``"cpu"`` is the target
+        the CPU platform compiles for (``"cpu:x86-64-v3"`` under ``JAXTILE_CPU_ISA=x86-64-v3``);
+        ``"cpu:x86-64-v4"`` lowers for AVX-512 also where the host lacks it."""
+        tgt = parse_target(_config.cpu_target_name() if target == "cpu" else target)
         build.check_backend(tgt)
         spec = self._specialise(args, params)
         spec.check_threads(tgt)

@@ -12,11 +12,12 @@ from typing import Any, overload
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 from jax import lax
 from jax.typing import ArrayLike, DTypeLike
 
-from jaxtile.compiler import ir, op_defs
+from jaxtile.compiler import ir, op_defs, print_format
 from jaxtile.compiler import jax_internals as ji
 from jaxtile.primitives import tile_ops
 
@@ -172,9 +173,9 @@ def _to_int32(x: Any) -> Any:
     follows the edge rules (pad, dropped write), where a plain cast would wrap it onto a
     valid one (2**32 + 1 would read row 1)."""
     dtype = jnp.result_type(x)
-    if jnp.iinfo(dtype).max > _INT32.max:
+    if np.iinfo(dtype).max > _INT32.max:
         x = jnp.minimum(x, jnp.asarray(_INT32.max, dtype))
-    if jnp.iinfo(dtype).min < _INT32.min:
+    if np.iinfo(dtype).min < _INT32.min:
         x = jnp.maximum(x, jnp.asarray(_INT32.min, dtype))
     return jnp.asarray(x, jnp.int32)
 
@@ -258,11 +259,12 @@ def _check_pad(state: Any, pad: Any, dtype: Any, op: str) -> None:
             return                  # inf and NaN pads are values of every float dtype
         with np.errstate(over="ignore"):
             if value is None or not np.isfinite(np.float64(value).astype(dtype)):
+                largest = ml_dtypes.finfo(dtype).max  # type: ignore[no-untyped-call]
                 raise state.error(f"{op}: pad {pad} overflows {dtype}, the dtype of the "
-                                  f"source (largest: {jnp.finfo(dtype).max})")
+                                  f"source (largest: {largest})")
         return
-    low, high = (0, 1) if dtype == np.bool_ else (int(jnp.iinfo(dtype).min),
-                                                 int(jnp.iinfo(dtype).max))
+    low, high = (0, 1) if dtype == np.bool_ else (int(np.iinfo(dtype).min),
+                                                 int(np.iinfo(dtype).max))
     if not float(pad).is_integer() or not low <= int(pad) <= high:
         raise state.error(f"{op}: pad {pad} is not a value of {dtype}, the dtype of the "
                           f"source (integers from {low} to {high})")
@@ -452,6 +454,49 @@ def fence() -> None:
     tile_ops.fence_p.bind(*outputs.values())
 
 
+def print(fmt: str, /, *values: ArrayLike, when: ArrayLike | None = None) -> None:  # noqa: A001
+    """Print one line per block from inside a kernel: ``fmt`` with each ``{}`` replaced by
+    the next value, after the block's tag (``[block 3] row 3 max 2.5``; ``[block (i, j)]`` on
+    a grid of several axes: those of the ``jt.grid`` called before it, then the batch
+    indices under ``vmap``). ``when`` (a scalar bool) prints only where it holds.
+
+    Values are scalars (a tile prints nothing sensible once per block: reduce it or index
+    one element first), written as C's ``printf`` would: integers in decimal, floats with
+    ``%g``, bools as ``True``/``False``. Every backend prints the same text, to C's stdout
+    (device ``printf`` on a GPU, which flushes when the kernel completes); the order across
+    blocks is unspecified, as with CUDA's ``printf`` and ``jax.debug.print``. On a GPU the
+    line comes from the block's thread 0.
+
+    >>> jt.print("row {} max {}", i, jnp.max(x), when=i < 2)         # doctest: +SKIP
+    """
+    state = _trace.current("jt.print")
+    text = print_format.pieces(fmt, len(values))
+    if isinstance(text, str):
+        raise state.error(f"jt.print: {text}")
+    args = []
+    for k, v in enumerate(values):
+        try:
+            a = jnp.asarray(v)
+        except TypeError as e:
+            raise state.error(f"jt.print: value {k} ({type(v).__name__}) is not a number: "
+                              f"{e}") from None
+        if a.shape != ():
+            raise state.error(f"jt.print: value {k} is a tile of shape {a.shape}; jt.print "
+                              "prints scalars (reduce the tile, e.g. jnp.max(x), or index "
+                              "one element)")
+        if a.dtype not in op_defs.DTYPES:
+            raise state.error(f"jt.print: value {k} has dtype {a.dtype}, which kernels do "
+                              "not compute in")
+        args.append(a)
+    cond = jnp.asarray(True if when is None else when)
+    if cond.shape != () or cond.dtype != np.bool_:
+        raise state.error(f"jt.print: when= must be a scalar bool, got {cond.dtype}"
+                          f"{list(cond.shape)}")
+    rank = len(state.grid) if state.grid is not None else 1
+    tag = list(state.block_indices[:rank]) + list(reversed(state.batch_indices))
+    tile_ops.print_p.bind(cond, *tag, *args, text=text, tag=len(tag))
+
+
 def gemm(a: Ref, b: Ref, c: Ref, *, transpose_a: bool = False,
          transpose_b: bool = False) -> None:
     """Accumulate a matrix product into ``c``: ``c += op(a) @ op(b)``.
@@ -531,10 +576,12 @@ def _run_loop(start: Any, stop: Any, body: Callable[[Any], Any], kind: str,
             raise state.error("a loop body must not return a value; write results to refs")
         return carry
 
-    # int32 counters whatever the bounds' Python types: under x64 Python ints would give
-    # the loop an int64 counter, which kernels do not count in.
-    lax.fori_loop(jnp.int32(start) if isinstance(start, int) else start,
-                  jnp.int32(stop) if isinstance(stop, int) else stop, step, 0)
+    if jax.config.jax_enable_x64:
+        # Under x64 Python-int bounds would give the loop an int64 counter, which kernels
+        # do not count in: int32 bounds make it count in int32. Only then: without x64,
+        # Python ints keep a static trip count, which the CPU's gemm passes plan with.
+        start, stop = (jnp.int32(b) if isinstance(b, int) else b for b in (start, stop))
+    lax.fori_loop(start, stop, step, 0)
 
 
 def loop(start: Index, stop: Index | None = None, *,

@@ -66,7 +66,8 @@ def _cpu_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
         _require_export_checks(kernel, CPU_EXPORTED_TARGET_NAME)
         with ji.named_op_location(ctx, kernel.label):
             return jax.ffi.ffi_lowering(CPU_EXPORTED_TARGET_NAME, **aliases)(
-                ctx, *args, key=entry.key, payload=payload.encode(kernel.name, entry))
+                ctx, *args, key=entry.key,
+                payload=payload.encode(kernel.name, entry, target.caps.isa))
     with ji.named_op_location(ctx, kernel.label):
         return jax.ffi.ffi_lowering(CPU_TARGET_NAME, **aliases)(ctx, *args, key=entry.key)
 

@@ -113,12 +113,14 @@ def unpack(text: str) -> tuple[dict[str, str], bytes]:
 
 
 @functools.lru_cache(maxsize=64)
-def encode(kernel_name: str, entry: cache.Entry) -> str:
+def encode(kernel_name: str, entry: cache.Entry, isa: tuple[str, ...]) -> str:
     """The payload of a compiled kernel, read from its library in the build cache and
-    checked against the checksum recorded when it was compiled."""
+    checked against the checksum recorded when it was compiled; ``isa``: the extensions it
+    was compiled for (its target's), which the machine that loads it must have."""
     library = _read_checked(kernel_name, entry)
     return pack(key=entry.key, name=_one_line(kernel_name), symbol=entry.symbol,
-                num_blocks=entry.num_blocks, alignment=entry.alignment, library=library)
+                num_blocks=entry.num_blocks, alignment=entry.alignment, isa=isa,
+                library=library)
 
 
 def _one_line(kernel_name: str) -> str:

@@ -15,17 +15,23 @@ and as the test oracle. The compiler recognises these primitives by name in the 
 - ``jt_load_acquire``, ``jt_store_release``, ``jt_fence``: memory ordering between blocks.
   The reference runs blocks one after another, where every access is ordered: they are a
   plain read, a plain write and nothing.
+- ``jt_print``: one line per block where its condition holds; the reference writes it from a
+  ``jax.debug.callback`` (as ``jax.debug.print`` does), in the text every backend prints.
 - ``jt_loop_info``: an identity on a loop index that tells the compiler the loop's kind.
 """
 
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
-from jax.interpreters import mlir
+from jax.interpreters import ad, batching, mlir
 
 from jaxtile.compiler import jax_internals as ji
-from jaxtile.compiler import semantics
+from jaxtile.compiler import print_format, semantics
 from jaxtile.compiler import tile_primitives as tp
 
 copy_p = ji.Primitive(tp.COPY)
@@ -205,6 +211,54 @@ ji.effectful_abstract_eval(fence_p, _fence_abstract_eval)
 ji.effectful_abstract_eval(atomic_p, _atomic_abstract_eval)
 ji.effectful_abstract_eval(copy_p, _copy_abstract_eval)
 ji.effectful_abstract_eval(gemm_p, _gemm_abstract_eval)
+
+print_p = ji.Primitive(tp.PRINT)
+print_p.multiple_results = True
+
+
+def _print_abstract_eval(when, *operands, text, tag):
+    del when, operands, text, tag
+    return [], {ji.debug_effect}
+
+
+def _emit(text, tag, when, *operands):
+    """Write the lines of the blocks whose condition holds (called from the callback; under
+    ``vmap`` the operands carry the batch in front, one line per batch element)."""
+    arrays = np.broadcast_arrays(np.asarray(when), *(np.asarray(x) for x in operands))
+    for i in np.ndindex(arrays[0].shape):
+        if arrays[0][i]:
+            values = [a[i] for a in arrays[1:]]
+            print(print_format.render(text, [int(v) for v in values[:tag]], values[tag:]),
+                  flush=True)
+
+
+def _print_lowered(when, *operands, text, tag):
+    jax.debug.callback(functools.partial(_emit, text, tag), when, *operands)
+    return []
+
+
+def _print_batched(args, dims, *, text, tag):
+    # The batch index joins the tag as a last grid axis, as in a compiled batched kernel
+    # (an inner vmap's batching runs first: innermost level first). JAX marks an unbatched
+    # operand with dimension None; those are broadcast.
+    size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
+    args = [batching.bdim_at_front(x, d, size) for x, d in zip(args, dims)]
+    # Every operand now has the batch in front of the same shape (an outer vmap's batch
+    # comes in front of an inner one's), and so does the new index.
+    args.insert(1 + tag, lax.broadcasted_iota(jnp.int32, args[0].shape, 0))
+    return print_p.bind(*args, text=text, tag=tag + 1), []
+
+
+def _print_jvp(primals, tangents, *, text, tag):
+    del tangents
+    return print_p.bind(*primals, text=text, tag=tag), []
+
+
+ji.effectful_abstract_eval(print_p, _print_abstract_eval)
+print_p.def_impl(lambda *args, text, tag: _emit(text, tag, *args) or [])
+mlir.register_lowering(print_p, mlir.lower_fun(_print_lowered, multiple_results=True))
+batching.primitive_batchers[print_p] = _print_batched
+ad.primitive_jvps[print_p] = _print_jvp
 
 loop_info_p.def_impl(lambda index, **_: index)
 loop_info_p.def_abstract_eval(lambda index, **_: index)

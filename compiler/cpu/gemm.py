@@ -1,13 +1,14 @@
 """``C += op(A) @ op(B)`` on on-chip tiles as TIR loop nests, for the CPU.
 
-The bulk of ``C`` is computed in register tiles of :data:`ROWS` rows by one vector (of the
-target's width): the tile of ``C`` is loaded into a small local array once, then for every
-``k`` one row segment of ``B`` (converted to the accumulator type) is multiplied by one
-element of ``A`` per row and added in, and the tile is stored back after the last ``k``. The
-rows of a tile are unrolled here, in Python, so every access to the local arrays has a
-constant offset and LLVM keeps them in vector registers: each ``k`` step is one fused
-multiply-add per row on registers, with no load or store of ``C``. Columns left over go in
-tiles of 8 lanes; the rest, and rows left over, use a plain i-k-j nest with the j loop
+The bulk of ``C`` is computed in register tiles of a few rows by one or two vectors (of the
+target's width; :func:`tile_shape` chooses from the vector registers there are): the tile of
+``C`` is loaded into a small local array once, then for every ``k`` one row segment of ``B``
+(converted to the accumulator type) is multiplied by one element of ``A`` per row and added
+in, and the tile is stored back after the last ``k``. The rows of a tile are unrolled here,
+in Python, so every access to the local arrays has a constant offset and LLVM keeps them in
+vector registers: each ``k`` step is one fused multiply-add per row and vector on
+registers, with no load or store of ``C``. Columns left over go in tiles of one vector, then
+of 8 lanes; the rest, and rows left over, use a plain i-k-j nest with the j loop
 vectorised. bfloat16 operands on a target with the bfloat16 dot go to :mod:`.gemm_bf16`;
 both skip the tiles past the bounds :mod:`..passes.gemm_edges` notes (:mod:`.gemm_live`).
 
@@ -23,18 +24,35 @@ from tvm import tirx
 from tvm.ir import Expr
 
 from .. import ir
+from ..target import CpuCaps
 from . import elementwise as ew
 from .context import FALLBACK_LANES, Lowering, extent
 from .gemm_bf16 import lower_gemm_bf16
 from .gemm_live import Live, when
 
 ROWS = (8, 4)
-"""A register tile is ``ROWS[0]`` rows by one vector of the target's width, and rows left
-over take tiles of ``ROWS[1]`` rows: 8 accumulators, a vector of ``B`` and the broadcasts of
-``A``, which LLVM folds into the multiply-adds since each is used once, fit the 16 vector
-registers of AVX2 as well as the 32 of AVX-512. Measured on AVX-512 (Zen 4) for 1024^3
-float32 with 64 x 64 x 64 tiles, all in one process, medians of 21 calls on 2 threads: 8 x 1
-vectors 12.6-12.9 ms, 16 x 1 12.4-12.9, 8 x 2 12.6-12.9, 4 x 2 13.4-14.6 (XLA 10.9-11.0)."""
+"""With 32 vector registers (AVX-512) a register tile is ``ROWS[0]`` rows by one vector,
+and rows left over take tiles of ``ROWS[1]`` rows: 8 accumulators, a vector of ``B`` and
+the broadcasts of ``A``, which LLVM folds into the multiply-adds (embedded broadcast) since
+each is used once. Measured on AVX-512 (Zen 4) for 1024^3 float32 with 64 x 64 x 64 tiles,
+all in one process, medians of 21 calls on 2 threads: 8 x 1 vectors 12.6-12.9 ms, 16 x 1
+12.4-12.9, 8 x 2 12.6-12.9, 4 x 2 13.4-14.6 (XLA 10.9-11.0)."""
+
+ROWS_16_REGISTERS = (6, 4)
+VECTORS_16_REGISTERS = 2
+"""With 16 vector registers (AVX2) there is no embedded broadcast: each element of ``A``
+takes a ``vbroadcastss`` of its own, so a tile spans two vectors of ``B`` and every
+broadcast feeds two multiply-adds: 6 x 2 accumulators, 2 vectors of ``B`` and one
+broadcast are 15 of the 16 ymm registers (rows left over: 4 x 2). Each ``k`` step is 8
+loads for 12 multiply-adds, against 9 for 8 in 8 x 1 tiles."""
+
+
+def tile_shape(caps: CpuCaps) -> tuple[tuple[int, int], int]:
+    """The rows (main tiles, then tiles of the rows left over) and the vectors of a register
+    tile on a CPU with ``caps``."""
+    if caps.vector_registers >= 32:
+        return ROWS, 1
+    return ROWS_16_REGISTERS, VECTORS_16_REGISTERS
 
 
 def lower_gemm(low: Lowering, op: ir.Op, *, lanes: int) -> None:
@@ -91,21 +109,23 @@ def _lower_fma(low: Lowering, a: dict, lanes: int, live: Live) -> None:
     def b_at(kk: Expr, j: Expr) -> Expr:
         return ew.convert(B[kk, j], str(B.dtype), acc, low.bind)
 
-    # Rows in bands of ROWS[0] then ROWS[1] rows, each band's columns in register tiles of
-    # one vector, then of one 8-lane vector (a 64 x 40 tile: 32 + 8), the rest of the
-    # columns and rows in the i-k-j nest.
+    # Rows in bands of row_tiles[0] then row_tiles[1] rows, each band's columns in register
+    # tiles of `vectors` vectors, then of one, then of one 8-lane vector (a 64 x 40 tile on
+    # AVX-512: 32 + 8), the rest of the columns and rows in the i-k-j nest.
+    row_tiles, vectors = tile_shape(low.target.caps)
     bands, m_main = [], 0
-    for rows in ROWS:
+    for rows in row_tiles:
         stop = m_main + (m - m_main) // rows * rows
         if stop > m_main:
             bands.append((m_main, stop, rows))
         m_main = stop
     n_main = 0
-    for width in (lanes, FALLBACK_LANES):
-        end = n_main + (n - n_main) // width * width
+    for width, count in dict.fromkeys(((lanes, vectors), (lanes, 1), (FALLBACK_LANES, 1))):
+        end = n_main + (n - n_main) // (width * count) * (width * count)
         if end > n_main:
             for band in bands:
-                _register_tiles(low, C, a_at, b_at, (band, (n_main, end), k), width, live)
+                _register_tiles(low, C, a_at, b_at, (band, (n_main, end), k), (width, count),
+                                live)
         n_main = end
     if m_main < m:
         with when(low, live.reaches(0, m_main)):
@@ -116,34 +136,42 @@ def _lower_fma(low: Lowering, a: dict, lanes: int, live: Live) -> None:
 
 
 def _register_tiles(low: Lowering, C: tirx.Buffer, a_at: Callable, b_at: Callable,
-                    mnk: tuple[tuple[int, int, int], tuple[int, int], int], lanes: int,
-                    live: Live) -> None:
-    """Rows ``first..stop`` and columns ``start..stop`` of ``C`` in tiles of ``rows`` rows
-    by one vector of ``lanes``."""
+                    mnk: tuple[tuple[int, int, int], tuple[int, int], int],
+                    shape: tuple[int, int], live: Live) -> None:
+    """Rows ``first..last`` and columns ``start..stop`` of ``C`` in tiles of ``rows`` rows
+    by ``vectors`` vectors of ``lanes`` (``shape``)."""
     kb, acc = low.kb, str(C.dtype)
     (first, last, rows), (start, stop), k = mnk
-    tile = kb.alloc_local(low.name("ctile"), (rows, lanes), acc)
-    b_row = kb.alloc_local(low.name("brow"), (lanes,), acc)
+    lanes, vectors = shape
+    width = lanes * vectors
+    tile = kb.alloc_local(low.name("ctile"), (rows, width), acc)
+    b_row = kb.alloc_local(low.name("brow"), (width,), acc)
 
-    def each_row(body: Callable[[int, Expr], None]) -> None:
+    def each_vector(body: Callable[[int, Expr], None]) -> None:
+        """``body(r, column)`` for every row and vector of the tile, one vector loop each."""
         for r in range(rows):
-            with kb.loop(low.name("v"), lanes, kind="vectorized") as v:
-                body(r, v)
+            for q in range(vectors):
+                with kb.loop(low.name("v"), lanes, kind="vectorized") as v:
+                    body(r, q * lanes + v if q else v)
 
-    # Column strips outermost: one strip of B (K x lanes) serves every row tile while it is
+    # Column strips outermost: one strip of B (K x width) serves every row tile while it is
     # in L1. Rows outermost streamed all of B from L2 for every row tile: 1024^3 float32
     # with 64 x 64 x 64 tiles, one Zen 4 core, 27.0 ms against 25.0.
-    with kb.loop(low.name("nt"), live.tiles(1, (stop - start) // lanes, lanes, start)) as jt, \
+    with kb.loop(low.name("nt"), live.tiles(1, (stop - start) // width, width, start)) as jt, \
             kb.loop(low.name("mt"), live.tiles(0, (last - first) // rows, rows, first)) as it:
-        i0, j0 = first + it * rows, start + jt * lanes
-        each_row(lambda r, v: kb.store(tile, [r, v], C[i0 + r, j0 + v]))
+        i0, j0 = first + it * rows, start + jt * width
+        each_vector(lambda r, c: kb.store(tile, [r, c], C[i0 + r, j0 + c]))
         with kb.loop(low.name("k"), k) as kk:
-            with kb.loop(low.name("v"), lanes, kind="vectorized") as v:
-                kb.store(b_row, [v], b_at(kk, j0 + v))
+            for q in range(vectors):
+                with kb.loop(low.name("v"), lanes, kind="vectorized") as v:
+                    c = q * lanes + v if q else v
+                    kb.store(b_row, [c], b_at(kk, j0 + c))
+            # One load of each A element, broadcast for every vector of its row (LLVM merges
+            # the loads; on AVX-512 it folds a broadcast used once into the FMA).
             a_vals = [a_at(i0 + r, kk) for r in range(rows)]
-            each_row(lambda r, v: kb.store(
-                tile, [r, v], tirx.Add(tile[r, v], tirx.Mul(a_vals[r], b_row[v]))))
-        each_row(lambda r, v: kb.store(C, [i0 + r, j0 + v], tile[r, v]))
+            each_vector(lambda r, c: kb.store(
+                tile, [r, c], tirx.Add(tile[r, c], tirx.Mul(a_vals[r], b_row[c]))))
+        each_vector(lambda r, c: kb.store(C, [i0 + r, j0 + c], tile[r, c]))
 
 
 def _plain(low: Lowering, C: tirx.Buffer, a_at: Callable, b_at: Callable,

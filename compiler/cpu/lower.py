@@ -39,6 +39,7 @@ from .atomics import (
 )
 from .context import FALLBACK_LANES, extent
 from .gemm import lower_gemm
+from .printing import lower_print
 from .reductions import lower_reduce
 from .scans import lower_argreduce, lower_scan
 from .sorts import lower_sort
@@ -52,7 +53,7 @@ STATEMENTS = lowers = op_defs.Lowerings("cpu", {
     "argreduce": lower_argreduce, "sort": lower_sort,
     # Memory ordering between blocks (atomics.py).
     "load_acquire": lower_load_acquire, "store_release": lower_store_release,
-    "fence": lower_fence,
+    "fence": lower_fence, "print": lower_print,
 })
 """Ops lowered as statements of their own: ``f(lowering, op)`` emits the op's loops."""
 ELEMENTS = element = op_defs.Lowerings("cpu")
@@ -635,9 +636,12 @@ def source(kernel: ir.Kernel, target: Target) -> str:
 
 
 def compile_to_library(kernel: ir.Kernel, target: Target) -> tuple[bytes, str]:
-    """Compile a kernel for the host CPU described by ``target``; returns the shared
-    library's bytes and the exported symbol of its entry point."""
-    module = bf16_dot.resolve(tir_emit.build(to_tir(kernel, target), tir_emit.host_cpu()))
+    """Compile a kernel for the CPU ``target`` describes (the host, or an ISA level, which
+    is also LLVM's name for the generic CPU of that level); returns the shared library's
+    bytes and the exported symbol of its entry point."""
+    level = target.caps.level
+    cpu = tir_emit.host_cpu() if level == "host" else level
+    module = bf16_dot.resolve(tir_emit.build(to_tir(kernel, target), cpu))
     with tempfile.TemporaryDirectory(prefix="jaxtile-build-") as tmp:
         path = os.path.join(tmp, "kernel.so")
         tir_emit.export(module, path)

@@ -29,6 +29,7 @@ from .gemm import lower_gemm, swizzles
 from .launch import Launch, dimension
 from .ordering import lower_fence, lower_load_acquire, lower_store_release
 from .pipeline import lower_pipelined
+from .printing import lower_print
 from .reductions import lower_reduce
 from .smem_plan import Scratch, place_scratch, plan_kernel
 from .sorts import lower_sort
@@ -84,7 +85,7 @@ _LOWER = {
     "slice": lower_staged, "concatenate": lower_staged, "scan": lower_scan,
     "argreduce": lower_argreduce, "size": lower_size, "sort": lower_sort,
     "load_acquire": lower_load_acquire, "store_release": lower_store_release,
-    "fence": lower_fence,
+    "fence": lower_fence, "print": lower_print,
 }
 """Lowerings that only write through the context (``f(cx, op)``), each after the op's comment;
 :data:`LOWERINGS` holds them and the others."""

@@ -4,7 +4,8 @@ Zeroing costs a fill per block, so it is inserted only where it can matter: for 
 buffer that some statement may read before a store or copy of the whole buffer earlier in
 the same statement list (or an enclosing one) has overwritten it. Such a write inside a loop
 body covers the reads after it in that body, but not the code after the loop (the loop may
-run zero times).
+run zero times); one in both branches of a conditional covers the code after it (branch
+results are stored so, see ``from_jaxpr``).
 """
 
 from __future__ import annotations
@@ -27,11 +28,16 @@ def _scan(body: tuple[ir.Stmt, ...], defined: set[str], scratch: dict[str, ir.Bu
           needed: list[str]) -> None:
     """Record in ``needed`` the scratch buffers read in ``body`` before a whole write in the
     same or an enclosing statement list; a loop body or branch sees the writes before it,
-    but its own writes do not leave it."""
+    but its own writes do not leave it, except those that both branches of an If make."""
     for stmt in body:
         if isinstance(stmt, ir.For):
             _scan(stmt.body, set(defined), scratch, needed)
-        elif isinstance(stmt, ir.If | ir.While):
+        elif isinstance(stmt, ir.If):
+            then, otherwise = set(defined), set(defined)
+            _scan(stmt.then, then, scratch, needed)
+            _scan(stmt.otherwise, otherwise, scratch, needed)
+            defined |= then & otherwise
+        elif isinstance(stmt, ir.While):
             for block in ir.blocks(stmt):
                 _scan(block, set(defined), scratch, needed)
         else:

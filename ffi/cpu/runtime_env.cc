@@ -2,8 +2,10 @@
 
 #include <tvm/ffi/c_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <iterator>
 #include <mutex>
@@ -171,7 +173,50 @@ int32_t fence() {
   return 0;
 }
 
+// jt.print: the generated code appends the pieces of a line to this thread's buffer (a block
+// runs on one thread), then print_end writes it whole under stdout's lock and flushes, so the
+// lines of blocks on other threads never mix into it and are in fd 1 when the call returns.
+// Numbers are formatted as printf's %lld, %llu and %g (compiler/print_format.py).
+thread_local std::string t_print_line;
+
+int32_t print_text(const char* text) {
+  t_print_line += text;
+  return 0;
+}
+
+template <typename T>
+int32_t print_number(const char* format, T value) {
+  char buf[64];
+  const int n = std::snprintf(buf, sizeof buf, format, value);
+  if (n > 0) t_print_line.append(buf, std::min<size_t>(n, sizeof buf - 1));
+  return 0;
+}
+
+int32_t print_int(int64_t v) { return print_number("%lld", static_cast<long long>(v)); }
+int32_t print_uint(uint64_t v) {
+  return print_number("%llu", static_cast<unsigned long long>(v));
+}
+// Every NaN as "nan": its sign bit differs between backends' arithmetic.
+int32_t print_float(double v) { return print_number("%g", std::isnan(v) ? std::fabs(v) : v); }
+int32_t print_bool(int32_t v) { return print_text(v != 0 ? "True" : "False"); }
+
+int32_t print_end() {
+  t_print_line += '\n';
+  flockfile(stdout);
+  std::fwrite(t_print_line.data(), 1, t_print_line.size(), stdout);
+  std::fflush(stdout);
+  funlockfile(stdout);
+  t_print_line.clear();
+  return 0;
+}
+
 const RuntimeSymbol kFunctions[] = {
+    {"jaxtile_print_text", as_ptr(&print_text)},
+    {"jaxtile_print_int", as_ptr(&print_int)},
+    {"jaxtile_print_uint", as_ptr(&print_uint)},
+    {"jaxtile_print_float", as_ptr(&print_float)},
+    {"jaxtile_print_bool", as_ptr(&print_bool)},
+    {"jaxtile_print_end", as_ptr(&print_end)},
     {"jaxtile_load_acquire_f32", as_ptr(&load_acquire<float>)},
     {"jaxtile_load_acquire_f64", as_ptr(&load_acquire<double>)},
     {"jaxtile_load_acquire_i32", as_ptr(&load_acquire<int32_t>)},

@@ -161,3 +161,18 @@ def test_an_uncacheable_rule_names_its_op_and_dispatches_per_platform():
     exported = jax.export.export(f, platforms=["cpu", "cuda"], disabled_checks=[check])(
         jnp.ones(4))
     assert exported.platforms == ("cpu", "cuda")
+
+
+def test_the_debug_effect_is_jax_debug_callbacks_and_survives_discharge_inside_loops():
+    # jt.print's primitive declares it: kept in loops (jt.loop is a fori_loop) and through
+    # state discharge (the reference semantics), never dropped as dead code.
+    def body(x):
+        def step(i, c):
+            jax.debug.callback(lambda v: None, x[0])
+            return c
+        lax.fori_loop(0, 2, step, 0)
+        return ()
+
+    jaxpr = _jaxpr(body, ji.ref_aval((4,), jnp.float32))
+    assert ji.debug_effect in jaxpr.effects
+    assert ji.debug_effect in ji.discharge_state(jaxpr).effects

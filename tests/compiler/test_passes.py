@@ -69,6 +69,45 @@ def test_scratch_init_fills_only_buffers_read_before_written():
     """)
 
 
+def test_scratch_init_counts_a_write_in_both_branches_of_an_if():
+    head = """
+    kernel k(grid=[1], threads=128) blocks(%0):
+      output y: global float32[4]
+      scratch a: fragment float32[4]
+      scratch b: fragment float32[4]
+    """
+    _check(zero_uninitialised_scratch, head + """
+      %1: bool[] = const() {value=True}
+      %2: float32[] = const() {value=1.0}
+      %3: float32[4] = broadcast(%2) {dims=()}
+      if %1:
+        store(%3) {dst=a[0:+4]}
+        store(%3) {dst=b[0:+4]}
+      else:
+        store(%3) {dst=a[0:+4]}
+      %4: float32[4] = load() {src=a[0:+4]}
+      %5: float32[4] = load() {src=b[0:+4]}
+      %6: float32[4] = elementwise(%4, %5) {fn='add'}
+      store(%6) {dst=y[0:+4]}
+    """, head + """
+      %1: float32[] = const() {value=0.0}
+      %2: float32[4] = broadcast(%1) {dims=()}
+      store(%2) {dst=b[0:+4]}
+      %3: bool[] = const() {value=True}
+      %4: float32[] = const() {value=1.0}
+      %5: float32[4] = broadcast(%4) {dims=()}
+      if %3:
+        store(%5) {dst=a[0:+4]}
+        store(%5) {dst=b[0:+4]}
+      else:
+        store(%5) {dst=a[0:+4]}
+      %6: float32[4] = load() {src=a[0:+4]}
+      %7: float32[4] = load() {src=b[0:+4]}
+      %8: float32[4] = elementwise(%6, %7) {fn='add'}
+      store(%8) {dst=y[0:+4]}
+    """)
+
+
 def test_fusion_inlines_single_use_chains_but_not_shared_expensive_values():
     _check(fuse_elementwise, _HEAD + """
       %1: float32[8] = load() {src=x[0:+8]}

@@ -131,7 +131,8 @@ def test_capabilities_are_immutable():
                                   "cuda:sm_110", "hip:gfx000", "CPU"])
 def test_unknown_target_is_a_clear_error(name):
     with pytest.raises(KernelError,
-                       match="unknown target.*known targets: cpu, cuda:sm_75, cuda:sm_80"):
+                       match="unknown target.*known targets: cpu, cpu:x86-64-v3, cpu:x86-64-v4, "
+                       "cuda:sm_75, cuda:sm_80"):
         target.parse_target(name)
 
 

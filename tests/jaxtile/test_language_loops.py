@@ -124,18 +124,6 @@ def test_loop_bounds_must_be_integer_scalars():
         k.lower(jnp.ones((4,)))
 
 
-def test_a_plain_while_loop_is_a_clear_error():
-    @jt.kernel
-    def k(x):
-        out = jt.empty(x.shape, x.dtype)
-        jt.grid(1)
-        out[...] = jax.lax.while_loop(lambda v: v[0] < 10, lambda v: v * 2, x[...])
-        return out
-
-    with pytest.raises(jt.KernelError, match="loop-carried values.*jt.while_"):
-        k.lower(jnp.ones((4,)))
-
-
 @jt.kernel
 def _first_negative(x, *, rows=8):
     """Per row, the index of its first negative element (the row length if none): a loop

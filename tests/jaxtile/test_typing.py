@@ -12,7 +12,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKED = ["jaxtile/__init__.py", "jaxtile/language.py", "jaxtile/kernel.py",
-           "jaxtile/_typing.py", "jaxtile/_stats.py", "tests/jaxtile/typing_usage.py"]
+           "jaxtile/_typing.py", "jaxtile/_stats.py", "jaxtile/autotune.py",
+           "tests/jaxtile/typing_usage.py"]
 
 
 def test_public_api_passes_mypy_strict():

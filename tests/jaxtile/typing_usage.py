@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxtile as jt
+from jaxtile.autotune import TunedKernel, TuningReport
 
 
 @jt.kernel(threads=128)
@@ -77,3 +78,8 @@ assert_type(jt.export_checks(), list[jax.export.DisabledSafetyCheck])
 assert_type(jt.stats(), dict[str, jt.KernelStats])
 for counts in jt.stats(reset=True).values():
     assert_type(counts.compile_seconds, float)
+tuned = jt.autotune(scale_rows, configs=[{"rows": 4}, {"rows": 8, "threads": 64}])
+assert_type(tuned, TunedKernel)
+assert_type(jt.autotune(configs=[{"rows": 4}])(scale_rows), TunedKernel)
+assert_type(scale_rows.autotune([{"rows": 4}], runs=3), TunedKernel)
+assert_type(tuned.tuning_report(x, np.ones((32,), np.float32)), TuningReport)

@@ -117,11 +117,12 @@ def fresh_run(tmp_path_factory):
     good = _export()
     blob = good.serialize()
 
-    def newer(name, e):
+    def newer(name, e, isa):
         with open(e.library, "rb") as f:
             library = f.read()
         return payload.pack(key=e.key, name=name, symbol=e.symbol,
-                            num_blocks=e.num_blocks, library=library, format=payload.FORMAT + 1,
+                            num_blocks=e.num_blocks, library=library, isa=isa,
+                            format=payload.FORMAT + 1,
                             version="99.0.0")
 
     with pytest.MonkeyPatch.context() as mp:
@@ -324,8 +325,9 @@ def test_checksums_of_every_padding_case(size, tmp_path, monkeypatch):
 def test_encode_describes_the_kernel():
     x = jnp.ones((8, 40), jnp.float32)
     handle, entry, library = _handle_of(jt.ops.softmax, x)
-    text = payload.encode(handle.name, entry)
+    text = payload.encode(handle.name, entry, ("avx2", "fma"))
     fields = dict(line.split("=", 1) for line in text.split("\n")[1:-1])
+    assert fields["isa"] == "avx2,fma"
     assert fields["key"] == entry.key and fields["symbol"] == entry.symbol
     assert int(fields["num_blocks"]) == entry.num_blocks and int(fields["size"]) == len(library)
     assert fields["format"] == str(payload.FORMAT) and fields["name"] == "softmax"

@@ -40,6 +40,9 @@
 //   fence()                        fence.acq_rel.gpu
 //   atomic_max / atomic_min on float and double, atomic_add on double, and all three on
 //   int64_t: compare-and-swap loops with XLA's semantics (atomics.h, plain C++)
+//   device_printf(format, args...) printf (the GPU's printf buffer, written out when the
+//                                  kernel completes); the emulator writes each call whole
+//                                  under stdout's lock and flushes
 //   fast_exp2(x)                   ex2.approx.ftz.f32
 //   f32x2, f32x4, u32x2, u32x4                     8/16-byte vectors: ld/st.{v2,v4}
 //   xla_max, xla_min, xla_div, xla_rem, xla_f2i, round_f16, round_bf16, ...  (xla_math.h:

@@ -296,6 +296,13 @@ JT_DEVICE unsigned long long atomic_cas(unsigned long long* p, unsigned long lon
 }
 
 // ---- fast math ----
+// ---- printing (jt.print): the GPU's printf, whose buffer the driver writes out when the
+// kernel completes. NVRTC declares printf itself; nvcc through the CUDA runtime headers.
+template <class... A>
+JT_DEVICE void device_printf(const char* format, A... args) {
+  printf(format, args...);
+}
+
 JT_DEVICE float fast_exp2(float x) {
   float r;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));

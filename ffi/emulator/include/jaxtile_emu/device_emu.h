@@ -9,6 +9,8 @@
 #include <math.h>
 #include <string.h>
 
+#include <cstdio>
+
 #include <type_traits>
 
 #include "runtime.h"
@@ -413,6 +415,16 @@ inline unsigned long long atomic_cas(ptr<unsigned long long> p, unsigned long lo
 }
 
 // ---- fast math ----
+// ---- printing (jt.print): each call is written whole under stdout's lock (CUDA threads of
+// other blocks run on other CPU threads) and flushed, as the CPU backend's lines are.
+template <class... A>
+void device_printf(const char* format, A... args) {
+  flockfile(stdout);
+  std::printf(format, args...);
+  std::fflush(stdout);
+  funlockfile(stdout);
+}
+
 inline float fast_exp2(float x) { return exp2f(x); }
 
 // ---- 16-bit floats and tf32 ----

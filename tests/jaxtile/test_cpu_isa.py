@@ -1,0 +1,226 @@
+"""CPU kernels compiled for an ISA level narrower than the host (``JAXTILE_CPU_ISA``,
+targets ``cpu:x86-64-v3`` and ``cpu:x86-64-v4``): the variable's checks, the target's
+capabilities and key, the instructions in the object code (AVX2 code has no AVX-512
+instruction; the AVX2 GEMM reuses each broadcast of A for two vectors of B), and the GEMM,
+bfloat16 GEMM and attention run under the override, checked against their reference
+semantics and independent formulas."""
+
+import re
+import shutil
+import subprocess
+import uuid
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from attention_helpers import TOL, np_attention, qkv
+from test_cpu_gemm_bf16 import _check as check_bf16_gemm
+from test_cpu_gemm_bf16 import _operands as bf16_operands
+
+import jaxtile as jt
+from jaxtile import _config, _ffi
+from jaxtile.compiler import build, cache, target
+from jaxtile.compiler.cpu import gemm
+from jaxtile.compiler.target import ISA_LEVELS, parse_target
+from jaxtile.primitives import payload
+
+HOST = set(target.host_isa())
+RUNNABLE = [level for level in ISA_LEVELS if set(ISA_LEVELS[level]) <= HOST]
+"""The levels this machine can run (x86-64-v3 on an AVX2 machine, both on an AVX-512 one)."""
+
+
+def _requires(level):
+    return pytest.mark.skipif(level not in RUNNABLE and level != "host",
+                              reason=f"this CPU cannot run {level} code")
+
+
+LEVELS = [pytest.param(level, marks=_requires(level)) for level in ("x86-64-v3", "host")]
+
+
+@jt.kernel
+def matmul(a, b, *, bm=64, bn=64, bk=64):
+    m, k = a.shape
+    n = b.shape[1]
+    c = jt.empty((m, n), jnp.float32)
+    j, i = jt.grid(jt.cdiv(n, bn), jt.cdiv(m, bm))
+    a_s = jt.shared((bm, bk), a.dtype)
+    b_s = jt.shared((bk, bn), b.dtype)
+    acc = jt.fragment((bm, bn), jnp.float32)
+    acc[...] = jnp.zeros((bm, bn), jnp.float32)
+
+    @jt.loop(jt.cdiv(k, bk))
+    def _(kk):
+        jt.copy(a.at[i * bm, kk * bk], a_s)
+        jt.copy(b.at[kk * bk, j * bn], b_s)
+        jt.gemm(a_s, b_s, acc)
+
+    jt.copy(acc, c.at[i * bm, j * bn])
+    return c
+
+
+# -- the variable and the target ------------------------------------------------------------
+
+def test_the_variable_selects_the_target(monkeypatch):
+    monkeypatch.delenv("JAXTILE_CPU_ISA", raising=False)
+    assert _config.cpu_target_name() == "cpu"
+    if "x86-64-v3" in RUNNABLE:
+        monkeypatch.setenv("JAXTILE_CPU_ISA", "X86-64-V3")
+        assert _config.cpu_target_name() == "cpu:x86-64-v3"
+
+
+@pytest.mark.parametrize("value, words", [
+    ("avx2", "expected host or one of x86-64-v3, x86-64-v4"),
+    ("x86-64-v3 ", "expected host or one of"),
+])
+def test_a_bad_value_warns_and_compiles_for_the_host(monkeypatch, value, words):
+    monkeypatch.setenv("JAXTILE_CPU_ISA", value)
+    with pytest.warns(_config.ConfigWarning, match="JAXTILE_CPU_ISA") as record:
+        assert _config.cpu_target_name() == "cpu"
+    assert words in str(record[0].message)
+
+
+def test_a_level_the_cpu_lacks_warns(monkeypatch):
+    """On a CPU without AVX-512 (described so), x86-64-v4 code could not run."""
+    info = dict(target._cpuinfo())
+    info["flags"] = " ".join(f for f in info.get("flags", "").split() if f != "avx512f")
+    monkeypatch.setattr(target, "_cpuinfo", lambda: info)
+    monkeypatch.setenv("JAXTILE_CPU_ISA", "x86-64-v4")
+    with pytest.warns(_config.ConfigWarning, match="this CPU lacks avx512f of x86-64-v4"):
+        assert _config.cpu_target_name() == "cpu"
+
+
+def test_levels_narrow_the_capabilities_and_the_key():
+    v3, v4, host = (parse_target(n) for n in ("cpu:x86-64-v3", "cpu:x86-64-v4", "cpu"))
+    assert v3.caps.isa == ISA_LEVELS["x86-64-v3"] and "avx512f" not in v3.caps.isa
+    assert (v3.caps.vector_bits, v3.caps.vector_registers, v3.caps.level) == \
+        (256, 16, "x86-64-v3")
+    assert (v4.caps.vector_bits, v4.caps.vector_registers) == (512, 32)
+    assert not v3.caps.bf16_dot and not v4.caps.bf16_dot  # AVX512-BF16 is not in v4
+    assert host.caps.level == "host" and host.caps.isa == target.host_isa()
+    x = jnp.zeros((64, 64), jnp.float32)
+    kernel = matmul.lower(x, x).kernel
+    keys = {build.kernel_key(kernel, t) for t in (v3, v4, host)}
+    assert len(keys) == 3
+
+
+# -- the object code ------------------------------------------------------------------------
+
+def _disassembly(level, dtype=jnp.float32, shape=(128, 128)):
+    """``objdump -d`` of the library of ``matmul`` compiled for ``cpu:<level>``."""
+    if shutil.which("objdump") is None:
+        pytest.skip("objdump (binutils) is not installed")
+    x = jnp.zeros(shape, dtype)
+    entry = build.build(matmul.lower(x, x).kernel, parse_target(f"cpu:{level}"))
+    return subprocess.run(["objdump", "-d", "--no-show-raw-insn", entry.library],
+                          capture_output=True, text=True, check=True).stdout
+
+
+_AVX512_ONLY = re.compile(r"%zmm|%ymm(1[6-9]|2\d|3[01])|%xmm(1[6-9]|2\d|3[01])|%k[0-7]|\{1to")
+"""Operands only EVEX (AVX-512) instructions have: zmm registers, the upper 16 vector
+registers, mask registers, embedded broadcasts."""
+
+
+def test_avx2_code_has_no_avx512_instruction():
+    code = _disassembly("x86-64-v3")
+    assert not _AVX512_ONLY.search(code), _AVX512_ONLY.search(code).group(0)
+    assert re.search(r"vfmadd\d+ps\s+.*%ymm", code)
+    # The 6 x 2 register tile: each k step broadcasts 6 elements of A, each into a register
+    # that two FMAs (two vectors of B) then read (the 8 x 1 tile had one FMA per broadcast).
+    reused = re.findall(r"vbroadcastss [^\n]*,(%ymm\d+)\n(?:[^\n]*vfmadd231ps [^\n]*\1"
+                        r"[^\n]*\n){2}", code)
+    assert len(reused) >= 6, len(reused)
+
+
+def test_avx512_code_uses_zmm_registers():
+    code = _disassembly("x86-64-v4")
+    assert re.search(r"vfmadd\d+ps\s+.*\{1to16\}.*%zmm", code)  # A's broadcast folded in
+
+
+def test_register_tiles_follow_the_vector_registers():
+    v3, v4 = (parse_target(n).caps for n in ("cpu:x86-64-v3", "cpu:x86-64-v4"))
+    assert gemm.tile_shape(v3) == ((6, 4), 2) and gemm.tile_shape(v4) == ((8, 4), 1)
+    rows, vectors = gemm.tile_shape(v3)
+    # Accumulators, the vectors of B and one broadcast fit the 16 ymm registers.
+    assert rows[0] * vectors + vectors + 1 <= v3.vector_registers
+
+
+# -- kernels run under the override ---------------------------------------------------------
+
+def _use(monkeypatch, level):
+    monkeypatch.setenv("JAXTILE_CPU_ISA", level)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", _config.ConfigWarning)
+        return parse_target(_config.cpu_target_name())
+
+
+@_requires("x86-64-v3")
+@pytest.mark.parametrize("mkn", [(128, 128, 128), (70, 90, 100)], ids=["tiles", "ragged"])
+def test_f32_gemm_on_avx2(monkeypatch, rng, mkn):
+    """Whole 6 x 2 tiles, and ragged edges: rows in bands of 6 and 4 and the i-k-j nest,
+    columns in two-vector, one-vector and 8-lane tiles. (The host's f32 GEMM is tested in
+    test_cpu_gemm_*.py and test_language_gemm_control.py.)"""
+    tgt = _use(monkeypatch, "x86-64-v3")
+    m, k, n = mkn
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    got = np.asarray(jax.jit(lambda x, y: matmul(x, y))(a, b))
+    lowered = matmul.lower(a, b)
+    assert lowered.target == tgt.name  # "cpu" is the CPU platform's target
+    assert cache.find(build.kernel_key(lowered.kernel, tgt))[0] is not None  # what ran
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    bound = k * 2.0 ** -23 * (np.abs(a).astype(np.float64) @ np.abs(b))
+    assert (np.abs(got - want) <= bound).all()
+    np.testing.assert_allclose(got, matmul.reference(a, b), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(got, jnp.matmul(a, b, precision="highest"), rtol=1e-5,
+                               atol=1e-4)
+
+
+# The bfloat16 GEMM and attention cases are those of test_cpu_gemm_bf16.py ("panels") and
+# test_ops_attention.py (test_forward_gqa_ragged, causal, d = 64), which cover the host:
+# the same shapes, so that the host runs here reuse their compiled kernels in a whole run.
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_bf16_gemm(monkeypatch, rng, level):
+    """bfloat16 operands: widened to float32 FMAs on AVX2 (6 x 2 and 4 x 2 tiles of a 64 x
+    16 accumulator), ``vdpbf16ps`` on a host with it."""
+    tgt = _use(monkeypatch, level)
+    check_bf16_gemm("dot" if tgt.caps.bf16_dot else "fma",
+                    *bf16_operands(rng, 70, 300, 33), bm=64, bn=16, bk=32)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_attention(monkeypatch, rng, level):
+    _use(monkeypatch, level)
+    q, k, v = qkv(rng, 2, 4, 2, 37, 37, 64, jnp.float32)
+    got = jax.jit(lambda *a: jt.ops.attention(*a, causal=True, block_q=16, block_k=16))(
+        q, k, v)
+    want, _ = np_attention(q, k, v, causal=True)
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, **TOL[jnp.float32])
+    nn = jax.nn.dot_product_attention(*(jnp.swapaxes(t, 1, 2) for t in (q, k, v)),
+                                      is_causal=True)
+    np.testing.assert_allclose(got, jnp.swapaxes(nn, 1, 2), **TOL[jnp.float32])
+
+
+@pytest.mark.skipif("x86-64-v3" not in RUNNABLE, reason="this CPU cannot run x86-64-v3 code")
+def test_an_export_requires_the_level_not_the_host(monkeypatch, rng):
+    """A program exported under the override needs only the level's extensions of the
+    machine that loads it (so one exported on an AVX-512 machine for v3 runs on AVX2)."""
+    _use(monkeypatch, "x86-64-v3")
+    a = rng.standard_normal((64, 64)).astype(np.float32)
+    exported = jax.export.export(jax.jit(lambda x: matmul(x, x)),
+                                 disabled_checks=jt.export_checks())(a)
+    fields = re.findall(r"isa=([\w,]*)", exported.mlir_module())
+    assert fields and all(f.split(",") == list(ISA_LEVELS["x86-64-v3"]) for f in fields)
+    np.testing.assert_allclose(exported.call(a), matmul.reference(a, a), rtol=1e-5, atol=1e-4)
+    # The runtime's check (ffi/cpu/exported_kernel.cc) passes such a payload on this host:
+    # loaded under a key not loaded yet, so the check runs (a loaded key returns early).
+    entry = build.build(matmul.lower(a, a).kernel, parse_target("cpu:x86-64-v3"))
+    with open(entry.library, "rb") as f:
+        library = f.read()
+    key = f"test-cpu-isa-{uuid.uuid4().hex}"
+    _ffi.load_exported_kernel(key, payload.pack(
+        key=key, name="matmul", symbol=entry.symbol, num_blocks=entry.num_blocks,
+        alignment=entry.alignment, isa=ISA_LEVELS["x86-64-v3"], library=library))
+    assert _ffi.is_loaded(key)

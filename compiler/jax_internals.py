@@ -158,6 +158,39 @@ def zeros(ctx: Any, aval: Any) -> Any:
     return _mlir.full_like_aval(ctx, 0, aval)
 
 
+def named_op_location(ctx: Any, name: str) -> Any:
+    """An MLIR location, inside a lowering rule, that names the op XLA makes of it ``name``.
+
+    JAX locates an op ``NameLoc("prim:", NameLoc("scope/prim", file))``; XLA takes the
+    outer name for the HLO instruction's name (what profiler timelines show, sanitised) and
+    its ``op_type``, the inner one for ``op_name``. The same shape with ``name`` in place of
+    the primitive's name makes a kernel call show as the kernel, not as ``kernel_call``. JAX
+    keeps it only for primitives registered with ``cacheable=False``: a cached lowering is
+    emitted at the call site's location."""
+    from jax._src.interpreters import mlir as _mlir
+    from jax._src.lib.mlir import ir
+
+    inner = _mlir.source_info_to_location(ctx.module_context, None,
+                                          ctx.name_stack.extend(name), ctx.traceback)
+    return ir.Location.name(f"{name}:", childLoc=inner)
+
+
+def lower_per_platform(ctx: Any, description: str, rules: dict[str, Callable[..., Any]],
+                       default: Callable[..., Any], *args: Any, **params: Any) -> Any:
+    """Inside the one lowering rule of a primitive without effects registered with
+    ``cacheable=False``: each platform's rule (``default`` for the others), in a switch on
+    the platform when lowering for several (as JAX does for rules registered per platform).
+
+    JAX's own dispatch of an uncacheable primitive fails when lowering for several platforms
+    (it concatenates a list with the tuple ``ctx.avals_out`` of that path), so such a
+    primitive registers one rule that calls this with a list."""
+    from jax._src.interpreters import mlir as _mlir
+
+    ctx = ctx.replace(avals_out=list(ctx.avals_out))
+    return _mlir.lower_per_platform(ctx, description, rules, default, frozenset(), *args,
+                                    **params)
+
+
 def compute_capability(ctx: Any) -> str | None:
     """The compute capability (``"9.0"``) of the first device a lowering is for, where
     JAX says (it lowers with devices only when it must; see below)."""

@@ -98,8 +98,18 @@ class Specialisation:
                                    "direct call of the kernel supports", _definition(self.owner))
             avals = tuple(ji.ShapedArray(b.shape, b.dtype) for b in self.traced.outputs)
             self._handle = kernel_call.KernelHandle(build.ir_key(self.compiled_ir),
-                                                    self.owner.name, avals, self)
+                                                    self.owner.name, avals, self,
+                                                    label=self.label)
         return self._handle
+
+    @property
+    def label(self) -> str:
+        """The kernel's name and this specialisation, for profiler traces:
+        ``softmax(f32[1000,1000], rows=4)``."""
+        args = [ji.ShapedArray(s.shape, s.dtype).str_short(short_dtypes=True)
+                for s in self.specs]
+        params = [f"{k}={_short(v)}" for k, v in sorted(self.params.items())]
+        return f"{self.owner.name}({', '.join(args + params)})"
 
     @property
     def cpu_platform_target(self) -> Target:
@@ -308,3 +318,9 @@ def _vmapped_rule(rule: tuple[Callable, Callable], level: _trace.BatchLevel):
 def flat_outputs(spec: Specialisation, outs: Sequence[Any]) -> Any:
     """Kernel_call's flat outputs in the structure the body returned."""
     return jax.tree.unflatten(spec.traced.out_tree, list(outs))
+
+
+def _short(value: Any) -> str:
+    """A compile-time parameter in a few characters: a type or function by its name."""
+    text = getattr(value, "__name__", None) or str(value)
+    return text if len(text) <= 24 else text[:21] + "..."

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import inspect
+import linecache
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
@@ -97,13 +100,61 @@ class Lowered:
         return printer.format_kernel(build.lowered_ir(self.kernel, parse_target(self.target)))
 
     @functools.cached_property
-    def _cuda(self) -> Any:
+    def _cuda_ir(self) -> TileKernel:
+        """The IR after the CUDA passes (layouts inferred), for a ``cuda:*`` target."""
         target = parse_target(self.target)
         if target.kind != "cuda":
             raise KernelError(f"{self.target} has no CUDA code: lower for 'cuda:sm_80'")
+        return build.lowered_ir(self.kernel, target)
+
+    @functools.cached_property
+    def _cuda(self) -> Any:
         from jaxtile.compiler.cuda.lower import generate
 
-        return generate(build.lowered_ir(self.kernel, target), target)
+        return generate(self._cuda_ir, parse_target(self.target))
+
+    def plot_layout(self, tile: str, path: str | None = None) -> str:
+        """CUDA: an SVG picture of an on-chip tile's layout, named by the variable the kernel
+        assigned it to (``acc = jt.fragment(...)``: ``"acc"``) or by its IR name
+        (``"frag0"``). For a ``jt.fragment``, each element's thread and slot in that
+        thread's registers; for a ``jt.shared`` tile, each element's bank under the swizzle
+        the GEMMs reading it chose. Returns the SVG text; ``path`` also writes the picture
+        there: a PNG for a ``.png`` path (which needs matplotlib), else the SVG."""
+        from jaxtile.compiler.cuda import gemm, gemm_plan, layout_svg
+
+        kernel = self._cuda_ir
+        names = _variable_names(kernel)
+        buf = next((b for b in kernel.buffers if tile in (b.name, names.get(b.name))), None)
+        if buf is None or buf.scope not in ("fragment", "shared"):
+            tiles = ", ".join(f"{names[b.name]} ({b.name})" if b.name in names else b.name
+                              for b in kernel.buffers if b.scope in ("fragment", "shared"))
+            raise KernelError(f"{self.kernel.name}: no on-chip tile named {tile!r} to plot; "
+                              f"its fragment and shared tiles: {tiles or 'none'}")
+        title = (f"{self.kernel.name} {names.get(buf.name, buf.name)} ({buf.name}): "
+                 f"{buf.scope} {buf.dtype}{list(buf.shape)}")
+        try:
+            if buf.scope == "fragment":
+                picture = layout_svg.fragment_picture(buf.layout, f"{title} {buf.layout.text()}")
+            else:
+                if len(buf.shape) != 2:
+                    raise ValueError("only 2-D shared tiles are drawn")
+                plan = gemm.swizzles(kernel, parse_target(self.target)).get(buf.name)
+                shared = plan or gemm_plan.SharedTile(buf.dtype, *buf.shape, swizzled=False)
+                picture = layout_svg.shared_picture(
+                    shared, f"{title}, {'swizzled' if shared.swizzled else 'row-major'}")
+        except ValueError as e:
+            raise KernelError(f"{self.kernel.name}: cannot plot {tile!r}: {e}") from None
+        svg = picture.svg()
+        if path is not None and str(path).lower().endswith(".png"):
+            try:
+                picture.save_png(str(path))
+            except ImportError:
+                raise KernelError(f"{self.kernel.name}: writing {path} needs matplotlib (pip "
+                                  "install matplotlib); an .svg path needs nothing") from None
+        elif path is not None:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(svg)
+        return svg
 
     @property
     def masks(self) -> tuple[str, ...]:
@@ -135,6 +186,25 @@ class Lowered:
         arch = arch_of(parse_target(self.target))
         cubin = toolchain.compile_cubin(self.source, arch, file=f"{self.kernel.name}.cu")
         return cubin.kernels.get(self._cuda.symbol)
+
+
+def _variable_names(kernel: TileKernel) -> dict[str, str]:
+    """Buffer name -> the variable the user's source line assigned it to (``acc`` in
+    ``acc = jt.fragment(...)``), for the on-chip buffers whose line reads as such an
+    assignment; a name two buffers claim (a line the trace could not pin) names neither."""
+    found: dict[str, str] = {}
+    for b in kernel.buffers:
+        where, _, line = (b.line or "").rpartition(":")
+        text = linecache.getline(where, int(line)) if line.isdigit() else ""
+        match = _ASSIGNED.match(text)
+        if match and b.scope in _ALLOCATORS and re.search(_ALLOCATORS[b.scope], text):
+            found[b.name] = match.group(1)
+    claims = collections.Counter(found.values())
+    return {b: v for b, v in found.items() if claims[v] == 1}
+
+
+_ASSIGNED = re.compile(r"\s*([A-Za-z_]\w*)\s*(?::[^=]*)?=[^=]")
+_ALLOCATORS = {"fragment": r"\bfragment\s*\(", "shared": r"\bshared\s*\("}
 
 
 class Kernel:

@@ -45,6 +45,9 @@ class KernelHandle:
     per_shard: bool = False
     """Set on the per-device kernels that a sharded call lowers to, which must not be
     partitioned again."""
+    label: str = ""
+    """The kernel's name and specialisation (``softmax(f32[1000,1000], rows=4)``), which
+    the lowering gives the custom call so that profiler traces show which kernel ran."""
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, KernelHandle) and other.key == self.key
@@ -81,8 +84,13 @@ def eager_function(kernel: KernelHandle, out_tree: Any) -> Callable[..., Any]:
     """The kernel as a jitted function of concrete arrays returning its outputs in the
     structure ``out_tree``: what an eager call runs, without going through ``bind`` (what
     the primitive's impl would do anyway) or rebuilding the structure in Python."""
-    return jax.jit(lambda *args: jax.tree.unflatten(out_tree, kernel_call_p.bind(
-        *args, kernel=kernel)))
+    def run(*args: Any) -> Any:
+        return jax.tree.unflatten(out_tree, kernel_call_p.bind(*args, kernel=kernel))
+
+    # The jitted function's name is what profiler traces call the eager call's program
+    # (``jit_softmax``, ``PjitFunction(softmax)``).
+    run.__name__ = run.__qualname__ = kernel.name
+    return jax.jit(run)
 
 
 kernel_call_p.def_abstract_eval(_abstract_eval)

@@ -64,9 +64,12 @@ def _cpu_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
     # writing a program that cannot run elsewhere.
     if ji.lowering_for_export(ctx):
         _require_export_checks(kernel, CPU_EXPORTED_TARGET_NAME)
-        return jax.ffi.ffi_lowering(CPU_EXPORTED_TARGET_NAME, **aliases)(
-            ctx, *args, key=entry.key, payload=payload.encode(kernel.name, entry, target.caps.isa))
-    return jax.ffi.ffi_lowering(CPU_TARGET_NAME, **aliases)(ctx, *args, key=entry.key)
+        with ji.named_op_location(ctx, kernel.label):
+            return jax.ffi.ffi_lowering(CPU_EXPORTED_TARGET_NAME, **aliases)(
+                ctx, *args, key=entry.key,
+                payload=payload.encode(kernel.name, entry, target.caps.isa))
+    with ji.named_op_location(ctx, kernel.label):
+        return jax.ffi.ffi_lowering(CPU_TARGET_NAME, **aliases)(ctx, *args, key=entry.key)
 
 
 def _with_output_inits(ctx: Any, args: tuple, kernel: KernelHandle) -> tuple[Any, tuple, dict]:
@@ -111,8 +114,9 @@ def _cuda_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
     if ji.lowering_for_export(ctx):
         _require_export_checks(kernel, CUDA_TARGET_NAME)
     text = payload.encode_cuda(kernel.name, entry, arch_of(target))
-    return jax.ffi.ffi_lowering(CUDA_TARGET_NAME, **aliases)(
-        ctx, *args, key=entry.key, payload=text)
+    with ji.named_op_location(ctx, kernel.label):
+        return jax.ffi.ffi_lowering(CUDA_TARGET_NAME, **aliases)(
+            ctx, *args, key=entry.key, payload=text)
 
 
 def _no_backend(kernel: KernelHandle, platform: str, ctx: Any, e: Exception) -> KernelError:
@@ -176,11 +180,18 @@ def _unsupported_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
         "lower or export for platforms=['cpu'] or ['cuda']", user_line())
 
 
-# A rule for every platform, which the CPU-specific rule overrides.
-mlir.register_lowering(kernel_call_p, _unsupported_lowering)
-mlir.register_lowering(kernel_call_p, _cpu_lowering, platform="cpu")
-mlir.register_lowering(kernel_call_p, _cuda_lowering, platform="cuda")
-mlir.register_lowering(kernel_call_p, _gpu_lowering("rocm"), platform="rocm")
+_PLATFORM_RULES = {"cpu": _cpu_lowering, "cuda": _cuda_lowering, "rocm": _gpu_lowering("rocm")}
+
+
+def _lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
+    return ji.lower_per_platform(ctx, "jaxtile kernel call", _PLATFORM_RULES,
+                                 _unsupported_lowering, *args, kernel=kernel)
+
+
+# Not cacheable: JAX emits a cached lowering at the call's own location, which would drop the
+# name the rules give the custom call for profiler traces (each kernel's build is cached by
+# its specialisation anyway). Hence one rule that dispatches on the platform itself.
+mlir.register_lowering(kernel_call_p, _lowering, cacheable=False)
 ji.require_devices_when_lowering(kernel_call_p)
 ji.explain_export_check_failures(_explain_export_check)
 jax.ffi.register_ffi_target(CPU_TARGET_NAME, _ffi.cpu_handler(), platform="cpu")

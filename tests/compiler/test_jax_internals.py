@@ -4,6 +4,7 @@ a JAX upgrade fails here first."""
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.interpreters import mlir
 
 from jaxtile.compiler import jax_internals as ji
 
@@ -136,6 +137,30 @@ def test_undecided_dimension_comparisons_reach_the_callback():
     assert {c for _, c in seen} == {f"{__file__}:{line + 7}"}
     assert (n == 16) is False       # outside the context: JAX's answer, no callback
     assert len(seen) == 3
+
+
+def test_an_uncacheable_rule_names_its_op_and_dispatches_per_platform():
+    # kernel_call relies on both: its custom call named after the kernel in the HLO (what
+    # profiler timelines show), and a lowering for several platforms at once (jax.export).
+    prim = ji.Primitive("named_call_probe")
+    prim.def_abstract_eval(lambda x: x)
+
+    def named(ctx, x):
+        with ji.named_op_location(ctx, "probe(f32[4])"):
+            return jax.ffi.ffi_lowering("named_call_probe_target")(ctx, x)
+
+    def rule(ctx, x):
+        return ji.lower_per_platform(ctx, "probe", {"cpu": named, "cuda": named}, None, x)
+
+    mlir.register_lowering(prim, rule, cacheable=False)
+    f = jax.jit(lambda x: prim.bind(prim.bind(x)))
+    hlo = f.lower(jnp.ones(4)).as_text(dialect="hlo")
+    calls = [line for line in hlo.splitlines() if "custom-call(" in line]
+    assert len(calls) == 2 and all(" probe_f32_4__." in line for line in calls), calls
+    check = jax.export.DisabledSafetyCheck.custom_call("named_call_probe_target")
+    exported = jax.export.export(f, platforms=["cpu", "cuda"], disabled_checks=[check])(
+        jnp.ones(4))
+    assert exported.platforms == ("cpu", "cuda")
 
 
 def test_the_debug_effect_is_jax_debug_callbacks_and_survives_discharge_inside_loops():

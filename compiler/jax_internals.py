@@ -19,6 +19,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 from jax import lax, tree_util
 from jax._src import core as _core
@@ -385,27 +386,15 @@ def _saturating_eqns(index: Any, eqn: JaxprEqn) -> tuple[Any, list[JaxprEqn]]:
     return atom, eqns
 
 
-def saturate_ref_indices(closed: ClosedJaxpr) -> ClosedJaxpr:
-    """``closed`` with every scalar index of a ``get``/``swap``/``addupdate`` (``x[i]``,
-    ``x[ds(i, n)]``) of an integer type wider than int32 first clamped into int32's range,
-    in nested jaxprs too.
-
-    JAX's state discharge casts such indices to int32, so under x64 ``x[2**32 + 1]`` would
-    read row 1; clamped first, it stays past the end and is clamped back into range as
-    ``lax.dynamic_slice`` clamps, as the compiled kernels index."""
+def _map_eqns(closed: ClosedJaxpr, f: Callable[[JaxprEqn], list[JaxprEqn]]) -> ClosedJaxpr:
+    """``closed`` with every eqn, in nested jaxprs too, replaced by the eqns ``f`` gives for
+    it (after its nested jaxprs were rewritten)."""
 
     def rewrite(jaxpr: Jaxpr) -> Jaxpr:
         eqns: list[JaxprEqn] = []
         for eqn in jaxpr.eqns:
             params = {k: _rewrite_param(v) for k, v in eqn.params.items()}
-            invars = list(eqn.invars)
-            if eqn.primitive.name in ("get", "swap", "addupdate"):
-                first = 1 if eqn.primitive.name == "get" else 2
-                for n in range(first, len(invars)):
-                    if _wide_index(invars[n]):
-                        invars[n], extra = _saturating_eqns(invars[n], eqn)
-                        eqns += extra
-            eqns.append(eqn.replace(invars=invars, params=params))
+            eqns += f(eqn.replace(params=params))
         return jaxpr.replace(eqns=eqns)
 
     def _rewrite_param(v: Any) -> Any:
@@ -418,3 +407,64 @@ def saturate_ref_indices(closed: ClosedJaxpr) -> ClosedJaxpr:
         return v
 
     return closed.replace(jaxpr=rewrite(closed.jaxpr))
+
+
+def saturate_ref_indices(closed: ClosedJaxpr) -> ClosedJaxpr:
+    """``closed`` with every scalar index of a ``get``/``swap``/``addupdate`` (``x[i]``,
+    ``x[ds(i, n)]``) of an integer type wider than int32 first clamped into int32's range,
+    in nested jaxprs too.
+
+    JAX's state discharge casts such indices to int32, so under x64 ``x[2**32 + 1]`` would
+    read row 1; clamped first, it stays past the end and is clamped back into range as
+    ``lax.dynamic_slice`` clamps, as the compiled kernels index."""
+
+    def saturate(eqn: JaxprEqn) -> list[JaxprEqn]:
+        if eqn.primitive.name not in ("get", "swap", "addupdate"):
+            return [eqn]
+        eqns, invars = [], list(eqn.invars)
+        for n in range(1 if eqn.primitive.name == "get" else 2, len(invars)):
+            if _wide_index(invars[n]):
+                invars[n], extra = _saturating_eqns(invars[n], eqn)
+                eqns += extra
+        return [*eqns, eqn.replace(invars=invars)]
+
+    return _map_eqns(closed, saturate)
+
+
+_NARROW_FLOATS = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+_ACCUMULATING = ("cumsum", "cumprod", "cumlogsumexp", "reduce_sum", "reduce_prod")
+
+
+def _converted(atom: Any, dtype: np.dtype, eqn: JaxprEqn) -> tuple[Var, JaxprEqn]:
+    """A new var holding ``atom`` converted to ``dtype``, and the eqn that computes it."""
+    out = Var(atom.aval.update(dtype=dtype, weak_type=False))
+    return out, _core.new_jaxpr_eqn(
+        [atom], [out], lax.convert_element_type_p,
+        {"new_dtype": dtype, "weak_type": False, "sharding": None}, set(), eqn.source_info)
+
+
+def widen_narrow_accumulation(closed: ClosedJaxpr) -> ClosedJaxpr:
+    """``closed`` with every float16/bfloat16 sum and product (``reduce_sum``,
+    ``reduce_prod``, ``cumsum``, ``cumprod``, ``cumlogsumexp``) computed in float32 and
+    rounded once, in nested jaxprs too.
+
+    XLA:CPU runs these in the 16-bit type, rounding every partial sum (``jnp.cumsum`` of
+    512 bfloat16 ones is not exact), while jaxtile's rule, which the compiled kernels follow
+    (``passes/wide_accumulation``), is that 16-bit sums, scans and products accumulate in
+    float32 and are rounded once when stored: the reference semantics follow the rule too."""
+    f32 = np.dtype(np.float32)
+
+    def widen(eqn: JaxprEqn) -> list[JaxprEqn]:
+        if (eqn.primitive.name not in _ACCUMULATING
+                or np.dtype(eqn.outvars[0].aval.dtype) not in _NARROW_FLOATS):
+            return [eqn]
+        wide_in, to_wide = _converted(eqn.invars[0], f32, eqn)
+        wide_out = Var(eqn.outvars[0].aval.update(dtype=f32, weak_type=False))
+        narrow = np.dtype(eqn.outvars[0].aval.dtype)
+        back = _core.new_jaxpr_eqn(
+            [wide_out], [eqn.outvars[0]], lax.convert_element_type_p,
+            {"new_dtype": narrow, "weak_type": False, "sharding": None}, set(),
+            eqn.source_info)
+        return [to_wide, eqn.replace(invars=[wide_in], outvars=[wide_out]), back]
+
+    return _map_eqns(closed, widen)

@@ -45,7 +45,7 @@ def run_reference(jaxpr: ji.ClosedJaxpr, grid: Sequence[int],
         # No block runs, so the body is not even discharged: its reads of an empty input
         # (``lens[b]`` with no rows) have no JAX meaning.
         return [jnp.zeros(allocs[i].shape, allocs[i].dtype) for i in out_pos]
-    pure = ji.discharge_state(ji.saturate_ref_indices(jaxpr))
+    pure = ji.discharge_state(ji.widen_narrow_accumulation(ji.saturate_ref_indices(jaxpr)))
 
     def block(flat, outs):
         values, it = [], iter(outs)

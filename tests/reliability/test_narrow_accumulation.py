@@ -79,13 +79,12 @@ def test_bfloat16_running_products_and_sums_round_once(on_backend):
     for name, g, w in zip(("cumsum", "reverse cumsum", "cumprod", "sum"), got, want):
         np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32),
                                       err_msg=name)
-    # The reference runs XLA's own scans, as jnp does: XLA:CPU rounds their bfloat16 steps
-    # (a few ulp off the rule here), so the reference is checked against jnp itself.
+    # The reference follows the rule too, where XLA's own bfloat16 scans (jnp's) round every
+    # step: a few ulp off it here.
     reference = _running.reference(jnp.asarray(x))
-    xj = jnp.asarray(x)
-    for r, j in zip(reference, (jnp.cumsum(xj, axis=1), lax.cumsum(xj, 1, reverse=True),
-                                jnp.cumprod(xj, axis=1))):
-        np.testing.assert_array_equal(np.asarray(r, np.float32), np.asarray(j, np.float32))
+    for name, r, w in zip(("cumsum", "reverse cumsum", "cumprod", "sum"), reference, want):
+        np.testing.assert_array_equal(np.asarray(r, np.float32), np.asarray(w, np.float32),
+                                      err_msg=f"reference {name}")
 
 
 @jt.kernel
@@ -144,3 +143,16 @@ def test_the_widening_is_in_the_neutral_ir():
     for line in text.splitlines():
         if "= scan" in line or "= reduce" in line:
             assert "float32" in line and "bfloat16" not in line, line
+
+
+def test_the_reference_accumulates_16_bit_sums_in_float32():
+    # XLA:CPU's own bfloat16 scans and reductions round every step; the reference semantics
+    # (kernel.reference, interpret mode) follow the rule the compiled kernels do.
+    rng = np.random.RandomState(1)
+    x = (1 + rng.randint(0, 4, size=(4, 96)) / 128).astype(ml_dtypes.bfloat16)
+    x[:, 48:] = rng.uniform(0.5, 1.5, size=(4, 48))
+    want = _rounded_once(x, ml_dtypes.bfloat16)
+    for name, r, w in zip(("cumsum", "reverse cumsum", "cumprod", "sum"),
+                          _running.reference(jnp.asarray(x)), want):
+        np.testing.assert_array_equal(np.asarray(r, np.float32), np.asarray(w, np.float32),
+                                      err_msg=name)

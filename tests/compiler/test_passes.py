@@ -168,8 +168,8 @@ def test_coverage_folds_constants_through_the_op_definitions():
 
 
 def test_pipelines_name_their_passes_in_order():
-    assert [p.name for p in pipelines.NEUTRAL] == ["verify", "coverage", "dce", "clamp_check",
-                                                  "scratch_init", "output_init",
+    assert [p.name for p in pipelines.NEUTRAL] == ["verify", "canonicalize", "coverage", "dce",
+                                                  "clamp_check", "scratch_init", "output_init",
                                                   "wide_accumulation"]
     assert [p.name for p in pipelines.for_target(parse_target("cpu"))] == [
         "gemm_panels", "gemm_edges", "fusion"]

@@ -1,0 +1,5 @@
+"""Analyses of Tile IR that passes share instead of each re-deriving them.
+
+:mod:`.scalars`: the range (and so the constant) each integer or bool scalar holds, with the
+wrap-around of its dtype.
+"""

@@ -18,8 +18,9 @@ division instead of the fifteen ops JAX's ``//`` expands into).
   ``(x + a) + b`` becomes ``x + (a + b)`` (wrap-around arithmetic is associative).
 - **CSE.** A pure op that reads no buffer and has no pass notes, identical in kind,
   operands, attributes and result type to one already in scope, is replaced by it.
-- Conditionals on a constant become the branch taken; what the rewrites leave unused goes
-  (:func:`.dce.eliminate_dead_code`).
+- Loop bounds that are constants become ints (passes such as the CPU's gemm panels need a
+  static trip); conditionals on a constant become the branch taken; what the rewrites leave
+  unused goes (:func:`.dce.eliminate_dead_code`).
 
 Assumes a verified kernel. Guarantees the same results, bit for bit, with the same integer
 semantics (wrap-around, division by zero as :func:`..semantics.int_div_by_zero` says);
@@ -60,6 +61,12 @@ class _Canonicalizer:
     def sub(self, x):
         return self.subst.get(x, x) if isinstance(x, ir.Value) else x
 
+    def _static(self, x: int | ir.Value) -> int | ir.Value:
+        """A loop bound as an int where it is a constant (later passes need static trips)."""
+        x = self.sub(x)
+        r = self.bound(x)
+        return r[0] if r is not None and r[0] == r[1] else x
+
     def bound(self, x: int | ir.Value) -> scalars.Range | None:
         return (x, x) if isinstance(x, int) else self.ranges.get(x)
 
@@ -76,7 +83,9 @@ class _Canonicalizer:
             if isinstance(stmt, ir.Op):
                 out += self.op(stmt, available)
             elif isinstance(stmt, ir.For):
-                start, extent = self.sub(stmt.start), self.sub(stmt.extent)
+                start, extent = self._static(stmt.start), self._static(stmt.extent)
+                if isinstance(extent, int):
+                    extent = max(extent, 0)                 # an extent below 1 runs none
                 r = scalars.loop_range(stmt, self.bound(start), self.bound(extent))
                 if r is not None:
                     self.ranges[stmt.var] = r

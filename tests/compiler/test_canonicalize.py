@@ -179,6 +179,25 @@ def test_shares_only_within_scope_and_follows_loop_ranges():
     """)
 
 
+def test_constant_loop_bounds_become_static():
+    # jt.loop(n) traces as a while loop from 0 to n: its extent is n - 0, computed
+    _check(_HEAD + """
+      %1: int32[] = const() {value=3}
+      %2: int32[] = const() {value=0}
+      %3: int32[] = elementwise(%1, %2) {fn='sub'}
+      for %4 in serial(%2, +%3):
+        store(%4) {dst=y[%4]}
+      %5: int32[] = elementwise(%2, %1) {fn='sub'}
+      for %6 in serial(%1, +%5):
+        store(%6) {dst=y[%6]}
+    """, _HEAD + """
+      for %1 in serial(0, +3):
+        store(%1) {dst=y[%1]}
+      for %2 in serial(3, +0):
+        store(%2) {dst=y[%2]}
+    """)
+
+
 def _blocks_writer(fn):
     """A kernel whose block b writes ``fn(b, s)`` (s: its input's first element)."""
 

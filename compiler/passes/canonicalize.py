@@ -17,7 +17,8 @@ division instead of the fifteen ops JAX's ``//`` expands into).
   true``, ``p or false``; and
   ``(x + a) + b`` becomes ``x + (a + b)`` (wrap-around arithmetic is associative).
 - **CSE.** A pure op that reads no buffer and has no pass notes, identical in kind,
-  operands, attributes and result type to one already in scope, is replaced by it.
+  operands, attributes and result type to one already in scope, is replaced by it (tiles
+  of constants, broadcasts and iotas excepted: see :data:`_REMATERIALISED`).
 - Loop bounds that are constants become ints (passes such as the CPU's gemm panels need a
   static trip); conditionals on a constant become the branch taken; what the rewrites leave
   unused goes (:func:`.dce.eliminate_dead_code`).
@@ -39,6 +40,9 @@ from ..analysis import scalars
 from .dce import eliminate_dead_code
 
 _Key = tuple
+_REMATERIALISED = frozenset({"const", "broadcast", "iota"})
+"""Tile ops left unshared: recomputing them costs nothing, while sharing one would keep a
+whole tile alive (in registers, on a GPU) from its first use to its last."""
 
 
 def canonicalize(kernel: ir.Kernel) -> ir.Kernel:
@@ -130,7 +134,7 @@ class _Canonicalizer:
             op = self._reassociated(op, prologue, available)
         if r is not None:
             self.ranges[res] = r
-        if not op.notes:
+        if not op.notes and (res.shape == () or op.kind not in _REMATERIALISED):
             key = (op.kind, tuple(v.id for v in op.operands),
                    tuple(sorted((k, type(v).__name__, v) for k, v in op.attrs.items())),
                    res.shape, res.dtype)

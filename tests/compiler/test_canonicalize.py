@@ -32,7 +32,7 @@ _HEAD = """
 """
 
 
-def test_folds_constants_and_shares_pure_ops_but_not_loads():
+def test_folds_constants_and_shares_pure_ops_but_not_loads_or_broadcast_tiles():
     _check(_HEAD + """
       %1: int32[] = const() {value=8}
       %2: int32[] = const() {value=4}
@@ -46,6 +46,10 @@ def test_folds_constants_and_shares_pure_ops_but_not_loads():
       %10: float32[4] = elementwise(%8, %9) {fn='mul'}
       %11: int32[4] = convert(%10)
       store(%11) {dst=y[%5:+4]}
+      %12: int32[4] = broadcast(%3) {dims=()}
+      store(%12) {dst=y[0:+4]}
+      %13: int32[4] = broadcast(%2) {dims=()}
+      store(%13) {dst=y[4:+4]}
     """, _HEAD + """
       %1: int32[] = const() {value=4}
       %2: int32[] = elementwise(%0, %1) {fn='mul'}
@@ -55,6 +59,10 @@ def test_folds_constants_and_shares_pure_ops_but_not_loads():
       %6: float32[4] = elementwise(%5, %5) {fn='mul'}
       %7: int32[4] = convert(%6)
       store(%7) {dst=y[%2:+4]}
+      %8: int32[4] = broadcast(%1) {dims=()}
+      store(%8) {dst=y[0:+4]}
+      %9: int32[4] = broadcast(%1) {dims=()}
+      store(%9) {dst=y[4:+4]}
     """)
 
 

@@ -174,19 +174,29 @@ class _Canonicalizer:
         signs, rem = (self._fn(v, "ne") for v in op.operands)
         if signs is None or rem is None:
             return False
-        if self._fn(signs.operands[0], "sign") is None:
+        if self._fn(rem.operands[0], "rem") is None:
             signs, rem = rem, signs
-        sx, sy = (self._fn(v, "sign") for v in signs.operands)
         r = self._fn(rem.operands[0], "rem")
-        if None in (sx, sy, r) or not self._is_const(rem.operands[1], 0):
+        if r is None or not self._is_const(rem.operands[1], 0):
             return False
-        x, y = sx.operands[0], sy.operands[0]
-        if r.operands != (x, y):
-            return False
+        x, y = r.operands
         rx, ry = self.ranges.get(x), self.ranges.get(y)
         if rx is None or ry is None:
             return False
-        return (rx[0] >= 0 and ry[0] > 0) or (rx[1] <= 0 and ry[1] < 0)
+        if rx[0] >= 0 and ry[0] > 0:
+            sign_y = 1
+        elif rx[1] <= 0 and ry[1] < 0:
+            sign_y = -1
+        else:
+            return False
+        # One side of the signs' comparison is sign(x); the other sign(y), which may
+        # already be folded to its constant.
+        for sx, sy in (signs.operands, signs.operands[::-1]):
+            d = self._fn(sx, "sign")
+            if d is not None and d.operands[0] is x:
+                e = self._fn(sy, "sign")
+                return (e is not None and e.operands[0] is y) or self._is_const(sy, sign_y)
+        return False
 
     def _identity(self, op: ir.Op) -> ir.Value | None:
         """An existing value ``op``'s result always equals, or None."""

@@ -96,6 +96,21 @@ def test_ceil_division_of_a_block_index_is_an_add_and_a_division():
     """)
 
 
+def test_floor_division_of_a_block_index_is_the_quotient():
+    # i // 2: sign(2) folds to 1 before the adjustment is looked at, and i may be 0 (where
+    # sign(i) is 0 but the remainder is 0 too)
+    floor = _CDIV.replace("{value=64}", "{value=2}")
+    floor = floor.replace("%2: int32[] = elementwise(%0, %1) {fn='add'}",
+                          "%2: int32[] = elementwise(%0, %0) {fn='max'}")
+    floor = floor.replace("%4: int32[] = elementwise(%2, %3) {fn='sub'}",
+                          "%4: int32[] = elementwise(%2, %2) {fn='min'}")
+    _check(_HEAD + floor, _HEAD + """
+      %1: int32[] = const() {value=2}
+      %2: int32[] = elementwise(%0, %1) {fn='div'}
+      store(%2) {dst=y[0]}
+    """)
+
+
 def test_floor_division_keeps_its_adjustment_where_the_dividend_may_be_negative():
     # %0 - 65 ranges over [-65, -62]: negative, the divisor positive, so the quotient is
     # adjusted where the remainder is not zero (the signs' comparison folds to true)

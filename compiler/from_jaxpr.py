@@ -606,10 +606,13 @@ def _while(c: _Converter, eqn: Any, out: list) -> None:
                       "@jt.while_(lambda: <condition>), or jt.loop / jt.pipelined for "
                       "counted loops (their bounds may be traced values)")
     carries = eqn.invars[nc + nb:]
-    start = c.scalar(carries[0], out)
+    start, stop = c.scalar(carries[0], out), c.scalar(carries[1], out)
     kind, stages = _loop_kind(body, body.invars[nb])
-    extent = c.binary(out, "sub", c.scalar_value(carries[1], out),
-                      c.scalar_value(carries[0], out))
+    if isinstance(start, int) and isinstance(stop, int):
+        extent = max(stop - start, 0)       # static: an unrolled loop needs it to be
+    else:
+        extent = c.binary(out, "sub", *(b if isinstance(b, ir.Value) else
+                                         c.constant(b, np.int32, out) for b in (stop, start)))
     var = ir.Value((), np.int32)
     c.env[body.invars[nb]] = var
     for inner, atom in zip(body.invars[nb + 1:], carries[1:]):

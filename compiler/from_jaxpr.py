@@ -760,8 +760,12 @@ def _while(c: _Converter, eqn: Any, out: list) -> None:
         slots = _carry_slots(c, carries[2:], inits[2:], body.jaxpr.outvars[2:], out)
         stmts = _carried_block(c, body.jaxpr, body.consts, eqn.invars[nc:nc + nb],
                                carries[2:], slots, inits[2:], out, body.jaxpr.outvars[2:])
-        out.append(ir.For(var, start, c.binary(out, "sub", stop, first), kind, stages, stmts,
-                          c.line))
+        last = c.scalar(inits[1], out)
+        if isinstance(start, int) and isinstance(last, int):
+            extent = max(last - start, 0)   # static: an unrolled loop needs it to be
+        else:
+            extent = c.binary(out, "sub", stop, first)
+        out.append(ir.For(var, start, extent, kind, stages, stmts, c.line))
         _carried_results(c, eqn.outvars[2:], slots, inits[2:], out)
         _index_result(c, eqn.outvars[0], c.binary(out, "max", first, stop), out)
         c.env[eqn.outvars[1]] = c.read(inits[1], out)

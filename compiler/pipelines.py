@@ -1,6 +1,6 @@
 """Pass pipelines: the named Tile IR passes each target runs, in order.
 
-A kernel goes through two pipelines. The *neutral* one (verify, coverage, dce,
+A kernel goes through two pipelines. The *neutral* one (verify, canonicalize, coverage, dce,
 clamp_check, scratch_init, output_init, wide_accumulation) runs once per specialisation,
 whatever the target; its result is the IR that the content key hashes and that
 ``kernel.lower(...)`` shows. Each target kind then has one function listing its own passes,
@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from . import ir, printer, verify
 from .cuda.bounds import check_bounds
 from .passes.barriers import insert_barriers
+from .passes.canonicalize import canonicalize
 from .passes.clamp_check import warn_clamped_accesses
 from .passes.coverage import check_output_coverage
 from .passes.dce import eliminate_dead_code
@@ -46,6 +47,7 @@ class Pass:
 
 NEUTRAL = (
     Pass("verify", verify.verify),
+    Pass("canonicalize", canonicalize),
     Pass("coverage", check_output_coverage),
     Pass("dce", eliminate_dead_code),
     Pass("clamp_check", warn_clamped_accesses),

@@ -12,33 +12,9 @@ analysis cannot follow are left alone.
 from __future__ import annotations
 
 from .. import ir, op_defs
+from ..analysis.affine import Affine as _Affine
+from ..analysis.affine import affine_values
 from ..errors import kernel_error
-
-_Affine = tuple[int, int, int]  # (block axis or -1, scale, offset)
-
-
-def _affine_defs(kernel: ir.Kernel) -> dict[int, _Affine]:
-    known: dict[int, _Affine] = {v.id: (a, 1, 0) for a, v in enumerate(kernel.block_indices)}
-    for stmt in kernel.body:
-        if not isinstance(stmt, ir.Op) or stmt.result is None or stmt.result.shape != ():
-            continue
-        res, ops = stmt.result, [known.get(v.id) for v in stmt.operands]
-        consts = [o[2] for o in ops if o is not None and o[0] == -1]
-        value = op_defs.evaluate(stmt, consts) if len(consts) == len(ops) else None
-        if value is not None:
-            known[res.id] = (-1, 0, value)
-        elif stmt.kind == "convert" and ops[0] is not None:
-            known[res.id] = ops[0]
-        elif stmt.kind == "elementwise" and None not in ops and len(ops) == 2:
-            (a1, s1, o1), (a2, s2, o2) = ops
-            fn = stmt.attrs["fn"]
-            if fn == "add" and -1 in (a1, a2):
-                known[res.id] = (max(a1, a2), s1 + s2, o1 + o2)
-            elif fn == "mul" and a2 == -1:
-                known[res.id] = (a1, s1 * o2, o1 * o2)
-            elif fn == "mul" and a1 == -1:
-                known[res.id] = (a2, s2 * o1, o2 * o1)
-    return known
 
 
 def _interval(start: int | ir.Value, size: int, known: dict[int, _Affine],
@@ -71,7 +47,7 @@ def _first_gap(intervals: list[tuple[int, int]], dim: int) -> int | None:
 def check_output_coverage(kernel: ir.Kernel) -> ir.Kernel:
     """Reject kernels whose grid provably leaves part of an output unwritten; see the
     module docstring. Returns the kernel unchanged."""
-    known = _affine_defs(kernel)
+    known = affine_values(kernel)
     outputs = {b.name: b for b in kernel.buffers if b.role == "output"}
     top_writes: dict[str, list[tuple[ir.Op, tuple[ir.Index, ...]]]] = {}
     nested = set()

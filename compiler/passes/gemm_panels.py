@@ -28,9 +28,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from .. import ir
+from ..analysis import scalars
 
 _WIDENED = frozenset({"bfloat16", "float16"})
 """Operand dtypes that float32 holds exactly."""
+
+Ranges = dict[ir.Value, scalars.Range]
 
 PANEL_K = 256
 """The K extent a gemm step is coarsened to (about): a register tile's strip of the B
@@ -51,7 +54,7 @@ def coarsen_gemm_loops(kernel: ir.Kernel, *, widen: bool = True) -> ir.Kernel:
     uses = Counter(r.buffer for s in ir.walk(kernel.body) if isinstance(s, ir.Op)
                    for r in ir.regions(s))
     buffers = {b.name: b for b in kernel.buffers}
-    body = _rewrite(kernel.body, buffers, uses, widen)
+    body = _rewrite(kernel.body, buffers, uses, widen, scalars.scalar_ranges(kernel))
     if body is None:
         return kernel
     used = {r.buffer for s in ir.walk(body) if isinstance(s, ir.Op) for r in ir.regions(s)}
@@ -60,7 +63,7 @@ def coarsen_gemm_loops(kernel: ir.Kernel, *, widen: bool = True) -> ir.Kernel:
 
 
 def _rewrite(stmts: Sequence[ir.Stmt], buffers: dict[str, ir.Buffer],
-             uses: Counter, widen: bool) -> tuple[ir.Stmt, ...] | None:
+             uses: Counter, widen: bool, ranges: Ranges) -> tuple[ir.Stmt, ...] | None:
     """``stmts`` with qualifying loops coarsened (new buffers added to ``buffers``), or
     ``None`` if nothing changed."""
     out: list[ir.Stmt] = []
@@ -68,14 +71,14 @@ def _rewrite(stmts: Sequence[ir.Stmt], buffers: dict[str, ir.Buffer],
     for stmt in stmts:
         new: Sequence[ir.Stmt] | None = None
         if isinstance(stmt, ir.For):
-            inner = _rewrite(stmt.body, buffers, uses, widen)
+            inner = _rewrite(stmt.body, buffers, uses, widen, ranges)
             if inner is not None:
                 stmt = dataclasses.replace(stmt, body=inner)
                 changed = True
-            new = _coarsen(stmt, buffers, uses, widen)
+            new = _coarsen(stmt, buffers, uses, widen, ranges)
         elif isinstance(stmt, ir.If):
-            then = _rewrite(stmt.then, buffers, uses, widen)
-            otherwise = _rewrite(stmt.otherwise, buffers, uses, widen)
+            then = _rewrite(stmt.then, buffers, uses, widen, ranges)
+            otherwise = _rewrite(stmt.otherwise, buffers, uses, widen, ranges)
             if then is not None or otherwise is not None:
                 stmt = dataclasses.replace(stmt, then=then or stmt.then,
                                            otherwise=otherwise or stmt.otherwise)
@@ -140,12 +143,12 @@ def _match(loop: ir.For, buffers: dict[str, ir.Buffer], uses: Counter) -> _Match
 
 
 def _coarsen(loop: ir.For, buffers: dict[str, ir.Buffer], uses: Counter,
-             widen: bool) -> list[ir.Stmt] | None:
+             widen: bool, ranges: Ranges) -> list[ir.Stmt] | None:
     m = _match(loop, buffers, uses)
     if m is None:
         return None
     u = min(loop.extent, max(1, PANEL_K // m.bk))
-    adjacent = _adjacent(loop, m)
+    adjacent = _adjacent(loop, m, ranges)
     if adjacent and _whole_k_fits(loop, m, buffers, widen):
         u = loop.extent
     if u < 2:
@@ -201,7 +204,7 @@ def _coarsen(loop: ir.For, buffers: dict[str, ir.Buffer], uses: Counter,
         # The iterations left over make one shorter panel (or run as written if just one).
         done = loop.extent - loop.extent % u
         rest = dataclasses.replace(loop, start=loop.start + done, extent=loop.extent % u)
-        out.extend(_coarsen(rest, buffers, uses, widen) or [rest])
+        out.extend(_coarsen(rest, buffers, uses, widen, ranges) or [rest])
     return out
 
 
@@ -221,7 +224,7 @@ def _whole_k_fits(loop: ir.For, m: _Match, buffers: dict[str, ir.Buffer], widen:
     return True
 
 
-def _adjacent(loop: ir.For, m: _Match) -> bool:
+def _adjacent(loop: ir.For, m: _Match, ranges: Ranges) -> bool:
     """Whether consecutive iterations copy tiles that lie side by side along K: the K start
     of every copy's source is ``bk * var`` plus something the loop variable does not change,
     and its other starts do not depend on the variable."""
@@ -230,14 +233,17 @@ def _adjacent(loop: ir.For, m: _Match) -> bool:
         sized = [i for i in copy.attrs["src"].index if i.size is not None]
         for d, index in enumerate(sized):
             want = m.bk if d == m.kdim[dst] else 0
-            if _slope(index.start, loop.var, defs) != want:
+            if _slope(index.start, loop.var, defs, ranges) != want:
                 return False
     return True
 
 
-def _slope(v: int | ir.Value, var: ir.Value, defs: dict[int, ir.Op]) -> int | None:
+def _slope(v: int | ir.Value, var: ir.Value, defs: dict[int, ir.Op],
+           ranges: Ranges) -> int | None:
     """``d v / d var`` if ``v`` is an integer affine function of ``var`` with a static slope
-    (computed by the loop body's scalar ops), else None."""
+    (computed by the loop body's scalar ops; a factor is a constant wherever the scalar
+    analysis, ``ranges``, knows its one value: canonicalisation shares a constant with one
+    outside the loop), else None."""
     if isinstance(v, int) or (v.id != var.id and v.id not in defs):
         return 0                                  # a constant, or defined outside the loop
     if v.id == var.id:
@@ -245,7 +251,7 @@ def _slope(v: int | ir.Value, var: ir.Value, defs: dict[int, ir.Op]) -> int | No
     op = defs[v.id]
     if not np.issubdtype(v.dtype, np.integer):
         return None
-    slopes = [_slope(o, var, defs) for o in op.operands]
+    slopes = [_slope(o, var, defs, ranges) for o in op.operands]
     if None in slopes or op.kind not in ("const", "convert", "elementwise"):
         return None
     if not any(slopes):
@@ -257,9 +263,9 @@ def _slope(v: int | ir.Value, var: ir.Value, defs: dict[int, ir.Op]) -> int | No
         return slopes[0] + slopes[1] if fn == "add" else slopes[0] - slopes[1]
     if fn == "mul":
         for c, other in ((0, 1), (1, 0)):
-            const = defs.get(op.operands[c].id)
-            if slopes[c] == 0 and const is not None and const.kind == "const":
-                return int(const.attrs["value"]) * slopes[other]
+            factor = ranges.get(op.operands[c])
+            if slopes[c] == 0 and factor is not None and factor[0] == factor[1]:
+                return factor[0] * slopes[other]
     return None
 
 

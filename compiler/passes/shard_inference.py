@@ -33,8 +33,8 @@ import dataclasses
 from collections.abc import Iterator
 
 from .. import ir, op_defs
-
-_Affine = tuple[int, int, int]  # (block axis or -1 for a constant, scale, offset)
+from ..analysis.affine import Affine as _Affine
+from ..analysis.affine import affine_values
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,43 +50,6 @@ class ShardAnalysis:
     dims: tuple[tuple[int | None, ...], ...]
     parallel: dict[int, int]
     declined: tuple[str, ...]
-
-
-def _affine_values(kernel: ir.Kernel) -> dict[int, _Affine]:
-    """Scalars that are ``scale * block_index[axis] + offset``, wherever they are defined."""
-    known: dict[int, _Affine] = {v.id: (a, 1, 0) for a, v in enumerate(kernel.block_indices)}
-    for stmt in ir.walk(kernel.body):
-        if not isinstance(stmt, ir.Op) or stmt.result is None or stmt.result.shape != ():
-            continue
-        ops = [known.get(v.id) for v in stmt.operands]
-        value = _constant(stmt, ops)
-        if value is None and stmt.kind == "convert" and ops and ops[0] is not None:
-            value = ops[0]
-        elif value is None and stmt.kind == "elementwise" and len(ops) == 2 and None not in ops:
-            value = _combine(stmt.attrs.get("fn"), ops[0], ops[1])
-        if value is not None:
-            known[stmt.result.id] = value
-    return known
-
-
-def _constant(op: ir.Op, operands: list[_Affine | None]) -> _Affine | None:
-    """The op's result as a constant, where its definition evaluates it from constant
-    operands."""
-    consts = [o[2] for o in operands if o is not None and o[0] == -1]
-    value = op_defs.evaluate(op, consts) if len(consts) == len(operands) else None
-    return None if value is None else (-1, 0, value)
-
-
-def _combine(fn: str | None, x: _Affine, y: _Affine) -> _Affine | None:
-    (ax, sx, ox), (ay, sy, oy) = x, y
-    if fn in ("add", "sub") and -1 in (ax, ay):
-        sign = 1 if fn == "add" else -1
-        return max(ax, ay), sx + sign * sy, ox + sign * oy
-    if fn == "mul" and ay == -1:
-        return ax, sx * oy, ox * oy
-    if fn == "mul" and ax == -1:
-        return ay, sy * ox, oy * ox
-    return None
 
 
 def _accesses(kernel: ir.Kernel, names: set[str]) -> Iterator[tuple[ir.Op, ir.Region]]:
@@ -107,7 +70,7 @@ def infer_parallel_dims(kernel: ir.Kernel) -> ShardAnalysis:
         return ShardAnalysis(tuple((None,) * len(b.shape) for b in params), {},
                              ("its outputs are updated atomically, across blocks",))
     names = {b.name for b in params}
-    known = _affine_values(kernel)
+    known = affine_values(kernel)
     # Per (parameter, dimension): the (axis, block size) every access agrees on, or a reason.
     split: dict[tuple[str, int], tuple[int, int] | None] = {}
     why: dict[tuple[str, int], str] = {}

@@ -206,9 +206,21 @@ def test_coverage_folds_constants_through_the_op_definitions():
         check_output_coverage(parser.parse_kernel(striped))
 
 
+def test_coverage_follows_a_start_that_subtracts_a_constant():
+    # 4 * block - 2 is affine (compiler/analysis/affine.py, shared with shard inference):
+    # the two blocks reach index 6 at most
+    striped = _text(_STRIPED.replace("""      %3: float32[4] = load() {src=x[%2:+4]}
+      store(%3) {dst=y[%2:+4]}  # user.py:9""", """      %3: int32[] = const() {value=2}
+      %4: int32[] = elementwise(%2, %3) {fn='sub'}
+      %5: float32[4] = load() {src=x[%4:+4]}
+      copy() {dst=y[%4:+4], pad=None, src=x[%4:+4]}  # user.py:9"""))
+    with pytest.raises(KernelError, match=r"no write reaches index 6.*user.py:9"):
+        check_output_coverage(parser.parse_kernel(striped))
+
+
 def test_pipelines_name_their_passes_in_order():
-    assert [p.name for p in pipelines.NEUTRAL] == ["verify", "coverage", "dce", "clamp_check",
-                                                  "scratch_init", "output_init",
+    assert [p.name for p in pipelines.NEUTRAL] == ["verify", "canonicalize", "coverage", "dce",
+                                                  "clamp_check", "scratch_init", "output_init",
                                                   "wide_accumulation"]
     assert [p.name for p in pipelines.for_target(parse_target("cpu"))] == [
         "gemm_panels", "gemm_edges", "fusion"]

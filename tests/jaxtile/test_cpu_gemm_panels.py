@@ -15,7 +15,7 @@ from jaxtile.compiler.target import parse_target
 
 
 @jt.kernel
-def matmul(a, b, *, bm=16, bn=32, bk=8, backwards=False):
+def matmul(a, b, *, bm=16, bn=32, bk=8, backwards=False, hoisted=False):
     m, k = a.shape
     n = b.shape[1]
     steps = -(-k // bk)
@@ -25,11 +25,12 @@ def matmul(a, b, *, bm=16, bn=32, bk=8, backwards=False):
     b_s = jt.shared((bk, bn), b.dtype)
     acc = jt.fragment((bm, bn), jnp.float32)
     acc[...] = jnp.zeros((bm, bn), jnp.float32)
+    row = i * bm if hoisted else None
 
     @jt.loop(steps)
     def _(kk):
         t = steps - 1 - kk if backwards else kk
-        jt.copy(a.at[i * bm, t * bk], a_s)
+        jt.copy(a.at[i * bm if row is None else row, t * bk], a_s)
         jt.copy(b.at[t * bk, j * bn], b_s)
         jt.gemm(a_s, b_s, acc)
 
@@ -64,6 +65,19 @@ def test_side_by_side_tiles_are_copied_at_once():
                                        (256, "smem0_panel"), (256, "smem1_panel")]
     kernel = build.lowered_ir(matmul.lower(x, y, backwards=True).kernel, parse_target("cpu"))
     assert {size for size, _ in _copies(kernel)} == {8}           # one copy per tile
+
+
+def test_a_k_step_shared_with_a_constant_outside_the_loop_is_still_seen():
+    # With bm == bk and the row start computed before the loop, canonicalisation shares the
+    # loop's constant 8 (in t * 8) with the one outside: the K start stays 8 * t.
+    x = jnp.zeros((20, 300), jnp.float32)
+    y = jnp.zeros((300, 40), jnp.float32)
+    lowered = matmul.lower(x, y, bm=8, hoisted=True)
+    kernel = build.lowered_ir(lowered.kernel, parse_target("cpu"))
+    assert sorted(_copies(kernel)) == [(304, "smem0_panel"), (304, "smem1_panel")]
+    np.testing.assert_array_equal(
+        jax.jit(lambda a, b: matmul(a, b, bm=8, hoisted=True))(x + 1, y + 2),
+        np.full((20, 40), 600.0, np.float32))
 
 
 @pytest.mark.parametrize("k", [300, 5000], ids=["one_panel", "panels_and_rest"])

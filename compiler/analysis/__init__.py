@@ -1,0 +1,7 @@
+"""Analyses of Tile IR that passes share instead of each re-deriving them.
+
+:mod:`.scalars`: the range (and so the constant) each integer or bool scalar holds, with the
+wrap-around of its dtype (canonicalisation, the clamp check, gemm panels).
+:mod:`.affine`: the scalars that are ``scale * block_index + offset`` (output coverage,
+shard inference).
+"""

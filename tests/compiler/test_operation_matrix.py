@@ -54,10 +54,11 @@ def _out(r):
     return out
 
 
-def _value(name, kind, fn, dtypes, approximate=False):
-    """A case computing ``fn`` of the input tiles (loaded whole) in the kernel and in jnp."""
-    return Case(name, kind, lambda x, y: _out(fn(x[...], y[...])), fn, dtypes, approximate,
-                loads=kind not in ("const", "iota"))
+def _value(name, kind, fn, dtypes, approximate=False, want=None):
+    """A case computing ``fn`` of the input tiles (loaded whole) in the kernel, and ``want``
+    (default ``fn``) in jnp."""
+    return Case(name, kind, lambda x, y: _out(fn(x[...], y[...])), want or fn, dtypes,
+                approximate, loads=kind not in ("const", "iota"))
 
 
 _LAX_NAMES = {"not": "bitwise_not", "and": "bitwise_and", "or": "bitwise_or",
@@ -97,6 +98,18 @@ def _identity(fn, dtype):
     return np.asarray(info.min if fn == "max" else info.max, dtype)[()]
 
 
+def _rounded_once(f):
+    """``f`` as jaxtile computes 16-bit sums and products: in float32, rounded once (XLA's
+    own bfloat16/float16 reductions and scans round every step)."""
+
+    def g(a, b):
+        if a.dtype not in (jnp.float16, jnp.bfloat16):
+            return f(a, b)
+        return f(a.astype(jnp.float32), b.astype(jnp.float32)).astype(a.dtype)
+
+    return g
+
+
 def _reduce(fn):
     combine = {"sum": lax.add, "prod": lax.mul, "max": lax.max, "min": lax.min,
                "and": lax.bitwise_and, "or": lax.bitwise_or}[fn]
@@ -105,13 +118,17 @@ def _reduce(fn):
         return lax.reduce(a, _identity(fn, np.dtype(a.dtype)), combine, (1,))
 
     return _value(f"reduce.{fn}", "reduce", f, op_defs.get("reduce").accepts(fn),
-                  approximate=fn in ("sum", "prod"))
+                  approximate=fn in ("sum", "prod"), want=_rounded_once(f))
 
 
 def _scan(fn):
     f = {"sum": lax.cumsum, "prod": lax.cumprod, "max": lax.cummax, "min": lax.cummin}[fn]
-    return _value(f"scan.{fn}", "scan", lambda a, b: f(a, axis=1),
-                  op_defs.get("scan").accepts(fn), approximate=fn in ("sum", "prod"))
+
+    def g(a, b):
+        return f(a, axis=1)
+
+    return _value(f"scan.{fn}", "scan", g, op_defs.get("scan").accepts(fn),
+                  approximate=fn in ("sum", "prod"), want=_rounded_once(g))
 
 
 def _argreduce(fn):

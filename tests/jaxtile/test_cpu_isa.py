@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from attention_helpers import TOL, np_attention, qkv
+from test_cpu_copy_reuse import matmul
 from test_cpu_gemm_bf16 import _check as check_bf16_gemm
 from test_cpu_gemm_bf16 import _operands as bf16_operands
 
@@ -39,25 +40,8 @@ def _requires(level):
 LEVELS = [pytest.param(level, marks=_requires(level)) for level in ("x86-64-v3", "host")]
 
 
-@jt.kernel
-def matmul(a, b, *, bm=64, bn=64, bk=64):
-    m, k = a.shape
-    n = b.shape[1]
-    c = jt.empty((m, n), jnp.float32)
-    j, i = jt.grid(jt.cdiv(n, bn), jt.cdiv(m, bm))
-    a_s = jt.shared((bm, bk), a.dtype)
-    b_s = jt.shared((bk, bn), b.dtype)
-    acc = jt.fragment((bm, bn), jnp.float32)
-    acc[...] = jnp.zeros((bm, bn), jnp.float32)
-
-    @jt.loop(jt.cdiv(k, bk))
-    def _(kk):
-        jt.copy(a.at[i * bm, kk * bk], a_s)
-        jt.copy(b.at[kk * bk, j * bn], b_s)
-        jt.gemm(a_s, b_s, acc)
-
-    jt.copy(acc, c.at[i * bm, j * bn])
-    return c
+TILES = {"bm": 64, "bn": 64, "bk": 64}
+"""The GEMM's tiles here: whole 6 x 2 register tiles on AVX2, and ragged ones."""
 
 
 # -- the variable and the target ------------------------------------------------------------
@@ -100,7 +84,7 @@ def test_levels_narrow_the_capabilities_and_the_key():
     assert not v3.caps.bf16_dot and not v4.caps.bf16_dot  # AVX512-BF16 is not in v4
     assert host.caps.level == "host" and host.caps.isa == target.host_isa()
     x = jnp.zeros((64, 64), jnp.float32)
-    kernel = matmul.lower(x, x).kernel
+    kernel = matmul.lower(x, x, **TILES).kernel
     keys = {build.kernel_key(kernel, t) for t in (v3, v4, host)}
     assert len(keys) == 3
 
@@ -112,7 +96,7 @@ def _disassembly(level, dtype=jnp.float32, shape=(128, 128)):
     if shutil.which("objdump") is None:
         pytest.skip("objdump (binutils) is not installed")
     x = jnp.zeros(shape, dtype)
-    entry = build.build(matmul.lower(x, x).kernel, parse_target(f"cpu:{level}"))
+    entry = build.build(matmul.lower(x, x, **TILES).kernel, parse_target(f"cpu:{level}"))
     return subprocess.run(["objdump", "-d", "--no-show-raw-insn", entry.library],
                           capture_output=True, text=True, check=True).stdout
 
@@ -165,14 +149,14 @@ def test_f32_gemm_on_avx2(monkeypatch, rng, mkn):
     m, k, n = mkn
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
-    got = np.asarray(jax.jit(lambda x, y: matmul(x, y))(a, b))
-    lowered = matmul.lower(a, b)
+    got = np.asarray(jax.jit(lambda x, y: matmul(x, y, **TILES))(a, b))
+    lowered = matmul.lower(a, b, **TILES)
     assert lowered.target == tgt.name  # "cpu" is the CPU platform's target
     assert cache.find(build.kernel_key(lowered.kernel, tgt))[0] is not None  # what ran
     want = a.astype(np.float64) @ b.astype(np.float64)
     bound = k * 2.0 ** -23 * (np.abs(a).astype(np.float64) @ np.abs(b))
     assert (np.abs(got - want) <= bound).all()
-    np.testing.assert_allclose(got, matmul.reference(a, b), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(got, matmul.reference(a, b, **TILES), rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(got, jnp.matmul(a, b, precision="highest"), rtol=1e-5,
                                atol=1e-4)
 
@@ -209,14 +193,15 @@ def test_an_export_requires_the_level_not_the_host(monkeypatch, rng):
     machine that loads it (so one exported on an AVX-512 machine for v3 runs on AVX2)."""
     _use(monkeypatch, "x86-64-v3")
     a = rng.standard_normal((64, 64)).astype(np.float32)
-    exported = jax.export.export(jax.jit(lambda x: matmul(x, x)),
+    exported = jax.export.export(jax.jit(lambda x: matmul(x, x, **TILES)),
                                  disabled_checks=jt.export_checks())(a)
     fields = re.findall(r"isa=([\w,]*)", exported.mlir_module())
     assert fields and all(f.split(",") == list(ISA_LEVELS["x86-64-v3"]) for f in fields)
-    np.testing.assert_allclose(exported.call(a), matmul.reference(a, a), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(exported.call(a), matmul.reference(a, a, **TILES), rtol=1e-5,
+                               atol=1e-4)
     # The runtime's check (ffi/cpu/exported_kernel.cc) passes such a payload on this host:
     # loaded under a key not loaded yet, so the check runs (a loaded key returns early).
-    entry = build.build(matmul.lower(a, a).kernel, parse_target("cpu:x86-64-v3"))
+    entry = build.build(matmul.lower(a, a, **TILES).kernel, parse_target("cpu:x86-64-v3"))
     with open(entry.library, "rb") as f:
         library = f.read()
     key = f"test-cpu-isa-{uuid.uuid4().hex}"

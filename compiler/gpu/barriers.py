@@ -17,14 +17,14 @@ across iterations); after a loop or a conditional, the accesses of every path ar
 A ``While`` is walked like a loop whose iteration is its condition then its body. Conditions
 and loop bounds in the Tile IR are uniform across the block, so a barrier inside them is
 reached by all threads -- except a ``While`` condition that reads global memory the kernel
-writes, whose lowering refuses a barrier inside (``cuda/control.py``).
+writes, whose lowering refuses a barrier inside (``gpu/codegen/control.py``).
 
 Buffers that the shared-memory plan gives the same bytes (``SmemPlan.shares()``, passed in
 as ``shares``) count as one buffer: the last reads of one and the first writes of the next
 are a write-after-read hazard (and the other way round) although they name different
 buffers.
 
-A loop that runs as a ``cp.async`` pipeline (``async_pipeline.pipeline_shape``) is walked as
+A loop that runs as a ``cp.async`` pipeline (``copy_schedule.pipeline_shape``) is walked as
 its schedule runs it: the staged copies are issued by the prologue before the loop (their
 writes meet what is pending before the loop: a barrier goes before the loop when they
 conflict) and at the top of each iteration, after the schedule's own barrier, into a buffer

@@ -2,7 +2,7 @@
 
 Every ``fragment`` buffer and every tile value that is not *uniform* (the same in every
 element and thread: scalars, constants and their broadcasts) gets a
-:class:`~jaxtile.compiler.cuda.layout.Layout`, recorded in ``Buffer.layout`` and in the
+:class:`~jaxtile.compiler.gpu.layout.Layout`, recorded in ``Buffer.layout`` and in the
 defining op's ``notes["layout"]`` (so the IR text shows ``float32[4, 384]#blocked(...)``).
 
 Ops state constraints at three levels, and inference runs from the strictest outward:

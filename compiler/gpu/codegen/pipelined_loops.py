@@ -1,8 +1,8 @@
 """``jt.pipelined(n, stages=s)`` loops as multi-buffered ``cp.async`` pipelines.
 
-:func:`.async_pipeline.pipeline_shape` picks the loop's staged copies (global -> whole shared
+:func:`..copy_schedule.pipeline_shape` picks the loop's staged copies (global -> whole shared
 buffer, anywhere at the top level of the body, with origins computable at the top of an
-iteration). The loop then runs the schedule of :func:`.async_pipeline.plan_pipeline`: each
+iteration). The loop then runs the schedule of :func:`..copy_schedule.plan_pipeline`: each
 staged buffer gets ``stages`` copies; the staged copies of iteration ``k + stages - 1`` (with
 the scalar arithmetic of their origins, recomputed for that iteration) are issued, as
 ``cp.async`` where the copy moves aligned 8- or 16-byte vectors, right after the top barrier

@@ -4,4 +4,6 @@
 wrap-around of its dtype (canonicalisation, the clamp check, gemm panels).
 :mod:`.affine`: the scalars that are ``scale * block_index + offset`` (output coverage,
 shard inference).
+:mod:`.divisibility`: a number each integer scalar is always a multiple of (the GPU code
+generator's aligned vector accesses).
 """

@@ -6,4 +6,6 @@ wrap-around of its dtype (canonicalisation, the clamp check, gemm panels).
 shard inference).
 :mod:`.divisibility`: a number each integer scalar is always a multiple of (the GPU code
 generator's aligned vector accesses).
+:mod:`.symbolic`: integer scalars as expressions over block indices, loop variables and
+dynamic sizes, with the conditions known at a point (the GPU bounds proofs).
 """

@@ -17,7 +17,8 @@ JT_KERNEL JT_LAUNCH_BOUNDS(256) void groups(ptr<float> x, ptr<float> out, ptr<in
   const f32x2 pair = buffer_load<f32x2>(r, static_cast<int>(i * 8));
   const f32x4 quad = buffer_load<f32x4>(r, static_cast<int>(i * 16));
   wait_vmcnt<0>();
-  v += pair.x + pair.y + quad.x + quad.w + ptr_cast<f32x4>(x)[t.x].z;
+  const f32x4 direct = ptr_cast<f32x4>(x)[t.x];
+  v += pair.x + pair.y + quad.x + quad.w + direct.x + direct.y + direct.z + direct.w;
   tile[t.x] = v;
   scratch[t.x] = v * 2.0f;
   sync_threads();

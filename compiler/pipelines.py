@@ -21,8 +21,9 @@ import sys
 from collections.abc import Callable, Sequence
 
 from . import ir, printer, verify
-from .cuda.bounds import check_bounds
-from .passes.barriers import insert_barriers
+from .gpu.barriers import insert_barriers
+from .gpu.bounds import check_bounds
+from .gpu.layout_inference import infer_layouts
 from .passes.canonicalize import canonicalize
 from .passes.clamp_check import warn_clamped_accesses
 from .passes.coverage import check_output_coverage
@@ -30,7 +31,6 @@ from .passes.dce import eliminate_dead_code
 from .passes.fusion import fuse_elementwise
 from .passes.gemm_edges import trim_edge_gemms
 from .passes.gemm_panels import coarsen_gemm_loops
-from .passes.layout_inference import infer_layouts
 from .passes.output_init import add_output_inits
 from .passes.scratch_init import zero_uninitialised_scratch
 from .passes.wide_accumulation import widen_half_accumulation
@@ -77,8 +77,8 @@ def cuda(target: Target) -> tuple[Pass, ...]:
     bounds (which global accesses keep a mask); barriers (after layouts, which say which
     thread touches which shared element, treating buffers the shared-memory plan puts on
     the same bytes as one)."""
-    from .cuda.gemm import anchors
-    from .cuda.smem_plan import plan_kernel
+    from .gpu.codegen.gemm import anchors
+    from .gpu.smem_plan import plan_kernel
 
     strict = anchors(target)
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import math
 
-from .. import ir
-from .async_pipeline import pipeline_shape, plan_pipeline
+from ... import ir
+from ..copy_schedule import pipeline_shape, plan_pipeline
 from .context import Context
 
 

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .. import ir, semantics
-from ..errors import KernelError
-from ..target import Target
+from ... import ir, semantics
+from ...errors import KernelError
+from ...target import Target
+from ..gemm_plan import GemmPlan, SharedTile, cpp_type, plan_gemm
+from ..layout import Layout
 from . import scalar_math as M
 from . import types as T
 from .context import Context, source_line
-from .gemm_plan import GemmPlan, SharedTile, cpp_type, plan_gemm
-from .layout import Layout
 from .values import stage_fragment
 
 

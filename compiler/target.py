@@ -172,6 +172,15 @@ class HipCaps:
     for every out-of-range offset (and buffer stores drop them): the masks at the end of a
     buffer are not needed."""
 
+    @property
+    def max_smem_bytes(self) -> int:
+        """The GPU tier's name for a block's shared memory (LDS: no opt-in beyond it)."""
+        return self.lds_bytes
+
+    @property
+    def static_smem_bytes(self) -> int:
+        return self.lds_bytes
+
 
 Caps = CpuCaps | CudaCaps | HipCaps
 

@@ -43,6 +43,26 @@ def row_sums(x, *, rows=4):
 
 
 @jt.kernel(threads=128)
+def staged_sums(x, *, rows=4, cols=128):
+    """Column sums of row blocks, the columns streamed through LDS by a pipelined loop
+    (cp_async in the generated code)."""
+    n_rows, n_cols = x.shape
+    out = jt.empty((n_rows, cols), jnp.float32)
+    r = jt.grid(jt.cdiv(n_rows, rows))
+    s = jt.shared((rows, cols), x.dtype)
+    acc = jt.fragment((rows, cols), jnp.float32)
+    acc[...] = jnp.zeros((rows, cols), jnp.float32)
+
+    @jt.pipelined(jt.cdiv(n_cols, cols), stages=2)
+    def _(k):
+        jt.copy(x.at[r * rows, k * cols], s)
+        acc[...] = acc[...] + s[...]
+
+    jt.copy(acc, out.at[r * rows, 0])
+    return out
+
+
+@jt.kernel(threads=128)
 def matmul(a, b):
     out = jt.empty((64, 64), jnp.float32)
     jt.grid(1)
@@ -57,12 +77,13 @@ def matmul(a, b):
     return out
 
 
-CASES = [(exp_add, (jnp.ones(1000), jnp.ones(1000))), (row_sums, (jnp.ones((100, 300)),))]
+CASES = [(exp_add, (jnp.ones(1000), jnp.ones(1000))), (row_sums, (jnp.ones((100, 300)),)),
+         (staged_sums, (jnp.ones((100, 1000)),))]
 
 
 @needs_clang
 @pytest.mark.parametrize("gfx", ["gfx90a", "gfx942"])
-@pytest.mark.parametrize("kernel,args", CASES, ids=["elementwise", "reduction"])
+@pytest.mark.parametrize("kernel,args", CASES, ids=["elementwise", "reduction", "pipelined"])
 def test_lowered_hip_compiles_for_the_target(kernel, args, gfx):
     target = parse_target(f"hip:{gfx}")
     lowered = kernel.lower(*args, target=target.name)
@@ -72,6 +93,10 @@ def test_lowered_hip_compiles_for_the_target(kernel, args, gfx):
     figures = co.kernels[f"jt_{kernel.name}"]
     assert figures.wave_size == 64 and figures.max_workgroup_size == 128
     assert figures.scratch_bytes == 0 and "s_swappc" not in co.assembly
+    if kernel is staged_sums:
+        # Global -> LDS copies of the pipeline: loads, then LDS stores, then a barrier.
+        assert "cp_async<" in lowered.source and "s_barrier" in co.assembly
+        assert "ds_write_b" in co.assembly
     if kernel is row_sums:
         # The row's 32 lanes fold by shuffles: xor 1 and 2 as DPP, the rest ds_bpermute.
         assert "quad_perm" in co.assembly and "ds_bpermute_b32" in co.assembly

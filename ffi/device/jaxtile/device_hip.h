@@ -11,9 +11,11 @@
 //   - a wave has 64 lanes: lane masks are 64-bit (kFullMask is all 64 lanes), ballot returns
 //     64 bits, shuffles address lanes 0..63;
 //   - there is one workgroup barrier (s_barrier): no named barriers, so no barrier_sync;
-//   - there is no ldmatrix, mma.sync or cp.async: operands go LDS -> VGPRs with ds_read and
-//     the matrix cores are the MFMA instructions below; global -> LDS copies are loads and
-//     stores (buffer loads zero-fill out-of-range offsets, see buffer_load);
+//   - there is no ldmatrix or mma.sync: operands go LDS -> VGPRs with ds_read and the matrix
+//     cores are the MFMA instructions below;
+//   - there is no asynchronous global -> LDS copy like cp.async: cp_async copies at once (a
+//     load and an LDS store, zero-filling past src_bytes), so cp_async_commit and
+//     cp_async_wait have nothing to wait for; pipelined loops stay correct, without overlap;
 //   - there is no device_printf: AMD's printf (buffered or hostcall) allocates in the
 //     runtime's printf buffer through the device library (__printf_alloc in ockl), which
 //     -nogpulib leaves out; a kernel using jt.print is a compile error saying so.
@@ -147,6 +149,39 @@ JT_DEVICE bool vote_any(unsigned long long mask, bool pred) { return ballot(mask
 JT_DEVICE bool vote_all(unsigned long long mask, bool pred) {
   return ballot(mask, pred) == (__builtin_amdgcn_read_exec() & mask);
 }
+
+// ---- cp_async: the copy done at once (see the top of this file) ----
+template <int Bytes>
+struct copy_unit_;
+template <>
+struct copy_unit_<4> {
+  using type = unsigned;
+};
+template <>
+struct copy_unit_<8> {
+  using type = u32x2;
+};
+template <>
+struct copy_unit_<16> {
+  using type = u32x4;
+};
+template <int Bytes, class T, class S>
+JT_DEVICE void cp_async(T* dst, const S* src, int src_bytes) {
+  static_assert(Bytes == 4 || Bytes == 8 || Bytes == 16, "cp_async copies 4, 8 or 16 bytes");
+  using V = typename copy_unit_<Bytes>::type;
+  if (src_bytes >= Bytes) {
+    *reinterpret_cast<V*>(dst) = *reinterpret_cast<const V*>(src);
+    return;
+  }
+  // A partial copy: the first src_bytes bytes, zeros after them (none read past them).
+  unsigned char bytes[Bytes];
+  for (int i = 0; i < Bytes; ++i)
+    bytes[i] = i < src_bytes ? reinterpret_cast<const unsigned char*>(src)[i] : 0;
+  *reinterpret_cast<V*>(dst) = __builtin_bit_cast(V, bytes);
+}
+JT_DEVICE void cp_async_commit() {}
+template <int N>
+JT_DEVICE void cp_async_wait() {}
 
 // ---- a read another block may change, not kept in a register (relaxed) ----
 template <class T>

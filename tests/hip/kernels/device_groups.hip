@@ -19,6 +19,11 @@ JT_KERNEL JT_LAUNCH_BOUNDS(256) void groups(ptr<float> x, ptr<float> out, ptr<in
   wait_vmcnt<0>();
   const f32x4 direct = ptr_cast<f32x4>(x)[t.x];
   v += pair.x + pair.y + quad.x + quad.w + direct.x + direct.y + direct.z + direct.w;
+  // cp_async: a whole 16-byte copy, or the part before the end of x and zeros.
+  if (t.x < 64)
+    cp_async<16>(scratch + 4 * t.x, x + 4 * i, (n - 4 * static_cast<int>(i)) * 4);
+  cp_async_commit();
+  cp_async_wait<0>();
   tile[t.x] = v;
   scratch[t.x] = v * 2.0f;
   sync_threads();

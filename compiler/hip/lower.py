@@ -13,6 +13,7 @@ from .. import ir
 from ..errors import KernelError
 from ..gpu.codegen.lower import generate, symbol_name
 from ..target import Target
+from .resources import KernelResources
 from .toolchain import CodeObject, compile_hip
 
 
@@ -35,6 +36,11 @@ def compile_code_object(kernel: ir.Kernel, target: Target) -> CodeObject:
     kernel's resource figures (``.kernels[symbol_name(kernel)]``)."""
     text = source(kernel, target)
     return compile_hip(text, target.caps.gfx, file=f"{symbol_name(kernel)}.hip")
+
+
+def resources(kernel: ir.Kernel, target: Target) -> KernelResources:
+    """The resource figures of ``kernel`` compiled for ``target`` (see :mod:`.resources`)."""
+    return compile_code_object(kernel, target).kernels[symbol_name(kernel)]
 
 
 def compile_to_library(kernel: ir.Kernel, target: Target) -> CodeObject:

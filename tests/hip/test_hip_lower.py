@@ -102,6 +102,16 @@ def test_lowered_hip_compiles_for_the_target(kernel, args, gfx):
         assert "quad_perm" in co.assembly and "ds_bpermute_b32" in co.assembly
 
 
+@needs_clang
+def test_lowered_gives_the_resource_figures():
+    lowered = row_sums.lower(*CASES[1][1], target="hip:gfx942")
+    figures = lowered.hip_resources
+    assert figures.name == "jt_row_sums" and figures.vgprs > 0 and figures.scratch_bytes == 0
+    assert figures.waves_per_simd(parse_target("hip:gfx942").caps) == figures.llvm_occupancy
+    with pytest.raises(jt.KernelError, match="cuda:sm_80 has no HIP code"):
+        _ = row_sums.lower(*CASES[1][1], target="cuda:sm_80").hip_resources
+
+
 def test_keys_differ_per_architecture():
     keys = {exp_add.lower(*CASES[0][1], target=t).key
             for t in ("hip:gfx90a", "hip:gfx942", "cuda:sm_80")}

@@ -28,10 +28,10 @@ import importlib.metadata
 import json
 import platform
 import re
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
-from .cuda.fingerprint import toolchain_fingerprint
 from .errors import KernelError
-from .hip import toolchain as hip_toolchain
 
 ISA_FLAGS = frozenset("""
     sse sse2 pni ssse3 sse4_1 sse4_2 sse4a popcnt abm movbe cx16 lahf_lm f16c fma fma4 xop
@@ -76,6 +76,41 @@ class CpuCaps:
         return "avx512_bf16" in self.isa and self.vector_bits >= 512
 
 
+@runtime_checkable
+class GpuCaps(Protocol):
+    """What the GPU tier (``compiler/gpu/``) may ask of a GPU, whatever its vendor:
+    :class:`CudaCaps` and :class:`HipCaps` answer it, so that GPU-common code is written once
+    against these names instead of one vendor's."""
+
+    @property
+    def arch(self) -> str:
+        """The architecture's name, for messages (``sm_80``, ``gfx90a``)."""
+        ...
+
+    @property
+    def warp_size(self) -> int:
+        """Threads that run in lockstep (a warp; a wavefront on AMD)."""
+        ...
+
+    @property
+    def max_threads_per_block(self) -> int: ...
+
+    @property
+    def static_smem_bytes(self) -> int:
+        """Shared memory a block gets without opting in."""
+        ...
+
+    @property
+    def max_smem_bytes(self) -> int:
+        """Shared memory a block may use at most."""
+        ...
+
+    @property
+    def mma_shapes(self) -> tuple[tuple[str, str], ...]:
+        """``(shape, input type)`` pairs of the matrix instructions the lowering may use."""
+        ...
+
+
 @dataclasses.dataclass(frozen=True)
 class CudaCaps:
     """An NVIDIA GPU architecture, as the CUDA lowering needs it."""
@@ -105,6 +140,11 @@ class CudaCaps:
     """Fifth-generation tensor core instructions (sm_100a); used by a later lowering."""
     tma: bool
     """Tensor memory accelerator copies (sm_90 on); used by a later lowering."""
+
+    @property
+    def arch(self) -> str:
+        """``sm_XY``, or ``sm_XYa`` for an architecture-specific target."""
+        return f"sm_{self.sm}{'a' if self.arch_specific else ''}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,14 +212,24 @@ class HipCaps:
     for every out-of-range offset (and buffer stores drop them): the masks at the end of a
     buffer are not needed."""
 
+    # GpuCaps' names for the same facts (warp_size and max_threads_per_block are fields).
     @property
-    def max_smem_bytes(self) -> int:
-        """The GPU tier's name for a block's shared memory (LDS: no opt-in beyond it)."""
-        return self.lds_bytes
+    def arch(self) -> str:
+        return self.gfx
 
     @property
     def static_smem_bytes(self) -> int:
+        """A workgroup may use all of the LDS (there is no opt-in above a default)."""
         return self.lds_bytes
+
+    @property
+    def max_smem_bytes(self) -> int:
+        return self.lds_bytes
+
+    @property
+    def mma_shapes(self) -> tuple[tuple[str, str], ...]:
+        """The MFMA shapes as ``("32x32x8", "f16")`` pairs."""
+        return tuple((f"{s.m}x{s.n}x{s.k}", s.operand) for s in self.mfma)
 
 
 Caps = CpuCaps | CudaCaps | HipCaps
@@ -331,6 +381,12 @@ def missing_for_lowering(caps: CudaCaps) -> list[str]:
     return missing
 
 
+TOOLCHAINS: dict[str, Callable[[], str]] = {}
+"""Target kind -> the identity of the toolchain that compiles for it (:attr:`Target.toolchain`),
+for the kinds whose backend knows it: ``compiler/__init__.py`` registers CUDA's
+(``cuda/fingerprint.py``), so that this module, which every tier imports, imports no backend."""
+
+
 def _cuda(arch: str) -> Target:
     caps = _cuda_caps(arch)
     if missing := missing_for_lowering(caps):
@@ -339,7 +395,7 @@ def _cuda(arch: str) -> Target:
                           f"{'; '.join(missing)}. CUDA kernels are compiled for "
                           f"{', '.join(usable)}; on an older GPU run them on the CPU "
                           "(jax.default_device(jax.devices('cpu')[0]))")
-    return Target(f"cuda:{arch}", "cuda", caps, toolchain_fingerprint())
+    return Target(f"cuda:{arch}", "cuda", caps, TOOLCHAINS["cuda"]())
 
 
 def _mfma(m: int, n: int, k: int, operand: str, builtin_suffix: str,
@@ -387,7 +443,7 @@ def _hip_caps(gfx: str) -> HipCaps:
 
 
 def _hip(gfx: str) -> Target:
-    return Target(f"hip:{gfx}", "hip", _hip_caps(gfx), hip_toolchain.identity())
+    return Target(f"hip:{gfx}", "hip", _hip_caps(gfx), TOOLCHAINS["hip"]())
 
 
 KNOWN = ("cpu", *(f"cpu:{level}" for level in ISA_LEVELS), *(f"cuda:{arch}" for arch in _CUDA),

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..errors import KernelError
 from ..ir import For, Kernel, Op, Region, Stmt, While
-from ..target import CudaCaps
+from ..target import GpuCaps
 from .copy_schedule import staged_buffers
 
 ALIGN = 128
@@ -116,7 +116,7 @@ def _lifetimes(body: Sequence[Stmt], names: set[str], extra: Mapping[int, list[S
     return spans
 
 
-def plan_shared_memory(kernel: Kernel, bytes_of: Mapping[str, int], caps: CudaCaps,
+def plan_shared_memory(kernel: Kernel, bytes_of: Mapping[str, int], caps: GpuCaps,
                        extra: Sequence[Scratch] = (),
                        fixed: Mapping[str, int] | None = None) -> SmemPlan:
     """Offsets for the shared buffers ``bytes_of`` sizes (and the ``extra`` scratch) with
@@ -154,7 +154,7 @@ def plan_shared_memory(kernel: Kernel, bytes_of: Mapping[str, int], caps: CudaCa
                             for n in sorted(sizes, key=lambda n: -sizes[n])[:3])
         raise KernelError(
             f"kernel {kernel.name!r} needs {total} bytes of shared memory, more than the "
-            f"{caps.max_smem_bytes} an sm_{caps.sm} block can have; the biggest buffers: "
+            f"{caps.max_smem_bytes} an {caps.arch} block can have; the biggest buffers: "
             f"{biggest} (smaller tiles or fewer pipeline stages reduce it)")
     return SmemPlan(offsets, {n: sizes[n] for n in offsets}, spans, total,
                     caps.static_smem_bytes, caps.max_smem_bytes)
@@ -167,14 +167,14 @@ def buffer_bytes(kernel: Kernel) -> dict[str, int]:
             * stages.get(b.name, 1) for b in kernel.buffers if b.scope == "shared"}
 
 
-def plan_kernel(kernel: Kernel, caps: CudaCaps) -> SmemPlan:
+def plan_kernel(kernel: Kernel, caps: GpuCaps) -> SmemPlan:
     """The plan of ``kernel``'s own shared buffers (pipelined ones with their stages): what
     the barrier pass reads :meth:`SmemPlan.shares` from, and what code generation then
     places its scratch around (the same offsets: planning ignores names and barriers)."""
     return plan_shared_memory(kernel, buffer_bytes(kernel), caps)
 
 
-def place_scratch(kernel: Kernel, plan: SmemPlan, scratch: Sequence[Scratch], caps: CudaCaps,
+def place_scratch(kernel: Kernel, plan: SmemPlan, scratch: Sequence[Scratch], caps: GpuCaps,
                   ) -> tuple[SmemPlan, set[str], set[str]]:
     """``plan`` (the kernel's buffers, offsets kept) with code generation's per-op
     ``scratch`` placed around it, and the scratch arrays that need a barrier before their

@@ -44,5 +44,5 @@ def test_toolchain_identity_is_the_compilers_version(monkeypatch):
     if toolchain.clang_path() is not None:
         assert "clang version" in t.toolchain
     # A different compiler is a different content key.
-    monkeypatch.setattr(toolchain, "identity", lambda: "clang version 99.0.0")
+    monkeypatch.setitem(target.TOOLCHAINS, "hip", lambda: "clang version 99.0.0")
     assert target.parse_target("hip:gfx942").describe() != t.describe()

@@ -6,6 +6,7 @@ import ctypes
 import math
 import subprocess
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -41,6 +42,10 @@ def lib(tmp_path_factory):
                   f"{{ for (int i = 0; i < n; ++i) o[i] = jaxtile::{name}(x[i], y[i]); }}",
                   f"void f32_{name}(const float* x, const float* y, float* o, int n) "
                   f"{{ for (int i = 0; i < n; ++i) o[i] = jaxtile::{name}f(x[i], y[i]); }}"]
+    lines += ["void bf16_bits(const float* x, unsigned short* o, int n) "
+              "{ for (int i = 0; i < n; ++i) o[i] = jaxtile::math_::bf16_rne_bits(x[i]); }",
+              "void tf32_bits(const float* x, unsigned* o, int n) "
+              "{ for (int i = 0; i < n; ++i) o[i] = jaxtile::math_::tf32_rna_bits(x[i]); }"]
     lines.append("}")
     tmp = tmp_path_factory.mktemp("hip_math")
     src, so = tmp / "hip_math.cc", tmp / "hip_math.so"
@@ -192,3 +197,43 @@ def test_special_values(lib, name, args, want):
         else:
             assert got == expected and math.copysign(1, got) == math.copysign(1, expected), \
                 (name, args, dtype.__name__, got)
+
+
+def _roundings():
+    bits = _RNG.integers(0, 2**32, 20000, dtype=np.uint64).astype(np.uint32)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1.0, 1.00390625,
+                        1.01171875, 3.3895314e38, 1e-40, -1e-45], np.float32)
+    # Ties of both roundings: exactly half a bfloat16 / tf32 step above a value.
+    ties = np.array([0x3F808000, 0x3F818000, 0x3F801000, 0x3F803000], np.uint32)
+    return np.concatenate([bits.view(np.float32), special, ties.view(np.float32)])
+
+
+def test_bfloat16_rounding_is_ml_dtypes(lib):
+    x = _roundings()
+    got = np.empty(x.size, np.uint16)
+    lib.bf16_bits(ctypes.c_void_p(x.ctypes.data), ctypes.c_void_p(got.ctypes.data),
+                  ctypes.c_int(x.size))
+    with np.errstate(invalid="ignore"):  # NaN inputs; compared apart below
+        want = x.astype(ml_dtypes.bfloat16).view(np.uint16)
+    nan = np.isnan(x)
+    assert np.array_equal(got[~nan], want[~nan])
+    # NaNs: quiet (top mantissa bit set), sign kept.
+    assert np.all((got[nan] & 0x7FC0) == 0x7FC0)
+    assert np.array_equal(got[nan] >> 15, x[nan].view(np.uint32) >> 31)
+
+
+def test_tf32_rounding(lib):
+    x = _roundings()
+    got = np.empty(x.size, np.uint32)
+    lib.tf32_bits(ctypes.c_void_p(x.ctypes.data), ctypes.c_void_p(got.ctypes.data),
+                  ctypes.c_int(x.size))
+    finite = np.isfinite(x)
+    assert np.array_equal(got[~finite], x[~finite].view(np.uint32))
+    # Independently, in float64: the multiple of the tf32 step (10 mantissa bits; the
+    # subnormal step below 2^-126) nearest to |x|, ties away from zero.
+    a = np.abs(x[finite].astype(np.float64))
+    _, e = np.frexp(a)
+    step = np.ldexp(1.0, np.maximum(e - 1, -126) - 10)
+    with np.errstate(over="ignore"):  # the largest floats round up to infinity
+        want = (np.copysign(np.floor(a / step + 0.5) * step, x[finite])).astype(np.float32)
+    assert np.array_equal(got[finite].view(np.float32), want)

@@ -44,6 +44,10 @@ extern __attribute__((shared)) __attribute__((aligned(16))) unsigned char jaxtil
 #define JT_SHARED_AT(T, name, count, offset) \
   T* name = reinterpret_cast<T*>(jaxtile_dynamic_smem + (offset))
 
+// The C math functions generated code calls (expf, sinf, ...: no device library here) and the
+// float rounding of the conversions below.
+#include "hip_math.h"
+
 namespace jaxtile {
 
 template <class T>
@@ -258,21 +262,11 @@ JT_DEVICE float to_float(bf16 h) {
 JT_DEVICE half to_half(float f) {  // v_cvt_f16_f32: round to nearest even
   return {__builtin_bit_cast(uint16_t, static_cast<_Float16>(f))};
 }
-// Round to nearest even in integer arithmetic (gfx90a/gfx942 have no float -> bf16
-// instruction); a NaN stays a (quiet) NaN.
-JT_DEVICE bf16 to_bf16(float f) {
-  const unsigned u = __builtin_bit_cast(unsigned, f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return {static_cast<uint16_t>((u >> 16) | 0x40u)};
-  return {static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
-}
-// float32 rounded to 10 mantissa bits, to nearest with ties away from zero (CUDA's
-// cvt.rna.tf32.f32); the xf32 MFMA instructions read float32 registers and round the same
-// way, so kernels may also pass float32 as is.
-JT_DEVICE unsigned to_tf32(float f) {
-  const unsigned u = __builtin_bit_cast(unsigned, f);
-  if ((u & 0x7f800000u) == 0x7f800000u) return u;  // inf and NaN keep their bits
-  return (u + 0x1000u) & 0xffffe000u;
-}
+// gfx90a/gfx942 have no float -> bf16 instruction: integer rounding (hip_math.h).
+JT_DEVICE bf16 to_bf16(float f) { return {math_::bf16_rne_bits(f)}; }
+// CUDA's cvt.rna.tf32.f32 (hip_math.h). The xf32 MFMA instructions take float32 registers
+// as they are.
+JT_DEVICE unsigned to_tf32(float f) { return math_::tf32_rna_bits(f); }
 template <class T>
 JT_DEVICE unsigned pack2(T lo, T hi) {
   return static_cast<unsigned>(lo.bits) | (static_cast<unsigned>(hi.bits) << 16);
@@ -381,5 +375,3 @@ JT_DEVICE void wait_lgkmcnt() {
 
 }  // namespace jaxtile
 
-// The C math functions generated code calls (expf, sinf, ...): no device library here.
-#include "hip_math.h"

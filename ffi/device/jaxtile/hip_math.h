@@ -3,8 +3,9 @@
 // they are written here in plain C++ over clang builtins that lower to single instructions
 // (fma, floor, rint, trunc, ldexp, frexp, sqrt: v_fma_f64, v_floor_f64, v_rndne_f64,
 // v_trunc_f64, v_ldexp_f64, v_frexp_*_f64, and LLVM's correctly rounded sqrt expansion).
-// Included by device_hip.h; it is also compiled on the host by the tests, which check every
-// function against the C library.
+// Included by device_hip.h, which also takes its float -> bfloat16 / tf32 rounding from here;
+// it is also compiled on the host by the tests, which check every function against the C
+// library (and the roundings against ml_dtypes).
 //
 // Method: every function is computed in double (CDNA runs float64 at the float32 rate), and
 // the float form rounds the double result once, so the float functions are within 1 ulp. The
@@ -380,6 +381,21 @@ JT_DEVICE double fmod(double x, double y) {
     r -= t;
   }
   return __builtin_copysign(r, x);
+}
+
+// float32 -> bfloat16 bits, rounded to nearest even in integer arithmetic; a NaN stays a
+// quiet NaN of the same sign, overflow rounds to infinity.
+JT_DEVICE unsigned short bf16_rne_bits(float f) {
+  const unsigned u = __builtin_bit_cast(unsigned, f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<unsigned short>((u >> 16) | 0x40u);
+  return static_cast<unsigned short>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+// float32 rounded to 10 mantissa bits (tf32), to nearest with ties away from zero, as CUDA's
+// cvt.rna.tf32.f32: the float32 bits with the low 13 cleared; infinities and NaNs unchanged.
+JT_DEVICE unsigned tf32_rna_bits(float f) {
+  const unsigned u = __builtin_bit_cast(unsigned, f);
+  if ((u & 0x7f800000u) == 0x7f800000u) return u;
+  return (u + 0x1000u) & 0xffffe000u;
 }
 
 }  // namespace math_

@@ -50,8 +50,6 @@ def test_every_group_of_the_header_compiles_to_its_instructions(arch):
     assert any(op.startswith("global_atomic_cmpswap") for op in ops)
     # s_waitcnt vmcnt(0) and lgkmcnt(0) from wait_vmcnt<0> / wait_lgkmcnt<0>.
     assert "s_waitcnt vmcnt(0)" in co.assembly and "lgkmcnt(0)" in co.assembly
-    # No call is left: every math and header function is inlined, nothing is external.
-    assert "s_swappc" not in co.assembly
     assert co.kernels["groups"].scratch_bytes == 0
 
 
@@ -67,16 +65,8 @@ def test_mfma_wrappers_are_the_targets_instructions(arch):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_math_functions_need_no_device_library(arch):
-    source = """#include <jaxtile/device.h>
-using namespace jaxtile;
-JT_KERNEL void math(ptr<float> x, ptr<double> y) {
-  const unsigned i = thread_idx().x;
-  x[i] = expf(x[i]) + logf(x[i]) + sinf(x[i]) + powf(x[i], 0.5f) + erfcf(x[i]) +
-         atan2f(x[i], 2.0f) + fmodf(x[i], 3.0f) + xla_logistic(x[i]);
-  y[i] = exp(y[i]) + log1p(y[i]) + tanh(y[i]) + acosh(y[i]) + pow(y[i], 3.5);
-}
-"""
-    co = toolchain.compile_hip(source, arch)
+    co = compiled("device_groups", arch)
+    # No call is left (s_swappc) in any kernel and the math kernel uses no scratch.
     assert "s_swappc" not in co.assembly and co.kernels["math"].scratch_bytes == 0
 
 

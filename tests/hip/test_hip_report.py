@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import hip_report  # noqa: E402
 
 
+@pytest.mark.slow  # its figures are also checked by test_hip_resources.py's, at no compile
 @pytest.mark.skipif(toolchain.clang_path() is None,
                     reason=f"no clang for AMD GPUs: {toolchain.INSTALL_HINT}")
 def test_report_meets_the_targets():

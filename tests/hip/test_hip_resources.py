@@ -1,6 +1,8 @@
 """Resource figures of compiled AMD kernels (compiler/hip/resources.py) and the toolchain's
 errors (compiler/hip/toolchain.py)."""
 
+import re
+
 import pytest
 from hip_kernels import compiled
 
@@ -96,6 +98,11 @@ def test_mfma_gemm_figures(arch):
     assert gemm.lds_bytes == 2 * 128 * 72
     assert gemm.agprs >= 64 and gemm.vgprs == gemm.arch_vgprs + gemm.agprs
     assert gemm.scratch_bytes == gemm.vgpr_spills == gemm.sgpr_spills == 0
+    # Registers for 2 waves per SIMD; the K loop's MFMAs are the tile math's 2 x 2 x 4.
+    assert gemm.vgprs <= 256
+    instruction = "v_mfma_f32_32x32x8f16" if arch == "gfx90a" else "v_mfma_f32_32x32x8_f16"
+    assert len(re.findall(rf"^\s+{instruction}\s", compiled("mfma_gemm", arch).assembly,
+                          re.M)) == 16
 
 
 @needs_clang

@@ -1,6 +1,7 @@
 // Every group of the device header's HIP implementation, for the assembly checks of
 // tests/hip/test_hip_device.py: ids, barriers, LDS (static and dynamic), shuffles, votes,
-// atomics, vector loads, ordering, buffer loads, s_waitcnt and conversions.
+// atomics, vector loads, ordering, buffer loads, s_waitcnt and conversions; and the math
+// functions (hip_math.h) next to them.
 #include <jaxtile/device.h>
 using namespace jaxtile;
 
@@ -61,4 +62,11 @@ JT_KERNEL JT_LAUNCH_BOUNDS(256) void groups(ptr<float> x, ptr<float> out, ptr<in
   v = to_float(h) + to_float(hb) + __builtin_bit_cast(float, to_tf32(v)) + fast_exp2(v) +
       static_cast<float>(pack2(h, h) & 1u);
   if (i < static_cast<unsigned>(n)) out[i] = v;
+}
+
+JT_KERNEL void math(ptr<float> x, ptr<double> y) {
+  const unsigned i = thread_idx().x;
+  x[i] = expf(x[i]) + logf(x[i]) + sinf(x[i]) + powf(x[i], 0.5f) + erfcf(x[i]) +
+         atan2f(x[i], 2.0f) + fmodf(x[i], 3.0f) + xla_logistic(x[i]);
+  y[i] = exp(y[i]) + log1p(y[i]) + tanh(y[i]) + acosh(y[i]) + pow(y[i], 3.5);
 }

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import glob
+import hashlib
 import os
 import re
 import shutil
@@ -78,20 +79,35 @@ def clang_path() -> str | None:
     return best[1] if best else None
 
 
+HEADERS = ("device.h", "device_hip.h", "hip_math.h", "xla_math.h", "atomics.h")
+"""The device-header files a HIP compile reads (``jaxtile/`` in :data:`DEVICE_INCLUDE`)."""
+
+
+@functools.cache
+def header_digest() -> str:
+    """sha256 of :data:`HEADERS` (names and bytes): a changed header is a new toolchain."""
+    digest = hashlib.sha256()
+    for name in HEADERS:
+        digest.update(name.encode() + b"\0" + (DEVICE_INCLUDE / "jaxtile" / name).read_bytes())
+    return digest.hexdigest()[:16]
+
+
 @functools.cache
 def identity() -> str:
-    """The exact compiler, for the target's ``toolchain`` field (part of every content key):
-    the first line of ``clang --version``, or ``"no HIP compiler"`` where there is none (code
-    can still be generated and inspected, not compiled)."""
+    """What compiles HIP here, for the target's ``toolchain`` field (part of every content
+    key): the first line of ``clang --version`` (``"no HIP compiler"`` where there is none:
+    code can still be generated and inspected, not compiled) and the device headers'
+    digest."""
     clang = clang_path()
-    if clang is None:
-        return "no HIP compiler"
-    try:
-        out = subprocess.run([clang, "--version"], capture_output=True, text=True,
-                             timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return "no HIP compiler"
-    return out.splitlines()[0].strip() if out.strip() else "no HIP compiler"
+    version = "no HIP compiler"
+    if clang is not None:
+        try:
+            out = subprocess.run([clang, "--version"], capture_output=True, text=True,
+                                 timeout=30).stdout
+            version = out.splitlines()[0].strip() if out.strip() else version
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return f"{version}; device header {header_digest()}"
 
 
 def _require_clang() -> str:

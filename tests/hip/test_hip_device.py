@@ -3,12 +3,14 @@ group of it compile for gfx90a and gfx942 with no HIP headers and no device libr
 their assembly holds the instructions each group stands for."""
 
 import re
+import subprocess
+from pathlib import Path
 
 import pytest
 from hip_kernels import compiled
 
 from jaxtile.compiler import target
-from jaxtile.compiler.emulator.build import ToolchainError
+from jaxtile.compiler.emulator.build import DEVICE_INCLUDE, ToolchainError
 from jaxtile.compiler.hip import toolchain
 
 pytestmark = pytest.mark.skipif(toolchain.clang_path() is None,
@@ -77,3 +79,17 @@ JT_KERNEL void show(ptr<float> x) { device_printf("%f", static_cast<double>(x[0]
 """
     with pytest.raises(ToolchainError, match="jt.print is not supported on AMD GPUs"):
         toolchain.compile_hip(source, "gfx942")
+
+
+def test_the_toolchain_identity_covers_every_header_a_compile_reads(tmp_path):
+    # clang -M lists the files the preprocessor opens; those of jaxtile/ must all be in the
+    # digest that the HIP targets' content key holds.
+    src = tmp_path / "k.hip"
+    src.write_text("#include <jaxtile/device.h>\n")
+    out = subprocess.run([toolchain.clang_path(), "-x", "hip", "--offload-arch=gfx942",
+                          "--cuda-device-only", "-nogpuinc", "-nogpulib",
+                          f"-I{DEVICE_INCLUDE}", "-M", str(src)],
+                         capture_output=True, text=True, check=True).stdout
+    read = {Path(p).name for p in out.replace("\\\n", " ").split()
+            if "/jaxtile/" in p and p.endswith(".h")}
+    assert read == set(toolchain.HEADERS)

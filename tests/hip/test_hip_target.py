@@ -41,6 +41,7 @@ def test_wave64_registers_and_lds(gfx):
 def test_toolchain_identity_is_the_compilers_version(monkeypatch):
     t = target.parse_target("hip:gfx942")
     assert t.toolchain == toolchain.identity() and t.toolchain != "rocm"
+    assert t.toolchain.endswith(f"; device header {toolchain.header_digest()}")
     if toolchain.clang_path() is not None:
         assert "clang version" in t.toolchain
     # A different compiler is a different content key.

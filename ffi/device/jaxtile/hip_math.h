@@ -10,13 +10,9 @@
 // Method: every function is computed in double (CDNA runs float64 at the float32 rate), and
 // the float form rounds the double result once, so the float functions are within 1 ulp. The
 // double forms reduce the argument exactly or in extra precision (Cody-Waite with a 3-part
-// pi/2; log and exp carry a low part) and sum Taylor series far enough for 2^-60; measured
+// pi/2, Payne-Hanek past 2^20 pi/2; log and exp carry a low part) and sum Taylor series far enough for 2^-60; measured
 // by the tests: within 4 ulp (erf and erfc: 8, their series and continued fraction
-// accumulate roundings), except
-//   - sin, cos, tan of |x| > 2^20 * pi/2: the reduction's error grows with |x| (no
-//     Payne-Hanek); the float forms hold to |x| <= 2^20;
-//   - erfc(x) for 0.5 < x < 2.5 is 1 - erf(x): relative error up to 1e-11 in double (float
-//     is unaffected).
+// accumulate roundings).
 // Special values follow C99 Annex F (NaN in, NaN out; signed zeros and infinities as the C
 // library gives them), which is what XLA's per-element rules assume.
 #pragma once
@@ -173,8 +169,98 @@ JT_DEVICE double pow(double x, double y) {
   return (x < 0.0 && y_odd) ? -r : r;
 }
 
+// 2/pi's first 1280 bits after the binary point, 32 a word (enough for any double: a
+// reduction reads at most bit 1130). Computed with integer arithmetic;
+// tests/hip/test_hip_math.py recomputes them.
+constexpr unsigned kTwoOverPiBits[40] = {
+    0xA2F9836Eu, 0x4E441529u, 0xFC2757D1u, 0xF534DDC0u, 0xDB629599u, 0x3C439041u, 0xFE5163ABu,
+    0xDEBBC561u, 0xB7246E3Au, 0x424DD2E0u, 0x06492EEAu, 0x09D1921Cu, 0xFE1DEB1Cu, 0xB129A73Eu,
+    0xE88235F5u, 0x2EBB4484u, 0xE99C7026u, 0xB45F7E41u, 0x3991D639u, 0x835339F4u, 0x9C845F8Bu,
+    0xBDF9283Bu, 0x1FF897FFu, 0xDE05980Fu, 0xEF2F118Bu, 0x5A0A6D1Fu, 0x6D367ECFu, 0x27CB09B7u,
+    0x4F463F66u, 0x9E5FEA2Du, 0x7527BAC7u, 0xEBE5F17Bu, 0x3D0739F7u, 0x8A5292EAu, 0x6BFB5FB1u,
+    0x1F8D5D08u, 0x56033046u, 0xFC7B6BABu, 0xF0CFBC20u, 0x9AF4361Du};
+
+// The 32 bits of 2/pi starting at bit k (1 is the first after the binary point).
+JT_DEVICE unsigned two_over_pi_bits_(int k) {
+  const int q = (k - 1) / 32, o = (k - 1) % 32;
+  const unsigned long long v =
+      (static_cast<unsigned long long>(kTwoOverPiBits[q]) << 32) | kTwoOverPiBits[q + 1];
+  return static_cast<unsigned>(v >> (32 - o));
+}
+// The 64 bits at bit offset `bit` of the 256-bit number p (eight words, least significant
+// first).
+JT_DEVICE unsigned long long bits64_(const unsigned (&p)[8], int bit) {
+  unsigned long long out = 0;
+  for (int i = 0; i < 2; ++i) {
+    const int b = bit + 32 * i, j = b / 32, o = b % 32;
+    const unsigned long long pair =
+        (static_cast<unsigned long long>(j + 1 < 8 ? p[j + 1] : 0u) << 32) | p[j];
+    out |= static_cast<unsigned long long>(static_cast<unsigned>(pair >> o)) << (32 * i);
+  }
+  return out;
+}
+
+// Payne-Hanek reduction for |x| >= 2^20 pi/2, where Cody-Waite's n * (pi/2 parts) is no
+// longer exact: x = m 2^e (m a 53-bit integer) times 2/pi, keeping only the bits of 2/pi
+// that reach the product's last two integer bits and 192 bits below them (the product's
+// fraction needs at most 61 leading zeros plus 53 bits for any double). Returns n mod 4 and
+// r = x - n pi/2 in [-pi/4, pi/4].
+JT_DEVICE int rem_pio2_large_(double x, double& r) {
+  int ex;
+  const double mant = __builtin_frexp(__builtin_fabs(x), &ex);
+  const unsigned long long m = static_cast<unsigned long long>(__builtin_ldexp(mant, 53));
+  const int e = ex - 53;                // |x| = m 2^e
+  const int s = e - 1 > 1 ? e - 1 : 1;  // bits of 2/pi before s add multiples of 4
+  unsigned p[8] = {};                   // m times bits s .. s+191 of 2/pi
+  unsigned long long carry = 0;
+  for (int i = 5; i >= 0; --i) {
+    const unsigned __int128 t =
+        static_cast<unsigned __int128>(m) * two_over_pi_bits_(s + 32 * i) + carry;
+    p[5 - i] = static_cast<unsigned>(t);
+    carry = static_cast<unsigned long long>(t >> 32);
+  }
+  p[6] = static_cast<unsigned>(carry);
+  p[7] = static_cast<unsigned>(carry >> 32);
+  const int point = s + 191 - e;  // bits below the binary point
+  int n = static_cast<int>(bits64_(p, point) & 3u);
+  unsigned long long hi = bits64_(p, point - 64), lo = bits64_(p, point - 128);
+  bool negative = false;
+  if (hi >> 63) {  // fraction >= 1/2: the next quadrant, r negative
+    n += 1;
+    negative = true;
+    lo = ~lo + 1;
+    hi = ~hi + (lo == 0 ? 1 : 0);
+  }
+  // The 128-bit fraction as hi + lo doubles (normalised: its leading zeros shifted out).
+  const int lz = hi ? __builtin_clzll(hi) : 64 + __builtin_clzll(lo | 1);
+  unsigned long long top, rest;
+  if (lz == 0) {
+    top = hi;
+    rest = lo;
+  } else if (lz < 64) {
+    top = (hi << lz) | (lo >> (64 - lz));
+    rest = lo << lz;
+  } else {
+    top = lo << (lz - 64);
+    rest = 0;
+  }
+  const double fhi = __builtin_ldexp(static_cast<double>(top >> 11), -53 - lz);
+  const double flo = __builtin_ldexp(static_cast<double>(top & 0x7FFu), -64 - lz) +
+                     __builtin_ldexp(static_cast<double>(rest >> 11), -117 - lz);
+  const double rhi = fhi * kPio2;
+  const double rlo = __builtin_fma(fhi, kPio2, -rhi) + fhi * kPio2Lo + flo * kPio2;
+  r = rhi + rlo;
+  if (negative) r = -r;
+  if (x < 0) {
+    r = -r;
+    n = -n;
+  }
+  return n & 3;
+}
+
 // Reduces x to r in [-pi/4, pi/4] with x = r + n pi/2, returning n mod 4.
 JT_DEVICE int rem_pio2_(double x, double& r) {
+  if (__builtin_fabs(x) >= 1647099.0) return rem_pio2_large_(x, r);  // 2^20 pi/2
   const double n = __builtin_rint(x * kInvPio2);
   double y = x - n * kPio2_1;
   y -= n * kPio2_2;
@@ -327,40 +413,60 @@ JT_DEVICE double atanh(double x) {
 }
 
 // erf by its series of positive terms, 2x/sqrt(pi) e^(-x^2) sum (2x^2)^n / (1 3 ... (2n+1)),
-// for |x| < 2.5 (at most about 60 terms, no cancellation); erfc by its continued fraction
-// e^(-x^2)/sqrt(pi) / (x + 1/2 / (x + 1 / (x + 3/2 / ...))) for x >= 2.5, otherwise 1 - erf.
+// below 1.5 (no cancellation; the roundings of its chained products grow with x, hence the
+// bound); erfc by its continued fraction e^(-x^2)/sqrt(pi) / (x + 1/2 / (x + 1 / (x + 3/2 /
+// ...))), evaluated from a fixed depth (240 levels reach full precision from x = 1), and
+// erf = 1 - erfc above 1.5, erfc = 1 - erf below 0.5 (erfc_taylor_ between).
 constexpr double kTwoOverSqrtPi = 1.12837916709551257390e+00;
 // e^(-a^2) with a^2 in two parts (its rounding would cost a few ulp near a = 3).
 JT_DEVICE double exp_minus_square_(double a) {
   const double sq = a * a;
   return exp_hilo_(-sq, -__builtin_fma(a, a, -sq));
 }
+// The sum in Horner form, 1 + z/3 (1 + z/5 (1 + ...)), innermost first: each level rounds
+// once or twice, and no error is carried through a chain of products. 34 levels: past them
+// the terms are below 2^-60 of the sum for a < 1.5.
 JT_DEVICE double erf_series_(double a) {
   const double z = 2.0 * a * a;
-  double term = 1.0, sum = 1.0;
-  for (int n = 0; n < 200 && term > 1e-17 * sum; ++n) {
-    term *= z / (2 * n + 3);
-    sum += term;
-  }
+  double sum = 1.0;
+  for (int n = 34; n >= 1; --n) sum = __builtin_fma(sum, z / (2 * n + 1), 1.0);
   return kTwoOverSqrtPi * a * exp_minus_square_(a) * sum;
 }
+// erfc on [0.5, 1), where 1 - erf would lose digits: erfc(a) = e^(-a^2) R(a) with
+// R = e^(x^2) erfc(x), an entire function with R' = 2 x R - 2/sqrt(pi), as its Taylor series
+// at 3/4: (k + 1) r_(k+1) = 1.5 r_k + 2 r_(k-1) (minus 2/sqrt(pi) for k = 0), from
+// r_0 = R(3/4) = 0.50693765029314480579... (computed in 60-digit decimal arithmetic).
+JT_DEVICE double erfc_taylor_(double a) {
+  const double h = a - 0.75;
+  double prev = 0.0, r = 0.506937650293144805791, sum = r, power = 1.0;
+  for (int k = 0; k < 22; ++k) {
+    const double next = (1.5 * r + 2.0 * prev - (k == 0 ? kTwoOverSqrtPi : 0.0)) / (k + 1);
+    prev = r;
+    r = next;
+    power *= h;
+    sum = __builtin_fma(r, power, sum);
+  }
+  return exp_minus_square_(a) * sum;
+}
 JT_DEVICE double erfc_fraction_(double a) {
-  // Evaluated backwards from a fixed depth: 120 levels are enough at a >= 2.5.
   double f = a;
-  for (int k = 120; k >= 1; --k) f = a + (0.5 * k) / f;
+  for (int k = 240; k >= 1; --k) f = a + (0.5 * k) / f;
   return exp_minus_square_(a) / f * (kTwoOverSqrtPi / 2.0);
 }
 JT_DEVICE double erf(double x) {
   if (isnan_(x)) return x;
   const double a = __builtin_fabs(x);
   if (a >= 6.0) return __builtin_copysign(1.0, x);
-  const double r = a < 2.5 ? erf_series_(a) : 1.0 - erfc_fraction_(a);
+  const double r = a < 1.5 ? erf_series_(a) : 1.0 - erfc_fraction_(a);
   return __builtin_copysign(r, x);
 }
 JT_DEVICE double erfc(double x) {
   if (isnan_(x)) return x;
   const double a = __builtin_fabs(x);
-  const double r = a >= 27.3 ? 0.0 : (a < 2.5 ? 1.0 - erf_series_(a) : erfc_fraction_(a));
+  const double r = a >= 27.3 ? 0.0
+                   : a >= 1.0 ? erfc_fraction_(a)
+                   : a >= 0.5 ? erfc_taylor_(a)
+                              : 1.0 - erf_series_(a);
   return x < 0.0 ? 2.0 - r : r;
 }
 

@@ -341,7 +341,8 @@ JT_DEVICE void mfma_f32_16x16x8_xf32(float (&d)[4], const float (&a)[2], const f
 // ---- buffer loads: a raw buffer (stride 0) of `bytes` bytes at `base`; a load at an offset
 // at or past `bytes` returns zero (the range check of the buffer instructions), so the last
 // partial tile of an array needs no mask. Word 3 of the descriptor is DATA_FORMAT = 4
-// (32-bit), bits 18:15, which gfx9's range check needs to be non-zero. ----
+// (32-bit, bits 18:15), which gfx9's range check needs to be non-zero: 0x00020000, the
+// value AMD's Composable Kernel uses for gfx90a and gfx94x (CK_BUFFER_RESOURCE_3RD_DWORD). ----
 using buffer_rsrc = __amdgpu_buffer_rsrc_t;
 template <class T>
 JT_DEVICE buffer_rsrc buffer_resource(const T* base, int bytes) {

@@ -3,8 +3,8 @@ register of a wave holds, for the A and B operands and the C/D accumulators.
 
 Written from AMD's "AMD Instinct MI300 Instruction Set Architecture" reference guide (CDNA3),
 its "Matrix Arithmetic Instructions" chapter (the operand and result layouts of the dense
-MFMA instructions), for the single-block (no broadcast: CBSZ = ABID = BLGP = 0) f16, bf16
-and xf32 instructions into float32; CDNA2's (gfx90a) layouts are the same.
+MFMA instructions), for the single-block (no broadcast: CBSZ = ABID = BLGP = 0) f16, bf16,
+xf32 and (gfx942) float8 instructions into float32; CDNA2's (gfx90a) layouts are the same.
 ``tests/hip/test_hip_mfma.py`` checks every entry against AMD's Matrix Instruction
 Calculator, a separate source.
 
@@ -18,8 +18,9 @@ registers:
   for m = 32 (groups of 4 rows, the two lane halves interleaved) and ``D[4 (l // 16) + r]
   [l % 16]`` for m = 16 (the same formula, since r < 4).
 
-Elements are packed low half first: 16-bit element ``i`` is bits ``16 (i % 2)`` and up of the
-lane's operand register ``i // 2``; 32-bit (xf32) element ``i`` is register ``i``.
+Elements are packed from the low bits up: 16-bit element ``i`` is bits ``16 (i % 2)`` and up
+of the lane's operand register ``i // 2``, 8-bit element ``i`` bits ``8 (i % 4)`` of register
+``i // 4``; 32-bit (xf32) element ``i`` is register ``i``.
 """
 
 from __future__ import annotations

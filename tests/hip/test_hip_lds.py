@@ -39,8 +39,7 @@ def test_bad_accesses_are_errors():
 def _layouts():
     for gfx in ("gfx90a", "gfx942"):
         for shape in target.parse_target(f"hip:{gfx}").caps.mfma:
-            if shape.operand in ("f16", "bf16", "xf32"):
-                yield pytest.param(mfma.layout(shape), id=f"{gfx}-{shape.instruction}")
+            yield pytest.param(mfma.layout(shape), id=f"{gfx}-{shape.instruction}")
 
 
 @pytest.mark.parametrize("layout", list(_layouts()))

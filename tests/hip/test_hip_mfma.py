@@ -31,8 +31,7 @@ def _table(arch: str, instruction: str, matrix: str) -> dict[tuple[int, int], tu
 def _shapes():
     for gfx, arch in (("gfx90a", "cdna2"), ("gfx942", "cdna3")):
         for shape in target.parse_target(f"hip:{gfx}").caps.mfma:
-            if shape.operand in ("f16", "bf16", "xf32"):
-                yield pytest.param(arch, shape, id=f"{gfx}-{shape.instruction}")
+            yield pytest.param(arch, shape, id=f"{gfx}-{shape.instruction}")
 
 
 @pytest.mark.parametrize("arch,shape", list(_shapes()))

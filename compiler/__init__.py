@@ -14,13 +14,15 @@ This layer knows nothing of JAX primitives or the user API (``jaxtile.primitives
 Inside it, imports go down the tiers (``docs/design.md``, "Tiers"; checked by
 ``tests/compiler/test_import_tiers.py``): the core never imports a backend. Where the core
 needs a backend's answer, the backend's function is registered here, at the top, before any
-module of the package is used: the identity of the CUDA toolchain (in every CUDA target's
+module of the package is used: the identity of the CUDA and HIP toolchains (in every GPU target's
 content key) and the reader of GPU layout annotations in IR text.
 """
 
 from . import parser, target
 from .cuda import fingerprint as _cuda_fingerprint
 from .gpu import layout as _gpu_layout
+from .hip import toolchain as _hip_toolchain
 
 target.TOOLCHAINS["cuda"] = _cuda_fingerprint.toolchain_fingerprint
+target.TOOLCHAINS["hip"] = _hip_toolchain.identity
 parser.parse_layout = _gpu_layout.parse

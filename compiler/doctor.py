@@ -2,8 +2,8 @@
 something is missing.
 
 Every check asks the module that uses the tool how it finds it (the CPU backend's TVM and
-linker, the emulator's C++ compiler, NVRTC's loader, nvcc's search, the host ISA the CPU
-target is keyed on), so the answer is the one a compile would get.
+linker, the emulator's C++ compiler, NVRTC's loader, nvcc's and the AMD clang's search,
+the host ISA the CPU target is keyed on), so the answer is the one a compile would get.
 """
 
 from __future__ import annotations
@@ -112,16 +112,14 @@ def _nvcc() -> Check:
 
 
 def _amd() -> Check:
-    found = [p for name in ("hipcc", "amdclang++") if (p := shutil.which(name))]
-    rocm = os.environ.get("ROCM_PATH", "/opt/rocm")
-    if not found and os.path.isdir(os.path.join(rocm, "bin")):
-        found = [str(p) for name in ("hipcc", "amdclang++")
-                 if os.path.exists(p := os.path.join(rocm, "bin", name))]
-    note = "; jaxtile has no HIP backend yet (hip:* targets lower only)"
-    if not found:
-        return Check("AMD toolchain (ROCm)", False, "hipcc / amdclang++ not found" + note,
-                     "install ROCm (or set $ROCM_PATH) once HIP kernels are supported")
-    return Check("AMD toolchain (ROCm)", True, ", ".join(found) + note)
+    from .hip import toolchain as hip_toolchain
+
+    clang = hip_toolchain.clang_path()
+    note = "; hip:* targets lower and compile (no ROCm handler runs them yet)"
+    if clang is None:
+        return Check("AMD toolchain (clang)", False, "no clang >= 17 for AMD GPUs" + note,
+                     hip_toolchain.INSTALL_HINT)
+    return Check("AMD toolchain (clang)", True, f"{clang}: {hip_toolchain.identity()}" + note)
 
 
 def _gpu_driver() -> Check:

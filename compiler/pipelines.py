@@ -89,7 +89,8 @@ def cuda(target: Target) -> tuple[Pass, ...]:
             Pass("bounds", check_bounds), Pass("barriers", barriers))
 
 
-TARGET_PIPELINES: dict[str, Callable[[Target], tuple[Pass, ...]]] = {"cpu": cpu, "cuda": cuda}
+TARGET_PIPELINES: dict[str, Callable[[Target], tuple[Pass, ...]]] = {
+    "cpu": cpu, "cuda": cuda, "hip": cuda}
 """Target kind -> the function listing its passes."""
 
 

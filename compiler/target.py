@@ -148,29 +148,78 @@ class CudaCaps:
 
 
 @dataclasses.dataclass(frozen=True)
+class MfmaShape:
+    """One matrix-core instruction of a wave: D (m x n) = A (m x k) @ B (k x n) + C, with C
+    and D in float32 (AGPRs or VGPRs) and A, B of type ``operand``, each lane holding
+    ``k * m / 64`` of A's and of B's elements (the layouts are :mod:`.hip.mfma`'s)."""
+
+    m: int
+    n: int
+    k: int
+    operand: str
+    """``f16``, ``bf16``, ``xf32`` (float32 operands multiplied at reduced precision: a
+    10-bit mantissa, like NVIDIA's tf32), ``fp8`` or ``bf8`` (OCP-like float8 E4M3 / E5M2,
+    gfx942's FNUZ variants)."""
+    builtin: str
+    """clang's builtin for it (``__builtin_amdgcn_mfma_f32_32x32x8f16``)."""
+    instruction: str
+    """The mnemonic the target's assembler prints (gfx90a: ``v_mfma_f32_32x32x8f16``,
+    gfx942: ``v_mfma_f32_32x32x8_f16``)."""
+
+
+@dataclasses.dataclass(frozen=True)
 class HipCaps:
-    """An AMD GPU architecture."""
+    """An AMD Instinct GPU architecture (CDNA), as the HIP lowering needs it.
+
+    Sources: AMD's "AMD Instinct MI200 Instruction Set Architecture" (CDNA2, gfx90a) and
+    "AMD Instinct MI300 Instruction Set Architecture" (CDNA3, gfx942) reference guides: the
+    register files and matrix instructions (their "Matrix Arithmetic Instructions" chapter),
+    LDS (the "Data Share Operations" chapter) and buffer addressing (range checking in the
+    "Vector Memory Buffer Instructions" chapter), cross-checked against what clang 19's
+    AMDGPU backend accepts for ``--offload-arch=gfx90a`` / ``gfx942``.
+    """
 
     gfx: str
-    wavefront: int
+    warp_size: int
+    """Lanes of a wave: 64 on CDNA (wave64; no wave32 mode)."""
+    max_threads_per_block: int
     lds_bytes: int
-    mfma_shapes: tuple[tuple[str, str], ...]
+    """LDS a workgroup may allocate (64 KiB; also what one compute unit has)."""
+    lds_banks: int
+    lds_bank_bytes: int
+    """LDS is 32 banks of 4 bytes (see :mod:`.hip.lds` for the wave64 access phases)."""
+    mfma: tuple[MfmaShape, ...]
+    """The matrix instructions into float32 the lowering may use."""
+    vgprs: int
+    """The unified vector register file per lane of a SIMD: 512 registers shared by the
+    waves on it, each wave's architectural VGPRs followed by its AGPRs."""
+    arch_vgprs: int
+    """Architectural VGPRs one wave may address (256)."""
+    agprs: int
+    """Accumulation registers (AGPRs) one wave may address (256): MFMA's C and D may live
+    there, and every other instruction only moves data in and out of them."""
+    vgpr_granule: int
+    """A wave's VGPRs are allocated in blocks of this many (8)."""
+    sgprs: int
+    """Scalar registers per SIMD (800), shared by its waves."""
+    max_sgprs: int
+    """Scalar registers one wave may address (102, plus VCC)."""
+    sgpr_granule: int
+    max_waves_per_simd: int
+    simds_per_cu: int
+    buffer_loads_zero_out_of_range: bool
+    """Buffer loads through a resource descriptor whose size bounds the buffer return zero
+    for every out-of-range offset (and buffer stores drop them): the masks at the end of a
+    buffer are not needed."""
 
-    # GpuCaps' names for the same facts (a block may use all of the LDS, up to 1024 threads).
+    # GpuCaps' names for the same facts (warp_size and max_threads_per_block are fields).
     @property
     def arch(self) -> str:
         return self.gfx
 
     @property
-    def warp_size(self) -> int:
-        return self.wavefront
-
-    @property
-    def max_threads_per_block(self) -> int:
-        return 1024
-
-    @property
     def static_smem_bytes(self) -> int:
+        """A workgroup may use all of the LDS (there is no opt-in above a default)."""
         return self.lds_bytes
 
     @property
@@ -179,7 +228,8 @@ class HipCaps:
 
     @property
     def mma_shapes(self) -> tuple[tuple[str, str], ...]:
-        return self.mfma_shapes
+        """The MFMA shapes as ``("32x32x8", "f16")`` pairs."""
+        return tuple((f"{s.m}x{s.n}x{s.k}", s.operand) for s in self.mfma)
 
 
 Caps = CpuCaps | CudaCaps | HipCaps
@@ -348,15 +398,52 @@ def _cuda(arch: str) -> Target:
     return Target(f"cuda:{arch}", "cuda", caps, TOOLCHAINS["cuda"]())
 
 
-_HIP = {
-    "gfx90a": (("32x32x8", "f16"), ("32x32x8", "bf16_1k"), ("16x16x16", "f16")),
-    "gfx942": (("32x32x8", "f16"), ("32x32x8", "bf16"), ("16x16x16", "f16")),
-}
+def _mfma(m: int, n: int, k: int, operand: str, builtin_suffix: str,
+          gfx942_spelling: bool) -> MfmaShape:
+    """The instruction computing ``m x n x k`` on ``operand``: clang's builtin is
+    ``__builtin_amdgcn_mfma_f32_<m>x<n>x<k><builtin_suffix>``; gfx940 and later spell the
+    16-bit mnemonics with an underscore before the operand type and without ``_1k``."""
+    shape = f"{m}x{n}x{k}"
+    builtin = f"__builtin_amdgcn_mfma_f32_{shape}{builtin_suffix}"
+    if not gfx942_spelling or builtin_suffix.startswith("_"):
+        instruction = f"v_mfma_f32_{shape}{builtin_suffix}"
+    else:
+        instruction = f"v_mfma_f32_{shape}_{operand}"
+    return MfmaShape(m, n, k, operand, builtin, instruction)
+
+
+def _cdna_mfma(gfx942: bool) -> tuple[MfmaShape, ...]:
+    """CDNA2's f16 and bf16 (the ``_1k`` forms: 4 bf16 per lane and register pair, like
+    f16) matrix instructions into float32, and what CDNA3 adds: xf32 and float8."""
+    shapes = [_mfma(32, 32, 8, "f16", "f16", gfx942), _mfma(16, 16, 16, "f16", "f16", gfx942),
+              _mfma(32, 32, 8, "bf16", "bf16_1k", gfx942),
+              _mfma(16, 16, 16, "bf16", "bf16_1k", gfx942)]
+    if gfx942:
+        shapes += [_mfma(32, 32, 4, "xf32", "_xf32", True), _mfma(16, 16, 8, "xf32", "_xf32", True),
+                   _mfma(32, 32, 16, "fp8", "_fp8_fp8", True),
+                   _mfma(16, 16, 32, "fp8", "_fp8_fp8", True),
+                   _mfma(32, 32, 16, "bf8", "_bf8_bf8", True),
+                   _mfma(16, 16, 32, "bf8", "_bf8_bf8", True)]
+    return tuple(shapes)
+
+
+_HIP = ("gfx90a", "gfx942")
+"""The AMD architectures jaxtile knows: CDNA2 (MI210, MI250X) and CDNA3 (MI300X, MI300A,
+MI325X)."""
+
+
+def _hip_caps(gfx: str) -> HipCaps:
+    """The capabilities of ``gfx``: both generations share the wave size, LDS, register
+    files and occupancy limits; CDNA3 adds matrix instructions."""
+    return HipCaps(gfx, warp_size=64, max_threads_per_block=1024, lds_bytes=64 * _KIB,
+                   lds_banks=32, lds_bank_bytes=4, mfma=_cdna_mfma(gfx == "gfx942"),
+                   vgprs=512, arch_vgprs=256, agprs=256, vgpr_granule=8, sgprs=800,
+                   max_sgprs=102, sgpr_granule=16, max_waves_per_simd=8, simds_per_cu=4,
+                   buffer_loads_zero_out_of_range=True)
 
 
 def _hip(gfx: str) -> Target:
-    caps = HipCaps(gfx, wavefront=64, lds_bytes=64 * 1024, mfma_shapes=_HIP[gfx])
-    return Target(f"hip:{gfx}", "hip", caps, "rocm")
+    return Target(f"hip:{gfx}", "hip", _hip_caps(gfx), TOOLCHAINS["hip"]())
 
 
 KNOWN = ("cpu", *(f"cpu:{level}" for level in ISA_LEVELS), *(f"cuda:{arch}" for arch in _CUDA),

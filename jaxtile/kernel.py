@@ -188,6 +188,21 @@ class Lowered:
         cubin = toolchain.compile_cubin(self.source, arch, file=f"{self.kernel.name}.cu")
         return cubin.kernels.get(self._cuda.symbol)
 
+    @functools.cached_property
+    def hip_resources(self) -> Any:
+        """HIP: the kernel's resource figures from clang's assembly (VGPRs, AGPRs, SGPRs,
+        LDS, scratch, spills; ``.waves_per_simd(caps)``), or None when no clang for AMD GPUs
+        is installed."""
+        from jaxtile.compiler.hip import lower as hip_lower
+        from jaxtile.compiler.hip import toolchain
+
+        target = parse_target(self.target)
+        if target.kind != "hip":
+            raise KernelError(f"{self.target} has no HIP code: lower for 'hip:gfx942'")
+        if toolchain.clang_path() is None:
+            return None
+        return hip_lower.resources(build.lowered_ir(self.kernel, target), target)
+
 
 def _variable_names(kernel: TileKernel) -> dict[str, str]:
     """Buffer name -> the variable the user's source line assigned it to (``acc`` in

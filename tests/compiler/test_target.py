@@ -113,8 +113,8 @@ def test_gpus_older_than_the_lowering_are_clear_errors():
 
 def test_hip_target():
     t = target.parse_target("hip:gfx90a")
-    assert t.kind == "hip" and t.caps.wavefront == 64 and t.caps.lds_bytes == 65536
-    assert t.caps.mfma_shapes
+    assert t.kind == "hip" and t.caps.warp_size == 64 and t.caps.lds_bytes == 65536
+    assert t.caps.mfma
 
 
 def test_gpu_targets_answer_what_the_gpu_tier_asks():

@@ -173,7 +173,7 @@ def test_doctor_reports_every_check(cache_copy, capsys):
     status, out, _ = _run(capsys, "doctor")
     lines = out.splitlines()
     for name in ("CPU backend (TVM/LLVM)", "CPU ISA", "linker (ld)", "NVRTC", "nvcc",
-                 "AMD toolchain (ROCm)", "NVIDIA GPU driver", "JAX and its plugins"):
+                 "AMD toolchain (clang)", "NVIDIA GPU driver", "JAX and its plugins"):
         assert any(line[5:].startswith(name) for line in lines), name
     assert f"kernel cache                  {cache_copy}: 1 entries" in out
     isa = next(line for line in lines if line[5:].startswith("CPU ISA"))

@@ -5,7 +5,8 @@
 //   - by g++ for the SIMT emulator (-DJAXTILE_EMULATOR), where every operation is plain C++
 //     that runs the CUDA threads as fibers on the CPU and checks what they do
 //     (ffi/emulator/include/jaxtile_emu/device_emu.h);
-//   - later by hipcc (a third implementation; not written yet).
+//   - by clang -x hip for AMD GPUs (gfx90a, gfx942), where every operation is a clang
+//     __builtin_amdgcn_* builtin or plain C++ (device_hip.h; wave64, so kWarpSize is 64).
 // Outside this header, device code contains no `asm`, no `__shfl*`, no `__syncthreads`, no
 // CUDA builtin variables and no intrinsics: tests/emulator/test_device_rule.py enforces it.
 //
@@ -68,8 +69,14 @@ typedef unsigned long long uint64_t;
 
 namespace jaxtile {
 
+#if defined(__HIPCC__)
+// AMD's waves have 64 lanes (device_hip.h).
+constexpr unsigned long long kFullMask = ~0ull;
+constexpr int kWarpSize = 64;
+#else
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kWarpSize = 32;
+#endif
 
 struct idx3 {
   unsigned x, y, z;
@@ -106,7 +113,7 @@ struct bf16 {
 #elif defined(__CUDACC__) || defined(__CUDACC_RTC__)
 #include "device_ptx.h"
 #elif defined(__HIPCC__)
-#error "jaxtile: the HIP implementation of the device header is not written yet"
+#include "device_hip.h"
 #else
 #error "jaxtile: compile device code with nvcc/NVRTC, or with -DJAXTILE_EMULATOR for the emulator"
 #endif

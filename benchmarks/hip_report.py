@@ -1,0 +1,158 @@
+"""Static figures of the hand-written MFMA GEMM for AMD GPUs (issue 23's targets), from clang's
+assembly: what ptxas_report.py is for CUDA.
+
+The kernel (``tests/hip/kernels/mfma_gemm.hip``, the one the HIP tests compile): C (f32) =
+A B^T (f16, k-contiguous), 128 x 128 x 32 workgroup tiles, 256 lanes (4 waves of 64 x 64,
+each 2 x 2 ``v_mfma_f32_32x32x8`` accumulators), LDS rows padded for conflict-free operand
+reads, buffer loads. Compiled with clang for gfx942 and gfx90a (no ROCm, no GPU).
+
+For each architecture: VGPRs (architectural + AGPRs, target: at most 256, the budget of 2
+waves per SIMD), SGPRs, LDS (<= 64 KiB), scratch and spills (0), waves per SIMD (jaxtile's
+figure and LLVM's), the ``v_mfma`` count of the K loop against the tile math (one K step of
+32: 2 x 2 tiles x 32 / 8 = 16 per wave), and the compile time (a fresh clang process each
+time; median of ``--repeats``).
+
+``language_kernel``: the **cold compile, trace -> code object** (target <= 1.5 s) of a
+tile-language row-sum reduction (``tests/hip/test_hip_lower.py``'s ``row_sums``, 4096 x
+4096 float32) for gfx942: each of ``--cold-runs`` fresh Python processes with an empty cache
+imports jaxtile (not timed, reported apart), then times tracing, the GPU passes, code
+generation and clang; the median is reported.
+
+    python benchmarks/hip_report.py [--repeats 3] [--cold-runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _timing import emit, log
+
+from jaxtile.compiler.hip import toolchain
+from jaxtile.compiler.target import parse_target
+
+KERNEL = Path(__file__).resolve().parents[1] / "tests" / "hip" / "kernels" / "mfma_gemm.hip"
+_NAME = "gemm_f16_mfma"
+_TILE = {"m": 128, "n": 128, "k": 32, "wave_m": 64, "wave_n": 64}
+
+
+def expected_mfma(shape_m: int, shape_n: int, shape_k: int) -> int:
+    """MFMA instructions a wave issues per K step of the workgroup tile."""
+    return (_TILE["wave_m"] // shape_m) * (_TILE["wave_n"] // shape_n) * (_TILE["k"] // shape_k)
+
+
+def figures(arch: str, repeats: int) -> dict:
+    """The kernel's figures on ``arch``."""
+    source = KERNEL.read_text()
+    times, co = [], None
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        co = toolchain.compile_hip(source, arch, file=KERNEL.name)
+        times.append(time.perf_counter() - t0)
+        log(f"{arch} compile {i + 1}: {times[-1]:.2f} s")
+    caps = parse_target(f"hip:{arch}").caps
+    k = co.kernels[_NAME]
+    shape = next(s for s in caps.mfma if s.m == 32 and s.operand == "f16")
+    mfma = len(re.findall(rf"^\s+{shape.instruction}\s", co.assembly, re.M))
+    waves = k.waves_per_simd(caps)
+    return {
+        "instruction": shape.instruction,
+        "vgprs": k.vgprs, "arch_vgprs": k.arch_vgprs, "agprs": k.agprs, "sgprs": k.sgprs,
+        "lds_bytes": k.lds_bytes, "scratch_bytes": k.scratch_bytes,
+        "vgpr_spills": k.vgpr_spills, "sgpr_spills": k.sgpr_spills,
+        "waves_per_simd": waves, "llvm_occupancy": k.llvm_occupancy,
+        "mfma_in_k_loop": mfma, "mfma_expected": expected_mfma(shape.m, shape.n, shape.k),
+        "code_object_bytes": len(co.data),
+        "compile_s_median": statistics.median(times), "compile_s_all": times,
+        "meets_targets": {
+            "no_spills": k.scratch_bytes == k.vgpr_spills == k.sgpr_spills == 0,
+            "registers_allow_2_waves": k.vgprs <= caps.vgprs // 2,
+            "lds_within_64k": k.lds_bytes <= caps.lds_bytes,
+            "mfma_count_matches_tile_math": mfma == expected_mfma(shape.m, shape.n, shape.k),
+            "occupancy_agrees_with_llvm": waves == k.llvm_occupancy,
+        },
+    }
+
+
+def _cold_child() -> None:
+    """One cold compile in this (fresh) process, trace -> code object; prints the phases'
+    seconds as JSON."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxtile.compiler import build
+    from jaxtile.compiler.hip import lower as hip_lower
+
+    sys.path.insert(0, str(KERNEL.parents[1]))
+    from test_hip_lower import row_sums
+
+    target = parse_target("hip:gfx942")
+    t0 = time.perf_counter()
+    lowered = row_sums.lower(jax.ShapeDtypeStruct((4096, 4096), jnp.float32),
+                             target=target.name)
+    t1 = time.perf_counter()
+    ir = build.lowered_ir(lowered.kernel, target)
+    t2 = time.perf_counter()
+    co = hip_lower.compile_code_object(ir, target)
+    t3 = time.perf_counter()
+    k = co.kernels[f"jt_{row_sums.name}"]
+    print(json.dumps({"trace_s": t1 - t0, "passes_s": t2 - t1,
+                      "codegen_and_clang_s": t3 - t2, "total_s": t3 - t0,
+                      "vgprs": k.vgprs, "scratch_bytes": k.scratch_bytes}))
+
+
+def cold_compiles(runs: int) -> dict:
+    """Median phases of ``runs`` cold compiles, each in a fresh process and empty cache."""
+    samples = []
+    for i in range(runs):
+        with tempfile.TemporaryDirectory() as cache:
+            env = dict(os.environ, JAXTILE_CACHE_DIR=cache)
+            t0 = time.perf_counter()
+            proc = subprocess.run([sys.executable, __file__, "--cold-child"], env=env,
+                                  capture_output=True, text=True, check=True)
+            wall = time.perf_counter() - t0
+        sample = json.loads(proc.stdout.strip().splitlines()[-1])
+        sample["import_and_startup_s"] = wall - sample["total_s"]
+        samples.append(sample)
+        log(f"cold compile {i + 1}: trace -> code object {sample['total_s']:.2f} s "
+            f"(process {wall:.2f} s)")
+    median = {k: round(statistics.median(s[k] for s in samples), 4) for k in samples[0]}
+    return {"kernel": "row_sums (tests/hip/test_hip_lower.py), 4096x4096 float32, gfx942",
+            "runs": runs, "median": median,
+            "total_s_all": [round(s["total_s"], 4) for s in samples],
+            "meets_target": median["total_s"] <= 1.5}
+
+
+def report(repeats: int, cold_runs: int = 0) -> dict:
+    out = {"kernel": f"{_NAME} (fp16 -> f32, C = A B^T, 128x128x32 tiles, 256 lanes, "
+                     "4 waves of 64x64)",
+           "toolchain": toolchain.identity(),
+           **{arch: figures(arch, repeats) for arch in ("gfx942", "gfx90a")}}
+    if cold_runs:
+        out["language_kernel"] = cold_compiles(cold_runs)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=3, help="clang compiles to time")
+    ap.add_argument("--cold-runs", type=int, default=3,
+                    help="fresh processes timing the language kernel's cold compile")
+    ap.add_argument("--cold-child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.cold_child:
+        _cold_child()
+        return
+    emit(report(args.repeats, args.cold_runs))
+
+
+if __name__ == "__main__":
+    main()

@@ -127,9 +127,11 @@ def test_gpu_targets_answer_what_the_gpu_tier_asks():
     assert (sm80.warp_size, gfx.warp_size) == (32, 64)
     assert (sm80.static_smem_bytes, sm80.max_smem_bytes) == (48 * KIB, 163 * KIB)
     assert gfx.static_smem_bytes == gfx.max_smem_bytes == 64 * KIB
-    assert gfx.max_threads_per_block == 1024 and gfx.mma_shapes == gfx.mfma_shapes
-    # The properties are no fields: the description (the content key) is unchanged by them.
-    assert "warp_size" not in target.parse_target("hip:gfx90a").describe()
+    assert gfx.max_threads_per_block == 1024
+    assert gfx.mma_shapes == tuple((f"{s.m}x{s.n}x{s.k}", s.operand) for s in gfx.mfma)
+    assert ("16x16x16", "f16") in gfx.mma_shapes
+    # The derived answers are properties, not fields: the content key holds each fact once.
+    assert "mma_shapes" not in target.parse_target("hip:gfx90a").describe()
 
 
 def test_cuda_targets_carry_the_registered_toolchain(monkeypatch):

@@ -13,7 +13,9 @@ _TENSOR_MAP = struct.Struct("<4I5Q4Q5I5I")
 _MAGIC = 0x4A544D31
 
 
-def tensor_map(buffer: int, array: np.ndarray, box: tuple[int, ...], swizzle: int = 0) -> np.ndarray:
+def tensor_map(
+    buffer: int, array: np.ndarray, box: tuple[int, ...], swizzle: int = 0
+) -> np.ndarray:
     """The 128 bytes of the emulator's tensor map of `array` (row-major), the kernel's
     `buffer`-th buffer parameter, copying boxes of `box` elements (innermost dimension first,
     as CUDA's cuTensorMapEncodeTiled takes them) with a `swizzle` of 0, 32, 64 or 128 bytes."""

@@ -190,5 +190,6 @@ def test_tma_load_boxes_swizzle_and_zero_fill(tma_probe, shape, box, coords, swi
                 g = (coords[2] + i2, coords[1] + i1, coords[0] + i0)
                 inside = all(0 <= g[d] < shape[d] for d in range(3))
                 dense = ((i2 * b1 + i1) * b0 + i0) * 2
-                expected[_cute_swizzle(dense, _SWIZZLE_BITS[swizzle]) // 2] = src[g] if inside else 0
+                at = _cute_swizzle(dense, _SWIZZLE_BITS[swizzle]) // 2
+                expected[at] = src[g] if inside else 0
     np.testing.assert_array_equal(out.view(np.uint16), expected)

@@ -95,3 +95,18 @@ def test_setmaxnreg_over_budget_is_reported():
 def test_setmaxnreg_count_must_be_a_multiple_of_8_in_range():
     errors = _errors(mutate(SOURCE, "inc", "setmaxnreg_inc<232>", "setmaxnreg_inc<228>"))
     assert any("not a multiple of 8 in [24, 256]" in m and _at("inc") in m for m in errors), errors
+
+
+def test_releasing_a_stage_before_its_wgmma_retired_is_a_race():
+    # The consumers arrive on the empty barrier before wgmma_wait_group: the producer's next
+    # TMA into the stage may land while the async proxy still reads it. The wgmma's operands
+    # count as read until the wait that retires it, so the refill races with them.
+    src = mutate(SOURCE, "release", "jaxtile::mbarrier_arrive(empty + s);", "")
+    src = mutate(src, "wait", "jaxtile::wgmma_wait_group<0>();",
+                 "jaxtile::mbarrier_arrive(empty + s); jaxtile::wgmma_wait_group<0>();")
+    errors = _errors(src)
+    tma_lines = [n for n, line in enumerate(SOURCE.splitlines(), 1) if "tma_load_2d" in line]
+    races = [m for m in errors if m.startswith("data race (write after read)")]
+    assert races, errors
+    assert all(any(f"wrote at gemm_sm90a.cu:{n}" in m for n in tma_lines) for m in races)
+    assert all("read at gemm_sm90a.cu:" in m for m in races)

@@ -42,6 +42,14 @@ struct PendingWgmma {
   std::vector<float> values;
 };
 
+// The shared bytes (2-byte elements) a wgmma's group reads: the async proxy may read them
+// until the wait that retires the group, so they are checked again as read there.
+struct PendingRead {
+  uint64_t group;
+  uint32_t line;
+  std::vector<uint32_t> offsets;
+};
+
 // A TMA store's data (read from shared memory at issue), written at the bulk wait.
 struct PendingStore {
   uint64_t group;
@@ -119,6 +127,7 @@ struct Fiber {
   uint32_t acc_access_line = 0;  // the last accumulator access not followed by wgmma_fence
   uint64_t wgmma_group = 0;      // id of the wgmma group not yet committed
   std::vector<PendingWgmma> wgmmas;
+  std::vector<PendingRead> wgmma_reads;
   uint64_t bulk_group = 0;       // id of the bulk (TMA store) group not yet committed
   std::vector<PendingStore> stores;
   uint32_t wait_parity = 0;      // for a thread waiting on an mbarrier: the parity it waits for

@@ -241,6 +241,7 @@ void run_block(Block& b) {
     f.acc_access_line = 0;
     f.wgmma_group = 0;
     f.wgmmas.clear();
+    f.wgmma_reads.clear();
     f.bulk_group = 0;
     f.stores.clear();
     if (!fiber_init(f, t, b.nthreads, b.stack_bytes)) {

@@ -62,7 +62,7 @@ const Region* region_at(const Block& b, uint64_t offset) {
 
 // Reads the rows x 16 operand a descriptor describes into `out`; false after a report.
 bool read_operand(Block& b, Fiber& me, uint64_t desc, int rows, int type, float* out,
-                  uint32_t line, const char* which) {
+                  uint32_t line, const char* which, std::vector<uint32_t>* offsets) {
   const uint32_t start = static_cast<uint32_t>(desc & 0x3fffu) << 4;
   const uint32_t lbo = static_cast<uint32_t>((desc >> 16) & 0x3fffu) << 4;
   const uint32_t sbo = static_cast<uint32_t>((desc >> 32) & 0x3fffu) << 4;
@@ -94,6 +94,7 @@ bool read_operand(Block& b, Fiber& me, uint64_t desc, int rows, int type, float*
       if (g_checks) {
         check_shared(me, region_at(b, addr), b.smem + addr, 2,
                      kRead | kNoBankLog | kAsyncProxy, line);
+        offsets->push_back(addr);
       }
       uint16_t bits;
       std::memcpy(&bits, b.smem + addr, 2);
@@ -128,9 +129,15 @@ void run_wgmma(Block& b, Fiber& me, uint32_t wg, const WgmmaIn* const* in, uint3
   }
   const int n = w0.n;
   std::vector<float> a(64 * 16), bm(static_cast<size_t>(n) * 16);
-  if (!read_operand(b, me, w0.desc_b, n, w0.type, bm.data(), line, "B")) abort_block(&me);
+  // Checked as read now, with this thread's clock, and again at its wait (see PendingRead).
+  PendingRead reads{me.wgmma_group, line, {}};
+  if (!read_operand(b, me, w0.desc_b, n, w0.type, bm.data(), line, "B", &reads.offsets)) {
+    abort_block(&me);
+  }
   if (w0.a == nullptr) {
-    if (!read_operand(b, me, w0.desc_a, 64, w0.type, a.data(), line, "A")) abort_block(&me);
+    if (!read_operand(b, me, w0.desc_a, 64, w0.type, a.data(), line, "A", &reads.offsets)) {
+      abort_block(&me);
+    }
   } else {
     for (uint32_t t = 0; t < 128; ++t) {
       const uint32_t w = t / 32, g = (t % 32) / 4, q = t % 4;
@@ -174,6 +181,7 @@ void run_wgmma(Block& b, Fiber& me, uint32_t wg, const WgmmaIn* const* in, uint3
     entry->line = line;
     *w.in_flight = line;
   }
+  if (g_checks) me.wgmma_reads.push_back(std::move(reads));
 }
 
 struct SetmaxnregIn {
@@ -332,6 +340,21 @@ void wgmma_wait(int pending, uint32_t) {
     }
   }
   me.wgmmas.resize(kept);
+  // The retired groups' operands were read by now: a write not ordered after this wait (a
+  // stage released to the producer before it) races with them.
+  kept = 0;
+  for (size_t i = 0; i < me.wgmma_reads.size(); ++i) {
+    PendingRead& r = me.wgmma_reads[i];
+    if (r.group < limit) {
+      Block& b = *me.block;
+      for (uint32_t off : r.offsets) {
+        check_shared(me, region_at(b, off), b.smem + off, 2, kRead | kNoBankLog, r.line);
+      }
+    } else {
+      me.wgmma_reads[kept++] = std::move(r);
+    }
+  }
+  me.wgmma_reads.resize(kept);
 }
 
 void wgmma_acc_access(uint32_t in_flight, uint32_t line) {
@@ -371,6 +394,7 @@ void finish_hopper_thread(Fiber& f) {
                where(b, f.wgmmas.front().line) + "; wgmma_wait_group)");
     f.wgmmas.clear();
   }
+  f.wgmma_reads.clear();
   finish_stores(f);
 }
 

@@ -87,7 +87,7 @@ JT_KERNEL JT_LAUNCH_BOUNDS(128 * (CONSUMERS + 1), 1) void gemm_sm90a(
     }
     jaxtile::wgmma_commit_group();
     jaxtile::wgmma_wait_group<0>();  // MUTATE:wait
-    jaxtile::mbarrier_arrive(empty + s);
+    jaxtile::mbarrier_arrive(empty + s);  // MUTATE:release
   }
 
   // Epilogue: the fragment (row 16w + g + 8 * ((i >> 1) & 1), column 8 * (i >> 2) + 2q + (i & 1))

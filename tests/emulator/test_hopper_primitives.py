@@ -83,24 +83,33 @@ def _to_bits(x: np.ndarray, bf16: bool) -> np.ndarray:
     return x.astype(np.float16).view(np.uint16)
 
 
-# (swizzle bytes, lbo and sbo of A, of B, the k16 step inside a swizzled row).
+# (swizzle bytes, lbo and sbo of A, of B, the k16 step inside a swizzled row, N).
 _CASES = [
-    (0, (128, 256), (1024, 128), 0),
-    (32, (16, 256), (16, 256), 0),
-    (64, (16, 512), (16, 512), 1),
-    (128, (16, 1024), (16, 1024), 3),
+    (0, (128, 256), (1024, 128), 0, 64),
+    (32, (16, 256), (16, 256), 0, 64),
+    (64, (16, 512), (16, 512), 1, 64),
+    (128, (16, 1024), (16, 1024), 3, 64),
 ]
+_WIDE = [(64, (16, 512), (16, 512), 1, 128), (32, (16, 256), (16, 256), 0, 256)]
 
 
-@pytest.mark.parametrize("register_a", [False, True], ids=["smem_a", "register_a"])
-@pytest.mark.parametrize("bf16", [False, True], ids=["f16", "bf16"])
-@pytest.mark.parametrize("case", _CASES, ids=lambda c: f"swizzle{c[0]}")
+def _params(case):
+    return [pytest.param(case, bf16, register_a,
+                         id=f"n{case[4]}-swizzle{case[0]}-{'bf16' if bf16 else 'f16'}-"
+                            f"{'register' if register_a else 'smem'}_a")
+            for bf16 in (False, True) for register_a in (False, True)]
+
+
+@pytest.mark.parametrize(
+    "case, bf16, register_a",
+    [p for c in _CASES for p in _params(c)] + [p for c in _WIDE for p in _params(c)[::3]],
+)
 def test_wgmma_fragments_descriptors_and_swizzles(probe, case, bf16, register_a):
-    swizzle, (lbo_a, sbo_a), (lbo_b, sbo_b), step = case
+    swizzle, (lbo_a, sbo_a), (lbo_b, sbo_b), step, n = case
     rng = np.random.default_rng(swizzle + 2 * bf16 + register_a)
     # Small integers: every product and sum is exact in f32.
     a = rng.integers(-4, 5, (64, 16)).astype(np.float32)
-    b = rng.integers(-4, 5, (64, 16)).astype(np.float32)
+    b = rng.integers(-4, 5, (n, 16)).astype(np.float32)
     image = rng.integers(0, 2**16, 8192).astype(np.uint16)  # garbage around the operands
     a_at, b_at = 0, 8192
     # The k16 slice at `step` of a wider swizzled row: the descriptor starts 32 bytes further.
@@ -114,8 +123,8 @@ def test_wgmma_fragments_descriptors_and_swizzles(probe, case, bf16, register_a)
             idx = _tv_index(t, e)
             regs[t, e // 2] |= np.uint32(a_bits[idx % 64, idx // 64]) << np.uint32(16 * (e % 2))
     params = np.array([lbo_a, sbo_a, lbo_b, sbo_b, swizzle, a_at + 32 * step, b_at + 32 * step,
-                       int(register_a), int(bf16), 1], np.int32)
-    out = np.zeros((128, 32), np.float32)
+                       int(register_a), int(bf16), 1, n], np.int32)
+    out = np.zeros((128, n // 2), np.float32)
     descs = np.zeros(2, np.uint64)
     report = probe.run(image.view(np.uint32), regs, params, out, descs)
     assert [f for f in report["findings"] if f["severity"] == "error"] == []
@@ -127,16 +136,16 @@ def test_wgmma_fragments_descriptors_and_swizzles(probe, case, bf16, register_a)
     assert int(descs[0]) == _descriptor(a_at + 32 * step, lbo_a, sbo_a, swizzle, base)
     assert int(descs[1]) == _descriptor(b_at + 32 * step, lbo_b, sbo_b, swizzle, base)
     d = a @ b.T  # independent: D[m, n] = sum_k A[m, k] B[n, k]
-    expected = np.empty((128, 32), np.float32)
+    expected = np.empty((128, n // 2), np.float32)
     for t in range(128):
-        for v in range(32):
+        for v in range(n // 2):
             idx = _tv_index(t, v)
-            expected[t, v] = d[idx % 64, idx // 64] + (t * 64 + v)  # accumulated onto C
+            expected[t, v] = d[idx % 64, idx // 64] + (t * n + v)  # accumulated onto C
     np.testing.assert_array_equal(out, expected)
 
 
 def test_wgmma_with_the_wrong_swizzle_gives_wrong_numbers(probe):
-    swizzle, (lbo_a, sbo_a), (lbo_b, sbo_b), step = _CASES[3]
+    swizzle, (lbo_a, sbo_a), (lbo_b, sbo_b), step, _ = _CASES[3]
     rng = np.random.default_rng(1)
     a = rng.integers(-4, 5, (64, 16)).astype(np.float32)
     b = rng.integers(-4, 5, (64, 16)).astype(np.float32)
@@ -144,7 +153,7 @@ def test_wgmma_with_the_wrong_swizzle_gives_wrong_numbers(probe):
     _place(image, 0, _to_bits(a, False), swizzle, lbo_a, sbo_a)
     _place(image, 8192, _to_bits(b, False), swizzle, lbo_b, sbo_b)
     # The descriptor says 64-byte swizzle; the tiles are laid out with 128.
-    params = np.array([lbo_a, sbo_a, lbo_b, sbo_b, 64, 0, 8192, 0, 0, 0], np.int32)
+    params = np.array([lbo_a, sbo_a, lbo_b, sbo_b, 64, 0, 8192, 0, 0, 0, 64], np.int32)
     out = np.zeros((128, 32), np.float32)
     probe.run(image.view(np.uint32), np.zeros((128, 4), np.uint32), params, out,
               np.zeros(2, np.uint64))

@@ -1,15 +1,38 @@
-// One warpgroup runs one m64n64k16 wgmma on shared-memory operands the host laid out byte for
+// One warpgroup runs one m64nNk16 wgmma (N = 64, 128, 256) on shared-memory operands the host laid out byte for
 // byte (`image`), with the descriptor fields the host chose, and writes every thread's
 // accumulator registers and the descriptors out as they are: the layouts are then checked
 // against an independent model on the host (tests/emulator/test_hopper_primitives.py).
 // params: lbo_a, sbo_a, lbo_b, sbo_b, swizzle bytes, byte offset of A in the image, of B,
-// register A (0/1), bf16 (0/1), accumulate onto t * 64 + i (0/1).
+// register A (0/1), bf16 (0/1), accumulate onto t * N + i (0/1), N.
 #include <jaxtile/device.h>
 
 using jaxtile::ptr;
 using jaxtile::u32x4;
 
 constexpr int IMAGE_BYTES = 16384;
+
+template <int N>
+JT_DEVICE void run_probe(ptr<const unsigned> a_regs, ptr<const int> params, ptr<float> out,
+                         uint64_t da, uint64_t db, int t) {
+  const int accumulate = params[9];
+  jaxtile::wgmma_acc<N> acc;
+  for (int i = 0; i < N / 2; ++i) acc[i] = accumulate ? static_cast<float>(t * N + i) : 0.0f;
+  unsigned a[4];
+  for (int j = 0; j < 4; ++j) a[j] = a_regs[t * 4 + j];
+  jaxtile::wgmma_fence();
+  if (params[7] && params[8]) {
+    jaxtile::wgmma_bf16_rs<N>(acc, a, db, accumulate);
+  } else if (params[7]) {
+    jaxtile::wgmma_f16_rs<N>(acc, a, db, accumulate);
+  } else if (params[8]) {
+    jaxtile::wgmma_bf16<N>(acc, da, db, accumulate);
+  } else {
+    jaxtile::wgmma_f16<N>(acc, da, db, accumulate);
+  }
+  jaxtile::wgmma_commit_group();
+  jaxtile::wgmma_wait_group<0>();
+  for (int i = 0; i < N / 2; ++i) out[t * (N / 2) + i] = acc[i];
+}
 
 JT_KERNEL JT_LAUNCH_BOUNDS(128) void wgmma_probe(ptr<const unsigned> image_words,
                                                  ptr<const unsigned> a_regs, ptr<const int> params,
@@ -30,22 +53,11 @@ JT_KERNEL JT_LAUNCH_BOUNDS(128) void wgmma_probe(ptr<const unsigned> image_words
     descs[0] = da;
     descs[1] = db;
   }
-  const int accumulate = params[9];
-  jaxtile::wgmma_acc<64> acc;
-  for (int i = 0; i < 32; ++i) acc[i] = accumulate ? static_cast<float>(t * 64 + i) : 0.0f;
-  unsigned a[4];
-  for (int j = 0; j < 4; ++j) a[j] = a_regs[t * 4 + j];
-  jaxtile::wgmma_fence();
-  if (params[7] && params[8]) {
-    jaxtile::wgmma_bf16_rs<64>(acc, a, db, accumulate);
-  } else if (params[7]) {
-    jaxtile::wgmma_f16_rs<64>(acc, a, db, accumulate);
-  } else if (params[8]) {
-    jaxtile::wgmma_bf16<64>(acc, da, db, accumulate);
+  if (params[10] == 256) {
+    run_probe<256>(a_regs, params, out, da, db, t);
+  } else if (params[10] == 128) {
+    run_probe<128>(a_regs, params, out, da, db, t);
   } else {
-    jaxtile::wgmma_f16<64>(acc, da, db, accumulate);
+    run_probe<64>(a_regs, params, out, da, db, t);
   }
-  jaxtile::wgmma_commit_group();
-  jaxtile::wgmma_wait_group<0>();
-  for (int i = 0; i < 32; ++i) out[t * 32 + i] = acc[i];
 }

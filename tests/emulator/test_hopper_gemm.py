@@ -52,3 +52,14 @@ def test_hopper_primitives_are_rejected_for_sm80():
     _nvcc()
     with pytest.raises(ToolchainError, match="mbarrier_init"):
         compile_cubin(kernel_source("gemm_sm90a"), "sm_80", file="gemm_sm90a.cu")
+
+
+@pytest.mark.slow
+def test_gemm_sm90a_large():
+    M, N, K = 520, 456, 1032
+    args = gemm_args(M, N, K, seed=7)
+    report = gemm_sm90a(M, N, K).run(*args)
+    assert report["findings"] == []
+    a, b, c = args[3:]
+    np.testing.assert_allclose(c, a.astype(np.float32) @ b.astype(np.float32).T, rtol=1e-4,
+                               atol=1e-3)

@@ -11,10 +11,10 @@ stride offsets; the descriptor bits are the PTX ISA's "Matrix Descriptor Format"
 
 import numpy as np
 import pytest
-from emu_kernels import kernel_source
+from emu_kernels import kernel_source, mutate
 from hopper_kernels import tensor_map
 
-from jaxtile.compiler.emulator import Buffer, EmulatedKernel, LaunchConfig
+from jaxtile.compiler.emulator import Buffer, EmulatedKernel, EmulatorError, LaunchConfig
 
 # CuTe's CLayout_64xN: thread shape (4, 8, 4) strides (128, 1, 16); value shape (2, 2, N/8)
 # strides (64, 8, 512); the index is m + 64 n. The RS A layout is the same for 64 x 16 (m + 64 k).
@@ -202,3 +202,26 @@ def test_tma_load_boxes_swizzle_and_zero_fill(tma_probe, shape, box, coords, swi
                 at = _cute_swizzle(dense, _SWIZZLE_BITS[swizzle]) // 2
                 expected[at] = src[g] if inside else 0
     np.testing.assert_array_equal(out.view(np.uint16), expected)
+
+
+def test_wgmma_reading_unfenced_generic_writes_is_reported():
+    source = kernel_source("wgmma_probe_sm90a")
+    probe = EmulatedKernel.build(
+        mutate(source, "fence", "jaxtile::fence_proxy_async();", ""), "wgmma_probe",
+        [Buffer("image", "uint32"), Buffer("a_regs", "uint32"), Buffer("params", "int32"),
+         Buffer("out", "float32"), Buffer("descs", "uint64")],
+        LaunchConfig((1, 1, 1), (128, 1, 1), dynamic_smem=16384 + 1024),
+        file="wgmma_probe_sm90a.cu",
+    )
+    params = np.array([128, 256, 1024, 128, 0, 0, 8192, 0, 0, 0, 64], np.int32)
+    with pytest.raises(EmulatorError) as e:
+        probe.run(np.zeros(4096, np.uint32), np.zeros((128, 4), np.uint32), params,
+                  np.zeros((128, 32), np.float32), np.zeros(2, np.uint64))
+    wgmma_line = next(n for n, line in enumerate(source.splitlines(), 1)
+                      if "wgmma_f16<N>(acc, da" in line)
+    copy_line = next(n for n, line in enumerate(source.splitlines(), 1)
+                     if "img[i] = image[i]" in line)
+    messages = [f["message"] for f in e.value.report["findings"]]
+    assert any(m.startswith("missing fence.proxy.async")
+               and f"at wgmma_probe_sm90a.cu:{wgmma_line}" in m
+               and f"wrote at wgmma_probe_sm90a.cu:{copy_line}" in m for m in messages), messages

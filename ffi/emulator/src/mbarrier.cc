@@ -49,7 +49,8 @@ void refresh_clocks(Block& b, Mbarrier& m) {
   m.clock_gen = b.gen;
 }
 
-// The barrier at `bar`, or null after reporting why there is none.
+// The index in Block::mbarriers of the barrier at `bar`; a bad or uninitialised barrier is
+// reported and stops the block.
 int find_barrier(Block& b, Fiber& me, const Region* r, const void* bar, uint32_t line,
                  const char* op) {
   const char* p = static_cast<const char*>(bar);

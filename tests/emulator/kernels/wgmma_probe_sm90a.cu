@@ -44,7 +44,7 @@ JT_KERNEL JT_LAUNCH_BOUNDS(128) void wgmma_probe(ptr<const unsigned> image_words
   JT_SHARED_AT(u32x4, img, IMAGE_BYTES / 16, pad);
   const int t = jaxtile::thread_idx().x;
   for (int i = t; i < IMAGE_BYTES / 16; i += 128) img[i] = image[i];
-  jaxtile::fence_proxy_async();
+  jaxtile::fence_proxy_async();  // MUTATE:fence
   jaxtile::sync_threads();
   const ptr<unsigned char> bytes = jaxtile::ptr_cast<unsigned char>(img);
   const uint64_t da = jaxtile::wgmma_desc(bytes + params[5], params[0], params[1], params[4]);

@@ -50,6 +50,7 @@ def test_missing_expect_tx_bytes_are_reported():
                and f"(at {_at('expect')})" in m for m in errors), errors
 
 
+@pytest.mark.slow
 def test_a_byte_count_that_never_completes_is_a_deadlock():
     errors = _errors(mutate(SOURCE, "expect", "STAGE_BYTES", "STAGE_BYTES + 16"))
     assert any(m.startswith("deadlock") and "16 transaction bytes never completed" in m
@@ -92,6 +93,7 @@ def test_setmaxnreg_over_budget_is_reported():
                and "of the register file's 65536" in m for m in errors), errors
 
 
+@pytest.mark.slow
 def test_setmaxnreg_count_must_be_a_multiple_of_8_in_range():
     errors = _errors(mutate(SOURCE, "inc", "setmaxnreg_inc<232>", "setmaxnreg_inc<228>"))
     assert any("not a multiple of 8 in [24, 256]" in m and _at("inc") in m for m in errors), errors

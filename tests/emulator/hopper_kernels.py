@@ -2,6 +2,7 @@
 
 import struct
 
+import ml_dtypes
 import numpy as np
 from emu_kernels import kernel_source
 
@@ -33,25 +34,29 @@ def tensor_map(
 GEMM_BM, GEMM_BN, GEMM_BK = 128, 64, 64
 
 
-def gemm_sm90a(M: int, N: int, K: int, source: str | None = None) -> EmulatedKernel:
-    """gemm_sm90a.cu for C[M, N] = A[M, K] @ B[N, K].T (f16 in, f32 out), 384 threads."""
+def gemm_sm90a(M: int, N: int, K: int, source: str | None = None,
+               dtype: str = "float16") -> EmulatedKernel:
+    """gemm_sm90a.cu for C[M, N] = A[M, K] @ B[N, K].T (f16 or bf16 in, f32 out), 384 threads."""
     src = source or kernel_source("gemm_sm90a")
+    if dtype == "bfloat16":
+        src = "#define GEMM_BF16\n" + src
     smem = 1024 + 2 * (GEMM_BM + GEMM_BN) * GEMM_BK * 2 + 2 * 64 * GEMM_BN * 4
     return EmulatedKernel.build(
         src, "gemm_sm90a",
         [Buffer("map_a", "uint8"), Buffer("map_b", "uint8"), Buffer("map_c", "uint8"),
-         Buffer("A", "float16"), Buffer("B", "float16"), Buffer("C", "float32"),
+         Buffer("A", dtype), Buffer("B", dtype), Buffer("C", "float32"),
          Scalar("M", M), Scalar("N", N), Scalar("K", K)],
         LaunchConfig((-(-N // GEMM_BN), -(-M // GEMM_BM), 1), (384, 1, 1), dynamic_smem=smem),
         file="gemm_sm90a.cu",
     )
 
 
-def gemm_args(M: int, N: int, K: int, seed: int = 0):
+def gemm_args(M: int, N: int, K: int, seed: int = 0, dtype: str = "float16"):
     """The tensor maps and operands of gemm_sm90a (A: M x K, B: N x K, C: M x N)."""
     rng = np.random.default_rng(seed)
-    a = rng.standard_normal((M, K)).astype(np.float16)
-    b = rng.standard_normal((N, K)).astype(np.float16)
+    elem = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    a = rng.standard_normal((M, K)).astype(elem)
+    b = rng.standard_normal((N, K)).astype(elem)
     c = np.full((M, N), np.nan, np.float32)
     maps = (tensor_map(3, a, (GEMM_BK, GEMM_BM), 128), tensor_map(4, b, (GEMM_BK, GEMM_BN), 128),
             tensor_map(5, c, (GEMM_BN, 64)))

@@ -22,6 +22,19 @@ from jaxtile.compiler.cuda.toolchain import ToolchainError, compile_cubin, nvcc_
 def test_gemm_sm90a_matches_numpy_and_jnp(M, N, K):
     args = gemm_args(M, N, K, seed=M + N + K)
     report = gemm_sm90a(M, N, K).run(*args)
+    _check(args, report)
+
+
+def test_gemm_sm90a_bf16():
+    M, N, K = 100, 52, 88
+    args = gemm_args(M, N, K, seed=11, dtype="bfloat16")
+    # numpy's bfloat16 (ml_dtypes) has no DLPack: the inputs go in as jax arrays.
+    inputs = [jnp.asarray(x) if x.dtype == jnp.bfloat16 else x for x in args]
+    report = gemm_sm90a(M, N, K, dtype="bfloat16").run(*inputs)
+    _check(args, report)
+
+
+def _check(args, report):
     assert report["findings"] == []
     a, b, c = args[3:]
     expected = a.astype(np.float32) @ b.astype(np.float32).T
@@ -35,16 +48,19 @@ def _nvcc():
         pytest.skip("nvcc not found (PATH, $NVCC, $CUDA_HOME): cannot check the PTX side")
 
 
-def test_gemm_sm90a_compiles_for_sm90a_without_spills():
+@pytest.mark.parametrize("bf16", [False, True], ids=["f16", "bf16"])
+def test_gemm_sm90a_compiles_for_sm90a_without_spills(bf16):
     _nvcc()
-    cubin = compile_cubin(kernel_source("gemm_sm90a"), "sm_90a", file="gemm_sm90a.cu")
+    source = ("#define GEMM_BF16\n" if bf16 else "") + kernel_source("gemm_sm90a")
+    cubin = compile_cubin(source, "sm_90a", file="gemm_sm90a.cu")
     r = cubin.kernels["gemm_sm90a"]
     assert r.spill_stores == 0 and r.spill_loads == 0, cubin.log
     # __launch_bounds__(384, 1): ptxas gives the kernel the 168 registers per thread
     # setmaxnreg then moves between the roles (40 producer, 232 per consumer).
     assert r.registers == 168, cubin.log
     assert "setmaxnreg' ignored" not in cubin.log
-    assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16" in cubin.ptx.decode()
+    dtype = "bf16" if bf16 else "f16"
+    assert f"wgmma.mma_async.sync.aligned.m64n64k16.f32.{dtype}.{dtype}" in cubin.ptx.decode()
     assert "cp.async.bulk.tensor.2d.shared::cluster.global" in cubin.ptx.decode()
 
 

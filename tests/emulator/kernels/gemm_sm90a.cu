@@ -1,5 +1,5 @@
-// C[M, N] = A[M, K] * B[N, K]^T (f16 in, f32 out) the Hopper way: warp specialisation, TMA,
-// mbarriers and wgmma (sm_90a).
+// C[M, N] = A[M, K] * B[N, K]^T (f16 in, or bf16 with GEMM_BF16 defined; f32 out) the Hopper
+// way: warp specialisation, TMA, mbarriers and wgmma (sm_90a).
 //
 // Warpgroup 0 is the producer: it gives registers up (setmaxnreg_dec) and one thread issues
 // TMA loads of A and B k-tiles into a ring of STAGES stages, each guarded by a "full" barrier
@@ -12,9 +12,15 @@
 // the store, so no shape needs a mask (K and N only need 16-byte rows).
 #include <jaxtile/device.h>
 
-using jaxtile::half;
 using jaxtile::ptr;
 using jaxtile::tensor_map;
+#if defined(GEMM_BF16)
+using elem = jaxtile::bf16;
+#define WGMMA jaxtile::wgmma_bf16
+#else
+using elem = jaxtile::half;
+#define WGMMA jaxtile::wgmma_f16
+#endif
 
 constexpr int CONSUMERS = 2, STAGES = 2;
 constexpr int BM = 64 * CONSUMERS, BN = 64, BK = 64;
@@ -28,14 +34,14 @@ static_assert(SMEM_BYTES <= 227 * 1024, "a block has at most 227 KiB of shared m
 
 JT_KERNEL JT_LAUNCH_BOUNDS(128 * (CONSUMERS + 1), 1) void gemm_sm90a(
     ptr<const uint8_t> map_a, ptr<const uint8_t> map_b, ptr<const uint8_t> map_c,
-    ptr<const half> A, ptr<const half> B, ptr<float> C, int M, int N, int K) {
+    ptr<const elem> A, ptr<const elem> B, ptr<float> C, int M, int N, int K) {
   JT_SHARED(uint64_t, full, STAGES);
   JT_SHARED(uint64_t, empty, STAGES);
   // A 128-byte swizzle repeats every 1024 bytes: tiles start at multiples of that.
   const unsigned pad =
       (1024u - jaxtile::smem_u32(jaxtile::dynamic_shared<unsigned char>()) % 1024u) % 1024u;
-  JT_SHARED_AT(half, As, STAGES * A_STAGE, pad);
-  JT_SHARED_AT(half, Bs, STAGES * B_STAGE, pad + STAGES * A_STAGE * 2);
+  JT_SHARED_AT(elem, As, STAGES * A_STAGE, pad);
+  JT_SHARED_AT(elem, Bs, STAGES * B_STAGE, pad + STAGES * A_STAGE * 2);
   JT_SHARED_AT(float, Cs, CONSUMERS * C_TILE, pad + STAGES * (A_STAGE + B_STAGE) * 2);
   const ptr<const tensor_map> ta = jaxtile::ptr_cast<const tensor_map>(map_a);
   const ptr<const tensor_map> tb = jaxtile::ptr_cast<const tensor_map>(map_b);
@@ -83,7 +89,7 @@ JT_KERNEL JT_LAUNCH_BOUNDS(128 * (CONSUMERS + 1), 1) void gemm_sm90a(
       // k16 step moves the start 32 bytes along the row (the leading offset is unused).
       const uint64_t da = jaxtile::wgmma_desc(As + s * A_STAGE + c * 64 * BK + ks * 16, 16, 1024, 128);  // MUTATE:swizzle
       const uint64_t db = jaxtile::wgmma_desc(Bs + s * B_STAGE + ks * 16, 16, 1024, 128);
-      jaxtile::wgmma_f16<BN>(acc, da, db, 1);
+      WGMMA<BN>(acc, da, db, 1);
     }
     jaxtile::wgmma_commit_group();
     jaxtile::wgmma_wait_group<0>();  // MUTATE:wait

@@ -225,3 +225,14 @@ def test_wgmma_reading_unfenced_generic_writes_is_reported():
     assert any(m.startswith("missing fence.proxy.async")
                and f"at wgmma_probe_sm90a.cu:{wgmma_line}" in m
                and f"wrote at wgmma_probe_sm90a.cu:{copy_line}" in m for m in messages), messages
+
+
+def test_tma_with_a_stride_that_is_not_16_bytes_is_reported(tma_probe):
+    # An f16 row of 999 elements: TMA needs strides in multiples of 16 bytes.
+    src = np.zeros((1, 4, 999), np.uint16)
+    args = np.array([0, 0, 0, 64 * 4 * 2], np.int32)
+    with pytest.raises(EmulatorError, match="bad tensor map") as e:
+        tma_probe.run(tensor_map(2, src, (64, 4, 1)), args, src, np.zeros(128, np.uint32))
+    messages = [f["message"] for f in e.value.report["findings"]]
+    assert any("the stride of dimension 1 (1998 bytes) is not a multiple of 16" in m
+               and "tma_load at tma_probe_sm90a.cu:" in m for m in messages), messages

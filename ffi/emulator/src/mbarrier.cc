@@ -147,6 +147,9 @@ bool read_map(Block& b, Fiber& me, const Region* map_r, const void* map, int ran
   } else if (t.buffer >= static_cast<uint32_t>(b.spec->num_buffers)) {
     problem = "it maps buffer " + std::to_string(t.buffer) + " of a kernel with " +
               std::to_string(b.spec->num_buffers);
+  } else if (reinterpret_cast<uintptr_t>(b.buffers[t.buffer].base) % 16 != 0) {
+    problem = "the global address of buffer '" + std::string(b.buffers[t.buffer].name) +
+              "' is not 16-byte aligned";
   } else if (t.elem_bytes != 1 && t.elem_bytes != 2 && t.elem_bytes != 4 &&
              t.elem_bytes != 8) {
     problem = "its element size " + std::to_string(t.elem_bytes) + " is not 1, 2, 4 or 8";

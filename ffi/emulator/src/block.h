@@ -85,7 +85,7 @@ struct Mbarrier {
 
 // The rendezvous of a warpgroup's 128 threads at a .sync.aligned operation.
 struct WarpgroupSync {
-  int kind = 0;  // 0: none open, else a WarpgroupOp
+  int kind = 0;  // a WarpgroupOp; kWgNone while none is open
   uint32_t line = 0;
   uint32_t arrived = 0;
   const void* in[128];
@@ -121,8 +121,8 @@ struct Fiber {
   // followed: reads of other blocks' data are not ordered after it (null otherwise).
   const Region* relaxed_flag = nullptr;
   uint32_t relaxed_flag_line = 0;
-  // Hopper (mbarrier.cc, wgmma.cc). fence.proxy.async executed so far (shared bytes keep the count their
-  // generic writer had: a write is fenced once its writer's count has grown).
+  // Hopper (mbarrier.cc, wgmma.cc). The fence.proxy.async calls so far (shared bytes keep
+  // their generic writer's count at the write: it is fenced once the count has grown).
   uint32_t proxy_fences = 0;
   uint32_t acc_access_line = 0;  // the last accumulator access not followed by wgmma_fence
   uint64_t wgmma_group = 0;      // id of the wgmma group not yet committed

@@ -149,13 +149,16 @@ void report_deadlock(Block& b) {
   }
   // Threads waiting on mbarriers or for registers (not at a barrier or collective above).
   std::vector<uint32_t> async_waiters;
+  std::string async_key;
   for (uint32_t t = 0; t < b.nthreads; ++t) {
     const Fiber& f = b.fibers[t];
     if (f.state == kBlocked && (f.wait_kind == kWaitMbarrier || f.wait_kind == kWaitRegisters)) {
       async_waiters.push_back(t);
-      key += ":" + std::to_string(f.wait_kind) + "@" + std::to_string(f.wait_line);
+      const std::string k = ":" + std::to_string(f.wait_kind) + "@" + std::to_string(f.wait_line);
+      if (async_key.find(k) == std::string::npos) async_key += k;
     }
   }
+  key += async_key;
   if (!async_waiters.empty()) {
     std::vector<uint32_t> others;
     for (uint32_t t = 0; t < b.nthreads; ++t) {

@@ -65,7 +65,9 @@ JT_KERNEL JT_LAUNCH_BOUNDS(128 * (CONSUMERS + 1), 1) void gemm_sm90a(
       for (int kt = 0; kt < ktiles; ++kt) {
         const int s = kt % STAGES;
         // The stage's previous use (kt / STAGES - 1) must be consumed.
-        if (kt >= STAGES) jaxtile::mbarrier_wait_parity(empty + s, (kt / STAGES - 1) & 1);  // MUTATE:phase
+        if (kt >= STAGES) {
+          jaxtile::mbarrier_wait_parity(empty + s, (kt / STAGES - 1) & 1);  // MUTATE:phase
+        }
         jaxtile::mbarrier_arrive_expect_tx(full + s, STAGE_BYTES);  // MUTATE:expect
         jaxtile::tma_load_2d(As + s * A_STAGE, ta, full + s, kt * BK, m0);
         jaxtile::tma_load_2d(Bs + s * B_STAGE, tb, full + s, kt * BK, n0);
@@ -87,7 +89,8 @@ JT_KERNEL JT_LAUNCH_BOUNDS(128 * (CONSUMERS + 1), 1) void gemm_sm90a(
     for (int ks = 0; ks < BK / 16; ++ks) {
       // K-major, 128-byte swizzle: rows of 128 bytes, 8-row groups 1024 bytes apart; the
       // k16 step moves the start 32 bytes along the row (the leading offset is unused).
-      const uint64_t da = jaxtile::wgmma_desc(As + s * A_STAGE + c * 64 * BK + ks * 16, 16, 1024, 128);  // MUTATE:swizzle
+      const ptr<elem> a_tile = As + s * A_STAGE + c * 64 * BK + ks * 16;
+      const uint64_t da = jaxtile::wgmma_desc(a_tile, 16, 1024, 128);  // MUTATE:swizzle
       const uint64_t db = jaxtile::wgmma_desc(Bs + s * B_STAGE + ks * 16, 16, 1024, 128);
       WGMMA<BN>(acc, da, db, 1);
     }

@@ -1,7 +1,7 @@
-// One warpgroup runs one m64nNk16 wgmma (N = 64, 128, 256) on shared-memory operands the host laid out byte for
-// byte (`image`), with the descriptor fields the host chose, and writes every thread's
-// accumulator registers and the descriptors out as they are: the layouts are then checked
-// against an independent model on the host (tests/emulator/test_hopper_primitives.py).
+// One warpgroup runs one m64nNk16 wgmma (N = 64, 128, 256) on shared-memory operands the host
+// laid out byte for byte (`image`), with the descriptor fields the host chose, and writes every
+// thread's accumulator registers and the descriptors out as they are: the layouts are then
+// checked against an independent model on the host (tests/emulator/test_hopper_primitives.py).
 // params: lbo_a, sbo_a, lbo_b, sbo_b, swizzle bytes, byte offset of A in the image, of B,
 // register A (0/1), bf16 (0/1), accumulate onto t * N + i (0/1), N.
 #include <jaxtile/device.h>

@@ -112,3 +112,12 @@ def test_releasing_a_stage_before_its_wgmma_retired_is_a_race():
     assert races, errors
     assert all(any(f"wrote at gemm_sm90a.cu:{n}" in m for n in tma_lines) for m in races)
     assert all("read at gemm_sm90a.cu:" in m for m in races)
+
+
+@pytest.mark.slow
+def test_an_accumulator_index_out_of_range_is_reported():
+    src = SOURCE.replace("cs[row * BN + col] = acc[i];", "cs[row * BN + col] = acc[i + 1];")
+    assert src != SOURCE
+    errors = _errors(src)
+    assert any("wgmma accumulator index 32 at gemm_sm90a.cu:" in m
+               and "outside the 32 registers of an m64n64 accumulator" in m for m in errors), errors

@@ -369,6 +369,16 @@ void wgmma_acc_access(uint32_t in_flight, uint32_t line) {
              " has not written yet (no wgmma_wait_group has retired it)");
 }
 
+void wgmma_acc_out_of_range(int64_t index, int n, uint32_t line) {
+  Fiber& me = *t_fiber;
+  Block& b = *me.block;
+  report(kError, "wgmma-acc-index:" + std::to_string(line),
+         "wgmma accumulator index " + std::to_string(index) + " at " + where(b, line) + " by " +
+             thread_name(b, me.tid) + " is outside the " + std::to_string(n / 2) +
+             " registers of an m64n" + std::to_string(n) + " accumulator");
+  abort_block(&me);
+}
+
 void setmaxnreg(bool inc, uint32_t regs, uint32_t line) {
   const SetmaxnregIn in{inc, regs};
   warpgroup_op(kWgSetmaxnreg, &in, line);

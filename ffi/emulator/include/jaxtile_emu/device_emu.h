@@ -415,6 +415,7 @@ struct wgmma_acc {
   float r[N / 2];
   uint32_t in_flight = 0;  // the line of a wgmma whose result is not yet retired (0: none)
   float& operator[](emu::Site i) {
+    if (i.v < 0 || i.v >= N / 2) emu::wgmma_acc_out_of_range(i.v, N, i.line);
     emu::wgmma_acc_access(in_flight, i.line);
     return r[i.v];
   }

@@ -201,6 +201,8 @@ void wgmma_wait(int pending, uint32_t line);
 // An access to an accumulator (`in_flight` is its mark): reported while a wgmma writing it
 // is not retired; remembered until the next wgmma_fence.
 void wgmma_acc_access(uint32_t in_flight, uint32_t line);
+// An accumulator register index outside [0, N/2): reported, and the block stops.
+[[noreturn]] void wgmma_acc_out_of_range(int64_t index, int n, uint32_t line);
 void setmaxnreg(bool inc, uint32_t regs, uint32_t line);
 
 // ---- faults device code cannot be allowed to take (see the launch shim) ----

@@ -168,7 +168,7 @@ def tma_probe():
     return EmulatedKernel.build(
         kernel_source("tma_probe_sm90a"), "tma_probe",
         [Buffer("map", "uint8"), Buffer("args", "int32"), Buffer("src", "uint16"),
-         Buffer("out", "uint32")],
+         Buffer("out", "uint32"), Buffer("map_back", "uint8"), Buffer("back", "uint16")],
         LaunchConfig((1, 1, 1), (128, 1, 1), dynamic_smem=16384 + 1024),
         file="tma_probe_sm90a.cu",
     )
@@ -184,12 +184,14 @@ def tma_probe():
         ((2, 12, 40), (8, 8, 2), (-4, 6, 0), 0),        # no swizzle, before the left edge
     ],
 )
-def test_tma_load_boxes_swizzle_and_zero_fill(tma_probe, shape, box, coords, swizzle):
+def test_tma_boxes_swizzle_zero_fill_and_clipped_stores(tma_probe, shape, box, coords, swizzle):
     src = np.arange(np.prod(shape), dtype=np.uint16).reshape(shape) + 1  # 0 only when filled
     nbytes = int(np.prod(box)) * 2
     out = np.zeros(nbytes // 4, np.uint32)
+    back = np.full(shape, 0xFFFF, np.uint16)
     args = np.array([*coords, nbytes], np.int32)
-    report = tma_probe.run(tensor_map(2, src, box, swizzle), args, src, out)
+    report = tma_probe.run(tensor_map(2, src, box, swizzle), args, src, out,
+                           tensor_map(5, back, box, swizzle), back)
     assert [f for f in report["findings"] if f["severity"] == "error"] == []
     expected = np.zeros(nbytes // 2, np.uint16)
     b0, b1, b2 = box
@@ -202,6 +204,12 @@ def test_tma_load_boxes_swizzle_and_zero_fill(tma_probe, shape, box, coords, swi
                 at = _cute_swizzle(dense, _SWIZZLE_BITS[swizzle]) // 2
                 expected[at] = src[g] if inside else 0
     np.testing.assert_array_equal(out.view(np.uint16), expected)
+    # The store undoes the swizzle and writes only the part of the box inside the tensor.
+    inside = tuple(slice(max(c, 0), max(min(c + n, e), 0))
+                   for c, n, e in zip(coords[::-1], box[::-1], shape))
+    expected_back = np.full(shape, 0xFFFF, np.uint16)
+    expected_back[inside] = src[inside]
+    np.testing.assert_array_equal(back, expected_back)
 
 
 def test_wgmma_reading_unfenced_generic_writes_is_reported():
@@ -232,7 +240,8 @@ def test_tma_with_a_stride_that_is_not_16_bytes_is_reported(tma_probe):
     src = np.zeros((1, 4, 999), np.uint16)
     args = np.array([0, 0, 0, 64 * 4 * 2], np.int32)
     with pytest.raises(EmulatorError, match="bad tensor map") as e:
-        tma_probe.run(tensor_map(2, src, (64, 4, 1)), args, src, np.zeros(128, np.uint32))
+        tma_probe.run(tensor_map(2, src, (64, 4, 1)), args, src, np.zeros(128, np.uint32),
+                      tensor_map(5, src, (64, 4, 1)), src.copy())
     messages = [f["message"] for f in e.value.report["findings"]]
     assert any("the stride of dimension 1 (1998 bytes) is not a multiple of 16" in m
                and "tma_load at tma_probe_sm90a.cu:" in m for m in messages), messages

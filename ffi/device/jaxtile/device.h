@@ -11,7 +11,9 @@
 // CUDA builtin variables and no intrinsics: tests/emulator/test_device_rule.py enforces it.
 //
 // The contract (both implementations provide exactly this, in namespace jaxtile):
-//   JT_KERNEL, JT_DEVICE, JT_LAUNCH_BOUNDS(n)      kernel / device-function declarations
+//   JT_KERNEL, JT_DEVICE, JT_LAUNCH_BOUNDS(n[, min_blocks])   kernel / device-function
+//                                                  declarations (min_blocks 1 lets ptxas know
+//                                                  the count setmaxnreg starts from)
 //   JT_SHARED(T, name, count)                      a per-block shared array; `name` is a ptr<T>
 //   JT_SHARED_AT(T, name, count, offset)           a named view of `count` T at byte `offset`
 //                                                  of the dynamic shared buffer (views may
@@ -31,6 +33,35 @@
 //   cp_async<B>(dst, src, src_bytes)      cp.async.ca (B = 4, 8) / cp.async.cg (B = 16), zero-fill
 //   cp_async_commit()              cp.async.commit_group
 //   cp_async_wait<N>()             cp.async.wait_group N
+//   Hopper, sm_90a only (the async proxy; see docs/emulator.md "Hopper"):
+//   smem_u32(p)                    cvta.to.shared: the shared-window address of p
+//   mbarrier_init(bar, count)      mbarrier.init.shared::cta.b64 (bar: ptr<uint64_t> in shared)
+//   mbarrier_arrive(bar)           mbarrier.arrive.shared::cta.b64
+//   mbarrier_arrive_expect_tx(bar, bytes)  mbarrier.arrive.expect_tx.shared::cta.b64
+//   mbarrier_try_wait_parity(bar, parity)  mbarrier.try_wait.parity.shared::cta.b64: true once
+//                                  the phase of that parity completed; mbarrier_wait_parity
+//                                  loops on it
+//   fence_proxy_async()            fence.proxy.async.shared::cta (generic-proxy shared writes
+//                                  before it become visible to TMA and wgmma)
+//   fence_mbarrier_init()          fence.mbarrier_init.release.cluster
+//   tensor_map                     128 opaque bytes (a CUtensorMap on the GPU), read by TMA
+//                                  through a ptr<const tensor_map> to global memory
+//   tma_load_{2d,3d}(dst, map, bar, c0, c1[, c2])
+//                                  cp.async.bulk.tensor.{2,3}d.shared::cluster.global.tile
+//                                  .mbarrier::complete_tx::bytes (coordinates innermost first;
+//                                  out-of-bounds elements read as zero)
+//   tma_store_{2d,3d}(map, src, c0, c1[, c2])
+//                                  cp.async.bulk.tensor.{2,3}d.global.shared::cta.tile.bulk_group
+//   bulk_commit_group() / bulk_wait_group<N>()   cp.async.bulk.commit_group / .wait_group N
+//   wgmma_desc(p, lbo, sbo, swizzle)   a shared-memory matrix descriptor (64 bits)
+//   wgmma_acc<N>                   the m64nN f32 accumulator fragment (N/2 floats per thread)
+//   wgmma_{f16,bf16}<N>(d, desc_a, desc_b, scale_d)
+//                                  wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16} (A and B
+//                                  K-major from shared memory)
+//   wgmma_{f16,bf16}_rs<N>(d, a, desc_b, scale_d)   the same with A from 4 registers
+//   wgmma_fence() / wgmma_commit_group() / wgmma_wait_group<N>()
+//                                  wgmma.fence / .commit_group / .wait_group N (.sync.aligned)
+//   setmaxnreg_inc<N>() / setmaxnreg_dec<N>()   setmaxnreg.{inc,dec}.sync.aligned.u32 N
 //   atomic_add / atomic_max / atomic_min / atomic_exch   atom.{add,max,min,exch} (32-bit int;
 //                                                  add on float)
 //   atomic_cas(p, compare, v)      atom.cas.b32 / .b64 (unsigned, unsigned long long)
@@ -106,6 +137,12 @@ struct bf16 {
   uint16_t bits;
 };
 
+// A TMA tensor map: a CUtensorMap on the GPU (built on the host), the emulator's own
+// description in the emulator (jaxtile::emu::TensorMap). Either way 128 bytes, 64-aligned.
+struct alignas(64) tensor_map {
+  unsigned char bytes[128];
+};
+
 }  // namespace jaxtile
 
 #if defined(JAXTILE_EMULATOR)
@@ -117,6 +154,23 @@ struct bf16 {
 #else
 #error "jaxtile: compile device code with nvcc/NVRTC, or with -DJAXTILE_EMULATOR for the emulator"
 #endif
+
+namespace jaxtile {
+// A wgmma shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"): bits 0-13
+// the start address, 16-29 the leading-dimension byte offset, 32-45 the stride-dimension
+// byte offset (each in 16-byte units), 49-51 the base offset (0 here: swizzled tiles start
+// at a multiple of the pattern's period), 62-63 the swizzle (0 none, 1 128-byte, 2 64-byte,
+// 3 32-byte).
+template <class P>
+JT_DEVICE uint64_t wgmma_desc(P smem, unsigned lbo_bytes, unsigned sbo_bytes,
+                              int swizzle_bytes) {
+  const uint64_t mode = swizzle_bytes == 128 ? 1 : swizzle_bytes == 64 ? 2
+                        : swizzle_bytes == 32 ? 3 : 0;
+  return static_cast<uint64_t>((smem_u32(smem) & 0x3ffffu) >> 4) |
+         static_cast<uint64_t>((lbo_bytes >> 4) & 0x3fffu) << 16 |
+         static_cast<uint64_t>((sbo_bytes >> 4) & 0x3fffu) << 32 | mode << 62;
+}
+}  // namespace jaxtile
 
 // XLA's per-element semantics (min/max with NaN, integer division, saturating casts...).
 #include "xla_math.h"

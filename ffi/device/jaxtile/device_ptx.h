@@ -4,7 +4,7 @@
 
 #define JT_KERNEL extern "C" __global__
 #define JT_DEVICE __device__ __forceinline__
-#define JT_LAUNCH_BOUNDS(n) __launch_bounds__(n)
+#define JT_LAUNCH_BOUNDS(...) __launch_bounds__(__VA_ARGS__)
 #define JT_SHARED(T, name, count) __shared__ __align__(16) T name[count]
 
 extern __shared__ __align__(16) unsigned char jaxtile_dynamic_smem[];
@@ -215,6 +215,234 @@ template <int N>
 JT_DEVICE void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
+
+// ---- shared-window addresses ----
+template <class T>
+JT_DEVICE unsigned smem_u32(const T* p) {
+  return smem_addr_(p);
+}
+
+// ---- Hopper (sm_90a): mbarriers, TMA, wgmma, setmaxnreg ----
+// Only for sm_90a device code (and nvcc's host pass, which parses but does not assemble it):
+// a kernel using them compiled for another architecture fails to compile, naming them.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
+
+JT_DEVICE void mbarrier_init(uint64_t* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr_(bar)), "r"(count)
+               : "memory");
+}
+JT_DEVICE void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr_(bar)) : "memory");
+}
+JT_DEVICE void mbarrier_arrive_expect_tx(uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr_(bar)),
+               "r"(bytes)
+               : "memory");
+}
+JT_DEVICE bool mbarrier_try_wait_parity(uint64_t* bar, unsigned parity) {
+  unsigned done;
+  asm volatile(
+      "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, "
+      "p; }"
+      : "=r"(done)
+      : "r"(smem_addr_(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+JT_DEVICE void mbarrier_wait_parity(uint64_t* bar, unsigned parity) {
+  while (!mbarrier_try_wait_parity(bar, parity)) {
+  }
+}
+JT_DEVICE void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+JT_DEVICE void fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+// ---- TMA ----
+template <class T>
+JT_DEVICE void tma_load_2d(T* dst, const tensor_map* map, uint64_t* bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], "
+      "[%1, {%2, %3}], [%4];" ::"r"(smem_addr_(dst)),
+      "l"(map), "r"(c0), "r"(c1), "r"(smem_addr_(bar))
+      : "memory");
+}
+template <class T>
+JT_DEVICE void tma_load_3d(T* dst, const tensor_map* map, uint64_t* bar, int c0, int c1,
+                           int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], "
+      "[%1, {%2, %3, %4}], [%5];" ::"r"(smem_addr_(dst)),
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr_(bar))
+      : "memory");
+}
+template <class T>
+JT_DEVICE void tma_store_2d(const tensor_map* map, const T* src, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group [%0, {%1, %2}], [%3];" ::"l"(
+          map),
+      "r"(c0), "r"(c1), "r"(smem_addr_(src))
+      : "memory");
+}
+template <class T>
+JT_DEVICE void tma_store_3d(const tensor_map* map, const T* src, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3}], [%4];" ::
+          "l"(map),
+      "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr_(src))
+      : "memory");
+}
+JT_DEVICE void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+template <int N>
+JT_DEVICE void bulk_wait_group() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// ---- wgmma ----
+// m64n64k16: 32 accumulator registers per thread.
+#define JT_WGMMA_D64 \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
+  "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define JT_WGMMA_OUT64(d) \
+  "+f"(d.r[0]), "+f"(d.r[1]), "+f"(d.r[2]), "+f"(d.r[3]), "+f"(d.r[4]), "+f"(d.r[5]), \
+  "+f"(d.r[6]), "+f"(d.r[7]), "+f"(d.r[8]), "+f"(d.r[9]), "+f"(d.r[10]), \
+  "+f"(d.r[11]), "+f"(d.r[12]), "+f"(d.r[13]), "+f"(d.r[14]), "+f"(d.r[15]), \
+  "+f"(d.r[16]), "+f"(d.r[17]), "+f"(d.r[18]), "+f"(d.r[19]), "+f"(d.r[20]), \
+  "+f"(d.r[21]), "+f"(d.r[22]), "+f"(d.r[23]), "+f"(d.r[24]), "+f"(d.r[25]), \
+  "+f"(d.r[26]), "+f"(d.r[27]), "+f"(d.r[28]), "+f"(d.r[29]), "+f"(d.r[30]), \
+  "+f"(d.r[31])
+
+// m64n128k16: 64 accumulator registers per thread.
+#define JT_WGMMA_D128 \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
+  "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, " \
+  "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, " \
+  "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define JT_WGMMA_OUT128(d) \
+  "+f"(d.r[0]), "+f"(d.r[1]), "+f"(d.r[2]), "+f"(d.r[3]), "+f"(d.r[4]), "+f"(d.r[5]), \
+  "+f"(d.r[6]), "+f"(d.r[7]), "+f"(d.r[8]), "+f"(d.r[9]), "+f"(d.r[10]), \
+  "+f"(d.r[11]), "+f"(d.r[12]), "+f"(d.r[13]), "+f"(d.r[14]), "+f"(d.r[15]), \
+  "+f"(d.r[16]), "+f"(d.r[17]), "+f"(d.r[18]), "+f"(d.r[19]), "+f"(d.r[20]), \
+  "+f"(d.r[21]), "+f"(d.r[22]), "+f"(d.r[23]), "+f"(d.r[24]), "+f"(d.r[25]), \
+  "+f"(d.r[26]), "+f"(d.r[27]), "+f"(d.r[28]), "+f"(d.r[29]), "+f"(d.r[30]), \
+  "+f"(d.r[31]), "+f"(d.r[32]), "+f"(d.r[33]), "+f"(d.r[34]), "+f"(d.r[35]), \
+  "+f"(d.r[36]), "+f"(d.r[37]), "+f"(d.r[38]), "+f"(d.r[39]), "+f"(d.r[40]), \
+  "+f"(d.r[41]), "+f"(d.r[42]), "+f"(d.r[43]), "+f"(d.r[44]), "+f"(d.r[45]), \
+  "+f"(d.r[46]), "+f"(d.r[47]), "+f"(d.r[48]), "+f"(d.r[49]), "+f"(d.r[50]), \
+  "+f"(d.r[51]), "+f"(d.r[52]), "+f"(d.r[53]), "+f"(d.r[54]), "+f"(d.r[55]), \
+  "+f"(d.r[56]), "+f"(d.r[57]), "+f"(d.r[58]), "+f"(d.r[59]), "+f"(d.r[60]), \
+  "+f"(d.r[61]), "+f"(d.r[62]), "+f"(d.r[63])
+
+// m64n256k16: 128 accumulator registers per thread.
+#define JT_WGMMA_D256 \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
+  "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, " \
+  "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, " \
+  "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, " \
+  "%66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, " \
+  "%82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, " \
+  "%98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, " \
+  "%111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, " \
+  "%124, %125, %126, %127"
+#define JT_WGMMA_OUT256(d) \
+  "+f"(d.r[0]), "+f"(d.r[1]), "+f"(d.r[2]), "+f"(d.r[3]), "+f"(d.r[4]), "+f"(d.r[5]), \
+  "+f"(d.r[6]), "+f"(d.r[7]), "+f"(d.r[8]), "+f"(d.r[9]), "+f"(d.r[10]), \
+  "+f"(d.r[11]), "+f"(d.r[12]), "+f"(d.r[13]), "+f"(d.r[14]), "+f"(d.r[15]), \
+  "+f"(d.r[16]), "+f"(d.r[17]), "+f"(d.r[18]), "+f"(d.r[19]), "+f"(d.r[20]), \
+  "+f"(d.r[21]), "+f"(d.r[22]), "+f"(d.r[23]), "+f"(d.r[24]), "+f"(d.r[25]), \
+  "+f"(d.r[26]), "+f"(d.r[27]), "+f"(d.r[28]), "+f"(d.r[29]), "+f"(d.r[30]), \
+  "+f"(d.r[31]), "+f"(d.r[32]), "+f"(d.r[33]), "+f"(d.r[34]), "+f"(d.r[35]), \
+  "+f"(d.r[36]), "+f"(d.r[37]), "+f"(d.r[38]), "+f"(d.r[39]), "+f"(d.r[40]), \
+  "+f"(d.r[41]), "+f"(d.r[42]), "+f"(d.r[43]), "+f"(d.r[44]), "+f"(d.r[45]), \
+  "+f"(d.r[46]), "+f"(d.r[47]), "+f"(d.r[48]), "+f"(d.r[49]), "+f"(d.r[50]), \
+  "+f"(d.r[51]), "+f"(d.r[52]), "+f"(d.r[53]), "+f"(d.r[54]), "+f"(d.r[55]), \
+  "+f"(d.r[56]), "+f"(d.r[57]), "+f"(d.r[58]), "+f"(d.r[59]), "+f"(d.r[60]), \
+  "+f"(d.r[61]), "+f"(d.r[62]), "+f"(d.r[63]), "+f"(d.r[64]), "+f"(d.r[65]), \
+  "+f"(d.r[66]), "+f"(d.r[67]), "+f"(d.r[68]), "+f"(d.r[69]), "+f"(d.r[70]), \
+  "+f"(d.r[71]), "+f"(d.r[72]), "+f"(d.r[73]), "+f"(d.r[74]), "+f"(d.r[75]), \
+  "+f"(d.r[76]), "+f"(d.r[77]), "+f"(d.r[78]), "+f"(d.r[79]), "+f"(d.r[80]), \
+  "+f"(d.r[81]), "+f"(d.r[82]), "+f"(d.r[83]), "+f"(d.r[84]), "+f"(d.r[85]), \
+  "+f"(d.r[86]), "+f"(d.r[87]), "+f"(d.r[88]), "+f"(d.r[89]), "+f"(d.r[90]), \
+  "+f"(d.r[91]), "+f"(d.r[92]), "+f"(d.r[93]), "+f"(d.r[94]), "+f"(d.r[95]), \
+  "+f"(d.r[96]), "+f"(d.r[97]), "+f"(d.r[98]), "+f"(d.r[99]), "+f"(d.r[100]), \
+  "+f"(d.r[101]), "+f"(d.r[102]), "+f"(d.r[103]), "+f"(d.r[104]), "+f"(d.r[105]), \
+  "+f"(d.r[106]), "+f"(d.r[107]), "+f"(d.r[108]), "+f"(d.r[109]), "+f"(d.r[110]), \
+  "+f"(d.r[111]), "+f"(d.r[112]), "+f"(d.r[113]), "+f"(d.r[114]), "+f"(d.r[115]), \
+  "+f"(d.r[116]), "+f"(d.r[117]), "+f"(d.r[118]), "+f"(d.r[119]), "+f"(d.r[120]), \
+  "+f"(d.r[121]), "+f"(d.r[122]), "+f"(d.r[123]), "+f"(d.r[124]), "+f"(d.r[125]), \
+  "+f"(d.r[126]), "+f"(d.r[127])
+
+template <int N>
+struct wgmma_acc {
+  static_assert(N == 64 || N == 128 || N == 256, "wgmma: N is 64, 128 or 256 on the GPU");
+  float r[N / 2];
+  JT_DEVICE float& operator[](int i) { return r[i]; }
+};
+
+// D (+)= A * B with A and B K-major in shared memory (no transposes, scales +1); the
+// predicate scale_d != 0 keeps D.
+#define JT_WGMMA_SS_ASM(N, T, IA, IB, IS)                                                     \
+  asm volatile("{ .reg .pred p; setp.ne.b32 p, %" IS ", 0;\n"                                 \
+               "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." T "." T " {" JT_WGMMA_D##N   \
+               "}, %" IA ", %" IB ", p, 1, 1, 0, 0; }"                                        \
+               : JT_WGMMA_OUT##N(d)                                                           \
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d)                                       \
+               : "memory")
+// The same with A from registers (its fragment as mma.m16n8k16's A, per warp of 16 rows).
+#define JT_WGMMA_RS_ASM(N, T, A0, A1, A2, A3, IB, IS)                                       \
+  asm volatile("{ .reg .pred p; setp.ne.b32 p, %" IS ", 0;\n"                                 \
+               "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." T "." T " {" JT_WGMMA_D##N   \
+               "}, {%" A0 ", %" A1 ", %" A2 ", %" A3 "}, %" IB ", p, 1, 1, 0; }"               \
+               : JT_WGMMA_OUT##N(d)                                                           \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d)        \
+               : "memory")
+#define JT_WGMMA_SS_FN(name, T)                                                               \
+  template <int N>                                                                            \
+  JT_DEVICE void name(wgmma_acc<N>& d, uint64_t desc_a, uint64_t desc_b, int scale_d) {       \
+    if constexpr (N == 64) {                                                                  \
+      JT_WGMMA_SS_ASM(64, T, "32", "33", "34");                                              \
+    } else if constexpr (N == 128) {                                                          \
+      JT_WGMMA_SS_ASM(128, T, "64", "65", "66");                                             \
+    } else {                                                                                  \
+      JT_WGMMA_SS_ASM(256, T, "128", "129", "130");                                          \
+    }                                                                                         \
+  }
+#define JT_WGMMA_RS_FN(name, T)                                                               \
+  template <int N>                                                                            \
+  JT_DEVICE void name(wgmma_acc<N>& d, const unsigned (&a)[4], uint64_t desc_b, int scale_d) { \
+    if constexpr (N == 64) {                                                                  \
+      JT_WGMMA_RS_ASM(64, T, "32", "33", "34", "35", "36", "37");                            \
+    } else if constexpr (N == 128) {                                                          \
+      JT_WGMMA_RS_ASM(128, T, "64", "65", "66", "67", "68", "69");                           \
+    } else {                                                                                  \
+      JT_WGMMA_RS_ASM(256, T, "128", "129", "130", "131", "132", "133");                     \
+    }                                                                                         \
+  }
+JT_WGMMA_SS_FN(wgmma_f16, "f16")
+JT_WGMMA_SS_FN(wgmma_bf16, "bf16")
+JT_WGMMA_RS_FN(wgmma_f16_rs, "f16")
+JT_WGMMA_RS_FN(wgmma_bf16_rs, "bf16")
+
+JT_DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+JT_DEVICE void wgmma_commit_group() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int N>
+JT_DEVICE void wgmma_wait_group() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+// ---- register reallocation between warpgroups ----
+template <int N>
+JT_DEVICE void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
+}
+template <int N>
+JT_DEVICE void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
+}
+
+#endif  // sm_90a
 
 // ---- a read that is not cached in a register or L1 (ld.volatile) ----
 template <int N>

@@ -33,8 +33,74 @@ struct PendingCopy {
   unsigned char data[16];
 };
 
+// A wgmma's result for one thread, written to its accumulator at the wait_group retiring it.
+struct PendingWgmma {
+  float* acc;
+  uint32_t* in_flight;
+  uint64_t group;
+  uint32_t line;
+  std::vector<float> values;
+};
+
+// The shared bytes (2-byte elements) a wgmma's group reads: the async proxy may read them
+// until the wait that retires the group, so they are checked again as read there.
+struct PendingRead {
+  uint64_t group;
+  uint32_t line;
+  std::vector<uint32_t> offsets;
+};
+
+// A TMA store's data (read from shared memory at issue), written at the bulk wait.
+struct PendingStore {
+  uint64_t group;
+  uint32_t line;
+  std::vector<std::pair<char*, std::vector<char>>> rows;  // global destination, bytes
+};
+
+// A TMA load waiting for its mbarrier's phase to complete.
+struct PendingTma {
+  uint32_t tid;          // the issuing thread
+  uint32_t line;
+  const Region* region;  // the destination's
+  uint64_t offset;       // of the destination in shared memory
+  std::vector<char> data;
+};
+
+// An mbarrier's state, keyed by its shared-memory offset. Each phase's arrivals join their
+// clocks into `arrivals`; a thread that sees the phase complete joins `completed`.
+struct Mbarrier {
+  uint64_t offset = 0;
+  const Region* region = nullptr;
+  uint32_t init_line = 0, init_tid = 0, init_clock = 0, init_gen = 0;
+  uint32_t count = 0;      // arrivals per phase
+  uint32_t pending = 0;    // arrivals still missing in the current phase
+  int64_t tx = 0;          // transaction bytes still expected in the current phase
+  uint32_t phase = 0;      // phases completed
+  uint32_t expect_line = 0;
+  std::vector<PendingTma> loads;  // bound to the current phase
+  uint32_t clock_gen = 0;
+  std::vector<uint32_t> arrivals, completed;
+  std::vector<uint32_t> waiters;
+};
+
+// The rendezvous of a warpgroup's 128 threads at a .sync.aligned operation.
+struct WarpgroupSync {
+  int kind = 0;  // a WarpgroupOp; kWgNone while none is open
+  uint32_t line = 0;
+  uint32_t arrived = 0;
+  const void* in[128];
+};
+enum WarpgroupOp : int { kWgNone, kWgWgmma, kWgSetmaxnreg };
+
 enum FiberState : uint8_t { kReady, kBlocked, kDone };
-enum WaitKind : uint8_t { kNoWait, kWaitBarrier, kWaitCollective };
+enum WaitKind : uint8_t {
+  kNoWait,
+  kWaitBarrier,
+  kWaitCollective,
+  kWaitMbarrier,   // wait_id: index in Block::mbarriers
+  kWaitWarpgroup,  // wait_id: the WarpgroupOp
+  kWaitRegisters,  // setmaxnreg.inc waiting for registers (wait_id: the count asked)
+};
 
 struct Fiber {
   void* sp = nullptr;
@@ -55,6 +121,16 @@ struct Fiber {
   // followed: reads of other blocks' data are not ordered after it (null otherwise).
   const Region* relaxed_flag = nullptr;
   uint32_t relaxed_flag_line = 0;
+  // Hopper (mbarrier.cc, wgmma.cc). The fence.proxy.async calls so far (shared bytes keep
+  // their generic writer's count at the write: it is fenced once the count has grown).
+  uint32_t proxy_fences = 0;
+  uint32_t acc_access_line = 0;  // the last accumulator access not followed by wgmma_fence
+  uint64_t wgmma_group = 0;      // id of the wgmma group not yet committed
+  std::vector<PendingWgmma> wgmmas;
+  std::vector<PendingRead> wgmma_reads;
+  uint64_t bulk_group = 0;       // id of the bulk (TMA store) group not yet committed
+  std::vector<PendingStore> stores;
+  uint32_t wait_parity = 0;      // for a thread waiting on an mbarrier: the parity it waits for
 };
 
 // Shadow state of one byte of shared memory. `gen` is the block-wide barrier generation the
@@ -72,12 +148,16 @@ struct Cell {
   uint16_t wtid;           // its thread (kNoThread if none)
   uint16_t nreads;         // read epochs held
   uint32_t written;        // serial number of the last block that wrote it
-  uint32_t pending;        // cp.async copies in flight to it
+  uint32_t pending;        // copies in flight to it: cp.async ones + kTmaPending x TMA ones
+  uint16_t gtid;           // its last generic-proxy writer in this block (kNoThread if none)
+  uint32_t gline;          // that write's line
+  uint32_t gfences;        // the writer's fence.proxy.async count at the write
   uint16_t rtid[kReadSlots];
   uint32_t rclk[kReadSlots];
   uint32_t rline[kReadSlots];
 };
 constexpr uint16_t kNoThread = 0xffff;
+constexpr uint32_t kTmaPending = 1u << 16;
 
 struct Barrier {
   uint32_t expected = 0;
@@ -148,6 +228,11 @@ struct Block {
   size_t writes_merged = 0;
 
   Barrier barriers[16];
+  // Hopper (mbarrier.cc, wgmma.cc).
+  std::vector<Mbarrier> mbarriers;
+  std::vector<WarpgroupSync> warpgroups;
+  std::vector<uint32_t> regs;  // setmaxnreg: registers per thread of each warpgroup
+  std::vector<uint32_t> pending_inc;  // a setmaxnreg.inc waiting for registers (0: none)
   std::vector<Collective> collectives;  // kCollectivesPerWarp per warp
 
   uint32_t* clock_of(uint32_t tid) { return vc.data() + static_cast<size_t>(tid) * nthreads; }
@@ -199,6 +284,19 @@ void count_banks(BankAccess* accesses, size_t n);
 void flush_bank_log(Block& b, uint32_t warp);
 // Logs one shared access of `f` for flush_bank_log.
 void log_bank_access(Fiber& f, const char* addr, uint32_t bytes, uint32_t line);
+
+// Where each of `tids` is stuck (or that it exited), grouped by place (scheduler.cc).
+std::string whereabouts(const Block& b, const std::vector<uint32_t>& tids);
+
+// ---- Hopper (wgmma.cc; mbarriers and TMA in mbarrier.cc) ----
+void reset_hopper(Block& b);
+// At the block's end: TMA loads that never landed, wgmma and TMA stores never waited for.
+void finish_hopper(Block& b);
+void finish_hopper_thread(Fiber& f);
+// Where a thread blocked in a Hopper operation waits, for deadlock reports.
+std::string describe_hopper_wait(const Block& b, const Fiber& f);
+// The open warpgroup rendezvous, for deadlock reports ("" if none).
+std::string describe_warpgroups(const Block& b, std::string* key);
 
 // ---- reports (report.cc) ----
 enum Severity : int { kWarning = 0, kError = 1 };

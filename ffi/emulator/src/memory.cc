@@ -98,7 +98,21 @@ bool check_shared(Fiber& f, const Region* r, const char* addr, uint32_t bytes, i
       c.wtid = kNoThread;
       c.nreads = 0;
     }
-    if (c.pending != 0) {
+    if (c.pending >= kTmaPending && !(kind & kAsyncProxy)) {
+      report(kError, "tma-hazard:" + std::to_string(line),
+             std::string("TMA hazard: ") + thread_name(b, me) + " " + kind_name(kind) +
+                 "s " + region_name(r) + " at byte offset " +
+                 std::to_string(addr + i - r->base) + " at " + where(b, line) +
+                 " while a TMA copy to it is in flight (its mbarrier's phase has not "
+                 "completed)");
+    } else if (c.pending >= kTmaPending) {
+      report(kError, "tma-hazard:" + std::to_string(line),
+             std::string("TMA hazard: the wgmma or TMA store at ") + where(b, line) +
+                 " reads " + region_name(r) + " at byte offset " +
+                 std::to_string(addr + i - r->base) +
+                 " while a TMA copy to it is in flight (its mbarrier's phase has not "
+                 "completed)");
+    } else if (c.pending != 0) {
       report(kError, "cp.async-hazard:" + std::to_string(line),
              std::string("cp.async hazard: ") + thread_name(b, me) + " " + kind_name(kind) +
                  "s " + region_name(r) + " at byte offset " +
@@ -106,8 +120,22 @@ bool check_shared(Fiber& f, const Region* r, const char* addr, uint32_t bytes, i
                  " while a cp.async copy to it is still in flight (not yet retired by a "
                  "cp_async_wait)");
     }
+    // The async proxy (TMA, wgmma) sees a generic-proxy write only after the writer's
+    // fence.proxy.async (and whatever orders that fence before the async operation).
+    if ((kind & kAsyncProxy) && (kind & kRead) && c.written == b.serial &&
+        c.gtid != kNoThread && b.fibers[c.gtid].proxy_fences <= c.gfences) {
+      report(kError, "proxy-fence:" + std::to_string(c.gline) + ":" + std::to_string(line),
+             "missing fence.proxy.async: the async proxy (wgmma or TMA) at " + where(b, line) +
+                 " reads " + region_name(r) + " at byte offset " +
+                 std::to_string(addr + i - r->base) + ", which " + thread_name(b, c.gtid) +
+                 " wrote at " + where(b, c.gline) +
+                 " through the generic proxy with no fence_proxy_async after the write");
+    }
     if (kind & kAtomic) {
       c.written = b.serial;
+      c.gtid = static_cast<uint16_t>(me);
+      c.gline = line;
+      c.gfences = f.proxy_fences;
       continue;
     }
     const bool w_conflict = c.wtid != kNoThread && c.wtid != me && my_clock[c.wtid] < c.wclk;
@@ -159,6 +187,9 @@ bool check_shared(Fiber& f, const Region* r, const char* addr, uint32_t bytes, i
       c.wline = line;
       c.nreads = 0;
       c.written = b.serial;
+      c.gtid = (kind & kAsyncProxy) ? kNoThread : static_cast<uint16_t>(me);
+      c.gline = line;
+      c.gfences = f.proxy_fences;
     }
   }
   return true;
@@ -239,6 +270,7 @@ void reset_block_memory(Block& b, uint64_t static_capacity) {
     if (b.shadow.size() < b.smem_capacity) {
       Cell fresh{};
       fresh.wtid = kNoThread;
+      fresh.gtid = kNoThread;
       b.shadow.resize(b.smem_capacity, fresh);
     }
     ++b.serial;

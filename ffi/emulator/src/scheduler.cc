@@ -59,6 +59,8 @@ std::string hex(unsigned v) {
   return buf;
 }
 
+}  // namespace
+
 // Where each of `tids` is stuck (or that it exited), grouped by place.
 std::string whereabouts(const Block& b, const std::vector<uint32_t>& tids) {
   std::vector<std::pair<std::string, std::vector<uint32_t>>> groups;
@@ -72,6 +74,8 @@ std::string whereabouts(const Block& b, const std::vector<uint32_t>& tids) {
     } else if (f.wait_kind == kWaitCollective) {
       place = std::string("waiting in ") + collective_name(static_cast<int>(f.wait_id)) +
               " at " + where(b, f.wait_line);
+    } else if (f.wait_kind >= kWaitMbarrier) {
+      place = describe_hopper_wait(b, f);
     } else {
       place = "runnable";
     }
@@ -91,6 +95,8 @@ std::string whereabouts(const Block& b, const std::vector<uint32_t>& tids) {
   }
   return out;
 }
+
+namespace {
 
 void report_deadlock(Block& b) {
   std::string msg = "deadlock in block " + thread_name(b, UINT32_MAX) + ": ";
@@ -135,6 +141,38 @@ void report_deadlock(Block& b) {
       key += ":coll@" + std::to_string(c.line);
     }
   }
+  std::string wg = describe_warpgroups(b, &key);
+  if (!wg.empty()) {
+    if (any) msg += " | ";
+    any = true;
+    msg += wg;
+  }
+  // Threads waiting on mbarriers or for registers (not at a barrier or collective above).
+  std::vector<uint32_t> async_waiters;
+  std::string async_key;
+  for (uint32_t t = 0; t < b.nthreads; ++t) {
+    const Fiber& f = b.fibers[t];
+    if (f.state == kBlocked && (f.wait_kind == kWaitMbarrier || f.wait_kind == kWaitRegisters)) {
+      async_waiters.push_back(t);
+      const std::string k = ":" + std::to_string(f.wait_kind) + "@" + std::to_string(f.wait_line);
+      if (async_key.find(k) == std::string::npos) async_key += k;
+    }
+  }
+  key += async_key;
+  if (!async_waiters.empty()) {
+    std::vector<uint32_t> others;
+    for (uint32_t t = 0; t < b.nthreads; ++t) {
+      const Fiber& f = b.fibers[t];
+      if (!(f.state == kBlocked &&
+            (f.wait_kind == kWaitMbarrier || f.wait_kind == kWaitRegisters))) {
+        others.push_back(t);
+      }
+    }
+    if (any) msg += " | ";
+    any = true;
+    msg += whereabouts(b, async_waiters);
+    if (!others.empty()) msg += "; the others: " + whereabouts(b, others);
+  }
   if (!any) msg += "threads blocked with nothing to wait for";
   report(kError, key, msg);
 }
@@ -173,6 +211,7 @@ void fiber_main(Fiber* f) {
                where(b, f->copies[f->copies_head].line) + ")");
     land_copies(*f, UINT64_MAX);
   }
+  finish_hopper_thread(*f);
   f->state = kDone;
   ++b.done;
   switch_away(f);
@@ -189,6 +228,7 @@ void run_block(Block& b) {
     bar.arrived.clear();
   }
   for (auto& c : b.collectives) c.open = false;
+  reset_hopper(b);
   for (uint32_t t = 0; t < b.nthreads; ++t) {
     Fiber& f = b.fibers[t];
     f.block = &b;
@@ -200,6 +240,13 @@ void run_block(Block& b) {
     f.open_group = 0;
     f.copies.clear();
     f.copies_head = 0;
+    f.proxy_fences = 0;
+    f.acc_access_line = 0;
+    f.wgmma_group = 0;
+    f.wgmmas.clear();
+    f.wgmma_reads.clear();
+    f.bulk_group = 0;
+    f.stores.clear();
     if (!fiber_init(f, t, b.nthreads, b.stack_bytes)) {
       report(kError, "no-stacks",
              "cannot reserve " + std::to_string(b.nthreads) + " fiber stacks of " +
@@ -215,6 +262,7 @@ void run_block(Block& b) {
   fiber_switch(&b.main_sp, first->sp);
   t_fiber = nullptr;
   if (!b.aborted && b.done < b.nthreads) report_deadlock(b);
+  if (!b.aborted && b.done == b.nthreads) finish_hopper(b);
   if (g_checks) {
     for (uint32_t w = 0; w < b.nwarps; ++w) flush_bank_log(b, w);
   }

@@ -17,7 +17,7 @@
 
 #define JT_KERNEL static
 #define JT_DEVICE inline
-#define JT_LAUNCH_BOUNDS(n)
+#define JT_LAUNCH_BOUNDS(...)
 #define JT_SHARED(T, name, count) \
   ::jaxtile::ptr<T> name = ::jaxtile::emu::shared_array_of<T>((count), #name, __LINE__)
 #define JT_SHARED_AT(T, name, count, offset)                                         \
@@ -343,6 +343,122 @@ inline void cp_async_commit() { emu::cp_async_commit(); }
 template <int N>
 void cp_async_wait(uint32_t line = __builtin_LINE()) {
   emu::cp_async_wait(N, line);
+}
+
+// ---- Hopper (sm_90a): mbarriers, TMA, wgmma, proxy fences, setmaxnreg ----
+template <class T>
+unsigned smem_u32(ptr<T> p, uint32_t line = __builtin_LINE()) {
+  return emu::smem_address(p.region(), p.raw(), line);
+}
+inline void mbarrier_init(ptr<uint64_t> bar, unsigned count, uint32_t line = __builtin_LINE()) {
+  emu::mbarrier_init(bar.region(), bar.raw(), count, line);
+}
+inline void mbarrier_arrive(ptr<uint64_t> bar, uint32_t line = __builtin_LINE()) {
+  emu::mbarrier_arrive(bar.region(), bar.raw(), false, 0, line);
+}
+inline void mbarrier_arrive_expect_tx(ptr<uint64_t> bar, unsigned bytes,
+                                      uint32_t line = __builtin_LINE()) {
+  emu::mbarrier_arrive(bar.region(), bar.raw(), true, bytes, line);
+}
+// The GPU's try_wait may give up after a time limit; the emulator's suspends the thread
+// until the phase completes (a phase that never does is a deadlock, reported).
+inline bool mbarrier_try_wait_parity(ptr<uint64_t> bar, unsigned parity,
+                                     uint32_t line = __builtin_LINE()) {
+  return emu::mbarrier_try_wait(bar.region(), bar.raw(), parity & 1u, line);
+}
+inline void mbarrier_wait_parity(ptr<uint64_t> bar, unsigned parity,
+                                 uint32_t line = __builtin_LINE()) {
+  while (!emu::mbarrier_try_wait(bar.region(), bar.raw(), parity & 1u, line)) {
+  }
+}
+inline void fence_proxy_async(uint32_t = __builtin_LINE()) { emu::fence_proxy_async(); }
+inline void fence_mbarrier_init(uint32_t = __builtin_LINE()) { emu::fence_mbarrier_init(); }
+
+template <class T>
+void tma_load_2d(ptr<T> dst, ptr<const tensor_map> map, ptr<uint64_t> bar, int c0, int c1,
+                 uint32_t line = __builtin_LINE()) {
+  const int32_t c[2] = {c0, c1};
+  emu::tma_load(dst.region(), const_cast<std::remove_const_t<T>*>(dst.raw()), map.region(),
+                map.raw(), bar.region(), bar.raw(), c, 2, line);
+}
+template <class T>
+void tma_load_3d(ptr<T> dst, ptr<const tensor_map> map, ptr<uint64_t> bar, int c0, int c1,
+                 int c2, uint32_t line = __builtin_LINE()) {
+  const int32_t c[3] = {c0, c1, c2};
+  emu::tma_load(dst.region(), const_cast<std::remove_const_t<T>*>(dst.raw()), map.region(),
+                map.raw(), bar.region(), bar.raw(), c, 3, line);
+}
+template <class T>
+void tma_store_2d(ptr<const tensor_map> map, ptr<T> src, int c0, int c1,
+                  uint32_t line = __builtin_LINE()) {
+  const int32_t c[2] = {c0, c1};
+  emu::tma_store(map.region(), map.raw(), src.region(), src.raw(), c, 2, line);
+}
+template <class T>
+void tma_store_3d(ptr<const tensor_map> map, ptr<T> src, int c0, int c1, int c2,
+                  uint32_t line = __builtin_LINE()) {
+  const int32_t c[3] = {c0, c1, c2};
+  emu::tma_store(map.region(), map.raw(), src.region(), src.raw(), c, 3, line);
+}
+inline void bulk_commit_group(uint32_t = __builtin_LINE()) { emu::bulk_commit(); }
+template <int N>
+void bulk_wait_group(uint32_t line = __builtin_LINE()) {
+  emu::bulk_wait(N, line);
+}
+
+// A warpgroup's m64nN f32 accumulator: N/2 registers per thread. Every access is checked:
+// while a wgmma writing it is not retired by wgmma_wait_group it is reported, and one not
+// followed by wgmma_fence before the next wgmma is reported there.
+template <int N>
+struct wgmma_acc {
+  static_assert(N % 8 == 0 && N >= 8 && N <= 256, "wgmma: N is a multiple of 8 in [8, 256]");
+  float r[N / 2];
+  uint32_t in_flight = 0;  // the line of a wgmma whose result is not yet retired (0: none)
+  float& operator[](emu::Site i) {
+    if (i.v < 0 || i.v >= N / 2) emu::wgmma_acc_out_of_range(i.v, N, i.line);
+    emu::wgmma_acc_access(in_flight, i.line);
+    return r[i.v];
+  }
+};
+template <int N>
+void wgmma_(wgmma_acc<N>& d, int type, uint64_t desc_a, const unsigned* a, uint64_t desc_b,
+            int scale_d, uint32_t line) {
+  const emu::WgmmaIn in{d.r, &d.in_flight, N, type, desc_a, desc_b, a, scale_d};
+  emu::wgmma(&in, line);
+}
+template <int N>
+void wgmma_f16(wgmma_acc<N>& d, uint64_t desc_a, uint64_t desc_b, int scale_d,
+               uint32_t line = __builtin_LINE()) {
+  wgmma_(d, emu::kWgmmaF16, desc_a, nullptr, desc_b, scale_d, line);
+}
+template <int N>
+void wgmma_bf16(wgmma_acc<N>& d, uint64_t desc_a, uint64_t desc_b, int scale_d,
+                uint32_t line = __builtin_LINE()) {
+  wgmma_(d, emu::kWgmmaBf16, desc_a, nullptr, desc_b, scale_d, line);
+}
+template <int N>
+void wgmma_f16_rs(wgmma_acc<N>& d, const unsigned (&a)[4], uint64_t desc_b, int scale_d,
+                  uint32_t line = __builtin_LINE()) {
+  wgmma_(d, emu::kWgmmaF16, 0, a, desc_b, scale_d, line);
+}
+template <int N>
+void wgmma_bf16_rs(wgmma_acc<N>& d, const unsigned (&a)[4], uint64_t desc_b, int scale_d,
+                   uint32_t line = __builtin_LINE()) {
+  wgmma_(d, emu::kWgmmaBf16, 0, a, desc_b, scale_d, line);
+}
+inline void wgmma_fence(uint32_t = __builtin_LINE()) { emu::wgmma_fence(); }
+inline void wgmma_commit_group(uint32_t = __builtin_LINE()) { emu::wgmma_commit(); }
+template <int N>
+void wgmma_wait_group(uint32_t line = __builtin_LINE()) {
+  emu::wgmma_wait(N, line);
+}
+template <int N>
+void setmaxnreg_inc(uint32_t line = __builtin_LINE()) {
+  emu::setmaxnreg(true, N, line);
+}
+template <int N>
+void setmaxnreg_dec(uint32_t line = __builtin_LINE()) {
+  emu::setmaxnreg(false, N, line);
 }
 
 // ---- a read another block may be racing with: a relaxed atomic load (ld.volatile) ----

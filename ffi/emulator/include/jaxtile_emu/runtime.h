@@ -143,6 +143,68 @@ void* dynamic_shared(const Region** region);
 void* shared_view(uint64_t offset, uint64_t bytes, const char* name, const Region** region,
                   uint32_t line);
 
+// ---- Hopper (sm_90a): mbarriers, TMA, wgmma, proxy fences, setmaxnreg ----
+// (src/mbarrier.cc, src/wgmma.cc)
+// kAsyncProxy marks an access made by the async proxy (TMA, wgmma): checked against generic
+// writes not followed by fence.proxy.async.
+constexpr int kAsyncProxy = 16;
+
+// The emulator's tensor map: what a CUtensorMap holds on the GPU (128 bytes), built by the
+// host and passed to the kernel in a global buffer. `buffer` names the kernel's buffer
+// parameter (counting buffers only) the map describes.
+constexpr uint32_t kTensorMapMagic = 0x4a544d31u;  // "JTM1"
+struct TensorMap {
+  uint32_t magic;
+  uint32_t buffer;
+  uint32_t rank;          // 1..5
+  uint32_t elem_bytes;    // 1, 2, 4 or 8
+  uint64_t dims[5];       // elements, innermost first
+  uint64_t strides[4];    // bytes between consecutive indices of dims 1..4 (multiples of 16)
+  uint32_t box[5];        // the box a copy moves, innermost first (each at most 256)
+  uint32_t swizzle;       // 0 (none), 32, 64 or 128 bytes
+  uint32_t reserved[4];
+};
+static_assert(sizeof(TensorMap) == 128, "a tensor map is 128 bytes, as CUtensorMap");
+
+// The shared-window address of `p` (its byte offset in the block's shared memory).
+uint32_t smem_address(const Region* r, const void* p, uint32_t line);
+void mbarrier_init(const Region* r, void* bar, uint32_t count, uint32_t line);
+// An arrival; with `expect`, first raises the phase's transaction count by `tx_bytes`.
+void mbarrier_arrive(const Region* r, void* bar, bool expect, uint32_t tx_bytes, uint32_t line);
+// Suspends the thread until the phase of parity `parity` has completed; returns true.
+bool mbarrier_try_wait(const Region* r, void* bar, uint32_t parity, uint32_t line);
+void fence_proxy_async();
+void fence_mbarrier_init();
+// cp.async.bulk.tensor global -> shared: the box at `coords` (innermost first) completes
+// its bytes on `bar`; the data lands when the barrier's phase completes.
+void tma_load(const Region* dst_r, void* dst, const Region* map_r, const void* map,
+              const Region* bar_r, void* bar, const int32_t* coords, int rank, uint32_t line);
+// cp.async.bulk.tensor shared -> global (bulk group): read now, written at the wait.
+void tma_store(const Region* map_r, const void* map, const Region* src_r, const void* src,
+               const int32_t* coords, int rank, uint32_t line);
+void bulk_commit();
+void bulk_wait(int pending, uint32_t line);
+enum WgmmaType : int { kWgmmaF16, kWgmmaBf16 };
+struct WgmmaIn {
+  float* acc;             // the thread's N/2 accumulator registers
+  uint32_t* in_flight;    // the accumulator's "result not retired" mark (the issuing line)
+  int n;
+  int type;
+  uint64_t desc_a, desc_b;
+  const uint32_t* a;      // the register-A form's 4 registers, or null (A from desc_a)
+  int scale_d;            // 0: D = A*B, else D = A*B + D
+};
+void wgmma(const WgmmaIn* in, uint32_t line);
+void wgmma_fence();
+void wgmma_commit();
+void wgmma_wait(int pending, uint32_t line);
+// An access to an accumulator (`in_flight` is its mark): reported while a wgmma writing it
+// is not retired; remembered until the next wgmma_fence.
+void wgmma_acc_access(uint32_t in_flight, uint32_t line);
+// An accumulator register index outside [0, N/2): reported, and the block stops.
+[[noreturn]] void wgmma_acc_out_of_range(int64_t index, int n, uint32_t line);
+void setmaxnreg(bool inc, uint32_t regs, uint32_t line);
+
 // ---- faults device code cannot be allowed to take (see the launch shim) ----
 // A failed device `assert`: reports the expression, thread and line, and fails the launch.
 [[noreturn]] void device_assert_failed(const char* expr, uint32_t line);

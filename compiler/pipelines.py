@@ -5,8 +5,9 @@ clamp_check, scratch_init, output_init, wide_accumulation) runs once per special
 whatever the target; its result is the IR that the content key hashes and that
 ``kernel.lower(...)`` shows. Each target kind then has one function listing its own passes,
 run by the build on the neutral IR before the target's lowering: the CPU fuses elementwise
-chains into their consumers. CUDA runs layout inference, bounds and barrier insertion
-(docs/design.md), then its lowering writes the CUDA source.
+chains into their consumers. CUDA runs gemm planning, layout inference, bounds,
+shared-memory planning and barrier insertion (docs/design.md), each writing its decisions
+into the IR, then its lowering prints the CUDA source.
 
 ``JAXTILE_DUMP_IR=<pass>[,<pass>...]`` (or ``all``) prints the IR after the named passes to
 standard error; ``JAXTILE_VERIFY_IR=1`` verifies the IR after every pass (the test suite
@@ -72,21 +73,28 @@ def cpu(target: Target) -> tuple[Pass, ...]:
 
 
 def cuda(target: Target) -> tuple[Pass, ...]:
-    """CUDA's passes, in order: layout inference (every register tile gets its thread
-    layout, the gemm planner's accumulators first, with conversions where ops disagree);
-    bounds (which global accesses keep a mask); barriers (after layouts, which say which
-    thread touches which shared element, treating buffers the shared-memory plan puts on
-    the same bytes as one)."""
-    from .cuda.gemm import anchors
-    from .cuda.smem_plan import plan_kernel
+    """CUDA's passes, in order, each writing its decisions into the IR:
 
-    strict = anchors(target)
+    - ``gemm_plan`` (:func:`.cuda.gemm.plan_gemms`): each gemm's instruction, warp grid and
+      policy (op notes), its shared operands' swizzles (buffer attributes);
+    - ``layout_inference``: every register tile's thread layout, the recorded gemm plans'
+      accumulators first, ``relayout`` ops where ops disagree;
+    - ``bounds``: which global accesses keep a mask;
+    - ``smem_plan`` (:func:`.cuda.smem_plan.place_shared_buffers`): each shared buffer's
+      byte offset and pipeline stages (buffer attributes);
+    - ``barriers``: ``barrier`` ops wherever threads of a block would race (after layouts,
+      which say which thread touches which shared element, treating buffers the plan puts
+      on the same bytes as one).
 
-    def barriers(k: ir.Kernel) -> ir.Kernel:
-        return insert_barriers(k, plan_kernel(k, target.caps).shares())
+    Code generation then prints the IR (:mod:`.cuda.lower`)."""
+    from .cuda.gemm import anchors, plan_gemms
+    from .cuda.smem_plan import place_shared_buffers, shares
 
-    return (Pass("layout_inference", lambda k: infer_layouts(k, strict)),
-            Pass("bounds", check_bounds), Pass("barriers", barriers))
+    return (Pass("gemm_plan", lambda k: plan_gemms(k, target)),
+            Pass("layout_inference", lambda k: infer_layouts(k, anchors)),
+            Pass("bounds", check_bounds),
+            Pass("smem_plan", lambda k: place_shared_buffers(k, target.caps)),
+            Pass("barriers", lambda k: insert_barriers(k, shares(k))))
 
 
 TARGET_PIPELINES: dict[str, Callable[[Target], tuple[Pass, ...]]] = {"cpu": cpu, "cuda": cuda}

@@ -138,7 +138,7 @@ class Lowered:
             else:
                 if len(buf.shape) != 2:
                     raise ValueError("only 2-D shared tiles are drawn")
-                plan = gemm.swizzles(kernel, parse_target(self.target)).get(buf.name)
+                plan = gemm.swizzles(kernel).get(buf.name)
                 shared = plan or gemm_plan.SharedTile(buf.dtype, *buf.shape, swizzled=False)
                 picture = layout_svg.shared_picture(
                     shared, f"{title}, {'swizzled' if shared.swizzled else 'row-major'}")

@@ -265,6 +265,18 @@ def plan_gemm(m: int, n: int, k: int, a_dtype: Any, b_dtype: Any, acc_dtype: Any
     if policy == "auto":
         policy = "rows" if a_in_registers else "square"
     warps = _partition(m, n, threads // caps.warp_size, policy)
+    return assemble_plan(m, n, k, a_dt, b_dt, acc_dt, threads, trans_a=trans_a,
+                         trans_b=trans_b, policy=policy, instr=instr, warps=warps,
+                         a_in_registers=a_in_registers)
+
+
+def assemble_plan(m: int, n: int, k: int, a_dtype: Any, b_dtype: Any, acc_dtype: Any,
+                  threads: int, *, trans_a: bool, trans_b: bool, policy: str,
+                  instr: GemmInstr, warps: tuple[int, int], a_in_registers: bool) -> GemmPlan:
+    """The plan whose decisions (``instr``, ``warps``, ``policy``) :func:`plan_gemm` made
+    (or the IR records): the layouts and shared tiles follow from them."""
+    a_dt, b_dt, acc_dt = np.dtype(a_dtype), np.dtype(b_dtype), np.dtype(acc_dtype)
+    warps = (int(warps[0]), int(warps[1]))
     acc_layout = mma_accumulator((m, n), warps, threads, instr.label)
     # tf32 operands that ldmatrix cannot deliver are read with scalar loads of 4 rows x 8
     # consecutive columns; swizzle step 2 puts those 4 rows in distinct banks.

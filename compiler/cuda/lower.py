@@ -31,7 +31,7 @@ from .ordering import lower_fence, lower_load_acquire, lower_store_release
 from .pipeline import lower_pipelined
 from .printing import lower_print
 from .reductions import lower_reduce
-from .smem_plan import Scratch, place_scratch, plan_kernel
+from .smem_plan import Scratch, place_scratch, recorded_plan
 from .sorts import lower_sort
 from .staging import lower_argreduce, lower_scan, lower_staged
 from .values import (
@@ -101,7 +101,7 @@ class _Lowering:
     def __init__(self, kernel: ir.Kernel, target: Target):
         self.kernel = kernel
         self.target = target
-        self.cx = Context(kernel, target.caps.warp_size, swizzles(kernel, target))
+        self.cx = Context(kernel, target.caps.warp_size, swizzles(kernel))
         self.conversions: list[str] = []
 
     def run(self) -> CudaKernel:
@@ -225,9 +225,9 @@ class _Lowering:
         cx, k = self.cx, self.kernel
         caps = self.target.caps
         scratch = [Scratch(n, _sizeof(t) * c, op) for t, n, c, op in cx.shared]
-        plan, before, after = place_scratch(k, plan_kernel(k, caps), scratch, caps)
+        plan, before, after = place_scratch(k, recorded_plan(k, caps), scratch, caps)
         arrays = [(T.mem(b.dtype), b.name, max(math.prod(b.shape), 1)
-                   * cx.stages.get(b.name, (1, 0))[0]) for b in k.buffers
+                   * b.attrs.get("stages", 1)) for b in k.buffers
                   if b.scope == "shared" and b.name in plan.offsets]
         arrays += [(t, n, c) for t, n, c, _ in cx.shared]
         decls = [f"  JT_SHARED_AT({t}, {n}, {c}, {plan.offsets[n]});" for t, n, c in arrays]
@@ -264,7 +264,7 @@ def _barrier(lw: _Lowering, op: ir.Op) -> None:
 @lowers("gemm")
 def _gemm(lw: _Lowering, op: ir.Op) -> None:
     lw.comment(op)
-    lower_gemm(lw.cx, op, lw.target)
+    lower_gemm(lw.cx, op)
 
 
 @lowers("relayout")

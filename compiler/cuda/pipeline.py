@@ -15,8 +15,6 @@ loops.
 
 from __future__ import annotations
 
-import math
-
 from .. import ir
 from .async_pipeline import pipeline_shape, plan_pipeline
 from .context import Context
@@ -32,8 +30,6 @@ def lower_pipelined(low, stmt: ir.For) -> bool:
     stages = shape.stages
     plan = plan_pipeline(stages, stmt.extent if isinstance(stmt.extent, int) else None)
     start, extent = cx.operand(stmt.start), cx.operand(stmt.extent)
-    for name in shape.staged:
-        cx.stages[name] = (stages, math.prod(cx.bufs[name].shape))
     issued = {id(op) for op in shape.copies + shape.scalars}
     head = [s for s in stmt.body if id(s) in issued]
     cx.w(f"// pipelined loop: {stages} stages of {', '.join(shape.staged)}, cp.async")

@@ -19,8 +19,9 @@ and loop bounds in the Tile IR are uniform across the block, so a barrier inside
 reached by all threads -- except a ``While`` condition that reads global memory the kernel
 writes, whose lowering refuses a barrier inside (``cuda/control.py``).
 
-Buffers that the shared-memory plan gives the same bytes (``SmemPlan.shares()``, passed in
-as ``shares``) count as one buffer: the last reads of one and the first writes of the next
+Buffers that the shared-memory plan gives the same bytes (the ``offset`` attributes the
+``smem_plan`` pass wrote, read by ``smem_plan.shares`` and passed in as ``shares``) count as
+one buffer: the last reads of one and the first writes of the next
 are a write-after-read hazard (and the other way round) although they name different
 buffers.
 

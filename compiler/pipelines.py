@@ -116,7 +116,7 @@ def run(kernel: ir.Kernel, passes: Sequence[Pass]) -> ir.Kernel:
     """Run ``passes`` in order; verify after each when ``JAXTILE_VERIFY_IR`` is set, and
     print the IR after those named in ``JAXTILE_DUMP_IR``."""
     dump = _dumped()
-    check = os.environ.get("JAXTILE_VERIFY_IR", "") not in ("", "0")
+    check = verify.requested()
     for p in passes:
         kernel = p.run(kernel)
         if check:

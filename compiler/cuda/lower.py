@@ -15,7 +15,7 @@ import math
 import re
 from collections.abc import Callable
 
-from .. import ir, op_defs, sizes
+from .. import ir, op_defs, parser, printer, sizes, verify
 from ..errors import KernelError
 from ..target import Target
 from . import types as T
@@ -331,8 +331,31 @@ def _renamed(kernel: ir.Kernel) -> ir.Kernel:
 
 
 def generate(kernel: ir.Kernel, target: Target) -> CudaKernel:
-    """The CUDA code of ``kernel`` (which has been through the CUDA passes) for ``target``."""
-    return _Lowering(_renamed(kernel), target).run()
+    """The CUDA code of ``kernel`` (which has been through the CUDA passes) for ``target``.
+
+    Code generation only prints what the IR says: with ``JAXTILE_VERIFY_IR`` set it checks
+    that the IR's text parses back to the same text and that the code generated from the
+    parsed kernel is the same, byte for byte (an internal KernelError otherwise: something
+    was decided outside the IR, or is missing from its text)."""
+    code = _Lowering(_renamed(kernel), target).run()
+    if verify.requested():
+        _check_round_trip(kernel, target, code)
+    return code
+
+
+def _check_round_trip(kernel: ir.Kernel, target: Target, code: CudaKernel) -> None:
+    text = printer.format_kernel(kernel)
+    again = parser.parse_kernel(text)
+    if printer.format_kernel(again) != text:
+        raise KernelError(f"internal error: the lowered IR of kernel {kernel.name!r} does not "
+                          "print back to the text it was parsed from")
+    other = _Lowering(_renamed(again), target).run()
+    if other != code:
+        diff = next((f"{a!r} != {b!r}" for a, b in zip(code.source.splitlines(),
+                     other.source.splitlines()) if a != b), "the launch figures differ")
+        raise KernelError(f"internal error: the CUDA of kernel {kernel.name!r} generated from "
+                          f"its re-parsed lowered IR differs ({diff}): code generation used "
+                          "a decision the IR text does not show")
 
 
 def source(kernel: ir.Kernel, target: Target) -> str:

@@ -44,7 +44,7 @@ def lowered() -> dict[str, frozenset[str]]:
     uses. The CUDA emulator runs the CUDA backend's code, so it lowers what ``cuda`` does."""
     # Imported here: this page is the one place that looks at every backend.
     from .cpu import lower as cpu
-    from .cuda import lower as cuda
+    from .gpu.codegen import lower as cuda
 
     return {"cpu": cpu.STATEMENTS.kinds() | cpu.ELEMENTS.kinds(),
             "cuda": cuda.LOWERINGS.kinds()}
@@ -119,7 +119,7 @@ def operations_markdown() -> str:
              *_primitives(), "",
              "## Tile IR operations by backend", "",
              "The operations those primitives become (`compiler/op_defs.py`), whether each "
-             "backend lowers it (its lowering registry: `cpu/lower.py`, `cuda/lower.py`; "
+             "backend lowers it (its lowering registry: `cpu/lower.py`, `gpu/codegen/lower.py`; "
              "the CUDA emulator runs the CUDA backend's code) and the dtypes it takes. An "
              "operation a backend does not lower is a `KernelError` there. `relayout` and "
              "`barrier` are inserted by the GPU passes, never written by a kernel. "

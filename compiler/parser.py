@@ -36,7 +36,7 @@ def _layout(text: str | None, shape: tuple[int, ...], threads: int) -> Any:
     """A GPU layout annotation (``#mma(...)``), read by the layout module itself."""
     if not text:
         return None
-    from .cuda import layout
+    from .gpu import layout
 
     return layout.parse(text, shape, threads)
 

@@ -22,8 +22,9 @@ import sys
 from collections.abc import Callable, Sequence
 
 from . import ir, printer, verify
-from .cuda.bounds import check_bounds
-from .passes.barriers import insert_barriers
+from .gpu.barriers import insert_barriers
+from .gpu.bounds import check_bounds
+from .gpu.layout_inference import infer_layouts
 from .passes.canonicalize import canonicalize
 from .passes.clamp_check import warn_clamped_accesses
 from .passes.coverage import check_output_coverage
@@ -31,7 +32,6 @@ from .passes.dce import eliminate_dead_code
 from .passes.fusion import fuse_elementwise
 from .passes.gemm_edges import trim_edge_gemms
 from .passes.gemm_panels import coarsen_gemm_loops
-from .passes.layout_inference import infer_layouts
 from .passes.output_init import add_output_inits
 from .passes.scratch_init import zero_uninitialised_scratch
 from .passes.wide_accumulation import widen_half_accumulation
@@ -75,20 +75,20 @@ def cpu(target: Target) -> tuple[Pass, ...]:
 def cuda(target: Target) -> tuple[Pass, ...]:
     """CUDA's passes, in order, each writing its decisions into the IR:
 
-    - ``gemm_plan`` (:func:`.cuda.gemm.plan_gemms`): each gemm's instruction, warp grid and
+    - ``gemm_plan`` (:func:`.gpu.codegen.gemm.plan_gemms`): each gemm's instruction, warp grid and
       policy (op notes), its shared operands' swizzles (buffer attributes);
     - ``layout_inference``: every register tile's thread layout, the recorded gemm plans'
       accumulators first, ``relayout`` ops where ops disagree;
     - ``bounds``: which global accesses keep a mask;
-    - ``smem_plan`` (:func:`.cuda.smem_plan.place_shared_buffers`): each shared buffer's
+    - ``smem_plan`` (:func:`.gpu.smem_plan.place_shared_buffers`): each shared buffer's
       byte offset and pipeline stages (buffer attributes);
     - ``barriers``: ``barrier`` ops wherever threads of a block would race (after layouts,
       which say which thread touches which shared element, treating buffers the plan puts
       on the same bytes as one).
 
-    Code generation then prints the IR (:mod:`.cuda.lower`)."""
-    from .cuda.gemm import anchors, plan_gemms
-    from .cuda.smem_plan import place_shared_buffers, shares
+    Code generation then prints the IR (:mod:`.gpu.codegen.lower`)."""
+    from .gpu.codegen.gemm import anchors, plan_gemms
+    from .gpu.smem_plan import place_shared_buffers, shares
 
     return (Pass("gemm_plan", lambda k: plan_gemms(k, target)),
             Pass("layout_inference", lambda k: infer_layouts(k, anchors)),

@@ -149,7 +149,7 @@ def _valid_size(n: object) -> bool:
 
 def requested() -> bool:
     """Whether ``JAXTILE_VERIFY_IR`` asks for the checks after every pass (and code
-    generation's round trip, :mod:`.cuda.lower`); the test suite sets it."""
+    generation's round trip, :mod:`.gpu.codegen.lower`); the test suite sets it."""
     return os.environ.get("JAXTILE_VERIFY_IR", "") not in ("", "0")
 
 

@@ -82,7 +82,7 @@ class _TraceState:
         if index is None or self.allocations[index].scope != "fragment":
             raise self.error("jt.annotate_layout: the first argument must be a tile made with "
                              "jt.fragment")
-        from jaxtile.compiler.cuda import layout
+        from jaxtile.compiler.gpu import layout
 
         alloc = self.allocations[index]
         try:

@@ -109,7 +109,7 @@ class Lowered:
 
     @functools.cached_property
     def _cuda(self) -> Any:
-        from jaxtile.compiler.cuda.lower import generate
+        from jaxtile.compiler.gpu.codegen.lower import generate
 
         return generate(self._cuda_ir, parse_target(self.target))
 
@@ -120,7 +120,8 @@ class Lowered:
         thread's registers; for a ``jt.shared`` tile, each element's bank under the swizzle
         the GEMMs reading it chose. Returns the SVG text; ``path`` also writes the picture
         there: a PNG for a ``.png`` path (which needs matplotlib), else the SVG."""
-        from jaxtile.compiler.cuda import gemm, gemm_plan, layout_svg
+        from jaxtile.compiler.gpu import gemm_plan, layout_svg
+        from jaxtile.compiler.gpu.codegen import gemm
 
         kernel = self._cuda_ir
         names = _variable_names(kernel)

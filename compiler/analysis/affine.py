@@ -7,7 +7,7 @@ wrap-around); conversions keep the form, and ``add``/``sub`` of an affine value 
 constant, and ``mul`` by a constant, combine them. Values defined in loops and conditionals
 are included (their scope limits where they are used).
 
-Assumes what the index arithmetic of a kernel assumes elsewhere (``cuda/bounds.py``): an
+Assumes what the index arithmetic of a kernel assumes elsewhere (``gpu/bounds.py``): an
 affine combination of a block index does not overflow its dtype (grids and buffers have
 fewer than 2^31 elements). Unlike the ranges of :mod:`.scalars`, which model the wrap-around,
 these forms do not.

@@ -5,6 +5,6 @@ Importing this package imports TVM (see ``_tvm_import`` for how that is kept sho
 
 from __future__ import annotations
 
-from jaxtile.compiler.cpu._tvm_import import import_tvm
+from jaxtile.compiler.tvm_import import import_tvm
 
 import_tvm()

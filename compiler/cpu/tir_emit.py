@@ -67,7 +67,7 @@ from tvm import tirx
 from tvm.ir import Expr, PrimType
 from tvm.tirx.layout import S, TileLayout
 
-from jaxtile.compiler.cpu import pipeline
+from jaxtile.compiler.cpu import tir_passes
 
 ExprLike = Expr | int | float | bool
 
@@ -387,7 +387,7 @@ def build(
     Raises ``ValueError`` for a ``Bind`` or ``Let`` whose value involves bfloat16: TVM's
     bfloat16 legalisation skips those values and would silently compute garbage.
 
-    Uses the pipeline of :mod:`.pipeline`: TVM's ``"tirx"`` pipeline without its simplifier,
+    Uses the pipeline of :mod:`.tir_passes`: TVM's ``"tirx"`` pipeline without its simplifier,
     which applies float identities IEEE does not have. TVM's default (``"s_tir"``) adds
     schedule-oriented passes (buffer compaction, allocation re-planning, loop partitioning,
     storage rewriting) that hand-written kernels do not need, and its buffer compaction
@@ -396,7 +396,7 @@ def build(
     _check_bindings(func)
     target = tvm.target.Target({"kind": "llvm", "mcpu": cpu, "opt-level": opt_level})
     with tvm.transform.PassContext(config={"tirx.disable_assert": not checks}):
-        return tirx.build(func, target, pipeline=pipeline.NAME)
+        return tirx.build(func, target, pipeline=tir_passes.NAME)
 
 
 def export(module: tvm.runtime.Module, path: str) -> None:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from .. import ir
 from ..emulator.build import Buffer, LaunchConfig, Size, build_library, runtime_library
+from ..gpu.codegen.context import size_c
+from ..gpu.codegen.lower import CudaKernel, generate
 from ..target import Target
-from .context import size_c
-from .lower import CudaKernel, generate
 
 ALIGNMENT = 16
 """The buffer alignment generated code assumes (16-byte vector accesses)."""

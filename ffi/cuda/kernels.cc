@@ -179,7 +179,7 @@ const Kernel& find_or_load(const Driver& d, CUcontext ctx, std::string_view key,
 // else what is wrong. The generated code accesses them 16 bytes at a time where the layout
 // allows (compiler/cuda/compile.py's ALIGNMENT); a misaligned vector access would fault.
 // Rows whose length is only known at launch (dynamic sizes) are not assumed aligned: the
-// code generator uses element accesses for them (compiler/cuda/copies.py).
+// code generator uses element accesses for them (compiler/gpu/codegen/copies.py).
 std::string misaligned(const Kernel& k, std::string_view key, void* const* buffers) {
   for (const Param& p : k.spec.params) {
     if (!p.is_buffer) continue;

@@ -5,8 +5,8 @@ import dataclasses
 
 import pytest
 
-from jaxtile.compiler.cuda.async_pipeline import Step, check_schedule, plan_pipeline
 from jaxtile.compiler.errors import KernelError
+from jaxtile.compiler.gpu.copy_schedule import Step, check_schedule, plan_pipeline
 
 
 @pytest.mark.parametrize("stages", [1, 2, 3, 4, 5])

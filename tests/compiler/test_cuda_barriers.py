@@ -6,7 +6,7 @@ import jax.numpy as jnp
 
 import jaxtile as jt
 from jaxtile.compiler import ir
-from jaxtile.compiler.passes.barriers import insert_barriers
+from jaxtile.compiler.gpu.barriers import insert_barriers
 
 
 @jt.kernel

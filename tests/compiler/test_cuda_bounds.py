@@ -8,8 +8,8 @@ import pytest
 
 import jaxtile as jt
 from jaxtile.compiler import ir
-from jaxtile.compiler.cuda import bounds
-from jaxtile.compiler.cuda.bounds import check_bounds, kept_masks
+from jaxtile.compiler.gpu import bounds
+from jaxtile.compiler.gpu.bounds import check_bounds, kept_masks
 
 
 def _ir(kernel, *shapes, dtype=jnp.float32, **params):

@@ -3,7 +3,7 @@ a pipelined GEMM and of flash attention (``jt.ops.attention``'s kernel) for ``cu
 shows the gemm plans, shared-memory offsets, stages and swizzles, parses back to the same
 text, and the CUDA generated from the parsed text is byte-identical to the CUDA generated
 directly. (Every other kernel the CUDA tests generate is checked the same way by
-``cuda.lower.generate``, since the suite sets ``JAXTILE_VERIFY_IR``.)"""
+``gpu.codegen.lower.generate``, since the suite sets ``JAXTILE_VERIFY_IR``.)"""
 
 import dataclasses
 
@@ -14,7 +14,7 @@ import pytest
 import jaxtile as jt
 from jaxtile import ops
 from jaxtile.compiler import build, ir, parser, printer
-from jaxtile.compiler.cuda import lower
+from jaxtile.compiler.gpu.codegen import lower
 from jaxtile.compiler.target import parse_target
 
 SM80 = parse_target("cuda:sm_80")

@@ -1,9 +1,9 @@
-"""Layouts (compiler/cuda/layout.py): the maps against independently written tables."""
+"""Layouts (compiler/gpu/layout.py): the maps against independently written tables."""
 
 import numpy as np
 import pytest
 
-from jaxtile.compiler.cuda import layout as L
+from jaxtile.compiler.gpu import layout as L
 
 
 def _check_bijective(lay: L.Layout) -> None:

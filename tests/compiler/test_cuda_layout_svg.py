@@ -1,6 +1,6 @@
 """``Lowered.plot_layout``: SVG pictures of CUDA tile layouts, read back with an XML parser
 and checked against the PTX ISA's fragment table and jaxtile's documented swizzle
-(docs/ptx_facts.md), written out here independently of compiler/cuda/layout.py."""
+(docs/ptx_facts.md), written out here independently of compiler/gpu/layout.py."""
 
 import sys
 import xml.etree.ElementTree as ET
@@ -109,14 +109,14 @@ def test_a_cpu_lowering_has_no_layouts():
 
 
 def _small_picture():
-    from jaxtile.compiler.cuda import layout, layout_svg
+    from jaxtile.compiler.gpu import layout, layout_svg
 
     return layout_svg.fragment_picture(layout.mma_accumulator((16, 8), (1, 1)), "16 x 8")
 
 
 def test_a_png_shows_each_cell_in_its_colour(tmp_path):
     image = pytest.importorskip("matplotlib.image", reason="PNG pictures need matplotlib")
-    from jaxtile.compiler.cuda import layout_svg as ls
+    from jaxtile.compiler.gpu import layout_svg as ls
 
     picture = _small_picture()
     path = tmp_path / "acc.png"

@@ -10,7 +10,7 @@ import jaxtile as jt
 from jaxtile import ops
 from jaxtile.compiler import parser, printer, target
 from jaxtile.compiler.cuda import toolchain
-from jaxtile.compiler.cuda.device_rule import device_rule_violations
+from jaxtile.compiler.gpu.device_rule import device_rule_violations
 
 F32 = jnp.float32
 

@@ -8,7 +8,7 @@ import pytest
 import jaxtile as jt
 from jaxtile.compiler import build, parser, printer
 from jaxtile.compiler.cuda import nvrtc, toolchain
-from jaxtile.compiler.cuda.device_rule import device_rule_violations
+from jaxtile.compiler.gpu.device_rule import device_rule_violations
 
 
 @jt.kernel
@@ -48,7 +48,7 @@ def test_the_print_op_prints_and_parses_back():
 @pytest.mark.skipif(not nvrtc.available() and toolchain.nvcc_path() is None,
                     reason="neither NVRTC (jaxtile[cuda]) nor nvcc is installed")
 def test_nvrtc_compiles_it_to_a_vprintf_call():
-    from jaxtile.compiler.cuda.lower import compile_to_library
+    from jaxtile.compiler.gpu.codegen.lower import compile_to_library
     from jaxtile.compiler.target import parse_target
 
     target = parse_target("cuda:sm_80")

@@ -10,8 +10,8 @@ import pytest
 
 import jaxtile as jt
 from jaxtile.compiler import ir, parser
-from jaxtile.compiler.cuda.smem_plan import ALIGN, Scratch, plan_shared_memory
 from jaxtile.compiler.errors import KernelError
+from jaxtile.compiler.gpu.smem_plan import ALIGN, Scratch, plan_shared_memory
 from jaxtile.compiler.target import parse_target
 
 CAPS = parse_target("cuda:sm_80").caps

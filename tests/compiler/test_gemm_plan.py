@@ -6,9 +6,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from jaxtile.compiler.cuda.gemm_plan import GemmInstr, plan_gemm, shared_tile
-from jaxtile.compiler.cuda.layout import mma_accumulator, parse
 from jaxtile.compiler.errors import KernelError
+from jaxtile.compiler.gpu.gemm_plan import GemmInstr, plan_gemm, shared_tile
+from jaxtile.compiler.gpu.layout import mma_accumulator, parse
 from jaxtile.compiler.target import parse_target
 
 SM80 = parse_target("cuda:sm_80")

@@ -1,4 +1,4 @@
-"""jaxtile's import of TVM (compiler/cpu/_tvm_import.py) leaves the state a plain import does.
+"""jaxtile's import of TVM (compiler/tvm_import.py) leaves the state a plain import does.
 
 Each import runs in a fresh process, with JAX imported first as in a user's program.
 """

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import pytest
 
 import jaxtile as jt
-from jaxtile.compiler.cuda import control
+from jaxtile.compiler.gpu.codegen import control
 
 
 @jt.kernel

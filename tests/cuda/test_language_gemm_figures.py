@@ -13,7 +13,7 @@ from cuda_kernels import PTXAS_BUDGETS, needs_compiler
 import jaxtile as jt
 from jaxtile.compiler import build
 from jaxtile.compiler.cuda import fingerprint, sass
-from jaxtile.compiler.cuda import lower as cuda_lower
+from jaxtile.compiler.gpu.codegen import lower as cuda_lower
 from jaxtile.compiler.target import parse_target
 
 pytestmark = needs_compiler

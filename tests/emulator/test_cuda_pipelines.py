@@ -12,7 +12,7 @@ import numpy as np
 
 import jaxtile as jt
 from jaxtile.compiler import ir
-from jaxtile.compiler.cuda.async_pipeline import pipeline_shape, staged_buffers
+from jaxtile.compiler.gpu.copy_schedule import pipeline_shape, staged_buffers
 
 
 @jt.kernel(threads=128)

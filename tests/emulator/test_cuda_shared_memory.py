@@ -14,9 +14,9 @@ import jaxtile as jt
 from jaxtile import ops
 from jaxtile.compiler import build, ir
 from jaxtile.compiler.cuda import toolchain
-from jaxtile.compiler.cuda.lower import compile_to_library, generate
-from jaxtile.compiler.cuda.smem_plan import plan_kernel
 from jaxtile.compiler.emulator import Buffer, EmulatedKernel, EmulatorError, LaunchConfig
+from jaxtile.compiler.gpu.codegen.lower import compile_to_library, generate
+from jaxtile.compiler.gpu.smem_plan import plan_kernel
 from jaxtile.compiler.target import parse_target
 
 SM80 = parse_target("cuda:sm_80")

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from jaxtile.compiler.cuda.device_rule import device_rule_violations
 from jaxtile.compiler.cuda.toolchain import compile_cubin, parse_ptxas
 from jaxtile.compiler.emulator import Scalar, ToolchainError, cxx_compiler
 from jaxtile.compiler.emulator.build import _scalar_literal
+from jaxtile.compiler.gpu.device_rule import device_rule_violations
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from tile_gemm_helpers import SM80, excess_wavefronts, plan, run, tf32, unswizzled
 
-from jaxtile.compiler.cuda.device_rule import device_rule_violations
-from jaxtile.compiler.cuda.gemm_kernel import gemm_kernel_source
-from jaxtile.compiler.cuda.gemm_plan import GemmInstr, shared_tile
 from jaxtile.compiler.cuda.toolchain import compile_cubin, nvcc_path
 from jaxtile.compiler.emulator import Buffer, EmulatedKernel, LaunchConfig
 from jaxtile.compiler.emulator.build import DEVICE_INCLUDE
+from jaxtile.compiler.gpu.device_rule import device_rule_violations
+from jaxtile.compiler.gpu.gemm_kernel import gemm_kernel_source
+from jaxtile.compiler.gpu.gemm_plan import GemmInstr, shared_tile
 
 # (M, N, K): one that divides 64x64x32 / 128x128x32 block tiles, one that divides nothing.
 DIVIDES = (256, 128, 128)

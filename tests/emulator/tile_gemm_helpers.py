@@ -1,4 +1,4 @@
-"""Running the planner's GEMM kernels (compiler/cuda/gemm_kernel.py) in the emulator."""
+"""Running the planner's GEMM kernels (compiler/gpu/gemm_kernel.py) in the emulator."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import dataclasses
 import ml_dtypes
 import numpy as np
 
-from jaxtile.compiler.cuda.gemm_kernel import gemm_kernel_source
-from jaxtile.compiler.cuda.gemm_plan import GemmPlan, plan_gemm
 from jaxtile.compiler.emulator import Buffer, EmulatedKernel, LaunchConfig, Scalar
+from jaxtile.compiler.gpu.gemm_kernel import gemm_kernel_source
+from jaxtile.compiler.gpu.gemm_plan import GemmPlan, plan_gemm
 from jaxtile.compiler.target import parse_target
 
 SM80 = parse_target("cuda:sm_80")

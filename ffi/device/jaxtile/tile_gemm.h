@@ -1,7 +1,7 @@
 // jaxtile's block-level GEMM on shared tiles: swizzled shared layouts and gemm_ss / gemm_rs.
 //
 // Written only against device.h (no asm, no intrinsics), so the same text runs on the GPU and
-// in the SIMT emulator. The Python planner (compiler/cuda/gemm_plan.py) chooses every template
+// in the SIMT emulator. The Python planner (compiler/gpu/gemm_plan.py) chooses every template
 // argument and mirrors two things exactly:
 //   - the shared layouts' offset(row, col) (the copies that fill the tiles use the same), and
 //   - the accumulator's element -> (thread, slot) map (cudagen's mma_accumulator layout).

@@ -23,14 +23,14 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .. import ir, semantics
-from ..errors import KernelError
-from ..target import Target
+from ... import ir, semantics
+from ...errors import KernelError
+from ...target import Target
+from ..gemm_plan import GemmInstr, GemmPlan, SharedTile, assemble_plan, cpp_type, plan_gemm
+from ..layout import Layout
 from . import scalar_math as M
 from . import types as T
 from .context import Context, source_line
-from .gemm_plan import GemmInstr, GemmPlan, SharedTile, assemble_plan, cpp_type, plan_gemm
-from .layout import Layout
 from .values import stage_fragment
 
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .. import ir, op_defs
-from ..errors import KernelError
+from ... import ir, op_defs
+from ...errors import KernelError
 from .context import source_line
 
 _COLLECTIVE = re.compile(r"\b(sync_threads|barrier_sync|sync_warp|shfl_\w+|vote_\w+|ballot|"

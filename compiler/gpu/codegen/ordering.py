@@ -13,7 +13,7 @@ of the loop rejects the barrier.
 
 from __future__ import annotations
 
-from .. import ir
+from ... import ir
 from . import scalar_math as M
 from . import types as T
 from .context import Context

@@ -9,7 +9,7 @@ completes, in no particular order across blocks.
 
 from __future__ import annotations
 
-from .. import ir, print_format
+from ... import ir, print_format
 from .context import Context
 
 _CONVERSION = {"int": ("%lld", "(long long)({})"),

@@ -47,9 +47,9 @@ from collections.abc import Iterable
 import numpy as np
 
 from .. import ir, op_defs
-from ..cuda.async_pipeline import PipelineShape, pipeline_shape
-from ..cuda.copies import copy_layout
-from ..cuda.layout import Layout, blocked
+from .codegen.copies import copy_layout
+from .copy_schedule import PipelineShape, pipeline_shape
+from .layout import Layout, blocked
 from .layout_inference import uniform_values
 
 _SCOPES = ("shared", "global")

@@ -15,8 +15,8 @@ loops.
 
 from __future__ import annotations
 
-from .. import ir
-from .async_pipeline import pipeline_shape, plan_pipeline
+from ... import ir
+from ..copy_schedule import pipeline_shape, plan_pipeline
 from .context import Context
 
 

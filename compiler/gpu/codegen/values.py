@@ -7,12 +7,12 @@ import math
 
 import numpy as np
 
-from .. import ir
+from ... import ir
+from ..layout import blocked
 from . import scalar_math as M
 from . import types as T
 from .context import Context, row_major, size_c, size_minus
 from .control import written_globals
-from .layout import blocked
 
 
 def lower_const(cx: Context, op: ir.Op) -> None:

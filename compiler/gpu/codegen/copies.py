@@ -16,12 +16,12 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .. import ir
-from ..errors import KernelError
+from ... import ir
+from ...errors import KernelError
+from ..layout import Layout, blocked
 from . import scalar_math as M
 from . import types as T
 from .context import Context, source_line
-from .layout import Layout, blocked
 from .values import stage_fragment, store_part, unflatten, write
 
 _VECTOR = {(4, 4): "f32x4", (4, 2): "f32x2", (2, 8): "u32x4", (2, 4): "u32x2"}

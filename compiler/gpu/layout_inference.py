@@ -41,8 +41,8 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from .. import ir, op_defs
-from ..cuda import layout as L
 from ..errors import KernelError
+from . import layout as L
 
 Anchors = Callable[[ir.Kernel], Mapping[str, L.Layout]]
 """Strict layouts of fragment buffers (by name), e.g. GEMM accumulators."""

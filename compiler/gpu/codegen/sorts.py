@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .. import ir
+from ... import ir
 from . import types as T
 from .context import Context, row_major
 

@@ -16,12 +16,12 @@ import math
 
 import numpy as np
 
-from .. import ir
-from ..errors import KernelError
+from ... import ir
+from ...errors import KernelError
+from ..layout import THREAD, Factor, digit_expr
 from . import scalar_math as M
 from . import types as T
 from .context import Context, source_line
-from .layout import THREAD, Factor, digit_expr
 
 _SHUFFLE_TYPES = frozenset({"float", "int", "unsigned"})
 

@@ -15,23 +15,23 @@ import math
 import re
 from collections.abc import Callable
 
-from .. import ir, op_defs, parser, printer, sizes, verify
-from ..errors import KernelError
-from ..target import Target
+from ... import ir, op_defs, parser, printer, sizes, verify
+from ...cuda.compile import CompiledCuda, compile_kernel
+from ...cuda.launch import Launch, dimension
+from ...errors import KernelError
+from ...target import Target
+from ..device_rule import device_rule_violations
+from ..smem_plan import Scratch, place_scratch, recorded_plan
 from . import types as T
-from .compile import CompiledCuda, compile_kernel
 from .context import SCRATCH_BARRIER, SIZE_PREFIX, Context, source_line
 from .control import lower_while
 from .copies import lower_atomic, lower_copy
-from .device_rule import device_rule_violations
 from .dynamic import dynamic_block_indices, launch_grid, size_bindings
 from .gemm import lower_gemm, swizzles
-from .launch import Launch, dimension
 from .ordering import lower_fence, lower_load_acquire, lower_store_release
-from .pipeline import lower_pipelined
+from .pipelined_loops import lower_pipelined
 from .printing import lower_print
 from .reductions import lower_reduce
-from .smem_plan import Scratch, place_scratch, recorded_plan
 from .sorts import lower_sort
 from .staging import lower_argreduce, lower_scan, lower_staged
 from .values import (

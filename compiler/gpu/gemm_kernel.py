@@ -13,7 +13,7 @@ divide the tiles.
 
 from __future__ import annotations
 
-from .async_pipeline import PipelinePlan, Step, plan_pipeline
+from .copy_schedule import PipelinePlan, Step, plan_pipeline
 from .gemm_plan import GemmPlan, cpp_type
 from .layout import Layout
 

@@ -38,7 +38,7 @@ import numpy as np
 from ..errors import KernelError
 from ..ir import For, Kernel, Op, Region, Stmt, While, regions, walk
 from ..target import CudaCaps
-from .async_pipeline import staged_buffers
+from .copy_schedule import staged_buffers
 
 ALIGN = 128
 

@@ -149,7 +149,7 @@ class _Provers:
         if any(_divides_by_variable(e) for e in [goal, *facts.conds]):
             return False
         if self._tvm is None:
-            from ..cpu._tvm_import import import_tvm
+            from ..tvm_import import import_tvm
             self._tvm = import_tvm()
             import tvm.sym  # noqa: F401 - the arithmetic analyzer
         tvm = self._tvm

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import semantics
-from ..op_defs import BOOL_RESULTS
+from ... import semantics
+from ...op_defs import BOOL_RESULTS
 from . import types as T
 
 _F32_NAMES = {"exp": "expf", "exp2": "exp2f", "log": "logf", "log1p": "log1pf",

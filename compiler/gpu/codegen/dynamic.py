@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import ir, sizes
-from ..errors import KernelError
+from ... import ir, sizes
+from ...cuda.launch import dimension
+from ...errors import KernelError
 from .context import Context, size_c
-from .launch import dimension
 
 
 def dynamic_block_indices(cx: Context) -> None:

@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from .. import ir
+from ... import ir
 from . import scalar_math as M
 from . import types as T
 from .context import Context, row_major

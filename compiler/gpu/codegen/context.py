@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import ir, sizes
-from ..errors import KernelError, kernel_error
-from ..passes.layout_inference import uniform_values
+from ... import ir, sizes
+from ...errors import KernelError, kernel_error
+from ..layout import Layout, replicated
+from ..layout_inference import uniform_values
 from . import types as T
-from .layout import Layout, replicated
 
 MAX_THREAD_BYTES = 64 * 1024
 """Per-thread arrays (tile values, fragments, local buffers) a kernel may declare in all: a

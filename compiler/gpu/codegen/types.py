@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from .. import semantics
+from ... import semantics
 
 _REG = {
     "float32": "float", "float64": "double", "float16": "float", "bfloat16": "float",

@@ -1,0 +1,1 @@
+"""The GPU-common tier: layouts, gemm planning, copy schedules, shared memory, barriers, bounds."""

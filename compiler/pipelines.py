@@ -75,7 +75,7 @@ def cpu(target: Target) -> tuple[Pass, ...]:
 def cuda(target: Target) -> tuple[Pass, ...]:
     """CUDA's passes, in order, each writing its decisions into the IR:
 
-    - ``gemm_plan`` (:func:`.gpu.codegen.gemm.plan_gemms`): each gemm's instruction, warp grid and
+    - ``gemm_plan`` (:func:`.gpu.gemm_plan.plan_gemms`): each gemm's instruction, warp grid and
       policy (op notes), its shared operands' swizzles (buffer attributes);
     - ``layout_inference``: every register tile's thread layout, the recorded gemm plans'
       accumulators first, ``relayout`` ops where ops disagree;
@@ -87,7 +87,7 @@ def cuda(target: Target) -> tuple[Pass, ...]:
       on the same bytes as one).
 
     Code generation then prints the IR (:mod:`.gpu.codegen.lower`)."""
-    from .gpu.codegen.gemm import anchors, plan_gemms
+    from .gpu.gemm_plan import anchors, plan_gemms
     from .gpu.smem_plan import place_shared_buffers, shares
 
     return (Pass("gemm_plan", lambda k: plan_gemms(k, target)),

@@ -21,13 +21,14 @@ from ...cuda.launch import Launch, dimension
 from ...errors import KernelError
 from ...target import Target
 from ..device_rule import device_rule_violations
+from ..gemm_plan import swizzles
 from ..smem_plan import Scratch, place_scratch, recorded_plan
 from . import types as T
 from .context import SCRATCH_BARRIER, SIZE_PREFIX, Context, source_line
 from .control import lower_while
 from .copies import lower_atomic, lower_copy
 from .dynamic import dynamic_block_indices, launch_grid, size_bindings
-from .gemm import lower_gemm, swizzles
+from .gemm import lower_gemm
 from .ordering import lower_fence, lower_load_acquire, lower_store_release
 from .pipelined_loops import lower_pipelined
 from .printing import lower_print

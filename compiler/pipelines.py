@@ -6,8 +6,8 @@ whatever the target; its result is the IR that the content key hashes and that
 ``kernel.lower(...)`` shows. Each target kind then has one function listing its own passes,
 run by the build on the neutral IR before the target's lowering: the CPU fuses elementwise
 chains into their consumers. CUDA runs gemm planning, layout inference, bounds,
-shared-memory planning and barrier insertion (docs/design.md), each writing its decisions
-into the IR, then its lowering prints the CUDA source.
+pipelining, shared-memory planning and barrier insertion (docs/design.md), each writing its
+decisions into the IR, then its lowering prints the CUDA source.
 
 ``JAXTILE_DUMP_IR=<pass>[,<pass>...]`` (or ``all``) prints the IR after the named passes to
 standard error; ``JAXTILE_VERIFY_IR=1`` verifies the IR after every pass (the test suite
@@ -80,6 +80,10 @@ def cuda(target: Target) -> tuple[Pass, ...]:
     - ``layout_inference``: every register tile's thread layout, the recorded gemm plans'
       accumulators first, ``relayout`` ops where ops disagree;
     - ``bounds``: which global accesses keep a mask;
+    - ``pipelining`` (:func:`.gpu.copy_schedule.schedule_async_copies`): each
+      ``jt.pipelined`` loop's cp.async schedule as statements (``async_issue`` per stage in
+      the prologue and each iteration, ``async_commit``, ``async_wait`` with its count, the
+      iteration's ``barrier``), its staged copies noted ``issued``;
     - ``smem_plan`` (:func:`.gpu.smem_plan.place_shared_buffers`): each shared buffer's
       byte offset and pipeline stages (buffer attributes);
     - ``barriers``: ``barrier`` ops wherever threads of a block would race (after layouts,
@@ -87,12 +91,14 @@ def cuda(target: Target) -> tuple[Pass, ...]:
       on the same bytes as one).
 
     Code generation then prints the IR (:mod:`.gpu.codegen.lower`)."""
+    from .gpu.copy_schedule import schedule_async_copies
     from .gpu.gemm_plan import anchors, plan_gemms
     from .gpu.smem_plan import place_shared_buffers, shares
 
     return (Pass("gemm_plan", lambda k: plan_gemms(k, target)),
             Pass("layout_inference", lambda k: infer_layouts(k, anchors)),
             Pass("bounds", check_bounds),
+            Pass("pipelining", schedule_async_copies),
             Pass("smem_plan", lambda k: place_shared_buffers(k, target.caps)),
             Pass("barriers", lambda k: insert_barriers(k, shares(k))))
 

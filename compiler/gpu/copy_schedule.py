@@ -283,3 +283,95 @@ def staged_buffers(kernel: ir.Kernel) -> dict[str, int]:
         if shape is not None:
             out.update({name: shape.stages for name in shape.staged})
     return out
+
+
+ISSUED = "issued"
+"""The note the pipelining pass puts on the ops an ``async_issue`` runs: a loop's staged
+copies and the scalar ops computing their origins (recomputed for the issued iteration)."""
+SCHEDULE_KINDS = ("async_issue", "async_commit", "async_wait")
+PUBLISH = "tile it is visible; the buffer refilled next is free"
+"""The reason of the barrier at the top of a pipelined iteration."""
+
+
+def _schedule_op(step: Step, line: str | None, prologue: bool) -> ir.Op:
+    if step.kind == "copy":
+        attrs = {"tile": step.tile, "guard": step.guard == "runtime", "prologue": prologue}
+        return ir.Op("async_issue", (), None, attrs, line)
+    if step.kind == "commit":
+        return ir.Op("async_commit", (), None, {}, line)
+    if step.kind == "wait":
+        return ir.Op("async_wait", (), None, {"count": step.count}, line)
+    return ir.Op("barrier", (), None, {}, line, {"reason": PUBLISH})
+
+
+def schedule_async_copies(kernel: ir.Kernel) -> ir.Kernel:
+    """The pipelining pass: each ``jt.pipelined`` loop that :func:`pipeline_shape` stages
+    gets its :func:`plan_pipeline` schedule as statements. The prologue's ``async_issue``
+    (``prologue=True``) and ``async_commit`` ops go right before the loop; the loop's body
+    starts with the iteration's ``async_wait``, ``barrier``, ``async_issue`` and
+    ``async_commit``, followed by the body as written (the compute), whose staged copies and
+    their origins' scalar ops carry the :data:`ISSUED` note; an ``async_wait {count=0}``
+    follows the loop. Other loops are unchanged.
+
+    Assumes: the loops' shapes are final (layouts, bounds and buffers do not change them).
+    Guarantees: the shape is decided here once; shared-memory planning
+    (:func:`issued_stages`), barrier insertion and code generation read the schedule from
+    the IR. The prologue is adjacent to its loop, and a loop's schedule ends at its last
+    top-level ``async_commit``."""
+    shapes = {id(loop): shape for loop in _loops(kernel.body)
+              if (shape := pipeline_shape(kernel, loop)) is not None}
+    issued = {id(op) for shape in shapes.values() for op in shape.copies + shape.scalars}
+
+    def block(body: tuple[ir.Stmt, ...]) -> list[ir.Stmt]:
+        out: list[ir.Stmt] = []
+        for s in body:
+            if isinstance(s, ir.Op):
+                out.append(s.with_notes(**{ISSUED: True}) if id(s) in issued else s)
+            elif isinstance(s, ir.For):
+                inner = block(s.body)
+                shape = shapes.get(id(s))
+                if shape is None:
+                    out.append(dataclasses.replace(s, body=tuple(inner)))
+                    continue
+                plan = plan_pipeline(shape.stages, s.extent if isinstance(s.extent, int)
+                                     else None)
+                out += [_schedule_op(step, s.line, True) for step in plan.prologue]
+                head = [_schedule_op(step, s.line, False) for step in plan.body
+                        if step.kind != "compute"]
+                out.append(dataclasses.replace(s, body=(*head, *inner)))
+                out.append(ir.Op("async_wait", (), None, {"count": 0}, s.line))
+            elif isinstance(s, ir.If):
+                out.append(dataclasses.replace(s, then=tuple(block(s.then)),
+                                               otherwise=tuple(block(s.otherwise))))
+            else:
+                out.append(dataclasses.replace(s, cond=tuple(block(s.cond)),
+                                               body=tuple(block(s.body))))
+        return out
+
+    return dataclasses.replace(kernel, body=tuple(block(kernel.body)))
+
+
+def scheduled(loop: ir.For) -> bool:
+    """Whether the pipelining pass gave ``loop`` a cp.async schedule."""
+    return any(isinstance(s, ir.Op) and s.kind == "async_commit" for s in loop.body)
+
+
+def split_schedule(loop: ir.For) -> tuple[tuple[ir.Stmt, ...], tuple[ir.Stmt, ...]]:
+    """A scheduled loop's body: its schedule (up to its last top-level ``async_commit``) and
+    the compute that follows."""
+    last = max(i for i, s in enumerate(loop.body)
+               if isinstance(s, ir.Op) and s.kind == "async_commit")
+    return loop.body[:last + 1], loop.body[last + 1:]
+
+
+def issued_copies(loop: ir.For) -> list[ir.Op]:
+    """The staged copies of a scheduled loop (the copies its ``async_issue`` runs)."""
+    return [s for s in loop.body if isinstance(s, ir.Op) and s.kind == "copy"
+            and s.notes.get(ISSUED)]
+
+
+def issued_stages(kernel: ir.Kernel) -> dict[str, int]:
+    """Shared buffers the scheduled loops multi-buffer, with their number of stages (as
+    :func:`staged_buffers`, read from the pipelining pass's IR)."""
+    return {c.attrs["dst"].buffer: loop.stages for loop in _loops(kernel.body)
+            if scheduled(loop) for c in issued_copies(loop)}

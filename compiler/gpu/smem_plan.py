@@ -38,7 +38,7 @@ import numpy as np
 from ..errors import KernelError
 from ..ir import For, Kernel, Op, Region, Stmt, While, regions, walk
 from ..target import CudaCaps
-from .copy_schedule import staged_buffers
+from .copy_schedule import issued_stages, staged_buffers
 
 ALIGN = 128
 
@@ -184,11 +184,11 @@ def place_shared_buffers(kernel: Kernel, caps: CudaCaps) -> Kernel:
     plan's byte ``offset`` and, when a pipelined loop multi-buffers it, ``stages`` as buffer
     attributes (:attr:`.ir.Buffer.attrs`).
 
-    Assumes: the loops' pipeline shapes are final (layouts and bounds do not change them).
+    Assumes: the pipelining pass ran (its staged copies say which buffers have stages).
     Guarantees: buffers whose lifetimes overlap get disjoint bytes, offsets are multiples of
     :data:`ALIGN`, the total fits ``caps`` (else KernelError); later passes and code
     generation read the plan from the IR (:func:`recorded_plan`, :func:`shares`)."""
-    stages = staged_buffers(kernel)
+    stages = issued_stages(kernel)
     plan = plan_shared_memory(kernel, buffer_bytes(kernel, stages), caps)
     buffers = []
     for b in kernel.buffers:

@@ -1,6 +1,7 @@
 """The CUDA passes' decisions are IR, and code generation only prints them: the lowered IR of
 a pipelined GEMM and of flash attention (``jt.ops.attention``'s kernel) for ``cuda:sm_80``
-shows the gemm plans, shared-memory offsets, stages and swizzles, parses back to the same
+shows the gemm plans, shared-memory offsets, stages and swizzles, the cp.async schedule
+(issues per stage, commits, waits with their counts) and its barriers, parses back to the same
 text, and the CUDA generated from the parsed text is byte-identical to the CUDA generated
 directly. (Every other kernel the CUDA tests generate is checked the same way by
 ``gpu.codegen.lower.generate``, since the suite sets ``JAXTILE_VERIFY_IR``.)"""
@@ -71,6 +72,20 @@ def test_the_pipelined_gemm_shows_its_plan_offsets_stages_and_swizzles(lowered):
     assert lines["smem1"].endswith("shared float16[32, 64] {offset=12288, stages=3, "
                                    "swizzle=1}")
     assert "!{instr='m16n8k16', policy='square', warps=(2, 2)}" in text
+    # The cp.async schedule of 3 stages: a prologue of two guarded issues (the trip count,
+    # 8, is known, so no guard), each committed; per iteration a wait for all but the newest
+    # group, the barrier publishing it, the issue two tiles ahead and its commit.
+    body = [line.strip() for line in text.splitlines()]
+    loop = next(i for i, line in enumerate(body) if line.startswith("for "))
+    assert body[loop - 4:loop] == [
+        "async_issue() {guard=False, prologue=True, tile=0}", "async_commit()",
+        "async_issue() {guard=False, prologue=True, tile=1}", "async_commit()"]
+    assert body[loop + 1:loop + 5] == [
+        "async_wait() {count=1}",
+        "barrier() !{reason='tile it is visible; the buffer refilled next is free'}",
+        "async_issue() {guard=True, prologue=False, tile=2}", "async_commit()"]
+    assert sum("issued=True" in line and line.startswith("copy(") for line in body) == 2
+    assert "async_wait() {count=0}" in body[loop + 5:]
 
 
 def test_flash_attention_shows_its_plans_and_offsets(lowered):
@@ -80,6 +95,11 @@ def test_flash_attention_shows_its_plans_and_offsets(lowered):
     assert len(offsets) == 3, lines                # Q, and the staged K and V
     assert sum("stages=2" in line for line in offsets.values()) == 2
     assert text.count("instr='m16n8k16', policy='rows', warps=(4, 1)") == 2
+    # 2 stages of K and V: one issue ahead, waits for none in flight but the newest.
+    for line in ("async_issue() {guard=True, prologue=True, tile=0}", "async_wait() {count=0}",
+                 "async_issue() {guard=True, prologue=False, tile=1}", "async_commit()",
+                 "barrier() !{reason='tile it is visible; the buffer refilled next is free'}"):
+        assert line in text, line
 
 
 @pytest.mark.parametrize("name", ["gemm", "attention"])

@@ -225,7 +225,7 @@ def test_pipelines_name_their_passes_in_order():
     assert [p.name for p in pipelines.for_target(parse_target("cpu"))] == [
         "gemm_panels", "gemm_edges", "fusion"]
     assert [p.name for p in pipelines.for_target(parse_target("cuda:sm_80"))] == [
-        "gemm_plan", "layout_inference", "bounds", "smem_plan", "barriers"]
+        "gemm_plan", "layout_inference", "bounds", "pipelining", "smem_plan", "barriers"]
     assert pipelines.for_target(parse_target("hip:gfx90a")) == ()
 
 

@@ -20,6 +20,7 @@ from ...cuda.compile import CompiledCuda, compile_kernel
 from ...cuda.launch import Launch, dimension
 from ...errors import KernelError
 from ...target import Target
+from ..copy_schedule import scheduled
 from ..device_rule import device_rule_violations
 from ..gemm_plan import swizzles
 from ..smem_plan import Scratch, place_scratch, recorded_plan
@@ -137,13 +138,18 @@ class _Lowering:
 
     def body(self, body: tuple[ir.Stmt, ...]) -> None:
         cx = self.cx
+        prologue: list[ir.Op] = []
         for stmt in body:
-            if isinstance(stmt, ir.Op):
+            if isinstance(stmt, ir.Op) and stmt.kind in ("async_issue", "async_commit"):
+                prologue.append(stmt)       # printed with the loop it fills
+            elif isinstance(stmt, ir.Op):
                 self.op(stmt)
             elif isinstance(stmt, ir.While):
                 lower_while(self, stmt)
             elif isinstance(stmt, ir.For):
-                if stmt.kind == "pipelined" and lower_pipelined(self, stmt):
+                if stmt.kind == "pipelined" and scheduled(stmt):
+                    lower_pipelined(self, stmt, prologue)
+                    prologue = []
                     continue
                 var = cx.define(stmt.var)
                 start, extent = cx.operand(stmt.start), cx.operand(stmt.extent)
@@ -163,6 +169,10 @@ class _Lowering:
                 if stmt.otherwise:
                     with cx.w.block("else"):
                         self.body(stmt.otherwise)
+        if prologue:
+            raise KernelError(f"internal error: {prologue[0].kind} at "
+                              f"{source_line(prologue[0].line)} is not followed by its "
+                              "pipelined loop")
 
     def op(self, op: ir.Op) -> None:
         cx = self.cx
@@ -260,6 +270,22 @@ LOWERINGS = lowers = op_defs.Lowerings("cuda", {k: _commented(f) for k, f in _LO
 @lowers("barrier")
 def _barrier(lw: _Lowering, op: ir.Op) -> None:
     lw.cx.w(f"sync_threads();  // {op.notes.get('reason', 'shared-memory hazard')}")
+
+
+@lowers("async_issue")
+def _async_issue(lw: _Lowering, op: ir.Op) -> None:
+    raise KernelError(f"internal error: async_issue at {source_line(op.line)} outside the "
+                      "schedule of a pipelined loop")
+
+
+@lowers("async_commit")
+def _async_commit(lw: _Lowering, op: ir.Op) -> None:
+    lw.cx.w("cp_async_commit();")
+
+
+@lowers("async_wait")
+def _async_wait(lw: _Lowering, op: ir.Op) -> None:
+    lw.cx.w(f"cp_async_wait<{op.attrs['count']}>();")
 
 
 @lowers("gemm")

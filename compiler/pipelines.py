@@ -44,6 +44,9 @@ class Pass:
 
     name: str
     run: Callable[[ir.Kernel], ir.Kernel]
+    rules: Callable[[ir.Kernel], ir.Kernel] | None = None
+    """The rules of the IR this pass introduces, checked (under ``JAXTILE_VERIFY_IR``) after
+    it and every later pass, besides :func:`.verify.verify`."""
 
 
 NEUTRAL = (
@@ -90,17 +93,20 @@ def cuda(target: Target) -> tuple[Pass, ...]:
       which say which thread touches which shared element, treating buffers the plan puts
       on the same bytes as one).
 
-    Code generation then prints the IR (:mod:`.gpu.codegen.lower`)."""
+    After ``pipelining`` the GPU rules (:func:`.gpu.verify.verify_gpu`: wait counts,
+    barriers in uniform control flow, offsets) are checked with the others under
+    ``JAXTILE_VERIFY_IR``. Code generation then prints the IR (:mod:`.gpu.codegen.lower`)."""
     from .gpu.copy_schedule import schedule_async_copies
     from .gpu.gemm_plan import anchors, plan_gemms
     from .gpu.smem_plan import place_shared_buffers, shares
+    from .gpu.verify import verify_gpu
 
     return (Pass("gemm_plan", lambda k: plan_gemms(k, target)),
             Pass("layout_inference", lambda k: infer_layouts(k, anchors)),
             Pass("bounds", check_bounds),
-            Pass("pipelining", schedule_async_copies),
-            Pass("smem_plan", lambda k: place_shared_buffers(k, target.caps)),
-            Pass("barriers", lambda k: insert_barriers(k, shares(k))))
+            Pass("pipelining", schedule_async_copies, verify_gpu),
+            Pass("smem_plan", lambda k: place_shared_buffers(k, target.caps), verify_gpu),
+            Pass("barriers", lambda k: insert_barriers(k, shares(k)), verify_gpu))
 
 
 TARGET_PIPELINES: dict[str, Callable[[Target], tuple[Pass, ...]]] = {"cpu": cpu, "cuda": cuda}
@@ -123,10 +129,14 @@ def run(kernel: ir.Kernel, passes: Sequence[Pass]) -> ir.Kernel:
     print the IR after those named in ``JAXTILE_DUMP_IR``."""
     dump = _dumped()
     check = verify.requested()
+    rules: list[Callable[[ir.Kernel], ir.Kernel]] = [verify.verify]
     for p in passes:
         kernel = p.run(kernel)
+        if p.rules is not None and p.rules not in rules:
+            rules.append(p.rules)
         if check:
-            verify.verify(kernel)
+            for rule in rules:
+                rule(kernel)
         if p.name in dump or "all" in dump:
             print(f"// Tile IR after {p.name}\n{printer.format_kernel(kernel)}",
                   file=sys.stderr)

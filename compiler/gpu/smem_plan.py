@@ -87,8 +87,11 @@ class SmemPlan:
                 f"(opt-in above {self.static_limit}): {where}")
 
 
-def _lifetimes(body: Sequence[Stmt], names: set[str], extra: Mapping[int, list[Scratch]],
-               ) -> dict[str, tuple[int, int]]:
+def lifetimes(body: Sequence[Stmt], names: set[str],
+              extra: Mapping[int, list[Scratch]] | None = None) -> dict[str, tuple[int, int]]:
+    """First and last statement (pre-order numbers, loops extended) of each of the buffers
+    ``names`` (and the ``extra`` scratch of each op) that ``body`` touches."""
+    extra = extra or {}
     spans: dict[str, tuple[int, int]] = {}
     counter = [0]
 
@@ -138,7 +141,7 @@ def plan_shared_memory(kernel: Kernel, bytes_of: Mapping[str, int], caps: CudaCa
     sizes = {**bytes_of, **{s.name: s.bytes for s in extra}}
     order = {b.name: i for i, b in enumerate(kernel.buffers)}
     order.update({s.name: len(order) + i for i, s in enumerate(extra)})
-    spans = _lifetimes(kernel.body, set(bytes_of), by_op)
+    spans = lifetimes(kernel.body, set(bytes_of), by_op)
     offsets: dict[str, int] = {n: o for n, o in (fixed or {}).items() if n in spans}
     for name in sorted(spans, key=lambda n: (-sizes[n], spans[n], order.get(n, 0))):
         if name in offsets:
@@ -199,7 +202,7 @@ def place_shared_buffers(kernel: Kernel, caps: CudaCaps) -> Kernel:
     return dataclasses.replace(kernel, buffers=tuple(buffers))
 
 
-def _recorded(kernel: Kernel) -> tuple[dict[str, int], dict[str, int]]:
+def recorded_bytes(kernel: Kernel) -> tuple[dict[str, int], dict[str, int]]:
     """Offsets and bytes of the shared buffers the IR places."""
     placed = [b for b in kernel.buffers if b.scope == "shared" and "offset" in b.attrs]
     stages = {b.name: b.attrs.get("stages", 1) for b in placed}
@@ -210,7 +213,7 @@ def _recorded(kernel: Kernel) -> tuple[dict[str, int], dict[str, int]]:
 def shares(kernel: Kernel) -> list[tuple[str, str]]:
     """Pairs of shared buffers the IR's plan gives overlapping bytes (necessarily at
     different times; barrier insertion treats each pair as one buffer)."""
-    offsets, sizes = _recorded(kernel)
+    offsets, sizes = recorded_bytes(kernel)
     names = sorted(offsets)
     return [(a, b) for i, a in enumerate(names) for b in names[i + 1:]
             if offsets[a] < offsets[b] + sizes[b] and offsets[b] < offsets[a] + sizes[a]]
@@ -220,7 +223,7 @@ def recorded_plan(kernel: Kernel, caps: CudaCaps) -> SmemPlan:
     """The plan :func:`place_shared_buffers` wrote into ``kernel`` (lifetimes recomputed
     from the body); an internal KernelError names a touched shared buffer it did not
     place."""
-    offsets, sizes = _recorded(kernel)
+    offsets, sizes = recorded_bytes(kernel)
     touched = {r.buffer for s in walk(kernel.body) if isinstance(s, Op) for r in regions(s)}
     missing = [b.name for b in kernel.buffers
                if b.scope == "shared" and b.name in touched and b.name not in offsets]

@@ -27,8 +27,8 @@ from _timing import emit, log
 
 from jaxtile import ops
 from jaxtile.compiler import build
+from jaxtile.compiler.cuda.compile import compile_to_library
 from jaxtile.compiler.cuda.sass import sass_counts
-from jaxtile.compiler.gpu.codegen.lower import compile_to_library
 from jaxtile.compiler.target import parse_target
 from jaxtile.ops.attention import default_tiles
 

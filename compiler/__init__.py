@@ -10,4 +10,17 @@ user's source line, and the one place that reaches into JAX's internals.
 
 This layer knows nothing of JAX primitives or the user API (``jaxtile.primitives`` and
 ``jaxtile`` sit above it); it is imported as ``jaxtile.compiler``.
+
+Inside it, imports go down the tiers (``docs/design.md``, "Tiers"; checked by
+``tests/compiler/test_import_tiers.py``): the core never imports a backend. Where the core
+needs a backend's answer, the backend's function is registered here, at the top, before any
+module of the package is used: the identity of the CUDA toolchain (in every CUDA target's
+content key) and the reader of GPU layout annotations in IR text.
 """
+
+from . import parser, target
+from .cuda import fingerprint as _cuda_fingerprint
+from .gpu import layout as _gpu_layout
+
+target.TOOLCHAINS["cuda"] = _cuda_fingerprint.toolchain_fingerprint
+parser.parse_layout = _gpu_layout.parse

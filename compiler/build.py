@@ -22,7 +22,7 @@ from .errors import KernelError
 from .target import Target
 
 _FORMAT = "jaxtile-compiler-1"
-_BACKENDS = {"cpu": ".cpu.lower", "cuda": ".gpu.codegen.lower"}
+_BACKENDS = {"cpu": ".cpu.lower", "cuda": ".cuda.compile"}
 """Target kind -> the module that lowers and compiles for it, imported on first use: it
 provides ``source(kernel, target)`` and ``compile_to_library(kernel, target)``, returning
 ``(library bytes, symbol)`` or a ``cuda.compile.CompiledCuda`` (a cubin with its launch

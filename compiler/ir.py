@@ -267,22 +267,6 @@ def walk(body: Sequence[Stmt]) -> Iterator[Stmt]:
             yield from walk(stmt.body)
 
 
-def map_ops(body: Sequence[Stmt], fn: Callable[[Op], Op]) -> tuple[Stmt, ...]:
-    """``body`` with every op, nested ones included, replaced by ``fn(op)``."""
-    out: list[Stmt] = []
-    for s in body:
-        if isinstance(s, Op):
-            out.append(fn(s))
-        elif isinstance(s, For):
-            out.append(dataclasses.replace(s, body=map_ops(s.body, fn)))
-        elif isinstance(s, If):
-            out.append(dataclasses.replace(s, then=map_ops(s.then, fn),
-                                           otherwise=map_ops(s.otherwise, fn)))
-        else:
-            out.append(dataclasses.replace(s, cond=map_ops(s.cond, fn), body=map_ops(s.body, fn)))
-    return tuple(out)
-
-
 def regions(op: Op) -> list[Region]:
     """Every region among an op's attributes."""
     return [v for v in op.attrs.values() if isinstance(v, Region)]
@@ -311,6 +295,34 @@ def blocks(stmt: Stmt) -> tuple[tuple[Stmt, ...], ...]:
     if isinstance(stmt, While):
         return (stmt.cond, stmt.body)
     return ()
+
+
+def with_blocks(stmt: Stmt, new: Sequence[Sequence[Stmt]]) -> Stmt:
+    """``stmt`` (a loop or a conditional) with its nested statement lists replaced by
+    ``new``, given in the order of :func:`blocks`."""
+    if isinstance(stmt, For):
+        (body,) = new
+        return dataclasses.replace(stmt, body=tuple(body))
+    if isinstance(stmt, If):
+        then, otherwise = new
+        return dataclasses.replace(stmt, then=tuple(then), otherwise=tuple(otherwise))
+    if isinstance(stmt, While):
+        cond, body = new
+        return dataclasses.replace(stmt, cond=tuple(cond), body=tuple(body))
+    raise TypeError(f"{type(stmt).__name__} has no nested statements")
+
+
+def map_ops(body: Sequence[Stmt], fn: Callable[[Op], Sequence[Stmt]]) -> tuple[Stmt, ...]:
+    """``body`` with every op, nested ones included, replaced by the statements ``fn``
+    returns for it (``[op]`` keeps it); loops and conditionals are rebuilt around their
+    new blocks, in program order."""
+    out: list[Stmt] = []
+    for stmt in body:
+        if isinstance(stmt, Op):
+            out += fn(stmt)
+        else:
+            out.append(with_blocks(stmt, [map_ops(b, fn) for b in blocks(stmt)]))
+    return tuple(out)
 
 
 def tile_shape(index: Sequence[Index]) -> tuple[int, ...]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Callable
 from typing import Any
 
 import ml_dtypes
@@ -32,13 +33,19 @@ def _dtype(name: str) -> np.dtype:
     return np.dtype(getattr(ml_dtypes, name)) if name == "bfloat16" else np.dtype(name)
 
 
+parse_layout: Callable[[str, tuple[int, ...], int], Any] | None = None
+"""The reader of layout annotations (``#mma(...)``; text, tile shape, threads per block):
+the GPU tier's ``layout.parse``, set by ``compiler/__init__.py`` so that this core module
+imports no backend."""
+
+
 def _layout(text: str | None, shape: tuple[int, ...], threads: int) -> Any:
     """A GPU layout annotation (``#mma(...)``), read by the layout module itself."""
     if not text:
         return None
-    from .gpu import layout
-
-    return layout.parse(text, shape, threads)
+    if parse_layout is None:
+        raise ValueError(f"layout {text!r}: no reader of GPU layouts is registered")
+    return parse_layout(text, shape, threads)
 
 
 def _type(text: str) -> tuple[tuple[int, ...], np.dtype]:

@@ -28,8 +28,9 @@ import importlib.metadata
 import json
 import platform
 import re
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
-from .cuda.fingerprint import toolchain_fingerprint
 from .errors import KernelError
 
 ISA_FLAGS = frozenset("""
@@ -75,6 +76,41 @@ class CpuCaps:
         return "avx512_bf16" in self.isa and self.vector_bits >= 512
 
 
+@runtime_checkable
+class GpuCaps(Protocol):
+    """What the GPU tier (``compiler/gpu/``) may ask of a GPU, whatever its vendor:
+    :class:`CudaCaps` and :class:`HipCaps` answer it, so that GPU-common code is written once
+    against these names instead of one vendor's."""
+
+    @property
+    def arch(self) -> str:
+        """The architecture's name, for messages (``sm_80``, ``gfx90a``)."""
+        ...
+
+    @property
+    def warp_size(self) -> int:
+        """Threads that run in lockstep (a warp; a wavefront on AMD)."""
+        ...
+
+    @property
+    def max_threads_per_block(self) -> int: ...
+
+    @property
+    def static_smem_bytes(self) -> int:
+        """Shared memory a block gets without opting in."""
+        ...
+
+    @property
+    def max_smem_bytes(self) -> int:
+        """Shared memory a block may use at most."""
+        ...
+
+    @property
+    def mma_shapes(self) -> tuple[tuple[str, str], ...]:
+        """``(shape, input type)`` pairs of the matrix instructions the lowering may use."""
+        ...
+
+
 @dataclasses.dataclass(frozen=True)
 class CudaCaps:
     """An NVIDIA GPU architecture, as the CUDA lowering needs it."""
@@ -105,6 +141,11 @@ class CudaCaps:
     tma: bool
     """Tensor memory accelerator copies (sm_90 on); used by a later lowering."""
 
+    @property
+    def arch(self) -> str:
+        """``sm_XY``, or ``sm_XYa`` for an architecture-specific target."""
+        return f"sm_{self.sm}{'a' if self.arch_specific else ''}"
+
 
 @dataclasses.dataclass(frozen=True)
 class HipCaps:
@@ -114,6 +155,31 @@ class HipCaps:
     wavefront: int
     lds_bytes: int
     mfma_shapes: tuple[tuple[str, str], ...]
+
+    # GpuCaps' names for the same facts (a block may use all of the LDS, up to 1024 threads).
+    @property
+    def arch(self) -> str:
+        return self.gfx
+
+    @property
+    def warp_size(self) -> int:
+        return self.wavefront
+
+    @property
+    def max_threads_per_block(self) -> int:
+        return 1024
+
+    @property
+    def static_smem_bytes(self) -> int:
+        return self.lds_bytes
+
+    @property
+    def max_smem_bytes(self) -> int:
+        return self.lds_bytes
+
+    @property
+    def mma_shapes(self) -> tuple[tuple[str, str], ...]:
+        return self.mfma_shapes
 
 
 Caps = CpuCaps | CudaCaps | HipCaps
@@ -265,6 +331,12 @@ def missing_for_lowering(caps: CudaCaps) -> list[str]:
     return missing
 
 
+TOOLCHAINS: dict[str, Callable[[], str]] = {}
+"""Target kind -> the identity of the toolchain that compiles for it (:attr:`Target.toolchain`),
+for the kinds whose backend knows it: ``compiler/__init__.py`` registers CUDA's
+(``cuda/fingerprint.py``), so that this module, which every tier imports, imports no backend."""
+
+
 def _cuda(arch: str) -> Target:
     caps = _cuda_caps(arch)
     if missing := missing_for_lowering(caps):
@@ -273,7 +345,7 @@ def _cuda(arch: str) -> Target:
                           f"{'; '.join(missing)}. CUDA kernels are compiled for "
                           f"{', '.join(usable)}; on an older GPU run them on the CPU "
                           "(jax.default_device(jax.devices('cpu')[0]))")
-    return Target(f"cuda:{arch}", "cuda", caps, toolchain_fingerprint())
+    return Target(f"cuda:{arch}", "cuda", caps, TOOLCHAINS["cuda"]())
 
 
 _HIP = {

@@ -51,7 +51,8 @@ def _corners(fn, x: Range, y: Range) -> Range:
     return min(values), max(values)
 
 
-def _truncdiv(a: int, b: int) -> int:
+def truncdiv(a: int, b: int) -> int:
+    """``a / b`` rounded toward zero, as XLA and C divide integers."""
     q = abs(a) // abs(b)
     return q if (a < 0) == (b < 0) else -q
 
@@ -73,7 +74,7 @@ def _union(ranges: Sequence[Range]) -> Range:
 def _div(x: Range, y: Range, dtype: np.dtype) -> Range:
     # Truncated division is monotone in each operand while the divisor keeps one sign, so
     # each sign's extremes are at the corners.
-    parts = [_corners(_truncdiv, x, p) for p in _nonzero_parts(y)]
+    parts = [_corners(truncdiv, x, p) for p in _nonzero_parts(y)]
     if y[0] <= 0 <= y[1]:
         v = semantics.int_div_by_zero(dtype)
         parts.append((v, v))

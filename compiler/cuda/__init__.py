@@ -1,1 +1,3 @@
-"""The CUDA target's toolchain: nvcc compilation and the device-code rule."""
+"""NVIDIA's part of the CUDA backend: NVRTC and nvcc, ptxas and SASS figures, the toolchain's
+fingerprint, the launch configuration and the emulator runner (the GPU-common code is in
+``compiler/gpu/``)."""

@@ -1,5 +1,7 @@
-"""CUDA source to a launchable cubin: the entry point the CUDA code generator calls.
+"""The CUDA backend's compilation: Tile IR or CUDA source to a launchable cubin.
 
+:func:`compile_to_library` is the CUDA backend as ``build.py`` calls it: the GPU code
+generator's source (``gpu/codegen/lower.py``) with its launch configuration, compiled.
 :func:`compile_kernel` compiles ``.cu`` text written against ``jaxtile/device.h`` for a CUDA
 target with NVRTC in this process (``pip install jaxtile[cuda]``) or, where NVRTC is absent,
 with nvcc on PATH; both report ptxas' register, spill and shared-memory figures. A rejected
@@ -17,15 +19,19 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .. import cache, sizes
+from .. import cache, ir, sizes
 from ..emulator.build import DEVICE_INCLUDE, ToolchainError
 from ..errors import KernelError
 from ..target import Target
 from . import nvrtc, toolchain
 from .fingerprint import choose_compiler
-from .launch import Launch
+from .launch import Launch, dimension, launch_grid
 from .toolchain import PtxasReport
+
+if TYPE_CHECKING:
+    from ..gpu.codegen.lower import CudaKernel
 
 _FLAGS = ("-std=c++17", "-O3")  # nvcc's, as toolchain.compile_cubin passes them
 ALIGNMENT = 16
@@ -105,6 +111,30 @@ def _nvcc(source: str, file: str, arch: str) -> str | tuple[bytes, bytes, str]:
     except ToolchainError as e:
         return str(e)
     return cubin.data, cubin.ptx, cubin.log
+
+
+def _generate(kernel: ir.Kernel, target: Target) -> CudaKernel:
+    # The code generator is imported on the first compile: importing jaxtile imports this
+    # module (the primitives use arch_of), and need not load it.
+    from ..gpu.codegen.lower import generate
+
+    return generate(kernel, target)
+
+
+def source(kernel: ir.Kernel, target: Target) -> str:
+    """The CUDA source of ``kernel`` (after the CUDA passes), for inspection."""
+    return _generate(kernel, target).source
+
+
+def compile_to_library(kernel: ir.Kernel, target: Target) -> CompiledCuda:
+    """Generate ``kernel``'s CUDA code and compile it to a cubin (NVRTC, else nvcc) with its
+    launch configuration: one block per grid block, the buffers passed in order."""
+    code = _generate(kernel, target)
+    grid = code.num_blocks or launch_grid(code.grid_size, code.size_params)
+    launch = Launch((grid, 1, 1), (code.threads, 1, 1), code.shared_bytes,
+                    tuple(f"b{i}" for i in range(len(code.params))) +
+                    tuple(dimension(i, d) for _, i, d in code.size_params))
+    return compile_kernel(code.source, code.symbol, target, launch, file=f"{kernel.name}.cu")
 
 
 def compile_kernel(source: str, kernel_name: str, target: Target, launch: Launch, *,

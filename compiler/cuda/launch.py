@@ -19,6 +19,7 @@ passes::
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .. import sizes
@@ -115,3 +116,19 @@ def _check_grid_expressions(grid: tuple[int | str, ...]) -> None:
         if bad:
             raise ValueError(f"launch grid {grid!r}: {bad[0]!r} is not a buffer dimension "
                              "(dim<i>_<j>)")
+
+
+def launch_grid(grid_size: sizes.Size, size_params: Sequence[tuple[str, int, int]]) -> sizes.Size:
+    """A dynamic grid's block count (a size expression over the kernel's dynamic sizes) over
+    the buffers' dimensions (``dim<i>_<j>``), for the handler to evaluate with the shapes XLA
+    passes; ``size_params`` says which buffer dimension each size is (name, buffer, dim)."""
+    where = {name: dimension(i, d) for name, i, d in size_params}
+    return sizes.canonical(sizes.fold(grid_size, where.__getitem__, _SIZE_TEXT))
+
+
+_SIZE_TEXT = {
+    "+": lambda a, b: f"({a}+{b})", "-": lambda a, b: f"({a}-{b})",
+    "*": lambda a, b: f"({a}*{b})", "neg": lambda a: f"(-{a})",
+    "floordiv": lambda a, b: f"floordiv({a},{b})", "mod": lambda a, b: f"mod({a},{b})",
+    "max": lambda a, b: f"max({a},{b})", "min": lambda a, b: f"min({a},{b})",
+}

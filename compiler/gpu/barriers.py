@@ -17,7 +17,7 @@ across iterations); after a loop or a conditional, the accesses of every path ar
 A ``While`` is walked like a loop whose iteration is its condition then its body. Conditions
 and loop bounds in the Tile IR are uniform across the block, so a barrier inside them is
 reached by all threads -- except a ``While`` condition that reads global memory the kernel
-writes, whose lowering refuses a barrier inside (``cuda/control.py``).
+writes, whose lowering refuses a barrier inside (``gpu/codegen/control.py``).
 
 Buffers that the shared-memory plan gives the same bytes (the ``offset`` attributes the
 ``smem_plan`` pass wrote, read by ``smem_plan.shares`` and passed in as ``shares``) count as

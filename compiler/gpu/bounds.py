@@ -4,7 +4,8 @@ A read past a global edge gives ``pad`` and a write past it is dropped, which co
 per element (and, for ``cp.async``, a zero-fill form). The check is kept only where the
 access cannot be proved in bounds for every block of the grid and every loop iteration.
 
-Every integer scalar of the kernel is turned into a symbolic expression over
+Every integer scalar of the kernel is turned into a symbolic expression
+(:mod:`..analysis.symbolic`) over
 - block indices, ``0 <= b < grid`` (a grid extent may be a size expression);
 - loop variables, ``start <= v < start + extent`` (bounds may themselves be expressions);
 - dynamic sizes (symbols of ``compiler.sizes`` expressions), ``>= 0``;
@@ -31,93 +32,16 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import operator
 from collections.abc import Sequence
 from typing import Any
 
-from .. import ir, sizes
-
-Expr = tuple
-"""``("int", v)``, ``("sym", name)``, ``("neg", e)``, ``(op, a, b)`` with op in ``+ - *
-floordiv mod max min div rem`` (the last two truncate), conditions ``(cmp, a, b)`` with cmp
-in ``< <= == !=`` and ``("and"|"or", c, d)``, ``("not", c)``."""
+from .. import ir
+from ..analysis.symbolic import Expr, Facts, define, interval, symbols, value
 
 _PROVERS = ("interval", "tvm", "z3")
 
 Z3_TIMEOUT_MS = 200
 """Per-query budget for z3: an undecided query keeps its mask."""
-
-_ARITH = {"add": "+", "sub": "-", "mul": "*", "div": "div", "rem": "rem", "max": "max",
-          "min": "min"}
-_CMP = {"lt": ("<", False), "le": ("<=", False), "gt": ("<", True), "ge": ("<=", True),
-        "eq": ("==", False), "ne": ("!=", False)}
-
-
-@dataclasses.dataclass
-class _Facts:
-    """What is known at a point of the kernel: variables with their constraints."""
-
-    exprs: dict[int, Expr]
-    conds: list[Expr]
-    syms: set[str]
-    ranges: dict[str, tuple[int, int]]
-    """Constant bounds of some variables (block indices of a static grid, loops with
-    bounded ends), for the interval check that runs before any prover is imported."""
-    fresh: int = 0
-
-    def of(self, x: int | ir.Value) -> Expr | None:
-        return ("int", x) if isinstance(x, int) else self.exprs.get(x.id)
-
-    def unknown(self) -> Expr:
-        self.fresh += 1
-        return ("sym", f"_u{self.fresh}")
-
-    def size(self, size: sizes.Size) -> Expr:
-        if isinstance(size, int):
-            return ("int", size)
-        for s in sizes.symbols(size) - self.syms:   # only the kernel's own sizes, at the top
-            self.syms.add(s)
-            self.conds.append(("<=", ("int", 0), ("sym", s)))
-        return sizes.parse(size)
-
-
-def _ints(op: ir.Op) -> bool:
-    """Whether every operand is a signed integer scalar."""
-    return bool(op.operands) and all(v.dtype.kind == "i" and v.shape == () for v in op.operands)
-
-
-def _define(op: ir.Op, facts: _Facts) -> None:
-    res = op.result
-    # Unsigned values wrap at zero, which integer arithmetic does not model: left undefined,
-    # so whatever depends on them keeps its mask.
-    if res is None or res.shape != () or res.dtype.kind not in "ib":
-        return
-    args = [facts.of(v) for v in op.operands]
-    expr: Expr | None = None
-    if op.kind == "const":
-        v = int(op.attrs["value"])
-        expr = ("int", v) if res.dtype.kind == "i" else ("==", ("int", 0), ("int", 1 - v))
-    elif op.kind == "size":
-        expr = facts.size(op.attrs["expr"])
-    elif op.kind == "convert" and _ints(op) and res.dtype.kind == "i" \
-            and res.dtype.itemsize >= op.operands[0].dtype.itemsize:   # no narrowing wrap
-        expr = args[0]
-    elif op.kind == "elementwise" and None not in args:
-        fn, kind = op.attrs["fn"], res.dtype.kind
-        if fn in _ARITH and kind == "i" and _ints(op):
-            expr = (_ARITH[fn], *args)
-        elif fn == "neg" and kind == "i" and _ints(op):
-            expr = ("neg", args[0])
-        elif fn in _CMP and _ints(op):
-            cmp, swap = _CMP[fn]
-            expr = (cmp, *(args[::-1] if swap else args))
-        elif fn in ("and", "or", "not") and kind == "b" and \
-                all(v.dtype.kind == "b" for v in op.operands):
-            expr = (fn, *args)
-    if expr is None and res.dtype.kind != "b":
-        expr = facts.unknown()
-    if expr is not None:
-        facts.exprs[res.id] = expr
 
 
 class _Provers:
@@ -127,12 +51,12 @@ class _Provers:
         self._tvm: Any = None
         self._z3: Any = None
 
-    def prove(self, goal: Expr, facts: _Facts) -> str | None:
+    def prove(self, goal: Expr, facts: Facts) -> str | None:
         """``"interval"``, ``"tvm"`` or ``"z3"``, what showed ``goal`` under ``facts``; None
         if nothing did. Plain interval arithmetic goes first: it settles the common affine
         accesses without importing TVM (a cold compile would pay about a second for it)."""
         if goal[0] == "<=":
-            lo, hi = _interval(goal[1], facts.ranges), _interval(goal[2], facts.ranges)
+            lo, hi = interval(goal[1], facts.ranges), interval(goal[2], facts.ranges)
             if lo is not None and hi is not None and lo[1] <= hi[0]:
                 return "interval"
         if _refuted(goal, facts):
@@ -143,7 +67,7 @@ class _Provers:
             return "z3"
         return None
 
-    def _by_tvm(self, goal: Expr, facts: _Facts) -> bool:
+    def _by_tvm(self, goal: Expr, facts: Facts) -> bool:
         # TVM's simplifier may take a divisor to be non-zero; XLA defines x / 0, so such
         # queries go to z3, which leaves x / 0 open.
         if any(_divides_by_variable(e) for e in [goal, *facts.conds]):
@@ -185,7 +109,7 @@ class _Provers:
         except RuntimeError:   # e.g. a constant division by zero
             return False
 
-    def _by_z3(self, goal: Expr, facts: _Facts) -> bool:
+    def _by_z3(self, goal: Expr, facts: Facts) -> bool:
         if self._z3 is None:
             import z3
             self._z3 = z3
@@ -226,48 +150,22 @@ class _Provers:
         return solver.check() == z3.unsat
 
 
-def _interval(e: Expr, ranges: dict[str, tuple[int, int]]) -> tuple[int, int] | None:
-    """Constant bounds of ``e`` (sound, not tight), or None."""
-    if e[0] == "int":
-        return e[1], e[1]
-    if e[0] == "sym":
-        return ranges.get(e[1])
-    if e[0] not in ("+", "-", "*", "max", "min", "floordiv"):
-        return None
-    a, b = _interval(e[1], ranges), _interval(e[2], ranges)
-    if a is None or b is None:
-        return None
-    if e[0] == "+":
-        return a[0] + b[0], a[1] + b[1]
-    if e[0] == "-":
-        return a[0] - b[1], a[1] - b[0]
-    if e[0] == "max":
-        return max(a[0], b[0]), max(a[1], b[1])
-    if e[0] == "min":
-        return min(a[0], b[0]), min(a[1], b[1])
-    if e[0] == "floordiv" and b[0] <= 0:
-        return None
-    f = (lambda x, y: x * y) if e[0] == "*" else (lambda x, y: x // y)
-    corners = [f(x, y) for x in a for y in b]
-    return min(corners), max(corners)
-
-
 _CORNERS = 256
 """Most assignments :func:`_refuted` tries."""
 
 
-def _refuted(goal: Expr, facts: _Facts) -> bool:
+def _refuted(goal: Expr, facts: Facts) -> bool:
     """Whether a corner of the variables' ranges satisfies every fact and breaks ``goal``:
     then no prover can succeed (they see the same facts), and the ragged edge of a grid is
     found without importing TVM. Variables without a range try ``0`` and ``2**20``."""
-    names = sorted(_symbols(goal) | set().union(*map(_symbols, facts.conds)))
+    names = sorted(symbols(goal) | set().union(*map(symbols, facts.conds)))
     choices = [sorted(set(facts.ranges.get(n, (0, 2**20)))) for n in names]
     if not names or _product_len(choices) > _CORNERS:
         return False
     for values in itertools.product(*choices):
         env = dict(zip(names, values))
         try:
-            if all(_value(c, env) for c in facts.conds) and not _value(goal, env):
+            if all(value(c, env) for c in facts.conds) and not value(goal, env):
                 return True
         except ZeroDivisionError:
             continue
@@ -287,36 +185,7 @@ def _divides_by_variable(e: Expr) -> bool:
     return any(_divides_by_variable(x) for x in e[1:] if isinstance(x, tuple))
 
 
-def _symbols(e: Expr) -> set[str]:
-    if e[0] == "sym":
-        return {e[1]}
-    return set().union(*(_symbols(x) for x in e[1:] if isinstance(x, tuple)))
-
-
-def _tdiv(a: int, b: int) -> int:
-    q = abs(a) // abs(b)
-    return q if (a >= 0) == (b >= 0) else -q
-
-
-_EVAL = {"+": operator.add, "-": operator.sub, "*": operator.mul, "floordiv": operator.floordiv,
-         "mod": operator.mod, "div": _tdiv, "rem": lambda a, b: a - b * _tdiv(a, b),
-         "max": max, "min": min, "<": operator.lt, "<=": operator.le, "==": operator.eq,
-         "!=": operator.ne, "and": lambda a, b: a and b, "or": lambda a, b: a or b}
-
-
-def _value(e: Expr, env: dict[str, int]) -> Any:
-    if e[0] == "int":
-        return e[1]
-    if e[0] == "sym":
-        return env[e[1]]
-    if e[0] == "neg":
-        return -_value(e[1], env)
-    if e[0] == "not":
-        return not _value(e[1], env)
-    return _EVAL[e[0]](_value(e[1], env), _value(e[2], env))
-
-
-def _dim_goals(idx: ir.Index, extent: Expr, facts: _Facts) -> list[Expr] | None:
+def _dim_goals(idx: ir.Index, extent: Expr, facts: Facts) -> list[Expr] | None:
     if isinstance(idx.start, ir.Value) and idx.start.shape != ():
         return None        # gather/scatter positions: one per element, checked per element
     start = facts.of(idx.start)
@@ -326,7 +195,7 @@ def _dim_goals(idx: ir.Index, extent: Expr, facts: _Facts) -> list[Expr] | None:
     return [("<=", ("int", 0), start), ("<=", ("+", start, ("int", size)), extent)]
 
 
-def _check_op(op: ir.Op, facts: _Facts, bufs: dict[str, ir.Buffer],
+def _check_op(op: ir.Op, facts: Facts, bufs: dict[str, ir.Buffer],
               provers: _Provers) -> ir.Op:
     masks, proofs = [], []
     for attr, region in sorted(op.attrs.items()):
@@ -346,7 +215,7 @@ def _check_op(op: ir.Op, facts: _Facts, bufs: dict[str, ir.Buffer],
     return op.with_notes(masks=tuple(masks), bounds_proofs=tuple(proofs))
 
 
-def _walk(body: Sequence[ir.Stmt], facts: _Facts, bufs: dict[str, ir.Buffer],
+def _walk(body: Sequence[ir.Stmt], facts: Facts, bufs: dict[str, ir.Buffer],
           provers: _Provers) -> list[ir.Stmt]:
     out: list[ir.Stmt] = []
     for stmt in body:
@@ -356,7 +225,7 @@ def _walk(body: Sequence[ir.Stmt], facts: _Facts, bufs: dict[str, ir.Buffer],
             extent = facts.unknown() if extent is None else extent
             v = facts.unknown()
             facts.exprs[stmt.var.id] = v
-            lo, n = _interval(start, facts.ranges), _interval(extent, facts.ranges)
+            lo, n = interval(start, facts.ranges), interval(extent, facts.ranges)
             if lo is not None and n is not None:
                 facts.ranges[v[1]] = (lo[0], lo[1] + max(n[1], 1) - 1)
             inner = dataclasses.replace(facts, conds=facts.conds + [
@@ -377,7 +246,7 @@ def _walk(body: Sequence[ir.Stmt], facts: _Facts, bufs: dict[str, ir.Buffer],
             out.append(dataclasses.replace(stmt, cond=tuple(cond),
                                            body=tuple(_walk(stmt.body, facts, bufs, provers))))
         else:
-            _define(stmt, facts)
+            define(stmt, facts)
             out.append(_check_op(stmt, facts, bufs, provers))
     return out
 
@@ -385,7 +254,7 @@ def _walk(body: Sequence[ir.Stmt], facts: _Facts, bufs: dict[str, ir.Buffer],
 def check_bounds(kernel: ir.Kernel) -> ir.Kernel:
     """The kernel with ``notes["masks"]`` (and ``notes["bounds_proofs"]``) on every op that
     accesses global memory; see the module docstring."""
-    facts = _Facts(exprs={}, conds=[], syms=set(), ranges={})
+    facts = Facts(exprs={}, conds=[], syms=set(), ranges={})
     for b in kernel.buffers:
         for n in b.shape:
             facts.size(n)

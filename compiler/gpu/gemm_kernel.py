@@ -2,7 +2,7 @@
 
 ``C[M, N] = op(A) @ op(B)``: each block computes a ``BM x BN`` tile of C, streaming ``BK``-deep
 tiles of A and B through shared memory with a ``stages``-deep cp.async pipeline
-(:mod:`.async_pipeline`), 16-byte copies masked at the edges (zero-filled), the shared layouts
+(:mod:`.copy_schedule`), 16-byte copies masked at the edges (zero-filled), the shared layouts
 and the gemm call of a :class:`~.gemm_plan.GemmPlan`, and the accumulator stored through the
 plan's layout. It is what the tests run in the emulator and compile with nvcc, what
 ``benchmarks/ptxas_report.py`` measures, and a worked example for the code generator.

@@ -9,7 +9,7 @@ the device templates exactly in two places, and tests check both against the dev
 - the shared tiles' physical offsets (:class:`SharedTile`): the copies that fill A and B must
   write them in the same swizzled order (:meth:`SharedTile.cpp_offset` is the C++ text).
 
-Instructions come from the target's capabilities (``CudaCaps.mma_shapes``): ``mma.sync``
+Instructions come from the target's capabilities (``GpuCaps.mma_shapes``): ``mma.sync``
 m16n8k16 for f16 x f16 and bf16 x bf16 into f32, m16n8k8 tf32 for f32 x f32 into f32, and a
 scalar multiply-add fallback for everything else (and for shapes the atoms do not divide).
 
@@ -32,7 +32,7 @@ import numpy as np
 
 from .. import ir
 from ..errors import KernelError
-from ..target import CudaCaps, Target
+from ..target import GpuCaps, Target
 from .layout import LOCAL, THREAD, Factor, Layout, mma_accumulator
 
 
@@ -179,7 +179,7 @@ class GemmPlan:
                 f"{ta}, {tb}, {self.a_tile.cpp}, {self.b_tile.cpp}>({a}, {b}, {acc});")
 
 
-def _instr(a: np.dtype, b: np.dtype, acc: np.dtype, caps: CudaCaps) -> GemmInstr:
+def _instr(a: np.dtype, b: np.dtype, acc: np.dtype, caps: GpuCaps) -> GemmInstr:
     """The fastest instruction the target has for these types."""
     shapes = set(caps.mma_shapes)
     if a == b and acc == np.float32:
@@ -250,8 +250,8 @@ def plan_gemm(m: int, n: int, k: int, a_dtype: Any, b_dtype: Any, acc_dtype: Any
     :attr:`GemmPlan.a_layout`), where ``auto`` means ``rows`` so that the accumulator of a
     previous gemm with the same plan shape feeds it without conversion; otherwise ``auto`` is
     ``square``. Raises KernelError for shapes or types the templates cannot do."""
-    if target.kind != "cuda" or not isinstance(target.caps, CudaCaps):
-        raise KernelError(f"gemm planning is for CUDA targets, not {target.name}")
+    if not isinstance(target.caps, GpuCaps):
+        raise KernelError(f"gemm planning is for GPU targets, not {target.name}")
     if policy not in POLICIES:
         raise KernelError(f"gemm: unknown warp policy '{policy}' (one of {', '.join(POLICIES)})")
     caps = target.caps
@@ -367,12 +367,12 @@ def plan_gemms(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     pol = policy(kernel)
     tiles: dict[str, tuple[SharedTile, ir.Op]] = {}
 
-    def note(op: ir.Op) -> ir.Op:
+    def note(op: ir.Op) -> list[ir.Op]:
         if op.kind != "gemm":
-            return op
+            return [op]
         p = _planned(op, kernel, target, pol)
         if p is None:
-            return op.with_notes(instr=SCALAR)
+            return [op.with_notes(instr=SCALAR)]
         for attr, tile in (("a", p.a_tile), ("b", p.b_tile)):
             if tile is None:
                 continue
@@ -381,7 +381,7 @@ def plan_gemms(kernel: ir.Kernel, target: Target) -> ir.Kernel:
                 raise KernelError(f"shared buffer '{name}' is read by gemms that need different "
                                   f"swizzles; not lowered for CUDA yet "
                                   f"(at {_where(op)})")
-        return op.with_notes(instr=p.instr.label, warps=p.warps, policy=p.policy)
+        return [op.with_notes(instr=p.instr.label, warps=p.warps, policy=p.policy)]
 
     body = ir.map_ops(kernel.body, note)
     buffers = tuple(b.with_attrs(swizzle=tiles[b.name][0].step if tiles[b.name][0].swizzled

@@ -2,7 +2,7 @@
 
 Every ``fragment`` buffer and every tile value that is not *uniform* (the same in every
 element and thread: scalars, constants and their broadcasts) gets a
-:class:`~jaxtile.compiler.cuda.layout.Layout`, recorded in ``Buffer.layout`` and in the
+:class:`~jaxtile.compiler.gpu.layout.Layout`, recorded in ``Buffer.layout`` and in the
 defining op's ``notes["layout"]`` (so the IR text shows ``float32[4, 384]#blocked(...)``).
 
 Ops state constraints at three levels, and inference runs from the strictest outward:
@@ -268,21 +268,6 @@ class _Rewriter:
         self.st = st
         self.conversions = 0
 
-    def body(self, body: tuple[ir.Stmt, ...]) -> list[ir.Stmt]:
-        out: list[ir.Stmt] = []
-        for stmt in body:
-            if isinstance(stmt, ir.For):
-                out.append(dataclasses.replace(stmt, body=self.body(stmt.body)))
-            elif isinstance(stmt, ir.If):
-                out.append(dataclasses.replace(stmt, then=self.body(stmt.then),
-                                               otherwise=self.body(stmt.otherwise)))
-            elif isinstance(stmt, ir.While):
-                out.append(dataclasses.replace(stmt, cond=tuple(self.body(stmt.cond)),
-                                               body=tuple(self.body(stmt.body))))
-            else:
-                out += self.op(stmt)
-        return out
-
     def _relayout(self, v: ir.Value, lay: L.Layout, line: str | None) -> ir.Op:
         self.conversions += 1
         return ir.Op("relayout", (v,), ir.Value(v.shape, v.dtype), {}, line, {"layout": lay})
@@ -320,7 +305,7 @@ def infer_layouts(kernel: ir.Kernel, anchors: Anchors | None = None) -> ir.Kerne
     while st.free():
         st.propagate()
     rw = _Rewriter(st)
-    body = rw.body(kernel.body)
+    body = ir.map_ops(kernel.body, rw.op)
     buffers = tuple(dataclasses.replace(b, layout=st.buffer[b.name]) if b.name in st.buffer
                     else b for b in kernel.buffers)
     return dataclasses.replace(kernel, buffers=buffers, body=tuple(body))

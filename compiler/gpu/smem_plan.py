@@ -37,7 +37,7 @@ import numpy as np
 
 from ..errors import KernelError
 from ..ir import For, Kernel, Op, Region, Stmt, While, regions, walk
-from ..target import CudaCaps
+from ..target import GpuCaps
 from .copy_schedule import issued_stages, staged_buffers
 
 ALIGN = 128
@@ -124,7 +124,7 @@ def lifetimes(body: Sequence[Stmt], names: set[str],
     return spans
 
 
-def plan_shared_memory(kernel: Kernel, bytes_of: Mapping[str, int], caps: CudaCaps,
+def plan_shared_memory(kernel: Kernel, bytes_of: Mapping[str, int], caps: GpuCaps,
                        extra: Sequence[Scratch] = (),
                        fixed: Mapping[str, int] | None = None) -> SmemPlan:
     """Offsets for the shared buffers ``bytes_of`` sizes (and the ``extra`` scratch) with
@@ -162,7 +162,7 @@ def plan_shared_memory(kernel: Kernel, bytes_of: Mapping[str, int], caps: CudaCa
                             for n in sorted(sizes, key=lambda n: -sizes[n])[:3])
         raise KernelError(
             f"kernel {kernel.name!r} needs {total} bytes of shared memory, more than the "
-            f"{caps.max_smem_bytes} an sm_{caps.sm} block can have; the biggest buffers: "
+            f"{caps.max_smem_bytes} an {caps.arch} block can have; the biggest buffers: "
             f"{biggest} (smaller tiles or fewer pipeline stages reduce it)")
     return SmemPlan(offsets, {n: sizes[n] for n in offsets}, spans, total,
                     caps.static_smem_bytes, caps.max_smem_bytes)
@@ -176,13 +176,13 @@ def buffer_bytes(kernel: Kernel, stages: Mapping[str, int] | None = None) -> dic
             * stages.get(b.name, 1) for b in kernel.buffers if b.scope == "shared"}
 
 
-def plan_kernel(kernel: Kernel, caps: CudaCaps) -> SmemPlan:
+def plan_kernel(kernel: Kernel, caps: GpuCaps) -> SmemPlan:
     """The plan of ``kernel``'s own shared buffers (pipelined ones with their stages), which
     :func:`place_shared_buffers` writes into the IR."""
     return plan_shared_memory(kernel, buffer_bytes(kernel), caps)
 
 
-def place_shared_buffers(kernel: Kernel, caps: CudaCaps) -> Kernel:
+def place_shared_buffers(kernel: Kernel, caps: GpuCaps) -> Kernel:
     """The shared-memory planning pass: every shared buffer a statement touches gets its
     plan's byte ``offset`` and, when a pipelined loop multi-buffers it, ``stages`` as buffer
     attributes (:attr:`.ir.Buffer.attrs`).
@@ -219,7 +219,7 @@ def shares(kernel: Kernel) -> list[tuple[str, str]]:
             if offsets[a] < offsets[b] + sizes[b] and offsets[b] < offsets[a] + sizes[a]]
 
 
-def recorded_plan(kernel: Kernel, caps: CudaCaps) -> SmemPlan:
+def recorded_plan(kernel: Kernel, caps: GpuCaps) -> SmemPlan:
     """The plan :func:`place_shared_buffers` wrote into ``kernel`` (lifetimes recomputed
     from the body); an internal KernelError names a touched shared buffer it did not
     place."""
@@ -234,7 +234,7 @@ def recorded_plan(kernel: Kernel, caps: CudaCaps) -> SmemPlan:
     return plan_shared_memory(kernel, sizes, caps, fixed=offsets)
 
 
-def place_scratch(kernel: Kernel, plan: SmemPlan, scratch: Sequence[Scratch], caps: CudaCaps,
+def place_scratch(kernel: Kernel, plan: SmemPlan, scratch: Sequence[Scratch], caps: GpuCaps,
                   ) -> tuple[SmemPlan, set[str], set[str]]:
     """``plan`` (the kernel's buffers, offsets kept: :func:`recorded_plan`) with code
     generation's per-op ``scratch`` placed around it, and the scratch arrays that need a

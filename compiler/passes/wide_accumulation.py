@@ -80,21 +80,6 @@ class _Widen:
             return self._gemm(op)
         return [op]
 
-    def body(self, body: tuple[ir.Stmt, ...]) -> tuple[ir.Stmt, ...]:
-        out: list[ir.Stmt] = []
-        for stmt in body:
-            if isinstance(stmt, ir.Op):
-                out += self.op(stmt)
-            elif isinstance(stmt, ir.For):
-                out.append(dataclasses.replace(stmt, body=self.body(stmt.body)))
-            elif isinstance(stmt, ir.If):
-                out.append(dataclasses.replace(stmt, then=self.body(stmt.then),
-                                               otherwise=self.body(stmt.otherwise)))
-            else:
-                out.append(dataclasses.replace(stmt, cond=self.body(stmt.cond),
-                                               body=self.body(stmt.body)))
-        return tuple(out)
-
 
 def widen_half_accumulation(kernel: ir.Kernel) -> ir.Kernel:
     """Make 16-bit float sums, products and gemm accumulators float32 (module doc).
@@ -105,7 +90,7 @@ def widen_half_accumulation(kernel: ir.Kernel) -> ir.Kernel:
     are scratch, wholly written before they are read.
     """
     widen = _Widen(kernel)
-    body = widen.body(kernel.body)
+    body = ir.map_ops(kernel.body, widen.op)
     if not widen.changed:
         return kernel
     return dataclasses.replace(kernel, body=body, buffers=kernel.buffers + tuple(widen.added))

@@ -127,8 +127,8 @@ def test_code_generation_refuses_ir_without_a_shared_memory_plan(lowered):
 def test_code_generation_refuses_a_gemm_without_a_plan(lowered):
     kernel = lowered["gemm"]
 
-    def unplanned(op: ir.Op) -> ir.Op:
-        return dataclasses.replace(op, notes={}) if op.kind == "gemm" else op
+    def unplanned(op: ir.Op) -> list[ir.Op]:
+        return [dataclasses.replace(op, notes={}) if op.kind == "gemm" else op]
 
     with pytest.raises(jt.KernelError, match="gemm at .* has no plan"):
         lower.generate(dataclasses.replace(kernel, body=ir.map_ops(kernel.body, unplanned)),

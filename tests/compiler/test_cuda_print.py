@@ -48,7 +48,7 @@ def test_the_print_op_prints_and_parses_back():
 @pytest.mark.skipif(not nvrtc.available() and toolchain.nvcc_path() is None,
                     reason="neither NVRTC (jaxtile[cuda]) nor nvcc is installed")
 def test_nvrtc_compiles_it_to_a_vprintf_call():
-    from jaxtile.compiler.gpu.codegen.lower import compile_to_library
+    from jaxtile.compiler.cuda.compile import compile_to_library
     from jaxtile.compiler.target import parse_target
 
     target = parse_target("cuda:sm_80")

@@ -195,3 +195,43 @@ def test_verifier_rejects_values_outside_their_scope():
                    {"fn": "exp"})
     with pytest.raises(KernelError, match="outside its scope"):
         verify.verify(ir.Kernel("k", (1,), 128, (buf,), (), [orphan]))
+
+
+_NESTED = """
+kernel k(grid=[1], threads=128) blocks(%0):
+  input x: global float32[8]
+  output y: global float32[8]
+  %1: float32[8] = load() {src=x[0:+8]}
+  for %2 in serial(0, +2):
+    store(%1) {dst=y[0:+8]}
+    while:
+      %3: bool[] = const() {value=False}
+    do %3:
+      store(%1) {dst=y[0:+8]}
+  %4: bool[] = const() {value=True}
+  if %4:
+    store(%1) {dst=y[0:+8]}
+  else:
+    %5: float32[8] = elementwise(%1) {fn='neg'}
+    store(%5) {dst=y[0:+8]}
+""".strip()
+
+
+def test_map_ops_rewrites_ops_at_every_depth_and_rebuilds_what_holds_them():
+    kernel = parser.parse_kernel(_NESTED)
+    seen = []
+
+    def fn(op):
+        seen.append(op.kind)
+        # Each store is written twice; every other op stays.
+        return [op, op] if op.kind == "store" else [op]
+
+    body = ir.map_ops(kernel.body, fn)
+    assert seen == ["load", "store", "const", "store", "const", "store", "elementwise",
+                    "store"]                          # program order, every block
+    doubled = [ln for line in _NESTED.splitlines()
+               for ln in ([line, line] if "store(" in line else [line])]
+    assert printer.format_kernel(dataclasses.replace(kernel, body=body)) == "\n".join(doubled)
+    assert printer.format_kernel(kernel) == _NESTED        # the input is unchanged
+    loop = ir.with_blocks(kernel.body[1], [()])
+    assert isinstance(loop, ir.For) and loop.body == () and loop.var is kernel.body[1].var

@@ -117,6 +117,30 @@ def test_hip_target():
     assert t.caps.mfma_shapes
 
 
+def test_gpu_targets_answer_what_the_gpu_tier_asks():
+    """compiler/gpu/ reads a GPU's caps through GpuCaps, whatever its vendor."""
+    sm80, sm90a, gfx = (target.parse_target(n).caps
+                        for n in ("cuda:sm_80", "cuda:sm_90a", "hip:gfx90a"))
+    assert all(isinstance(c, target.GpuCaps) for c in (sm80, sm90a, gfx))
+    assert not isinstance(target.parse_target("cpu").caps, target.GpuCaps)
+    assert (sm80.arch, sm90a.arch, gfx.arch) == ("sm_80", "sm_90a", "gfx90a")
+    assert (sm80.warp_size, gfx.warp_size) == (32, 64)
+    assert (sm80.static_smem_bytes, sm80.max_smem_bytes) == (48 * KIB, 163 * KIB)
+    assert gfx.static_smem_bytes == gfx.max_smem_bytes == 64 * KIB
+    assert gfx.max_threads_per_block == 1024 and gfx.mma_shapes == gfx.mfma_shapes
+    # The properties are no fields: the description (the content key) is unchanged by them.
+    assert "warp_size" not in target.parse_target("hip:gfx90a").describe()
+
+
+def test_cuda_targets_carry_the_registered_toolchain(monkeypatch):
+    """target.py asks the CUDA toolchain's identity through TOOLCHAINS (filled by
+    jaxtile.compiler's __init__ from cuda/fingerprint.py), importing no backend itself."""
+    from jaxtile.compiler.cuda import fingerprint
+
+    assert target.TOOLCHAINS["cuda"] is fingerprint.toolchain_fingerprint
+    monkeypatch.setitem(target.TOOLCHAINS, "cuda", lambda: "nvrtc 99.9; device.h 0")
+    assert target.parse_target("cuda:sm_80").toolchain == "nvrtc 99.9; device.h 0"
+
 def test_descriptions_differ_between_targets():
     names = ["cpu", "cuda:sm_80", "cuda:sm_90", "hip:gfx90a"]
     assert len({target.parse_target(n).describe() for n in names}) == len(names)

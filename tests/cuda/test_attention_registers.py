@@ -9,7 +9,7 @@ from cuda_kernels import needs_compiler
 
 from jaxtile import ops
 from jaxtile.compiler import build
-from jaxtile.compiler.gpu.codegen.lower import compile_to_library
+from jaxtile.compiler.cuda.compile import compile_to_library
 from jaxtile.compiler.target import parse_target
 from jaxtile.ops.attention import default_tiles
 

@@ -74,7 +74,7 @@ _OTHER_TOOLKIT = textwrap.dedent("""
     import jax, jax.numpy as jnp
     from jaxtile import ops
     from jaxtile.compiler import build
-    from jaxtile.compiler.gpu.codegen.lower import compile_to_library
+    from jaxtile.compiler.cuda.compile import compile_to_library
     from jaxtile.compiler.target import parse_target
     from test_language_gemm_figures import _gemm
 

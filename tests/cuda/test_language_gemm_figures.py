@@ -12,8 +12,8 @@ from cuda_kernels import PTXAS_BUDGETS, needs_compiler
 
 import jaxtile as jt
 from jaxtile.compiler import build
+from jaxtile.compiler.cuda import compile as cuda_compile
 from jaxtile.compiler.cuda import fingerprint, sass
-from jaxtile.compiler.gpu.codegen import lower as cuda_lower
 from jaxtile.compiler.target import parse_target
 
 pytestmark = needs_compiler
@@ -45,7 +45,7 @@ def compiled():
     target = parse_target("cuda:sm_80")
     spec = jax.ShapeDtypeStruct((4096, 4096), jnp.float16)
     ir = build.lowered_ir(_gemm.lower(spec, spec, target="cuda:sm_80").kernel, target)
-    return cuda_lower.compile_to_library(ir, target)
+    return cuda_compile.compile_to_library(ir, target)
 
 
 def test_the_language_gemm_meets_the_register_spill_and_shared_memory_targets(compiled):

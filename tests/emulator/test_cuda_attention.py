@@ -13,7 +13,7 @@ import jaxtile as jt
 from jaxtile import ops
 from jaxtile.compiler import build, printer
 from jaxtile.compiler.cuda import nvrtc
-from jaxtile.compiler.gpu.codegen.lower import compile_to_library
+from jaxtile.compiler.cuda.compile import compile_to_library
 from jaxtile.compiler.target import parse_target
 
 SLOW = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Which copies a pipelined loop stages (``async_pipeline.pipeline_shape``, decided on the
+"""Which copies a pipelined loop stages (``copy_schedule.pipeline_shape``, decided on the
 Tile IR), and a loop mixing staged copies (issued at the top, one placed after computation)
 with copies that stay synchronous in the body (an origin read from memory; a buffer read
 before its copy, i.e. the previous iteration's tile), run in the emulator against the

@@ -14,8 +14,9 @@ import jaxtile as jt
 from jaxtile import ops
 from jaxtile.compiler import build, ir
 from jaxtile.compiler.cuda import toolchain
+from jaxtile.compiler.cuda.compile import compile_to_library
 from jaxtile.compiler.emulator import Buffer, EmulatedKernel, EmulatorError, LaunchConfig
-from jaxtile.compiler.gpu.codegen.lower import compile_to_library, generate
+from jaxtile.compiler.gpu.codegen.lower import generate
 from jaxtile.compiler.gpu.smem_plan import plan_kernel
 from jaxtile.compiler.target import parse_target
 

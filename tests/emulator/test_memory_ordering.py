@@ -131,7 +131,7 @@ def test_the_cuda_source_orders_the_flag_accesses_and_flags_start_as_zeros():
                     reason="neither NVRTC (jaxtile[cuda]) nor nvcc is installed")
 def test_the_ptx_has_gpu_scope_acquire_release_and_fence():
     from jaxtile.compiler import build
-    from jaxtile.compiler.gpu.codegen.lower import compile_to_library
+    from jaxtile.compiler.cuda.compile import compile_to_library
     from jaxtile.compiler.target import parse_target
 
     target = parse_target("cuda:sm_80")

@@ -14,7 +14,7 @@ import pytest
 from jaxtile import ops
 from jaxtile.compiler import build
 from jaxtile.compiler.cuda import nvrtc, toolchain
-from jaxtile.compiler.gpu.codegen.lower import compile_to_library
+from jaxtile.compiler.cuda.compile import compile_to_library
 from jaxtile.compiler.target import parse_target
 
 SLOW = pytest.mark.slow

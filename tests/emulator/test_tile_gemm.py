@@ -209,7 +209,7 @@ def test_nvcc_compiles_every_path(arch):
     (1, 136), (2, 24), (4, 24), (4, 136),
     pytest.param(1, 24, marks=SLOW), pytest.param(2, 136, marks=SLOW)])
 def test_pipeline_depths_and_short_trip_counts(stages, k):
-    # The emulator's race and cp.async-hazard checks judge the schedule of async_pipeline.py,
+    # The emulator's race and cp.async-hazard checks judge the schedule of copy_schedule.py,
     # including a trip count (1) below the stages; the K edge is zero-filled by the copies.
     _check(plan(64, 64, 32, "float16"), (72, 64, k), stages=stages)
 

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ... import ir, sizes
+from ...analysis.divisibility import known_factors
 from ...errors import KernelError, kernel_error
 from ..layout import Layout, replicated
 from ..layout_inference import uniform_values
@@ -81,7 +82,7 @@ class Context:
         for stmt in ir.walk(kernel.body):
             if isinstance(stmt, ir.Op) and stmt.result is not None and "layout" in stmt.notes:
                 self.layouts[stmt.result.id] = stmt.notes["layout"]
-        self.factors = _known_factors(kernel)
+        self.factors = known_factors(kernel)
         """Scalar values known to be multiples of a number (for aligned vector accesses)."""
         self.names: dict[int, str] = {}
         self.shared: list[tuple[str, str, int, ir.Op | None]] = []
@@ -300,27 +301,6 @@ class Context:
         if checked and entry not in self.masks:
             self.masks.append(entry)
         return checked
-
-
-def _known_factors(kernel: ir.Kernel) -> dict[int, int]:
-    """value id -> a number the (integer scalar) value is always a multiple of."""
-    out: dict[int, int] = {}
-
-    def of(x: int | ir.Value) -> int:
-        return abs(x) if isinstance(x, int) else out.get(x.id, 1)
-
-    for s in ir.walk(kernel.body):
-        if not isinstance(s, ir.Op) or s.result is None or s.result.shape != ():
-            continue
-        if s.kind == "const" and isinstance(s.attrs["value"], int):
-            out[s.result.id] = abs(s.attrs["value"])
-        elif s.kind == "convert":
-            out[s.result.id] = of(s.operands[0])
-        elif s.kind == "elementwise" and s.attrs["fn"] == "mul":
-            out[s.result.id] = of(s.operands[0]) * of(s.operands[1])
-        elif s.kind == "elementwise" and s.attrs["fn"] in ("add", "sub"):
-            out[s.result.id] = math.gcd(of(s.operands[0]), of(s.operands[1]))
-    return out
 
 
 SIZE_PREFIX = "sz_"

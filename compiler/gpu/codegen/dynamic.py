@@ -3,17 +3,14 @@
 Each size a kernel uses is an ``int sz_<name>`` parameter after the pointers, bound at
 launch to a dimension of an input (:func:`size_bindings`); dimensions, strides and masks use
 the size expressions as C (``context.size_c``). The grid is 1-D; its block count is a size
-expression over the buffers' dimensions in the launch text (:func:`launch_grid`), which the
-CUDA handler and the emulator's launch shim evaluate with the shapes of each call, and the
-block indices are decoded from it (:func:`dynamic_block_indices`).
+expression (``CudaKernel.grid_size``), which the launch text states over the buffers'
+dimensions for the handler and the emulator's launch shim to evaluate with the shapes of
+each call, and the block indices are decoded from it (:func:`dynamic_block_indices`).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from ... import ir, sizes
-from ...cuda.launch import dimension
 from ...errors import KernelError
 from .context import Context, size_c
 
@@ -53,18 +50,3 @@ def size_bindings(kernel: ir.Kernel) -> tuple[tuple[str, int, int], ...]:
         raise KernelError(f"kernel '{kernel.name}': the dynamic size {missing[0]} is no "
                           "dimension of an input, so a launch cannot know it")
     return tuple((name, *where[name]) for name in sorted(where))
-
-
-def launch_grid(code: Any) -> sizes.Size:
-    """A dynamic grid's block count (of a ``lower.CudaKernel``) over the buffers' dimensions
-    (``dim<i>_<j>``), for the CUDA handler to evaluate with the shapes XLA passes."""
-    where = {name: dimension(i, d) for name, i, d in code.size_params}
-    return sizes.canonical(sizes.fold(code.grid_size, where.__getitem__, _SIZE_TEXT))
-
-
-_SIZE_TEXT = {
-    "+": lambda a, b: f"({a}+{b})", "-": lambda a, b: f"({a}-{b})",
-    "*": lambda a, b: f"({a}*{b})", "neg": lambda a: f"(-{a})",
-    "floordiv": lambda a, b: f"floordiv({a},{b})", "mod": lambda a, b: f"mod({a},{b})",
-    "max": lambda a, b: f"max({a},{b})", "min": lambda a, b: f"min({a},{b})",
-}

@@ -16,8 +16,6 @@ import re
 from collections.abc import Callable
 
 from ... import ir, op_defs, parser, printer, sizes, verify
-from ...cuda.compile import CompiledCuda, compile_kernel
-from ...cuda.launch import Launch, dimension
 from ...errors import KernelError
 from ...target import Target
 from ..copy_schedule import scheduled
@@ -28,7 +26,7 @@ from . import types as T
 from .context import SCRATCH_BARRIER, SIZE_PREFIX, Context, source_line
 from .control import lower_while
 from .copies import lower_atomic, lower_copy
-from .dynamic import dynamic_block_indices, launch_grid, size_bindings
+from .dynamic import dynamic_block_indices, size_bindings
 from .gemm import lower_gemm
 from .ordering import lower_fence, lower_load_acquire, lower_store_release
 from .pipelined_loops import lower_pipelined
@@ -384,18 +382,3 @@ def _check_round_trip(kernel: ir.Kernel, target: Target, code: CudaKernel) -> No
                           f"its re-parsed lowered IR differs ({diff}): code generation used "
                           "a decision the IR text does not show")
 
-
-def source(kernel: ir.Kernel, target: Target) -> str:
-    """The CUDA source of ``kernel``, for inspection."""
-    return generate(kernel, target).source
-
-
-def compile_to_library(kernel: ir.Kernel, target: Target) -> CompiledCuda:
-    """Generate ``kernel``'s CUDA code and compile it to a cubin (NVRTC, else nvcc) with its
-    launch configuration: one block per grid block, the buffers passed in order."""
-    code = generate(kernel, target)
-    launch = Launch((code.num_blocks or launch_grid(code), 1, 1), (code.threads, 1, 1),
-                    code.shared_bytes,
-                    tuple(f"b{i}" for i in range(len(code.params))) +
-                    tuple(dimension(i, d) for _, i, d in code.size_params))
-    return compile_kernel(code.source, code.symbol, target, launch, file=f"{kernel.name}.cu")

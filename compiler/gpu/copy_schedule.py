@@ -327,12 +327,11 @@ def schedule_async_copies(kernel: ir.Kernel) -> ir.Kernel:
         for s in body:
             if isinstance(s, ir.Op):
                 out.append(s.with_notes(**{ISSUED: True}) if id(s) in issued else s)
-            elif isinstance(s, ir.For):
+            elif not isinstance(s, ir.For) or id(s) not in shapes:
+                out.append(ir.with_blocks(s, [block(b) for b in ir.blocks(s)]))
+            else:
                 inner = block(s.body)
-                shape = shapes.get(id(s))
-                if shape is None:
-                    out.append(dataclasses.replace(s, body=tuple(inner)))
-                    continue
+                shape = shapes[id(s)]
                 plan = plan_pipeline(shape.stages, s.extent if isinstance(s.extent, int)
                                      else None)
                 out += [_schedule_op(step, s.line, True) for step in plan.prologue]
@@ -340,12 +339,6 @@ def schedule_async_copies(kernel: ir.Kernel) -> ir.Kernel:
                         if step.kind != "compute"]
                 out.append(dataclasses.replace(s, body=(*head, *inner)))
                 out.append(ir.Op("async_wait", (), None, {"count": 0}, s.line))
-            elif isinstance(s, ir.If):
-                out.append(dataclasses.replace(s, then=tuple(block(s.then)),
-                                               otherwise=tuple(block(s.otherwise))))
-            else:
-                out.append(dataclasses.replace(s, cond=tuple(block(s.cond)),
-                                               body=tuple(block(s.body))))
         return out
 
     return dataclasses.replace(kernel, body=tuple(block(kernel.body)))

@@ -316,8 +316,8 @@ def schedule_async_copies(kernel: ir.Kernel) -> ir.Kernel:
     Assumes: the loops' shapes are final (layouts, bounds and buffers do not change them).
     Guarantees: the shape is decided here once; shared-memory planning
     (:func:`issued_stages`), barrier insertion and code generation read the schedule from
-    the IR. The prologue is adjacent to its loop, and a loop's schedule ends at its last
-    top-level ``async_commit``."""
+    the IR. The prologue is adjacent to its loop; a loop's schedule starts its body with an
+    ``async_wait`` and ends at its first top-level ``async_commit``."""
     shapes = {id(loop): shape for loop in _loops(kernel.body)
               if (shape := pipeline_shape(kernel, loop)) is not None}
     issued = {id(op) for shape in shapes.values() for op in shape.copies + shape.scalars}
@@ -345,16 +345,18 @@ def schedule_async_copies(kernel: ir.Kernel) -> ir.Kernel:
 
 
 def scheduled(loop: ir.For) -> bool:
-    """Whether the pipelining pass gave ``loop`` a cp.async schedule."""
-    return any(isinstance(s, ir.Op) and s.kind == "async_commit" for s in loop.body)
+    """Whether the pipelining pass gave ``loop`` a cp.async schedule (its body starts with
+    the iteration's ``async_wait``; a loop holding another loop's prologue is not one)."""
+    return (loop.kind == "pipelined" and bool(loop.body) and isinstance(loop.body[0], ir.Op)
+            and loop.body[0].kind == "async_wait")
 
 
 def split_schedule(loop: ir.For) -> tuple[tuple[ir.Stmt, ...], tuple[ir.Stmt, ...]]:
-    """A scheduled loop's body: its schedule (up to its last top-level ``async_commit``) and
-    the compute that follows."""
-    last = max(i for i, s in enumerate(loop.body)
-               if isinstance(s, ir.Op) and s.kind == "async_commit")
-    return loop.body[:last + 1], loop.body[last + 1:]
+    """A scheduled loop's body: its schedule (up to its first top-level ``async_commit``)
+    and the compute that follows (which may hold the prologue of a nested loop)."""
+    first = next(i for i, s in enumerate(loop.body)
+                 if isinstance(s, ir.Op) and s.kind == "async_commit")
+    return loop.body[:first + 1], loop.body[first + 1:]
 
 
 def issued_copies(loop: ir.For) -> list[ir.Op]:

@@ -46,6 +46,15 @@ def test_a_well_formed_pipeline_passes():
     assert verify_gpu(kernel) is kernel
 
 
+def test_a_pipeline_inside_a_serial_loop_passes():
+    """The outer loop holds the prologue's commits but is no schedule of its own."""
+    head, _, body = _PIPELINE.partition("      async_issue() {guard=False, prologue=True, tile=0}")
+    body = "      async_issue() {guard=False, prologue=True, tile=0}" + body
+    nested = head + "      for %9 in serial(0, +2):\n" + "".join(
+        "  " + line + "\n" for line in body.splitlines() if line.strip())
+    verify_gpu(_kernel(nested))
+
+
 def test_a_wait_inside_the_loop_must_leave_the_iterations_tile_complete():
     _fails(_PIPELINE.replace("async_wait() {count=1}", "async_wait() {count=2}"),
            r"async_wait \{count=2\} in a loop of 3 stages: at most 1 groups")

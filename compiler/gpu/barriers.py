@@ -28,10 +28,10 @@ buffers.
 A loop that runs as a ``cp.async`` pipeline is walked as the schedule the pipelining pass
 wrote into the IR runs it: the prologue's ``async_issue`` ops issue the staged copies before
 the loop (their writes meet what is pending before the loop: a barrier goes before the
-prologue when they conflict; the issues of different stages never conflict with each other),
-and each iteration's ``async_issue``, after the schedule's own ``barrier``, fills a stage no
-thread reads in that iteration, so it and the staged copies it runs (``issued``) make no
-access inside the loop. Barriers the compute still needs (e.g. between a fragment staged
+prologue when they conflict, checked once for the whole prologue, whose issues fill distinct
+stages), and each iteration's ``async_issue``, after the schedule's own ``barrier``, fills a
+stage no thread reads in that iteration, so it and the staged copies it runs (``issued``)
+make no access inside the loop. Barriers the compute still needs (e.g. between a fragment staged
 through shared memory and its readers) are ordinary barrier ops of the body.
 
 Assumes: layout inference and the pipelining pass ran. Guarantees: every cross-thread hazard
@@ -81,7 +81,6 @@ class _Walker:
                         and "layout" in s.notes}
         self._accesses: dict[int, list[_Access]] = {}
         self._issues: dict[int, list[_Access]] = {}
-        self._issued_ids: set[int] = set()
 
     def accesses(self, op: ir.Op) -> list[_Access]:
         """The op's shared-memory accesses (the same objects on every visit, so that the
@@ -164,8 +163,7 @@ class _Walker:
     def _barrier(self, pending: list[_Access], accs: list[_Access], line: str | None
                  ) -> ir.Op | None:
         """The barrier ``accs`` need after ``pending``, or None."""
-        hits = [(p, a) for a in accs for p in pending if self._conflict(p, a)
-                and not {id(p), id(a)} <= self._issued_ids]
+        hits = [(p, a) for a in accs for p in pending if self._conflict(p, a)]
         if not hits:
             return None
         p, a = next(((p, a) for p, a in hits if p.buffer != a.buffer), hits[0])
@@ -177,27 +175,29 @@ class _Walker:
 
     def _issued(self, loop: ir.For) -> list[_Access]:
         """What a scheduled loop's prologue issues: its staged copies' accesses, by any
-        thread (the same objects for every ``async_issue`` of the loop: the stages they
-        fill are distinct, so they never conflict with each other)."""
+        thread (the same objects on every visit)."""
         if id(loop) not in self._issues:
-            accs = [_Access(a.buffer, a.write, a.region, None)
-                    for c in issued_copies(loop) for a in self.accesses(c)]
-            self._issues[id(loop)] = accs
-            self._issued_ids.update(id(a) for a in accs)
+            self._issues[id(loop)] = [_Access(a.buffer, a.write, a.region, None)
+                                      for c in issued_copies(loop) for a in self.accesses(c)]
         return self._issues[id(loop)]
 
     def body(self, body: tuple[ir.Stmt, ...], pending: list[_Access],
              ) -> tuple[list[ir.Stmt], list[_Access]]:
         out: list[ir.Stmt] = []
         pending = list(pending)
+        in_prologue = False     # the issues of one prologue fill distinct stages
         for i, stmt in enumerate(body):
+            in_prologue = in_prologue and isinstance(stmt, ir.Op)
             if isinstance(stmt, ir.Op):
                 if stmt.kind == "barrier":
                     pending = []
                     out.append(stmt)
                     continue
                 accs = self._op_accesses(stmt, body[i + 1:])
-                barrier = self._barrier(pending, accs, stmt.line)
+                issue = stmt.kind == "async_issue" and stmt.attrs["prologue"]
+                barrier = None if issue and in_prologue else self._barrier(pending, accs,
+                                                                          stmt.line)
+                in_prologue = issue or (in_prologue and stmt.kind == "async_commit")
                 if barrier is not None:
                     if stmt.kind == "async_issue":
                         barrier = barrier.with_notes(reason=barrier.notes["reason"] +

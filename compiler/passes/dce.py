@@ -19,25 +19,13 @@ def _prune(body: tuple[ir.Stmt, ...], live: set[int]) -> tuple[list[ir.Stmt], bo
                 changed = True
                 continue
             out.append(stmt)
-        elif isinstance(stmt, ir.For):
-            new_body, c = _prune(stmt.body, live)
-            changed |= c
-            if new_body:
-                out.append(dataclasses.replace(stmt, body=new_body))
-            else:
-                changed = True
-        elif isinstance(stmt, ir.While):
-            # Kept even when empty: whether it terminates is part of the program.
-            cond, c1 = _prune(stmt.cond, live)
-            body, c2 = _prune(stmt.body, live)
-            changed |= c1 or c2
-            out.append(dataclasses.replace(stmt, cond=cond, body=body))
         else:
-            then, c1 = _prune(stmt.then, live)
-            other, c2 = _prune(stmt.otherwise, live)
-            changed |= c1 or c2
-            if then or other:
-                out.append(dataclasses.replace(stmt, then=then, otherwise=other))
+            pruned = [_prune(block, live) for block in ir.blocks(stmt)]
+            changed |= any(c for _, c in pruned)
+            blocks = [block for block, _ in pruned]
+            # A While is kept even when empty: whether it terminates is part of the program.
+            if isinstance(stmt, ir.While) or any(blocks):
+                out.append(ir.with_blocks(stmt, blocks))
             else:
                 changed = True
     return out, changed

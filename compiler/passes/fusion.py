@@ -138,21 +138,9 @@ def _limit_depth(body: Sequence[ir.Stmt], fused: set[int]) -> None:
                 depth[stmt.result.id] = d
 
 
-def _annotate(body: Sequence[ir.Stmt], fused: set[int]) -> list[ir.Stmt]:
-    out: list[ir.Stmt] = []
-    for stmt in body:
-        if isinstance(stmt, ir.For):
-            stmt = dataclasses.replace(stmt, body=_annotate(stmt.body, fused))
-        elif isinstance(stmt, ir.If):
-            stmt = dataclasses.replace(stmt, then=_annotate(stmt.then, fused),
-                                       otherwise=_annotate(stmt.otherwise, fused))
-        elif isinstance(stmt, ir.While):
-            stmt = dataclasses.replace(stmt, cond=_annotate(stmt.cond, fused),
-                                       body=_annotate(stmt.body, fused))
-        elif stmt.result is not None and stmt.result.id in fused:
-            stmt = stmt.with_notes(inline=True)
-        out.append(stmt)
-    return out
+def _annotate(op: ir.Op, fused: set[int]) -> list[ir.Op]:
+    return [op.with_notes(inline=True) if op.result is not None and op.result.id in fused
+            else op]
 
 
 def fuse_elementwise(kernel: ir.Kernel) -> ir.Kernel:
@@ -166,4 +154,5 @@ def fuse_elementwise(kernel: ir.Kernel) -> ir.Kernel:
     fused: set[int] = set()
     _fuse_list(kernel.body, counts, {}, fused)
     _limit_depth(kernel.body, fused)
-    return dataclasses.replace(kernel, body=_annotate(kernel.body, fused))
+    return dataclasses.replace(kernel, body=ir.map_ops(kernel.body,
+                                                       lambda op: _annotate(op, fused)))

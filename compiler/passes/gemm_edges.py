@@ -58,7 +58,7 @@ def trim_edge_gemms(kernel: ir.Kernel) -> ir.Kernel:
             prologue.extend(ops)
     if not live:
         return kernel
-    body = _annotate(kernel.body, live)
+    body = ir.map_ops(kernel.body, lambda op: _annotate(op, live))
     return dataclasses.replace(kernel, body=tuple(prologue) + body)
 
 
@@ -176,16 +176,7 @@ def _clone(v: ir.Value, blocks: set[int], defs: dict[int, ir.Op], prologue: list
     return result
 
 
-def _annotate(stmts: Sequence[ir.Stmt],
-              live: dict[str, tuple[ir.Value | None, ir.Value | None]]) -> tuple[ir.Stmt, ...]:
-    out: list[ir.Stmt] = []
-    for s in stmts:
-        if isinstance(s, ir.Op) and s.kind == "gemm" and s.attrs["c"].buffer in live:
-            s = s.with_notes(live=live[s.attrs["c"].buffer])
-        elif isinstance(s, ir.For | ir.While):
-            s = dataclasses.replace(s, body=_annotate(s.body, live))
-        elif isinstance(s, ir.If):
-            s = dataclasses.replace(s, then=_annotate(s.then, live),
-                                    otherwise=_annotate(s.otherwise, live))
-        out.append(s)
-    return tuple(out)
+def _annotate(op: ir.Op, live: dict[str, tuple[ir.Value | None, ir.Value | None]]) -> list[ir.Op]:
+    if op.kind == "gemm" and op.attrs["c"].buffer in live:
+        return [op.with_notes(live=live[op.attrs["c"].buffer])]
+    return [op]

@@ -70,6 +70,19 @@ class Buffer:
     layout: Any = dataclasses.field(default=None, compare=False)
     """For a ``fragment`` buffer, its thread layout: the user's (``jt.annotate_layout``),
     or the one GPU layout inference gave it. Printed, and so part of the content key."""
+    attrs: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False)
+    """What GPU passes decide about a shared buffer, printed after its type (``{offset=0,
+    stages=3, swizzle=1}``): ``offset``, its byte offset in the block's dynamic shared
+    memory, and ``stages``, how many copies a pipelined loop multi-buffers (the shared-memory
+    plan); ``swizzle``, the physical order a gemm reads it in (the gemm plan: 0 row-major,
+    ``s`` >= 1 16-byte chunks XOR-swizzled with step ``s``). Empty before those passes."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "attrs", _frozen_map(self.attrs))
+
+    def with_attrs(self, **attrs: Any) -> Buffer:
+        """A copy of the buffer with ``attrs`` added."""
+        return dataclasses.replace(self, attrs={**self.attrs, **attrs})
 
 
 class Value:

@@ -51,6 +51,13 @@ Each backend lowers ops through its own :class:`Lowerings` registry (``@lowers("
                demand different layouts of one value; it goes through shared memory)
 ``barrier``    all threads of a block wait here, and see each other's shared-memory writes
                (GPU passes insert it)
+``async_issue``    ``tile``, ``guard``, ``prologue``: issue the staged copies of a pipelined
+               loop (their ``issued`` ops) as ``cp.async`` for iteration ``k + tile`` (``k``
+               = 0 in the prologue before the loop), skipped past the trip count when
+               ``guard`` (the pipelining pass inserts it)
+``async_commit``   close the thread's open group of async copies
+``async_wait``     ``count``: wait until at most ``count`` of the thread's committed groups
+               are in flight
 ``load_acquire``   ``src``: one element of a global buffer, read with acquire ordering
 ``store_release``  ``dst``: one element of a global output; operand: the scalar, written
                with release ordering (after all the block's earlier writes)
@@ -595,6 +602,12 @@ _DEFS = (
     OpDef(kind="print", attrs={"text": "strs", "tag": "int"}, arity=None, has_result=False,
           pure=False, per_element=False, check=_check_print),
     OpDef(kind="barrier", arity=(0,), has_result=False, pure=False, per_element=False),
+    # The cp.async schedule of a pipelined loop (GPU only): never removed or moved.
+    OpDef(kind="async_issue", attrs={"tile": "int", "guard": "bool", "prologue": "bool"},
+          arity=(0,), has_result=False, pure=False, per_element=False),
+    OpDef(kind="async_commit", arity=(0,), has_result=False, pure=False, per_element=False),
+    OpDef(kind="async_wait", attrs={"count": "int"}, arity=(0,), has_result=False, pure=False,
+          per_element=False),
     OpDef(kind="gemm", attrs={"a": "region", "b": "region", "c": "region",
                               "transpose_a": "bool", "transpose_b": "bool"},
           arity=(0,), has_result=False, pure=False, per_element=False,

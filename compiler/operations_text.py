@@ -190,6 +190,14 @@ DESCRIPTIONS: dict[str, str] = {
                  "layout through shared memory where two operations need different ones."),
     "barrier": ("Inserted by the GPU passes, never written: all threads of a block wait, and "
                 "see each other's shared-memory writes (`__syncthreads`)."),
+    "async_issue": ("Inserted by the GPU pipelining pass, never written: issues a `jt.pipelined` "
+                    "loop's staged copies for a later iteration as `cp.async` (GPU only: the "
+                    "CPU runs the copies where they stand)."),
+    "async_commit": ("Inserted by the GPU pipelining pass, never written: closes the thread's "
+                     "group of `cp.async` copies (`cp.async.commit_group`; GPU only)."),
+    "async_wait": ("Inserted by the GPU pipelining pass, never written: waits until at most "
+                   "`count` groups of `cp.async` copies are in flight "
+                   "(`cp.async.wait_group`; GPU only)."),
 }
 """Operation name (op kind, or ``kind.fn``) -> markdown: what it computes, its dtypes and
 limits."""

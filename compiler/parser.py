@@ -196,12 +196,17 @@ class _Parser:
         buffers = []
         while self.pos < len(self.lines):
             _, code, where = _split_line(self.lines[self.pos])
-            m = re.match(r"(\w+) (\w+): (\w+) (\w+\[[^\]]*\])(#.*?)?(?: -> (\w+))?$", code)
+            m = re.match(r"(\w+) (\w+): (\w+) (\w+\[[^\]]*\])(#.*?)?(?: -> (\w+))?"
+                         r"(?: (\{.*\}))?$", code)
             if m is None or code.startswith(("%", "for ", "if ")):
                 break
             shape, dtype = _type(m.group(4))
+            try:
+                attrs = _Tokens(m.group(7), self.values).mapping() if m.group(7) else {}
+            except ValueError as e:
+                raise self.error(str(e)) from None
             buffers.append(ir.Buffer(m.group(2), shape, dtype, m.group(3), m.group(1), where,
-                                     m.group(6), _layout(m.group(5), shape, threads)))
+                                     m.group(6), _layout(m.group(5), shape, threads), attrs))
             self.pos += 1
         body = self.body(1)
         if self.pos != len(self.lines):

@@ -5,8 +5,9 @@ clamp_check, scratch_init, output_init, wide_accumulation) runs once per special
 whatever the target; its result is the IR that the content key hashes and that
 ``kernel.lower(...)`` shows. Each target kind then has one function listing its own passes,
 run by the build on the neutral IR before the target's lowering: the CPU fuses elementwise
-chains into their consumers. CUDA runs layout inference, bounds and barrier insertion
-(docs/design.md), then its lowering writes the CUDA source.
+chains into their consumers. CUDA runs gemm planning, layout inference, bounds,
+pipelining, shared-memory planning and barrier insertion (docs/design.md), each writing its
+decisions into the IR, then its lowering prints the CUDA source.
 
 ``JAXTILE_DUMP_IR=<pass>[,<pass>...]`` (or ``all``) prints the IR after the named passes to
 standard error; ``JAXTILE_VERIFY_IR=1`` verifies the IR after every pass (the test suite
@@ -43,6 +44,9 @@ class Pass:
 
     name: str
     run: Callable[[ir.Kernel], ir.Kernel]
+    rules: Callable[[ir.Kernel], ir.Kernel] | None = None
+    """The rules of the IR this pass introduces, checked (under ``JAXTILE_VERIFY_IR``) after
+    it and every later pass, besides :func:`.verify.verify`."""
 
 
 NEUTRAL = (
@@ -71,26 +75,43 @@ def cpu(target: Target) -> tuple[Pass, ...]:
             Pass("gemm_edges", trim_edge_gemms), Pass("fusion", fuse_elementwise))
 
 
-def cuda(target: Target) -> tuple[Pass, ...]:
-    """CUDA's passes, in order: layout inference (every register tile gets its thread
-    layout, the gemm planner's accumulators first, with conversions where ops disagree);
-    bounds (which global accesses keep a mask); barriers (after layouts, which say which
-    thread touches which shared element, treating buffers the shared-memory plan puts on
-    the same bytes as one)."""
-    from .gpu.codegen.gemm import anchors
-    from .gpu.smem_plan import plan_kernel
+def gpu(target: Target) -> tuple[Pass, ...]:
+    """The GPU passes (CUDA and HIP alike: their differences are capabilities), in order,
+    each writing its decisions into the IR:
 
-    strict = anchors(target)
+    - ``gemm_plan`` (:func:`.gpu.gemm_plan.plan_gemms`): each gemm's instruction, warp grid and
+      policy (op notes), its shared operands' swizzles (buffer attributes);
+    - ``layout_inference``: every register tile's thread layout, the recorded gemm plans'
+      accumulators first, ``relayout`` ops where ops disagree;
+    - ``bounds``: which global accesses keep a mask;
+    - ``pipelining`` (:func:`.gpu.copy_schedule.schedule_async_copies`): each
+      ``jt.pipelined`` loop's cp.async schedule as statements (``async_issue`` per stage in
+      the prologue and each iteration, ``async_commit``, ``async_wait`` with its count, the
+      iteration's ``barrier``), its staged copies noted ``issued``;
+    - ``smem_plan`` (:func:`.gpu.smem_plan.place_shared_buffers`): each shared buffer's
+      byte offset and pipeline stages (buffer attributes);
+    - ``barriers``: ``barrier`` ops wherever threads of a block would race (after layouts,
+      which say which thread touches which shared element, treating buffers the plan puts
+      on the same bytes as one).
 
-    def barriers(k: ir.Kernel) -> ir.Kernel:
-        return insert_barriers(k, plan_kernel(k, target.caps).shares())
+    After ``pipelining`` the GPU rules (:func:`.gpu.verify.verify_gpu`: wait counts,
+    barriers in uniform control flow, offsets) are checked with the others under
+    ``JAXTILE_VERIFY_IR``. Code generation then prints the IR (:mod:`.gpu.codegen.lower`)."""
+    from .gpu.copy_schedule import schedule_async_copies
+    from .gpu.gemm_plan import anchors, plan_gemms
+    from .gpu.smem_plan import place_shared_buffers, shares
+    from .gpu.verify import verify_gpu
 
-    return (Pass("layout_inference", lambda k: infer_layouts(k, strict)),
-            Pass("bounds", check_bounds), Pass("barriers", barriers))
+    return (Pass("gemm_plan", lambda k: plan_gemms(k, target)),
+            Pass("layout_inference", lambda k: infer_layouts(k, anchors)),
+            Pass("bounds", check_bounds),
+            Pass("pipelining", schedule_async_copies, verify_gpu),
+            Pass("smem_plan", lambda k: place_shared_buffers(k, target.caps), verify_gpu),
+            Pass("barriers", lambda k: insert_barriers(k, shares(k)), verify_gpu))
 
 
 TARGET_PIPELINES: dict[str, Callable[[Target], tuple[Pass, ...]]] = {
-    "cpu": cpu, "cuda": cuda, "hip": cuda}
+    "cpu": cpu, "cuda": gpu, "hip": gpu}
 """Target kind -> the function listing its passes."""
 
 
@@ -109,11 +130,15 @@ def run(kernel: ir.Kernel, passes: Sequence[Pass]) -> ir.Kernel:
     """Run ``passes`` in order; verify after each when ``JAXTILE_VERIFY_IR`` is set, and
     print the IR after those named in ``JAXTILE_DUMP_IR``."""
     dump = _dumped()
-    check = os.environ.get("JAXTILE_VERIFY_IR", "") not in ("", "0")
+    check = verify.requested()
+    rules: list[Callable[[ir.Kernel], ir.Kernel]] = [verify.verify]
     for p in passes:
         kernel = p.run(kernel)
+        if p.rules is not None and p.rules not in rules:
+            rules.append(p.rules)
         if check:
-            verify.verify(kernel)
+            for rule in rules:
+                rule(kernel)
         if p.name in dump or "all" in dump:
             print(f"// Tile IR after {p.name}\n{printer.format_kernel(kernel)}",
                   file=sys.stderr)

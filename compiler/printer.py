@@ -140,8 +140,9 @@ def format_kernel(kernel: ir.Kernel, *, with_lines: bool = True,
         # A buffer's layout is part of the key: before the GPU passes only a user's
         # annotation (jt.annotate_layout) can be there, and it changes the code.
         layout = _layout_suffix(b.layout)
+        attrs = f" {_mapping(p.names, b.attrs)}" if b.attrs else ""
         p.out.append(f"  {b.role} {b.name}: {b.scope} {type_text(b.shape, b.dtype)}{layout}"
-                     f"{aliases}{p.where(b.line)}")
+                     f"{aliases}{attrs}{p.where(b.line)}")
     p.stmts(kernel.body, 1)
     return "\n".join(p.out)
 

@@ -9,6 +9,7 @@ broadcast dimensions, gemm shapes...).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -144,6 +145,12 @@ def _valid_size(n: object) -> bool:
             return False
         return True
     return isinstance(n, int) and not isinstance(n, bool) and n >= 0
+
+
+def requested() -> bool:
+    """Whether ``JAXTILE_VERIFY_IR`` asks for the checks after every pass (and code
+    generation's round trip, :mod:`.gpu.codegen.lower`); the test suite sets it."""
+    return os.environ.get("JAXTILE_VERIFY_IR", "") not in ("", "0")
 
 
 def verify(kernel: ir.Kernel) -> ir.Kernel:

@@ -121,7 +121,6 @@ class Lowered:
         the GEMMs reading it chose. Returns the SVG text; ``path`` also writes the picture
         there: a PNG for a ``.png`` path (which needs matplotlib), else the SVG."""
         from jaxtile.compiler.gpu import gemm_plan, layout_svg
-        from jaxtile.compiler.gpu.codegen import gemm
 
         kernel = self._cuda_ir
         names = _variable_names(kernel)
@@ -139,7 +138,7 @@ class Lowered:
             else:
                 if len(buf.shape) != 2:
                     raise ValueError("only 2-D shared tiles are drawn")
-                plan = gemm.swizzles(kernel, parse_target(self.target)).get(buf.name)
+                plan = gemm_plan.swizzles(kernel).get(buf.name)
                 shared = plan or gemm_plan.SharedTile(buf.dtype, *buf.shape, swizzled=False)
                 picture = layout_svg.shared_picture(
                     shared, f"{title}, {'swizzled' if shared.swizzled else 'row-major'}")

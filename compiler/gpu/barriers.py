@@ -19,22 +19,23 @@ and loop bounds in the Tile IR are uniform across the block, so a barrier inside
 reached by all threads -- except a ``While`` condition that reads global memory the kernel
 writes, whose lowering refuses a barrier inside (``gpu/codegen/control.py``).
 
-Buffers that the shared-memory plan gives the same bytes (``SmemPlan.shares()``, passed in
-as ``shares``) count as one buffer: the last reads of one and the first writes of the next
+Buffers that the shared-memory plan gives the same bytes (the ``offset`` attributes the
+``smem_plan`` pass wrote, read by ``smem_plan.shares`` and passed in as ``shares``) count as
+one buffer: the last reads of one and the first writes of the next
 are a write-after-read hazard (and the other way round) although they name different
 buffers.
 
-A loop that runs as a ``cp.async`` pipeline (``copy_schedule.pipeline_shape``) is walked as
-its schedule runs it: the staged copies are issued by the prologue before the loop (their
-writes meet what is pending before the loop: a barrier goes before the loop when they
-conflict) and at the top of each iteration, after the schedule's own barrier, into a buffer
-no thread reads in that iteration; so the body is walked once, from that barrier, without the
-staged copies, and its staged reads conflict with nothing inside the loop. Barriers it still
-needs (e.g. between a fragment staged through shared memory and its readers) are ordinary
-barrier ops of the body.
+A loop that runs as a ``cp.async`` pipeline is walked as the schedule the pipelining pass
+wrote into the IR runs it: the prologue's ``async_issue`` ops issue the staged copies before
+the loop (their writes meet what is pending before the loop: a barrier goes before the
+prologue when they conflict, checked once for the whole prologue, whose issues fill distinct
+stages), and each iteration's ``async_issue``, after the schedule's own ``barrier``, fills a
+stage no thread reads in that iteration, so it and the staged copies it runs (``issued``)
+make no access inside the loop. Barriers the compute still needs (e.g. between a fragment staged
+through shared memory and its readers) are ordinary barrier ops of the body.
 
-Assumes: layout inference ran. Guarantees: every cross-thread hazard on a shared buffer has
-a ``barrier`` op between its two accesses.
+Assumes: layout inference and the pipelining pass ran. Guarantees: every cross-thread hazard
+on a shared buffer has a ``barrier`` op between its two accesses.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ import numpy as np
 
 from .. import ir, op_defs
 from .codegen.copies import copy_layout
-from .copy_schedule import PipelineShape, pipeline_shape
+from .copy_schedule import ISSUED, SCHEDULE_KINDS, issued_copies
 from .layout import Layout, blocked
 from .layout_inference import uniform_values
 
@@ -79,6 +80,7 @@ class _Walker:
                         if isinstance(s, ir.Op) and s.result is not None
                         and "layout" in s.notes}
         self._accesses: dict[int, list[_Access]] = {}
+        self._issues: dict[int, list[_Access]] = {}
 
     def accesses(self, op: ir.Op) -> list[_Access]:
         """The op's shared-memory accesses (the same objects on every visit, so that the
@@ -146,6 +148,18 @@ class _Walker:
             entry = carried
         return dataclasses.replace(stmt, cond=tuple(new_cond), body=tuple(new_body)), after
 
+    def _op_accesses(self, op: ir.Op, rest: tuple[ir.Stmt, ...]) -> list[_Access]:
+        """The accesses ``op`` makes where it stands (``rest``: the statements after it).
+        A prologue's ``async_issue`` makes its loop's staged copies; the schedule inside a
+        loop and the staged copies themselves make none there: they fill a stage no thread
+        reads in that iteration, published by the schedule's own barrier."""
+        if op.kind == "async_issue" and op.attrs["prologue"]:
+            loop = next(s for s in rest if isinstance(s, ir.For))
+            return self._issued(loop)
+        if op.kind in SCHEDULE_KINDS or (op.kind == "copy" and op.notes.get(ISSUED)):
+            return []
+        return self.accesses(op)
+
     def _barrier(self, pending: list[_Access], accs: list[_Access], line: str | None
                  ) -> ir.Op | None:
         """The barrier ``accs`` need after ``pending``, or None."""
@@ -159,44 +173,39 @@ class _Walker:
             reason += f" (shares bytes with {p.buffer})"
         return ir.Op("barrier", (), None, {}, line, {"reason": reason})
 
-    def _pipelined(self, loop: ir.For, shape: PipelineShape, pending: list[_Access]
-                   ) -> tuple[ir.For, list[_Access], ir.Op | None]:
-        """A pipelined loop (see the module docstring): the loop, what is pending after
-        it, and the barrier to put before it (or None)."""
-        issued = [_Access(a.buffer, a.write, a.region, None)
-                  for c in shape.copies for a in self.accesses(c)]
-        barrier = self._barrier(pending, issued, loop.line)
-        if barrier is not None:
-            barrier = barrier.with_notes(reason=barrier.notes["reason"] +
-                                         ", before the pipeline's prologue")
-            pending = []
-        pending = pending + issued
-        new_body, end = self.body(loop.body, [], skip=shape.copies)
-        return dataclasses.replace(loop, body=tuple(new_body)), _union(pending, end), barrier
+    def _issued(self, loop: ir.For) -> list[_Access]:
+        """What a scheduled loop's prologue issues: its staged copies' accesses, by any
+        thread (the same objects on every visit)."""
+        if id(loop) not in self._issues:
+            self._issues[id(loop)] = [_Access(a.buffer, a.write, a.region, None)
+                                      for c in issued_copies(loop) for a in self.accesses(c)]
+        return self._issues[id(loop)]
 
     def body(self, body: tuple[ir.Stmt, ...], pending: list[_Access],
-             skip: tuple[ir.Op, ...] = ()) -> tuple[list[ir.Stmt], list[_Access]]:
+             ) -> tuple[list[ir.Stmt], list[_Access]]:
         out: list[ir.Stmt] = []
         pending = list(pending)
-        for stmt in body:
+        in_prologue = False     # the issues of one prologue fill distinct stages
+        for i, stmt in enumerate(body):
+            in_prologue = in_prologue and isinstance(stmt, ir.Op)
             if isinstance(stmt, ir.Op):
                 if stmt.kind == "barrier":
                     pending = []
                     out.append(stmt)
                     continue
-                if any(stmt is c for c in skip):
-                    out.append(stmt)
-                    continue
-                accs = self.accesses(stmt)
-                barrier = self._barrier(pending, accs, stmt.line)
+                accs = self._op_accesses(stmt, body[i + 1:])
+                issue = stmt.kind == "async_issue" and stmt.attrs["prologue"]
+                barrier = None if issue and in_prologue else self._barrier(pending, accs,
+                                                                          stmt.line)
+                in_prologue = issue or (in_prologue and stmt.kind == "async_commit")
                 if barrier is not None:
+                    if stmt.kind == "async_issue":
+                        barrier = barrier.with_notes(reason=barrier.notes["reason"] +
+                                                     ", before the pipeline's prologue")
                     out.append(barrier)
                     pending = []
-                pending += accs
+                pending = _union(pending, accs) if stmt.kind == "async_issue" else pending + accs
                 out.append(stmt)
-            elif isinstance(stmt, ir.For) and (shape := pipeline_shape(self.kernel, stmt)):
-                out_stmt, pending, barrier = self._pipelined(stmt, shape, pending)
-                out += [barrier, out_stmt] if barrier is not None else [out_stmt]
             elif isinstance(stmt, ir.For):
                 entry = pending
                 once = isinstance(stmt.extent, int) and stmt.extent <= 1

@@ -283,3 +283,90 @@ def staged_buffers(kernel: ir.Kernel) -> dict[str, int]:
         if shape is not None:
             out.update({name: shape.stages for name in shape.staged})
     return out
+
+
+ISSUED = "issued"
+"""The note the pipelining pass puts on the ops an ``async_issue`` runs: a loop's staged
+copies and the scalar ops computing their origins (recomputed for the issued iteration)."""
+SCHEDULE_KINDS = ("async_issue", "async_commit", "async_wait")
+PUBLISH = "tile it is visible; the buffer refilled next is free"
+"""The reason of the barrier at the top of a pipelined iteration."""
+
+
+def _schedule_op(step: Step, line: str | None, prologue: bool) -> ir.Op:
+    if step.kind == "copy":
+        attrs = {"tile": step.tile, "guard": step.guard == "runtime", "prologue": prologue}
+        return ir.Op("async_issue", (), None, attrs, line)
+    if step.kind == "commit":
+        return ir.Op("async_commit", (), None, {}, line)
+    if step.kind == "wait":
+        return ir.Op("async_wait", (), None, {"count": step.count}, line)
+    return ir.Op("barrier", (), None, {}, line, {"reason": PUBLISH})
+
+
+def schedule_async_copies(kernel: ir.Kernel) -> ir.Kernel:
+    """The pipelining pass: each ``jt.pipelined`` loop that :func:`pipeline_shape` stages
+    gets its :func:`plan_pipeline` schedule as statements. The prologue's ``async_issue``
+    (``prologue=True``) and ``async_commit`` ops go right before the loop; the loop's body
+    starts with the iteration's ``async_wait``, ``barrier``, ``async_issue`` and
+    ``async_commit``, followed by the body as written (the compute), whose staged copies and
+    their origins' scalar ops carry the :data:`ISSUED` note; an ``async_wait {count=0}``
+    follows the loop. Other loops are unchanged.
+
+    Assumes: the loops' shapes are final (layouts, bounds and buffers do not change them).
+    Guarantees: the shape is decided here once; shared-memory planning
+    (:func:`issued_stages`), barrier insertion and code generation read the schedule from
+    the IR. The prologue is adjacent to its loop; a loop's schedule starts its body with an
+    ``async_wait`` and ends at its first top-level ``async_commit``."""
+    shapes = {id(loop): shape for loop in _loops(kernel.body)
+              if (shape := pipeline_shape(kernel, loop)) is not None}
+    issued = {id(op) for shape in shapes.values() for op in shape.copies + shape.scalars}
+
+    def block(body: tuple[ir.Stmt, ...]) -> list[ir.Stmt]:
+        out: list[ir.Stmt] = []
+        for s in body:
+            if isinstance(s, ir.Op):
+                out.append(s.with_notes(**{ISSUED: True}) if id(s) in issued else s)
+            elif not isinstance(s, ir.For) or id(s) not in shapes:
+                out.append(ir.with_blocks(s, [block(b) for b in ir.blocks(s)]))
+            else:
+                inner = block(s.body)
+                shape = shapes[id(s)]
+                plan = plan_pipeline(shape.stages, s.extent if isinstance(s.extent, int)
+                                     else None)
+                out += [_schedule_op(step, s.line, True) for step in plan.prologue]
+                head = [_schedule_op(step, s.line, False) for step in plan.body
+                        if step.kind != "compute"]
+                out.append(dataclasses.replace(s, body=(*head, *inner)))
+                out.append(ir.Op("async_wait", (), None, {"count": 0}, s.line))
+        return out
+
+    return dataclasses.replace(kernel, body=tuple(block(kernel.body)))
+
+
+def scheduled(loop: ir.For) -> bool:
+    """Whether the pipelining pass gave ``loop`` a cp.async schedule (its body starts with
+    the iteration's ``async_wait``; a loop holding another loop's prologue is not one)."""
+    return (loop.kind == "pipelined" and bool(loop.body) and isinstance(loop.body[0], ir.Op)
+            and loop.body[0].kind == "async_wait")
+
+
+def split_schedule(loop: ir.For) -> tuple[tuple[ir.Stmt, ...], tuple[ir.Stmt, ...]]:
+    """A scheduled loop's body: its schedule (up to its first top-level ``async_commit``)
+    and the compute that follows (which may hold the prologue of a nested loop)."""
+    first = next(i for i, s in enumerate(loop.body)
+                 if isinstance(s, ir.Op) and s.kind == "async_commit")
+    return loop.body[:first + 1], loop.body[first + 1:]
+
+
+def issued_copies(loop: ir.For) -> list[ir.Op]:
+    """The staged copies of a scheduled loop (the copies its ``async_issue`` runs)."""
+    return [s for s in loop.body if isinstance(s, ir.Op) and s.kind == "copy"
+            and s.notes.get(ISSUED)]
+
+
+def issued_stages(kernel: ir.Kernel) -> dict[str, int]:
+    """Shared buffers the scheduled loops multi-buffer, with their number of stages (as
+    :func:`staged_buffers`, read from the pipelining pass's IR)."""
+    return {c.attrs["dst"].buffer: loop.stages for loop in _loops(kernel.body)
+            if scheduled(loop) for c in issued_copies(loop)}

@@ -12,6 +12,11 @@ the device templates exactly in two places, and tests check both against the dev
 Instructions come from the target's capabilities (``GpuCaps.mma_shapes``): ``mma.sync``
 m16n8k16 for f16 x f16 and bf16 x bf16 into f32, m16n8k8 tf32 for f32 x f32 into f32, and a
 scalar multiply-add fallback for everything else (and for shapes the atoms do not divide).
+
+The ``gemm_plan`` pass (:func:`plan_gemms`) plans each gemm of a kernel once and records the
+decisions in the IR (the op's ``instr``, ``warps`` and ``policy`` notes, its shared operands'
+``swizzle`` attribute); layout inference and code generation rebuild the plan from them
+(:func:`recorded`, :func:`assemble_plan`), deciding nothing.
 """
 
 from __future__ import annotations
@@ -19,10 +24,13 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import os
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from .. import ir
 from ..errors import KernelError
 from ..target import GpuCaps, Target
 from .layout import LOCAL, THREAD, Factor, Layout, mma_accumulator
@@ -265,6 +273,18 @@ def plan_gemm(m: int, n: int, k: int, a_dtype: Any, b_dtype: Any, acc_dtype: Any
     if policy == "auto":
         policy = "rows" if a_in_registers else "square"
     warps = _partition(m, n, threads // caps.warp_size, policy)
+    return assemble_plan(m, n, k, a_dt, b_dt, acc_dt, threads, trans_a=trans_a,
+                         trans_b=trans_b, policy=policy, instr=instr, warps=warps,
+                         a_in_registers=a_in_registers)
+
+
+def assemble_plan(m: int, n: int, k: int, a_dtype: Any, b_dtype: Any, acc_dtype: Any,
+                  threads: int, *, trans_a: bool, trans_b: bool, policy: str,
+                  instr: GemmInstr, warps: tuple[int, int], a_in_registers: bool) -> GemmPlan:
+    """The plan whose decisions (``instr``, ``warps``, ``policy``) :func:`plan_gemm` made
+    (or the IR records): the layouts and shared tiles follow from them."""
+    a_dt, b_dt, acc_dt = np.dtype(a_dtype), np.dtype(b_dtype), np.dtype(acc_dtype)
+    warps = (int(warps[0]), int(warps[1]))
     acc_layout = mma_accumulator((m, n), warps, threads, instr.label)
     # tf32 operands that ldmatrix cannot deliver are read with scalar loads of 4 rows x 8
     # consecutive columns; swizzle step 2 puts those 4 rows in distinct banks.
@@ -277,3 +297,146 @@ def plan_gemm(m: int, n: int, k: int, a_dtype: Any, b_dtype: Any, acc_dtype: Any
     a_layout = _register_a_layout(m, k, warps, threads) if a_in_registers else None
     return GemmPlan(m, n, k, a_dt, b_dt, acc_dt, threads, trans_a, trans_b, policy, instr,
                     warps, acc_layout, a_tile, b_tile, a_layout)
+
+
+def _where(op: ir.Op) -> str:
+    return os.path.basename(op.line) if op.line else "?"
+
+
+def policy(kernel: ir.Kernel) -> str:
+    """The warp partition of a kernel's gemms: whole rows per warp when one of them takes A
+    from registers (attention's ``P @ V``), so that the accumulator of ``S = Q @ K^T``, the
+    row softmax on it and ``P`` share one layout; the planner's default otherwise."""
+    bufs = {b.name: b for b in kernel.buffers}
+    regs = any(bufs[op.attrs["a"].buffer].scope == "fragment" for op in _gemms(kernel))
+    return "rows" if regs else "auto"
+
+
+def plan(op: ir.Op, bufs: Mapping[str, ir.Buffer], threads: int, target: Target,
+         policy: str = "auto") -> GemmPlan:
+    """The plan of one gemm op (regions must be whole 2-D buffers: an accumulator fragment,
+    shared operands or a register A)."""
+    a, b, c = (op.attrs[r] for r in ("a", "b", "c"))
+    where = _where(op)
+    for role, r in (("a", a), ("b", b), ("c", c)):
+        buf = bufs[r.buffer]
+        if not r.is_whole(buf.shape) or len(buf.shape) != 2:
+            raise KernelError(f"gemm operand {role} must be a whole 2-D on-chip buffer for "
+                              f"CUDA (at {where})")
+    if bufs[c.buffer].scope != "fragment":
+        raise KernelError(f"gemm accumulator '{c.buffer}' must be a fragment for CUDA "
+                          f"(at {where})")
+    if bufs[b.buffer].scope != "shared":
+        raise KernelError(f"gemm operand b '{b.buffer}' must be in shared memory for CUDA "
+                          f"(at {where})")
+    ta, tb = op.attrs["transpose_a"], op.attrs["transpose_b"]
+    m, k = a.shape[::-1] if ta else a.shape
+    n = b.shape[0] if tb else b.shape[1]
+    regs = bufs[a.buffer].scope == "fragment"
+    return plan_gemm(m, n, k, bufs[a.buffer].dtype, bufs[b.buffer].dtype, bufs[c.buffer].dtype,
+                     threads, trans_a=ta, trans_b=tb, policy=policy, target=target,
+                     a_in_registers=regs)
+
+
+def _planned(op: ir.Op, kernel: ir.Kernel, target: Target, policy: str) -> GemmPlan | None:
+    """The plan, or None where the gemm falls back to scalar multiply-adds."""
+    bufs = {b.name: b for b in kernel.buffers}
+    try:
+        return plan(op, bufs, kernel.threads, target, policy)
+    except KernelError:
+        return None
+
+
+def _gemms(kernel: ir.Kernel) -> list[ir.Op]:
+    return [s for s in ir.walk(kernel.body) if isinstance(s, ir.Op) and s.kind == "gemm"]
+
+
+SCALAR = "scalar"
+"""The ``instr`` note of a gemm that falls back to scalar multiply-adds."""
+
+
+def plan_gemms(kernel: ir.Kernel, target: Target) -> ir.Kernel:
+    """The gemm planning pass: each gemm gets the notes ``instr`` (the instruction's label,
+    or ``'scalar'`` for the fallback), ``warps`` (the warp grid) and ``policy``, and each
+    shared operand the ``swizzle`` buffer attribute of its plan's tile (0 row-major, else
+    the XOR step).
+
+    Assumes: regions are whole buffers where a plan is possible. Guarantees: the plan is
+    made once; layout inference and code generation rebuild it from the notes
+    (:func:`recorded`). KernelError where two gemms need different swizzles of one buffer."""
+    pol = policy(kernel)
+    tiles: dict[str, tuple[SharedTile, ir.Op]] = {}
+
+    def note(op: ir.Op) -> list[ir.Op]:
+        if op.kind != "gemm":
+            return [op]
+        p = _planned(op, kernel, target, pol)
+        if p is None:
+            return [op.with_notes(instr=SCALAR)]
+        for attr, tile in (("a", p.a_tile), ("b", p.b_tile)):
+            if tile is None:
+                continue
+            name = op.attrs[attr].buffer
+            if tiles.setdefault(name, (tile, op))[0] != tile:
+                raise KernelError(f"shared buffer '{name}' is read by gemms that need different "
+                                  f"swizzles; not lowered for CUDA yet "
+                                  f"(at {_where(op)})")
+        return [op.with_notes(instr=p.instr.label, warps=p.warps, policy=p.policy)]
+
+    body = ir.map_ops(kernel.body, note)
+    buffers = tuple(b.with_attrs(swizzle=tiles[b.name][0].step if tiles[b.name][0].swizzled
+                                 else 0) if b.name in tiles else b for b in kernel.buffers)
+    return dataclasses.replace(kernel, buffers=buffers, body=body)
+
+
+_INSTRS = {i.label: i for i in GemmInstr}
+
+
+def recorded(op: ir.Op, kernel: ir.Kernel) -> GemmPlan | None:
+    """The plan :func:`plan_gemms` recorded in ``op``'s notes (None: scalar fallback); an
+    internal KernelError if the pass did not run."""
+    instr = op.notes.get("instr")
+    if instr is None:
+        raise KernelError(f"internal error: gemm at {_where(op)} has no plan (the "
+                          "gemm_plan pass did not run)")
+    if instr == SCALAR:
+        return None
+    bufs = {b.name: b for b in kernel.buffers}
+    a, b, c = (op.attrs[r] for r in ("a", "b", "c"))
+    ta, tb = op.attrs["transpose_a"], op.attrs["transpose_b"]
+    m, k = a.shape[::-1] if ta else a.shape
+    n = b.shape[0] if tb else b.shape[1]
+    return assemble_plan(m, n, k, bufs[a.buffer].dtype, bufs[b.buffer].dtype,
+                         bufs[c.buffer].dtype, kernel.threads, trans_a=ta, trans_b=tb,
+                         policy=op.notes["policy"], instr=_INSTRS[instr],
+                         warps=op.notes["warps"], a_in_registers=bufs[a.buffer].scope == "fragment")
+
+
+def anchors(kernel: ir.Kernel) -> dict[str, Layout]:
+    """Layout inference's strict layouts: every planned gemm's accumulator (and register
+    A), from the plans :func:`plan_gemms` recorded."""
+    out: dict[str, Layout] = {}
+    for op in _gemms(kernel):
+        p = recorded(op, kernel)
+        if p is None:
+            continue
+        wants = [(op.attrs["c"].buffer, p.acc_layout)]
+        if p.a_layout is not None:
+            wants.append((op.attrs["a"].buffer, p.a_layout))
+        for name, lay in wants:
+            if out.setdefault(name, lay) != lay:
+                raise KernelError(f"fragment '{name}' is used by gemms that need different "
+                                  f"layouts ({out[name].text()} and {lay.text()}); not "
+                                  f"lowered for CUDA yet (at {_where(op)})")
+    return out
+
+
+def swizzles(kernel: ir.Kernel) -> dict[str, SharedTile]:
+    """The shared buffers gemms read, with the physical layout the IR records for them."""
+    out: dict[str, SharedTile] = {}
+    for b in kernel.buffers:
+        if "swizzle" in b.attrs:
+            step = b.attrs["swizzle"]
+            out[b.name] = SharedTile(np.dtype(b.dtype), *b.shape, swizzled=step > 0,
+                                     step=max(step, 1))
+    return out

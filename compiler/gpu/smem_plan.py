@@ -17,6 +17,11 @@ This is ``passes/liveness.py``'s numbering applied to buffers rather than SSA va
 shared buffer is written and read through regions, never defined once). Buffers that no
 statement touches get no offset.
 
+The ``smem_plan`` pass (:func:`place_shared_buffers`) writes the plan into the IR as buffer
+attributes (``offset``, ``stages``); barrier insertion and code generation read it from there
+(:func:`shares`, :func:`recorded_plan`). Code generation only places its own per-op scratch
+around those fixed offsets (:func:`place_scratch`).
+
 Assumes: ``bytes_of`` covers every shared buffer (all stages of a multi-buffered one).
 Guarantees: buffers live at the same statement never overlap; every offset is a multiple of
 :data:`ALIGN` (``cp.async`` and ``ldmatrix`` need 16, 128 keeps swizzle phases aligned).
@@ -31,9 +36,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ..errors import KernelError
-from ..ir import For, Kernel, Op, Region, Stmt, While
+from ..ir import For, Kernel, Op, Region, Stmt, While, regions, walk
 from ..target import GpuCaps
-from .copy_schedule import staged_buffers
+from .copy_schedule import issued_stages, staged_buffers
 
 ALIGN = 128
 
@@ -82,8 +87,11 @@ class SmemPlan:
                 f"(opt-in above {self.static_limit}): {where}")
 
 
-def _lifetimes(body: Sequence[Stmt], names: set[str], extra: Mapping[int, list[Scratch]],
-               ) -> dict[str, tuple[int, int]]:
+def lifetimes(body: Sequence[Stmt], names: set[str],
+              extra: Mapping[int, list[Scratch]] | None = None) -> dict[str, tuple[int, int]]:
+    """First and last statement (pre-order numbers, loops extended) of each of the buffers
+    ``names`` (and the ``extra`` scratch of each op) that ``body`` touches."""
+    extra = extra or {}
     spans: dict[str, tuple[int, int]] = {}
     counter = [0]
 
@@ -133,7 +141,7 @@ def plan_shared_memory(kernel: Kernel, bytes_of: Mapping[str, int], caps: GpuCap
     sizes = {**bytes_of, **{s.name: s.bytes for s in extra}}
     order = {b.name: i for i, b in enumerate(kernel.buffers)}
     order.update({s.name: len(order) + i for i, s in enumerate(extra)})
-    spans = _lifetimes(kernel.body, set(bytes_of), by_op)
+    spans = lifetimes(kernel.body, set(bytes_of), by_op)
     offsets: dict[str, int] = {n: o for n, o in (fixed or {}).items() if n in spans}
     for name in sorted(spans, key=lambda n: (-sizes[n], spans[n], order.get(n, 0))):
         if name in offsets:
@@ -160,26 +168,78 @@ def plan_shared_memory(kernel: Kernel, bytes_of: Mapping[str, int], caps: GpuCap
                     caps.static_smem_bytes, caps.max_smem_bytes)
 
 
-def buffer_bytes(kernel: Kernel) -> dict[str, int]:
-    """Bytes of each shared buffer of ``kernel``, all stages of a pipelined one."""
-    stages = staged_buffers(kernel)
+def buffer_bytes(kernel: Kernel, stages: Mapping[str, int] | None = None) -> dict[str, int]:
+    """Bytes of each shared buffer of ``kernel``, all stages of a pipelined one (``stages``:
+    the multi-buffered ones, by default those the pipelined loops stage)."""
+    stages = staged_buffers(kernel) if stages is None else stages
     return {b.name: max(math.prod(b.shape), 1) * np.dtype(b.dtype).itemsize
             * stages.get(b.name, 1) for b in kernel.buffers if b.scope == "shared"}
 
 
 def plan_kernel(kernel: Kernel, caps: GpuCaps) -> SmemPlan:
-    """The plan of ``kernel``'s own shared buffers (pipelined ones with their stages): what
-    the barrier pass reads :meth:`SmemPlan.shares` from, and what code generation then
-    places its scratch around (the same offsets: planning ignores names and barriers)."""
+    """The plan of ``kernel``'s own shared buffers (pipelined ones with their stages), which
+    :func:`place_shared_buffers` writes into the IR."""
     return plan_shared_memory(kernel, buffer_bytes(kernel), caps)
+
+
+def place_shared_buffers(kernel: Kernel, caps: GpuCaps) -> Kernel:
+    """The shared-memory planning pass: every shared buffer a statement touches gets its
+    plan's byte ``offset`` and, when a pipelined loop multi-buffers it, ``stages`` as buffer
+    attributes (:attr:`.ir.Buffer.attrs`).
+
+    Assumes: the pipelining pass ran (its staged copies say which buffers have stages).
+    Guarantees: buffers whose lifetimes overlap get disjoint bytes, offsets are multiples of
+    :data:`ALIGN`, the total fits ``caps`` (else KernelError); later passes and code
+    generation read the plan from the IR (:func:`recorded_plan`, :func:`shares`)."""
+    stages = issued_stages(kernel)
+    plan = plan_shared_memory(kernel, buffer_bytes(kernel, stages), caps)
+    buffers = []
+    for b in kernel.buffers:
+        if b.name in plan.offsets:
+            extra = {"stages": stages[b.name]} if b.name in stages else {}
+            b = b.with_attrs(offset=plan.offsets[b.name], **extra)
+        buffers.append(b)
+    return dataclasses.replace(kernel, buffers=tuple(buffers))
+
+
+def recorded_bytes(kernel: Kernel) -> tuple[dict[str, int], dict[str, int]]:
+    """Offsets and bytes of the shared buffers the IR places."""
+    placed = [b for b in kernel.buffers if b.scope == "shared" and "offset" in b.attrs]
+    stages = {b.name: b.attrs.get("stages", 1) for b in placed}
+    sizes = buffer_bytes(kernel, stages)
+    return {b.name: b.attrs["offset"] for b in placed}, {b.name: sizes[b.name] for b in placed}
+
+
+def shares(kernel: Kernel) -> list[tuple[str, str]]:
+    """Pairs of shared buffers the IR's plan gives overlapping bytes (necessarily at
+    different times; barrier insertion treats each pair as one buffer)."""
+    offsets, sizes = recorded_bytes(kernel)
+    names = sorted(offsets)
+    return [(a, b) for i, a in enumerate(names) for b in names[i + 1:]
+            if offsets[a] < offsets[b] + sizes[b] and offsets[b] < offsets[a] + sizes[a]]
+
+
+def recorded_plan(kernel: Kernel, caps: GpuCaps) -> SmemPlan:
+    """The plan :func:`place_shared_buffers` wrote into ``kernel`` (lifetimes recomputed
+    from the body); an internal KernelError names a touched shared buffer it did not
+    place."""
+    offsets, sizes = recorded_bytes(kernel)
+    touched = {r.buffer for s in walk(kernel.body) if isinstance(s, Op) for r in regions(s)}
+    missing = [b.name for b in kernel.buffers
+               if b.scope == "shared" and b.name in touched and b.name not in offsets]
+    if missing:
+        raise KernelError(f"internal error: shared buffer(s) {', '.join(missing)} of kernel "
+                          f"{kernel.name!r} have no planned offset (the smem_plan pass did "
+                          "not run)")
+    return plan_shared_memory(kernel, sizes, caps, fixed=offsets)
 
 
 def place_scratch(kernel: Kernel, plan: SmemPlan, scratch: Sequence[Scratch], caps: GpuCaps,
                   ) -> tuple[SmemPlan, set[str], set[str]]:
-    """``plan`` (the kernel's buffers, offsets kept) with code generation's per-op
-    ``scratch`` placed around it, and the scratch arrays that need a barrier before their
-    op (they reuse bytes some earlier buffer used) and after it (a later one reuses
-    theirs). The barrier pass did not see scratch, so these barriers are code
+    """``plan`` (the kernel's buffers, offsets kept: :func:`recorded_plan`) with code
+    generation's per-op ``scratch`` placed around it, and the scratch arrays that need a
+    barrier before their op (they reuse bytes some earlier buffer used) and after it (a later
+    one reuses theirs). The barrier pass did not see scratch, so these barriers are code
     generation's; an op inside a loop has its leading barrier already (its previous
     iteration's reads)."""
     sizes = {n: plan.sizes[n] for n in plan.offsets}

@@ -216,6 +216,9 @@ _NOT_RUN = {
     "store_release": "flags between blocks; tests/emulator/test_memory_ordering.py runs it",
     "fence": "ordering between blocks; tests/emulator/test_memory_ordering.py runs it",
     "print": "writes text, not an output; tests/jaxtile/test_language_print.py runs it",
+    "async_issue": "the GPU pipelining pass's; tests/emulator/test_cuda_pipelines.py runs it",
+    "async_commit": "the GPU pipelining pass's; tests/emulator/test_cuda_pipelines.py runs it",
+    "async_wait": "the GPU pipelining pass's; tests/emulator/test_cuda_pipelines.py runs it",
 }
 """Operations this test does not run, and why."""
 _ALSO_IN = {"load": "every case", "store": "every case",

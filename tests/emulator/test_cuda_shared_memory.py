@@ -164,8 +164,9 @@ def test_pipeline_stages_reusing_a_dead_buffer_get_a_barrier_before_the_prologue
     k = _lowered(_scaled_matmul, *(jnp.asarray(x) for x in (a, b, s)))
     plan = plan_kernel(k, SM80.caps)
     assert ("smem0", "smem1") in plan.shares()         # pre and the stages of a_s
-    loop = next(i for i, st in enumerate(k.body) if isinstance(st, ir.For))
-    barrier = k.body[loop - 1]
+    prologue = next(i for i, st in enumerate(k.body) if isinstance(st, ir.Op)
+                    and st.kind == "async_issue")     # the pipelining pass's prologue
+    barrier = k.body[prologue - 1]
     assert barrier.kind == "barrier" and "before the pipeline's prologue" in \
         barrier.notes["reason"]
     want = (a.astype(np.float64) @ b.astype(np.float64)) * s[0, 0]

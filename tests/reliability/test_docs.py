@@ -140,7 +140,7 @@ def test_design_states_the_pass_order_of_every_pipeline():
 
     design = " ".join((ROOT / "docs" / "design.md").read_text().split())
     for passes in (pipelines.NEUTRAL, pipelines.cpu(parse_target("cpu")),
-                   pipelines.cuda(parse_target("cuda:sm_80"))):
+                   pipelines.gpu(parse_target("cuda:sm_80"))):
         order = ", ".join(p.name for p in passes)
         assert f"`{order}`" in design, order
 

@@ -91,8 +91,11 @@ class Context:
         self.current_op: ir.Op | None = None
         """The op being lowered (the owner of the scratch it asks for)."""
         self._tmp = 0
-        self.stages: dict[str, tuple[int, int]] = {}
-        """Multi-buffered shared buffers of a pipelined loop: (stages, elements per stage)."""
+        self.stages: dict[str, tuple[int, int]] = {
+            b.name: (b.attrs["stages"], math.prod(b.shape)) for b in kernel.buffers
+            if "stages" in b.attrs}
+        """Multi-buffered shared buffers of a pipelined loop (the shared-memory plan's
+        ``stages`` attribute): (stages, elements per stage)."""
         self.stage_index = "0"
         """C text of the stage the code being written accesses."""
         self.async_copies = False

@@ -1,9 +1,12 @@
-"""Tile ``gemm`` ops in the CUDA lowering: plans, their layouts and swizzles, and the call.
+"""Tile ``gemm`` ops in the CUDA lowering: the call of the recorded plan, or the fallback.
 
-Each gemm is planned by :func:`.gemm_plan.plan_gemm` (instruction, warp partition, layouts,
-shared swizzles). Its plan fixes, strictly: the accumulator fragment's layout and, for a
-register A operand (``gemm_rs``), A's; and the physical order of its shared operand tiles,
-which every access to those buffers then follows. The op itself becomes one call of
+Each gemm is planned once, by the ``gemm_plan`` pass (:func:`..gemm_plan.plan_gemms`): the
+instruction, warp partition and policy become the op's notes, the shared tiles' swizzles
+buffer attributes; layout inference and this lowering rebuild the plan from those
+(:func:`..gemm_plan.recorded`) and decide nothing. The plan fixes, strictly:
+the accumulator fragment's layout and, for a register A operand (``gemm_rs``), A's; and the
+physical order of its shared operand tiles, which every access to those buffers then
+follows. The op itself becomes one call of
 ``jaxtile/tile_gemm.h``.
 
 A gemm the planner cannot take (tiles that do not split into 16 x 8 atoms, operands in
@@ -15,109 +18,17 @@ once at the end for 16-bit floats.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from ... import ir, semantics
 from ...errors import KernelError
-from ...target import Target
-from ..gemm_plan import GemmPlan, SharedTile, cpp_type, plan_gemm
-from ..layout import Layout
+from ..gemm_plan import cpp_type, recorded
 from . import scalar_math as M
 from . import types as T
 from .context import Context, source_line
 from .values import stage_fragment
 
 
-def policy(kernel: ir.Kernel) -> str:
-    """The warp partition of a kernel's gemms: whole rows per warp when one of them takes A
-    from registers (attention's ``P @ V``), so that the accumulator of ``S = Q @ K^T``, the
-    row softmax on it and ``P`` share one layout; the planner's default otherwise."""
-    bufs = {b.name: b for b in kernel.buffers}
-    regs = any(bufs[op.attrs["a"].buffer].scope == "fragment" for op in _gemms(kernel))
-    return "rows" if regs else "auto"
-
-
-def plan(op: ir.Op, bufs: Mapping[str, ir.Buffer], threads: int, target: Target,
-         policy: str = "auto") -> GemmPlan:
-    """The plan of one gemm op (regions must be whole 2-D buffers: an accumulator fragment,
-    shared operands or a register A)."""
-    a, b, c = (op.attrs[r] for r in ("a", "b", "c"))
-    where = source_line(op.line)
-    for role, r in (("a", a), ("b", b), ("c", c)):
-        buf = bufs[r.buffer]
-        if not r.is_whole(buf.shape) or len(buf.shape) != 2:
-            raise KernelError(f"gemm operand {role} must be a whole 2-D on-chip buffer for "
-                              f"CUDA (at {where})")
-    if bufs[c.buffer].scope != "fragment":
-        raise KernelError(f"gemm accumulator '{c.buffer}' must be a fragment for CUDA "
-                          f"(at {where})")
-    if bufs[b.buffer].scope != "shared":
-        raise KernelError(f"gemm operand b '{b.buffer}' must be in shared memory for CUDA "
-                          f"(at {where})")
-    ta, tb = op.attrs["transpose_a"], op.attrs["transpose_b"]
-    m, k = a.shape[::-1] if ta else a.shape
-    n = b.shape[0] if tb else b.shape[1]
-    regs = bufs[a.buffer].scope == "fragment"
-    return plan_gemm(m, n, k, bufs[a.buffer].dtype, bufs[b.buffer].dtype, bufs[c.buffer].dtype,
-                     threads, trans_a=ta, trans_b=tb, policy=policy, target=target,
-                     a_in_registers=regs)
-
-
-def planned(op: ir.Op, kernel: ir.Kernel, target: Target) -> GemmPlan | None:
-    """The plan, or None where the gemm falls back to scalar multiply-adds."""
-    bufs = {b.name: b for b in kernel.buffers}
-    try:
-        return plan(op, bufs, kernel.threads, target, policy(kernel))
-    except KernelError:
-        return None
-
-
-def _gemms(kernel: ir.Kernel) -> list[ir.Op]:
-    return [s for s in ir.walk(kernel.body) if isinstance(s, ir.Op) and s.kind == "gemm"]
-
-
-def anchors(target: Target):
-    """Layout inference's strict layouts: every gemm's accumulator (and register A)."""
-
-    def strict(kernel: ir.Kernel) -> dict[str, Layout]:
-        out: dict[str, Layout] = {}
-        for op in _gemms(kernel):
-            p = planned(op, kernel, target)
-            if p is None:
-                continue
-            wants = [(op.attrs["c"].buffer, p.acc_layout)]
-            if p.a_layout is not None:
-                wants.append((op.attrs["a"].buffer, p.a_layout))
-            for name, lay in wants:
-                if out.setdefault(name, lay) != lay:
-                    raise KernelError(f"fragment '{name}' is used by gemms that need different "
-                                      f"layouts ({out[name].text()} and {lay.text()}); not "
-                                      f"lowered for CUDA yet (at {source_line(op.line)})")
-        return out
-
-    return strict
-
-
-def swizzles(kernel: ir.Kernel, target: Target) -> dict[str, SharedTile]:
-    """The shared buffers gemms read, with the physical layout their plans give them."""
-    out: dict[str, SharedTile] = {}
-    for op in _gemms(kernel):
-        p = planned(op, kernel, target)
-        if p is None:
-            continue
-        for attr, tile in (("a", p.a_tile), ("b", p.b_tile)):
-            if tile is None:
-                continue
-            name = op.attrs[attr].buffer
-            if out.setdefault(name, tile) != tile:
-                raise KernelError(f"shared buffer '{name}' is read by gemms that need different "
-                                  f"swizzles; not lowered for CUDA yet "
-                                  f"(at {source_line(op.line)})")
-    return out
-
-
-def lower_gemm(cx: Context, op: ir.Op, target: Target) -> None:
-    p = planned(op, cx.kernel, target)
+def lower_gemm(cx: Context, op: ir.Op) -> None:
+    p = recorded(op, cx.kernel)
     if p is None:
         _fallback(cx, op)
         return

@@ -15,17 +15,19 @@ import math
 import re
 from collections.abc import Callable
 
-from ... import ir, op_defs, sizes
+from ... import ir, op_defs, parser, printer, sizes, verify
 from ...errors import KernelError
 from ...target import Target
+from ..copy_schedule import scheduled
 from ..device_rule import device_rule_violations
-from ..smem_plan import Scratch, place_scratch, plan_kernel
+from ..gemm_plan import swizzles
+from ..smem_plan import Scratch, place_scratch, recorded_plan
 from . import types as T
 from .context import SCRATCH_BARRIER, SIZE_PREFIX, Context, source_line
 from .control import lower_while
 from .copies import lower_atomic, lower_copy
 from .dynamic import dynamic_block_indices, size_bindings
-from .gemm import lower_gemm, swizzles
+from .gemm import lower_gemm
 from .ordering import lower_fence, lower_load_acquire, lower_store_release
 from .pipelined_loops import lower_pipelined
 from .printing import lower_print
@@ -99,7 +101,7 @@ class _Lowering:
     def __init__(self, kernel: ir.Kernel, target: Target):
         self.kernel = kernel
         self.target = target
-        self.cx = Context(kernel, target.caps.warp_size, swizzles(kernel, target))
+        self.cx = Context(kernel, target.caps.warp_size, swizzles(kernel))
         self.conversions: list[str] = []
 
     def run(self) -> CudaKernel:
@@ -134,13 +136,18 @@ class _Lowering:
 
     def body(self, body: tuple[ir.Stmt, ...]) -> None:
         cx = self.cx
+        prologue: list[ir.Op] = []
         for stmt in body:
-            if isinstance(stmt, ir.Op):
+            if isinstance(stmt, ir.Op) and stmt.kind in ("async_issue", "async_commit"):
+                prologue.append(stmt)       # printed with the loop it fills
+            elif isinstance(stmt, ir.Op):
                 self.op(stmt)
             elif isinstance(stmt, ir.While):
                 lower_while(self, stmt)
             elif isinstance(stmt, ir.For):
-                if stmt.kind == "pipelined" and lower_pipelined(self, stmt):
+                if stmt.kind == "pipelined" and scheduled(stmt):
+                    lower_pipelined(self, stmt, prologue)
+                    prologue = []
                     continue
                 var = cx.define(stmt.var)
                 start, extent = cx.operand(stmt.start), cx.operand(stmt.extent)
@@ -160,6 +167,10 @@ class _Lowering:
                 if stmt.otherwise:
                     with cx.w.block("else"):
                         self.body(stmt.otherwise)
+        if prologue:
+            raise KernelError(f"internal error: {prologue[0].kind} at "
+                              f"{source_line(prologue[0].line)} is not followed by its "
+                              "pipelined loop")
 
     def op(self, op: ir.Op) -> None:
         cx = self.cx
@@ -223,9 +234,9 @@ class _Lowering:
         cx, k = self.cx, self.kernel
         caps = self.target.caps
         scratch = [Scratch(n, _sizeof(t) * c, op) for t, n, c, op in cx.shared]
-        plan, before, after = place_scratch(k, plan_kernel(k, caps), scratch, caps)
+        plan, before, after = place_scratch(k, recorded_plan(k, caps), scratch, caps)
         arrays = [(T.mem(b.dtype), b.name, max(math.prod(b.shape), 1)
-                   * cx.stages.get(b.name, (1, 0))[0]) for b in k.buffers
+                   * b.attrs.get("stages", 1)) for b in k.buffers
                   if b.scope == "shared" and b.name in plan.offsets]
         arrays += [(t, n, c) for t, n, c, _ in cx.shared]
         decls = [f"  JT_SHARED_AT({t}, {n}, {c}, {plan.offsets[n]});" for t, n, c in arrays]
@@ -259,10 +270,26 @@ def _barrier(lw: _Lowering, op: ir.Op) -> None:
     lw.cx.w(f"sync_threads();  // {op.notes.get('reason', 'shared-memory hazard')}")
 
 
+@lowers("async_issue")
+def _async_issue(lw: _Lowering, op: ir.Op) -> None:
+    raise KernelError(f"internal error: async_issue at {source_line(op.line)} outside the "
+                      "schedule of a pipelined loop")
+
+
+@lowers("async_commit")
+def _async_commit(lw: _Lowering, op: ir.Op) -> None:
+    lw.cx.w("cp_async_commit();")
+
+
+@lowers("async_wait")
+def _async_wait(lw: _Lowering, op: ir.Op) -> None:
+    lw.cx.w(f"cp_async_wait<{op.attrs['count']}>();")
+
+
 @lowers("gemm")
 def _gemm(lw: _Lowering, op: ir.Op) -> None:
     lw.comment(op)
-    lower_gemm(lw.cx, op, lw.target)
+    lower_gemm(lw.cx, op)
 
 
 @lowers("relayout")
@@ -329,6 +356,29 @@ def _renamed(kernel: ir.Kernel) -> ir.Kernel:
 
 
 def generate(kernel: ir.Kernel, target: Target) -> CudaKernel:
-    """The CUDA code of ``kernel`` (which has been through the CUDA passes) for ``target``."""
-    return _Lowering(_renamed(kernel), target).run()
+    """The CUDA code of ``kernel`` (which has been through the CUDA passes) for ``target``.
+
+    Code generation only prints what the IR says: with ``JAXTILE_VERIFY_IR`` set it checks
+    that the IR's text parses back to the same text and that the code generated from the
+    parsed kernel is the same, byte for byte (an internal KernelError otherwise: something
+    was decided outside the IR, or is missing from its text)."""
+    code = _Lowering(_renamed(kernel), target).run()
+    if verify.requested():
+        _check_round_trip(kernel, target, code)
+    return code
+
+
+def _check_round_trip(kernel: ir.Kernel, target: Target, code: CudaKernel) -> None:
+    text = printer.format_kernel(kernel)
+    again = parser.parse_kernel(text)
+    if printer.format_kernel(again) != text:
+        raise KernelError(f"internal error: the lowered IR of kernel {kernel.name!r} does not "
+                          "print back to the text it was parsed from")
+    other = _Lowering(_renamed(again), target).run()
+    if other != code:
+        diff = next((f"{a!r} != {b!r}" for a, b in zip(code.source.splitlines(),
+                     other.source.splitlines()) if a != b), "the launch figures differ")
+        raise KernelError(f"internal error: the CUDA of kernel {kernel.name!r} generated from "
+                          f"its re-parsed lowered IR differs ({diff}): code generation used "
+                          "a decision the IR text does not show")
 

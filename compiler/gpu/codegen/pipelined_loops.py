@@ -1,42 +1,35 @@
-"""``jt.pipelined(n, stages=s)`` loops as multi-buffered ``cp.async`` pipelines.
+"""``jt.pipelined(n, stages=s)`` loops as multi-buffered ``cp.async`` pipelines, printed from
+the schedule the pipelining pass wrote into the IR (:func:`..copy_schedule.schedule_async_copies`).
 
-:func:`..copy_schedule.pipeline_shape` picks the loop's staged copies (global -> whole shared
-buffer, anywhere at the top level of the body, with origins computable at the top of an
-iteration). The loop then runs the schedule of :func:`..copy_schedule.plan_pipeline`: each
-staged buffer gets ``stages`` copies; the staged copies of iteration ``k + stages - 1`` (with
-the scalar arithmetic of their origins, recomputed for that iteration) are issued, as
-``cp.async`` where the copy moves aligned 8- or 16-byte vectors, right after the top barrier
-of iteration ``k``, while iteration ``k`` computes on its own buffers; one wait plus one
-barrier per iteration publish every tile of the iteration and free the buffers refilled
-next. The rest of the body is emitted as written, staged copies left out, with the barriers
-the barrier pass put there (which walked the loop the same way). Other loops stay serial
-loops.
+Each staged buffer has ``stages`` copies (its ``stages`` attribute). An ``async_issue`` op
+prints the loop's :data:`..copy_schedule.ISSUED` ops (its staged copies, as ``cp.async``
+where the copy moves aligned 8- or 16-byte vectors, and the scalar arithmetic of their
+origins, recomputed) for iteration ``k + tile`` into stage ``(k + tile) % stages``, inside
+``if (k + tile < n)`` when guarded; ``async_commit`` and ``async_wait`` print the device
+header's ``cp_async_commit`` and ``cp_async_wait<count>``. The prologue ops stand right before
+the loop; the loop's body is its schedule then the compute, which is printed as written with
+its staged copies left out and the barriers the barrier pass put there.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 
 from ... import ir
-from ..copy_schedule import pipeline_shape, plan_pipeline
+from ..copy_schedule import ISSUED, split_schedule
 from .context import Context
 
 
-def lower_pipelined(low, stmt: ir.For) -> bool:
-    """Emit ``stmt`` as a cp.async pipeline; False (nothing emitted) when it is not one.
-    ``low`` is the kernel's lowering (for its statement emitter)."""
+def lower_pipelined(low, stmt: ir.For, prologue: Sequence[ir.Op]) -> None:
+    """Print the scheduled loop ``stmt`` after its ``prologue`` ops. ``low`` is the kernel's
+    lowering (for its statement emitter)."""
     cx: Context = low.cx
-    shape = pipeline_shape(low.kernel, stmt)
-    if shape is None:
-        return False
-    stages = shape.stages
-    plan = plan_pipeline(stages, stmt.extent if isinstance(stmt.extent, int) else None)
+    stages = stmt.stages
     start, extent = cx.operand(stmt.start), cx.operand(stmt.extent)
-    for name in shape.staged:
-        cx.stages[name] = (stages, math.prod(cx.bufs[name].shape))
-    issued = {id(op) for op in shape.copies + shape.scalars}
-    head = [s for s in stmt.body if id(s) in issued]
-    cx.w(f"// pipelined loop: {stages} stages of {', '.join(shape.staged)}, cp.async")
+    schedule, compute = split_schedule(stmt)
+    head = [s for s in stmt.body if isinstance(s, ir.Op) and s.notes.get(ISSUED)]
+    staged = sorted({op.attrs["dst"].buffer for op in head if op.kind == "copy"})
+    cx.w(f"// pipelined loop: {stages} stages of {', '.join(staged)}, cp.async")
 
     def issue(tile: str) -> None:
         """The staged copies of iteration ``tile`` (their scalars recomputed for it)."""
@@ -51,33 +44,28 @@ def lower_pipelined(low, stmt: ir.For) -> bool:
             cx.async_copies = False
         cx.names = saved
 
-    for step in plan.prologue:
-        if step.kind == "copy":
-            if step.guard == "always":
-                issue(str(step.tile))
-            else:
-                with cx.w.block(f"if ({step.tile} < {extent})"):
-                    issue(str(step.tile))
+    def step(op: ir.Op, k: str | None) -> None:
+        """One schedule op, for iteration ``k`` (None in the prologue: ``k`` = 0)."""
+        if op.kind != "async_issue":
+            low.op(op)
+            return
+        tile = str(op.attrs["tile"]) if k is None else f"{k} + {op.attrs['tile']}"
+        if op.attrs["guard"]:
+            with cx.w.block(f"if ({tile} < {extent})"):
+                issue(tile)
         else:
-            cx.w("cp_async_commit();")
+            issue(tile)
+
+    for op in prologue:
+        step(op, None)
     it = cx.tmp("it")
     with cx.w.block(f"for (int {it} = 0; {it} < {extent}; ++{it})"):
         cx.loop_depth += 1
-        for step in plan.body:
-            if step.kind == "wait":
-                cx.w(f"cp_async_wait<{step.count}>();")
-            elif step.kind == "barrier":
-                cx.w("sync_threads();  // tile it is visible; the buffer refilled next is free")
-            elif step.kind == "copy":
-                with cx.w.block(f"if ({it} + {step.tile} < {extent})"):
-                    issue(f"{it} + {step.tile}")
-            elif step.kind == "commit":
-                cx.w("cp_async_commit();")
-            else:
-                var = cx.define(stmt.var)
-                cx.w(f"const int {var} = {start} + {it};")
-                cx.stage_index = f"{it} % {stages}"
-                low.body(tuple(s for s in stmt.body if not shape.is_staged_copy(s)))
+        for op in schedule:
+            step(op, it)
+        var = cx.define(stmt.var)
+        cx.w(f"const int {var} = {start} + {it};")
+        cx.stage_index = f"{it} % {stages}"
+        low.body(tuple(s for s in compute
+                       if not (isinstance(s, ir.Op) and s.kind == "copy" and s.notes.get(ISSUED))))
         cx.loop_depth -= 1
-    cx.w("cp_async_wait<0>();")
-    return True

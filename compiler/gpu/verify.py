@@ -1,0 +1,116 @@
+"""The GPU passes' IR rules, checked after each GPU pass under ``JAXTILE_VERIFY_IR`` (as
+:mod:`..verify` checks the neutral ones), so that IR text fed to code generation -- a golden
+test's, or a pass's output -- cannot hold a schedule, barrier or plan a GPU would get wrong:
+
+- **cp.async schedule**: an ``async_wait``'s count is at most ``stages - 2`` inside a
+  pipelined loop (so the iteration's own tile is complete) and 0 after it (nothing carrying
+  data stays in flight); an ``async_issue`` fills a tile fewer than ``stages`` iterations
+  ahead (so it never refills the stage being read); the prologue's issues stand right before
+  their loop, and a loop's issues only in its own schedule.
+- **Barriers in uniform control flow**: no ``barrier`` or ``async_*`` op inside a branch or
+  loop whose condition may differ between the threads of a block (it reads global memory
+  the kernel writes: :func:`.codegen.control.thread_varying`): some threads would wait at a
+  barrier others never reach.
+- **Shared-memory offsets**: each is a non-negative multiple of :data:`.smem_plan.ALIGN`, and
+  buffers live at the same statement (:func:`.smem_plan.lifetimes`) have disjoint bytes.
+
+Each rule raises a KernelError naming the rule, the buffer or op and its line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .. import ir
+from ..errors import KernelError, kernel_error
+from .codegen.control import thread_varying
+from .copy_schedule import SCHEDULE_KINDS, scheduled, split_schedule
+from .smem_plan import ALIGN, lifetimes, recorded_bytes
+
+_SYNC = ("barrier", *SCHEDULE_KINDS)
+
+
+def _fail(kernel: ir.Kernel, where: ir.Stmt | ir.Buffer, message: str) -> KernelError:
+    return kernel_error(kernel.name, message, getattr(where, "line", None))
+
+
+def _schedule(kernel: ir.Kernel, body: Sequence[ir.Stmt], loop: ir.For | None) -> None:
+    """The cp.async rules for ``body`` (``loop``: the pipelined loop whose body it is)."""
+    for i, s in enumerate(body):
+        if isinstance(s, ir.Op) and s.kind == "async_wait":
+            most = loop.stages - 2 if loop is not None else 0
+            if not 0 <= s.attrs["count"] <= most:
+                where = (f"in a loop of {loop.stages} stages" if loop is not None
+                         else "outside a pipelined loop")
+                raise _fail(kernel, s, f"async_wait {{count={s.attrs['count']}}} {where}: "
+                            f"at most {most} groups may stay in flight")
+        elif isinstance(s, ir.Op) and s.kind == "async_issue":
+            if s.attrs["prologue"]:
+                nxt = next((t for t in body[i + 1:] if not (isinstance(t, ir.Op) and t.kind in
+                            ("async_issue", "async_commit"))), None)
+                target = nxt if isinstance(nxt, ir.For) and scheduled(nxt) else None
+                if target is None:
+                    raise _fail(kernel, s, "a prologue async_issue must stand right before "
+                                "its pipelined loop")
+            elif loop is None:
+                raise _fail(kernel, s, "an async_issue outside the schedule of a pipelined "
+                            "loop")
+            else:
+                target = loop
+            if not 0 <= s.attrs["tile"] < target.stages:
+                raise _fail(kernel, s, f"async_issue of tile k + {s.attrs['tile']} in a loop of "
+                            f"{target.stages} stages would refill a stage still in use")
+        elif isinstance(s, ir.For) and scheduled(s):
+            schedule, compute = split_schedule(s)
+            _schedule(kernel, schedule, s)
+            _schedule(kernel, compute, None)
+        else:
+            for block in ir.blocks(s):
+                _schedule(kernel, block, None)
+
+
+def _uniform(kernel: ir.Kernel, body: Sequence[ir.Stmt], varying: set[int],
+             under: ir.Stmt | None) -> None:
+    for s in body:
+        if isinstance(s, ir.Op) and s.kind in _SYNC and under is not None:
+            raise _fail(kernel, s, f"{s.kind} inside control flow whose condition (at "
+                        f"{under.line or '?'}) reads global memory the kernel writes: threads "
+                        "may not all reach it")
+        if isinstance(s, ir.If):
+            inner = s if s.cond.id in varying else under
+        elif isinstance(s, ir.While):
+            inner = s if s.test.id in varying else under
+        elif isinstance(s, ir.For):
+            bounds = [v for v in (s.start, s.extent) if isinstance(v, ir.Value)]
+            inner = s if any(v.id in varying for v in bounds) else under
+        else:
+            continue
+        for block in ir.blocks(s):
+            _uniform(kernel, block, varying, inner)
+
+
+def _offsets(kernel: ir.Kernel) -> None:
+    offsets, sizes = recorded_bytes(kernel)
+    bufs = {b.name: b for b in kernel.buffers}
+    for name, at in offsets.items():
+        if not isinstance(at, int) or at < 0 or at % ALIGN:
+            raise _fail(kernel, bufs[name], f"shared buffer '{name}' has offset {at!r}: not a "
+                        f"non-negative multiple of {ALIGN} bytes")
+    spans = lifetimes(kernel.body, set(offsets))
+    names = sorted(n for n in offsets if n in spans)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            bytes_meet = offsets[a] < offsets[b] + sizes[b] and offsets[b] < offsets[a] + sizes[a]
+            live_together = spans[a][0] <= spans[b][1] and spans[b][0] <= spans[a][1]
+            if bytes_meet and live_together:
+                raise _fail(kernel, bufs[b], f"shared buffers '{a}' (bytes {offsets[a]}.."
+                            f"{offsets[a] + sizes[a]}) and '{b}' (bytes {offsets[b]}.."
+                            f"{offsets[b] + sizes[b]}) overlap while both are live")
+
+
+def verify_gpu(kernel: ir.Kernel) -> ir.Kernel:
+    """Check the GPU rules (module docstring) and return ``kernel`` unchanged."""
+    _schedule(kernel, kernel.body, None)
+    _uniform(kernel, kernel.body, thread_varying(kernel), None)
+    _offsets(kernel)
+    return kernel

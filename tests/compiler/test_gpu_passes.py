@@ -1,0 +1,156 @@
+"""The GPU passes that write decisions into the IR (gemm_plan, pipelining, smem_plan, and
+barriers on their output), as golden before/after texts in the style of test_passes.py: IR
+text in, one pass, the printed result compared; the GPU rules hold on every result."""
+
+import textwrap
+
+from jaxtile.compiler import parser, printer, verify
+from jaxtile.compiler.gpu.barriers import insert_barriers
+from jaxtile.compiler.gpu.copy_schedule import schedule_async_copies
+from jaxtile.compiler.gpu.gemm_plan import plan_gemms
+from jaxtile.compiler.gpu.smem_plan import place_shared_buffers, shares
+from jaxtile.compiler.gpu.verify import verify_gpu
+from jaxtile.compiler.target import parse_target
+
+SM80 = parse_target("cuda:sm_80")
+
+
+def _text(s: str) -> str:
+    return "\n".join(ln for ln in textwrap.dedent(s).splitlines() if ln.strip())
+
+
+def _check(pass_fn, before: str, after: str) -> None:
+    kernel = parser.parse_kernel(_text(before))
+    verify.verify(kernel)
+    result = pass_fn(kernel)
+    assert printer.format_kernel(result) == _text(after)
+    verify.verify(result)
+    verify_gpu(result)
+    assert printer.format_kernel(kernel) == _text(before)    # the input is unchanged
+
+
+_GEMM_HEAD = """
+    kernel k(grid=[1], threads=128) blocks(%0):
+      input a: global float16[32, 16]
+      input b: global float16[16, 32]
+      output c: global float32[32, 32]
+      scratch sa: shared float16[32, 16]SA
+      scratch sb: shared float16[16, 32]SB
+      scratch acc: fragment float32[32, 32]
+      scratch small: fragment float32[4, 4]
+      copy() {dst=sa[0:+32, 0:+16], pad=None, src=a[0:+32, 0:+16]}
+      copy() {dst=sb[0:+16, 0:+32], pad=None, src=b[0:+16, 0:+32]}
+"""
+_GEMM_TAIL = """
+      copy() {dst=c[0:+32, 0:+32], pad=None, src=acc[0:+32, 0:+32]}
+      copy() {dst=c[0:+4, 0:+4], pad=None, src=small[0:+4, 0:+4]}
+"""
+_GEMMS = """
+      gemm() {a=sa[0:+32, 0:+16], b=sb[0:+16, 0:+32], c=acc[0:+32, 0:+32], transpose_a=False, transpose_b=False}NOTE1  # user.py:9
+      gemm() {a=sa[0:+4, 0:+4], b=sb[0:+4, 0:+4], c=small[0:+4, 0:+4], transpose_a=False, transpose_b=False}NOTE2  # user.py:10
+"""  # noqa: E501
+
+
+def test_gemm_plan_records_instruction_warps_policy_and_swizzles():
+    """The 32x32x16 f16 gemm takes mma m16n8k16 over 2x2 warps, its operands the swizzled
+    tiles of step 1; the 4x4 one does not split into atoms: scalar multiply-adds, and the
+    shared buffers keep the first gemm's swizzle."""
+    before = (_GEMM_HEAD.replace("SA", "").replace("SB", "")
+              + _GEMMS.replace("NOTE1", "").replace("NOTE2", "") + _GEMM_TAIL)
+    after = (_GEMM_HEAD.replace("SA", " {swizzle=1}").replace("SB", " {swizzle=1}")
+             + _GEMMS.replace("NOTE1", " !{instr='m16n8k16', policy='square', warps=(2, 2)}")
+             .replace("NOTE2", " !{instr='scalar'}") + _GEMM_TAIL)
+    _check(lambda k: plan_gemms(k, SM80), before, after)
+
+
+def test_pipelining_writes_the_cp_async_schedule_as_statements():
+    """Two stages over 3 iterations: the prologue issues tile 0 unguarded (the trip count is
+    known); each iteration waits for its tile, publishes it with a barrier, issues the next
+    one (guarded) and commits; the staged copy and its origin's scalars are noted issued."""
+    _check(schedule_async_copies, """
+        kernel k(grid=[2], threads=128) blocks(%0):
+          input x: global float32[2, 96]
+          output y: global float32[2, 32]
+          scratch s: shared float32[32]
+          for %1 in pipelined(0, +3, stages=2):  # user.py:5
+            %2: int32[] = const() {value=32}
+            %3: int32[] = elementwise(%1, %2) {fn='mul'}
+            copy() {dst=s[0:+32], pad=None, src=x[%0, %3:+32]}  # user.py:7
+            %4: float32[32] = load() {src=s[0:+32]}
+            %5: float32[32] = load() {src=y[%0, 0:+32]}
+            %6: float32[32] = elementwise(%4, %5) {fn='add'}
+            store(%6) {dst=y[%0, 0:+32]}
+    """, """
+        kernel k(grid=[2], threads=128) blocks(%0):
+          input x: global float32[2, 96]
+          output y: global float32[2, 32]
+          scratch s: shared float32[32]
+          async_issue() {guard=False, prologue=True, tile=0}  # user.py:5
+          async_commit()  # user.py:5
+          for %1 in pipelined(0, +3, stages=2):  # user.py:5
+            async_wait() {count=0}  # user.py:5
+            barrier() !{reason='tile it is visible; the buffer refilled next is free'}  # user.py:5
+            async_issue() {guard=True, prologue=False, tile=1}  # user.py:5
+            async_commit()  # user.py:5
+            %2: int32[] = const() {value=32} !{issued=True}
+            %3: int32[] = elementwise(%1, %2) {fn='mul'} !{issued=True}
+            copy() {dst=s[0:+32], pad=None, src=x[%0, %3:+32]} !{issued=True}  # user.py:7
+            %4: float32[32] = load() {src=s[0:+32]}
+            %5: float32[32] = load() {src=y[%0, 0:+32]}
+            %6: float32[32] = elementwise(%4, %5) {fn='add'}
+            store(%6) {dst=y[%0, 0:+32]}
+          async_wait() {count=0}  # user.py:5
+    """)
+
+
+_SCHEDULED = """
+    kernel k(grid=[2], threads=128) blocks(%0):
+      input x: global float32[2, 96]
+      output y: global float32[2, 32]
+      scratch t: shared float32[32]T
+      scratch s: shared float32[32]S
+      copy() {dst=t[0:+32], pad=None, src=x[%0, 0:+32]}  # user.py:4
+      BARRIER1copy() {dst=y[%0, 0:+32], pad=None, src=t[0:+32]}  # user.py:5
+      BARRIER2async_issue() {guard=False, prologue=True, tile=0}
+      async_commit()
+      for %1 in pipelined(0, +3, stages=2):  # user.py:6
+        async_wait() {count=0}
+        barrier() !{reason='tile it is visible; the buffer refilled next is free'}
+        async_issue() {guard=True, prologue=False, tile=1}
+        async_commit()
+        %2: int32[] = const() {value=32} !{issued=True}
+        %3: int32[] = elementwise(%1, %2) {fn='mul'} !{issued=True}
+        copy() {dst=s[0:+32], pad=None, src=x[%0, %3:+32]} !{issued=True}
+        %4: float32[32] = load() {src=s[0:+32]}
+        %5: float32[32] = load() {src=y[%0, 0:+32]}
+        %6: float32[32] = elementwise(%4, %5) {fn='add'}
+        BARRIER3store(%6) {dst=y[%0, 0:+32]}
+      async_wait() {count=0}
+"""
+
+
+def _scheduled(t: str = "", s: str = "", barriers: tuple[str, str, str] = ("", "", "")) -> str:
+    text = _SCHEDULED.replace("]T\n", f"]{t}\n").replace("]S\n", f"]{s}\n")
+    for i, b in enumerate(barriers, 1):
+        text = text.replace(f"BARRIER{i}", b)
+    return text
+
+
+def test_smem_plan_places_stages_and_reuses_a_dead_buffers_bytes():
+    """s (2 stages of 128 bytes) is live in the loop, t only before it: both at 0."""
+    _check(lambda k: place_shared_buffers(k, SM80.caps), _scheduled(),
+           _scheduled(" {offset=0}", " {offset=0, stages=2}"))
+
+
+def test_barriers_go_before_the_prologue_that_refills_shared_bytes():
+    """The prologue's cp.async writes s, whose bytes t had: a barrier before the prologue,
+    none between its issues or before the loop, and the schedule's own barrier kept."""
+    pad = "\n      "
+    placed = _scheduled(" {offset=0}", " {offset=0, stages=2}")
+    _check(lambda k: insert_barriers(k, shares(k)), placed, _scheduled(
+        " {offset=0}", " {offset=0, stages=2}", (
+            "barrier() !{reason='read after write of t'}  # user.py:5" + pad,
+            "barrier() !{reason=\"write after read of s (shares bytes with t), before the "
+            "pipeline's prologue\"}" + pad,
+            # y's 32 elements have 4 replicas each among 128 threads
+            "barrier() !{reason='write after read of y'}" + pad + "  ")))

@@ -231,3 +231,34 @@ def test_an_export_requires_the_level_not_the_host(monkeypatch, rng):
         key=key, name="matmul", symbol=entry.symbol, num_blocks=entry.num_blocks,
         alignment=entry.alignment, isa=ISA_LEVELS["x86-64-v3"], library=library))
     assert _ffi.is_loaded(key)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("shape, dtype", [((37, 1000), np.float32), ((9, 130), "bfloat16"),
+                                          ((6, 7), np.float16)],
+                         ids=["1000-f32", "130-bf16", "7-f16"])
+def test_ragged_rows_read_the_pad_and_drop_past_the_end(monkeypatch, rng, level, shape,
+                                                        dtype):
+    """``jt.ops.softmax`` rounds its row tile up past the end of the rows (to 1024, 256,
+    128 columns) and pads with -inf; the rows of the last block run past the array's end.
+    The vector straddling a row's end (1000 = 62 x 16 + 8: a partial vector on AVX-512,
+    none on AVX2; 130 and 7 straddle on both) must read the pad, not the next row: rows 2
+    and 4 start with +inf and NaN, which would make rows 1 and 3 NaN if they leaked; and
+    no write may reach past the end of a row (it would change the start of the next)."""
+    _use(monkeypatch, level)
+    x = rng.standard_normal(shape).astype(np.float32) * 3
+    x[2, 0], x[4, 0] = np.inf, np.nan
+    x = jnp.asarray(x, dtype)
+    got = np.asarray(jax.jit(lambda v: jt.ops.softmax(v, rows=4))(x), np.float64)
+    xf = np.asarray(x, np.float64)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(xf - xf.max(axis=1, keepdims=True))
+        want = e / e.sum(axis=1, keepdims=True)
+    tol = {"rtol": 1e-5, "atol": 1e-7} if dtype == np.float32 else {"rtol": 1e-2,
+                                                                    "atol": 1e-3}
+    special = np.isin(np.arange(shape[0]), [2, 4])
+    assert np.isnan(got[special]).all() and np.isfinite(got[~special]).all()
+    np.testing.assert_allclose(got[~special], want[~special], **tol)
+    ref = np.asarray(jt.ops.softmax.reference(x, rows=4), np.float64)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    np.testing.assert_allclose(got[~np.isnan(got)], ref[~np.isnan(ref)], **tol)

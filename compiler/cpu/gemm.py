@@ -38,8 +38,8 @@ of ``B`` and the broadcasts of ``A``, each feeding two multiply-adds. Each ``k``
 10 loads for 16 multiply-adds; 8 x 1 tiles took 9 for 8, which bounds a core that
 retires two 512-bit multiply-adds but only two 512-bit loads per cycle (Zen 5): 1024^3
 float32 with 64 x 64 x 64 tiles, one thread, thread CPU time per call, medians of 21
-calls in three alternating pairs of processes: 8 x 1 13.6-15.4 ms, 8 x 2 12.2-13.2 (6 x 4
-and 4 x 4 about the same as 8 x 2). On Zen 4 (512-bit multiply-adds on two 256-bit
+calls in alternating processes: 8 x 1 13.6-15.4 ms, 8 x 2 12.2-13.6 (6 x 4 and 4 x 4
+about the same as 8 x 2). On Zen 4 (512-bit multiply-adds on two 256-bit
 pipes, so one per cycle) 8 x 1 and 8 x 2 ran alike: 12.6-12.9 ms on 2 threads (XLA
 10.9-11.0)."""
 

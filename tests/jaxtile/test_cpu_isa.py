@@ -1,9 +1,9 @@
 """CPU kernels compiled for an ISA level narrower than the host (``JAXTILE_CPU_ISA``,
 targets ``cpu:x86-64-v3`` and ``cpu:x86-64-v4``): the variable's checks, the target's
 capabilities and key, the instructions in the object code (AVX2 code has no AVX-512
-instruction; the AVX2 GEMM reuses each broadcast of A for two vectors of B), and the GEMM,
-bfloat16 GEMM and attention run under the override, checked against their reference
-semantics and independent formulas."""
+instruction; the GEMM reuses each broadcast of A for two vectors of B on both levels), and
+the GEMM, bfloat16 GEMM, attention and ragged row tiles run under the override and on the
+host, checked against their reference semantics and independent formulas."""
 
 import re
 import shutil

@@ -1,6 +1,6 @@
 """``C += op(A) @ op(B)`` on on-chip tiles as TIR loop nests, for the CPU.
 
-The bulk of ``C`` is computed in register tiles of a few rows by one or two vectors (of the
+The bulk of ``C`` is computed in register tiles of a few rows by two vectors (of the
 target's width; :func:`tile_shape` chooses from the vector registers there are): the tile of
 ``C`` is loaded into a small local array once, then for every ``k`` one row segment of ``B``
 (converted to the accumulator type) is multiplied by one element of ``A`` per row and added
@@ -31,12 +31,17 @@ from .gemm_bf16 import lower_gemm_bf16
 from .gemm_live import Live, when
 
 ROWS = (8, 4)
-"""With 32 vector registers (AVX-512) a register tile is ``ROWS[0]`` rows by one vector,
-and rows left over take tiles of ``ROWS[1]`` rows: 8 accumulators, a vector of ``B`` and
-the broadcasts of ``A``, which LLVM folds into the multiply-adds (embedded broadcast) since
-each is used once. Measured on AVX-512 (Zen 4) for 1024^3 float32 with 64 x 64 x 64 tiles,
-all in one process, medians of 21 calls on 2 threads: 8 x 1 vectors 12.6-12.9 ms, 16 x 1
-12.4-12.9, 8 x 2 12.6-12.9, 4 x 2 13.4-14.6 (XLA 10.9-11.0)."""
+VECTORS = 2
+"""With 32 vector registers (AVX-512) a register tile is ``ROWS[0]`` rows by ``VECTORS``
+vectors, and rows left over take tiles of ``ROWS[1]`` rows: 16 accumulators, two vectors
+of ``B`` and the broadcasts of ``A``, each feeding two multiply-adds. Each ``k`` step is
+10 loads for 16 multiply-adds; 8 x 1 tiles took 9 for 8, which bounds a core that
+retires two 512-bit multiply-adds but only two 512-bit loads per cycle (Zen 5): 1024^3
+float32 with 64 x 64 x 64 tiles, one thread, thread CPU time per call, medians of 21
+calls in alternating processes: 8 x 1 13.6-15.4 ms, 8 x 2 12.2-13.6 (6 x 4 and 4 x 4
+about the same as 8 x 2). On Zen 4 (512-bit multiply-adds on two 256-bit
+pipes, so one per cycle) 8 x 1 and 8 x 2 ran alike: 12.6-12.9 ms on 2 threads (XLA
+10.9-11.0)."""
 
 ROWS_16_REGISTERS = (6, 4)
 VECTORS_16_REGISTERS = 2
@@ -51,7 +56,7 @@ def tile_shape(caps: CpuCaps) -> tuple[tuple[int, int], int]:
     """The rows (main tiles, then tiles of the rows left over) and the vectors of a register
     tile on a CPU with ``caps``."""
     if caps.vector_registers >= 32:
-        return ROWS, 1
+        return ROWS, VECTORS
     return ROWS_16_REGISTERS, VECTORS_16_REGISTERS
 
 
@@ -110,8 +115,8 @@ def _lower_fma(low: Lowering, a: dict, lanes: int, live: Live) -> None:
         return ew.convert(B[kk, j], str(B.dtype), acc, low.bind)
 
     # Rows in bands of row_tiles[0] then row_tiles[1] rows, each band's columns in register
-    # tiles of `vectors` vectors, then of one, then of one 8-lane vector (a 64 x 40 tile on
-    # AVX-512: 32 + 8), the rest of the columns and rows in the i-k-j nest.
+    # tiles of `vectors` vectors, then of one, then of one 8-lane vector (a 64 x 56 tile on
+    # AVX-512: 32 + 16 + 8), the rest of the columns and rows in the i-k-j nest.
     row_tiles, vectors = tile_shape(low.target.caps)
     bands, m_main = [], 0
     for rows in row_tiles:

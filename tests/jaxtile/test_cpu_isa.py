@@ -1,9 +1,9 @@
 """CPU kernels compiled for an ISA level narrower than the host (``JAXTILE_CPU_ISA``,
 targets ``cpu:x86-64-v3`` and ``cpu:x86-64-v4``): the variable's checks, the target's
 capabilities and key, the instructions in the object code (AVX2 code has no AVX-512
-instruction; the AVX2 GEMM reuses each broadcast of A for two vectors of B), and the GEMM,
-bfloat16 GEMM and attention run under the override, checked against their reference
-semantics and independent formulas."""
+instruction; the GEMM reuses each broadcast of A for two vectors of B on both levels), and
+the GEMM, bfloat16 GEMM, attention and ragged row tiles run under the override and on the
+host, checked against their reference semantics and independent formulas."""
 
 import re
 import shutil
@@ -106,28 +106,50 @@ _AVX512_ONLY = re.compile(r"%zmm|%ymm(1[6-9]|2\d|3[01])|%xmm(1[6-9]|2\d|3[01])|%
 registers, mask registers, embedded broadcasts."""
 
 
+def _two_fmas_per_broadcast(code, register):
+    """The broadcasts (of A) into a ``register`` (ymm, zmm) register that at least two FMAs
+    read before anything overwrites it (AT&T syntax: the destination comes last)."""
+    reused, reads = 0, {}
+    for line in code.splitlines():
+        regs = re.findall(rf"%{register}\d+", line)
+        if not regs:
+            continue
+        *sources, dest = regs
+        if "vbroadcastss" in line:
+            reads[dest] = 0
+            continue
+        if "vfmadd231ps" in line:
+            for reg in set(sources) & reads.keys():
+                reads[reg] += 1
+                reused += reads[reg] == 2
+        reads.pop(dest, None)
+    return reused
+
+
 def test_avx2_code_has_no_avx512_instruction():
     code = _disassembly("x86-64-v3")
     assert not _AVX512_ONLY.search(code), _AVX512_ONLY.search(code).group(0)
     assert re.search(r"vfmadd\d+ps\s+.*%ymm", code)
     # The 6 x 2 register tile: each k step broadcasts 6 elements of A, each into a register
     # that two FMAs (two vectors of B) then read (the 8 x 1 tile had one FMA per broadcast).
-    reused = re.findall(r"vbroadcastss [^\n]*,(%ymm\d+)\n(?:[^\n]*vfmadd231ps [^\n]*\1"
-                        r"[^\n]*\n){2}", code)
-    assert len(reused) >= 6, len(reused)
+    assert _two_fmas_per_broadcast(code, "ymm") >= 6
 
 
 def test_avx512_code_uses_zmm_registers():
+    """The 8 x 2 register tile: each broadcast of A feeds two FMAs (8 x 1 folded each
+    broadcast into its one FMA, ``{1to16}``, and took a load per FMA)."""
     code = _disassembly("x86-64-v4")
-    assert re.search(r"vfmadd\d+ps\s+.*\{1to16\}.*%zmm", code)  # A's broadcast folded in
+    assert re.search(r"vfmadd\d+ps\s+.*%zmm", code)
+    assert _two_fmas_per_broadcast(code, "zmm") >= 8
 
 
 def test_register_tiles_follow_the_vector_registers():
     v3, v4 = (parse_target(n).caps for n in ("cpu:x86-64-v3", "cpu:x86-64-v4"))
-    assert gemm.tile_shape(v3) == ((6, 4), 2) and gemm.tile_shape(v4) == ((8, 4), 1)
-    rows, vectors = gemm.tile_shape(v3)
-    # Accumulators, the vectors of B and one broadcast fit the 16 ymm registers.
-    assert rows[0] * vectors + vectors + 1 <= v3.vector_registers
+    assert gemm.tile_shape(v3) == ((6, 4), 2) and gemm.tile_shape(v4) == ((8, 4), 2)
+    for caps in (v3, v4):
+        rows, vectors = gemm.tile_shape(caps)
+        # Accumulators, the vectors of B and one broadcast fit the vector registers.
+        assert rows[0] * vectors + vectors + 1 <= caps.vector_registers
 
 
 # -- kernels run under the override ---------------------------------------------------------
@@ -209,3 +231,34 @@ def test_an_export_requires_the_level_not_the_host(monkeypatch, rng):
         key=key, name="matmul", symbol=entry.symbol, num_blocks=entry.num_blocks,
         alignment=entry.alignment, isa=ISA_LEVELS["x86-64-v3"], library=library))
     assert _ffi.is_loaded(key)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("shape, dtype", [((37, 1000), np.float32), ((9, 130), "bfloat16"),
+                                          ((6, 7), np.float16)],
+                         ids=["1000-f32", "130-bf16", "7-f16"])
+def test_ragged_rows_read_the_pad_and_drop_past_the_end(monkeypatch, rng, level, shape,
+                                                        dtype):
+    """``jt.ops.softmax`` rounds its row tile up past the end of the rows (to 1024, 256,
+    128 columns) and pads with -inf; the rows of the last block run past the array's end.
+    The vector straddling a row's end (1000 = 62 x 16 + 8: a partial vector on AVX-512,
+    none on AVX2; 130 and 7 straddle on both) must read the pad, not the next row: rows 2
+    and 4 start with +inf and NaN, which would make rows 1 and 3 NaN if they leaked; and
+    no write may reach past the end of a row (it would change the start of the next)."""
+    _use(monkeypatch, level)
+    x = rng.standard_normal(shape).astype(np.float32) * 3
+    x[2, 0], x[4, 0] = np.inf, np.nan
+    x = jnp.asarray(x, dtype)
+    got = np.asarray(jax.jit(lambda v: jt.ops.softmax(v, rows=4))(x), np.float64)
+    xf = np.asarray(x, np.float64)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(xf - xf.max(axis=1, keepdims=True))
+        want = e / e.sum(axis=1, keepdims=True)
+    tol = {"rtol": 1e-5, "atol": 1e-7} if dtype == np.float32 else {"rtol": 1e-2,
+                                                                    "atol": 1e-3}
+    special = np.isin(np.arange(shape[0]), [2, 4])
+    assert np.isnan(got[special]).all() and np.isfinite(got[~special]).all()
+    np.testing.assert_allclose(got[~special], want[~special], **tol)
+    ref = np.asarray(jt.ops.softmax.reference(x, rows=4), np.float64)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    np.testing.assert_allclose(got[~np.isnan(got)], ref[~np.isnan(ref)], **tol)

@@ -43,7 +43,8 @@ def test_a_changed_table_entry_changes_the_specialisation(monkeypatch, rng):
     k = _fresh("softmax")
     x = rng.standard_normal((64, 200)).astype(np.float32)
     table = _tiles.table_name(_tiles.active_target())
-    assert table is not None  # an x86-64 CPU with AVX2 at least
+    if table is None:
+        pytest.skip("the tables are for x86-64 CPUs with AVX2 (and CUDA GPUs)")
     key = _tiles.bucket(k, (jax.ShapeDtypeStruct(x.shape, x.dtype),), {})
     assert key == "float32[64,256]"
     monkeypatch.setattr(_tiles, "load", lambda name: {"softmax": {key: {"config": {
@@ -61,8 +62,10 @@ def test_a_changed_table_entry_changes_the_specialisation(monkeypatch, rng):
 
 
 def test_the_shipped_table_is_what_a_call_gets():
-    target = _tiles.active_target()
-    table = _tiles.load(_tiles.table_name(target))
+    name = _tiles.table_name(_tiles.active_target())
+    if name is None:
+        pytest.skip("the tables are for x86-64 CPUs with AVX2 (and CUDA GPUs)")
+    table = _tiles.load(name)
     assert set(table) == set(_tiles.SPACES)
     for name, entries in table.items():
         k = _fresh(name)

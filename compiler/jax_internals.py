@@ -468,3 +468,16 @@ def widen_narrow_accumulation(closed: ClosedJaxpr) -> ClosedJaxpr:
         return [to_wide, eqn.replace(invars=[wide_in], outvars=[wide_out]), back]
 
     return _map_eqns(closed, widen)
+
+
+def register_profiler_plugin(pjrt_api: Any) -> bool:
+    """Have ``jax.profiler`` traces call a profiler plugin: ``pjrt_api`` is a ``pjrt_c_api``
+    capsule whose extension chain holds a profiler extension (what PJRT plugins such as
+    libtpu register theirs with). False, doing nothing, where this jaxlib lacks the hook."""
+    from jax._src.lib import _profiler
+
+    register = getattr(_profiler, "register_plugin_profiler", None)
+    if register is None:
+        return False
+    register(pjrt_api)
+    return True

@@ -18,6 +18,7 @@
 #include "cpu/launch.h"
 #include "cpu/loader.h"
 #include "cpu/thread_pool.h"
+#include "cpu/trace.h"
 #include "cuda/driver.h"
 #include "cuda/handler.h"
 #include "cuda/kernels.h"
@@ -171,6 +172,11 @@ NB_MODULE(_ffi, m) {
   using namespace jaxtile;
   m.doc() = "jaxtile's runtimes: load compiled kernels and run them from XLA (CPU, CUDA).";
 
+  m.def(
+      "profiler_api",
+      [] { return nb::capsule(jaxtile::profiler_pjrt_api(), "pjrt_c_api"); },
+      "A PJRT C API with only a profiler extension, for jax's "
+      "_profiler.register_plugin_profiler: the CPU pool's chunks of blocks as trace ranges.");
   m.def(
       "cpu_handler", [] { return nb::capsule(jaxtile::cpu_handler()); },
       "XLA FFI handler for jax.ffi.register_ffi_target('jaxtile_cpu_call', ..., platform='cpu').");

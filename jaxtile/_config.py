@@ -97,6 +97,9 @@ VARIABLES = {v.name: v for v in (
              "docs/design.md)"),
     Variable("JAXTILE_AUTOTUNE", boolean, True,
              "time the candidates of autotuned kernels; off: take the first valid config"),
+    Variable("JAXTILE_TUNE_OPS", boolean, False,
+             "opt in to tuning the library kernels' (jt.ops) tile sizes at run time for each "
+             "call's shapes (timed once per machine); off: their stored tile tables"),
 )}
 
 _warned: set[tuple[str, str]] = set()

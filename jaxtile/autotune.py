@@ -434,7 +434,9 @@ def tuning_target() -> Target:
     for the CPU platform what the active backend compiles for."""
     device = jax.devices()[0]
     if device.platform == "cpu":
-        return parse_target(_config.BACKENDS[_kernel.backend()])
+        name = _config.BACKENDS[_kernel.backend()]
+        # The CPU backend compiles for the ISA level JAXTILE_CPU_ISA names, if any.
+        return parse_target(_config.cpu_target_name() if name == "cpu" else name)
     return for_platform(device.platform, getattr(device, "compute_capability", None))
 
 

@@ -18,7 +18,7 @@ import numpy as np
 from jaxtile.compiler import build, printer
 from jaxtile.compiler.errors import KernelError, kernel_error, user_line
 from jaxtile.compiler.ir import Kernel as TileKernel
-from jaxtile.compiler.target import parse_target
+from jaxtile.compiler.target import Target, parse_target
 from jaxtile.primitives import kernel_call, sharding
 
 from . import _config, _trace
@@ -249,6 +249,10 @@ class Kernel:
         self._eager: dict[Any, Callable[..., Any]] = {}
         self.vjp_rule: tuple[Callable[..., Any], Callable[..., Any]] | None = None
         self.jvp_rule: Callable[..., Any] | None = None
+        self.tile_rule: Callable[..., dict[str, Any]] | None = None
+        """For the library kernels: ``rule(specs, params, target)`` gives the parameters a
+        call leaves out their values for these argument types and the target (None: the
+        active backend's), from a stored tile table (``jaxtile/ops/_tiles.py``)."""
         functools.update_wrapper(self, fn)
 
     def __repr__(self) -> str:
@@ -300,13 +304,17 @@ class Kernel:
                     user_line())
         return merged
 
-    def _specialise(self, args: tuple[Any, ...], params: dict[str, Any]) -> Specialisation:
+    def _specialise(self, args: tuple[Any, ...], params: dict[str, Any],
+                    target: Target | None = None) -> Specialisation:
         # A call with the same argument types and parameters as an earlier one skips the
-        # argument checks (which build ShapeDtypeStructs).
-        fast = _call_key(args, params)
+        # argument checks (which build ShapeDtypeStructs) and the tile table.
+        fast = _call_key(args, params) if target is None else None
         spec = self._by_call.get(fast) if fast is not None else None
         if spec is None:
-            spec = self.specialisation(self._arg_specs(args), self._params(params), ())
+            specs = self._arg_specs(args)
+            if self.tile_rule is not None:
+                params = {**self.tile_rule(specs, params, target), **params}
+            spec = self.specialisation(specs, self._params(params), ())
             if fast is not None:
                 self._by_call[fast] = spec
         return spec
@@ -416,7 +424,7 @@ class Kernel:
         ``"cpu:x86-64-v4"`` lowers for AVX-512 also where the host lacks it."""
         tgt = parse_target(_config.cpu_target_name() if target == "cpu" else target)
         build.check_backend(tgt)
-        spec = self._specialise(args, params)
+        spec = self._specialise(args, params, tgt)
         spec.check_threads(tgt)
         kernel = spec.compiled_ir
         sharded = (f"explicit {spec.shard_rule}" if self.sharding is not None

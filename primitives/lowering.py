@@ -197,6 +197,8 @@ ji.explain_export_check_failures(_explain_export_check)
 jax.ffi.register_ffi_target(CPU_TARGET_NAME, _ffi.cpu_handler(), platform="cpu")
 jax.ffi.register_ffi_target(CPU_EXPORTED_TARGET_NAME, _ffi.cpu_exported_handler(),
                             platform="cpu")
+# The CPU pool's chunks of blocks as ranges in jax.profiler traces (ffi/cpu/trace.h).
+ji.register_profiler_plugin(_ffi.profiler_api())
 # Harmless without a CUDA jaxlib plugin: JAX keeps the registration for when one loads. The
 # handler opens libcuda only when a kernel first runs; its initialize stage loads the kernel
 # before XLA executes (or captures into a CUDA graph) the call.

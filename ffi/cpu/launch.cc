@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <string_view>
 #include <vector>
 
 #include "cpu/runtime_env.h"
 #include "cpu/thread_pool.h"
+#include "cpu/trace.h"
 
 namespace jaxtile {
 namespace {
@@ -35,6 +37,16 @@ std::string call_range(const Kernel& kernel, TVMFFIAny* args, int32_t num_args, 
   std::string msg = take_last_error();
   if (msg.empty()) msg = "kernel returned error code " + std::to_string(rc);
   return msg;
+}
+
+// The kernel's name for trace ranges: its symbol without the tvm-ffi and jaxtile prefixes
+// (`__tvm_ffi_jt_softmax` -> `softmax`, see compiler/cpu/lower.py's symbol_name).
+std::string_view kernel_name(const Kernel& kernel) {
+  std::string_view name = kernel.symbol;
+  for (std::string_view prefix : {"__tvm_ffi_", "jt_"}) {
+    if (name.substr(0, prefix.size()) == prefix) name.remove_prefix(prefix.size());
+  }
+  return name;
 }
 
 struct Split {
@@ -66,7 +78,9 @@ void run_chunk(void* ctx, int64_t chunk) {
     args = heap.data();
   }
   std::copy(s.args, s.args + s.num_args, args);
+  const int64_t start_ns = tracing() ? trace_now_ns() : 0;
   std::string msg = call_range(*s.kernel, args, s.num_args, begin, end);
+  if (start_ns != 0) record_range(kernel_name(*s.kernel), begin, end, start_ns);
   if (!msg.empty() && !s.failed.exchange(true)) {
     std::lock_guard<std::mutex> lock(s.error_mu);
     s.error = std::move(msg);

@@ -5,8 +5,10 @@
 
 #include <atomic>
 #include <cfenv>
+#include <cstdio>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <thread>
 
@@ -58,14 +60,39 @@ struct Job {
   FpState fp_state;
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> done{0};
+  // Set by a caller about to sleep until the last chunk is done; the worker finishing it
+  // then wakes the caller (under done_mu, so the wake-up cannot fall between the caller's
+  // check and its wait).
+  std::atomic<bool> caller_asleep{false};
+  std::mutex done_mu{};
+  std::condition_variable done_cv{};
 };
 
 void run_tasks(Job& job) {
   for (int64_t i = job.next.fetch_add(1, std::memory_order_relaxed); i < job.num_tasks;
        i = job.next.fetch_add(1, std::memory_order_relaxed)) {
     job.task(job.ctx, i);
-    job.done.fetch_add(1, std::memory_order_release);
+    if (job.done.fetch_add(1) + 1 == job.num_tasks && job.caller_asleep.load()) {
+      std::lock_guard<std::mutex> lock(job.done_mu);
+      job.done_cv.notify_one();
+    }
   }
+}
+
+// Waits until every chunk of `job` is done. A short spin covers the common case (the other
+// threads finish their last chunk within microseconds of the caller); past it the caller
+// sleeps: in a jitted step XLA's own threads share the cores, and a caller spinning or
+// yielding in a loop while a preempted worker finishes would take their time (issue 20).
+void wait_done(Job& job) {
+  // Sequentially consistent, against run_tasks's increment-then-load of caller_asleep.
+  const auto finished = [&] { return job.done.load() == job.num_tasks; };
+  for (int i = 0; i < 2048; ++i) {
+    if (finished()) return;
+    cpu_relax();
+  }
+  std::unique_lock<std::mutex> lock(job.done_mu);
+  job.caller_asleep.store(true);
+  job.done_cv.wait(lock, finished);
 }
 
 class Pool {
@@ -86,7 +113,7 @@ class Pool {
     }
     cv_.notify_all();
     run_tasks(job);
-    spin_until([&] { return job.done.load(std::memory_order_acquire) == job.num_tasks; });
+    wait_done(job);
     // `job` lives on the caller's stack: after unpublishing it, wait out workers that may
     // still hold the pointer. Sequentially consistent ordering against worker_loop's
     // increment-then-load makes this exact.
@@ -150,14 +177,35 @@ Pool& pool() {
 std::atomic<int> g_requested{0};
 std::atomic<bool> g_fixed{false};
 
+// The CPUs a cgroup v2 CPU quota (`cpu.max`: "<quota> <period>" or "max <period>", as
+// containers set it) lets this process use, rounded up; 0 when there is no quota. More
+// threads than that only take turns on the quota, preempting XLA's threads and each other.
+int cgroup_cpu_limit() {
+#if defined(__linux__)
+  std::FILE* f = std::fopen("/sys/fs/cgroup/cpu.max", "r");
+  if (f == nullptr) return 0;
+  char quota[32] = {0};
+  long long period = 0;
+  const int got = std::fscanf(f, "%31s %lld", quota, &period);
+  std::fclose(f);
+  if (got != 2 || period <= 0 || std::strcmp(quota, "max") == 0) return 0;
+  const long long q = std::atoll(quota);
+  return q > 0 ? static_cast<int>((q + period - 1) / period) : 0;
+#else
+  return 0;
+#endif
+}
+
 int detect_num_threads() {
   if (const int n = g_requested.load(); n > 0) return n;
+  int n = 0;
 #if defined(__linux__)
   cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) n = CPU_COUNT(&set);
 #endif
-  unsigned n = std::thread::hardware_concurrency();
-  return n > 0 ? static_cast<int>(n) : 1;
+  if (n <= 0) n = static_cast<int>(std::thread::hardware_concurrency());
+  if (const int limit = cgroup_cpu_limit(); limit > 0 && limit < n) n = limit;
+  return n > 0 ? n : 1;
 }
 
 }  // namespace

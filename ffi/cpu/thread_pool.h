@@ -6,7 +6,8 @@
 namespace jaxtile {
 
 // Threads used per kernel call, counting the calling thread: what set_num_threads() chose
-// before the first call, else the number of CPUs this process may run on. Fixed once read.
+// before the first call, else the number of CPUs this process may run on (its affinity mask,
+// capped by a cgroup v2 CPU quota). Fixed once read.
 int num_threads();
 
 // Sets the number of threads (jaxtile/_config.py parses $JAXTILE_NUM_THREADS and calls this

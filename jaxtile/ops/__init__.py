@@ -10,8 +10,11 @@ take 2-D operands (and 1-D weights); batch them with ``jax.vmap``.
 causal, per-sequence lengths, sliding windows), differentiated in both modes by kernels
 (``attention_dq``, ``attention_dkdv``, ``attention_jvp``); ``attention_decode`` attends one
 query token per sequence to a paged KV cache, split over the sequence.
+
+Tile parameters a call leaves out come from tables stored per target (``_tiles.py``).
 """
 
+from . import _tiles
 from .add import add
 from .attention import attention, attention_fwd
 from .attention_bwd import attention_dkdv, attention_dq, attention_jvp
@@ -20,6 +23,10 @@ from .layer_norm import layer_norm, layer_norm_bwd, layer_norm_fwd
 from .matmul import matmul, matmul_relu
 from .rms_norm import rms_norm, rms_norm_bwd, rms_norm_fwd
 from .softmax import softmax, softmax_bwd
+
+_tiles.install({k.name: k for k in (attention_fwd, layer_norm, layer_norm_bwd, layer_norm_fwd,
+                                    matmul, matmul_relu, rms_norm, rms_norm_bwd,
+                                    rms_norm_fwd, softmax, softmax_bwd)})
 
 __all__ = ["add", "attention", "attention_decode", "attention_dkdv", "attention_dq",
            "attention_fwd", "attention_jvp", "decode_combine", "decode_partial", "layer_norm",

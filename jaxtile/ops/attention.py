@@ -135,7 +135,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | No
         for ``window=(left, right)``; an int ``w`` is ``(w, w)``.
       return_lse: also return the float32 log-sum-exp of each row's scores, (batch, heads,
         T).
-      block_q, block_k: the query and key tile sizes (default :func:`default_tiles`).
+      block_q, block_k: the query and key tile sizes (default: the stored tile table's
+        for these shapes, else :func:`default_tiles`; passing one passes over the table).
       stages: how many K/V tiles the CUDA kernel keeps in flight (its ``cp.async``
         pipeline; the backward kernels do not use it).
 
@@ -149,12 +150,12 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | No
     """
     if lengths is None:
         lengths = jnp.full((q.shape[0],), k.shape[2] if jnp.ndim(k) == 4 else 0, jnp.int32)
-    # q is checked by the kernel (check_qkv), which names what is wrong.
-    tiles = default_tiles(jnp.result_type(q), jnp.shape(q)[-1] if jnp.ndim(q) else 0)
-    block_q = tiles[0] if block_q is None else block_q
-    block_k = tiles[1] if block_k is None else block_k
+    # q is checked by the kernel (check_qkv), which names what is wrong. Tiles left out
+    # come from the stored tile table, else default_tiles (jaxtile/ops/_tiles.py).
+    tiles = {name: size for name, size in (("bm", block_q), ("bn", block_k))
+             if size is not None}
     out, lse = attention_fwd(q, k, v, lengths, causal=bool(causal), scale=scale,
-                             window=window, bm=block_q, bn=block_k, stages=stages)
+                             window=window, stages=stages, **tiles)
     return (out, lse) if return_lse else out
 
 

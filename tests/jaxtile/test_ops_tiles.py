@@ -1,0 +1,179 @@
+"""The library kernels' stored tile tables (``jaxtile/ops/_tiles.py``): a call consults
+its target's table, every stored entry passes the pruning rules of its target, a shape the
+table lacks gets the rule, and run-time tuning happens only when asked."""
+
+import re
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxtile as jt
+from jaxtile.autotune import TunedKernel, _target_limits
+from jaxtile.autotune import stats as autotune_stats
+from jaxtile.compiler.errors import ClampedIndexWarning
+from jaxtile.compiler.target import CpuCaps, Target, parse_target
+from jaxtile.kernel import Kernel
+from jaxtile.ops import _tiles
+
+
+def _fresh(name):
+    """A copy of library kernel ``name`` with its table lookup and no specialisations yet
+    (the module's kernels keep theirs between tests)."""
+    lib = getattr(jt.ops, name)
+    k = Kernel(lib.fn, threads=lib.threads, interpret=None, name=lib.name)
+    _tiles.install({name: k})
+    return k
+
+
+def _specs(key):
+    """The argument structs of a table bucket (``float32[4096,1024] float32[1024] | ...``)."""
+    args = key.split(" | ")[0].split()
+    out = []
+    for a in args:
+        dtype, dims = re.fullmatch(r"(\w+)\[([\d,]*)\]", a).groups()
+        out.append(jax.ShapeDtypeStruct(tuple(int(d) for d in dims.split(",") if d),
+                                        np.dtype(dtype)))
+    return tuple(out)
+
+
+def test_a_changed_table_entry_changes_the_specialisation(monkeypatch, rng):
+    k = _fresh("softmax")
+    x = rng.standard_normal((64, 200)).astype(np.float32)
+    table = _tiles.table_name(_tiles.active_target())
+    if table is None:
+        pytest.skip("the tables are for x86-64 CPUs with AVX2 (and CUDA GPUs)")
+    key = _tiles.bucket(k, (jax.ShapeDtypeStruct(x.shape, x.dtype),), {})
+    assert key == "float32[64,256]"
+    monkeypatch.setattr(_tiles, "load", lambda name: {"softmax": {key: {"config": {
+        "rows": 16}}}} if name == table else {})
+    assert k._specialise((x,), {}).params["rows"] == 16
+    y = k(x)
+    np.testing.assert_allclose(y, k.reference(x), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(y, jax.nn.softmax(x, axis=-1), rtol=1e-5, atol=1e-7)
+    # Another entry, another specialisation (a new kernel: the first one keeps its own).
+    monkeypatch.setattr(_tiles, "load", lambda name: {"softmax": {key: {"config": {
+        "rows": 2}}}} if name == table else {})
+    assert _fresh("softmax")._specialise((x,), {}).params["rows"] == 2
+    # A call that passes the tile itself passes over the table.
+    assert k._specialise((x,), {"rows": 8}).params["rows"] == 8
+
+
+def test_the_shipped_table_is_what_a_call_gets():
+    name = _tiles.table_name(_tiles.active_target())
+    if name is None:
+        pytest.skip("the tables are for x86-64 CPUs with AVX2 (and CUDA GPUs)")
+    table = _tiles.load(name)
+    assert set(table) == set(_tiles.SPACES)
+    for name, entries in table.items():
+        k = _fresh(name)
+        for key, entry in entries.items():
+            specs = _specs(key)
+            assert _tiles.bucket(k, specs, {}) == key
+            assert _tiles.choose(k, specs, {}, None) == entry["config"], (name, key)
+
+
+def test_a_shape_not_in_the_table_gets_the_rule():
+    mm = _fresh("matmul")
+    a = jax.ShapeDtypeStruct((48, 40), np.float32)
+    b = jax.ShapeDtypeStruct((40, 24), np.float32)
+    assert mm._specialise((a, b), {}).params | {"bm": 0} == {
+        "bm": 0, "bn": 64, "bk": 32, "stages": 2, "transpose_a": False, "transpose_b": False}
+    assert mm._specialise((a, b), {}).params["bm"] == 64
+    # Transposed operands are buckets of their own, which the table lacks.
+    sq = jax.ShapeDtypeStruct((1024, 1024), np.float32)
+    assert _tiles.choose(mm, (sq, sq), {"transpose_b": True}, None) == \
+        _tiles.rule(mm, (sq, sq))
+    # attention's rule depends on the operands (default_tiles): head_dim 128 float32.
+    att = _fresh("attention_fwd")
+    q = jax.ShapeDtypeStruct((1, 2, 64, 128), np.float32)
+    lengths = jax.ShapeDtypeStruct((1,), np.int32)
+    assert _tiles.choose(att, (q, q, q, lengths), {}, None) == {"bm": 32, "bn": 32}
+    # Passing one tile gets the rule's for the other.
+    assert _tiles.choose(att, (q, q, q, lengths), {"bm": 16}, None) == {"bn": 32}
+    # A target without a table (an ARM CPU) gets the rule everywhere.
+    arm = Target("cpu", "cpu", CpuCaps("aarch64", ("neon",), "arm", 128), "tvm")
+    assert _tiles.table_name(arm) is None
+    assert _tiles.choose(mm, (sq, sq), {}, arm) == _tiles.rule(mm, (sq, sq))
+
+
+def test_the_table_follows_the_targets_capabilities():
+    name = {t: _tiles.table_name(parse_target(t)) for t in (
+        "cpu:x86-64-v3", "cpu:x86-64-v4", "cuda:sm_80", "cuda:sm_86", "cuda:sm_87",
+        "cuda:sm_89", "cuda:sm_90", "cuda:sm_90a", "cuda:sm_100", "cuda:sm_120")}
+    assert name == {
+        "cpu:x86-64-v3": "cpu:x86-64-v3", "cpu:x86-64-v4": "cpu:x86-64-v4",
+        "cuda:sm_80": "cuda:sm_80", "cuda:sm_86": None,  # 99 KiB of shared memory
+        "cuda:sm_87": "cuda:sm_80", "cuda:sm_89": None, "cuda:sm_90": "cuda:sm_90",
+        "cuda:sm_90a": "cuda:sm_90", "cuda:sm_100": "cuda:sm_90", "cuda:sm_120": None}
+    # lower(target=) uses that target's table: the CUDA tables hold bigger GEMM tiles.
+    mm = _fresh("matmul")
+    sq = jax.ShapeDtypeStruct((1024, 1024), np.float32)
+    entry = _tiles.load("cuda:sm_90")["matmul"][_tiles.bucket(mm, (sq, sq), {})]["config"]
+    assert entry != _tiles.rule(mm, (sq, sq))
+    assert mm.lower(sq, sq, target="cuda:sm_90").key == \
+        mm.lower(sq, sq, target="cuda:sm_90", **entry).key
+
+
+@pytest.mark.parametrize("table", ["cpu:x86-64-v3", "cpu:x86-64-v4", "cuda:sm_80",
+                                   "cuda:sm_90"])
+def test_every_stored_entry_passes_the_pruning_rules_of_its_target(table):
+    target = parse_target(table)
+    assert _tiles.table_name(target) == table
+    entries = _tiles.load(table)
+    assert entries, f"no table for {table}"
+    for name, buckets in entries.items():
+        lib = getattr(jt.ops, name)
+        tuner = TunedKernel(lib, [e["config"] for e in buckets.values()])
+        for key, entry in buckets.items():
+            specs = _specs(key)
+            config = entry["config"]
+            assert set(config) == set(_tiles.SPACES[name].tuned), (name, key)
+            k, tuned = tuner._with(config)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", ClampedIndexWarning)  # the tile fits
+                k._specialise(specs, tuned).check_threads(target)  # the verifier
+            if target.kind == "cuda":
+                # Shared memory within the architecture's limit (ptxas spills: the slow
+                # test below).
+                k.lower(*specs, target=table, **tuned).shared_memory  # noqa: B018
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("table", ["cuda:sm_80", "cuda:sm_90"])
+def test_stored_cuda_entries_do_not_spill(table):
+    target = parse_target(table)
+    for name, buckets in _tiles.load(table).items():
+        lib = getattr(jt.ops, name)
+        tuner = TunedKernel(lib, [e["config"] for e in buckets.values()])
+        for key, entry in buckets.items():
+            k, tuned = tuner._with(entry["config"])
+            assert _target_limits(k, tuned, _specs(key), {}, target) is None, \
+                (name, key)
+
+
+def test_a_first_call_times_nothing_and_tuning_is_an_opt_in(monkeypatch, rng):
+    x = rng.standard_normal((24, 130)).astype(np.float32)
+    before = autotune_stats()
+    k = _fresh("rms_norm")
+    w = rng.standard_normal(130).astype(np.float32)
+    y = k(x, w)
+    assert autotune_stats() == before  # no timing, no tuning record read
+    assert jt.stats()["rms_norm"].compiles >= 1
+    expect = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + 1e-6) * w
+    np.testing.assert_allclose(y, expect, rtol=1e-5, atol=1e-6)
+
+    monkeypatch.setenv("JAXTILE_TUNE_OPS", "1")
+    k = _fresh("rms_norm")
+    y = jax.jit(lambda x, w: k(x, w))(x, w)
+    after = autotune_stats()
+    assert after["tuned"] + after["disk_hits"] > before["tuned"] + before["disk_hits"]
+    tuner = _tiles._tuners[("rms_norm", "cpu")]
+    spec = jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(w.shape, w.dtype)
+    best = tuner.best_config(*spec)
+    assert k._specialise((x, w), {}).params["rows"] == best["rows"]
+    np.testing.assert_allclose(y, k.reference(x, w), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(y, expect, rtol=1e-5, atol=1e-6)
+    assert jnp.asarray(y).dtype == jnp.float32

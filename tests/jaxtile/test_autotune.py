@@ -115,7 +115,9 @@ def test_under_jit_on_random_inputs_and_with_a_vjp_rule_given_after(fresh_cache)
     np.testing.assert_allclose(jax.jit(tuned)(x), x * 2)
     grad = jax.grad(lambda x: jnp.sum(tuned(x) ** 2))(x)
     np.testing.assert_allclose(grad, 8 * x)
-    assert bwd_calls == [{"rows": tuned.best_config(x)["rows"]}]
+    # Eager reverse mode traces the rule once more, abstractly, to start compiling the
+    # backward kernels early (Specialisation.start_vjp_builds).
+    assert bwd_calls and all(c == {"rows": tuned.best_config(x)["rows"]} for c in bwd_calls)
 
 
 def test_the_record_key_covers_code_shapes_dtypes_target_and_version(fresh_cache, monkeypatch):

@@ -112,8 +112,11 @@ class Specialisation:
         start compiling it for the CPU platform now, on the compile threads, so that the
         kernels of one program (or one gradient) compile side by side; the lowering's
         :meth:`build` then waits for that build. Only where JAX runs on the CPU and the
-        kernel runs natively there (the emulator's builds stay in the lowering)."""
-        if jax.default_backend() != "cpu":
+        kernel runs natively there (the emulator's builds stay in the lowering), and not
+        for a kernel with a sharding rule on several devices, whose lowering may run
+        per-shard kernels instead."""
+        if jax.default_backend() != "cpu" or (jax.device_count() > 1
+                                              and self.shard_rule is not None):
             return
         target = self.cpu_platform_target
         if target.kind == "cpu":

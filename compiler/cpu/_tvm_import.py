@@ -17,8 +17,8 @@ jaxtile does not need:
    ``tvm.relax`` attribute access, which TVMScript's parser does) gets the real package.
 3. **The same list of global functions, built again by each of the ~23 ``_ffi_api``
    modules** (those of ``tvm.s_tir``, imported right after ``tvm``, included) to pick out
-   their own: it is reused while its length is unchanged (about 0.3 s with ``tvm.s_tir``'s
-   modules, whose import pulls in ``tvm.rpc`` and ``meta_schedule``).
+   their own: it is reused while its length is unchanged (about 0.1 s of CPU time, half of
+   it in ``tvm.s_tir``'s modules, whose import pulls in ``tvm.rpc`` and ``meta_schedule``).
 
 Every shim is removed once ``import tvm.s_tir`` returns; TVM's state afterwards is the state a
 plain import leaves (tests/compiler/test_tvm_import.py compares the two). If TVM is already

@@ -158,6 +158,16 @@ def _run(future: concurrent.futures.Future[cache.Entry], key: str, kernel: ir.Ke
             _inflight.pop(key, None)
 
 
+def _forget_threads() -> None:
+    """In a child made by ``fork`` the compile threads, their builds in flight and
+    whoever held the lock do not exist: start afresh, or the child's builds would wait
+    forever."""
+    global _inflight_lock
+    _inflight_lock = threading.Lock()
+    _inflight.clear()
+    _pool.cache_clear()
+
+
 @functools.cache
 def _pool() -> concurrent.futures.ThreadPoolExecutor:
     """The compile threads: one per CPU this process may use (a compile keeps a core
@@ -167,6 +177,10 @@ def _pool() -> concurrent.futures.ThreadPoolExecutor:
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
     return concurrent.futures.ThreadPoolExecutor(cpus, thread_name_prefix="jaxtile-compile")
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_threads)
 
 
 def _find_or_compile(kernel: ir.Kernel, target: Target, key: str,

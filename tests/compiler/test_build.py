@@ -4,6 +4,7 @@ per key however many ask at once, and TVM imported only when something must comp
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import textwrap
@@ -124,6 +125,42 @@ def test_a_failed_build_reaches_every_waiter_and_the_next_build_retries(fresh_ca
             f.result(timeout=300)
     assert build.build(kernel, target).key == build.kernel_key(kernel, target)
     assert calls == ["build_scale", "build_scale"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+# JAX warns that a fork may deadlock it: the child here runs no JAX, only the compiler.
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")
+def test_a_forked_child_builds_what_the_parent_had_in_flight(fresh_cache, monkeypatch):
+    gate = threading.Event()
+    calls = _count_compiles(monkeypatch, gate)
+    kernel, target = _ir(19.0)
+    future = build.submit(kernel, target)   # held at the gate: in flight when we fork
+    while not calls:
+        threading.Event().wait(0.01)
+    pid = os.fork()
+    if pid == 0:  # the child: no compile thread, yet the same key must build
+        code = 1
+        try:
+            gate.set()
+            code = 0 if build.build(kernel, target).key == future_key(kernel, target) else 2
+        finally:
+            os._exit(code)
+    status = None
+    for _ in range(12000):  # up to two minutes; a child that waits forever is a failure
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        threading.Event().wait(0.01)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    gate.set()
+    assert future.result(timeout=300).key == future_key(kernel, target)
+    assert status is not None and os.waitstatus_to_exitcode(status) == 0, "the child hung"
+
+
+def future_key(kernel, target):
+    return build.kernel_key(kernel, target)
 
 
 def test_a_kernel_traced_into_a_program_starts_compiling_before_the_lowering(fresh_cache,

@@ -128,6 +128,17 @@ def submit(kernel: ir.Kernel, target: Target, *,
     return future
 
 
+def wait_idle() -> None:
+    """Wait until no build is in flight (their outcomes stay with their futures): e.g.
+    between tests, since a kernel traced but never run (``jax.make_jaxpr``) still builds."""
+    while True:
+        with _inflight_lock:
+            pending = list(_inflight.values())
+        if not pending:
+            return
+        concurrent.futures.wait(pending)
+
+
 _inflight: dict[str, concurrent.futures.Future[cache.Entry]] = {}
 _inflight_lock = threading.Lock()
 

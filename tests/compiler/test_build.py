@@ -127,6 +127,19 @@ def test_a_failed_build_reaches_every_waiter_and_the_next_build_retries(fresh_ca
     assert calls == ["build_scale", "build_scale"]
 
 
+def test_wait_idle_returns_when_no_build_is_in_flight(fresh_cache, monkeypatch):
+    gate = threading.Event()
+    calls = _count_compiles(monkeypatch, gate)
+    kernel, target = _ir(23.0)
+    future = build.submit(kernel, target)
+    opener = threading.Timer(0.2, gate.set)
+    opener.start()
+    build.wait_idle()
+    assert future.done() and calls == ["build_scale"]
+    assert future.result().key == build.kernel_key(kernel, target)
+    opener.join()
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 # JAX warns that a fork may deadlock it: the child here runs no JAX, only the compiler.
 @pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")

@@ -4,13 +4,22 @@
 specialisation. ``build`` compiles that IR for one target: its content key (the neutral IR's
 text, the target's description and the compiler's version) is looked up in the cache; on a
 miss the target's own passes run and its backend (imported only then) compiles.
+
+``submit`` starts the same build on a pool of compile threads, one per CPU: kernels needed
+at once (the kernels of a traced program, a gradient's backward kernels, autotuning
+candidates) compile side by side, since LLVM, which takes most of a compile, runs without
+the GIL. A key is built once however many callers ask for it at the same time: a build of
+a key already in flight waits for that one.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import hashlib
 import importlib
+import os
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -99,8 +108,94 @@ def source(kernel: ir.Kernel, target: Target) -> str:
 
 def build(kernel: ir.Kernel, target: Target, *, emulated: bool = False) -> cache.Entry:
     """Compile ``kernel`` for ``target``, or fetch it from the cache. ``emulated``: a CUDA
-    target's code compiled for the SIMT emulator, to run on the CPU."""
+    target's code compiled for the SIMT emulator, to run on the CPU. If the same key is
+    being built (:func:`submit`, another thread), this waits for that build."""
     key = kernel_key(kernel, target, emulated=emulated)
+    future, mine = _claim(key)
+    if mine:
+        _run(future, key, kernel, target, emulated)
+    return future.result()
+
+
+def submit(kernel: ir.Kernel, target: Target, *,
+           emulated: bool = False) -> concurrent.futures.Future[cache.Entry]:
+    """Start :func:`build` on the compile threads and return its future (that of the build
+    in flight if the key is already being built). The build's errors are the future's."""
+    key = kernel_key(kernel, target, emulated=emulated)
+    future, mine = _claim(key)
+    if mine:
+        _pool().submit(_run, future, key, kernel, target, emulated)
+    return future
+
+
+def wait_idle() -> None:
+    """Wait until no build is in flight (their outcomes stay with their futures): e.g.
+    between tests, since a kernel traced but never run (``jax.make_jaxpr``) still builds."""
+    while True:
+        with _inflight_lock:
+            pending = list(_inflight.values())
+        if not pending:
+            return
+        concurrent.futures.wait(pending)
+
+
+_inflight: dict[str, concurrent.futures.Future[cache.Entry]] = {}
+_inflight_lock = threading.Lock()
+
+
+def _claim(key: str) -> tuple[concurrent.futures.Future[cache.Entry], bool]:
+    """The future of ``key``'s build, and whether the caller must run it (no build of
+    ``key`` was in flight)."""
+    with _inflight_lock:
+        future = _inflight.get(key)
+        if future is not None:
+            return future, False
+        future = _inflight[key] = concurrent.futures.Future()
+        return future, True
+
+
+def _run(future: concurrent.futures.Future[cache.Entry], key: str, kernel: ir.Kernel,
+         target: Target, emulated: bool) -> None:
+    """Build a claimed key into its future; the key is then free again (a later build
+    finds the cache, or after a failure tries again)."""
+    try:
+        entry = _find_or_compile(kernel, target, key, emulated)
+    except BaseException as e:  # noqa: BLE001 - every outcome goes to the waiters
+        future.set_exception(e)
+    else:
+        future.set_result(entry)
+    finally:
+        with _inflight_lock:
+            _inflight.pop(key, None)
+
+
+def _forget_threads() -> None:
+    """In a child made by ``fork`` the compile threads, their builds in flight and
+    whoever held the lock do not exist: start afresh, or the child's builds would wait
+    forever."""
+    global _inflight_lock
+    _inflight_lock = threading.Lock()
+    _inflight.clear()
+    _pool.cache_clear()
+
+
+@functools.cache
+def _pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The compile threads: one per CPU this process may use (a compile keeps a core
+    busy, so more would only interleave them)."""
+    try:
+        cpus = len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return concurrent.futures.ThreadPoolExecutor(cpus, thread_name_prefix="jaxtile-compile")
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_threads)
+
+
+def _find_or_compile(kernel: ir.Kernel, target: Target, key: str,
+                     emulated: bool) -> cache.Entry:
     if emulated:
         emu = importlib.import_module(_EMULATOR, __package__)
         emu.load_runtime()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import jax
@@ -52,6 +53,9 @@ class Specialisation:
         self._compiled_ir: tile_ir.Kernel | None = None
         self._handle: kernel_call.KernelHandle | None = None
         self._entries: dict[tuple[Target, bool], cache.Entry] = {}
+        self._vjp_started = False
+        self._started: dict[Target, Future[cache.Entry]] = {}
+        """Builds started when the handle was made (:meth:`_start_build`), by target."""
 
     @property
     def tile_ir(self) -> tile_ir.Kernel:
@@ -100,7 +104,43 @@ class Specialisation:
             self._handle = kernel_call.KernelHandle(build.ir_key(self.compiled_ir),
                                                     self.owner.name, avals, self,
                                                     label=self.label)
+            self._start_build()
         return self._handle
+
+    def _start_build(self) -> None:
+        """A handle is made when the kernel enters a program, which is lowered soon after:
+        start compiling it for the CPU platform now, on the compile threads, so that the
+        kernels of one program (or one gradient) compile side by side; the lowering's
+        :meth:`build` then waits for that build. Only where JAX runs on the CPU and the
+        kernel runs natively there (the emulator's builds stay in the lowering), and not
+        for a kernel with a sharding rule on several devices, whose lowering may run
+        per-shard kernels instead."""
+        if jax.default_backend() != "cpu" or (jax.device_count() > 1
+                                              and self.shard_rule is not None):
+            return
+        target = self.cpu_platform_target
+        if target.kind == "cpu":
+            self._started[target] = build.submit(self.compiled_ir, target)
+
+    def start_vjp_builds(self, primals: Sequence[Any]) -> None:
+        """Start compiling the kernels of the ``defvjp`` rule, once: evaluating ``fwd``
+        then ``bwd`` abstractly traces their kernel calls, whose handles start their builds
+        (:meth:`_start_build`). Without this, eager reverse mode compiles each backward
+        kernel only when the backward pass reaches it, one after the other. ``primals``:
+        the call's arguments (anything with a shape and dtype)."""
+        if self._vjp_started:
+            return
+        self._vjp_started = True
+        rule = self.vjp
+        if rule is None:
+            return
+        fwd, bwd = rule
+        args = [jax.ShapeDtypeStruct(p.shape, p.dtype) for p in primals]
+        cts = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in self.handle().out_avals]
+        try:
+            jax.eval_shape(lambda a, c: bwd(fwd(*a)[1], c), args, cts)
+        except Exception:  # noqa: BLE001 - the real passes report their errors where they run
+            pass
 
     @property
     def label(self) -> str:
@@ -163,15 +203,23 @@ class Specialisation:
     def _build(self, target: Target, emulated: bool = False) -> cache.Entry:
         """``build.build``, with any failure of the compiler below the Tile IR turned into
         a KernelError that names the kernel (a bug or limit of jaxtile, not of the body)."""
+        started = None if emulated else self._started.pop(target, None)
         try:
+            if started is not None:
+                return started.result()
             return build.build(self.compiled_ir, target, emulated=emulated)
         except KernelError:
             raise
         except Exception as e:  # noqa: BLE001 - e.g. TVM's errors, a RecursionError
-            first = (str(e).strip().splitlines() or [""])[0][:300]
-            raise kernel_error(self.owner.name, f"the {target.name} compiler failed on this "
-                               f"kernel ({type(e).__name__}: {first}); please report it",
-                               _definition(self.owner)) from e
+            raise self.compiler_failure(target, e) from e
+
+    def compiler_failure(self, target: Target, error: Exception) -> KernelError:
+        """The KernelError for a failure of the compiler below the Tile IR: a bug or limit
+        of jaxtile, not of the body."""
+        first = (str(error).strip().splitlines() or [""])[0][:300]
+        return kernel_error(self.owner.name, f"the {target.name} compiler failed on this "
+                            f"kernel ({type(error).__name__}: {first}); please report it",
+                            _definition(self.owner))
 
     # --- what kernel_call's rules ask for -----------------------------------
     def reference(self, *args: Any) -> list[Any]:

@@ -47,6 +47,7 @@ from jaxtile.compiler.target import Target, for_platform, parse_target
 
 from . import _config
 from . import kernel as _kernel
+from ._specialisation import Specialisation
 
 _FORMAT = "jaxtile-autotune-1"
 
@@ -309,18 +310,16 @@ class TunedKernel:
         return report
 
     def _prebuild(self, i: int, specs: tuple[jax.ShapeDtypeStruct, ...],
-                  params: dict[str, Any], target: Target) -> str | None:
-        """Compile candidate ``i`` for ``target`` into the build cache; why it cannot be
-        compiled, or None."""
+                  params: dict[str, Any], target: Target
+                  ) -> tuple[Specialisation, concurrent.futures.Future] | None:
+        """Start compiling candidate ``i`` for ``target`` into the build cache, on the
+        compile threads (``build.submit``): its specialisation and the build's future, or
+        None when it has nothing to compile."""
         kernel, tuned = self._with(self.configs[i])
         spec = kernel._specialise(specs, {**params, **tuned})
         if spec.empty:
             return None  # runs its reference semantics: nothing to compile
-        try:
-            spec._build(target)
-        except KernelError as e:
-            return f"KernelError: {e}"
-        return None
+        return spec, build.submit(spec.compiled_ir, target)
 
     def _inputs(self, args: tuple[Any, ...],
                 specs: tuple[jax.ShapeDtypeStruct, ...]) -> tuple[Any, ...]:
@@ -349,17 +348,27 @@ class TunedKernel:
         target = tuning_target()
         with bar:
             # The compilers release the GIL (LLVM in TVM, NVRTC, the linker): the artifacts
-            # are built on threads into the build cache, where the calls below find them.
-            workers = max(1, min(_config.cpu_count(), len(valid)))
-            with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-                builds = {pool.submit(self._prebuild, i, specs, params, target): i
-                          for i in valid}
-                for done, future in enumerate(concurrent.futures.as_completed(builds)):
-                    reason = future.result()
-                    if reason is not None:
-                        pruned[builds[future]] = reason
-                    bar.update(f"compiled {done + 1}/{len(valid)}", None,
-                               (done + 1) / (len(valid) + 1))
+            # are built on the compile threads into the build cache, where the calls below
+            # find them. Tracing stays on this thread.
+            builds: dict[concurrent.futures.Future, tuple[int, Specialisation]] = {}
+            for i in valid:
+                try:
+                    started = self._prebuild(i, specs, params, target)
+                except KernelError as e:
+                    pruned[i] = f"KernelError: {e}"
+                    continue
+                if started is not None:
+                    builds[started[1]] = (i, started[0])
+            for done, future in enumerate(concurrent.futures.as_completed(builds)):
+                i, spec = builds[future]
+                try:
+                    future.result()
+                except KernelError as e:
+                    pruned[i] = f"KernelError: {e}"
+                except Exception as e:  # noqa: BLE001 - e.g. TVM's errors
+                    pruned[i] = f"KernelError: {spec.compiler_failure(target, e)}"
+                bar.update(f"compiled {done + 1}/{len(builds)}", None,
+                           (done + 1) / (len(builds) + 1))
             for i in valid:
                 if pruned[i] is not None:
                     continue

@@ -345,9 +345,12 @@ class Kernel:
         if not interpret:
             # The eager hot path: concrete arguments of types seen before go straight to
             # the cached jitted call.
-            key = _call_key(args, params)
-            run = self._eager.get(key) if key is not None else None
-            if run is not None and not any(isinstance(a, jax.core.Tracer) for a in args):
+            key = _eager_key(args, params)
+            try:
+                run = self._eager.get(key) if key is not None else None
+            except TypeError:  # an array-like whose shape cannot be hashed
+                run = None
+            if run is not None:
                 return run(*args)
         return self._call(args, params, interpret)
 
@@ -359,8 +362,8 @@ class Kernel:
             return flat_outputs(spec, kernel_call.kernel_call_p.bind(*args,
                                                                      kernel=spec.handle()))
         run = kernel_call.eager_function(spec.handle(), spec.traced.out_tree)
-        key = _call_key(args, params)
-        if key is not None:
+        key = _eager_key(args, params)
+        if key is not None and _hashable(key):
             self._eager[key] = run
         return run(*args)
 
@@ -447,6 +450,36 @@ def _call_key(args: tuple[Any, ...], params: dict[str, Any]) -> Any:
     except (AttributeError, TypeError):
         return None
     return key
+
+
+_Tracer = jax.core.Tracer
+
+
+def _eager_key(args: tuple[Any, ...], params: dict[str, Any]) -> tuple[Any, ...] | None:
+    """What an eager call's jitted function is cached under: as :func:`_call_key`, built in
+    one pass at a fraction of its cost (it is most of an eager call's Python work). None
+    (the checked path) when an argument is a tracer or has no shape, or a parameter is not
+    an int, str, bool or None: other values need :func:`_value_key` to tell apart values
+    that are equal yet trace differently (``0.0`` and ``-0.0``). Parameters are keyed in
+    the order given, so one set of parameters may get an entry per order."""
+    # JAX declares its flags at run time, so its Config type lacks them.
+    key: list[Any] = [jax.config.jax_enable_x64, _backend]  # type: ignore[attr-defined]
+    try:
+        for a in args:
+            if isinstance(a, _Tracer):
+                return None
+            key.append(a.shape)
+            key.append(a.dtype)
+    except AttributeError:
+        return None
+    for name, v in params.items():
+        t = type(v)
+        if t not in _PLAIN:
+            return None
+        key.append(name)
+        key.append(t)
+        key.append(v)
+    return tuple(key)
 
 
 def _params_key(params: dict[str, Any]) -> tuple[Any, ...]:

@@ -112,6 +112,10 @@ def _kernel_call_jvp(primals: Sequence[Any], tangents: Sequence[Any], *,
     spec = kernel.spec
     rule = spec.vjp
     if rule is not None:
+        if not any(isinstance(p, jax.core.Tracer) for p in primals):
+            # Eager reverse mode: the backward kernels would compile one by one when the
+            # backward pass runs (under a trace they are all traced before the lowering).
+            spec.start_vjp_builds(primals)
         outs, residuals = rule[0](*primals)
         res_leaves, res_tree = jax.tree.flatten(residuals)
     else:

@@ -39,9 +39,9 @@ class KernelHandle:
     out_avals: tuple[ji.ShapedArray, ...]
     spec: Any = None
     """The frontend's specialisation: ``build(target)`` (compile or fetch from the cache),
-    ``reference(*args)``, ``batched(flags, size)``, ``resized(shapes)``, ``vjp`` and
-    ``shard_rule`` (see ``jaxtile._specialisation``), used by the lowering, batching, AD and
-    sharding rules."""
+    ``reference(*args)``, ``batched(flags, size)``, ``resized(shapes)``, ``vjp``,
+    ``start_vjp_builds(primals)`` and ``shard_rule`` (see ``jaxtile._specialisation``), used
+    by the lowering, batching, AD and sharding rules."""
     per_shard: bool = False
     """Set on the per-device kernels that a sharded call lowers to, which must not be
     partitioned again."""

@@ -2,6 +2,7 @@
 compiler pass, and shared helpers."""
 
 import os
+import sys
 import tempfile
 
 import numpy as np
@@ -10,6 +11,17 @@ import pytest
 _CACHE = tempfile.mkdtemp(prefix="jaxtile-test-cache-")
 os.environ["JAXTILE_CACHE_DIR"] = _CACHE
 os.environ["JAXTILE_VERIFY_IR"] = "1"
+
+
+@pytest.fixture(autouse=True)
+def _builds_end_with_their_test():
+    """A kernel traced into a program starts compiling on the compile threads
+    (compiler/build.py), even if the test never runs it (make_jaxpr): that build must not
+    run on into the next test, whose patches or counts it would meet."""
+    yield
+    build = sys.modules.get("jaxtile.compiler.build")
+    if build is not None:
+        build.wait_idle()
 
 
 @pytest.fixture

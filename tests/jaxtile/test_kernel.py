@@ -140,3 +140,26 @@ def test_defjvp_rule_with_wrong_structure_is_an_error():
     with pytest.raises(jt.KernelError, match="the jvp rule returned tangents shaped"):
         jax.jvp(lambda x: cube(x, jnp.arange(4, dtype=jnp.int32)), (jnp.ones(4),),
                 (jnp.ones(4),))
+
+
+def test_eager_calls_tell_apart_parameters_python_deems_equal():
+    # 1 == 1.0 == True and 0.0 == -0.0 in Python, yet each traces another kernel; the eager
+    # cache (kernel._eager_key) must not hand one the other's compiled call.
+    @jt.kernel
+    def typed(x, *, p):
+        out = jt.empty(x.shape, x.dtype)
+        if isinstance(p, bool):
+            out[...] = x[...] + 100.0
+        elif isinstance(p, float):
+            out[...] = x[...] * float(np.copysign(1.0, p)) + 10.0
+        else:
+            out[...] = x[...] + float(p)
+        return out
+
+    x = jnp.arange(1, 9, dtype=jnp.float32)
+    for _ in range(2):  # the second round takes the eager cache for every call
+        np.testing.assert_array_equal(typed(x, p=1), x + 1)
+        np.testing.assert_array_equal(typed(x, p=True), x + 100)
+        np.testing.assert_array_equal(typed(x, p=1.0), x + 10)
+        np.testing.assert_array_equal(typed(x, p=-0.0), -x + 10)
+        np.testing.assert_array_equal(typed(x, p=0.0), x + 10)

@@ -57,6 +57,7 @@ def test_language_kernel_runs_as_sm90a_code(hopper):
     assert hopper == [_scaled_row_sums.lower(x, target="cuda:sm_90a").source]
 
 
+@pytest.mark.slow   # a second emulator compile; the language kernel above covers the default run
 def test_ops_softmax_on_sm90a(hopper):
     x = _data((7, 130), np.float32, 1)
     got = jax.jit(ops.softmax)(x)

@@ -58,9 +58,10 @@ def _threads(text: str) -> int:
     return int(text)
 
 
-BACKENDS = {"cpu": "cpu", "cuda-emulator": "cuda:sm_80"}
+BACKENDS = {"cpu": "cpu", "cuda-emulator": "cuda:sm_80", "cuda-emulator:sm_90a": "cuda:sm_90a"}
 """Backends that run kernels on this machine, and the target each compiles for: the CPU, or
-CUDA code run in the SIMT emulator (``docs/emulator.md``)."""
+CUDA code run in the SIMT emulator (``docs/emulator.md``): Ampere code, or Hopper code
+(wgmma, the sm_90a device primitives) on ``cuda-emulator:sm_90a``."""
 
 
 def _backend(text: str) -> str:
@@ -80,8 +81,9 @@ def _cpu_isa(text: str) -> str:
 
 VARIABLES = {v.name: v for v in (
     Variable("JAXTILE_BACKEND", _backend, "cpu",
-             "what runs kernels on the CPU platform: cpu (compiled for the CPU) or "
-             "cuda-emulator (compiled for CUDA, run in the SIMT emulator)"),
+             "what runs kernels on the CPU platform: cpu (compiled for the CPU), "
+             "cuda-emulator (compiled for CUDA sm_80, run in the SIMT emulator) or "
+             "cuda-emulator:sm_90a (compiled for Hopper, sm_90a, run in the emulator)"),
     Variable("JAXTILE_CPU_ISA", _cpu_isa, "host",
              "the instruction set CPU kernels are compiled for: host (this CPU's own) or a "
              "narrower x86-64 level it can run, x86-64-v3 (AVX2 + FMA) or x86-64-v4 "

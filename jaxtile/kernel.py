@@ -56,15 +56,16 @@ _backend = _config.get("JAXTILE_BACKEND")
 
 
 def backend() -> str:
-    """The name of the active backend: ``"cpu"`` (the default) or ``"cuda-emulator"``
-    (``JAXTILE_BACKEND`` in the environment, or :func:`set_backend`)."""
+    """The name of the active backend: ``"cpu"`` (the default), ``"cuda-emulator"`` or
+    ``"cuda-emulator:sm_90a"`` (``JAXTILE_BACKEND`` in the environment, or :func:`set_backend`)."""
     return _backend
 
 
 def set_backend(name: str) -> None:
     """Choose what runs kernels on JAX's CPU platform: ``"cpu"`` compiles them for the CPU;
     ``"cuda-emulator"`` compiles them for CUDA (sm_80) and runs that code in the SIMT
-    emulator, which checks it for races, out-of-bounds accesses and deadlocks.
+    emulator, which checks it for races, out-of-bounds accesses and deadlocks;
+    ``"cuda-emulator:sm_90a"`` does the same with Hopper code (sm_90a: wgmma GEMMs).
 
     The choice is read when a kernel is specialised: calls made from now on use it, and
     specialisations made before keep theirs."""

@@ -429,6 +429,36 @@ def mma_accumulator(shape: Sequence[int], warps: tuple[int, int], threads: int |
     return Layout((m, n), dims, (rep,), threads, f"mma({instr}, warps {wm}x{wn})")
 
 
+def wgmma_accumulator(shape: Sequence[int], warpgroups: tuple[int, int],
+                      threads: int | None = None) -> Layout:
+    """The f32 accumulator of ``wgmma.m64nNk16`` (docs/ptx_facts.md) over a ``gm x gn`` grid of
+    warpgroups (128 threads each) numbered row-major.
+
+    Warpgroup ``(i, j)`` owns rows ``[i*M/gm, ...)`` and columns ``[j*N/gn, ...)`` and covers
+    them with ``M / (64 gm)`` instructions of ``N' = N / gn`` columns stacked along M. Unlike
+    ``mma_accumulator``, a warp's rows are not contiguous: warp ``w`` of the warpgroup holds
+    rows ``64 mi + 16 w + ...`` of instruction ``mi``. For thread ``T`` of the warpgroup
+    (``w = T / 32``, ``g = (T % 32) / 4``, ``t = T % 4``), slot ``mi * N'/2 + i`` holds
+    instruction ``mi``'s register ``i``: row ``16 w + g + 8 ((i >> 1) & 1)``, column
+    ``8 (i >> 2) + 2 t + (i & 1)``. Threads beyond ``128 gm gn`` replicate."""
+    m, n = (int(x) for x in shape)
+    gm, gn = warpgroups
+    threads = 128 * gm * gn if threads is None else threads
+    if m % (64 * gm) or n % (8 * gn):
+        raise ValueError(f"accumulator {m}x{n} does not split into m64n8 steps over "
+                         f"{gm}x{gn} warpgroups")
+    if threads % (128 * gm * gn):
+        raise ValueError(f"{threads} threads are not a multiple of {gm}x{gn} warpgroups")
+    mi, ncols = m // (64 * gm), n // gn
+    rows = (Factor(gm, THREAD, 128 * gn), Factor(mi, LOCAL, ncols // 2), Factor(4, THREAD, 32),
+            Factor(2, LOCAL, 2), Factor(8, THREAD, 4))
+    cols = (Factor(gn, THREAD, 128), Factor(ncols // 8, LOCAL, 4), Factor(4, THREAD, 1),
+            Factor(2, LOCAL, 1))
+    rep = Factor(threads // (128 * gm * gn), THREAD, 128 * gm * gn)
+    return Layout((m, n), (rows, cols), (rep,), threads,
+                  f"wgmma(m64n{ncols}k16, warpgroups {gm}x{gn})")
+
+
 # -- parsing the printed form ---------------------------------------------------------------
 
 _FACTOR = re.compile(r"(\d+)([tl])(\d+)")
@@ -470,6 +500,9 @@ def parse(text: str, shape: Sequence[int], threads: int) -> Layout:
     if head == "mma":
         wm, wn = (int(x) for x in args[1].split()[1].split("x"))
         return mma_accumulator(shape, (wm, wn), threads, args[0])
+    if head == "wgmma":
+        gm, gn = (int(x) for x in args[1].split()[1].split("x"))
+        return wgmma_accumulator(shape, (gm, gn), threads)
     if head == "slice":
         keepdims = args[-1] == "keepdims"
         args = args[:-1] if keepdims else args

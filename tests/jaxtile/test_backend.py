@@ -56,6 +56,7 @@ def test_the_choice_is_read_when_a_kernel_is_specialised(restore_backend):
 
 
 @pytest.mark.parametrize("value,expected", [("cuda-emulator", "cuda-emulator"),
+                                            ("cuda-emulator:sm_90a", "cuda-emulator:sm_90a"),
                                             ("cpu", "cpu"), ("tpu", "cpu")])
 def test_environment_variable(value, expected):
     env = {**os.environ, "JAXTILE_BACKEND": value}

@@ -77,7 +77,7 @@ def test_a_second_export_without_disabled_checks():
             jax.export.export(f)(x)
 
 
-@pytest.mark.parametrize("text", ["CUDA-Emulator", "CPU", "cpu"])
+@pytest.mark.parametrize("text", ["CUDA-Emulator", "CUDA-Emulator:SM_90A", "CPU", "cpu"])
 def test_backend_variable_in_any_case(text, monkeypatch):
     monkeypatch.setenv("JAXTILE_BACKEND", text)
     with warnings.catch_warnings():

@@ -27,9 +27,10 @@ _BACKENDS = {"cpu": ".cpu.lower", "cuda": ".cuda.compile", "hip": ".hip.lower"}
 provides ``source(kernel, target)`` and ``compile_to_library(kernel, target)``, returning
 ``(library bytes, symbol)`` or a ``cuda.compile.CompiledCuda`` (a cubin with its launch
 configuration)."""
-_EMULATOR = ".cuda.emulated"
-"""The runner of CUDA code on JAX's CPU platform (the ``cuda-emulator`` backend): the same
-source, compiled for the SIMT emulator."""
+_EMULATORS = {"cuda": ".cuda.emulated", "hip": ".hip.emulated"}
+"""Target kind -> the runner of its GPU code on JAX's CPU platform (the ``cuda-emulator`` and
+``hip-emulator`` backends): the same source, compiled for the SIMT emulator (wave64 for
+HIP)."""
 
 
 @functools.cache
@@ -99,10 +100,10 @@ def source(kernel: ir.Kernel, target: Target) -> str:
 
 def build(kernel: ir.Kernel, target: Target, *, emulated: bool = False) -> cache.Entry:
     """Compile ``kernel`` for ``target``, or fetch it from the cache. ``emulated``: a CUDA
-    target's code compiled for the SIMT emulator, to run on the CPU."""
+    or HIP target's code compiled for the SIMT emulator, to run on the CPU."""
     key = kernel_key(kernel, target, emulated=emulated)
     if emulated:
-        emu = importlib.import_module(_EMULATOR, __package__)
+        emu = importlib.import_module(_EMULATORS[target.kind], __package__)
         emu.load_runtime()
     entry, where = cache.find(key)
     if entry is not None:
@@ -123,7 +124,7 @@ def build(kernel: ir.Kernel, target: Target, *, emulated: bool = False) -> cache
 def _compile(kernel: ir.Kernel, target: Target, key: str, emulated: bool) -> cache.Entry:
     """A cache miss of :func:`build`: run the target's passes, compile and store."""
     if emulated:
-        emu = importlib.import_module(_EMULATOR, __package__)
+        emu = importlib.import_module(_EMULATORS[target.kind], __package__)
         library, symbol = emu.compile_to_library(lowered_ir(kernel, target), target)
         blocks = kernel.num_blocks if sizes.is_static(kernel.grid) else 1
         return cache.store(key, library, symbol, blocks,

@@ -58,9 +58,10 @@ def _threads(text: str) -> int:
     return int(text)
 
 
-BACKENDS = {"cpu": "cpu", "cuda-emulator": "cuda:sm_80"}
+BACKENDS = {"cpu": "cpu", "cuda-emulator": "cuda:sm_80", "hip-emulator": "hip:gfx942",
+            "hip-emulator:gfx90a": "hip:gfx90a"}
 """Backends that run kernels on this machine, and the target each compiles for: the CPU, or
-CUDA code run in the SIMT emulator (``docs/emulator.md``)."""
+CUDA or HIP (AMD, wave64) code run in the SIMT emulator (``docs/emulator.md``)."""
 
 
 def _backend(text: str) -> str:
@@ -80,8 +81,10 @@ def _cpu_isa(text: str) -> str:
 
 VARIABLES = {v.name: v for v in (
     Variable("JAXTILE_BACKEND", _backend, "cpu",
-             "what runs kernels on the CPU platform: cpu (compiled for the CPU) or "
-             "cuda-emulator (compiled for CUDA, run in the SIMT emulator)"),
+             "what runs kernels on the CPU platform: cpu (compiled for the CPU), "
+             "cuda-emulator (compiled for CUDA, run in the SIMT emulator) or hip-emulator "
+             "(compiled for AMD's gfx942, hip-emulator:gfx90a for gfx90a, run in the "
+             "emulator's wave64 mode)"),
     Variable("JAXTILE_CPU_ISA", _cpu_isa, "host",
              "the instruction set CPU kernels are compiled for: host (this CPU's own) or a "
              "narrower x86-64 level it can run, x86-64-v3 (AVX2 + FMA) or x86-64-v4 "

@@ -219,7 +219,7 @@ std::string thread_name(const Block& b, uint32_t tid) {
   }
   const Fiber& f = b.fibers[tid];
   snprintf(buf, sizeof buf, "thread (%u,%u,%u) [warp %u lane %u] of block (%u,%u,%u)",
-           f.tidx.x, f.tidx.y, f.tidx.z, tid / 32, tid % 32, b.bidx.x, b.bidx.y, b.bidx.z);
+           f.tidx.x, f.tidx.y, f.tidx.z, tid / b.warp_size, tid % b.warp_size, b.bidx.x, b.bidx.y, b.bidx.z);
   return buf;
 }
 

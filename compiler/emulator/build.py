@@ -416,8 +416,9 @@ def build_library(
         guards.write_text(fault_guards(frame_bytes(usage.read_text()) if usage.exists() else 0))
         lib = Path(tmp) / "kernel.so"
         # The runtime sits beside the kernel library in the cache: found through $ORIGIN.
-        cmd = [cxx, *_FLAGS, *launch.mode_flags, *_includes(), "-x", "c++", str(guards), "-x", "none", str(obj),
-               str(runtime), "-Wl,-rpath,$ORIGIN", "-shared", "-o", str(lib)]
+        cmd = [cxx, *_FLAGS, *launch.mode_flags, *_includes(), "-x", "c++", str(guards),
+               "-x", "none", str(obj), str(runtime), "-Wl,-rpath,$ORIGIN", "-shared", "-o",
+               str(lib)]
         _run(cmd, f"linking '{file}' for the emulator")
         os.replace(lib, out)
     return out

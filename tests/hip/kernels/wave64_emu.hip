@@ -61,7 +61,8 @@ JT_KERNEL JT_LAUNCH_BOUNDS(128) void lds_reverse(ptr<const float> x, ptr<float> 
   out[t] = s[127 - t];  // MUTATE:index
 }
 
-// One LDS read per lane at word (lane * stride) % 256, 4 or 16 bytes wide (the bank model).
+// Per lane, a 4-byte LDS read of word (lane * stride) % 256 and a 16-byte read of vector
+// (lane * stride) % 64 (the bank model).
 JT_KERNEL JT_LAUNCH_BOUNDS(64) void lds_stride(ptr<const float> x, ptr<float> out, int stride) {
   JT_SHARED(float, s, 1024);
   const unsigned l = lane_id();
@@ -69,7 +70,7 @@ JT_KERNEL JT_LAUNCH_BOUNDS(64) void lds_stride(ptr<const float> x, ptr<float> ou
   sync_threads();
   const unsigned w = (l * stride) % 256u;
   const float one = s[w];
-  const f32x4 four = ptr_cast<f32x4>(s)[w];
+  const f32x4 four = ptr_cast<f32x4>(s)[(l * stride) % 64u];
   out[l] = one + four.x + four.y + four.z + four.w;
 }
 

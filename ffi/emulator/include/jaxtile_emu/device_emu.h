@@ -305,6 +305,45 @@ inline void barrier_sync(unsigned id, unsigned nthreads, uint32_t line = __built
   emu::barrier(id, nthreads, false, line);
 }
 
+// ---- ldmatrix ----
+template <class T>
+void ldmatrix_x1(unsigned (&r)[1], ptr<T> p, uint32_t line = __builtin_LINE()) {
+  emu::ldmatrix_<1, false>(r, p, line);
+}
+template <class T>
+void ldmatrix_x2(unsigned (&r)[2], ptr<T> p, uint32_t line = __builtin_LINE()) {
+  emu::ldmatrix_<2, false>(r, p, line);
+}
+template <class T>
+void ldmatrix_x4(unsigned (&r)[4], ptr<T> p, uint32_t line = __builtin_LINE()) {
+  emu::ldmatrix_<4, false>(r, p, line);
+}
+template <class T>
+void ldmatrix_x1_trans(unsigned (&r)[1], ptr<T> p, uint32_t line = __builtin_LINE()) {
+  emu::ldmatrix_<1, true>(r, p, line);
+}
+template <class T>
+void ldmatrix_x2_trans(unsigned (&r)[2], ptr<T> p, uint32_t line = __builtin_LINE()) {
+  emu::ldmatrix_<2, true>(r, p, line);
+}
+template <class T>
+void ldmatrix_x4_trans(unsigned (&r)[4], ptr<T> p, uint32_t line = __builtin_LINE()) {
+  emu::ldmatrix_<4, true>(r, p, line);
+}
+
+// ---- mma.sync ----
+inline void mma_m16n8k16_f16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2],
+                             const float (&c)[4], uint32_t line = __builtin_LINE()) {
+  emu::mma_(emu::kMmaF16, d, a, b, c, line);
+}
+inline void mma_m16n8k16_bf16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2],
+                              const float (&c)[4], uint32_t line = __builtin_LINE()) {
+  emu::mma_(emu::kMmaBf16, d, a, b, c, line);
+}
+inline void mma_m16n8k8_tf32(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2],
+                             const float (&c)[4], uint32_t line = __builtin_LINE()) {
+  emu::mma_(emu::kMmaTf32, d, a, b, c, line);
+}
 #endif  // !JAXTILE_WAVE64
 
 // ---- cp.async (in wave64 mode too: device_hip.h's copy happens at once, and code correct

@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 from test_hip_mfma import _table
 
-from jaxtile.compiler.emulator import Buffer, EmulatedKernel, EmulatorError, LaunchConfig, Scalar
+from jaxtile.compiler.emulator import (
+    Buffer,
+    EmulatedKernel,
+    EmulatorError,
+    LaunchConfig,
+    Scalar,
+    ToolchainError,
+)
 from jaxtile.compiler.hip import lds, toolchain
 
 SOURCE = (Path(__file__).parent / "kernels" / "wave64_emu.hip").read_text()
@@ -137,6 +144,35 @@ def test_wave_divergent_barrier_is_a_deadlock():
         k.run(np.ones(128, np.float32), np.zeros(128, np.float32))
     (msg,) = [m for m in _errors(e.value.report) if m.startswith("deadlock")]
     assert f"wave64_emu.hip:{line}" in msg and "waits for 64 more" in msg
+
+
+def test_uninitialised_lds_read_is_a_warning():
+    source, line = _mutate("write", "s[t] = x[t];", "if (t < 64) s[t] = x[t];")
+    k = _build("lds_reverse", [Buffer("x", "float32"), Buffer("out", "float32")],
+               threads=128, source=source)
+    report = k.run(np.ones(128, np.float32), np.zeros(128, np.float32))
+    warnings = [f for f in report["findings"] if f["severity"] == "warning"]
+    assert _errors(report) == [] and len(warnings) == 1
+    assert "uninitialised read" in warnings[0]["message"]
+    assert f"wave64_emu.hip:{line + 2}" in warnings[0]["message"]
+    assert warnings[0]["count"] == 64 * 4  # wave 0 reads the 64 floats wave 1 did not write
+
+
+def test_a_32_bit_mask_on_a_wave_is_reported():
+    # CUDA's full mask names lanes 0..31 only: lanes 32..63 of the wave run the shuffle
+    # outside its mask (what the generated reductions did before they said kFullMask).
+    source, line = _mutate("mask", "shfl_xor(kFullMask", "shfl_xor(0xffffffffu")
+    k = _build("wave_sums", [Buffer("x", "float32"), Buffer("out", "float32")], grid=2,
+               threads=128, source=source)
+    # Lanes 0..31 read lanes 32..63 at the first butterfly (xor 32), outside the mask.
+    with pytest.raises(EmulatorError, match=f"wave64_emu.hip:{line}: .* reads lane 32, which "
+                       "is not in the mask"):
+        k.run(np.ones(256, np.float32), np.zeros(8, np.float32))
+
+
+def test_warps_are_32_or_64_lanes():
+    with pytest.raises(ToolchainError, match="warps of 32 or 64 lanes, not 48"):
+        _ = LaunchConfig((1, 1, 1), (64, 1, 1), warp_size=48).mode_flags
 
 
 @pytest.mark.parametrize("stride", [1, 2, 32])

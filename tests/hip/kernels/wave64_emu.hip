@@ -9,7 +9,7 @@ JT_KERNEL JT_LAUNCH_BOUNDS(128) void wave_sums(ptr<const float> x, ptr<float> ou
   const unsigned wave = block_idx().x * (block_dim().x / kWarpSize) + warp_id();
   const float own = x[wave * kWarpSize + lane_id()];
   float v = own;
-  for (int m = kWarpSize / 2; m >= 1; m /= 2) v += shfl_xor(kFullMask, v, m);
+  for (int m = kWarpSize / 2; m >= 1; m /= 2) v += shfl_xor(kFullMask, v, m);  // MUTATE:mask
   // shfl_down by 63 brings lane 63's value to lane 0 (the others keep their own); shfl_idx
   // then gives it to every lane.
   const float last = shfl_idx(kFullMask, shfl_down(kFullMask, own, 63), 0);
@@ -56,7 +56,7 @@ JT_KERNEL JT_LAUNCH_BOUNDS(64) void mfma_32x32x8_bf16(ptr<const unsigned> ab, pt
 JT_KERNEL JT_LAUNCH_BOUNDS(128) void lds_reverse(ptr<const float> x, ptr<float> out) {
   JT_SHARED(float, s, 128);
   const unsigned t = thread_idx().x;
-  s[t] = x[t];
+  s[t] = x[t];  // MUTATE:write
   sync_threads();  // MUTATE:barrier
   out[t] = s[127 - t];  // MUTATE:index
 }

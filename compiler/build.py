@@ -36,9 +36,10 @@ _BACKENDS = {"cpu": ".cpu.lower", "cuda": ".cuda.compile", "hip": ".hip.lower"}
 provides ``source(kernel, target)`` and ``compile_to_library(kernel, target)``, returning
 ``(library bytes, symbol)`` or a ``cuda.compile.CompiledCuda`` (a cubin with its launch
 configuration)."""
-_EMULATOR = ".cuda.emulated"
-"""The runner of CUDA code on JAX's CPU platform (the ``cuda-emulator`` backend): the same
-source, compiled for the SIMT emulator."""
+_EMULATORS = {"cuda": ".cuda.emulated", "hip": ".hip.emulated"}
+"""Target kind -> the runner of its GPU code on JAX's CPU platform (the ``cuda-emulator`` and
+``hip-emulator`` backends): the same source, compiled for the SIMT emulator (wave64 for
+HIP)."""
 
 
 @functools.cache
@@ -108,8 +109,8 @@ def source(kernel: ir.Kernel, target: Target) -> str:
 
 def build(kernel: ir.Kernel, target: Target, *, emulated: bool = False) -> cache.Entry:
     """Compile ``kernel`` for ``target``, or fetch it from the cache. ``emulated``: a CUDA
-    target's code compiled for the SIMT emulator, to run on the CPU. If the same key is
-    being built (:func:`submit`, another thread), this waits for that build."""
+    or HIP target's code compiled for the SIMT emulator, to run on the CPU. If the same key
+    is being built (:func:`submit`, another thread), this waits for that build."""
     key = kernel_key(kernel, target, emulated=emulated)
     future, mine = _claim(key)
     if mine:
@@ -197,7 +198,7 @@ if hasattr(os, "register_at_fork"):
 def _find_or_compile(kernel: ir.Kernel, target: Target, key: str,
                      emulated: bool) -> cache.Entry:
     if emulated:
-        emu = importlib.import_module(_EMULATOR, __package__)
+        emu = importlib.import_module(_EMULATORS[target.kind], __package__)
         emu.load_runtime()
     entry, where = cache.find(key)
     if entry is not None:
@@ -218,7 +219,7 @@ def _find_or_compile(kernel: ir.Kernel, target: Target, key: str,
 def _compile(kernel: ir.Kernel, target: Target, key: str, emulated: bool) -> cache.Entry:
     """A cache miss of :func:`build`: run the target's passes, compile and store."""
     if emulated:
-        emu = importlib.import_module(_EMULATOR, __package__)
+        emu = importlib.import_module(_EMULATORS[target.kind], __package__)
         library, symbol = emu.compile_to_library(lowered_ir(kernel, target), target)
         blocks = kernel.num_blocks if sizes.is_static(kernel.grid) else 1
         return cache.store(key, library, symbol, blocks,

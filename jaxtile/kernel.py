@@ -56,8 +56,9 @@ _backend = _config.get("JAXTILE_BACKEND")
 
 
 def backend() -> str:
-    """The name of the active backend: ``"cpu"`` (the default), ``"cuda-emulator"`` or
-    ``"cuda-emulator:sm_90a"`` (``JAXTILE_BACKEND`` in the environment, or :func:`set_backend`)."""
+    """The name of the active backend: ``"cpu"`` (the default), ``"cuda-emulator"``,
+    ``"cuda-emulator:sm_90a"``, ``"hip-emulator"`` or ``"hip-emulator:gfx90a"``
+    (``JAXTILE_BACKEND`` in the environment, or :func:`set_backend`)."""
     return _backend
 
 
@@ -66,6 +67,8 @@ def set_backend(name: str) -> None:
     ``"cuda-emulator"`` compiles them for CUDA (sm_80) and runs that code in the SIMT
     emulator, which checks it for races, out-of-bounds accesses and deadlocks;
     ``"cuda-emulator:sm_90a"`` does the same with Hopper code (sm_90a: wgmma GEMMs).
+    ``"hip-emulator"`` compiles them for AMD's gfx942 (``"hip-emulator:gfx90a"``: gfx90a)
+    and runs that HIP code in the emulator's wave64 mode, with the same checks.
 
     The choice is read when a kernel is specialised: calls made from now on use it, and
     specialisations made before keep theirs."""

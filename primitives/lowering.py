@@ -63,6 +63,14 @@ def _cpu_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
     # ops, which jax.export then rejects (export_checks() does not allow them) rather than
     # writing a program that cannot run elsewhere.
     if ji.lowering_for_export(ctx):
+        if target.kind != "cpu":
+            # The emulator's library runs only inside this process's emulator runtime; an
+            # exported program must run on any CPU (and its payload names a CPU's ISA).
+            raise kernel_error(
+                kernel.name, f"it was specialised for an emulator backend (target "
+                f"{target.name}), a debugging backend whose kernels cannot be exported: call "
+                "jt.set_backend('cpu') before jax.export (an export for platforms=['cuda'] "
+                "compiles the CUDA code itself)", user_line())
         _require_export_checks(kernel, CPU_EXPORTED_TARGET_NAME)
         with ji.named_op_location(ctx, kernel.label):
             return jax.ffi.ffi_lowering(CPU_EXPORTED_TARGET_NAME, **aliases)(

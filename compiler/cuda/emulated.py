@@ -35,13 +35,13 @@ def compile_to_library(kernel: ir.Kernel, target: Target) -> tuple[bytes, str]:
     params = [Buffer(name, dtype) for name, dtype in code.params]
     params += [Size(name, i, d) for name, i, d in code.size_params]
     launch = LaunchConfig((max(code.num_blocks, 1), 1, 1), (code.threads, 1, 1),
-                          code.shared_bytes, grid_of=_grid_of(code))
+                          code.shared_bytes, grid_of=grid_of(code))
     path = build_library(code.source, code.symbol, params, launch, file=f"{kernel.name}.cu")
     return Path(path).read_bytes(), code.symbol
 
 
 
-def _grid_of(code: CudaKernel) -> str:
+def grid_of(code: CudaKernel) -> str:
     """C text of a dynamic grid's block count over the launch shim's buffers ('' if static)."""
     if code.num_blocks:
         return ""

@@ -136,6 +136,17 @@ class LaunchConfig:
     grid_of: str = ""
     """For a grid that depends on dynamic sizes: C text of its x extent over the launch
     shim's buffer regions ``b`` (see :attr:`Size.c_value`); ``grid`` is then ignored."""
+    warp_size: int = 32
+    """Lanes per warp: 32 (CUDA), or 64 for HIP text run in the emulator's wave64 mode
+    (compiled with ``-DJAXTILE_WAVE64``, so that the device header has AMD's contract)."""
+
+    @property
+    def mode_flags(self) -> tuple[str, ...]:
+        """The compiler flags of the device header's mode for this warp size."""
+        if self.warp_size not in (32, 64):
+            raise ToolchainError(f"the emulator runs warps of 32 or 64 lanes, not "
+                                 f"{self.warp_size}")
+        return ("-DJAXTILE_WAVE64",) if self.warp_size == 64 else ()
 
     @property
     def num_blocks(self) -> int:
@@ -352,7 +363,7 @@ void jt_entry(const ::jaxtile::emu::Region* b) {{
 {grid_of}const ::jaxtile::emu::KernelSpec jt_spec = {{
     "{kernel}", "{file}", {{{g[0]}u, {g[1]}u, {g[2]}u}}, {{{blk[0]}u, {blk[1]}u, {blk[2]}u}},
     {launch.dynamic_smem}u, {len(buffers)}, jt_buffer_names, jt_buffer_bytes, &jt_entry,
-    {"&jt_grid" if launch.grid_of else "nullptr"}, &jt_kernel_settings}};
+    {"&jt_grid" if launch.grid_of else "nullptr"}, &jt_kernel_settings, {launch.warp_size}u}};
 }}  // namespace
 extern "C" __attribute__((visibility("default"))) int __tvm_ffi_{kernel}(
     void*, const void* args, int32_t num_args, void*) {{
@@ -374,7 +385,8 @@ def build_library(
     *,
     file: str = "kernel.cu",
 ) -> Path:
-    """Compile `source` (CUDA text written against jaxtile/device.h) for the emulator.
+    """Compile `source` (CUDA text written against jaxtile/device.h, or HIP text when
+    ``launch.warp_size`` is 64) for the emulator.
 
     Returns the path of a cached shared library exporting ``__tvm_ffi_<kernel>``. `file` is
     the name reports give the source. Raises ToolchainError with the compiler's messages.
@@ -383,7 +395,7 @@ def build_library(
     version = _compiler_version(cxx)
     runtime = runtime_library()
     text = source + launch_shim(kernel, params, launch, file)
-    device_flags = _device_flags(version)
+    device_flags = [*_device_flags(version), *launch.mode_flags]
     key = hashlib.sha256(
         "|".join([text, runtime.name, version, *_FLAGS, *device_flags,
                   fault_guards(0)]).encode()
@@ -397,15 +409,16 @@ def build_library(
         obj = Path(tmp) / "kernel.o"
         cmd = [cxx, *_FLAGS, *device_flags, *_includes(), "-x", "c++", "-c", str(src),
                "-o", str(obj)]
-        _run(cmd, f"compiling '{file}' for the CUDA emulator")
+        _run(cmd, f"compiling '{file}' for the emulator")
         guards = Path(tmp) / "fault_guards.cc"
         # A compiler without -fstack-usage output leaves the default stacks.
         usage = Path(tmp) / "kernel.su"
         guards.write_text(fault_guards(frame_bytes(usage.read_text()) if usage.exists() else 0))
         lib = Path(tmp) / "kernel.so"
         # The runtime sits beside the kernel library in the cache: found through $ORIGIN.
-        cmd = [cxx, *_FLAGS, *_includes(), "-x", "c++", str(guards), "-x", "none", str(obj),
-               str(runtime), "-Wl,-rpath,$ORIGIN", "-shared", "-o", str(lib)]
-        _run(cmd, f"linking '{file}' for the CUDA emulator")
+        cmd = [cxx, *_FLAGS, *launch.mode_flags, *_includes(), "-x", "c++", str(guards),
+               "-x", "none", str(obj), str(runtime), "-Wl,-rpath,$ORIGIN", "-shared", "-o",
+               str(lib)]
+        _run(cmd, f"linking '{file}' for the emulator")
         os.replace(lib, out)
     return out

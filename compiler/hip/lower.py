@@ -17,7 +17,8 @@ from .resources import KernelResources
 from .toolchain import CodeObject, compile_hip
 
 
-def _check(kernel: ir.Kernel, target: Target) -> None:
+def check_supported(kernel: ir.Kernel, target: Target) -> None:
+    """Raise a KernelError naming what ``kernel`` uses that HIP lowering does not have yet."""
     for s in ir.walk(kernel.body):
         if isinstance(s, ir.Op) and s.kind == "gemm":
             raise KernelError(f"kernel {kernel.name!r}: jt.gemm is not lowered for "
@@ -27,7 +28,7 @@ def _check(kernel: ir.Kernel, target: Target) -> None:
 
 def source(kernel: ir.Kernel, target: Target) -> str:
     """The HIP source of ``kernel`` for ``target``, for inspection."""
-    _check(kernel, target)
+    check_supported(kernel, target)
     return generate(kernel, target).source
 
 

@@ -37,7 +37,7 @@ def test_source_is_readable_and_keeps_the_device_rule():
     assert "#include <jaxtile/device.h>" in src
     # one comment per tile op naming the user's source line
     assert "// layer_norm.py:" in src
-    assert "shfl_xor(0xffffffffu" in src  # the row sums fold across lanes
+    assert "shfl_xor(kFullMask" in src  # the row sums fold across lanes
 
 
 @jt.kernel(threads=64)

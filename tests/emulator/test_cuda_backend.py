@@ -119,3 +119,16 @@ def test_matmul_f32_uses_tf32():
     exact = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
     err = np.abs(got - exact).max() / np.abs(exact).max()
     assert 1e-6 < err < 3e-3
+
+
+@pytest.mark.parametrize("backend", ["cuda-emulator", "hip-emulator"])
+def test_exporting_an_emulator_kernel_is_a_clear_error(backend):
+    before = jt.backend()
+    jt.set_backend(backend)
+    try:
+        x = jax.ShapeDtypeStruct((64,), jnp.float32)
+        with pytest.raises(jt.KernelError, match=r"emulator backend.*set_backend\('cpu'\)"):
+            jax.export.export(jax.jit(ops.add), platforms=["cpu"],
+                              disabled_checks=jt.export_checks())(x, x)
+    finally:
+        jt.set_backend(before)

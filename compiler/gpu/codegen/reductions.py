@@ -58,7 +58,9 @@ def lower_reduce(cx: Context, op: ir.Op) -> None:
         cx.w("#pragma unroll")
         with cx.w.block(f"for (int k = 0; k < {out_lay.num_local}; ++k)"):
             for off in offsets:
-                other = f"shfl_xor(0xffffffffu, {name}[k], {off})"
+                # Every lane of the warp runs the fold: the device header's full mask (32
+                # lanes, or 64 for AMD's waves; a 32-bit literal leaves half a wave out).
+                other = f"shfl_xor(kFullMask, {name}[k], {off})"
                 cx.w(f"{name}[k] = {M.reduce_combine(fn, f'{name}[k]', other, dtype)};")
     if across:
         _across_warps(cx, op, name, out_lay.num_local, in_warp, across, dtype)

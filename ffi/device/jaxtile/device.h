@@ -100,8 +100,8 @@ typedef unsigned long long uint64_t;
 
 namespace jaxtile {
 
-#if defined(__HIPCC__)
-// AMD's waves have 64 lanes (device_hip.h).
+#if defined(__HIPCC__) || defined(JAXTILE_WAVE64)
+// AMD's waves have 64 lanes (device_hip.h; JAXTILE_WAVE64: the emulator's wave64 mode).
 constexpr unsigned long long kFullMask = ~0ull;
 constexpr int kWarpSize = 64;
 #else

@@ -10,16 +10,19 @@
 namespace jaxtile {
 namespace emu {
 
-void count_banks(BankAccess* accesses, size_t n) {
+void count_banks(BankAccess* accesses, size_t n, uint32_t warp_size) {
   if (n == 0) return;
-  // A warp's access is split into phases of 128 bytes' worth of lanes (all 32 lanes for 4-byte
+  // A warp's access is split into phases of 128 bytes' worth of lanes (32 lanes for 4-byte
   // accesses, 16 for 8-byte, 8 for 16-byte); a phase takes as many wavefronts as the largest
-  // number of distinct 4-byte words one bank must deliver in it.
+  // number of distinct 4-byte words one bank must deliver in it. NVIDIA's 32 banks of 4
+  // bytes and AMD's LDS (compiler/hip/lds.py: 32 banks of 4 bytes, 128 bytes a cycle, a
+  // wave64 access in phases of 128 // width lanes) follow the same rule; a 64-lane wave
+  // just has twice the phases.
   uint32_t bytes = 0;
   for (size_t i = 0; i < n; ++i) bytes = std::max(bytes, accesses[i].bytes);
   const uint32_t lanes_per_phase = bytes <= 4 ? 32 : 128 / bytes;
   uint64_t wavefronts = 0, ideal = 0;
-  for (uint32_t p = 0; p < 32 / lanes_per_phase; ++p) {
+  for (uint32_t p = 0; p < warp_size / lanes_per_phase; ++p) {
     uint64_t words[32][16];
     int nwords[32] = {};
     int worst = 0;
@@ -46,8 +49,9 @@ void count_banks(BankAccess* accesses, size_t n) {
 
 void flush_bank_log(Block& b, uint32_t warp) {
   std::vector<std::pair<uint64_t, BankAccess>> keyed;
-  for (uint32_t l = 0; l < 32 && warp * 32 + l < b.nthreads; ++l) {
-    std::vector<BankAccess>& log = b.bank_log[warp * 32 + l];
+  const uint32_t ws = b.warp_size;
+  for (uint32_t l = 0; l < ws && warp * ws + l < b.nthreads; ++l) {
+    std::vector<BankAccess>& log = b.bank_log[warp * ws + l];
     // The k-th access of this lane at a line belongs to instance k of that instruction.
     std::vector<std::pair<uint32_t, uint32_t>> seen;  // (line, count so far)
     for (const BankAccess& a : log) {
@@ -71,7 +75,7 @@ void flush_bank_log(Block& b, uint32_t warp) {
   for (size_t i = 0; i < keyed.size(); ++i) {
     group.push_back(keyed[i].second);
     if (i + 1 == keyed.size() || keyed[i + 1].first != keyed[i].first) {
-      count_banks(group.data(), group.size());
+      count_banks(group.data(), group.size(), ws);
       group.clear();
     }
   }
@@ -80,9 +84,9 @@ void flush_bank_log(Block& b, uint32_t warp) {
 void log_bank_access(Fiber& f, const char* addr, uint32_t bytes, uint32_t line) {
   Block& b = *f.block;
   std::vector<BankAccess>& log = b.bank_log[f.tid];
-  log.push_back({line, f.tid % 32, static_cast<uint64_t>(addr - b.smem), bytes});
+  log.push_back({line, f.tid % b.warp_size, static_cast<uint64_t>(addr - b.smem), bytes});
   // A warp that never converges (no collective, no barrier) must not grow without bound.
-  if (log.size() >= 4096) flush_bank_log(b, f.tid / 32);
+  if (log.size() >= 4096) flush_bank_log(b, f.tid / b.warp_size);
 }
 
 }  // namespace emu

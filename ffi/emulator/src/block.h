@@ -166,16 +166,18 @@ struct Barrier {
   std::vector<uint32_t> arrived;
 };
 
+// Sized for the widest warp (AMD's 64-lane waves); a CUDA warp uses the first 32 lanes.
+constexpr uint32_t kMaxWarpSize = 64;
 struct Collective {
   bool open = false;
   int kind = 0;
-  unsigned mask = 0;
+  uint64_t mask = 0;
   uint32_t line = 0;
-  unsigned arrived = 0;
-  const void* in[32];
-  void* out[32];
-  int arg[32];
-  uint32_t lines[32];
+  uint64_t arrived = 0;
+  const void* in[kMaxWarpSize];
+  void* out[kMaxWarpSize];
+  int arg[kMaxWarpSize];
+  uint32_t lines[kMaxWarpSize];
 };
 constexpr int kCollectivesPerWarp = 4;
 
@@ -193,6 +195,7 @@ struct Block {
   DimSpec grid{1, 1, 1};  // the launch grid (a kernel with dynamic sizes computes it)
   uint32_t nthreads = 0;
   uint32_t nwarps = 0;
+  uint32_t warp_size = 32;  // the kernel's (KernelSpec::warp_size)
 
   std::vector<Fiber> fibers;
   std::vector<uint32_t> ready;  // ring buffer of fiber ids
@@ -267,6 +270,10 @@ void fiber_main(Fiber* f);
 
 // ---- warp operations (warp_ops.cc) ----
 void complete_collective(Block& b, uint32_t warp, Collective& c);
+// The mask naming every lane of a warp of `warp_size` lanes.
+inline uint64_t full_mask(uint32_t warp_size) {
+  return warp_size >= 64 ? ~0ull : (1ull << warp_size) - 1;
+}
 
 // ---- memory (memory.cc) ----
 void reset_block_memory(Block& b, uint64_t static_capacity);
@@ -277,8 +284,8 @@ void reset_clocks(Block& b);
 bool check_shared(Fiber& f, const Region* r, const char* addr, uint32_t bytes, int kind,
                   uint32_t line);
 // Counts the wavefronts of one warp-wide access (all entries belong to the same instruction
-// instance) under its source line.
-void count_banks(BankAccess* accesses, size_t n);
+// instance) of a warp of `warp_size` lanes under its source line.
+void count_banks(BankAccess* accesses, size_t n, uint32_t warp_size);
 // Pairs up the logged shared accesses of warp `warp` since its last convergence point (the
 // k-th access of each lane at a line is one instruction) and counts their bank conflicts.
 void flush_bank_log(Block& b, uint32_t warp);

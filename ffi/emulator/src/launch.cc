@@ -407,7 +407,8 @@ int launch(const KernelSpec* spec, const void* packed_args, int32_t num_args) {
   b.bdim = {spec->block.x, spec->block.y, spec->block.z};
   b.grid = grid;
   b.nthreads = spec->block.x * spec->block.y * spec->block.z;
-  b.nwarps = (b.nthreads + 31) / 32;
+  b.warp_size = spec->warp_size;
+  b.nwarps = (b.nthreads + b.warp_size - 1) / b.warp_size;
   b.fibers.resize(b.nthreads);
   b.collectives.assign(static_cast<size_t>(b.nwarps) * kCollectivesPerWarp, Collective{});
   b.stack_bytes = fiber_stack_bytes(*spec);

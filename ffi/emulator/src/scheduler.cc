@@ -49,13 +49,19 @@ const char* collective_name(int kind) {
     case kLdmatrix: return "ldmatrix";
     case kMmaF16: return "mma_m16n8k16_f16";
     case kMmaBf16: return "mma_m16n8k16_bf16";
-    default: return "mma_m16n8k8_tf32";
+    case kMmaTf32: return "mma_m16n8k8_tf32";
+    case kMfma16x16x16F16: return "mfma_f32_16x16x16_f16";
+    case kMfma16x16x16Bf16: return "mfma_f32_16x16x16_bf16";
+    case kMfma32x32x8F16: return "mfma_f32_32x32x8_f16";
+    default: return "mfma_f32_32x32x8_bf16";
   }
 }
 
-std::string hex(unsigned v) {
-  char buf[16];
-  snprintf(buf, sizeof buf, "0x%08x", v);
+// A lane mask as hex: 8 digits for a 32-lane warp, 16 for a 64-lane wave.
+std::string hex(uint64_t v, uint32_t warp_size) {
+  char buf[24];
+  snprintf(buf, sizeof buf, "0x%0*llx", static_cast<int>(warp_size / 4),
+           static_cast<unsigned long long>(v));
   return buf;
 }
 
@@ -124,9 +130,9 @@ void report_deadlock(Block& b) {
       const Collective& c = b.collectives[w * kCollectivesPerWarp + s];
       if (!c.open) continue;
       std::vector<uint32_t> arrived, missing;
-      for (uint32_t l = 0; l < 32; ++l) {
+      for (uint32_t l = 0; l < b.warp_size; ++l) {
         if (!(c.mask >> l & 1u)) continue;
-        const uint32_t t = w * 32 + l;
+        const uint32_t t = w * b.warp_size + l;
         if (c.arrived >> l & 1u) {
           arrived.push_back(t);
         } else if (t < b.nthreads) {
@@ -135,8 +141,8 @@ void report_deadlock(Block& b) {
       }
       if (any) msg += " | ";
       any = true;
-      msg += std::string(collective_name(c.kind)) + " (mask " + hex(c.mask) + ") at " +
-             where(b, c.line) + " was reached by " + describe_threads(b, arrived) +
+      msg += std::string(collective_name(c.kind)) + " (mask " + hex(c.mask, b.warp_size) +
+             ") at " + where(b, c.line) + " was reached by " + describe_threads(b, arrived) +
              "; lanes of the mask missing: " + whereabouts(b, missing);
       key += ":coll@" + std::to_string(c.line);
     }
@@ -277,8 +283,8 @@ idx3 cur_grid_dim() {
   const DimSpec& g = t_fiber->block->grid;
   return {g.x, g.y, g.z};
 }
-unsigned cur_lane() { return t_fiber->tid % 32; }
-unsigned cur_warp() { return t_fiber->tid / 32; }
+unsigned cur_lane() { return t_fiber->tid % t_fiber->block->warp_size; }
+unsigned cur_warp() { return t_fiber->tid / t_fiber->block->warp_size; }
 
 void barrier(unsigned id, unsigned nthreads, bool whole_block, uint32_t line) {
   Fiber* me = t_fiber;
@@ -327,16 +333,16 @@ void barrier(unsigned id, unsigned nthreads, bool whole_block, uint32_t line) {
   bar.arrived.clear();
 }
 
-void collective(int kind, unsigned mask, const void* in, void* out, int arg, uint32_t line) {
+void collective(int kind, uint64_t mask, const void* in, void* out, int arg, uint32_t line) {
   Fiber* me = t_fiber;
   Block& b = *me->block;
   if ((++b.sync_ops & 0xfff) == 0) poll_watchdog(line);
-  const uint32_t lane = me->tid % 32, warp = me->tid / 32;
+  const uint32_t lane = me->tid % b.warp_size, warp = me->tid / b.warp_size;
   if (!(mask >> lane & 1u)) {
     report(kError, "mask-omits-lane@" + std::to_string(line),
            std::string(collective_name(kind)) + " at " + where(b, line) + " is executed by " +
                thread_name(b, me->tid) + " (lane " + std::to_string(lane) + ") with mask " +
-               hex(mask) + ", which omits the calling lane");
+               hex(mask, b.warp_size) + ", which omits the calling lane");
     abort_block(me);
   }
   Collective* slot = nullptr;
@@ -353,8 +359,9 @@ void collective(int kind, unsigned mask, const void* in, void* out, int arg, uin
     report(kError, "collective-mismatch@" + std::to_string(line),
            "warp " + std::to_string(warp) + " of block " + thread_name(b, UINT32_MAX) +
                ": lane " + std::to_string(lane) + " executes " + collective_name(kind) +
-               " (mask " + hex(mask) + ") at " + where(b, line) + " while other lanes wait in " +
-               collective_name(slot->kind) + " (mask " + hex(slot->mask) + ") at " +
+               " (mask " + hex(mask, b.warp_size) + ") at " + where(b, line) +
+               " while other lanes wait in " + collective_name(slot->kind) + " (mask " +
+               hex(slot->mask, b.warp_size) + ") at " +
                where(b, slot->line));
     abort_block(me);
   }
@@ -370,7 +377,7 @@ void collective(int kind, unsigned mask, const void* in, void* out, int arg, uin
   slot->out[lane] = out;
   slot->arg[lane] = arg;
   slot->lines[lane] = line;
-  slot->arrived |= 1u << lane;
+  slot->arrived |= 1ull << lane;
   if (slot->arrived != mask) {
     me->wait_kind = kWaitCollective;
     me->wait_id = static_cast<uint32_t>(kind);
@@ -380,8 +387,8 @@ void collective(int kind, unsigned mask, const void* in, void* out, int arg, uin
   }
   complete_collective(b, warp, *slot);
   slot->open = false;
-  for (uint32_t l = 0; l < 32; ++l) {
-    if ((mask >> l & 1u) && l != lane) wake(&b.fibers[warp * 32 + l]);
+  for (uint32_t l = 0; l < b.warp_size; ++l) {
+    if ((mask >> l & 1u) && l != lane) wake(&b.fibers[warp * b.warp_size + l]);
   }
 }
 

@@ -1,5 +1,6 @@
 // Warp collectives, computed once all lanes have arrived: shuffles, votes, ldmatrix and
-// mma.sync with the fragment layouts of the PTX ISA (section 9.7.14.5).
+// mma.sync with the fragment layouts of the PTX ISA (section 9.7.14.5), and AMD's MFMA with
+// the CDNA3 ISA's lane layouts (wave64 mode).
 #include <cstring>
 #include <string>
 
@@ -13,37 +14,46 @@ uint32_t in32(const Collective& c, uint32_t lane) {
   return *static_cast<const uint32_t*>(c.in[lane]);
 }
 
+// Shuffles over the warp's lanes (32, or 64 in wave64 mode, where device_emu.h's shuffles
+// are device_hip.h's ds_bpermute / DPP ones: the same results for every lane).
 void shuffle(Block& b, uint32_t warp, Collective& c) {
-  for (uint32_t l = 0; l < 32; ++l) {
+  const int last = static_cast<int>(b.warp_size) - 1;
+  for (uint32_t l = 0; l < b.warp_size; ++l) {
     if (!(c.mask >> l & 1u)) continue;
     const int arg = c.arg[l];
-    int src = static_cast<int>(l);
+    const int self = static_cast<int>(l);
+    int src = self;
     switch (c.kind) {
-      case kShflXor: src = static_cast<int>(l) ^ (arg & 31); break;
-      case kShflDown: src = static_cast<int>(l) + arg <= 31 ? static_cast<int>(l) + arg : l; break;
-      case kShflUp: src = static_cast<int>(l) - arg >= 0 ? static_cast<int>(l) - arg : l; break;
-      default: src = arg & 31; break;
+      case kShflXor: src = self ^ (arg & last); break;
+      case kShflDown: src = self + arg <= last ? self + arg : self; break;
+      case kShflUp: src = self - arg >= 0 ? self - arg : self; break;
+      default: src = arg & last; break;
     }
     if (!(c.mask >> src & 1u)) {
       report(kError, "shfl-inactive-source@" + std::to_string(c.lines[l]),
-             "shuffle at " + where(b, c.lines[l]) + ": " + thread_name(b, warp * 32 + l) +
-                 " reads lane " + std::to_string(src) + ", which is not in the mask");
-      src = static_cast<int>(l);
+             "shuffle at " + where(b, c.lines[l]) + ": " +
+                 thread_name(b, warp * b.warp_size + l) + " reads lane " +
+                 std::to_string(src) + ", which is not in the mask");
+      src = self;
     }
     *static_cast<uint32_t*>(c.out[l]) = in32(c, static_cast<uint32_t>(src));
   }
 }
 
-void vote(Collective& c) {
-  uint32_t ballot = 0;
-  for (uint32_t l = 0; l < 32; ++l) {
-    if ((c.mask >> l & 1u) && in32(c, l) != 0) ballot |= 1u << l;
+// Votes: a ballot's result is 64 bits (device_emu.h keeps the low 32 for a CUDA warp).
+void vote(const Block& b, Collective& c) {
+  uint64_t ballot = 0;
+  for (uint32_t l = 0; l < b.warp_size; ++l) {
+    if ((c.mask >> l & 1u) && in32(c, l) != 0) ballot |= 1ull << l;
   }
-  uint32_t result = ballot;
-  if (c.kind == kVoteAll) result = ballot == c.mask ? 1u : 0u;
-  if (c.kind == kVoteAny) result = ballot != 0 ? 1u : 0u;
-  for (uint32_t l = 0; l < 32; ++l) {
-    if (c.mask >> l & 1u) *static_cast<uint32_t*>(c.out[l]) = result;
+  for (uint32_t l = 0; l < b.warp_size; ++l) {
+    if (!(c.mask >> l & 1u)) continue;
+    if (c.kind == kBallot) {
+      *static_cast<uint64_t*>(c.out[l]) = ballot;
+    } else {
+      const bool v = c.kind == kVoteAll ? ballot == c.mask : ballot != 0;
+      *static_cast<uint32_t*>(c.out[l]) = v ? 1u : 0u;
+    }
   }
 }
 
@@ -85,7 +95,7 @@ void ldmatrix(Block& b, uint32_t warp, Collective& c) {
       rows[nrows++] = {line, lane, static_cast<uint64_t>(in->addr - b.smem), 16};
     }
   }
-  if (g_checks) count_banks(rows, nrows);
+  if (g_checks) count_banks(rows, nrows, b.warp_size);
   for (uint32_t l = 0; l < 32; ++l) {
     auto* out = static_cast<uint32_t*>(c.out[l]);
     const uint32_t row = l / 4, col = 2 * (l % 4);
@@ -157,12 +167,45 @@ void mma(Collective& c) {
   }
 }
 
+// MFMA D = A B + C for one 64-lane wave (CBSZ = ABID = BLGP = 0), with the lane layouts of
+// AMD's CDNA3 ISA guide ("Matrix Arithmetic Instructions"), as compiler/hip/mfma.py writes
+// them: for m x n x k (m = n) each lane holds e = k m / 64 consecutive k-elements,
+//   A: lane l, element i = A[l % m][e (l / m) + i];  B: element i = B[e (l / n) + i][l % n];
+//   C/D: lane l, register r = D[8 (r / 4) + 4 (l / n) + r % 4][l % n];
+// 16-bit element i sits in bits 16 (i % 2) of operand register i / 2. Products are summed in
+// float32, as the matrix cores' float32 accumulation does.
+void mfma(Collective& c) {
+  const bool bf = c.kind == kMfma16x16x16Bf16 || c.kind == kMfma32x32x8Bf16;
+  const bool big = c.kind == kMfma32x32x8F16 || c.kind == kMfma32x32x8Bf16;
+  const int m = big ? 32 : 16, k = big ? 8 : 16, e = k * m / 64, regs = m * m / 64;
+  float a[32][16], bm[16][32], acc[32][32];
+  for (int l = 0; l < 64; ++l) {
+    const auto* in = static_cast<const MmaIn*>(c.in[l]);
+    for (int i = 0; i < e; ++i) {
+      a[l % m][e * (l / m) + i] = half_at(in->a[i / 2], i & 1, bf);
+      bm[e * (l / m) + i][l % m] = half_at(in->b[i / 2], i & 1, bf);
+    }
+    for (int r = 0; r < regs; ++r) acc[8 * (r / 4) + 4 * (l / m) + r % 4][l % m] = in->c[r];
+  }
+  for (int row = 0; row < m; ++row) {
+    for (int col = 0; col < m; ++col) {
+      float s = acc[row][col];
+      for (int kk = 0; kk < k; ++kk) s += a[row][kk] * bm[kk][col];
+      acc[row][col] = s;
+    }
+  }
+  for (int l = 0; l < 64; ++l) {
+    auto* d = static_cast<float*>(c.out[l]);
+    for (int r = 0; r < regs; ++r) d[r] = acc[8 * (r / 4) + 4 * (l / m) + r % 4][l % m];
+  }
+}
+
 }  // namespace
 
 void complete_collective(Block& b, uint32_t warp, Collective& c) {
   add_counter(kCollectiveCount, 1);
   // The whole warp is here: its lanes' shared accesses since the last such point pair up.
-  if (g_checks && c.mask == 0xffffffffu) flush_bank_log(b, warp);
+  if (g_checks && c.mask == full_mask(b.warp_size)) flush_bank_log(b, warp);
   switch (c.kind) {
     case kShflXor:
     case kShflDown:
@@ -170,19 +213,23 @@ void complete_collective(Block& b, uint32_t warp, Collective& c) {
     case kShflIdx: shuffle(b, warp, c); break;
     case kVoteAll:
     case kVoteAny:
-    case kBallot: vote(c); break;
+    case kBallot: vote(b, c); break;
     case kSyncWarp: {
       if (g_checks) {
-        uint32_t tids[32];
+        uint32_t tids[kMaxWarpSize];
         size_t n = 0;
-        for (uint32_t l = 0; l < 32; ++l) {
-          if (c.mask >> l & 1u) tids[n++] = warp * 32 + l;
+        for (uint32_t l = 0; l < b.warp_size; ++l) {
+          if (c.mask >> l & 1u) tids[n++] = warp * b.warp_size + l;
         }
         sync_clocks(b, tids, n);
       }
       break;
     }
     case kLdmatrix: ldmatrix(b, warp, c); break;
+    case kMfma16x16x16F16:
+    case kMfma16x16x16Bf16:
+    case kMfma32x32x8F16:
+    case kMfma32x32x8Bf16: mfma(c); break;
     default: mma(c); break;
   }
 }

@@ -1,6 +1,10 @@
 // The emulator implementation of jaxtile's device header: plain C++ for g++, running each CUDA
 // thread as a fiber (see runtime.h). Included only through jaxtile/device.h.
 //
+// With -DJAXTILE_WAVE64 (the hip-emulator) it provides device_hip.h's contract instead, for
+// the HIP text generated for AMD GPUs: 64-lane waves (64-bit lane masks and ballots), no
+// named barriers, ldmatrix, mma.sync or printf, and AMD's MFMA, buffer loads and s_waitcnt.
+//
 // Every operation takes a trailing `line` argument defaulted to __builtin_LINE(), so reports
 // name the line of the device code that called it; memory accesses get theirs from the index
 // of `p[i]` (see Site).
@@ -170,7 +174,7 @@ T from_bits32_(uint32_t u) {
   return v;
 }
 template <class T>
-T shuffle_(int kind, unsigned mask, T v, int arg, uint32_t line) {
+T shuffle_(int kind, uint64_t mask, T v, int arg, uint32_t line) {
   const uint32_t in = bits32_(v);
   uint32_t out = in;
   collective(kind, mask, &in, &out, arg, line);
@@ -258,38 +262,47 @@ inline unsigned warp_id() { return emu::cur_warp(); }
 
 // ---- barriers ----
 inline void sync_threads(uint32_t line = __builtin_LINE()) { emu::barrier(0, 0, true, line); }
-inline void barrier_sync(unsigned id, unsigned nthreads, uint32_t line = __builtin_LINE()) {
-  emu::barrier(id, nthreads, false, line);
-}
-inline void sync_warp(unsigned mask = kFullMask, uint32_t line = __builtin_LINE()) {
+// A lane mask: 32 bits, or 64 for AMD's waves.
+using lane_mask = std::remove_const_t<decltype(kFullMask)>;
+
+inline void sync_warp(lane_mask mask = kFullMask, uint32_t line = __builtin_LINE()) {
   emu::collective(emu::kSyncWarp, mask, nullptr, nullptr, 0, line);
 }
 
 // ---- shuffles and votes ----
 template <class T>
-T shfl_xor(unsigned mask, T v, int lane_mask, uint32_t line = __builtin_LINE()) {
-  return emu::shuffle_(emu::kShflXor, mask, v, lane_mask, line);
+T shfl_xor(lane_mask mask, T v, int lane_mask_, uint32_t line = __builtin_LINE()) {
+  return emu::shuffle_(emu::kShflXor, mask, v, lane_mask_, line);
 }
 template <class T>
-T shfl_down(unsigned mask, T v, int delta, uint32_t line = __builtin_LINE()) {
+T shfl_down(lane_mask mask, T v, int delta, uint32_t line = __builtin_LINE()) {
   return emu::shuffle_(emu::kShflDown, mask, v, delta, line);
 }
 template <class T>
-T shfl_up(unsigned mask, T v, int delta, uint32_t line = __builtin_LINE()) {
+T shfl_up(lane_mask mask, T v, int delta, uint32_t line = __builtin_LINE()) {
   return emu::shuffle_(emu::kShflUp, mask, v, delta, line);
 }
 template <class T>
-T shfl_idx(unsigned mask, T v, int src_lane, uint32_t line = __builtin_LINE()) {
+T shfl_idx(lane_mask mask, T v, int src_lane, uint32_t line = __builtin_LINE()) {
   return emu::shuffle_(emu::kShflIdx, mask, v, src_lane, line);
 }
-inline bool vote_all(unsigned mask, bool pred, uint32_t line = __builtin_LINE()) {
+inline bool vote_all(lane_mask mask, bool pred, uint32_t line = __builtin_LINE()) {
   return emu::shuffle_(emu::kVoteAll, mask, static_cast<uint32_t>(pred), 0, line) != 0;
 }
-inline bool vote_any(unsigned mask, bool pred, uint32_t line = __builtin_LINE()) {
+inline bool vote_any(lane_mask mask, bool pred, uint32_t line = __builtin_LINE()) {
   return emu::shuffle_(emu::kVoteAny, mask, static_cast<uint32_t>(pred), 0, line) != 0;
 }
-inline unsigned ballot(unsigned mask, bool pred, uint32_t line = __builtin_LINE()) {
-  return emu::shuffle_(emu::kBallot, mask, static_cast<uint32_t>(pred), 0, line);
+inline lane_mask ballot(lane_mask mask, bool pred, uint32_t line = __builtin_LINE()) {
+  const uint32_t in = pred;
+  uint64_t out = 0;
+  emu::collective(emu::kBallot, mask, &in, &out, 0, line);
+  return static_cast<lane_mask>(out);
+}
+
+#if !defined(JAXTILE_WAVE64)
+// ---- NVIDIA only: named barriers, ldmatrix, mma.sync (AMD has none of them) ----
+inline void barrier_sync(unsigned id, unsigned nthreads, uint32_t line = __builtin_LINE()) {
+  emu::barrier(id, nthreads, false, line);
 }
 
 // ---- ldmatrix ----
@@ -331,8 +344,10 @@ inline void mma_m16n8k8_tf32(float (&d)[4], const unsigned (&a)[4], const unsign
                              const float (&c)[4], uint32_t line = __builtin_LINE()) {
   emu::mma_(emu::kMmaTf32, d, a, b, c, line);
 }
+#endif  // !JAXTILE_WAVE64
 
-// ---- cp.async ----
+// ---- cp.async (in wave64 mode too: device_hip.h's copy happens at once, and code correct
+// under the later landing modelled here is correct under that) ----
 template <int Bytes, class T, class S>
 void cp_async(ptr<T> dst, ptr<S> src, int src_bytes, uint32_t line = __builtin_LINE()) {
   static_assert(Bytes == 4 || Bytes == 8 || Bytes == 16, "cp.async copies 4, 8 or 16 bytes");
@@ -535,6 +550,10 @@ inline unsigned long long atomic_cas(ptr<unsigned long long> p, unsigned long lo
 // other blocks run on other CPU threads) and flushed, as the CPU backend's lines are.
 template <class... A>
 void device_printf(const char* format, A... args) {
+#if defined(JAXTILE_WAVE64)
+  static_assert(sizeof...(A) < 0, "jaxtile: jt.print is not supported on AMD GPUs: printf "
+                                  "needs the device library, which is not linked");
+#endif
   flockfile(stdout);
   std::printf(format, args...);
   std::fflush(stdout);
@@ -566,3 +585,6 @@ unsigned pack2(T lo, T hi) {
 }
 
 }  // namespace jaxtile
+
+// AMD's MFMA, buffer loads and s_waitcnt in wave64 mode.
+#include "device_emu_wave64.h"

@@ -82,7 +82,8 @@ unsigned cur_warp();
 void barrier(unsigned id, unsigned nthreads, bool whole_block, uint32_t line);
 
 // Warp collectives: every lane named in `mask` must arrive with the same op; the last arrival
-// computes every lane's result from all lanes' inputs.
+// computes every lane's result from all lanes' inputs. Masks have a bit per lane of the
+// kernel's warp (32 lanes, or 64 for AMD's waves); a ballot's result is a uint64_t.
 enum CollectiveKind : int {
   kShflXor,
   kShflDown,
@@ -96,6 +97,11 @@ enum CollectiveKind : int {
   kMmaF16,
   kMmaBf16,
   kMmaTf32,
+  // AMD's MFMA (wave64 mode only; lane layouts in warp_ops.cc): in = MmaIn, out = float[].
+  kMfma16x16x16F16,
+  kMfma16x16x16Bf16,
+  kMfma32x32x8F16,
+  kMfma32x32x8Bf16,
 };
 struct LdmatrixIn {
   const char* addr;
@@ -106,7 +112,7 @@ struct MmaIn {
   const uint32_t* b;
   const float* c;
 };
-void collective(int kind, unsigned mask, const void* in, void* out, int arg, uint32_t line);
+void collective(int kind, uint64_t mask, const void* in, void* out, int arg, uint32_t line);
 
 // cp.async: the copy is read now and lands in shared memory at the wait_group that retires it.
 void cp_async(const Region* dst_r, void* dst, const Region* src_r, const void* src, int bytes,
@@ -242,6 +248,8 @@ struct KernelSpec {
   // For a grid that depends on dynamic sizes: the grid for these buffers (else `grid`).
   DimSpec (*grid_of)(const Region* buffers) = nullptr;
   KernelSettings* settings = nullptr;
+  // Lanes per warp: 32 (CUDA), or 64 for AMD's waves (the hip-emulator's wave64 mode).
+  uint32_t warp_size = 32;
 };
 
 // Runs blocks [begin, end) of a kernel from a tvm-ffi packed argument list (block_begin,

@@ -1,0 +1,83 @@
+// The emulator's wave64 additions (-DJAXTILE_WAVE64, the hip-emulator): what device_hip.h
+// has and NVIDIA does not, as checked plain C++. Included only at the end of device_emu.h.
+#pragma once
+
+#if defined(JAXTILE_WAVE64)
+
+namespace jaxtile {
+namespace emu {
+
+inline void mfma_(int kind, float* d, const uint32_t* a, const uint32_t* b, const float* c,
+                  uint32_t line) {
+  const MmaIn in{a, b, c};
+  // Every lane of the wave takes part: a lane that does not arrive is a deadlock report.
+  collective(kind, kFullMask, &in, d, 0, line);
+}
+
+}  // namespace emu
+
+// ---- MFMA: D = A B + C for one wave, lane layouts as compiler/hip/mfma.py (warp_ops.cc).
+// The xf32 instructions (gfx942) are not modelled: no generated code uses them yet. ----
+inline void mfma_f32_32x32x8_f16(float (&d)[16], const unsigned (&a)[2], const unsigned (&b)[2],
+                                 const float (&c)[16], uint32_t line = __builtin_LINE()) {
+  emu::mfma_(emu::kMfma32x32x8F16, d, a, b, c, line);
+}
+inline void mfma_f32_16x16x16_f16(float (&d)[4], const unsigned (&a)[2], const unsigned (&b)[2],
+                                  const float (&c)[4], uint32_t line = __builtin_LINE()) {
+  emu::mfma_(emu::kMfma16x16x16F16, d, a, b, c, line);
+}
+inline void mfma_f32_32x32x8_bf16(float (&d)[16], const unsigned (&a)[2],
+                                  const unsigned (&b)[2], const float (&c)[16],
+                                  uint32_t line = __builtin_LINE()) {
+  emu::mfma_(emu::kMfma32x32x8Bf16, d, a, b, c, line);
+}
+inline void mfma_f32_16x16x16_bf16(float (&d)[4], const unsigned (&a)[2],
+                                   const unsigned (&b)[2], const float (&c)[4],
+                                   uint32_t line = __builtin_LINE()) {
+  emu::mfma_(emu::kMfma16x16x16Bf16, d, a, b, c, line);
+}
+
+// ---- buffer loads: a raw buffer of `bytes` bytes at `base`. A load wholly inside it is a
+// checked read of the allocation (so a resource larger than its allocation is reported when
+// read past the allocation); one wholly at or past `bytes` reads zero, as the hardware's range
+// check does; one straddling the end is reported as out of bounds (and reads zero). ----
+struct buffer_rsrc {
+  const char* base;
+  const emu::Region* region;
+  uint32_t bytes;
+};
+template <class T>
+buffer_rsrc buffer_resource(ptr<T> base, int bytes) {
+  return {reinterpret_cast<const char*>(base.raw()), base.region(), static_cast<uint32_t>(bytes)};
+}
+template <class T>
+T buffer_load(buffer_rsrc r, int byte_offset, uint32_t line = __builtin_LINE()) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8 || sizeof(T) == 16,
+                "buffer_load reads 4, 8 or 16 bytes");
+  // The offset is unsigned to the hardware: a negative one is far past the end.
+  const uint64_t off = static_cast<uint32_t>(byte_offset);
+  if (off >= r.bytes) return T{};
+  const char* at = r.base + off;
+  if (off + sizeof(T) > r.bytes) {
+    emu::Region view = *r.region;
+    view.base = const_cast<char*>(r.base);
+    view.size = r.bytes;
+    emu::access_out_of_bounds(&view, at, sizeof(T), emu::kRead, line);
+    return T{};
+  }
+  return emu::Ref<const T>(reinterpret_cast<const T*>(at), r.region, line);
+}
+
+// ---- s_waitcnt: the emulator's memory operations complete when issued ----
+template <int N>
+void wait_vmcnt() {
+  static_assert(0 <= N && N < 64, "vmcnt is 0..63");
+}
+template <int N>
+void wait_lgkmcnt() {
+  static_assert(0 <= N && N < 16, "lgkmcnt is 0..15");
+}
+
+}  // namespace jaxtile
+
+#endif  // JAXTILE_WAVE64

@@ -1,0 +1,217 @@
+"""The emulator's wave64 mode: hand-written HIP kernels (tests/hip/kernels/wave64_emu.hip)
+run with 64-lane waves, MFMA checked against AMD's Matrix Instruction Calculator's tables,
+the LDS bank model against compiler/hip/lds.py, and each check bites on a mutation."""
+
+import re
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+from test_hip_mfma import _table
+
+from jaxtile.compiler.emulator import (
+    Buffer,
+    EmulatedKernel,
+    EmulatorError,
+    LaunchConfig,
+    Scalar,
+    ToolchainError,
+)
+from jaxtile.compiler.hip import lds, toolchain
+
+SOURCE = (Path(__file__).parent / "kernels" / "wave64_emu.hip").read_text()
+
+
+def _build(name, params, grid=1, threads=64, source=SOURCE):
+    return EmulatedKernel.build(source, name, params,
+                                LaunchConfig((grid, 1, 1), (threads, 1, 1), warp_size=64),
+                                file="wave64_emu.hip")
+
+
+def _mutate(tag, old, new):
+    lines = SOURCE.splitlines(keepends=True)
+    (i,) = [i for i, line in enumerate(lines) if f"MUTATE:{tag}" in line]
+    assert old in lines[i]
+    lines[i] = lines[i].replace(old, new)
+    return "".join(lines), i + 1
+
+
+def _errors(report):
+    return [f["message"] for f in report["findings"] if f["severity"] == "error"]
+
+
+def test_shuffles_reduce_over_64_lanes():
+    k = _build("wave_sums", [Buffer("x", "float32"), Buffer("out", "float32")], grid=2,
+               threads=128)
+    x = np.random.default_rng(0).standard_normal(256).astype(np.float32)
+    out = np.zeros(8, np.float32)
+    report = k.run(x, out)
+    rows = x.reshape(4, 64)
+    np.testing.assert_allclose(out[:4], rows.sum(axis=1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(out[4:], rows[:, 63])
+    # Two blocks of two waves, each with 6 butterflies, a shfl_down and a shfl_idx: the
+    # collectives are wave-wide (32-lane warps would make twice as many).
+    assert report["counters"]["warp_collectives"] == 2 * 2 * 8
+    assert report["findings"] == []
+
+
+def test_ballot_is_64_bits():
+    k = _build("wave_ballot", [Buffer("x", "float32"), Buffer("out", "uint32")])
+    x = np.where(np.arange(64) % 3 == 0, 1.0, -1.0).astype(np.float32)
+    x[63] = 1.0
+    out = np.zeros(4, np.uint32)
+    k.run(x, out)
+    bits = sum(1 << i for i in range(64) if x[i] > 0)
+    assert (int(out[0]) | int(out[1]) << 32) == bits
+    assert out[2:].tolist() == [1, 0]
+
+
+def _registers(arch, instruction, matrix, values):
+    """Each lane's registers holding ``values`` (a matrix) where the calculator puts them:
+    (lanes, registers) of uint32 for 16-bit operands, float32 for the accumulator."""
+    table = _table(arch, instruction, matrix)
+    nregs = max(r for r, _, _ in table.values()) + 1
+    if values.dtype == np.float32:
+        out = np.zeros((64, nregs), np.float32)
+        for (i, j), (reg, lane, _) in table.items():
+            out[lane, reg] = values[i, j]
+        return out
+    out = np.zeros((64, nregs), np.uint32)
+    bits = values.view(np.uint16)
+    for (i, j), (reg, lane, low) in table.items():
+        out[lane, reg] |= np.uint32(bits[i, j]) << np.uint32(low)
+    return out
+
+
+@pytest.mark.parametrize("name,instruction,m,k,dtype", [
+    ("mfma_16x16x16_f16", "v_mfma_f32_16x16x16_f16", 16, 16, np.float16),
+    ("mfma_32x32x8_bf16", "v_mfma_f32_32x32x8_bf16", 32, 8, ml_dtypes.bfloat16)])
+def test_mfma_matches_numpy_with_the_calculators_layouts(name, instruction, m, k, dtype):
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((k, m)).astype(dtype)
+    c = rng.standard_normal((m, m)).astype(np.float32)
+    ab = np.concatenate([_registers("cdna3", instruction, "A", a).ravel(),
+                         _registers("cdna3", instruction, "B", b).ravel()])
+    creg = _registers("cdna3", instruction, "C", c)
+    d = np.zeros_like(creg)
+    kernel = _build(name, [Buffer("ab", "uint32"), Buffer("c", "float32"),
+                           Buffer("d", "float32")])
+    kernel.run(ab, creg.ravel(), d.reshape(-1))
+    got = np.zeros((m, m), np.float32)
+    for (i, j), (reg, lane, _) in _table("cdna3", instruction, "D").items():
+        got[i, j] = d[lane, reg]
+    want = a.astype(np.float32) @ b.astype(np.float32) + c
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_missing_barrier_is_a_race():
+    source, line = _mutate("barrier", "sync_threads();", "")
+    k = _build("lds_reverse", [Buffer("x", "float32"), Buffer("out", "float32")],
+               threads=128, source=source)
+    with pytest.raises(EmulatorError, match="data race") as e:
+        k.run(np.ones(128, np.float32), np.zeros(128, np.float32))
+    assert any("shared array 's'" in m and f"wave64_emu.hip:{line + 1}" in m
+               for m in _errors(e.value.report))
+
+
+def test_intact_exchange_is_clean():
+    k = _build("lds_reverse", [Buffer("x", "float32"), Buffer("out", "float32")], threads=128)
+    x = np.arange(128, dtype=np.float32)
+    out = np.zeros(128, np.float32)
+    assert k.run(x, out)["findings"] == []
+    np.testing.assert_array_equal(out, x[::-1])
+
+
+def test_out_of_bounds_lds_read_is_reported():
+    source, line = _mutate("index", "s[127 - t]", "s[128 - t]")
+    k = _build("lds_reverse", [Buffer("x", "float32"), Buffer("out", "float32")],
+               threads=128, source=source)
+    with pytest.raises(EmulatorError, match="out-of-bounds read") as e:
+        k.run(np.ones(128, np.float32), np.zeros(128, np.float32))
+    assert any("shared array 's'" in m and f"wave64_emu.hip:{line}" in m and
+               "[wave 0 lane 0]" in m for m in _errors(e.value.report))
+
+
+def test_wave_divergent_barrier_is_a_deadlock():
+    source, line = _mutate("barrier", "sync_threads();", "if (lane_id() < 32) sync_threads();")
+    k = _build("lds_reverse", [Buffer("x", "float32"), Buffer("out", "float32")],
+               threads=128, source=source)
+    # Lanes 32..63 of each wave also read LDS unordered after the barrier they skipped (a
+    # race, reported too); the lanes waiting in it never get the other 64.
+    with pytest.raises(EmulatorError) as e:
+        k.run(np.ones(128, np.float32), np.zeros(128, np.float32))
+    (msg,) = [m for m in _errors(e.value.report) if m.startswith("deadlock")]
+    assert f"wave64_emu.hip:{line}" in msg and "waits for 64 more" in msg
+
+
+def test_uninitialised_lds_read_is_a_warning():
+    source, line = _mutate("write", "s[t] = x[t];", "if (t < 64) s[t] = x[t];")
+    k = _build("lds_reverse", [Buffer("x", "float32"), Buffer("out", "float32")],
+               threads=128, source=source)
+    report = k.run(np.ones(128, np.float32), np.zeros(128, np.float32))
+    warnings = [f for f in report["findings"] if f["severity"] == "warning"]
+    assert _errors(report) == [] and len(warnings) == 1
+    assert "uninitialised read" in warnings[0]["message"]
+    assert f"wave64_emu.hip:{line + 2}" in warnings[0]["message"]
+    assert warnings[0]["count"] == 64 * 4  # wave 0 reads the 64 floats wave 1 did not write
+
+
+def test_a_32_bit_mask_on_a_wave_is_reported():
+    # CUDA's full mask names lanes 0..31 only: lanes 32..63 of the wave run the shuffle
+    # outside its mask (what the generated reductions did before they said kFullMask).
+    source, line = _mutate("mask", "shfl_xor(kFullMask", "shfl_xor(0xffffffffu")
+    k = _build("wave_sums", [Buffer("x", "float32"), Buffer("out", "float32")], grid=2,
+               threads=128, source=source)
+    # Lanes 0..31 read lanes 32..63 at the first butterfly (xor 32), outside the mask.
+    with pytest.raises(EmulatorError, match=f"wave64_emu.hip:{line}: .* reads lane 32, which "
+                       "is not in the mask"):
+        k.run(np.ones(256, np.float32), np.zeros(8, np.float32))
+
+
+def test_warps_are_32_or_64_lanes():
+    with pytest.raises(ToolchainError, match="warps of 32 or 64 lanes, not 48"):
+        _ = LaunchConfig((1, 1, 1), (64, 1, 1), warp_size=48).mode_flags
+
+
+@pytest.mark.parametrize("stride", [1, 2, 32])
+def test_lds_bank_conflicts_follow_the_wave64_model(stride):
+    k = _build("lds_stride", [Buffer("x", "float32"), Buffer("out", "float32"),
+                              Scalar("stride", stride)])
+    x = np.arange(1024, dtype=np.float32)
+    out = np.zeros(64, np.float32)
+    report = k.run(x, out)
+    w, v = (np.arange(64) * stride) % 256, (np.arange(64) * stride) % 64
+    np.testing.assert_array_equal(out, x[w] + x[4 * v] + x[4 * v + 1] + x[4 * v + 2]
+                                  + x[4 * v + 3])
+    by_line = {b["line"]: b for b in report["bank_conflicts"]}
+    line = next(n for n, t in enumerate(SOURCE.splitlines(), 1) if "const float one" in t)
+    for width, at, addresses in ((4, line, 4 * w), (16, line + 1, 16 * v)):
+        want = lds.cycles([int(a) for a in addresses], width)
+        got = by_line.get(at, {"wavefronts": lds.ideal_cycles(width)})
+        assert got["wavefronts"] == want, (width, got)
+
+
+def test_buffer_load_past_the_end_reads_zero():
+    k = _build("buffer_tail", [Buffer("x", "float32"), Buffer("out", "float32"),
+                               Scalar("n", 40)])
+    x = np.arange(1, 65, dtype=np.float32)
+    out = np.full(64, -1.0, np.float32)
+    assert k.run(x, out)["findings"] == []
+    np.testing.assert_array_equal(out, np.where(np.arange(64) < 40, x, 0.0))
+
+
+def test_buffer_resource_past_the_allocation_is_reported():
+    k = _build("buffer_tail", [Buffer("x", "float32"), Buffer("out", "float32"),
+                               Scalar("n", 256)])
+    with pytest.raises(EmulatorError, match="out-of-bounds read.*'x'"):
+        k.run(np.ones(40, np.float32), np.zeros(64, np.float32))
+
+
+@pytest.mark.skipif(toolchain.clang_path() is None,
+                    reason=f"no clang for AMD GPUs: {toolchain.INSTALL_HINT}")
+def test_the_same_text_compiles_for_gfx942():
+    code = toolchain.compile_hip(SOURCE, "gfx942", file="wave64_emu.hip")
+    assert re.search(r"v_mfma_f32_16x16x16_?f16", code.assembly)
+    assert {"wave_sums", "wave_ballot", "lds_reverse", "buffer_tail"} <= set(code.kernels)

@@ -84,12 +84,10 @@ def _cpu_isa(text: str) -> str:
 VARIABLES = {v.name: v for v in (
     Variable("JAXTILE_BACKEND", _backend, "cpu",
              "what runs kernels on the CPU platform: cpu (compiled for the CPU), "
-BACKENDS = {"cpu": "cpu", "cuda-emulator": "cuda:sm_80", "cuda-emulator:sm_90a": "cuda:sm_90a",
-            "hip-emulator": "hip:gfx942", "hip-emulator:gfx90a": "hip:gfx90a"}
-"""Backends that run kernels on this machine, and the target each compiles for: the CPU, or
-CUDA code run in the SIMT emulator (``docs/emulator.md``): Ampere code, or Hopper code
-(the sm_90a device primitives) on ``cuda-emulator:sm_90a``; or HIP (AMD, wave64) code run in
-the emulator's wave64 mode."""
+             "cuda-emulator (compiled for CUDA sm_80, run in the SIMT emulator), "
+             "cuda-emulator:sm_90a (compiled for Hopper, sm_90a, run in the emulator), "
+             "hip-emulator (compiled for AMD's gfx942; hip-emulator:gfx90a for gfx90a; run "
+             "in the emulator's wave64 mode)"),
     Variable("JAXTILE_CPU_ISA", _cpu_isa, "host",
              "the instruction set CPU kernels are compiled for: host (this CPU's own) or a "
              "narrower x86-64 level it can run, x86-64-v3 (AVX2 + FMA) or x86-64-v4 "

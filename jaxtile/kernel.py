@@ -66,7 +66,7 @@ def set_backend(name: str) -> None:
     """Choose what runs kernels on JAX's CPU platform: ``"cpu"`` compiles them for the CPU;
     ``"cuda-emulator"`` compiles them for CUDA (sm_80) and runs that code in the SIMT
     emulator, which checks it for races, out-of-bounds accesses and deadlocks;
-    ``"cuda-emulator:sm_90a"`` does the same with Hopper code (sm_90a: wgmma GEMMs).
+    ``"cuda-emulator:sm_90a"`` does the same with Hopper code (sm_90a);
     ``"hip-emulator"`` compiles them for AMD's gfx942 (``"hip-emulator:gfx90a"``: gfx90a)
     and runs that HIP code in the emulator's wave64 mode, with the same checks.
 

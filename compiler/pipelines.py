@@ -107,7 +107,7 @@ def gpu(target: Target) -> tuple[Pass, ...]:
 
     return (Pass("gemm_plan", lambda k: plan_gemms(k, target)),
             Pass("layout_inference", lambda k: infer_layouts(k, anchors)),
-            Pass("copy_mapping", map_copies),
+            Pass("copy_mapping", map_copies, verify_gpu),
             Pass("bounds", check_bounds),
             Pass("pipelining", schedule_async_copies, verify_gpu),
             Pass("smem_plan", lambda k: place_shared_buffers(k, target.caps), verify_gpu),

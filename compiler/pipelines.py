@@ -83,6 +83,8 @@ def gpu(target: Target) -> tuple[Pass, ...]:
       policy (op notes), its shared operands' swizzles (buffer attributes);
     - ``layout_inference``: every register tile's thread layout, the recorded gemm plans'
       accumulators first, ``relayout`` ops where ops disagree;
+    - ``copy_mapping`` (:func:`.gpu.copy_mapping.map_copies`): each copy between memory
+      buffers gets its thread mapping (note ``vec``), read by barriers and code generation;
     - ``bounds``: which global accesses keep a mask;
     - ``pipelining`` (:func:`.gpu.copy_schedule.schedule_async_copies`): each
       ``jt.pipelined`` loop's cp.async schedule as statements (``async_issue`` per stage in
@@ -97,6 +99,7 @@ def gpu(target: Target) -> tuple[Pass, ...]:
     After ``pipelining`` the GPU rules (:func:`.gpu.verify.verify_gpu`: wait counts,
     barriers in uniform control flow, offsets) are checked with the others under
     ``JAXTILE_VERIFY_IR``. Code generation then prints the IR (:mod:`.gpu.codegen.lower`)."""
+    from .gpu.copy_mapping import map_copies
     from .gpu.copy_schedule import schedule_async_copies
     from .gpu.gemm_plan import anchors, plan_gemms
     from .gpu.smem_plan import place_shared_buffers, shares
@@ -104,6 +107,7 @@ def gpu(target: Target) -> tuple[Pass, ...]:
 
     return (Pass("gemm_plan", lambda k: plan_gemms(k, target)),
             Pass("layout_inference", lambda k: infer_layouts(k, anchors)),
+            Pass("copy_mapping", map_copies, verify_gpu),
             Pass("bounds", check_bounds),
             Pass("pipelining", schedule_async_copies, verify_gpu),
             Pass("smem_plan", lambda k: place_shared_buffers(k, target.caps), verify_gpu),

@@ -47,7 +47,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from .. import ir, op_defs
-from .codegen.copies import copy_layout
+from .copy_mapping import copy_layout
 from .copy_schedule import ISSUED, SCHEDULE_KINDS, issued_copies
 from .layout import Layout, blocked
 from .layout_inference import uniform_values
@@ -113,7 +113,7 @@ class _Walker:
                 return _owners(ob.layout, write)
             if ob.scope == "local":
                 return None
-            return _owners(copy_layout(op, self.bufs, threads), write)
+            return _owners(copy_layout(op, threads), write)
         if op.kind in ("load", "store", "atomic"):
             v = op.result if op.kind == "load" else op.operands[0]
             if v.shape == ():

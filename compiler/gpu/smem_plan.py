@@ -13,9 +13,9 @@ Sharing bytes is a hazard between the threads that last read a buffer and those 
 write the next one: :meth:`SmemPlan.shares` lists those pairs, so barrier insertion can treat
 them as one buffer.
 
-This is ``passes/liveness.py``'s numbering applied to buffers rather than SSA values (a
-shared buffer is written and read through regions, never defined once). Buffers that no
-statement touches get no offset.
+The lifetimes are ``passes/liveness.py``'s (:func:`.passes.liveness.buffer_lifetimes`), the
+one liveness the CPU's storage sharing uses too. Buffers that no statement touches get no
+offset.
 
 The ``smem_plan`` pass (:func:`place_shared_buffers`) writes the plan into the IR as buffer
 attributes (``offset``, ``stages``); barrier insertion and code generation read it from there
@@ -36,7 +36,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ..errors import KernelError
-from ..ir import For, Kernel, Op, Region, Stmt, While, regions, walk
+from ..ir import Kernel, Op, Region, Stmt, regions, walk
+from ..passes.liveness import buffer_lifetimes
 from ..target import GpuCaps
 from .copy_schedule import issued_stages, staged_buffers
 
@@ -89,39 +90,16 @@ class SmemPlan:
 
 def lifetimes(body: Sequence[Stmt], names: set[str],
               extra: Mapping[int, list[Scratch]] | None = None) -> dict[str, tuple[int, int]]:
-    """First and last statement (pre-order numbers, loops extended) of each of the buffers
-    ``names`` (and the ``extra`` scratch of each op) that ``body`` touches."""
+    """First and last statement (pre-order numbers, loops extended:
+    :func:`.passes.liveness.buffer_lifetimes`) of each of the buffers ``names`` (and the
+    ``extra`` scratch of each op) that ``body`` touches."""
     extra = extra or {}
-    spans: dict[str, tuple[int, int]] = {}
-    counter = [0]
 
-    def touch(name: str, first: int, last: int) -> None:
-        lo, hi = spans.get(name, (first, last))
-        spans[name] = (min(lo, first), max(hi, last))
+    def touched(op: Op) -> set[str]:
+        used = {r.buffer for r in op.attrs.values() if isinstance(r, Region) and r.buffer in names}
+        return used | {s.name for s in extra.get(id(op), ())}
 
-    def visit(stmts: Sequence[Stmt]) -> set[str]:
-        """Number ``stmts`` and return the buffers they touch."""
-        touched: set[str] = set()
-        for stmt in stmts:
-            here = counter[0]
-            counter[0] += 1
-            if isinstance(stmt, Op):
-                used = {r.buffer for r in stmt.attrs.values()
-                        if isinstance(r, Region) and r.buffer in names}
-                used |= {s.name for s in extra.get(id(stmt), ())}
-                for name in used:
-                    touch(name, here, here)
-            elif isinstance(stmt, For | While):
-                used = visit(stmt.body if isinstance(stmt, For) else stmt.cond + stmt.body)
-                for name in used:       # every iteration touches it again
-                    touch(name, here, counter[0] - 1)
-            else:
-                used = visit(stmt.then) | visit(stmt.otherwise)
-            touched |= used
-        return touched
-
-    visit(body)
-    return spans
+    return buffer_lifetimes(body, touched)
 
 
 def plan_shared_memory(kernel: Kernel, bytes_of: Mapping[str, int], caps: GpuCaps,

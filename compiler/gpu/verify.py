@@ -11,6 +11,10 @@ test's, or a pass's output -- cannot hold a schedule, barrier or plan a GPU woul
   loop whose condition may differ between the threads of a block (it reads global memory
   the kernel writes: :func:`.codegen.control.thread_varying`): some threads would wait at a
   barrier others never reach.
+- **Copy thread mappings**: a copy's ``vec`` (:mod:`.copy_mapping`) is a positive integer
+  that divides the tile's last dimension, at most 16 bytes of the wider element type (the
+  widest access a thread makes), and 1 when a region picks one element of its last
+  dimension.
 - **Shared-memory offsets**: each is a non-negative multiple of :data:`.smem_plan.ALIGN`, and
   buffers live at the same statement (:func:`.smem_plan.lifetimes`) have disjoint bytes.
 
@@ -24,6 +28,7 @@ from collections.abc import Sequence
 from .. import ir
 from ..errors import KernelError, kernel_error
 from .codegen.control import thread_varying
+from .copy_mapping import NOTE, vector_width
 from .copy_schedule import SCHEDULE_KINDS, scheduled, split_schedule
 from .smem_plan import ALIGN, lifetimes, recorded_bytes
 
@@ -89,6 +94,21 @@ def _uniform(kernel: ir.Kernel, body: Sequence[ir.Stmt], varying: set[int],
             _uniform(kernel, block, varying, inner)
 
 
+def _copy_mappings(kernel: ir.Kernel) -> None:
+    bufs = {b.name: b for b in kernel.buffers}
+    for s in ir.walk(kernel.body):
+        if not (isinstance(s, ir.Op) and s.kind == "copy" and NOTE in s.notes):
+            continue
+        vec, shape = s.notes[NOTE], s.attrs["src"].shape
+        # The pass's choice is the widest legal run, so any run it could take divides it.
+        widest = vector_width(s, bufs)
+        if not (isinstance(vec, int) and vec >= 1 and widest % vec == 0):
+            last = shape[-1] if shape else 1
+            raise _fail(kernel, s, f"copy with {NOTE}={vec!r}: a thread's run must be a "
+                        f"positive divisor of {widest} (the tile's last dimension is {last}, "
+                        "and a run is at most 16 bytes)")
+
+
 def _offsets(kernel: ir.Kernel) -> None:
     offsets, sizes = recorded_bytes(kernel)
     bufs = {b.name: b for b in kernel.buffers}
@@ -112,5 +132,6 @@ def verify_gpu(kernel: ir.Kernel) -> ir.Kernel:
     """Check the GPU rules (module docstring) and return ``kernel`` unchanged."""
     _schedule(kernel, kernel.body, None)
     _uniform(kernel, kernel.body, thread_varying(kernel), None)
+    _copy_mappings(kernel)
     _offsets(kernel)
     return kernel

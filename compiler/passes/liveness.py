@@ -11,6 +11,10 @@ reads it, where
 - a read inside a loop of a value defined outside that loop keeps it live until the loop
   ends, because the next iteration reads it again.
 
+Buffers (a GPU's shared buffers, written and read through regions) have lifetimes on the same
+numbering (:func:`buffer_lifetimes`), so the shared-memory plan and the values' storage
+agree on what "live" means.
+
 Intervals are closed: a value's storage may be reused only by a value defined *after* its
 last read, so no op ever writes the storage of a value it is still reading. This is an
 analysis, not a transformation: it never changes the kernel.
@@ -19,7 +23,7 @@ analysis, not a transformation: it never changes the kernel.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 
 from .. import ir
 
@@ -39,18 +43,29 @@ def is_materialised(op: ir.Op) -> bool:
     return op.result is not None and op.result.shape != () and not op.notes.get("inline")
 
 
-def live_intervals(kernel: ir.Kernel,
-                   materialised: Callable[[ir.Op], bool] = is_materialised,
-                   ) -> list[Interval]:
-    """The live interval of every value whose defining op satisfies ``materialised``, in
-    order of definition (see the module doc).
+@dataclasses.dataclass(frozen=True)
+class ProgramOrder:
+    """A body's statements numbered in pre-order, each with its enclosing loops."""
 
-    Assumes a verified kernel whose fused ops carry the note ``inline`` (the fusion pass
-    has run). Iterative, so bodies of any length are fine.
-    """
+    stmts: list[tuple[ir.Stmt, tuple[int, ...]]]
+    """Statement number -> (statement, numbers of the enclosing loops, outermost first)."""
+    loop_end: dict[int, int]
+    """Loop number -> number of the last statement of its body (its own if empty)."""
+
+    def whole_loops(self, pos: int) -> tuple[int, int]:
+        """Statement ``pos`` stretched over its outermost enclosing loop, from the loop
+        statement to the loop's last statement (every iteration runs it again)."""
+        loops = self.stmts[pos][1]
+        return (loops[0], self.loop_end[loops[0]]) if loops else (pos, pos)
+
+
+def program_order(stmts: Sequence[ir.Stmt]) -> ProgramOrder:
+    """Number ``body``'s statements in pre-order (a loop's or conditional's blocks follow
+    it; a ``While``'s condition, then its body). Iterative, so bodies of any length are
+    fine."""
     order: list[tuple[ir.Stmt, tuple[int, ...]]] = []   # (stmt, enclosing loops' positions)
     loop_end: dict[int, int] = {}
-    stack: list[tuple[list[ir.Stmt], int, tuple[int, ...]]] = [(kernel.body, 0, ())]
+    stack: list[tuple[Sequence[ir.Stmt], int, tuple[int, ...]]] = [(list(stmts), 0, ())]
     open_loops: list[int] = []
     while stack:
         body, i, loops = stack.pop()
@@ -77,6 +92,19 @@ def live_intervals(kernel: ir.Kernel,
     while open_loops:
         loop_end[open_loops.pop()] = len(order) - 1
 
+    return ProgramOrder(order, loop_end)
+
+
+def live_intervals(kernel: ir.Kernel,
+                   materialised: Callable[[ir.Op], bool] = is_materialised,
+                   ) -> list[Interval]:
+    """The live interval of every value whose defining op satisfies ``materialised``, in
+    order of definition (see the module doc).
+
+    Assumes a verified kernel whose fused ops carry the note ``inline`` (the fusion pass
+    has run)."""
+    numbered = program_order(kernel.body)
+    order, loop_end = numbered.stmts, numbered.loop_end
     defined: dict[int, int] = {}
     ops: dict[int, ir.Op] = {}
     for pos, (stmt, _) in enumerate(order):
@@ -109,6 +137,26 @@ def live_intervals(kernel: ir.Kernel,
         end = max((extended(r, start) for r in reads.get(vid, ())), default=start)
         intervals.append(Interval(op.result, start, max(start, end)))
     return intervals
+
+
+def buffer_lifetimes(stmts: Sequence[ir.Stmt], touched: Callable[[ir.Op], Iterable[str]],
+                     ) -> dict[str, tuple[int, int]]:
+    """First and last statement (numbers of :func:`program_order`) of each buffer some op of
+    ``stmts`` touches (``touched``: the names an op touches). A buffer is written and read
+    through regions rather than defined once, so it has no defining statement: one touched
+    inside a loop is live for the whole outermost loop around it, since the next iteration
+    touches it again (and a pipelined loop's copies land in one stage while others are
+    read)."""
+    numbered = program_order(stmts)
+    spans: dict[str, tuple[int, int]] = {}
+    for pos, (stmt, _) in enumerate(numbered.stmts):
+        if not isinstance(stmt, ir.Op):
+            continue
+        first, last = numbered.whole_loops(pos)
+        for name in touched(stmt):
+            lo, hi = spans.get(name, (first, last))
+            spans[name] = (min(lo, first), max(hi, last))
+    return spans
 
 
 def share_storage(intervals: list[Interval],

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import jaxtile as jt
 from jaxtile.compiler import ir
 from jaxtile.compiler.gpu.barriers import insert_barriers
+from jaxtile.compiler.gpu.copy_mapping import map_copies
 
 
 @jt.kernel
@@ -33,7 +34,7 @@ def _reasons(body):
 
 def test_while_loops_order_the_condition_and_the_body():
     low = _refill_while_positive.lower(jnp.zeros((4, 128), jnp.float32))
-    k = insert_barriers(low.kernel)
+    k = insert_barriers(map_copies(low.kernel))  # barriers read the copies' thread mapping
     loop = next(s for s in k.body if isinstance(s, ir.While))
     # The condition reads an element every thread needs: after the copy before the loop and
     # after the previous iteration's refill.

@@ -135,6 +135,28 @@ def test_code_generation_refuses_a_gemm_without_a_plan(lowered):
                        SM80)
 
 
+def test_the_gemm_copies_show_their_thread_mapping(lowered):
+    """The staged copies of the f16 A and B tiles move 16-byte runs of 8 halves; the copy
+    of the accumulator out follows its fragment layout and has no mapping of its own."""
+    text = printer.format_kernel(lowered["gemm"], with_lines=False)
+    copies = [line.strip() for line in text.splitlines() if line.strip().startswith("copy(")]
+    assert [line.endswith("vec=8}") for line in copies if "issued=True" in line] == [True] * 2
+    assert [line for line in copies if "vec=" not in line] == [
+        line for line in copies if "src=frag0" in line] != []
+
+
+def test_code_generation_refuses_a_copy_without_a_thread_mapping(lowered):
+    kernel = lowered["gemm"]
+
+    def unmapped(op: ir.Op) -> list[ir.Op]:
+        notes = {k: v for k, v in op.notes.items() if k != "vec"}
+        return [dataclasses.replace(op, notes=notes)]
+
+    with pytest.raises(jt.KernelError, match="no recorded thread mapping.*copy_mapping"):
+        lower.generate(dataclasses.replace(kernel, body=ir.map_ops(kernel.body, unmapped)),
+                       SM80)
+
+
 def test_the_round_trip_check_catches_a_decision_the_text_does_not_show(lowered, monkeypatch):
     """If the printer left the swizzles out, the re-parsed IR would give other CUDA: the check
     in ``generate`` (on under JAXTILE_VERIFY_IR, as in the suite) names the first

@@ -6,6 +6,7 @@ import textwrap
 
 from jaxtile.compiler import parser, printer, verify
 from jaxtile.compiler.gpu.barriers import insert_barriers
+from jaxtile.compiler.gpu.copy_mapping import map_copies
 from jaxtile.compiler.gpu.copy_schedule import schedule_async_copies
 from jaxtile.compiler.gpu.gemm_plan import plan_gemms
 from jaxtile.compiler.gpu.smem_plan import place_shared_buffers, shares
@@ -63,6 +64,32 @@ def test_gemm_plan_records_instruction_warps_policy_and_swizzles():
     _check(lambda k: plan_gemms(k, SM80), before, after)
 
 
+def test_copy_mapping_records_each_memory_copys_vector_run():
+    """16 bytes of f16 make runs of 8; f32 rows of 6 take runs of 2 (4 does not divide 6);
+    a column (a single element of the last dimension) takes 1; copies to or from a
+    fragment follow its layout and get no note."""
+    head = """
+        kernel k(grid=[1], threads=64) blocks(%0):
+          input a: global float16[32, 64]
+          input b: global float32[8, 6]
+          output c: global float32[8, 6]
+          scratch sa: shared float16[32, 64]
+          scratch sb: shared float32[8, 6]
+          scratch f: fragment float32[8, 6]
+    """
+    body = """
+          copy() {dst=sa[0:+32, 0:+64], pad=None, src=a[0:+32, 0:+64]}A  # user.py:3
+          copy() {dst=sb[0:+8, 0:+6], pad=None, src=b[0:+8, 0:+6]}B
+          copy() {dst=c[0:+8, 0], pad=None, src=sb[0:+8, 5]}C
+          copy() {dst=f[0:+8, 0:+6], pad=None, src=sb[0:+8, 0:+6]}
+          copy() {dst=c[0:+8, 0:+6], pad=None, src=f[0:+8, 0:+6]}
+    """
+    before = head + body.replace("A", "").replace("B", "").replace("C", "")
+    after = head + (body.replace("}A", "} !{vec=8}").replace("}B", "} !{vec=2}")
+                    .replace("}C", "} !{vec=1}"))
+    _check(map_copies, before, after)
+
+
 def test_pipelining_writes_the_cp_async_schedule_as_statements():
     """Two stages over 3 iterations: the prologue issues tile 0 unguarded (the trip count is
     known); each iteration waits for its tile, publishes it with a barrier, issues the next
@@ -109,8 +136,8 @@ _SCHEDULED = """
       output y: global float32[2, 32]
       scratch t: shared float32[32]T
       scratch s: shared float32[32]S
-      copy() {dst=t[0:+32], pad=None, src=x[%0, 0:+32]}  # user.py:4
-      BARRIER1copy() {dst=y[%0, 0:+32], pad=None, src=t[0:+32]}  # user.py:5
+      copy() {dst=t[0:+32], pad=None, src=x[%0, 0:+32]} !{vec=4}  # user.py:4
+      BARRIER1copy() {dst=y[%0, 0:+32], pad=None, src=t[0:+32]} !{vec=4}  # user.py:5
       BARRIER2async_issue() {guard=False, prologue=True, tile=0}
       async_commit()
       for %1 in pipelined(0, +3, stages=2):  # user.py:6
@@ -120,7 +147,7 @@ _SCHEDULED = """
         async_commit()
         %2: int32[] = const() {value=32} !{issued=True}
         %3: int32[] = elementwise(%1, %2) {fn='mul'} !{issued=True}
-        copy() {dst=s[0:+32], pad=None, src=x[%0, %3:+32]} !{issued=True}
+        copy() {dst=s[0:+32], pad=None, src=x[%0, %3:+32]} !{issued=True, vec=4}
         %4: float32[32] = load() {src=s[0:+32]}
         %5: float32[32] = load() {src=y[%0, 0:+32]}
         %6: float32[32] = elementwise(%4, %5) {fn='add'}

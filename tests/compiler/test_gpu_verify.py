@@ -134,3 +134,18 @@ def test_buffers_live_at_different_times_may_share_bytes():
           copy() {dst=b[0:+64], pad=None, src=x[0:+64]}
           copy() {dst=y[0:+64], pad=None, src=b[0:+64]}
     """))
+
+
+_OUT = "copy() {dst=y[0:+16, 0:+32], pad=None, src=s[0:+16, 0:+32]}"
+
+
+@pytest.mark.parametrize("vec", [3, 16, 0])
+def test_a_copys_thread_mapping_divides_its_row_in_at_most_16_bytes(vec):
+    """f16 rows of 32: runs of 8 halves (16 bytes) or any divisor of 8; 3 does not divide the
+    row, 16 halves would be a 32-byte access, 0 is no run."""
+    _fails(_PIPELINE.replace(_OUT, _OUT + f" !{{vec={vec}}}"),
+           rf"copy with vec={vec}: a thread's run must be a positive divisor of 8")
+
+
+def test_a_narrower_mapping_than_the_widest_passes():
+    verify_gpu(_kernel(_PIPELINE.replace(_OUT, _OUT + " !{vec=4}")))

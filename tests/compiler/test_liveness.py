@@ -60,3 +60,36 @@ def test_a_value_read_in_a_loop_lives_to_the_loop_end():
     loop_end = loop_pos[0] + n_in_loop
     ends = [iv.end for iv in live_intervals(k) if iv.start < loop_pos[0]]
     assert loop_end in ends
+
+
+def test_a_buffer_touched_in_a_nested_loop_lives_for_the_outermost_loop():
+    """Buffer lifetimes on the values' numbering (the shared-memory plan's): ``a`` is only
+    touched before the loops, ``b`` in the inner loop (so for the whole outer one, whose
+    next iteration touches it again), ``c`` in both branches of a conditional after them."""
+    from jaxtile.compiler import parser
+    from jaxtile.compiler.passes.liveness import buffer_lifetimes
+
+    k = parser.parse_kernel("\n".join([
+        "kernel k(grid=[1], threads=32) blocks(%0):",
+        "  input x: global float32[4]",
+        "  output y: global float32[4]",
+        "  scratch a: shared float32[4]",
+        "  scratch b: shared float32[4]",
+        "  scratch c: shared float32[4]",
+        "  copy() {dst=a[0:+4], pad=None, src=x[0:+4]}",                     # 0
+        "  for %1 in serial(0, +2):",                                       # 1
+        "    %2: int32[] = const() {value=1}",                              # 2
+        "    for %3 in serial(0, +2):",                                     # 3
+        "      copy() {dst=b[0:+4], pad=None, src=a[0:+4]}",                 # 4
+        "    %4: int32[] = const() {value=2}",                              # 5
+        "  %5: bool[] = elementwise(%0, %0) {fn='eq'}",                     # 6
+        "  if %5:",                                                         # 7
+        "    copy() {dst=c[0:+4], pad=None, src=x[0:+4]}",                   # 8
+        "  else:",
+        "    copy() {dst=y[0:+4], pad=None, src=c[0:+4]}",                   # 9
+    ]))
+
+    def shared(op):
+        return [r.buffer for r in ir.regions(op) if r.buffer in "abc"]
+
+    assert buffer_lifetimes(k.body, shared) == {"a": (0, 5), "b": (1, 5), "c": (8, 9)}

@@ -1,8 +1,9 @@
 """CUDA lowering of ``copy`` (global <-> shared <-> fragment <-> local) and ``atomic``.
 
 A copy with a fragment side visits the fragment's slots (each thread moves what it holds);
-other copies spread the tile over the block in a coalesced blocked layout whose vectors are
-16 bytes where the tile allows. Reads past a global edge give ``pad`` and writes past it
+other copies spread the tile over the block by the thread mapping the ``copy_mapping`` pass
+recorded on them (a coalesced blocked layout whose vectors are 16 bytes where the tile
+allows, ``gpu/copy_mapping.py``). Reads past a global edge give ``pad`` and writes past it
 are dropped, checked only in the dimensions the bounds pass could not prove. Where a
 thread's ``vec`` contiguous elements are all in bounds or all out (the checked dimensions
 exclude the last one, or the last dimension's extent is a multiple of the vector), and the
@@ -12,12 +13,12 @@ addresses are aligned, the elements move as one 8- or 16-byte access.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 
 import numpy as np
 
 from ... import ir
 from ...errors import KernelError
+from ..copy_mapping import copy_layout
 from ..layout import Layout, blocked
 from . import scalar_math as M
 from . import types as T
@@ -75,7 +76,7 @@ def lower_copy(cx: Context, op: ir.Op) -> None:
         return
     lay = None
     if db.scope not in ("fragment", "local") and sb.scope != "fragment":
-        lay = copy_layout(op, cx.bufs, cx.threads)
+        lay = copy_layout(op, cx.threads)
         if _vector_copy(cx, op, lay):
             return
     s_checked, d_checked = cx.region_checks(op, "src"), cx.region_checks(op, "dst")
@@ -175,25 +176,6 @@ def _from_staged_fragment(cx: Context, op: ir.Op) -> None:
         conds, tile = cx.in_region(dst, coords)
         stmt = f"{db.name}[k] = {value(tile)};"
         cx.w(f"if ({' && '.join(conds)}) {stmt}" if conds else stmt)
-
-
-def copy_layout(op: ir.Op, bufs: Mapping[str, ir.Buffer], threads: int) -> Layout:
-    """How a copy between non-fragment buffers spreads its tile over the block: coalesced,
-    in runs of 16 bytes of the wider element type when the tile's last dimension is both
-    buffers' contiguous one and a multiple of the run."""
-    return blocked(op.attrs["src"].shape, threads, _copy_vec(op, bufs))
-
-
-def _copy_vec(op: ir.Op, bufs: Mapping[str, ir.Buffer]) -> int:
-    src, dst = op.attrs["src"], op.attrs["dst"]
-    shape = src.shape
-    if not shape or src.index[-1].size is None or dst.index[-1].size is None:
-        return 1
-    size = max(np.dtype(bufs[r.buffer].dtype).itemsize for r in (src, dst))
-    vec = max(16 // size, 1)
-    while vec > 1 and shape[-1] % vec:
-        vec //= 2
-    return vec
 
 
 def _aligned(cx: Context, region: ir.Region, vec: int) -> bool:

@@ -77,7 +77,7 @@ def _primitives() -> list[str]:
         names = sorted(n for n in fj.CONVERTERS if member(n) and n not in seen)
         seen.update(names)
         lines.append(f"| {title} | {', '.join(f'`{n}`' for n in names)} |")
-    rest = sorted(set(fj.CONVERTERS) - seen - set(fj._REJECTED))
+    rest = sorted(set(fj.CONVERTERS) - seen)
     if rest:
         lines.append(f"| Other | {', '.join(f'`{n}`' for n in rest)} |")
     return lines
@@ -112,7 +112,8 @@ def operations_markdown() -> str:
              "`compiler/operations_doc.py` writes this page): the JAX primitives that "
              "`jnp`/`lax` calls in a kernel body may produce. `while` is a counted loop "
              "(`jt.loop`/`jt.pipelined` with traced bounds) or a `jt.while_` loop; "
-             "`dot_general` is rejected with a pointer to `jt.gemm`. `sort` is `jnp.sort`, "
+             "`dot_general` (`jnp.dot`, `@`) of 2-D tiles is a gemm through on-chip "
+             "tiles. `sort` is `jnp.sort`, "
              "`jnp.argsort` and `lax.sort` of several operands (stable, XLA's order); "
              "`top_k` is `lax.top_k` (values and indices, ties to the lower index). "
              "Anything else is a `KernelError` at the line that uses it.", "",

@@ -159,11 +159,20 @@ def _leaves(tree: Any) -> list[Any]:
     return jax.tree.leaves(tree, is_leaf=lambda x: x is None or isinstance(x, BlockSpec))
 
 
-def _specs_for(specs: Any, n: int, what: str) -> list[BlockSpec | None]:
-    """One spec per operand: ``no_block_spec`` (or none given) means whole operands."""
+def _specs_for(specs: Any, args: tuple[Any, ...], what: str) -> list[BlockSpec | None]:
+    """One spec per array leaf of ``args``: a spec given per top-level argument applies to
+    all of that argument's leaves (none for an argument that is None); ``no_block_spec``
+    (or none given) means whole operands."""
+    n = len(jax.tree.leaves(args))
     if specs is None or specs is no_block_spec:
         return [None] * n
-    leaves = _leaves(specs if isinstance(specs, list | tuple) else [specs])
+    specs = list(specs) if isinstance(specs, list | tuple) else [specs]
+    if len(specs) == len(args):
+        out = []
+        for spec, arg in zip(specs, args):
+            out += [None if spec is no_block_spec else spec] * len(jax.tree.leaves(arg))
+        return out
+    leaves = _leaves(specs)
     if len(leaves) != n:
         raise _unsupported(f"{len(leaves)} {what} for {n} operands",
                            f"give one BlockSpec (or None) per {what[:-6]}")
@@ -224,8 +233,8 @@ def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: GridS
 
     def call(*args: Any) -> Any:
         flat, _ = jax.tree.flatten(args)
-        ins = _specs_for(in_specs, len(flat), "in_specs")
-        outspecs = _specs_for(out_specs, len(outs), "out_specs")
+        ins = _specs_for(in_specs, args, "in_specs")
+        outspecs = _specs_for(out_specs, tuple(outs), "out_specs")
 
         def body(*refs: Any) -> tuple[Any, ...]:
             results = [jt.empty(o.shape, o.dtype) for o in outs]

@@ -26,7 +26,8 @@ def _scores(q, k, v, *, bk=16):
     return out
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("dtype", [jnp.float32, pytest.param(jnp.bfloat16, marks=pytest.mark.slow)],
+                         ids=["f32", "bf16"])
 def test_dot_of_tile_values(rng, kernel_backend, dtype):
     q, k, v = (jnp.asarray(rng.standard_normal(s) / 4, dtype)
                for s in ((24, 32), (48, 32), (48, 32)))

@@ -47,6 +47,7 @@ def _jnp_rms_norm(x, w, b, eps=1e-5):
 _NORMS = [("layer_norm", _jnp_layer_norm), ("rms_norm", _jnp_rms_norm)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, formula", _NORMS)
 def test_norm_forward(rng, backend, name, formula):
     module = load(name)

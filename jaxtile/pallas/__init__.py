@@ -28,6 +28,7 @@ from ._call import (
     program_id,
     when,
 )
+from ._port import port
 from ._refs import BlockRef
 from ._unsupported import stub as _stub
 
@@ -55,6 +56,6 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "BlockRef", "BlockSpec", "GridSpec", "Slice", "cdiv", "ds", "dslice", "loop",
     "multiple_of", "next_power_of_2", "no_block_spec", "num_programs", "pallas_call",
-    "program_id", "reciprocal", "squeezed", "when",
+    "port", "program_id", "reciprocal", "squeezed", "when",
 ]
 del jnp

@@ -1,38 +1,30 @@
 """JAX's own Pallas GPU kernels (``jax/experimental/pallas/ops/gpu/``), loaded from the
-installed ``jax`` with only their two Pallas imports replaced by jaxtile's, as a user ports
-a module. Nothing is copied into the project: the source is read at test time."""
+installed ``jax`` with only their two Pallas imports replaced by jaxtile's
+(``jaxtile.pallas.port``), as a user ports a module. Nothing is copied into the project:
+the source is read at test time."""
 
+import functools
 import pathlib
-import sys
-import types
 
 import jax.experimental.pallas as _pallas
 import jax.extend.core as jex_core
 
-_IMPORTS = {
-    "from jax.experimental import pallas as pl": "from jaxtile import pallas as pl",
-    "from jax.experimental.pallas import triton as plgpu":
-        "from jaxtile.pallas import triton as plgpu",
-}
+from jaxtile import pallas as pl
 
-_loaded: dict[str, types.ModuleType] = {}
+_IMPORTS = ("from jax.experimental import pallas as pl",
+            "from jax.experimental.pallas import triton as plgpu")
 
 
-def load(name: str) -> types.ModuleType:
+@functools.cache
+def load(name: str):
     """The module ``jax.experimental.pallas.ops.gpu.<name>`` with the two imports swapped."""
-    if name not in _loaded:
-        path = pathlib.Path(_pallas.__file__).parent / "ops" / "gpu" / f"{name}.py"
-        source = path.read_text()
-        for old, new in _IMPORTS.items():
-            if source.count(old) != 1:
-                raise AssertionError(f"{path} no longer holds the line {old!r} once")
-            source = source.replace(old, new)
-        module = types.ModuleType(f"jaxtile_ported_{name}")
-        module.__file__ = str(path)
-        sys.modules[module.__name__] = module
-        exec(compile(source, str(path), "exec"), module.__dict__)
-        _loaded[name] = module
-    return _loaded[name]
+    path = pathlib.Path(_pallas.__file__).parent / "ops" / "gpu" / f"{name}.py"
+    source = path.read_text()
+    for line in _IMPORTS:     # the port changes these two lines and nothing else
+        assert source.count(line) == 1, f"{path} no longer holds {line!r} once"
+    module = pl.port(path)
+    assert "jaxtile.pallas" in repr(module.pl) and "jaxtile.pallas.triton" in repr(module.plgpu)
+    return module
 
 
 def primitives(jaxpr) -> set[str]:

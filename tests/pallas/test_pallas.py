@@ -183,3 +183,17 @@ def test_helpers():
     s = pl.ds(3, 5)
     assert (s.start, s.size) == (3, 5) and pl.dslice is pl.ds
     assert functools.partial(pl.multiple_of, values=8)(7) == 7
+
+
+def test_port_changes_the_pallas_imports(tmp_path):
+    """pl.port runs a module file with its Pallas imports (any alias) made jaxtile's, and
+    refuses a file that does not import Pallas."""
+    src = tmp_path / "k.py"
+    src.write_text("from jax.experimental import pallas as P\n"
+                   "from jax.experimental.pallas import triton as T\n"
+                   "names = (P.__name__, T.__name__)\n")
+    assert pl.port(src).names == ("jaxtile.pallas", "jaxtile.pallas.triton")
+    other = tmp_path / "other.py"
+    other.write_text("import jax\n")
+    with pytest.raises(ValueError, match="other.py has no"):
+        pl.port(other)

@@ -201,11 +201,9 @@ class BlockRef:
         if not varying:
             # One flag for the whole ref: write it or not.
             jt.when(jnp.reshape(mask, ()))(lambda: self._write(value))
-        elif len(varying) == 1 and (masked := self._masked_along(
-                varying[0], jnp.reshape(mask, (-1,)))) is not None:
-            # A mask along one axis (a row tail, padded head dimensions): send the masked-off
-            # positions past the end, where the scatter drops them; exact, nothing is read.
-            masked._write(value)
+        elif len(varying) == 1 and self._masked_store_along(
+                varying[0], jnp.reshape(mask, (-1,)), value):
+            pass     # a mask along one axis (a row tail, padded head dimensions)
         else:
             # A mask along several axes: read, merge, write back. The masked-off elements
             # inside the operand are rewritten with the values read (not atomic: another
@@ -221,25 +219,36 @@ class BlockRef:
         else:
             jt.copy(tile, view)
 
-    def _masked_along(self, axis: int, mask: Any) -> BlockRef | None:
-        """The ref with its visible axis ``axis`` array-indexed and the positions ``mask``
-        turns off sent past the end of the buffer; None where the ref's indexing does not
-        allow it (a mask along a plain axis of an array-indexed ref)."""
-        dims = list(self.dims)
-        mask = jnp.broadcast_to(mask, (self.shape[axis],))
-        arrays = [k for k, d in enumerate(dims) if d.positions is not None]
+    def _axis_positions(self, axis: int) -> tuple[int, Any] | None:
+        """``(k, positions)``: the buffer dimension ``k`` behind the ref's visible axis
+        ``axis`` and the positions the axis reaches there, relative to that dimension's
+        start; None where the ref's indexing has no such dimension (a plain axis of an
+        array-indexed ref, or an axis of a 2-D index array)."""
+        arrays = [k for k, d in enumerate(self.dims) if d.positions is not None]
         if arrays:
-            d = dims[arrays[0]]
+            d = self.dims[arrays[0]]
             if len(arrays) != 1 or jnp.ndim(d.positions) != 1 or axis != self._group_start():
                 return None
-            own = d.positions.astype(jnp.int32)
-        else:
-            k = [k for k, d in enumerate(dims) if d.size is not None][axis]
-            d = dims[k]
-            arrays = [k]
-            own = jnp.arange(d.size, dtype=jnp.int32)
-        dims[arrays[0]] = _Dim(d.start, d.size, jnp.where(mask, own, _DROPPED - d.start))
-        return BlockRef(self.base, dims)
+            return arrays[0], d.positions.astype(jnp.int32)
+        k = [k for k, d in enumerate(self.dims) if d.size is not None][axis]
+        return k, jnp.arange(self.dims[k].size, dtype=jnp.int32)
+
+    def _masked_store_along(self, axis: int, mask: Any, value: Any) -> bool:
+        """Store ``value`` where the 1-D ``mask`` along visible axis ``axis`` holds; False
+        (nothing done) where the ref's indexing does not allow it.
+
+        Exact: the masked-off positions are sent past the end of the buffer, where a scatter
+        drops them (element by element: a masked window is no block copy)."""
+        found = self._axis_positions(axis)
+        if found is None:
+            return False
+        k, own = found
+        d = self.dims[k]
+        mask = jnp.broadcast_to(mask, own.shape)
+        dims = list(self.dims)
+        dims[k] = _Dim(d.start, d.size, jnp.where(mask, own, _DROPPED - d.start))
+        BlockRef(self.base, dims)._write(value)
+        return True
 
     def _group_start(self) -> int:
         """The visible axis where the array-indexed dimensions start."""

@@ -197,3 +197,25 @@ def test_port_changes_the_pallas_imports(tmp_path):
     other.write_text("import jax\n")
     with pytest.raises(ValueError, match="other.py has no"):
         pl.port(other)
+
+
+@pytest.mark.parametrize("indexing", ["window", "array"])
+def test_store_mask_along_one_axis(rng, indexing):
+    """A 1-D store mask that is the in-bounds test takes the unmasked copy; any other mask
+    writes exactly the lanes it keeps (the others keep what the first store wrote)."""
+    x = jnp.asarray(rng.standard_normal((3, 13)), jnp.float32)
+
+    def view(ref):
+        return ref.at[:, pl.ds(0, 16)] if indexing == "window" else \
+            ref.at[:, jnp.arange(16) + 0 * pl.program_id(0)]
+
+    def kernel(x_ref, o_ref):
+        cols = jnp.arange(16)
+        t = plgpu.load(view(x_ref), mask=(cols < 13)[None, :])
+        plgpu.store(view(o_ref), -t, mask=(cols < 13)[None, :])
+        plgpu.store(view(o_ref), 2 * t, mask=(cols % 3 == 0)[None, :])
+
+    out = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((3, 13), jnp.float32),
+                         grid=(1,))(x)
+    cols = np.arange(13)
+    np.testing.assert_allclose(out, np.where(cols % 3 == 0, 2, -1) * np.asarray(x), rtol=1e-6)

@@ -24,6 +24,7 @@ _GROUPS = (
                                "transpose", "iota", "rev", "slice", "concatenate",
                                "dim_as_value")),
     ("Refs and tile ops", lambda n: n in ("get", "swap", "addupdate", tp.COPY, tp.GEMM,
+                                          "dot_general",
                                           tp.ATOMIC, tp.LOAD_ACQUIRE, tp.STORE_RELEASE,
                                           tp.FENCE, tp.PRINT)),
     ("Control flow and calls", lambda n: n in ("scan", "while", "cond") or n in fj._INLINE

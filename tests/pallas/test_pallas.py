@@ -29,7 +29,7 @@ def _blocked_affine(x, bm=4, bn=8, **kw):
         out_specs=pl.BlockSpec((bm, bn), lambda i, j: (i, j)), **kw)(x)
 
 
-def test_edge_blocks_read_padding_and_drop_writes(rng):
+def test_edge_blocks_read_padding_and_drop_writes(rng, backend):
     """A 10x13 array in 4x8 blocks: the last row and column blocks hang over the edge;
     their reads past it are padding and their writes there are dropped (elements next to
     the array are not touched, in-range ones are all written once)."""
@@ -39,7 +39,7 @@ def test_edge_blocks_read_padding_and_drop_writes(rng):
                                rtol=1e-6)
 
 
-def test_index_map_and_squeezed_dimensions(rng):
+def test_index_map_and_squeezed_dimensions(rng, backend):
     """BlockSpecs with None (squeezed) dimensions and an index map that permutes the grid:
     the kernel sees (rows, cols) blocks of a [batch, heads, rows, cols] array."""
     x = jnp.asarray(rng.standard_normal((2, 3, 6, 5)), jnp.float32)
@@ -72,7 +72,7 @@ def test_grid_of_four_axes_and_num_programs():
     np.testing.assert_array_equal(out, np.arange(120).reshape(2, 3, 4, 5))
 
 
-def test_masked_loads_and_stores(rng):
+def test_masked_loads_and_stores(rng, backend):
     """plgpu.load's mask/other and plgpu.store's mask, along one axis (masked-off lanes
     are dropped) and along two (read, merge, write back), on pl.ds windows and integer-
     array views past the end."""
@@ -200,7 +200,7 @@ def test_port_changes_the_pallas_imports(tmp_path):
 
 
 @pytest.mark.parametrize("indexing", ["window", "array"])
-def test_store_mask_along_one_axis(rng, indexing):
+def test_store_mask_along_one_axis(rng, backend, indexing):
     """A 1-D store mask that is the in-bounds test takes the unmasked copy; any other mask
     writes exactly the lanes it keeps (the others keep what the first store wrote)."""
     x = jnp.asarray(rng.standard_normal((3, 13)), jnp.float32)

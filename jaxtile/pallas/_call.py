@@ -252,14 +252,29 @@ def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: GridS
                 stack.pop()
             return tuple(results)
 
-        params = [inspect.Parameter(f"x{i}", inspect.Parameter.POSITIONAL_ONLY)
-                  for i in range(len(flat))]
-        body.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-        compiled = jt.kernel(body, threads=threads, name=kernel_name,
+        compiled = jt.kernel(_Body(body, kernel, len(flat)), threads=threads, name=kernel_name,
                              interpret=True if interpret is True else None)
         return jax.tree.unflatten(out_tree, list(compiled(*flat)))
 
     return call
+
+
+class _Body:
+    """The jaxtile kernel body of a ``pallas_call``: ``n`` positional array parameters, and
+    the Pallas kernel's code as its own, so that jaxtile reports the kernel's definition
+    (not this module) where it names the body (a compiler failure)."""
+
+    def __init__(self, run: Callable[..., Any], kernel: Callable[..., Any], n: int):
+        self._run = run
+        self.__name__ = run.__name__
+        self.__signature__ = inspect.Signature(
+            [inspect.Parameter(f"x{i}", inspect.Parameter.POSITIONAL_ONLY) for i in range(n)])
+        code = getattr(getattr(kernel, "func", kernel), "__code__", None)
+        if code is not None:
+            self.__code__ = code
+
+    def __call__(self, *refs: Any) -> Any:
+        return self._run(*refs)
 
 
 # -- control flow and helpers ---------------------------------------------------------------

@@ -209,9 +209,7 @@ def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: GridS
     IR); ``cost_estimate``, ``metadata`` and ``backend`` are accepted and ignored.
     """
     del cost_estimate, metadata, backend, debug
-    if input_output_aliases:
-        raise _unsupported("input_output_aliases",
-                           "return the updated array as an ordinary output")
+    aliases = dict(input_output_aliases or {})
     if grid_spec is not None:
         if type(grid_spec).__name__ != "GridSpec" or not isinstance(grid_spec, GridSpec):
             raise _unsupported(f"a grid_spec of type {type(grid_spec).__name__} (TPU "
@@ -235,6 +233,7 @@ def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: GridS
         flat, _ = jax.tree.flatten(args)
         ins = _specs_for(in_specs, args, "in_specs")
         outspecs = _specs_for(out_specs, tuple(outs), "out_specs")
+        _check_aliases(aliases, flat, outs, outspecs, grid)
 
         def body(*refs: Any) -> tuple[Any, ...]:
             results = [jt.empty(o.shape, o.dtype) for o in outs]
@@ -246,6 +245,10 @@ def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: GridS
                 out_refs = [_block_ref(r, s, ids) for r, s in zip(results, outspecs)]
                 scratch_refs = [BlockRef.whole(jt.fragment(s.shape, s.dtype))
                                 for s in scratch]
+                for i, o in aliases.items():
+                    # The aliased output starts as the input: each program's block first
+                    # takes the input's values there (the blocks tile the output).
+                    out_refs[o].store(BlockRef(refs[i], out_refs[o].dims).load())
                 kernel(*jax.tree.unflatten(jax.tree.structure(args), in_refs), *out_refs,
                        *scratch_refs)
             finally:
@@ -257,6 +260,28 @@ def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: GridS
         return jax.tree.unflatten(out_tree, list(compiled(*flat)))
 
     return call
+
+
+def _check_aliases(aliases: dict[int, int], flat: list[Any], outs: list[Any],
+                   outspecs: list[BlockSpec | None], grid: tuple[int, ...]) -> None:
+    """``input_output_aliases`` the layer can honour: an output the same shape and dtype as
+    its input, written by blocks of a BlockSpec (each program starts its block from the
+    input's values) or by the only program of the grid."""
+    for i, o in aliases.items():
+        if not (0 <= i < len(flat) and 0 <= o < len(outs)):
+            raise _unsupported(f"input_output_aliases {{{i}: {o}}} out of range for "
+                               f"{len(flat)} inputs and {len(outs)} outputs")
+        a, b = flat[i], outs[o]
+        if tuple(a.shape) != tuple(b.shape) or jnp.dtype(a.dtype) != jnp.dtype(b.dtype):
+            raise _unsupported(f"input_output_aliases {{{i}: {o}}} between an input "
+                               f"{a.dtype}{list(a.shape)} and an output "
+                               f"{jnp.dtype(b.dtype)}{list(b.shape)}")
+        spec = outspecs[o]
+        if (spec is None or spec.block_shape is None) and math.prod(grid) > 1:
+            raise _unsupported(f"input_output_aliases {{{i}: {o}}} for an output without "
+                               "a BlockSpec on a grid of several programs",
+                               "give the output a BlockSpec, or return the updated array "
+                               "as an ordinary output")
 
 
 class _Body:

@@ -154,8 +154,9 @@ def test_atomic_add(rng):
 
 
 @pytest.mark.parametrize("use", [
-    lambda: pl.pallas_call(_affine_kernel, out_shape=jax.ShapeDtypeStruct((4,), jnp.float32),
-                           input_output_aliases={0: 0}),
+    lambda: functools.partial(pl.pallas_call(
+        _affine_kernel, out_shape=jax.ShapeDtypeStruct((8,), jnp.float32), grid=(2,),
+        input_output_aliases={0: 0}), jnp.ones((8,))),
     lambda: pl.BlockSpec((4,), lambda i: (i,), memory_space="smem"),
     lambda: pl.semaphore_signal(None),
     lambda: plgpu.atomic_cas,
@@ -219,3 +220,21 @@ def test_store_mask_along_one_axis(rng, backend, indexing):
                          grid=(1,))(x)
     cols = np.arange(13)
     np.testing.assert_allclose(out, np.where(cols % 3 == 0, 2, -1) * np.asarray(x), rtol=1e-6)
+
+
+def test_input_output_aliases(rng, backend):
+    """An aliased output starts as its input: the kernel updates every other row block and
+    the rows it does not write keep the input's values."""
+    x = jnp.asarray(rng.standard_normal((10, 6)), jnp.float32)
+
+    def kernel(x_ref, o_ref):
+        @pl.when(pl.program_id(0) % 2 == 0)
+        def _():
+            o_ref[...] = x_ref[...] * 10
+
+    out = pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(5,),
+        in_specs=[pl.BlockSpec((2, 6), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((2, 6), lambda i: (i, 0)), input_output_aliases={0: 0})(x)
+    scale = np.where((np.arange(10) // 2) % 2 == 0, 10, 1)[:, None]
+    np.testing.assert_allclose(out, np.asarray(x) * scale, rtol=1e-6)

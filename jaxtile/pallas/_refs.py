@@ -238,7 +238,10 @@ class BlockRef:
         (nothing done) where the ref's indexing does not allow it.
 
         Exact: the masked-off positions are sent past the end of the buffer, where a scatter
-        drops them (element by element: a masked window is no block copy)."""
+        drops them. Masks are most often the in-bounds test itself (a row tail), which the
+        copy edge rules already apply: where the mask equals it, at run time, the store is
+        an unmasked copy (a block copy for a window or ``s + iota`` positions) instead of
+        the element-wise scatter."""
         found = self._axis_positions(axis)
         if found is None:
             return False
@@ -247,7 +250,14 @@ class BlockRef:
         mask = jnp.broadcast_to(mask, own.shape)
         dims = list(self.dims)
         dims[k] = _Dim(d.start, d.size, jnp.where(mask, own, _DROPPED - d.start))
-        BlockRef(self.base, dims)._write(value)
+        scattered = BlockRef(self.base, dims)
+        at = d.start + own
+        inside = (at >= 0) & (at < self.base.shape[k])
+        # Counted in int32, not as jnp.all(mask == inside): TVM folds a comparison of two
+        # bool vectors it can prove equal into a vector constant it cannot build.
+        differ = jnp.sum(jnp.abs(mask.astype(jnp.int32) - inside.astype(jnp.int32)))
+        jt.when(differ == 0)(lambda: self._write(value))
+        jt.when(differ != 0)(lambda: scattered._write(value))
         return True
 
     def _group_start(self) -> int:

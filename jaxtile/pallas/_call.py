@@ -27,7 +27,7 @@ import jaxtile as jt
 from jaxtile import _trace
 from jaxtile.compiler.errors import kernel_error, user_line
 
-from ._refs import BlockRef
+from ._refs import BlockRef, _Dim
 
 _local = threading.local()
 
@@ -127,9 +127,8 @@ def _is_squeezed(b: Any) -> bool:
 
 
 def _block_ref(ref: Any, spec: BlockSpec | None, ids: tuple[Any, ...]) -> BlockRef:
-    whole = BlockRef.whole(ref)
     if spec is None or spec.block_shape is None:
-        return whole
+        return BlockRef.whole(ref)
     shape = tuple(spec.block_shape)
     if len(shape) != len(ref.shape):
         raise _unsupported(f"a BlockSpec of rank {len(shape)} for an operand of shape "
@@ -150,8 +149,7 @@ def _block_ref(ref: Any, spec: BlockSpec | None, ids: tuple[Any, ...]) -> BlockR
     dims = []
     for b, i in zip(shape, indices):
         i = jnp.asarray(i, jnp.int32) if not isinstance(i, int) else i
-        dims.append(type(whole.dims[0])(i, None) if _is_squeezed(b)
-                    else type(whole.dims[0])(i * b, b))
+        dims.append(_Dim(i, None) if _is_squeezed(b) else _Dim(i * b, b))
     return BlockRef(ref, dims)
 
 

@@ -370,6 +370,19 @@ def _concatenate(c: _Converter, eqn: Any, out: list) -> None:
            dimension=int(eqn.params["dimension"]))
 
 
+@_converts("stack")
+def _stack(c: _Converter, eqn: Any, out: list) -> None:
+    """``jnp.stack``: each operand with a unit dimension inserted at ``axis`` (a reshape),
+    concatenated along it."""
+    axis = int(eqn.params["axis"])
+    parts = []
+    for atom in eqn.invars:
+        v = c.value(atom, out)
+        shape = v.shape[:axis] + (1,) + v.shape[axis:]
+        parts.append(c.op(out, "reshape", (v,), ir.Value(shape, v.dtype)))
+    c.emit(out, "concatenate", parts, eqn.outvars[0], dimension=axis)
+
+
 @_converts("dot_general")
 def _dot(c: _Converter, eqn: Any, out: list) -> None:
     """``jnp.dot``/``@`` of 2-D tile values, as the gemm of on-chip tiles it is: A in a

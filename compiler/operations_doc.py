@@ -21,7 +21,7 @@ _GROUPS = (
     ("Reductions and scans", lambda n: n in fj._REDUCE or n in fj._SCANS or n in (
         "argmax", "argmin", "sort", "top_k")),
     ("Shapes", lambda n: n in ("broadcast_in_dim", "reshape", "squeeze", "expand_dims",
-                               "transpose", "iota", "rev", "slice", "concatenate",
+                               "transpose", "iota", "rev", "slice", "concatenate", "stack",
                                "dim_as_value")),
     ("Refs and tile ops", lambda n: n in ("get", "swap", "addupdate", tp.COPY, tp.GEMM,
                                           "dot_general",

@@ -281,7 +281,7 @@ def test_comparison_of_a_value_with_itself_is_a_constant():
         t = x[...]
         for m, scale in ((cols < 13, 1.0), (cols % 3 == 0, 2.0)):
             @jt.when(jnp.all(m == (cols < 13)))
-            def _():
+            def _(scale=scale):
                 out[...] = scale * t
         return out
 

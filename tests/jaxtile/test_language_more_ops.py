@@ -60,4 +60,6 @@ def test_flips_slices_and_concatenation(rng):
         "concat": lambda v: jnp.concatenate([v, v[:, :3] * 2, v[:, 7:]], axis=1),
         "stack_rows": lambda v: jnp.concatenate([v[4:], v[:1]], axis=0),
         "shift_left": lambda v: jnp.concatenate([v[:, 1:], jnp.zeros((6, 1))], axis=1),
+        "stack_middle": lambda v: jnp.stack([v[:3], v[3:] * 2], axis=1),
+        "stack_last": lambda v: jnp.stack([v, -v, v + 1], axis=-1),
     }, {"rtol": 0, "atol": 0})

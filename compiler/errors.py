@@ -47,7 +47,7 @@ def own_code_paths() -> tuple[str, ...]:
     top = _package_dir("jaxtile")
     modules = sorted(os.path.join(top, f) for f in os.listdir(top) if f.endswith(".py"))
     return tuple(_package_dir(f"jaxtile.{sub}") + os.sep
-                 for sub in ("compiler", "primitives")) + tuple(modules)
+                 for sub in ("compiler", "primitives", "pallas")) + tuple(modules)
 
 
 @functools.cache

@@ -69,8 +69,8 @@ class _Converter:
         self.kernel = kernel
         self.env: dict[Any, Any] = {}
         self.carried: list[ir.Buffer] = []
-        """Scratch buffers holding loop-carried values and branch results (see
-        :meth:`carry_buffer`), added to the kernel's buffers."""
+        """Scratch buffers the conversion adds: loop-carried values, branch results, dot
+        operands (see :meth:`scratch`), added to the kernel's buffers."""
         self._taken = set(taken)
         self.line: str | None = None
         # Eqns traced inside library code (e.g. jnp.sort's own jit) have no user frame;
@@ -208,11 +208,17 @@ class _Converter:
         one-element ``local`` tile (scalars are the same in every thread, which is what a
         local tile must hold). Its value's shape is static: every value's is (:meth:`emit`)."""
         shape = tuple(aval.shape)
+        return self.scratch("carry", shape or (1,), np.dtype(aval.dtype),
+                            "fragment" if shape else "local")
+
+    def scratch(self, prefix: str, shape: tuple[int, ...], dtype: np.dtype,
+                scope: str) -> ir.Buffer:
+        """A new on-chip scratch buffer the conversion itself needs (a loop carry, a dot's
+        operands), named ``<prefix><n>`` with a name no other buffer has."""
         n = len(self.carried)
-        while f"carry{n}" in self._taken:
+        while f"{prefix}{n}" in self._taken:
             n += 1
-        buf = ir.Buffer(f"carry{n}", shape or (1,), np.dtype(aval.dtype),
-                        "fragment" if shape else "local", "scratch", self.line)
+        buf = ir.Buffer(f"{prefix}{n}", shape, np.dtype(dtype), scope, "scratch", self.line)
         self._taken.add(buf.name)
         self.carried.append(buf)
         return buf
@@ -364,21 +370,53 @@ def _concatenate(c: _Converter, eqn: Any, out: list) -> None:
            dimension=int(eqn.params["dimension"]))
 
 
-_REJECTED = {
-    "dot_general": "jnp.dot / matmul of tile values is not supported; put the operands in "
-                   "jt.shared or jt.fragment tiles and use jt.gemm(a, b, acc)",
-}
-"""Primitives that get an error pointing to what to use instead."""
+@_converts("stack")
+def _stack(c: _Converter, eqn: Any, out: list) -> None:
+    """``jnp.stack``: each operand with a unit dimension inserted at ``axis`` (a reshape),
+    concatenated along it."""
+    axis = int(eqn.params["axis"])
+    parts = []
+    for atom in eqn.invars:
+        v = c.value(atom, out)
+        shape = v.shape[:axis] + (1,) + v.shape[axis:]
+        parts.append(c.op(out, "reshape", (v,), ir.Value(shape, v.dtype)))
+    c.emit(out, "concatenate", parts, eqn.outvars[0], dimension=axis)
 
 
-def _rejected(message: str) -> Converter:
-    def convert(c: _Converter, eqn: Any, out: list) -> None:
-        raise c.error(message)
-    return convert
-
-
-for _prim, _message in _REJECTED.items():
-    CONVERTERS[_prim] = _rejected(_message)
+@_converts("dot_general")
+def _dot(c: _Converter, eqn: Any, out: list) -> None:
+    """``jnp.dot``/``@`` of 2-D tile values, as the gemm of on-chip tiles it is: A in a
+    fragment (registers), B in shared memory (where the GPU's tensor-core gemm takes them),
+    a zeroed accumulator fragment of the result's dtype (16-bit results accumulate in
+    float32 and round once, as every gemm does), then its value. Each dot has its own
+    buffers, reused by every iteration of a loop around it."""
+    ((lc, rc), (lb, rb)) = eqn.params["dimension_numbers"]
+    a, b = (c.value(v, out) for v in eqn.invars)
+    res = eqn.outvars[0].aval
+    if lb or rb or len(a.shape) != 2 or len(b.shape) != 2 or len(lc) != 1 or len(rc) != 1:
+        raise c.error(f"jnp.dot of tile values takes two 2-D tiles contracting one dimension "
+                      f"each (shapes {a.shape} and {b.shape} given); reshape the operands")
+    if not np.issubdtype(res.dtype, np.floating):
+        raise c.error(f"jnp.dot of tile values computes in a float dtype, not {res.dtype}; "
+                      "convert the operands (x.astype(jnp.float32))")
+    operand = np.promote_types(a.dtype, b.dtype)
+    if not np.issubdtype(operand, np.floating):
+        operand = np.dtype(res.dtype)
+    regions = []
+    for role, v, scope in (("a", a, "fragment"), ("b", b, "shared")):
+        if v.dtype != operand:
+            v = c.op(out, "convert", (v,), ir.Value(v.shape, operand))
+        buf = c.scratch(f"dot_{role}", v.shape, operand, scope)
+        regions.append(ir.whole(buf.name, buf.shape))
+        c.op(out, "store", (v,), None, dst=regions[-1])
+    acc = c.scratch("dot_c", tuple(res.shape), np.dtype(res.dtype), "fragment")
+    zero = c.op(out, "broadcast", (c.constant(0, res.dtype, out),),
+                ir.Value(acc.shape, acc.dtype), dims=())
+    whole = ir.whole(acc.name, acc.shape)
+    c.op(out, "store", (zero,), None, dst=whole)
+    c.op(out, "gemm", (), None, a=regions[0], b=regions[1], c=whole,
+         transpose_a=lc[0] == 0, transpose_b=rc[0] == 1)
+    c.emit(out, "load", [], eqn.outvars[0], src=whole)
 
 
 @_converts("dim_as_value")

@@ -21,9 +21,10 @@ _GROUPS = (
     ("Reductions and scans", lambda n: n in fj._REDUCE or n in fj._SCANS or n in (
         "argmax", "argmin", "sort", "top_k")),
     ("Shapes", lambda n: n in ("broadcast_in_dim", "reshape", "squeeze", "expand_dims",
-                               "transpose", "iota", "rev", "slice", "concatenate",
+                               "transpose", "iota", "rev", "slice", "concatenate", "stack",
                                "dim_as_value")),
     ("Refs and tile ops", lambda n: n in ("get", "swap", "addupdate", tp.COPY, tp.GEMM,
+                                          "dot_general",
                                           tp.ATOMIC, tp.LOAD_ACQUIRE, tp.STORE_RELEASE,
                                           tp.FENCE, tp.PRINT)),
     ("Control flow and calls", lambda n: n in ("scan", "while", "cond") or n in fj._INLINE
@@ -77,7 +78,7 @@ def _primitives() -> list[str]:
         names = sorted(n for n in fj.CONVERTERS if member(n) and n not in seen)
         seen.update(names)
         lines.append(f"| {title} | {', '.join(f'`{n}`' for n in names)} |")
-    rest = sorted(set(fj.CONVERTERS) - seen - set(fj._REJECTED))
+    rest = sorted(set(fj.CONVERTERS) - seen)
     if rest:
         lines.append(f"| Other | {', '.join(f'`{n}`' for n in rest)} |")
     return lines
@@ -112,7 +113,8 @@ def operations_markdown() -> str:
              "`compiler/operations_doc.py` writes this page): the JAX primitives that "
              "`jnp`/`lax` calls in a kernel body may produce. `while` is a counted loop "
              "(`jt.loop`/`jt.pipelined` with traced bounds) or a `jt.while_` loop; "
-             "`dot_general` is rejected with a pointer to `jt.gemm`. `sort` is `jnp.sort`, "
+             "`dot_general` (`jnp.dot`, `@`) of 2-D tiles is a gemm through on-chip "
+             "tiles. `sort` is `jnp.sort`, "
              "`jnp.argsort` and `lax.sort` of several operands (stable, XLA's order); "
              "`top_k` is `lax.top_k` (values and indices, ties to the lower index). "
              "Anything else is a `KernelError` at the line that uses it.", "",

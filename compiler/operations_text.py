@@ -226,6 +226,11 @@ PRIMITIVES: dict[str, str] = {
     "stop_gradient": "`lax.stop_gradient`: the value itself.",
     "optimization_barrier": "`lax.optimization_barrier`: the values themselves.",
     "copy": "`jnp.copy` of a tile value: the value itself.",
-    "dot_general": "`jnp.dot`/`@` of tile values: a `KernelError` that points to `jt.gemm`.",
+    "stack": ("`jnp.stack` of tile values: each operand reshaped with a unit dimension at "
+              "the axis, then a `concatenate` along it."),
+    "dot_general": ("`jnp.dot`/`@` of two 2-D tile values contracting one dimension each "
+                    "(`q @ k.T`): the operands stored in on-chip tiles (A a fragment, B "
+                    "shared), a `gemm` into a zeroed accumulator of the result's dtype, "
+                    "and its value; float results only."),
 }
 """JAX primitive -> markdown, for the primitives that are not one Tile IR operation each."""

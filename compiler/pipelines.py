@@ -1,13 +1,14 @@
 """Pass pipelines: the named Tile IR passes each target runs, in order.
 
-A kernel goes through two pipelines. The *neutral* one (verify, canonicalize, coverage, dce,
-clamp_check, scratch_init, output_init, wide_accumulation) runs once per specialisation,
-whatever the target; its result is the IR that the content key hashes and that
-``kernel.lower(...)`` shows. Each target kind then has one function listing its own passes,
-run by the build on the neutral IR before the target's lowering: the CPU fuses elementwise
-chains into their consumers. CUDA runs gemm planning, layout inference, bounds,
-pipelining, shared-memory planning and barrier insertion (docs/design.md), each writing its
-decisions into the IR, then its lowering prints the CUDA source.
+A kernel goes through two pipelines. The *neutral* one (verify, canonicalize,
+contiguous_gathers, coverage, dce, clamp_check, scratch_init, output_init,
+wide_accumulation) runs once per specialisation, whatever the target; its result is the
+IR that the content key hashes and that ``kernel.lower(...)`` shows. Each target kind then
+has one function listing its own passes, run by the build on the neutral IR before the
+target's lowering: the CPU fuses elementwise chains into their consumers. The GPUs run gemm
+planning, layout inference, copy mapping, bounds, pipelining, shared-memory planning and
+barrier insertion (docs/design.md), each writing its decisions into the IR, then the
+lowering prints the CUDA or HIP source.
 
 ``JAXTILE_DUMP_IR=<pass>[,<pass>...]`` (or ``all``) prints the IR after the named passes to
 standard error; ``JAXTILE_VERIFY_IR=1`` verifies the IR after every pass (the test suite
@@ -27,6 +28,7 @@ from .gpu.bounds import check_bounds
 from .gpu.layout_inference import infer_layouts
 from .passes.canonicalize import canonicalize
 from .passes.clamp_check import warn_clamped_accesses
+from .passes.contiguous_gathers import contiguous_gathers
 from .passes.coverage import check_output_coverage
 from .passes.dce import eliminate_dead_code
 from .passes.fusion import fuse_elementwise
@@ -52,6 +54,7 @@ class Pass:
 NEUTRAL = (
     Pass("verify", verify.verify),
     Pass("canonicalize", canonicalize),
+    Pass("contiguous_gathers", contiguous_gathers),
     Pass("coverage", check_output_coverage),
     Pass("dce", eliminate_dead_code),
     Pass("clamp_check", warn_clamped_accesses),

@@ -279,32 +279,44 @@ def _index_tile(state: Any, rows: Any, op: str) -> Any:
     return _to_int32(rows)
 
 
-def _indexed_region(state: Any, x: Any, rows: Any, axis: int, role: str,
+def _indexed_region(state: Any, x: Any, rows: Sequence[Any], axes: Sequence[int], role: str,
                     op: str) -> tuple[Any, list[Any], list[Any]]:
-    """``(ref, starts, sizes)`` of a view whose dimension ``axis`` is indexed by ``rows``."""
+    """``(ref, starts, sizes)`` of a view whose dimensions ``axes`` (counted among the
+    view's open dimensions) are indexed by the 1-D tiles ``rows``, one per axis."""
     base, starts, sizes, origin = _region(state, x, role, op)
     if origin:
         raise state.error(f"{op}: give the {role} as a ref or a view with slices "
                           "(x.at[:, jt.ds(c, n)]), not a tile origin")
     open_dims = [d for d, z in enumerate(sizes) if z is not None]
-    if not 0 <= axis < len(open_dims):
-        raise state.error(f"{op}: axis {axis} out of range for a {len(open_dims)}-d {role}")
-    d = open_dims[axis]
     starts, sizes = list(starts), list(sizes)
-    starts[d], sizes[d] = rows, int(jnp.shape(rows)[0])
+    if len(set(axes)) != len(axes):
+        raise state.error(f"{op}: axis {tuple(axes)} names an axis twice")
+    for axis, r in zip(axes, rows):
+        if not 0 <= axis < len(open_dims):
+            raise state.error(f"{op}: axis {axis} out of range for a {len(open_dims)}-d "
+                              f"{role}")
+        d = open_dims[axis]
+        starts[d], sizes[d] = r, int(jnp.shape(r)[0])
     return base, starts, sizes
 
 
-def _indexed_copy(src: Any, dst: Any, rows: Any, axis: int, pad: Any, gather_src: bool,
-                  op: str) -> None:
+def _indexed_copy(src: Any, dst: Any, rows: Any, axis: int | Sequence[int], pad: Any,
+                  gather_src: bool, op: str) -> None:
     state = _trace.current(op)
-    rows = _index_tile(state, rows, op)
+    many = isinstance(rows, tuple | list)
+    axes = tuple(axis) if isinstance(axis, tuple | list) else (axis,)
+    row_tiles = tuple(rows) if many else (rows,)
+    if len(axes) != len(row_tiles):
+        raise state.error(f"{op}: {len(row_tiles)} index tile(s) but {len(axes)} axis "
+                          f"value(s); give one axis per index tile")
+    row_tiles = tuple(_index_tile(state, r, op) for r in row_tiles)
     if gather_src:
-        sref, sstarts, ssizes = _indexed_region(state, src, rows, axis, "source", op)
+        sref, sstarts, ssizes = _indexed_region(state, src, row_tiles, axes, "source", op)
         dref, dstarts, dsizes, origin = _region(state, dst, "destination", op)
     else:
         sref, sstarts, ssizes, origin = _region(state, src, "source", op)
-        dref, dstarts, dsizes = _indexed_region(state, dst, rows, axis, "destination", op)
+        dref, dstarts, dsizes = _indexed_region(state, dst, row_tiles, axes, "destination",
+                                                op)
     if origin:
         raise state.error(f"{op}: the tile must be a ref or a view with slices")
     _check_pad(state, pad, sref.dtype, op)
@@ -315,13 +327,14 @@ def _indexed_copy(src: Any, dst: Any, rows: Any, axis: int, pad: Any, gather_src
                           f"destination tile is {dtile}")
     if state.scope_of(sref if gather_src else dref) != "global":
         raise state.error(f"{op}: the indexed operand must be a global tensor")
-    starts = [s if s is rows else _start(state, s, op) for s in sstarts + dstarts]
+    starts = [s if any(s is r for r in row_tiles) else _start(state, s, op)
+              for s in sstarts + dstarts]
     tile_ops.copy_p.bind(sref, dref, *starts, src_sizes=tuple(ssizes),
                          dst_sizes=tuple(dsizes), pad=pad)
 
 
-def gather(src: Ref, rows: jax.Array, dst: Ref, *, axis: int = 0,
-           pad: float | int | None = None) -> None:
+def gather(src: Ref, rows: jax.Array | Sequence[jax.Array], dst: Ref, *,
+           axis: int | Sequence[int] = 0, pad: float | int | None = None) -> None:
     """Copy the slices of ``src`` that ``rows`` selects along ``axis`` into the tile ``dst``:
     ``dst[i, ...] = src[rows[i], ...]`` for ``axis=0``, casting to ``dst``'s dtype.
 
@@ -330,15 +343,21 @@ def gather(src: Ref, rows: jax.Array, dst: Ref, *, axis: int = 0,
     (default 0; a value of ``src``'s dtype), as copies past an edge do. Embedding lookups,
     MoE token dispatch, paged attention.
 
+    A tuple of index tiles with a tuple of axes indexes several dimensions at once, as an
+    outer product: ``jt.gather(x, (r, c), dst, axis=(0, 1))`` is ``dst[i, j] = x[r[i],
+    c[j]]``.
+
     >>> jt.gather(table.at[:, jt.ds(0, d)], ids_s[...], rows_f)    # doctest: +SKIP
     """
     _indexed_copy(src, dst, rows, axis, pad, True, "jt.gather")
 
 
-def scatter(src: Ref, rows: jax.Array, dst: Ref, *, axis: int = 0) -> None:
+def scatter(src: Ref, rows: jax.Array | Sequence[jax.Array], dst: Ref, *,
+            axis: int | Sequence[int] = 0) -> None:
     """Write the tile ``src`` to the slices of the global ``dst`` that ``rows`` selects along
     ``axis``: ``dst[rows[i], ...] = src[i, ...]``. Writes to rows out of range are dropped;
-    if two indices are equal, one of the writes wins."""
+    if two indices are equal, one of the writes wins. Several index tiles with several axes
+    index an outer product, as in :func:`gather`."""
     _indexed_copy(src, dst, rows, axis, None, False, "jt.scatter")
 
 

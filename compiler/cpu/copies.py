@@ -155,8 +155,10 @@ def _masked_copy(low: Lowering, op, src, dst, tile, s_starts, d_starts) -> None:
             highs.append(tirx.const(i.size, "int32"))
     pad = a["pad"] if a["pad"] is not None else 0
     lanes = low.target.caps.vector_bits // 32
-    chunked = (a["src"].index[-1].size is not None and a["dst"].index[-1].size is not None
-               and tile[-1] % lanes == 0)
+    # A copy of one element (rank-0 tile, e.g. a scalar output of a vmapped kernel) has no
+    # last dimension to chunk.
+    chunked = (bool(tile) and a["src"].index[-1].size is not None
+               and a["dst"].index[-1].size is not None and tile[-1] % lanes == 0)
 
     def masked_element(idx: list[Expr]) -> None:
         conds, src_at = [], []

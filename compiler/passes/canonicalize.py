@@ -12,7 +12,8 @@ division instead of the fifteen ops JAX's ``//`` expands into).
   x / y, x / y - 1)``; where the ranges show ``x`` and ``y`` of one sign (``x >= 0 < y``, or
   ``x <= 0 > y``) the adjustment never applies and the select becomes the quotient.
 - **Identities** on integer scalars and tiles: ``x + 0``, ``x - 0``, ``x * 1``, ``x / 1``,
-  ``x % 0``, ``min``/``max`` of one value or of operands whose ranges are ordered, a select
+  ``x % 0``, ``min``/``max`` of one value or of operands whose ranges are ordered,
+  comparisons of an integer or bool value with itself, a select
   with a constant predicate or equal branches, a conversion to the same dtype, ``p and
   true``, ``p or false``; and
   ``(x + a) + b`` becomes ``x + (a + b)`` (wrap-around arithmetic is associative).
@@ -126,6 +127,8 @@ class _Canonicalizer:
         if r is not None and r[0] == r[1] and op.kind != "const":
             op = ir.Op("const", (), res, {"value": bool(r[0]) if res.dtype == np.bool_
                                           else r[0]}, op.line)
+        elif (folded := self._self_comparison(op)) is not None:
+            return folded
         else:
             same = self._identity(op)
             if same is not None:
@@ -197,6 +200,38 @@ class _Canonicalizer:
                 e = self._fn(sy, "sign")
                 return (e is not None and e.operands[0] is y) or self._is_const(sy, sign_y)
         return False
+
+    def _same(self, x: ir.Value, y: ir.Value, depth: int = 8) -> bool:
+        """Whether ``x`` and ``y`` are the same value: one value, or the results of pure ops
+        of one kind and attributes on the same operands (the tile ops CSE leaves unshared,
+        such as two iotas, included)."""
+        if x is y:
+            return True
+        dx, dy = self.defs.get(x), self.defs.get(y)
+        if depth == 0 or dx is None or dy is None or dx.kind != dy.kind or \
+                dx.attrs != dy.attrs or (x.shape, x.dtype) != (y.shape, y.dtype) or \
+                len(dx.operands) != len(dy.operands):
+            return False
+        return all(self._same(a, b, depth - 1) for a, b in zip(dx.operands, dy.operands))
+
+    def _self_comparison(self, op: ir.Op) -> list[ir.Stmt] | None:
+        """``x == x``, ``x <= x``, ``x >= x`` (true) and ``x != x``, ``x < x``, ``x > x``
+        (false) of an integer or bool value (not a float: NaN is unequal to itself), as a
+        constant; for a tile, a broadcast constant. Besides the work saved: TVM folds such a
+        comparison of vectors (two masks computed alike from iotas) into a vector constant
+        it then cannot build, which stopped the CPU compiler."""
+        if op.kind != "elementwise" or len(op.operands) != 2 or np.issubdtype(
+                op.operands[0].dtype, np.floating) or \
+                op.attrs["fn"] not in ("eq", "le", "ge", "ne", "lt", "gt") or \
+                not self._same(*op.operands):
+            return None
+        value = op.attrs["fn"] in ("eq", "le", "ge")
+        res = op.result
+        if res.shape == ():
+            return [ir.Op("const", (), res, {"value": value}, op.line)]
+        scalar = ir.Value((), np.bool_)
+        return [ir.Op("const", (), scalar, {"value": value}, op.line),
+                ir.Op("broadcast", (scalar,), res, {"dims": ()}, op.line)]
 
     def _identity(self, op: ir.Op) -> ir.Value | None:
         """An existing value ``op``'s result always equals, or None."""

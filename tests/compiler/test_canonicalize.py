@@ -267,3 +267,25 @@ def test_integer_division_results_match_xla_and_the_reference():
             expected = np.asarray(formula(b, n), np.int32)[:, None]
             np.testing.assert_array_equal(jax.jit(k)(s), expected, err_msg=name)
             np.testing.assert_array_equal(k.reference(s), expected, err_msg=name)
+
+
+def test_comparison_of_a_value_with_itself_is_a_constant():
+    """Two identical masks compared (CSE makes them one value): ``m == m`` folds to a true
+    tile. Before, the CPU compiler handed TVM a comparison of two equal iota vectors, which
+    TVM folds into a vector constant it cannot build ("IntImm can only take scalar")."""
+    @jt.kernel
+    def k(x):
+        out = jt.empty((16,), jnp.float32)
+        jt.grid(1)
+        cols = jnp.arange(16, dtype=jnp.int32)
+        t = x[...]
+        for m, scale in ((cols < 13, 1.0), (cols % 3 == 0, 2.0)):
+            @jt.when(jnp.all(m == (cols < 13)))
+            def _(scale=scale):
+                out[...] = scale * t
+        return out
+
+    x = jnp.arange(16, dtype=jnp.float32)
+    np.testing.assert_array_equal(jax.jit(k)(x), x)
+    kernel_ir = k._specialise((x,), {}).tile_ir
+    assert "fn='eq'" not in printer.format_kernel(kernel_ir).split("rem")[0]

@@ -219,7 +219,8 @@ def test_coverage_follows_a_start_that_subtracts_a_constant():
 
 
 def test_pipelines_name_their_passes_in_order():
-    assert [p.name for p in pipelines.NEUTRAL] == ["verify", "canonicalize", "coverage", "dce",
+    assert [p.name for p in pipelines.NEUTRAL] == ["verify", "canonicalize",
+                                                  "contiguous_gathers", "coverage", "dce",
                                                   "clamp_check", "scratch_init", "output_init",
                                                   "wide_accumulation"]
     assert [p.name for p in pipelines.for_target(parse_target("cpu"))] == [

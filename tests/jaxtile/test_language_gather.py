@@ -101,3 +101,49 @@ def test_gather_tile_must_match():
 
     with pytest.raises(jt.KernelError, match=r"shape mismatch: the source tile is \(4, 8\)"):
         k.lower(jnp.ones((6, 8)), jnp.ones(4, jnp.int32))
+
+
+@jt.kernel
+def _outer_gather(x, rows, cols):
+    """out[i, j] = 2 * x[rows[i], cols[j]] for the positions in range, written back to the
+    same positions of a zero output (writes out of range are dropped)."""
+    m, n = rows.shape[0], cols.shape[0]
+    out = jt.empty(x.shape, x.dtype)
+    jt.grid(1)
+    zero = jt.fragment(x.shape, x.dtype)
+    zero[...] = jnp.zeros(x.shape, x.dtype)
+    jt.copy(zero, out)
+    r, c = jt.fragment((m,), jnp.int32), jt.fragment((n,), jnp.int32)
+    jt.copy(rows, r)
+    jt.copy(cols, c)
+    tile = jt.fragment((m, n), x.dtype)
+    jt.gather(x, (r[...], c[...]), tile, axis=(0, 1), pad=-1.0)
+    tile[...] = 2 * tile[...]
+    jt.scatter(tile, (r[...], c[...]), out, axis=(0, 1))
+    return out
+
+
+def test_gather_scatter_outer_product(rng, kernel_backend):
+    """Several index tiles with several axes index an outer product of positions (what
+    Pallas' x_ref.at[rows[:, None], cols[None, :]] reads)."""
+    x = jnp.asarray(rng.standard_normal((7, 9)), jnp.float32)
+    rows = jnp.array([6, 0, 7, 2], jnp.int32)        # 7 is past the end
+    cols = jnp.array([1, 8, -1, 4, 3], jnp.int32)    # -1 too
+    out = np.zeros((7, 9), np.float32)
+    ok_r, ok_c = rows[rows < 7], cols[cols >= 0]
+    out[np.ix_(ok_r, ok_c)] = 2 * np.asarray(x)[np.ix_(ok_r, ok_c)]
+    np.testing.assert_array_equal(jax.jit(_outer_gather)(x, rows, cols), out)
+    np.testing.assert_array_equal(_outer_gather.reference(x, rows, cols), out)
+
+
+def test_gather_axes_must_match_index_tiles():
+    @jt.kernel
+    def bad(x, rows):
+        out = jt.empty((4, 4), x.dtype)
+        tile = jt.fragment((4, 4), x.dtype)
+        jt.gather(x, (rows[...], rows[...]), tile, axis=0)
+        jt.copy(tile, out)
+        return out
+
+    with pytest.raises(jt.KernelError, match="2 index tile.*1 axis"):
+        bad(jnp.ones((4, 4)), jnp.arange(4, dtype=jnp.int32))

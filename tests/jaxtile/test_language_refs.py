@@ -3,6 +3,7 @@
 Shared helpers and the testing approach: ``language_helpers``.
 """
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -334,3 +335,21 @@ def test_copy_with_two_origins_is_an_error():
 
     with pytest.raises(jt.KernelError, match="tile origins"):
         two_origins(jnp.ones((4, 4), F32))
+
+
+@jt.kernel
+def _total(x):
+    """One scalar output per call, written from a rank-0 tile."""
+    out = jt.empty((), jnp.float32)
+    t = jt.fragment((), jnp.float32)
+    t[...] = jnp.sum(x[...])
+    jt.copy(t, out)
+    return out
+
+
+def test_scalar_output_of_a_vmapped_kernel(rng, kernel_backend):
+    """Under vmap the scalar output is an element of a batched output, copied at its edge
+    path (a rank-0 copy, which has no last dimension to vectorise)."""
+    x = jnp.asarray(rng.standard_normal((3, 4, 7)), jnp.float32)
+    np.testing.assert_allclose(jax.jit(jax.vmap(jax.vmap(_total)))(x), np.asarray(x).sum(-1),
+                               rtol=1e-5, atol=1e-5)

@@ -7,26 +7,15 @@ only the launch shim the emulator appends differs.
 
 from __future__ import annotations
 
-import ctypes
-import functools
 from pathlib import Path
 
 from .. import ir
-from ..emulator.build import Buffer, LaunchConfig, Size, build_library, runtime_library
-from ..gpu.codegen.context import size_c
-from ..gpu.codegen.lower import CudaKernel, generate
+from ..emulator.build import Buffer, LaunchConfig, Size, build_library
+from ..emulator.shim import ALIGNMENT, grid_of, load_runtime
+from ..gpu.codegen.lower import generate
 from ..target import Target
 
-ALIGNMENT = 16
-"""The buffer alignment generated code assumes (16-byte vector accesses)."""
-
-
-@functools.cache
-def load_runtime() -> None:
-    """Load the emulator runtime (compiled on first use) into the process, globally: kernel
-    libraries name it by its soname, which the dynamic loader then finds already loaded,
-    wherever the cache keeps them."""
-    ctypes.CDLL(str(runtime_library()), mode=ctypes.RTLD_GLOBAL)
+__all__ = ["ALIGNMENT", "compile_to_library", "load_runtime"]
 
 
 def compile_to_library(kernel: ir.Kernel, target: Target) -> tuple[bytes, str]:
@@ -39,11 +28,3 @@ def compile_to_library(kernel: ir.Kernel, target: Target) -> tuple[bytes, str]:
     path = build_library(code.source, code.symbol, params, launch, file=f"{kernel.name}.cu")
     return Path(path).read_bytes(), code.symbol
 
-
-
-def grid_of(code: CudaKernel) -> str:
-    """C text of a dynamic grid's block count over the launch shim's buffers ('' if static)."""
-    if code.num_blocks:
-        return ""
-    where = {name: Size(name, i, d).c_value for name, i, d in code.size_params}
-    return size_c(code.grid_size, leaf=where.__getitem__)

@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import ir
-from ..cuda.emulated import ALIGNMENT, grid_of, load_runtime
 from ..emulator.build import Buffer, LaunchConfig, Size, build_library
+from ..emulator.shim import ALIGNMENT, grid_of, load_runtime
 from ..gpu.codegen.lower import generate
 from ..target import Target
 from .lower import check_supported

@@ -2,7 +2,7 @@
 
 A :class:`Launch` travels with the cubin, in the build cache's record and in the custom
 call's payload, as one line of text (:meth:`Launch.encode`) that the C++ handler parses
-(``ffi/cuda/launch_spec.cc``)::
+(``ffi/common/launch_spec.cc``)::
 
     grid=4,4,1;block=128,1,1;smem=49152;params=b0,b1,b2,i32:512,f32:0.5
 

@@ -115,7 +115,7 @@ def _amd() -> Check:
     from .hip import toolchain as hip_toolchain
 
     clang = hip_toolchain.clang_path()
-    note = "; hip:* targets lower and compile (no ROCm handler runs them yet)"
+    note = "; hip:* targets lower and compile, and run on ROCm (jaxtile[rocm])"
     if clang is None:
         return Check("AMD toolchain (clang)", False, "no clang >= 17 for AMD GPUs" + note,
                      hip_toolchain.INSTALL_HINT)

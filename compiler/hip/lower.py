@@ -49,16 +49,12 @@ def resources(kernel: ir.Kernel, target: Target) -> KernelResources:
 def compile_to_library(kernel: ir.Kernel, target: Target) -> CompiledHip:
     """``kernel`` compiled for ``target`` with its launch configuration, for the ROCm
     handler: one workgroup per grid block, the buffers passed in order, then the dynamic
-    sizes. Raises KernelError naming the kernel when clang is missing or rejects the code, or
-    when the launch needs more threads or LDS than the target has."""
+    sizes. Raises KernelError naming the kernel when clang is missing or rejects the code
+    (threads and LDS beyond the target's are refused before: the kernel's specialisation and
+    the shared-memory planner check them)."""
     _check(kernel, target)
     code = generate(kernel, target)
     caps = target.caps
-    if code.threads > caps.max_threads_per_block or code.shared_bytes > caps.lds_bytes:
-        raise KernelError(
-            f"kernel {kernel.name!r} needs {code.threads} threads and {code.shared_bytes} "
-            f"bytes of LDS per workgroup; {target.name} has at most "
-            f"{caps.max_threads_per_block} threads and {caps.lds_bytes} bytes")
     grid = code.num_blocks or launch_grid(code.grid_size, code.size_params)
     launch = Launch((grid, 1, 1), (code.threads, 1, 1), code.shared_bytes,
                     tuple(buffer(i) for i in range(len(code.params))) +

@@ -18,6 +18,7 @@ from jaxtile.compiler import cache
 from jaxtile.compiler.cuda.launch import Launch
 from jaxtile.compiler.hip import toolchain
 from jaxtile.compiler.target import for_platform
+from jaxtile.primitives import payload
 from jaxtile.primitives.lowering import ROCM_TARGET_NAME
 
 needs_clang = pytest.mark.skipif(toolchain.clang_path() is None,
@@ -127,3 +128,28 @@ def test_an_unknown_platform_names_rocm_among_the_supported_ones():
     with pytest.raises(jt.KernelError, match=r"CPU, CUDA and ROCm.*\['rocm'\]"):
         jax.export.export(jax.jit(_kernel()), platforms=["tpu"],
                           disabled_checks=jt.export_checks())(spec, spec)
+
+
+def test_without_clang_lowering_for_rocm_says_what_to_install(monkeypatch, tmp_path):
+    monkeypatch.setenv("JAXTILE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(toolchain, "clang_path", lambda: None)
+    cache.clear_memory()
+    spec = jax.ShapeDtypeStruct((1000,), jnp.float32)
+    with pytest.raises(jt.KernelError, match=r"'exp_add'.*no clang for AMD GPUs.*clang-19"):
+        jax.export.export(jax.jit(_kernel()), platforms=["rocm"],
+                          disabled_checks=jt.export_checks())(spec, spec)
+    cache.clear_memory()
+
+
+def test_the_rocm_decoder_refuses_another_platforms_payload():
+    key = "ab" * 32
+    cuda = payload.pack_cuda(key=key, name="k", symbol="k", arch="sm_80",
+                             launch="grid=1,1,1;block=64,1,1;smem=0;params=b0", cubin=b"x")
+    with pytest.raises(RuntimeError, match="'k'.*not a ROCm kernel's payload"):
+        _ffi.decode_hip_payload(key, cuda)
+    hip = payload.pack_hip(key=key, name="k", symbol="k", arch="gfx942",
+                           launch="grid=1,1,1;block=64,1,1;smem=0;params=b0", code_object=b"x")
+    with pytest.raises(RuntimeError, match="not a CUDA kernel's payload"):
+        _ffi.decode_cuda_payload(key, hip)
+    fields, artifact = payload.unpack(hip)
+    assert fields["platform"] == "rocm" and fields["arch"] == "gfx942" and artifact == b"x"

@@ -8,7 +8,8 @@ For a machine with a GPU (finishes in under 8 minutes; ``--budget`` seconds in a
   jnp / numpy formulas, each within a tolerance on its largest error relative to the largest
   entry of the formula's result. Any mismatch (or a check that raises) makes the exit status
   1, after the rest has run;
-- then the timings: GEMM 8192^3 in float16 and bfloat16 (float32 accumulation):
+- then the timings: softmax over an 8192 x 8192 float32 matrix against ``jax.nn.softmax``
+  (GB/s); GEMM 8192^3 in float16 and bfloat16 (float32 accumulation):
   ``jt.ops.matmul`` against ``jnp.dot`` (cuBLAS, or rocBLAS / hipBLASLt on ROCm), TFLOP/s
   of both and their ratio; the flash-attention forward against
   ``jax.nn.dot_product_attention`` (cuDNN where XLA picks it), causal and not;
@@ -384,6 +385,20 @@ def gemm(dtype: Any, rounds: int, n: int) -> dict[str, Any]:
     return {"shape": [n, n, n], **_throughput(samples, 2.0 * n ** 3), "max_rel_error": error}
 
 
+def softmax(rounds: int, n: int) -> dict[str, Any]:
+    """GB/s of jt.ops.softmax and jax.nn.softmax over an (n, n) float32 matrix (read once,
+    written once): a kernel without jt.gemm, so timed on every GPU (ROCm's included)."""
+    x = jax.random.normal(jax.random.key(2), (n, n), jnp.float32)
+    ours, theirs = jax.jit(jt.ops.softmax), jax.jit(functools.partial(jax.nn.softmax, axis=-1))
+    error = _max_rel_error(ours(x), theirs(x))
+    samples = _timed(ours, theirs, (x,), rounds)
+    seconds = {name: float(np.median(t)) for name, t in samples.items()}
+    return {"shape": [n, n], "gb_per_s": {name: round(2 * x.nbytes / t / 1e9, 1)
+                                          for name, t in seconds.items()},
+            "speed_jaxtile_over_xla": round(seconds["xla"] / seconds["jaxtile"], 3),
+            "time_ratio": ratio(samples, "jaxtile", "xla"), "max_rel_error": error}
+
+
 def _flash_kernel():
     # The kernel the tests verify, so that the timing is of tested code.
     sys.path.insert(0, str(ROOT / "tests" / "jaxtile"))
@@ -483,6 +498,8 @@ def main(argv: list[str] | None = None) -> int:
                                                       functools.partial(gemm, t, args.rounds,
                                                                         args.gemm_size))
                           for t in (jnp.float16, jnp.bfloat16)}
+        result["softmax"] = _attempt(clock, 20, "softmax",
+                                     functools.partial(softmax, args.rounds, args.gemm_size))
         result["flash_attention"] = {
             f"{jnp.dtype(t)}{'_causal' if c else ''}": _attempt(
                 clock, 45, "flash attention",

@@ -74,7 +74,7 @@ def test_a_check_that_raises_fails():
 def _main(monkeypatch, capsys, checks, argv):
     """gpu_check's exit status and report for ``checks``, the timings left out."""
     monkeypatch.setattr(gpu_check, "correctness_checks", lambda small: checks)
-    for name in ("gemm", "flash_attention"):
+    for name in ("gemm", "softmax", "flash_attention"):
         monkeypatch.setattr(gpu_check, name, lambda *a: {"not_run": "left out by the test"})
     before = jt.backend()
     try:
@@ -147,6 +147,8 @@ def test_the_rocm_mode_expects_the_failures_it_names_only(monkeypatch, capsys):
                                           1e-6)]
     status, report = _main(monkeypatch, capsys, checks, ["--platform", "rocm"])
     assert report["gpu"]["platform"] == "rocm"
+    # Correctness first, then the timings (here, stand-ins), softmax's among them.
+    assert list(report).index("correctness") < list(report).index("softmax")
     assert report["gpu"]["compute_capability"] == "gfx942"
     results = report["correctness"]["checks"]
     assert results["matmul_nn"]["status"] == "expected failure"

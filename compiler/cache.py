@@ -71,7 +71,7 @@ class Metadata:
     alignment: int
     """Byte alignment the code assumes for every buffer's data pointer."""
     launch: str = ""
-    """A cubin's or code object's launch configuration (``compiler/cuda/launch.py``'s text
+    """A cubin's or code object's launch configuration (``compiler/gpu/launch.py``'s text
     form); empty for the other kinds."""
     ptx_bytes: int = 0
     """How many bytes at the end of a cubin entry's artifact are the PTX it came from."""

@@ -32,8 +32,8 @@ from jaxtile import _ffi
 from jaxtile.compiler import build, cache
 from jaxtile.compiler import jax_internals as ji
 from jaxtile.compiler.cuda.compile import arch_of
-from jaxtile.compiler.cuda.launch import Launch
 from jaxtile.compiler.errors import KernelError, kernel_error, user_line
+from jaxtile.compiler.gpu.launch import Launch
 from jaxtile.compiler.target import for_platform
 
 from . import payload, sharding

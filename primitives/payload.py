@@ -28,7 +28,7 @@ A CUDA kernel's call (``jaxtile_cuda_call``, :func:`encode_cuda`) always carries
 under jit as under export, so that a persistent-compilation-cache hit needs no compiler
 either. Its fields after the first three lines are ``platform=cuda``, ``key``, ``name``,
 ``symbol`` (the kernel's name in the cubin), ``arch`` (``sm_80``...), ``launch`` (grid,
-block, dynamic shared memory and parameters: ``compiler/cuda/launch.py``), ``ptx_size``,
+block, dynamic shared memory and parameters: ``compiler/gpu/launch.py``), ``ptx_size``,
 ``size`` and ``sha256``, then in base64 the cubin followed by the PTX it was assembled from
 (``ptx_size`` bytes, possibly none), which the driver compiles on a GPU the cubin does not
 run on (``decode_cuda_payload`` in ``payload.cc``).

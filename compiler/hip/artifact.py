@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import cache, sizes
-from ..cuda.launch import Launch
+from ..gpu.launch import Launch
 from .resources import KernelResources
 
 ALIGNMENT = 16

@@ -10,10 +10,10 @@ Kernels with a gemm are not lowered yet: the gemm planner knows NVIDIA's ``mma.s
 from __future__ import annotations
 
 from .. import ir
-from ..cuda.launch import Launch, buffer, dimension, launch_grid
 from ..emulator.build import ToolchainError
 from ..errors import KernelError
 from ..gpu.codegen.lower import generate, symbol_name
+from ..gpu.launch import Launch, buffer, dimension, launch_grid
 from ..target import Target
 from .artifact import CompiledHip
 from .resources import KernelResources

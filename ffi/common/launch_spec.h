@@ -1,6 +1,6 @@
 // A GPU kernel's launch configuration (a CUDA cubin's or a HIP code object's: both module
 // APIs launch with the same grid, block, shared bytes and parameter array), parsed from the
-// text compiler/cuda/launch.py writes:
+// text compiler/gpu/launch.py writes:
 //
 //   grid=4,4,1;block=128,1,1;smem=49152;params=b0,b1,b2,i32:512,f32:0.5
 //

@@ -15,7 +15,7 @@ import pytest
 import jaxtile as jt
 from jaxtile import _ffi
 from jaxtile.compiler import cache
-from jaxtile.compiler.cuda.launch import Launch
+from jaxtile.compiler.gpu.launch import Launch
 from jaxtile.compiler.hip import toolchain
 from jaxtile.compiler.target import for_platform
 from jaxtile.primitives import payload

@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 
-from jaxtile.compiler.cuda.launch import Launch, buffer, dimension, scalar
+from jaxtile.compiler.gpu.launch import Launch, buffer, dimension, scalar
 from jaxtile.primitives import payload
 
 _CC = shutil.which("cc") or shutil.which("gcc") or shutil.which("g++")

@@ -7,6 +7,7 @@ at run time) runs a sequence of launches through ``_ffi.rocm_launch`` (what the 
 does for a call) and ``_ffi.rocm_load`` (its initialize stage); the stand-in logs every call,
 and each scenario's part of the log is checked here."""
 
+import ctypes.util
 import json
 import os
 import shutil
@@ -97,7 +98,9 @@ def _run(tmp, cases, env):
     """Runs ``cases`` in a fresh process; ``(results, log by case)``."""
     log = tmp / "calls.log"
     log.unlink(missing_ok=True)
-    env = {**os.environ, "FAKE_HIP_LOG": str(log), "JAX_PLATFORMS": "cpu", **env}
+    # Only the runtime ``env`` names: none from the environment running the tests.
+    env = {**{k: v for k, v in os.environ.items() if k != "JAXTILE_HIP_RUNTIME"},
+           "FAKE_HIP_LOG": str(log), "JAX_PLATFORMS": "cpu", **env}
     proc = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(cases)], env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -247,3 +250,15 @@ def test_without_the_runtime_a_launch_says_rocm_is_missing(fake_runtime):
               "absent/libamdhip64.so", "could not be loaded"):
         assert w in msg, (w, msg)
 
+
+
+def test_without_rocm_installed_a_launch_says_what_is_missing(fake_runtime):
+    if ctypes.util.find_library("amdhip64") or os.path.exists("/opt/rocm/lib/libamdhip64.so"):
+        pytest.skip("this machine has a HIP runtime: the message for its absence cannot show")
+    d, _ = fake_runtime
+    case = [("first", "launch", KEY, _payload(), 0x100, [0x1000, 0x2000], [], {})]
+    results, _ = _run(d, case, {})
+    msg = results["first"]
+    for w in ("jaxtile: HIP kernel 'scale_shift'", "libamdhip64.so could not be loaded",
+              "no usable ROCm install", "JAXTILE_HIP_RUNTIME"):
+        assert w in msg, (w, msg)

@@ -19,7 +19,7 @@ from _timing import emit, environment, interleaved, log, summary
 
 from jaxtile.compiler.cuda import fingerprint, nvrtc
 from jaxtile.compiler.cuda.compile import compile_kernel
-from jaxtile.compiler.cuda.launch import Launch, buffer, scalar
+from jaxtile.compiler.gpu.launch import Launch, buffer, scalar
 from jaxtile.compiler.target import parse_target
 
 SOURCE = Path(__file__).resolve().parents[1] / "tests" / "emulator" / "kernels" / "gemm_f16.cu"

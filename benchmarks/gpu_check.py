@@ -1,4 +1,4 @@
-"""The GPU check: jaxtile's kernels on an NVIDIA GPU, for correctness and against XLA.
+"""The GPU check: jaxtile's kernels on an NVIDIA or AMD GPU, for correctness and against XLA.
 
 For a machine with a GPU (finishes in under 8 minutes; ``--budget`` seconds in all):
 
@@ -8,16 +8,26 @@ For a machine with a GPU (finishes in under 8 minutes; ``--budget`` seconds in a
   jnp / numpy formulas, each within a tolerance on its largest error relative to the largest
   entry of the formula's result. Any mismatch (or a check that raises) makes the exit status
   1, after the rest has run;
-- then the timings: GEMM 8192^3 in float16 and bfloat16 (float32 accumulation):
-  ``jt.ops.matmul`` against ``jnp.dot`` (cuBLAS), TFLOP/s of both and their ratio; the
-  flash-attention forward against ``jax.nn.dot_product_attention`` (cuDNN where XLA picks
-  it), causal and not;
+- then the timings: softmax over an 8192 x 8192 float32 matrix against ``jax.nn.softmax``
+  (GB/s); GEMM 8192^3 in float16 and bfloat16 (float32 accumulation):
+  ``jt.ops.matmul`` against ``jnp.dot`` (cuBLAS, or rocBLAS / hipBLASLt on ROCm), TFLOP/s
+  of both and their ratio; the flash-attention forward against
+  ``jax.nn.dot_product_attention`` (cuDNN where XLA picks it), causal and not;
 - last, the kernel tests (``--tests``) under pytest with JAX's default device the GPU.
 
 What cannot run is reported with the reason (no GPU, out of time) and the rest still runs.
 Prints one JSON object; progress goes to stderr.
 
-    python benchmarks/gpu_check.py [--budget 450] [--rounds 5] [--tests PATH ...]
+    python benchmarks/gpu_check.py [--platform auto|cuda|rocm] [--budget 450] [--rounds 5]
+                                   [--tests PATH ...]
+
+``--platform`` picks the GPU: ``auto`` (the default) takes JAX's first GPU, NVIDIA's (the
+``cuda`` platform) or AMD's (``rocm``, with ``jax-rocm7-plugin``: ``pip install
+'jaxtile[rocm]'``); naming one where JAX has no such device is exit status 2, with the
+reason. On ROCm the kernels are compiled by clang for the device's gfx architecture and run
+through the ROCm handler; the checks that cannot run there yet are expected failures with the
+reason (:func:`rocm_expected_failures`), so a ROCm run fails on a wrong result, on one of them
+passing (the list is stale), or on any other check failing.
 
 Without a GPU, ``--backend cpu`` or ``--backend cuda-emulator`` (the generated CUDA run in
 the SIMT emulator) runs the correctness checks at small shapes, and on the CPU the timings at
@@ -52,6 +62,23 @@ KERNEL_TESTS = ("tests/jaxtile/test_ops.py", "tests/jaxtile/test_language_attent
                 "tests/jaxtile/test_language_atomics.py")
 EMULATOR_EXPECTED_FAILURES: dict[str, str] = {}
 """Checks known to fail only in the SIMT emulator (name: why); on a GPU they must pass."""
+ROCM_NO_GEMM = ("jt.gemm has no MFMA lowering for HIP yet (compiler/hip/lower.py: the gemm "
+                "planner knows NVIDIA's mma.sync only)")
+ROCM_ATTENTION_LDS = ("jt.ops.attention's default tiles need 80 KiB of shared memory, more "
+                      "than the 64 KiB of LDS an AMD workgroup has")
+
+
+def rocm_expected_failures(names: list[str]) -> dict[str, str]:
+    """The checks among ``names`` that cannot pass on ROCm yet (name: why): each fails to
+    compile for the gfx target with that reason, which tests/test_gpu_check.py verifies
+    without a GPU by lowering every check for ``rocm``."""
+    expected = {}
+    for name in names:
+        if name.startswith(("matmul", "tile_gemm", "flash_attention", "attention_decode")):
+            expected[name] = ROCM_NO_GEMM
+        elif name.startswith("attention_"):
+            expected[name] = ROCM_ATTENTION_LDS
+    return expected
 
 # The flash-attention forward's (query, key) tiles, in the correctness check and the timing:
 # 64 x 32 compiles without spills on sm_80 (128-136 registers; 128 x 64 spilled 12-60 bytes,
@@ -82,8 +109,14 @@ def devices(platform: str) -> list[Any]:
         return []
 
 
-def toolchain() -> dict[str, Any]:
-    """What compiles and runs CUDA kernels here."""
+def toolchain(platform: str = "cuda") -> dict[str, Any]:
+    """What compiles and runs ``platform``'s kernels here."""
+    if platform == "rocm":
+        from jaxtile.compiler.hip import toolchain as hip
+
+        runtime = _ffi.rocm_runtime_error()
+        return {"compiler": hip.identity(), "clang": hip.clang_path(),
+                "runtime": "loaded" if not runtime else runtime}
     from jaxtile.compiler.cuda import fingerprint, sass
 
     driver = _ffi.cuda_driver_error()
@@ -352,6 +385,20 @@ def gemm(dtype: Any, rounds: int, n: int) -> dict[str, Any]:
     return {"shape": [n, n, n], **_throughput(samples, 2.0 * n ** 3), "max_rel_error": error}
 
 
+def softmax(rounds: int, n: int) -> dict[str, Any]:
+    """GB/s of jt.ops.softmax and jax.nn.softmax over an (n, n) float32 matrix (read once,
+    written once): a kernel without jt.gemm, so timed on every GPU (ROCm's included)."""
+    x = jax.random.normal(jax.random.key(2), (n, n), jnp.float32)
+    ours, theirs = jax.jit(jt.ops.softmax), jax.jit(functools.partial(jax.nn.softmax, axis=-1))
+    error = _max_rel_error(ours(x), theirs(x))
+    samples = _timed(ours, theirs, (x,), rounds)
+    seconds = {name: float(np.median(t)) for name, t in samples.items()}
+    return {"shape": [n, n], "gb_per_s": {name: round(2 * x.nbytes / t / 1e9, 1)
+                                          for name, t in seconds.items()},
+            "speed_jaxtile_over_xla": round(seconds["xla"] / seconds["jaxtile"], 3),
+            "time_ratio": ratio(samples, "jaxtile", "xla"), "max_rel_error": error}
+
+
 def _flash_kernel():
     # The kernel the tests verify, so that the timing is of tested code.
     sys.path.insert(0, str(ROOT / "tests" / "jaxtile"))
@@ -401,31 +448,48 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", choices=("gpu", "cpu", "cuda-emulator"), default="gpu",
                         help="where kernels run: the GPU (default), or without one the CPU or "
                              "the SIMT emulator, at small shapes")
+    parser.add_argument("--platform", choices=("auto", "cuda", "rocm"), default="auto",
+                        help="with --backend gpu: the GPU's JAX platform (auto: the first "
+                             "GPU JAX has)")
     parser.add_argument("--gemm-size", type=int, default=8192)
     parser.add_argument("--seq", type=int, default=4096, help="flash attention's length")
     args = parser.parse_args(argv)
     clock = Clock(args.budget)
     result: dict[str, Any] = {"benchmark": "gpu_check", "backend": args.backend,
-                              "environment": environment(),
-                              "toolchain": _attempt(clock, 0, "toolchain", toolchain)}
+                              "environment": environment()}
+    platform = "cpu"
     if args.backend == "gpu":
-        gpus = devices("gpu")
+        gpus = devices("gpu" if args.platform == "auto" else args.platform)
         if not gpus:
-            reason = f"no GPU: JAX's devices are {jax.devices()}"
+            wanted = {"auto": "GPU", "cuda": "NVIDIA (cuda) GPU",
+                      "rocm": "ROCm device (AMD GPU)"}[args.platform]
+            reason = f"no {wanted}: JAX's devices are {jax.devices()}"
+            if args.platform == "rocm":
+                reason += (" (ROCm needs JAX's ROCm plugin, pip install 'jaxtile[rocm]', on a "
+                           "machine with ROCm 7 and an AMD GPU)")
             log(reason)
-            result.update(gpu=None, not_run=reason)
+            result.update(gpu=None, not_run=reason, toolchain=_attempt(
+                clock, 0, "toolchain",
+                functools.partial(toolchain, "rocm" if args.platform == "rocm" else "cuda")))
             emit(result)
-            return 0
-        result["gpu"] = {"devices": [str(d) for d in gpus],
+            # A platform asked for by name must be there; auto finds what there is.
+            return 0 if args.platform == "auto" else 2
+        platform = gpus[0].platform
+        result["gpu"] = {"platform": platform, "devices": [str(d) for d in gpus],
                          "kind": gpus[0].device_kind,
+                         # gfx942... on ROCm, 9.0... on CUDA.
                          "compute_capability": getattr(gpus[0], "compute_capability", None)}
     else:
         jax.clear_caches()   # jax.jit's caches do not know jaxtile's backend
         jt.set_backend(args.backend)
+    result["toolchain"] = _attempt(clock, 0, "toolchain",
+                                   functools.partial(toolchain, platform))
     # Correctness first, and whatever the budget: a fast wrong kernel is no result.
+    checks = correctness_checks(small=args.backend != "gpu")
     expected = EMULATOR_EXPECTED_FAILURES if args.backend == "cuda-emulator" else {}
-    result["correctness"] = run_checks(correctness_checks(small=args.backend != "gpu"),
-                                       expected)
+    if platform == "rocm":
+        expected = rocm_expected_failures([c.name for c in checks])
+    result["correctness"] = run_checks(checks, expected)
     failed = result["correctness"]["status"] != "passed"
     if args.backend == "cuda-emulator":
         result["timings"] = {"not_run": "the emulator's times say nothing about a GPU's"}
@@ -434,6 +498,8 @@ def main(argv: list[str] | None = None) -> int:
                                                       functools.partial(gemm, t, args.rounds,
                                                                         args.gemm_size))
                           for t in (jnp.float16, jnp.bfloat16)}
+        result["softmax"] = _attempt(clock, 20, "softmax",
+                                     functools.partial(softmax, args.rounds, args.gemm_size))
         result["flash_attention"] = {
             f"{jnp.dtype(t)}{'_causal' if c else ''}": _attempt(
                 clock, 45, "flash attention",

@@ -28,14 +28,16 @@ from . import cache, compile_log, from_jaxpr, ir, pipelines, printer, sizes
 from . import jax_internals as ji
 from .cuda.compile import CompiledCuda
 from .errors import KernelError
+from .hip.artifact import CompiledHip
 from .target import Target
 
 _FORMAT = "jaxtile-compiler-1"
 _BACKENDS = {"cpu": ".cpu.lower", "cuda": ".cuda.compile", "hip": ".hip.lower"}
 """Target kind -> the module that lowers and compiles for it, imported on first use: it
 provides ``source(kernel, target)`` and ``compile_to_library(kernel, target)``, returning
-``(library bytes, symbol)`` or a ``cuda.compile.CompiledCuda`` (a cubin with its launch
-configuration)."""
+``(library bytes, symbol)`` or a GPU artifact with its launch configuration that stores
+itself (``store(key) -> cache.Entry``: ``cuda.compile.CompiledCuda``, a cubin;
+``hip.lower.CompiledHip``, a code object)."""
 _EMULATORS = {"cuda": ".cuda.emulated", "hip": ".hip.emulated"}
 """Target kind -> the runner of its GPU code on JAX's CPU platform (the ``cuda-emulator`` and
 ``hip-emulator`` backends): the same source, compiled for the SIMT emulator (wave64 for
@@ -226,7 +228,7 @@ def _compile(kernel: ir.Kernel, target: Target, key: str, emulated: bool) -> cac
                            alignment=emu.ALIGNMENT, kind=cache.EMULATOR_LIBRARY)
     be = backend(target)
     compiled = be.compile_to_library(lowered_ir(kernel, target), target)
-    if isinstance(compiled, CompiledCuda):
+    if isinstance(compiled, CompiledCuda | CompiledHip):
         return compiled.store(key)
     library, symbol = compiled
     # A dynamic grid's size is set when the artifact is loaded (Entry.launched_with).

@@ -44,8 +44,13 @@ EMULATOR_LIBRARY = "cuda-emulator-library"
 runtime loaded first (``compiler/cuda/emulated.py``)."""
 CUDA_CUBIN = "cuda-cubin"
 """A cubin (with its PTX) for the CUDA handler."""
-KINDS = frozenset({CPU_SHARED_LIBRARY, EMULATOR_LIBRARY, CUDA_CUBIN})
-"""Artifact kinds an entry may hold. Later: HIP code objects."""
+HIP_CODE_OBJECT = "hip-code-object"
+"""An AMDGPU code object for the ROCm handler."""
+KINDS = frozenset({CPU_SHARED_LIBRARY, EMULATOR_LIBRARY, CUDA_CUBIN, HIP_CODE_OBJECT})
+"""Artifact kinds an entry may hold."""
+GPU_KINDS = frozenset({CUDA_CUBIN, HIP_CODE_OBJECT})
+"""Kinds a GPU handler loads from the call's payload; they carry a launch configuration,
+whose grid a kernel with dynamic sizes computes from the shapes of each call."""
 
 STALE_SECONDS = 3600
 """Temporary files older than this were left by a writer that died mid-write."""
@@ -66,8 +71,8 @@ class Metadata:
     alignment: int
     """Byte alignment the code assumes for every buffer's data pointer."""
     launch: str = ""
-    """A cubin's launch configuration (``compiler/cuda/launch.py``'s text form); empty
-    for the other kinds."""
+    """A cubin's or code object's launch configuration (``compiler/gpu/launch.py``'s text
+    form); empty for the other kinds."""
     ptx_bytes: int = 0
     """How many bytes at the end of a cubin entry's artifact are the PTX it came from."""
 
@@ -288,7 +293,7 @@ def store(key: str, library_bytes: bytes, symbol: str, num_blocks: int, *,
     """Write a compiled artifact for ``key`` atomically and return its entry.
 
     ``alignment`` defaults to what the CPU lowering assumes (``cpu_abi.DATA_ALIGNMENT``);
-    ``launch`` is a cubin's launch configuration, required for that kind only, and
+    ``launch`` is a GPU artifact's launch configuration, required for those kinds only, and
     ``ptx_bytes`` how much of its artifact's end is PTX.
     If the cache directory cannot be written, the entry goes to a temporary directory of
     this process instead, with one :class:`CacheWarning`.
@@ -300,8 +305,9 @@ def store(key: str, library_bytes: bytes, symbol: str, num_blocks: int, *,
         raise ValueError(f"ptx_bytes {ptx_bytes} exceed the artifact's {len(library_bytes)}")
     if kind not in KINDS:
         raise ValueError(f"unknown artifact kind {kind!r}; expected one of {sorted(KINDS)}")
-    if (kind == CUDA_CUBIN) != bool(launch):
-        raise ValueError("a launch configuration goes with a cubin, and only with one")
+    if (kind in GPU_KINDS) != bool(launch):
+        raise ValueError("a launch configuration goes with a cubin or a code object, and "
+                         "only with them")
     sha256 = hashlib.sha256(library_bytes).hexdigest()
     record = _record(key, kind, meta, sha256)
     root = cache_dir()

@@ -115,11 +115,24 @@ def _amd() -> Check:
     from .hip import toolchain as hip_toolchain
 
     clang = hip_toolchain.clang_path()
-    note = "; hip:* targets lower and compile (no ROCm handler runs them yet)"
+    note = "; hip:* targets lower and compile, and run on ROCm (jaxtile[rocm])"
     if clang is None:
         return Check("AMD toolchain (clang)", False, "no clang >= 17 for AMD GPUs" + note,
                      hip_toolchain.INSTALL_HINT)
     return Check("AMD toolchain (clang)", True, f"{clang}: {hip_toolchain.identity()}" + note)
+
+
+def _hip_runtime() -> Check:
+    # Asks the ROCm handler's own loader (ffi/rocm/runtime.cc), as the first launch would.
+    from jaxtile import _ffi
+
+    why = _ffi.rocm_runtime_error()
+    if not why:
+        return Check("AMD HIP runtime", True, "libamdhip64 loads: the ROCm handler can run "
+                     "kernels (with JAX's ROCm plugin, jaxtile[rocm])")
+    return Check("AMD HIP runtime", False, why,
+                 "on a machine with an AMD GPU install ROCm 7 and pip install "
+                 "'jaxtile[rocm]'; elsewhere kernels run on the CPU")
 
 
 def _gpu_driver() -> Check:
@@ -168,7 +181,8 @@ def _cache() -> Check:
 
 
 CHECKS: tuple[Callable[[], Check], ...] = (
-    _cpu_backend, _cpu_isa, _linker, _cxx, _nvrtc, _nvcc, _amd, _gpu_driver, _jax, _cache)
+    _cpu_backend, _cpu_isa, _linker, _cxx, _nvrtc, _nvcc, _amd, _hip_runtime, _gpu_driver,
+    _jax, _cache)
 
 
 def run() -> list[Check]:

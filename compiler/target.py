@@ -499,5 +499,6 @@ def for_platform(platform_name: str, compute_capability: str | None = None) -> T
     if platform_name == "cuda":
         return cuda_target_for(compute_capability or "8.0")
     if platform_name == "rocm":
-        return parse_target(f"hip:{compute_capability or 'gfx90a'}")
+        # JAX's ROCm devices name their ISA with its features ("gfx942:sramecc+:xnack-").
+        return parse_target(f"hip:{(compute_capability or 'gfx90a').split(':')[0]}")
     raise KernelError(f"jaxtile has no target for the platform {platform_name!r}")

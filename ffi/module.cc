@@ -22,7 +22,10 @@
 #include "cuda/driver.h"
 #include "cuda/handler.h"
 #include "cuda/kernels.h"
-#include "cuda/launch_spec.h"
+#include "rocm/handler.h"
+#include "rocm/kernels.h"
+#include "rocm/runtime.h"
+#include "common/launch_spec.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -94,8 +97,8 @@ void cuda_launch(const std::string& key, const std::string& payload, uintptr_t s
   std::vector<void*> pointers;
   for (uintptr_t b : buffers) pointers.push_back(reinterpret_cast<void*>(b));
   // The buffers' shapes, as XLA passes them, when the test gives them (dynamic sizes).
-  std::vector<cuda::BufferDims> dims;
-  for (const auto& s : shapes) dims.push_back(cuda::BufferDims{s.data(), s.size()});
+  std::vector<BufferDims> dims;
+  for (const auto& s : shapes) dims.push_back(BufferDims{s.data(), s.size()});
   std::string error;
   {
     nb::gil_scoped_release release;
@@ -116,9 +119,9 @@ void cuda_load(const std::string& key, const std::string& payload, uintptr_t str
 }
 
 nb::dict cuda_launch_fields(const std::string& text) {
-  const cuda::LaunchSpec spec = cuda::parse_launch(text);
+  const LaunchSpec spec = parse_launch(text);
   nb::list params;
-  for (const cuda::Param& p : spec.params) params.append(nb::make_tuple(p.is_buffer, p.value));
+  for (const Param& p : spec.params) params.append(nb::make_tuple(p.is_buffer, p.value));
   nb::dict d;
   d["grid"] = nb::make_tuple(spec.grid[0], spec.grid[1], spec.grid[2]);
   d["block"] = nb::make_tuple(spec.block[0], spec.block[1], spec.block[2]);
@@ -132,17 +135,17 @@ nb::dict cuda_launch_fields(const std::string& text) {
 // shapes (addresses 0, 1, ...): for tests of dynamic sizes without a GPU.
 nb::dict cuda_launch_geometry(const std::string& text,
                               const std::vector<std::vector<int64_t>>& shapes) {
-  const cuda::LaunchSpec spec = cuda::parse_launch(text);
-  std::vector<cuda::BufferDims> dims;
+  const LaunchSpec spec = parse_launch(text);
+  std::vector<BufferDims> dims;
   std::vector<void*> buffers;
   for (const auto& s : shapes) {
-    dims.push_back(cuda::BufferDims{s.data(), s.size()});
+    dims.push_back(BufferDims{s.data(), s.size()});
     buffers.push_back(reinterpret_cast<void*>(buffers.size()));
   }
-  const auto grid = cuda::resolve_grid(spec, dims.data(), dims.size());
+  const auto grid = resolve_grid(spec, dims.data(), dims.size());
   nb::list params;
-  for (const cuda::Param& p : spec.params) {
-    params.append(cuda::param_value(p, buffers.data(), dims.data(), dims.size()));
+  for (const Param& p : spec.params) {
+    params.append(param_value(p, buffers.data(), dims.data(), dims.size()));
   }
   nb::dict d;
   d["grid"] = nb::make_tuple(grid[0], grid[1], grid[2]);
@@ -165,12 +168,52 @@ nb::dict cuda_payload_fields(const std::string& key, const std::string& payload)
   return d;
 }
 
+// What the ROCm handler does on a call, without XLA: for tests against a stand-in runtime.
+void rocm_launch(const std::string& key, const std::string& payload, uintptr_t stream,
+                 const std::vector<uintptr_t>& buffers,
+                 const std::vector<std::vector<int64_t>>& shapes) {
+  std::vector<void*> pointers;
+  for (uintptr_t b : buffers) pointers.push_back(reinterpret_cast<void*>(b));
+  std::vector<BufferDims> dims;
+  for (const auto& s : shapes) dims.push_back(BufferDims{s.data(), s.size()});
+  std::string error;
+  {
+    nb::gil_scoped_release release;
+    error = rocm::launch(reinterpret_cast<rocm::hipStream_t>(stream), key, payload,
+                         pointers.data(), pointers.size(), dims.empty() ? nullptr : dims.data());
+  }
+  if (!error.empty()) throw std::runtime_error(error);
+}
+
+void rocm_load(const std::string& key, const std::string& payload, uintptr_t stream) {
+  std::string error;
+  {
+    nb::gil_scoped_release release;
+    error = rocm::load(reinterpret_cast<rocm::hipStream_t>(stream), key, payload);
+  }
+  if (!error.empty()) throw std::runtime_error(error);
+}
+
+nb::dict hip_payload_fields(const std::string& key, const std::string& payload) {
+  HipPayload p = decode_hip_payload(key, payload);
+  nb::dict d;
+  d["format"] = p.format;
+  d["jaxtile"] = p.jaxtile_version;
+  d["key"] = p.key;
+  d["name"] = p.name;
+  d["symbol"] = p.symbol;
+  d["arch"] = p.arch;
+  d["launch"] = p.launch;
+  d["code_object"] = nb::bytes(p.code_object.data(), p.code_object.size());
+  return d;
+}
+
 }  // namespace
 }  // namespace jaxtile
 
 NB_MODULE(_ffi, m) {
   using namespace jaxtile;
-  m.doc() = "jaxtile's runtimes: load compiled kernels and run them from XLA (CPU, CUDA).";
+  m.doc() = "jaxtile's runtimes: load compiled kernels and run them from XLA (CPU, CUDA, ROCm).";
 
   m.def(
       "profiler_api",
@@ -238,6 +281,31 @@ NB_MODULE(_ffi, m) {
         "for buffers of these shapes. Raises ValueError. Meant for tests.");
   m.def("decode_cuda_payload", &cuda_payload_fields, "key"_a, "payload"_a,
         "The fields of a CUDA kernel payload, checked as the handler checks them (raises "
+        "RuntimeError naming what is wrong). Meant for tests.");
+
+  m.def(
+      "rocm_handler", [] { return nb::capsule(rocm::handler()); },
+      "XLA FFI handler (execute stage) for 'jaxtile_rocm_call' on platform 'ROCM': "
+      "attributes `key` and `payload` (the code object and its launch).");
+  m.def(
+      "rocm_initialize_handler", [] { return nb::capsule(rocm::initialize_handler()); },
+      "The initialize stage of 'jaxtile_rocm_call': loads the kernel before execution.");
+  m.def(
+      "rocm_runtime_error",
+      [] {
+        std::string why;
+        return rocm::runtime(&why) ? std::string() : why;
+      },
+      "Why the HIP runtime cannot be used here ('' if it can); loads it on first call.");
+  m.def("rocm_launch", &rocm_launch, "key"_a, "payload"_a, "stream"_a, "buffers"_a,
+        "shapes"_a = std::vector<std::vector<int64_t>>(),
+        "Launch a HIP kernel as the ROCm handler does, raising RuntimeError with its "
+        "message. Meant for tests.");
+  m.def("rocm_load", &rocm_load, "key"_a, "payload"_a, "stream"_a,
+        "Load a HIP kernel on the stream's device as the handler's initialize stage does. "
+        "Meant for tests.");
+  m.def("decode_hip_payload", &hip_payload_fields, "key"_a, "payload"_a,
+        "The fields of a ROCm kernel payload, checked as the handler checks them (raises "
         "RuntimeError naming what is wrong). Meant for tests.");
 
   m.def(

@@ -194,9 +194,9 @@ class Specialisation:
 
     def _launched(self, entry: cache.Entry) -> cache.Entry:
         """A kernel with dynamic sizes has one artifact for all of them; this call's grid
-        size is set when it is loaded. (A cubin's launch computes its grid from the shapes
-        XLA passes: one key, and one loaded module, for every size.)"""
-        if not self.dynamic or entry.kind == cache.CUDA_CUBIN:
+        size is set when it is loaded. (A GPU artifact's launch computes its grid from the
+        shapes XLA passes: one key, and one loaded module, for every size.)"""
+        if not self.dynamic or entry.kind in cache.GPU_KINDS:
             return entry
         return entry.launched_with(self.tile_ir.num_blocks)
 

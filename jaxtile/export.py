@@ -28,7 +28,11 @@ from __future__ import annotations
 
 import jax
 
-from jaxtile.primitives.lowering import CPU_EXPORTED_TARGET_NAME, CUDA_TARGET_NAME
+from jaxtile.primitives.lowering import (
+    CPU_EXPORTED_TARGET_NAME,
+    CUDA_TARGET_NAME,
+    ROCM_TARGET_NAME,
+)
 
 __all__ = ["export_checks"]
 
@@ -37,9 +41,10 @@ def export_checks() -> list[jax.export.DisabledSafetyCheck]:
     """The safety checks ``jax.export.export(..., disabled_checks=...)`` must skip for jaxtile.
 
     ``jax.export`` rejects custom calls whose targets it does not know to be stable. jaxtile's
-    export targets, ``jaxtile_cpu_exported_call`` and ``jaxtile_cuda_call``, are: their
+    export targets, ``jaxtile_cpu_exported_call``, ``jaxtile_cuda_call`` and
+    ``jaxtile_rocm_call``, are: their
     payload format is versioned, and a jaxtile that cannot read a payload says so instead of
     running it.
     """
     return [jax.export.DisabledSafetyCheck.custom_call(name)
-            for name in (CPU_EXPORTED_TARGET_NAME, CUDA_TARGET_NAME)]
+            for name in (CPU_EXPORTED_TARGET_NAME, CUDA_TARGET_NAME, ROCM_TARGET_NAME)]

@@ -11,8 +11,11 @@ machine) and compiles the kernel for it there, so one traced call can be lowered
 platforms. On ``cuda`` the call is ``jaxtile_cuda_call {key, payload}`` under jit as under
 export: the payload carries the cubin and its launch, which the CUDA handler loads on the
 first call in each device's context, so neither a persistent-compilation-cache hit nor an
-exported program needs a compiler where it runs. ``rocm`` and any other platform are a clear
-error at lowering time. A kernel
+exported program needs a compiler where it runs. On ``rocm`` the call is ``jaxtile_rocm_call
+{key, payload}`` in the same way, the payload carrying the code object for the device's gfx
+architecture (as JAX's ROCm plugin names it, ``gfx942``; gfx90a where the lowering has no
+device), which the ROCm handler loads once per device. Any other platform is a clear error at
+lowering time. A kernel
 with a sharding rule, lowered for several devices outside ``shard_map``, is wrapped so that
 each device runs it on its shard (``sharding.py``).
 """
@@ -29,8 +32,8 @@ from jaxtile import _ffi
 from jaxtile.compiler import build, cache
 from jaxtile.compiler import jax_internals as ji
 from jaxtile.compiler.cuda.compile import arch_of
-from jaxtile.compiler.cuda.launch import Launch
 from jaxtile.compiler.errors import KernelError, kernel_error, user_line
+from jaxtile.compiler.gpu.launch import Launch
 from jaxtile.compiler.target import for_platform
 
 from . import payload, sharding
@@ -39,7 +42,8 @@ from .kernel_call import KernelHandle, kernel_call_p, load
 CPU_TARGET_NAME = "jaxtile_cpu_call"
 CPU_EXPORTED_TARGET_NAME = "jaxtile_cpu_exported_call"
 CUDA_TARGET_NAME = "jaxtile_cuda_call"
-SUPPORTED_PLATFORMS = ("cpu", "cuda")
+ROCM_TARGET_NAME = "jaxtile_rocm_call"
+SUPPORTED_PLATFORMS = ("cpu", "cuda", "rocm")
 
 
 def _sharded(ctx: Any, args: tuple, kernel: KernelHandle) -> Any | None:
@@ -95,12 +99,14 @@ def _with_output_inits(ctx: Any, args: tuple, kernel: KernelHandle) -> tuple[Any
     return ctx, (*args, *zeros), {"operand_output_aliases": aliases}
 
 
-def _check_launch(entry: cache.Entry) -> None:
-    """The CUDA platform's ``load``: cubins are loaded by the handler, from the payload, in
-    each device's context; here an entry only has to be a cubin with a readable launch."""
-    if entry.kind != cache.CUDA_CUBIN:
-        raise ValueError(f"cache entry {entry.key} is a {entry.kind}, not a cubin")
-    Launch.decode(entry.launch)
+def _check_launch(kind: str) -> Any:
+    """A GPU platform's ``load``: its handler loads the artifact from the payload on each
+    device; here an entry only has to be of ``kind`` with a readable launch."""
+    def check(entry: cache.Entry) -> None:
+        if entry.kind != kind:
+            raise ValueError(f"cache entry {entry.key} is a {entry.kind}, not a {kind}")
+        Launch.decode(entry.launch)
+    return check
 
 
 def _cuda_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
@@ -113,7 +119,7 @@ def _cuda_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
         raise kernel_error(kernel.name, f"cannot be compiled for this GPU: {e}",
                            user_line()) from None
     try:
-        entry = kernel.spec.build(target, _check_launch)
+        entry = kernel.spec.build(target, _check_launch(cache.CUDA_CUBIN))
     except KernelError as e:
         if build.has_backend(target):
             raise
@@ -135,17 +141,23 @@ def _no_backend(kernel: KernelHandle, platform: str, ctx: Any, e: Exception) -> 
         "lower or export for platforms=['cpu']", user_line())
 
 
-def _gpu_lowering(platform: str) -> Any:
-    """The lowering slot of a GPU platform: it chooses the target from the device and
-    builds for it, which fails with a clear error while that platform has no backend."""
-    def lower(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
-        del args
-        try:
-            kernel.spec.build(for_platform(platform, ji.compute_capability(ctx)), load)
-        except KernelError as e:
-            raise _no_backend(kernel, platform, ctx, e) from None
-        raise AssertionError(f"a {platform} backend exists but has no lowering rule")
-    return lower
+def _rocm_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
+    if (sharded := _sharded(ctx, args, kernel)) is not None:
+        return sharded
+    try:
+        target = for_platform("rocm", ji.compute_capability(ctx))
+    except KernelError as e:
+        # A GPU of an architecture jaxtile has no target for (it knows gfx90a and gfx942).
+        raise kernel_error(kernel.name, f"cannot be compiled for this GPU: {e}",
+                           user_line()) from None
+    entry = kernel.spec.build(target, _check_launch(cache.HIP_CODE_OBJECT))
+    ctx, args, aliases = _with_output_inits(ctx, args, kernel)
+    if ji.lowering_for_export(ctx):
+        _require_export_checks(kernel, ROCM_TARGET_NAME)
+    text = payload.encode_hip(kernel.name, entry, target.caps.gfx)
+    with ji.named_op_location(ctx, kernel.label):
+        return jax.ffi.ffi_lowering(ROCM_TARGET_NAME, **aliases)(
+            ctx, *args, key=entry.key, payload=text)
 
 
 def _require_export_checks(kernel: KernelHandle, target_name: str) -> None:
@@ -166,7 +178,8 @@ def _require_export_checks(kernel: KernelHandle, target_name: str) -> None:
 def _explain_export_check(message: str) -> KernelError | None:
     """jax.export's check rejected a module: say what to pass when jaxtile's calls are among
     the rejected ones (the lowering rules say it too, but a cached lowering skips them)."""
-    names = [n for n in (CPU_EXPORTED_TARGET_NAME, CUDA_TARGET_NAME) if f"@{n}(" in message]
+    names = [n for n in (CPU_EXPORTED_TARGET_NAME, CUDA_TARGET_NAME, ROCM_TARGET_NAME)
+             if f"@{n}(" in message]
     if not names:
         return None
     line = user_line()
@@ -184,11 +197,11 @@ def _unsupported_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
     raise kernel_error(
         kernel.name,
         f"has no lowering for platform {' or '.join(map(repr, others))} (lowering for "
-        f"platforms {list(platforms)}): jaxtile compiles kernels for the CPU and CUDA; "
-        "lower or export for platforms=['cpu'] or ['cuda']", user_line())
+        f"platforms {list(platforms)}): jaxtile compiles kernels for the CPU, CUDA and "
+        "ROCm; lower or export for platforms=['cpu'], ['cuda'] or ['rocm']", user_line())
 
 
-_PLATFORM_RULES = {"cpu": _cpu_lowering, "cuda": _cuda_lowering, "rocm": _gpu_lowering("rocm")}
+_PLATFORM_RULES = {"cpu": _cpu_lowering, "cuda": _cuda_lowering, "rocm": _rocm_lowering}
 
 
 def _lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
@@ -214,3 +227,9 @@ jax.ffi.register_ffi_target(
     CUDA_TARGET_NAME,
     {"initialize": _ffi.cuda_initialize_handler(), "execute": _ffi.cuda_handler()},
     platform="CUDA", traits=ji.COMMAND_BUFFER_COMPATIBLE)
+# The same for ROCm (JAX's platform name "ROCM"), without a ROCm plugin as well: the handler
+# opens libamdhip64 only when a kernel first runs.
+jax.ffi.register_ffi_target(
+    ROCM_TARGET_NAME,
+    {"initialize": _ffi.rocm_initialize_handler(), "execute": _ffi.rocm_handler()},
+    platform="ROCM", traits=ji.COMMAND_BUFFER_COMPATIBLE)

@@ -28,10 +28,16 @@ A CUDA kernel's call (``jaxtile_cuda_call``, :func:`encode_cuda`) always carries
 under jit as under export, so that a persistent-compilation-cache hit needs no compiler
 either. Its fields after the first three lines are ``platform=cuda``, ``key``, ``name``,
 ``symbol`` (the kernel's name in the cubin), ``arch`` (``sm_80``...), ``launch`` (grid,
-block, dynamic shared memory and parameters: ``compiler/cuda/launch.py``), ``ptx_size``,
+block, dynamic shared memory and parameters: ``compiler/gpu/launch.py``), ``ptx_size``,
 ``size`` and ``sha256``, then in base64 the cubin followed by the PTX it was assembled from
 (``ptx_size`` bytes, possibly none), which the driver compiles on a GPU the cubin does not
 run on (``decode_cuda_payload`` in ``payload.cc``).
+
+A ROCm kernel's call (``jaxtile_rocm_call``, :func:`encode_hip`) likewise always carries its
+payload: ``platform=rocm``, ``key``, ``name``, ``symbol``, ``arch`` (``gfx90a``,
+``gfx942``: a code object runs on that architecture only), ``launch`` (the same text as a
+cubin's), ``size`` and ``sha256``, then in base64 the code object, which the ROCm handler
+loads with ``hipModuleLoadData`` (``decode_hip_payload`` in ``payload.cc``).
 
 Only the library that was compiled is ever embedded: :func:`encode` checks the bytes it reads
 from the cache against the checksum recorded when the kernel was compiled. Bump ``FORMAT``
@@ -98,6 +104,15 @@ def pack_cuda(*, key: str, name: str, symbol: str, arch: str, launch: str, cubin
     return _seal(fields, cubin + ptx)
 
 
+def pack_hip(*, key: str, name: str, symbol: str, arch: str, launch: str,
+             code_object: bytes, version: str | None = None) -> str:
+    """The payload text of a ROCm kernel call: its code object and how to launch it."""
+    fields = {"format": FORMAT, "jaxtile": version or _version(), "platform": "rocm",
+              "key": key, "name": name, "symbol": symbol, "arch": arch, "launch": launch,
+              "size": len(code_object)}
+    return _seal(fields, code_object)
+
+
 def unpack(text: str) -> tuple[dict[str, str], bytes]:
     """The header fields and the artifact of a payload, checksum verified (ValueError if
     it does not match); for tests and tools (the handlers decode in C++)."""
@@ -152,3 +167,12 @@ def encode_cuda(kernel_name: str, entry: cache.Entry, arch: str) -> str:
     return pack_cuda(key=entry.key, name=_one_line(kernel_name), symbol=entry.symbol,
                      arch=arch, launch=entry.launch, cubin=artifact[:split],
                      ptx=artifact[split:])
+
+
+@functools.lru_cache(maxsize=64)
+def encode_hip(kernel_name: str, entry: cache.Entry, arch: str) -> str:
+    """The payload of a kernel compiled to a code object for ``arch``, read from the build
+    cache and checked against the checksum recorded when it was compiled."""
+    return pack_hip(key=entry.key, name=_one_line(kernel_name), symbol=entry.symbol,
+                    arch=arch, launch=entry.launch,
+                    code_object=_read_checked(kernel_name, entry))

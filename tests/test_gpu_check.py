@@ -74,7 +74,7 @@ def test_a_check_that_raises_fails():
 def _main(monkeypatch, capsys, checks, argv):
     """gpu_check's exit status and report for ``checks``, the timings left out."""
     monkeypatch.setattr(gpu_check, "correctness_checks", lambda small: checks)
-    for name in ("gemm", "flash_attention"):
+    for name in ("gemm", "softmax", "flash_attention"):
         monkeypatch.setattr(gpu_check, name, lambda *a: {"not_run": "left out by the test"})
     before = jt.backend()
     try:
@@ -117,3 +117,64 @@ def test_the_whole_check_passes_without_a_gpu(backend):
     assert {"add", "matmul_tt", "tile_gemm", "attention_jvp_causal", "attention_decode",
             "flash_attention_bfloat16_causal"} <= set(checks)
     assert all(c["status"] in ("passed", "expected failure") for c in checks.values())
+
+
+def test_the_rocm_mode_without_a_rocm_device_says_so(monkeypatch, capsys):
+    # This machine has no AMD GPU (nor JAX's ROCm plugin): asked for by name, ROCm is
+    # missing, with what to install, and the exit status says the check did not run.
+    monkeypatch.setattr(gpu_check, "devices", lambda platform: [])
+    status, report = _main(monkeypatch, capsys, _checks(), ["--platform", "rocm"])
+    assert status == 2 and report["gpu"] is None
+    for words in ("no ROCm device (AMD GPU)", "jaxtile[rocm]", "ROCm 7"):
+        assert words in report["not_run"], report["not_run"]
+    assert "correctness" not in report
+    # What would compile and run its kernels: clang for AMD GPUs, and the HIP runtime's state.
+    assert "runtime" in report["toolchain"] and "compiler" in report["toolchain"]
+    # Without a platform named, no GPU at all is no failure (CI machines have none).
+    status, report = _main(monkeypatch, capsys, _checks(), [])
+    assert status == 0 and report["not_run"].startswith("no GPU")
+
+
+def test_the_rocm_mode_expects_the_failures_it_names_only(monkeypatch, capsys):
+    # A ROCm device (stood in for: the checks run on the CPU here): the checks that cannot
+    # run on ROCm yet are expected failures, anything else must pass.
+    class FakeRocmDevice:
+        platform, device_kind, compute_capability = "rocm", "AMD Instinct MI300X", "gfx942"
+
+    monkeypatch.setattr(gpu_check, "devices", lambda platform: [FakeRocmDevice()])
+    monkeypatch.setattr(gpu_check, "kernel_tests", lambda *a: {"status": "passed"})
+    checks = _checks() + [gpu_check.Check("matmul_nn", _checks()[1].ours, _checks()[1].want,
+                                          1e-6)]
+    status, report = _main(monkeypatch, capsys, checks, ["--platform", "rocm"])
+    assert report["gpu"]["platform"] == "rocm"
+    # Correctness first, then the timings (here, stand-ins), softmax's among them.
+    assert list(report).index("correctness") < list(report).index("softmax")
+    assert report["gpu"]["compute_capability"] == "gfx942"
+    results = report["correctness"]["checks"]
+    assert results["matmul_nn"]["status"] == "expected failure"
+    assert "MFMA" in results["matmul_nn"]["expected_failure"]
+    # wrong_add is no known ROCm limitation: its mismatch fails the run.
+    assert status == 1 and report["correctness"]["failed"] == ["wrong_add"]
+
+
+@pytest.mark.slow
+def test_the_rocm_expected_failures_are_exactly_the_checks_that_do_not_compile():
+    # Every check lowered for rocm here (clang compiles its kernels into code objects for
+    # gfx90a, the target without a device): the ones expected to fail on ROCm fail to
+    # compile, with their reason; every other one compiles. A stale list fails here.
+    from jaxtile.compiler.hip import toolchain
+
+    if toolchain.clang_path() is None:
+        pytest.skip(f"no clang for AMD GPUs: {toolchain.INSTALL_HINT}")
+    checks = gpu_check.correctness_checks(small=False)
+    expected = gpu_check.rocm_expected_failures([c.name for c in checks])
+    for c in checks:
+        try:
+            text = jax.jit(c.ours).trace().lower(lowering_platforms=("rocm",)).as_text()
+        except jt.KernelError as e:
+            assert c.name in expected, (c.name, str(e)[:300])
+            reason = expected[c.name]
+            assert ("jt.gemm is not lowered" in str(e)) == (reason == gpu_check.ROCM_NO_GEMM)
+            continue
+        assert c.name not in expected, f"{c.name} compiles for ROCm: drop it from the list"
+        assert "jaxtile_rocm_call" in text, c.name

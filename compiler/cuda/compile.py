@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING
 from .. import cache, ir, sizes
 from ..emulator.build import DEVICE_INCLUDE, ToolchainError
 from ..errors import KernelError
+from ..gpu.launch import Launch, dimension, launch_grid
 from ..target import Target
 from . import nvrtc, toolchain
 from .fingerprint import choose_compiler
-from .launch import Launch, dimension, launch_grid
 from .toolchain import PtxasReport
 
 if TYPE_CHECKING:

@@ -10,9 +10,12 @@ Kernels with a gemm are not lowered yet: the gemm planner knows NVIDIA's ``mma.s
 from __future__ import annotations
 
 from .. import ir
+from ..emulator.build import ToolchainError
 from ..errors import KernelError
 from ..gpu.codegen.lower import generate, symbol_name
+from ..gpu.launch import Launch, buffer, dimension, launch_grid
 from ..target import Target
+from .artifact import CompiledHip
 from .resources import KernelResources
 from .toolchain import CodeObject, compile_hip
 
@@ -44,8 +47,22 @@ def resources(kernel: ir.Kernel, target: Target) -> KernelResources:
     return compile_code_object(kernel, target).kernels[symbol_name(kernel)]
 
 
-def compile_to_library(kernel: ir.Kernel, target: Target) -> CodeObject:
-    """No ROCm handler runs HIP kernels yet: building for a call is an error saying so."""
-    raise KernelError(f"kernel {kernel.name!r}: jaxtile cannot run kernels on {target.name} "
-                      "yet (no ROCm handler); kernel.lower(..., target=...) gives the HIP "
-                      "source and compile_code_object its code object")
+def compile_to_library(kernel: ir.Kernel, target: Target) -> CompiledHip:
+    """``kernel`` compiled for ``target`` with its launch configuration, for the ROCm
+    handler: one workgroup per grid block, the buffers passed in order, then the dynamic
+    sizes. Raises KernelError naming the kernel when clang is missing or rejects the code
+    (threads and LDS beyond the target's are refused before: the kernel's specialisation and
+    the shared-memory planner check them)."""
+    _check(kernel, target)
+    code = generate(kernel, target)
+    caps = target.caps
+    grid = code.num_blocks or launch_grid(code.grid_size, code.size_params)
+    launch = Launch((grid, 1, 1), (code.threads, 1, 1), code.shared_bytes,
+                    tuple(buffer(i) for i in range(len(code.params))) +
+                    tuple(dimension(i, d) for _, i, d in code.size_params))
+    try:
+        compiled = compile_hip(code.source, caps.gfx, file=f"{code.symbol}.hip")
+    except ToolchainError as e:
+        raise KernelError(f"kernel {kernel.name!r}: {e}") from None
+    return CompiledHip(compiled.data, code.symbol, caps.gfx, launch,
+                       compiled.kernels[code.symbol], compiled.log)

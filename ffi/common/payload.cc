@@ -189,4 +189,20 @@ CudaPayload decode_cuda_payload(std::string_view key, std::string_view text) {
   return p;
 }
 
+HipPayload decode_hip_payload(std::string_view key, std::string_view text) {
+  Reader r(key, text);
+  HipPayload p;
+  p.code_object = open_payload(r, text, &p.format, &p.jaxtile_version);
+  if (r.field("platform") != "rocm") r.fail("is not a ROCm kernel's payload");
+  p.key = std::string(r.field("key"));
+  p.name = std::string(r.field("name"));
+  r.set_name(p.name);
+  p.symbol = std::string(r.field("symbol"));
+  p.arch = std::string(r.field("arch"));
+  p.launch = std::string(r.field("launch"));
+  const int64_t size = r.integer("size");
+  close_payload(r, text, key, p.key, p.code_object.size(), size);
+  return p;
+}
+
 }  // namespace jaxtile

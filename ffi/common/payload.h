@@ -62,7 +62,7 @@ struct Payload {
 //   name=<kernel name>\n
 //   symbol=<the kernel's extern "C" name in the cubin>\n
 //   arch=<sm_80, sm_90a, ...>\n
-//   launch=<grid, block, shared memory, parameters: cuda/launch_spec.h>\n
+//   launch=<grid, block, shared memory, parameters: common/launch_spec.h>\n
 //   ptx_size=<bytes of PTX after the cubin, possibly 0>\n
 //   size=<cubin + PTX bytes>\n
 //   sha256=<hex>\n                  over every byte above and the cubin and PTX
@@ -82,6 +82,29 @@ struct CudaPayload {
   std::string ptx;  // empty when the payload has none
 };
 
+// The payload of a ROCm kernel call ("jaxtile_rocm_call"), format 1: after the three lines
+// every format shares,
+//
+//   platform=rocm\n
+//   key=<content key>\n
+//   name=<kernel name>\n
+//   symbol=<the kernel's extern "C" name in the code object>\n
+//   arch=<gfx90a, gfx942>\n
+//   launch=<grid, block, shared memory, parameters: common/launch_spec.h>\n
+//   size=<code object bytes>\n
+//   sha256=<hex>\n                  over every byte above and the code object
+//   <base64 of the code object (an AMDGPU ELF for hipModuleLoadData)>
+struct HipPayload {
+  int format = 0;
+  std::string jaxtile_version;
+  std::string key;
+  std::string name;
+  std::string symbol;
+  std::string arch;
+  std::string launch;
+  std::string code_object;
+};
+
 // Decodes `text`, the payload of a call to the kernel `key`, and checks it: checksum, then
 // format and key. Whether this machine can run the library is the platform loader's check
 // (cpu/exported_kernel.cc). Throws PayloadError saying what is wrong.
@@ -90,6 +113,10 @@ Payload decode_payload(std::string_view key, std::string_view text);
 // Decodes and checks the payload of a CUDA kernel call like decode_payload; whether the cubin
 // suits the device is the driver's check when it loads it.
 CudaPayload decode_cuda_payload(std::string_view key, std::string_view text);
+
+// Decodes and checks the payload of a ROCm kernel call like decode_payload; whether the code
+// object suits the device is the HIP runtime's check when it loads it.
+HipPayload decode_hip_payload(std::string_view key, std::string_view text);
 
 // The error for a payload of kernel `name` (may be empty) called as `key`: "jaxtile: cannot run
 // the exported kernel ... : <why>".

@@ -1,23 +1,19 @@
 #include "cuda/kernels.h"
 
-#include <array>
 #include <cstdio>
 #include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <utility>
-#include <vector>
 
 #include "common/payload.h"
-#include "cuda/launch_spec.h"
+#include "common/launch_spec.h"
 
 namespace jaxtile::cuda {
 namespace {
-
-constexpr size_t kInlineParams = 32;
-constexpr uintptr_t kBufferAlignment = 16;
 
 struct Kernel {
   std::string name;
@@ -175,27 +171,6 @@ const Kernel& find_or_load(const Driver& d, CUcontext ctx, std::string_view key,
   return *it->second;
 }
 
-// "" if every buffer the kernel reads or writes starts on a multiple of kBufferAlignment bytes,
-// else what is wrong. The generated code accesses them 16 bytes at a time where the layout
-// allows (compiler/cuda/compile.py's ALIGNMENT); a misaligned vector access would fault.
-// Rows whose length is only known at launch (dynamic sizes) are not assumed aligned: the
-// code generator uses element accesses for them (compiler/gpu/codegen/copies.py).
-std::string misaligned(const Kernel& k, std::string_view key, void* const* buffers) {
-  for (const Param& p : k.spec.params) {
-    if (!p.is_buffer) continue;
-    const auto address = reinterpret_cast<uintptr_t>(buffers[p.value]);
-    if (address % kBufferAlignment == 0) continue;
-    char hex[32];
-    std::snprintf(hex, sizeof hex, "%#llx", static_cast<unsigned long long>(address));
-    return who(k.name, key) + ": buffer " + std::to_string(p.value) +
-           " (operands, then results) is at address " + hex + ", which is not " +
-           std::to_string(kBufferAlignment) + "-byte aligned: its generated code reads and " +
-           "writes buffers in " + std::to_string(kBufferAlignment) + "-byte vectors; pass " +
-           "a buffer XLA allocated, not a view at an offset into one";
-  }
-  return "";
-}
-
 std::string run(const Driver& d, CUcontext ctx, const Kernel& k, std::string_view key,
                 CUstream stream, void* const* buffers, size_t num_buffers,
                 const BufferDims* dims) {
@@ -204,44 +179,26 @@ std::string run(const Driver& d, CUcontext ctx, const Kernel& k, std::string_vie
     return who(k.name, key) + ": called with " + std::to_string(num_buffers) +
            " buffers, but its parameters use " + std::to_string(s.buffers_needed);
   }
-  // Each parameter's bytes, and the array of pointers to them that the driver reads; on the
-  // stack for the usual few parameters.
-  const size_t n = s.params.size();
-  uint64_t inline_values[kInlineParams];
-  void* inline_pointers[kInlineParams];
-  std::vector<uint64_t> heap_values;
-  std::vector<void*> heap_pointers;
-  uint64_t* values = inline_values;
-  void** pointers = inline_pointers;
-  if (n > kInlineParams) {
-    heap_values.resize(n);
-    heap_pointers.resize(n);
-    values = heap_values.data();
-    pointers = heap_pointers.data();
-  }
-  std::array<unsigned, 3> grid;
+  std::optional<LaunchArgs> args;
   try {
-    for (size_t i = 0; i < n; ++i) {
-      values[i] = param_value(s.params[i], buffers, dims, num_buffers);
-      pointers[i] = &values[i];
-    }
-    grid = resolve_grid(s, dims, num_buffers);
+    args.emplace(s, buffers, dims, num_buffers);
   } catch (const std::invalid_argument& e) {
     return who(k.name, key) + ": " + e.what();
   }
-  if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0) {
-    return "";  // no blocks (an empty batch): nothing to run, and CUDA refuses such a grid
-  }
+  if (args->empty()) return "";  // no blocks (an empty batch): nothing to run
   // After the empty-grid exit: the buffers of an empty batch may be anywhere.
-  if (std::string bad = misaligned(k, key, buffers); !bad.empty()) return bad;
+  if (std::string bad = misaligned(s, buffers); !bad.empty()) {
+    return who(k.name, key) + ": " + bad;
+  }
   ContextScope scope(d, ctx);
   if (scope.status() != kCudaSuccess) {
     return who(k.name, key) + ": making the stream's context current failed: " +
            d.describe(scope.status());
   }
+  const auto& grid = args->grid();
   const CUresult r = d.cuLaunchKernel(k.fn, grid[0], grid[1], grid[2], s.block[0],
-                                      s.block[1], s.block[2], s.dynamic_smem, stream, pointers,
-                                      nullptr);
+                                      s.block[1], s.block[2], s.dynamic_smem, stream,
+                                      args->pointers(), nullptr);
   if (r != kCudaSuccess) {
     return who(k.name, key) + " failed to launch (" + s.describe() + "): " + d.describe(r);
   }

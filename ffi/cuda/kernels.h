@@ -7,7 +7,7 @@
 #include <string_view>
 
 #include "cuda/driver.h"
-#include "cuda/launch_spec.h"
+#include "common/launch_spec.h"
 
 namespace jaxtile::cuda {
 

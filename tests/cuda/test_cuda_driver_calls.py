@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from jaxtile.compiler.cuda.launch import Launch, buffer, scalar
+from jaxtile.compiler.gpu.launch import Launch, buffer, scalar
 from jaxtile.primitives import payload
 
 _CC = shutil.which("cc") or shutil.which("gcc") or shutil.which("g++")

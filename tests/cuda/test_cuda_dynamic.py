@@ -12,7 +12,7 @@ from cuda_kernels import needs_compiler
 import jaxtile as jt
 from jaxtile import _ffi
 from jaxtile.compiler import build, cache
-from jaxtile.compiler.cuda.launch import Launch
+from jaxtile.compiler.gpu.launch import Launch
 from jaxtile.compiler.target import parse_target
 from jaxtile.primitives import payload
 

@@ -18,7 +18,7 @@ import jaxtile as jt
 from jaxtile import _ffi
 from jaxtile.compiler import build, cache
 from jaxtile.compiler.cuda.compile import compile_kernel
-from jaxtile.compiler.cuda.launch import Launch, buffer, scalar
+from jaxtile.compiler.gpu.launch import Launch, buffer, scalar
 from jaxtile.primitives import payload
 from jaxtile.primitives.lowering import CUDA_TARGET_NAME
 

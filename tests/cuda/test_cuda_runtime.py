@@ -11,7 +11,7 @@ import jax
 import pytest
 
 from jaxtile import _ffi
-from jaxtile.compiler.cuda.launch import Launch, buffer, scalar
+from jaxtile.compiler.gpu.launch import Launch, buffer, scalar
 from jaxtile.primitives import payload
 
 KEY = "c0ffee" * 10 + "abcd"

@@ -10,8 +10,8 @@ from cuda_kernels import SCALE_SHIFT, gemm_source, needs_compiler, needs_nvrtc
 from jaxtile.compiler import cache, target
 from jaxtile.compiler.cuda import fingerprint, nvrtc, sass
 from jaxtile.compiler.cuda.compile import arch_of, compile_kernel
-from jaxtile.compiler.cuda.launch import Launch, buffer, scalar
 from jaxtile.compiler.errors import KernelError
+from jaxtile.compiler.gpu.launch import Launch, buffer, scalar
 from jaxtile.compiler.target import parse_target
 
 GEMM_LAUNCH = Launch((4, 4, 1), (128, 1, 1), 0,

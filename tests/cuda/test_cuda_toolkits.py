@@ -16,8 +16,8 @@ from cuda_kernels import PTXAS_BUDGETS, SCALE_SHIFT
 
 from jaxtile.compiler.cuda import compile as cuda_compile
 from jaxtile.compiler.cuda import nvrtc
-from jaxtile.compiler.cuda.launch import Launch
 from jaxtile.compiler.errors import KernelError
+from jaxtile.compiler.gpu.launch import Launch
 from jaxtile.compiler.target import parse_target
 
 

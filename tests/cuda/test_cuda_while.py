@@ -111,8 +111,8 @@ def test_volatile_loads_read_memory_in_the_emulator_and_compile_for_the_gpu():
     import numpy as np
 
     from jaxtile.compiler.cuda import compile as cuda_compile
-    from jaxtile.compiler.cuda.launch import Launch
     from jaxtile.compiler.emulator import Buffer, EmulatedKernel, LaunchConfig
+    from jaxtile.compiler.gpu.launch import Launch
     from jaxtile.compiler.target import parse_target
 
     params = [Buffer("f", "float32"), Buffer("h", "float16"), Buffer("i", "int64"),

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from jaxtile.compiler.cuda import compile as cuda_compile
-from jaxtile.compiler.cuda.launch import Launch
 from jaxtile.compiler.emulator import Buffer, EmulatedKernel, LaunchConfig
+from jaxtile.compiler.gpu.launch import Launch
 from jaxtile.compiler.target import parse_target
 
 SLOTS, BLOCKS, THREADS = 4, 48, 128

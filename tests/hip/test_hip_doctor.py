@@ -1,4 +1,5 @@
-"""jaxtile doctor's AMD check asks compiler/hip/toolchain.py, as a compile would."""
+"""jaxtile doctor's AMD checks ask compiler/hip/toolchain.py, as a compile would, and the
+ROCm handler's runtime loader, as a launch would."""
 
 from jaxtile.compiler import doctor
 from jaxtile.compiler.hip import toolchain
@@ -19,3 +20,18 @@ def test_missing_compiler_says_what_to_install(monkeypatch):
     monkeypatch.setattr(toolchain, "clang_path", lambda: None)
     check = _amd()
     assert not check.ok and "apt-get install -y clang-19 lld-19" in check.advice
+
+
+def _runtime():
+    return next(c for c in doctor.run() if c.name == "AMD HIP runtime")
+
+
+def test_the_hip_runtime_check_asks_the_rocm_handlers_loader(monkeypatch):
+    from jaxtile import _ffi
+
+    monkeypatch.setattr(_ffi, "rocm_runtime_error", lambda: "no libamdhip64 here")
+    check = _runtime()
+    assert not check.ok and check.detail == "no libamdhip64 here"
+    assert "jaxtile[rocm]" in check.advice
+    monkeypatch.setattr(_ffi, "rocm_runtime_error", lambda: "")
+    assert _runtime().ok

@@ -203,13 +203,13 @@ def test_export_without_the_checks_says_to_pass_them():
     assert CPU_EXPORTED_TARGET_NAME in exported.mlir_module()
 
 
-@pytest.mark.parametrize("platforms", [["rocm"], ["cpu", "rocm"]])
+@pytest.mark.parametrize("platforms", [["tpu"], ["cpu", "tpu"]])
 def test_export_for_another_platform_is_a_kernel_error(platforms):
-    # CUDA exports: tests/cuda/test_export.py.
+    # CUDA exports: tests/cuda/test_cuda_export.py; ROCm's: tests/hip/test_hip_export.py.
     with pytest.raises(jt.KernelError) as info:
         _export(platforms=platforms)
     msg = str(info.value)
-    for words in ("softmax", "'rocm'", str(platforms), "CPU only"):
+    for words in ("softmax", "'tpu'", str(platforms), "CPU, CUDA and ROCm"):
         assert words in msg, msg
 
 

@@ -148,7 +148,7 @@ _FAKE_DRIVER = Path(__file__).parents[1] / "cuda" / "fake_libcuda.c"
 _SCRIPT = textwrap.dedent("""
     import json, sys
     from jaxtile import _ffi
-    from jaxtile.compiler.cuda.launch import Launch, buffer
+    from jaxtile.compiler.gpu.launch import Launch, buffer
     from jaxtile.primitives import payload
 
     key = "e7" * 32

@@ -1,13 +1,14 @@
-#include "cuda/launch_spec.h"
+#include "common/launch_spec.h"
 
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
-namespace jaxtile::cuda {
+namespace jaxtile {
 namespace {
 
 [[noreturn]] void bad(std::string_view text, const std::string& why) {
@@ -241,6 +242,38 @@ uint64_t param_value(const Param& p, void* const* buffers, const BufferDims* dim
   return p.value;
 }
 
+LaunchArgs::LaunchArgs(const LaunchSpec& spec, void* const* buffers, const BufferDims* dims,
+                       size_t num_buffers) {
+  const size_t n = spec.params.size();
+  uint64_t* values = inline_values_;
+  if (n > kInline) {
+    heap_values_.resize(n);
+    heap_pointers_.resize(n);
+    values = heap_values_.data();
+    pointers_ = heap_pointers_.data();
+  }
+  for (size_t i = 0; i < n; ++i) {
+    values[i] = param_value(spec.params[i], buffers, dims, num_buffers);
+    pointers_[i] = &values[i];
+  }
+  grid_ = resolve_grid(spec, dims, num_buffers);
+}
+
+std::string misaligned(const LaunchSpec& spec, void* const* buffers) {
+  for (const Param& p : spec.params) {
+    if (!p.is_buffer) continue;
+    const auto address = reinterpret_cast<uintptr_t>(buffers[p.value]);
+    if (address % kBufferAlignment == 0) continue;
+    char hex[32];
+    std::snprintf(hex, sizeof hex, "%#llx", static_cast<unsigned long long>(address));
+    return "buffer " + std::to_string(p.value) + " (operands, then results) is at address " +
+           hex + ", which is not " + std::to_string(kBufferAlignment) + "-byte aligned: its " +
+           "generated code reads and writes buffers in " + std::to_string(kBufferAlignment) +
+           "-byte vectors; pass a buffer XLA allocated, not a view at an offset into one";
+  }
+  return "";
+}
+
 LaunchSpec parse_launch(std::string_view text) {
   const auto parts = split(text, ';');
   if (parts.size() != 4) bad(text, "expected grid, block, smem and params");
@@ -299,4 +332,4 @@ std::string LaunchSpec::describe() const {
          " B dynamic shared memory";
 }
 
-}  // namespace jaxtile::cuda
+}  // namespace jaxtile

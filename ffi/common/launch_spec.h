@@ -1,4 +1,6 @@
-// A cubin's launch configuration, parsed from the text compiler/cuda/launch.py writes:
+// A GPU kernel's launch configuration (a CUDA cubin's or a HIP code object's: both module
+// APIs launch with the same grid, block, shared bytes and parameter array), parsed from the
+// text compiler/gpu/launch.py writes:
 //
 //   grid=4,4,1;block=128,1,1;smem=49152;params=b0,b1,b2,i32:512,f32:0.5
 //
@@ -16,7 +18,7 @@
 #include <string_view>
 #include <vector>
 
-namespace jaxtile::cuda {
+namespace jaxtile {
 
 struct Param {
   bool is_buffer;
@@ -68,4 +70,39 @@ std::array<unsigned, 3> resolve_grid(const LaunchSpec& spec, const BufferDims* d
 uint64_t param_value(const Param& p, void* const* buffers, const BufferDims* dims,
                      size_t num_buffers);
 
-}  // namespace jaxtile::cuda
+// The grid and the parameter array of one launch with these buffers, as cuLaunchKernel and
+// hipModuleLaunchKernel read it (a pointer to each parameter's bytes); held on the stack for
+// the usual few parameters. Not copyable: the pointers point into the object itself.
+class LaunchArgs {
+ public:
+  // Throws std::invalid_argument as resolve_grid and param_value do.
+  LaunchArgs(const LaunchSpec& spec, void* const* buffers, const BufferDims* dims,
+             size_t num_buffers);
+  LaunchArgs(const LaunchArgs&) = delete;
+  LaunchArgs& operator=(const LaunchArgs&) = delete;
+
+  const std::array<unsigned, 3>& grid() const { return grid_; }
+  // A grid of no blocks (an empty batch): nothing to launch, and both APIs refuse it.
+  bool empty() const { return grid_[0] == 0 || grid_[1] == 0 || grid_[2] == 0; }
+  void** pointers() { return pointers_; }
+
+ private:
+  static constexpr size_t kInline = 32;
+  std::array<unsigned, 3> grid_{};
+  uint64_t inline_values_[kInline];
+  void* inline_pointers_[kInline];
+  std::vector<uint64_t> heap_values_;
+  std::vector<void*> heap_pointers_;
+  void** pointers_ = inline_pointers_;
+};
+
+// The byte alignment the generated GPU code assumes of every buffer it accesses (it reads
+// and writes them 16 bytes at a time where the layout allows: compiler/cuda/compile.py's
+// ALIGNMENT); rows whose length is only known at launch are accessed by element.
+constexpr uintptr_t kBufferAlignment = 16;
+
+// "" if every buffer `spec` passes starts on a multiple of kBufferAlignment bytes, else what
+// is wrong, for a message that names the kernel first: a misaligned vector access faults.
+std::string misaligned(const LaunchSpec& spec, void* const* buffers);
+
+}  // namespace jaxtile

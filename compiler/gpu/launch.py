@@ -1,8 +1,9 @@
-"""How a compiled CUDA kernel is launched: grid, block, dynamic shared memory, parameters.
+"""How a compiled GPU kernel is launched: grid, block, dynamic shared memory, parameters.
 
-A :class:`Launch` travels with the cubin, in the build cache's record and in the custom
-call's payload, as one line of text (:meth:`Launch.encode`) that the C++ handler parses
-(``ffi/cuda/launch_spec.cc``)::
+A :class:`Launch` travels with the cubin (CUDA) or code object (HIP), in the build cache's
+record and in the custom call's payload, as one line of text (:meth:`Launch.encode`) that
+the C++ handlers parse (``ffi/common/launch_spec.cc``: CUDA's ``cuLaunchKernel`` and HIP's
+``hipModuleLaunchKernel`` take the same grid, block, shared bytes and parameter array)::
 
     grid=4,4,1;block=128,1,1;smem=49152;params=b0,b1,b2,i32:512,f32:0.5
 
@@ -50,7 +51,7 @@ def scalar(ctype: str, value: int | float) -> str:
 
 @dataclass(frozen=True)
 class Launch:
-    """A CUDA launch configuration, as CUDA states it (x, y, z extents)."""
+    """A GPU launch configuration, as CUDA and HIP state it (x, y, z extents)."""
 
     grid: tuple[int | str, int | str, int | str]
     """Extents: ints, or size expressions over ``dim<i>_<j>`` (see the module docstring)."""

@@ -1,0 +1,132 @@
+/* A stand-in for AMD's HIP runtime (libamdhip64.so) that records what the ROCm handler asks of
+ * it, so the handler's use of the HIP module API is tested on machines without an AMD GPU.
+ *
+ * Each call appends one line to the file named by $FAKE_HIP_LOG. A "code object" is text:
+ *   "FAKECO params=<sizes>"   loads; <sizes> gives the kernel's parameter sizes in bytes,
+ *                             e.g. "884" for two pointers and an int (what the launch logs)
+ *   "FAKECO other-arch"       fails with hipErrorNoBinaryForGpu (209)
+ * Modules load into the calling thread's current device: device 0 until hipSetDevice. A
+ * stream's device is its value divided by 256, less one (stream 0x100 -> device 0, 0x200 ->
+ * device 1); stream 0xdead has none. The function "missing" is not found;
+ * $FAKE_HIP_LAUNCH_ERROR makes launches fail with that code. */
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int hipError_t;
+
+__attribute__((format(printf, 1, 2))) static void logf_line(const char* fmt, ...) {
+  const char* path = getenv("FAKE_HIP_LOG");
+  if (path == NULL) return;
+  FILE* f = fopen(path, "a");
+  if (f == NULL) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vfprintf(f, fmt, ap);
+  va_end(ap);
+  fputc('\n', f);
+  fclose(f);
+}
+
+struct module {
+  int device;
+  char sizes[64];
+};
+struct function {
+  struct module* module;
+  char name[64];
+};
+
+static int g_device = 0;
+
+hipError_t hipInit(unsigned flags) {
+  logf_line("hipInit %u", flags);
+  return 0;
+}
+
+const char* hipGetErrorName(hipError_t r) {
+  return r == 209   ? "hipErrorNoBinaryForGpu"
+         : r == 400 ? "hipErrorInvalidHandle"
+         : r == 500 ? "hipErrorNotFound"
+         : r == 701 ? "hipErrorLaunchOutOfResources"
+                    : "hipErrorInvalidValue";
+}
+
+const char* hipGetErrorString(hipError_t r) {
+  return r == 701 ? "too many resources requested for launch" : "fake runtime error";
+}
+
+hipError_t hipGetDevice(int* device) {
+  *device = g_device;
+  return 0;
+}
+
+hipError_t hipSetDevice(int device) {
+  logf_line("hipSetDevice %d", device);
+  g_device = device;
+  return 0;
+}
+
+hipError_t hipStreamGetDevice(void* stream, int* device) {
+  if ((uintptr_t)stream == 0xdead) return 400;
+  *device = (int)((uintptr_t)stream / 256) - 1;
+  logf_line("hipStreamGetDevice stream=%#lx device=%d", (unsigned long)(uintptr_t)stream,
+            *device);
+  return 0;
+}
+
+hipError_t hipModuleLoadData(void** module, const void* image) {
+  const char* text = (const char*)image;
+  if (strncmp(text, "FAKECO ", 7) != 0) return 1;
+  const char* sizes = strstr(text, "params=");
+  if (sizes == NULL) {
+    logf_line("hipModuleLoadData device=%d refused", g_device);
+    return 209;
+  }
+  struct module* m = calloc(1, sizeof *m);
+  m->device = g_device;
+  snprintf(m->sizes, sizeof m->sizes, "%s", sizes + 7);
+  *module = m;
+  logf_line("hipModuleLoadData device=%d", g_device);
+  return 0;
+}
+
+hipError_t hipModuleGetFunction(void** fn, void* module, const char* name) {
+  logf_line("hipModuleGetFunction %s", name);
+  if (strcmp(name, "missing") == 0) return 500;
+  struct function* f = calloc(1, sizeof *f);
+  f->module = module;
+  snprintf(f->name, sizeof f->name, "%s", name);
+  *fn = f;
+  return 0;
+}
+
+hipError_t hipModuleLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                 unsigned by, unsigned bz, unsigned smem, void* stream,
+                                 void** params, void** extra) {
+  const struct function* f = fn;
+  const int stream_device = (int)((uintptr_t)stream / 256) - 1;
+  if (f->module->device != stream_device) {
+    /* A function of another device's module: the real runtime fails such a launch. */
+    logf_line("hipModuleLaunchKernel %s refused: module of device %d, stream of device %d",
+              f->name, f->module->device, stream_device);
+    return 400;
+  }
+  char line[1024];
+  int at = snprintf(line, sizeof line, "hipModuleLaunchKernel %s grid=%u,%u,%u "
+                    "block=%u,%u,%u smem=%u stream=%#lx extra=%s params=", f->name, gx, gy, gz,
+                    bx, by, bz, smem, (unsigned long)(uintptr_t)stream,
+                    extra == NULL ? "null" : "set");
+  /* Read each parameter with the size the kernel declares, as the runtime does. */
+  for (const char* s = f->module->sizes; *s >= '1' && *s <= '8'; ++s) {
+    uint64_t v = 0;
+    memcpy(&v, params[s - f->module->sizes], (size_t)(*s - '0'));
+    at += snprintf(line + at, sizeof line - (size_t)at, "%s%#llx",
+                   s == f->module->sizes ? "" : ",", (unsigned long long)v);
+  }
+  logf_line("%s", line);
+  const char* error = getenv("FAKE_HIP_LAUNCH_ERROR");
+  return error ? atoi(error) : 0;
+}

@@ -53,7 +53,7 @@ def compile_to_library(kernel: ir.Kernel, target: Target) -> CompiledHip:
     sizes. Raises KernelError naming the kernel when clang is missing or rejects the code
     (threads and LDS beyond the target's are refused before: the kernel's specialisation and
     the shared-memory planner check them)."""
-    _check(kernel, target)
+    check_supported(kernel, target)
     code = generate(kernel, target)
     caps = target.caps
     grid = code.num_blocks or launch_grid(code.grid_size, code.size_params)

@@ -25,19 +25,27 @@ from jaxtile.primitives.sharding import ShardRule, infer_rule
 
 from . import _config, _trace
 
+Tiles = tuple[frozenset[str], Target]
+"""The parameter names a call set itself, and the target its kernel's tile rule chose the
+others for."""
+
 
 class Specialisation:
     """A kernel traced for fixed argument shapes/dtypes, parameters and batch levels."""
 
     def __init__(self, owner: Any, specs: tuple[jax.ShapeDtypeStruct, ...],
                  params: dict[str, Any], batch: tuple[_trace.BatchLevel, ...],
-                 backend: str = "cpu"):
+                 backend: str = "cpu", tiles: Tiles | None = None):
         self.owner = owner
         self.specs = specs
         self.params = params
         self.batch = batch
         self.backend = backend
         """What runs the kernel on JAX's CPU platform (see ``jaxtile.set_backend``)."""
+        self.tiles = tiles
+        """For a kernel with a tile rule: what the call fixed and the target the rest was
+        chosen for (see :meth:`for_target`); None when every parameter is fixed."""
+        self._retiled: dict[Target, Specialisation] = {}
         self.dynamic = owner.dynamic if not batch else {}
         """The kernel's dynamic axes (argument position -> axes). A vmapped specialisation
         compiles for its sizes: batch views of dynamic dimensions are not supported yet."""
@@ -119,6 +127,34 @@ class Specialisation:
         name = _config.BACKENDS[self.backend]
         return parse_target(_config.cpu_target_name() if name == "cpu" else name)
 
+    def for_target(self, target: Target) -> Specialisation:
+        """The specialisation to compile for ``target``: this one, unless its tiles were
+        chosen for another target and ``target``'s tile rule (its table) chooses others;
+        then the same call with those. A trace does not know the platforms it will be
+        lowered for (``jax.export`` for CUDA on a CPU host traces with the CPU's tiles,
+        which may need more shared memory than a GPU has), so each platform's lowering asks
+        for its own target's choice here."""
+        if self.tiles is None or self.tiles[1] == target:
+            return self
+        spec = self._retiled.get(target)
+        if spec is None:
+            fixed = self.tiles[0]
+            own = {k: v for k, v in self.params.items() if k in fixed}
+            chosen = self.owner.tile_rule(self.specs, own, target)
+            if all(self.params[k] == v for k, v in chosen.items()):
+                spec = self
+            else:
+                spec = self.owner.specialisation(self.specs, {**self.params, **chosen},
+                                                 self.batch, self.backend,
+                                                 tiles=(fixed, target))
+                if _output_types(spec) != _output_types(self):
+                    raise kernel_error(self.owner.name, f"the tiles chosen for {target.name} "
+                                       f"({chosen}) change the kernel's outputs; a tile rule "
+                                       "may only change how it is tiled",
+                                       _definition(self.owner))
+            self._retiled[target] = spec
+        return spec
+
     def build(self, target: Target, load: Callable[[cache.Entry], None], *,
               emulated: bool = False) -> cache.Entry:
         """The kernel compiled for ``target`` (or fetched from the cache) and loaded with
@@ -183,8 +219,8 @@ class Specialisation:
     def batched(self, batched: tuple[bool, ...], size: int) -> kernel_call.KernelHandle:
         """The handle of this kernel with one more (outermost) batch level."""
         level = _trace.BatchLevel(size, tuple(batched))
-        return self.owner.specialisation(self.specs, self.params,
-                                         (level,) + self.batch, self.backend).handle()
+        return self.owner.specialisation(self.specs, self.params, (level,) + self.batch,
+                                         self.backend, tiles=self.tiles).handle()
 
     def resized(self, arg_shapes: Sequence[tuple[int, ...]]) -> kernel_call.KernelHandle:
         """The handle of this kernel for other (e.g. per-shard) argument shapes, given with
@@ -196,8 +232,8 @@ class Specialisation:
                 sizes[k] = n
             specs.append(jax.ShapeDtypeStruct(tuple(shape[len(levels):]), spec.dtype))
         batch = tuple(_trace.BatchLevel(n, level.batched) for n, level in zip(sizes, self.batch))
-        return self.owner.specialisation(tuple(specs), self.params, batch,
-                                         self.backend).handle()
+        return self.owner.specialisation(tuple(specs), self.params, batch, self.backend,
+                                         tiles=self.tiles).handle()
 
     @property
     def shard_rule(self) -> ShardRule | None:
@@ -227,7 +263,7 @@ class Specialisation:
         if not self.batch:
             return _flat_rule(self, *rule)
         inner = self.owner.specialisation(self.specs, self.params, self.batch[1:],
-                                          self.backend)
+                                          self.backend, tiles=self.tiles)
         return _vmapped_rule(inner.vjp, self.batch[0])
 
     @property
@@ -241,8 +277,12 @@ class Specialisation:
         if not self.batch:
             return _flat_jvp_rule(self, rule)
         inner = self.owner.specialisation(self.specs, self.params, self.batch[1:],
-                                          self.backend)
+                                          self.backend, tiles=self.tiles)
         return _vmapped_jvp_rule(inner.jvp, self.batch[0])
+
+
+def _output_types(spec: Specialisation) -> tuple[Any, ...]:
+    return spec.traced.out_tree, tuple((b.shape, b.dtype) for b in spec.traced.outputs)
 
 
 def _definition(kernel: Any) -> str | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -25,9 +25,16 @@ from jaxtile.primitives.sharding import ShardRule, infer_rule
 
 from . import _config, _trace
 
-Tiles = tuple[frozenset[str], Target]
-"""The parameter names a call set itself, and the target its kernel's tile rule chose the
-others for."""
+
+class Tiles(NamedTuple):
+    """How a kernel with a tile rule got its parameters."""
+
+    fixed: frozenset[str]
+    """The names the call set itself."""
+    chosen: frozenset[str]
+    """The names the tile rule chose values for."""
+    target: Target
+    """The target it chose them for."""
 
 
 class Specialisation:
@@ -134,11 +141,11 @@ class Specialisation:
         lowered for (``jax.export`` for CUDA on a CPU host traces with the CPU's tiles,
         which may need more shared memory than a GPU has), so each platform's lowering asks
         for its own target's choice here."""
-        if self.tiles is None or self.tiles[1] == target:
+        if self.tiles is None or self.tiles.target == target:
             return self
         spec = self._retiled.get(target)
         if spec is None:
-            fixed = self.tiles[0]
+            fixed = self.tiles.fixed
             own = {k: v for k, v in self.params.items() if k in fixed}
             chosen = self.owner.tile_rule(self.specs, own, target)
             if all(self.params[k] == v for k, v in chosen.items()):
@@ -146,7 +153,8 @@ class Specialisation:
             else:
                 spec = self.owner.specialisation(self.specs, {**self.params, **chosen},
                                                  self.batch, self.backend,
-                                                 tiles=(fixed, target))
+                                                 tiles=Tiles(fixed, frozenset(chosen),
+                                                             target))
                 if _output_types(spec) != _output_types(self):
                     raise kernel_error(self.owner.name, f"the tiles chosen for {target.name} "
                                        f"({chosen}) change the kernel's outputs; a tile rule "
@@ -208,6 +216,16 @@ class Specialisation:
             raise kernel_error(self.owner.name, f"the {target.name} compiler failed on this "
                                f"kernel ({type(e).__name__}: {first}); please report it",
                                _definition(self.owner)) from e
+
+    @property
+    def rule_params(self) -> dict[str, Any]:
+        """The parameters the differentiation rules get: all of them, less those a tile rule
+        chose. The kernels the rules call then choose their own tiles, per target (the
+        rules run at trace time, before any platform's lowering), where passing this
+        call's would fix, on every target, tiles chosen for one."""
+        if self.tiles is None:
+            return self.params
+        return {k: v for k, v in self.params.items() if k not in self.tiles.chosen}
 
     # --- what kernel_call's rules ask for -----------------------------------
     def reference(self, *args: Any) -> list[Any]:
@@ -292,7 +310,7 @@ def _definition(kernel: Any) -> str | None:
 
 
 def _flat_jvp_rule(spec: Specialisation, jvp: Callable):
-    tree, params, name = spec.traced.out_tree, spec.params, spec.owner.name
+    tree, params, name = spec.traced.out_tree, spec.rule_params, spec.owner.name
 
     def flat_jvp(primals, outs, tangents):
         got = jvp(tuple(primals), jax.tree.unflatten(tree, list(outs)), tuple(tangents),
@@ -318,7 +336,7 @@ def _vmapped_jvp_rule(jvp: Callable, level: _trace.BatchLevel):
 
 
 def _flat_rule(spec: Specialisation, fwd: Callable, bwd: Callable):
-    tree, params, name = spec.traced.out_tree, spec.params, spec.owner.name
+    tree, params, name = spec.traced.out_tree, spec.rule_params, spec.owner.name
     n_args = len(spec.specs)
 
     def flat_fwd(*args):

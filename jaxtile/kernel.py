@@ -318,8 +318,9 @@ class Kernel:
             if self.tile_rule is not None:
                 # The tiles are chosen for one target; the lowering for another chooses
                 # again from the names the call fixed itself (Specialisation.for_target).
-                tiles = (frozenset(params), target or _tile_target())
-                params = {**self.tile_rule(specs, params, target), **params}
+                chosen = self.tile_rule(specs, params, target)
+                tiles = Tiles(frozenset(params), frozenset(chosen), target or _tile_target())
+                params = {**chosen, **params}
             spec = self.specialisation(specs, self._params(params), (), tiles=tiles)
             if fast is not None:
                 self._by_call[fast] = spec
@@ -338,7 +339,7 @@ class Kernel:
             # The names the call fixed are part of the key: two calls that got the same
             # tiles, one from the table and one by passing them, differ on another target.
             cache_key = (specs, _params_key(params), batch, backend_name,
-                         tiles[0] if tiles else None)
+                         tiles.fixed if tiles else None)
             hash(cache_key)
         except TypeError:
             bad = [k for k, v in params.items() if not _hashable(_value_key(v))]

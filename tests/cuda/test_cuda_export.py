@@ -217,3 +217,20 @@ def test_export_for_cuda_on_a_cpu_host_uses_the_gpu_table():
     x = [jnp.asarray(rng.standard_normal(q.shape), jnp.float32) for _ in range(3)]
     np.testing.assert_allclose(exported.call(*x), _attention_reference(*x), rtol=2e-4,
                                atol=2e-5)
+
+
+def test_export_of_attention_grad_for_cuda_on_a_cpu_host_fits_the_gpu():
+    # The differentiation rules run at trace time; they get the tiles the call passed, not
+    # the CPU table's, so the forward kernel they call chooses again at lowering and the
+    # backward kernels (which have no table) take default_tiles.
+    from jaxtile.compiler.target import parse_target
+    q = jax.ShapeDtypeStruct((1, 8, 1024, 64), jnp.float32)
+    loss = jax.jit(jax.grad(lambda q, k, v: jt.ops.attention(q, k, v).sum(), (0, 1, 2)))
+    exported = jax.export.export(loss, platforms=["cuda"],
+                                 disabled_checks=jt.export_checks())(q, q, q)
+    headers = [payload.unpack(p)[0] for p in _payloads(exported.mlir_module())]
+    assert sorted(h["name"] for h in headers) == ["attention_dkdv", "attention_dq",
+                                                  "attention_fwd"]
+    most = parse_target("cuda:sm_80").caps.max_smem_bytes
+    for h in headers:
+        assert Launch.decode(h["launch"]).dynamic_smem <= most, h["name"]

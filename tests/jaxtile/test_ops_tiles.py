@@ -240,3 +240,19 @@ def test_the_cuda_emulator_chooses_from_the_sm_80_table():
     assert spec.backend == "cuda-emulator" and spec.cpu_platform_target == sm80
     assert {k: spec.params[k] for k in ("bm", "bn")} == _entry("cuda:sm_80", att, args)
     assert spec.for_target(sm80) is spec
+
+
+def test_a_tile_rule_that_changes_the_outputs_is_a_clear_error():
+    @jt.kernel
+    def head(x, *, rows=1):
+        out = jt.empty((rows,), x.dtype)
+        out[...] = x[:rows]
+        return out
+
+    head.tile_rule = lambda specs, params, target: \
+        {} if "rows" in params else {"rows": 2 if target.kind == "cuda" else 1}
+    x = jax.ShapeDtypeStruct((8,), np.float32)
+    spec = head._specialise((x,), {}, parse_target("cpu"))
+    with pytest.raises(jt.KernelError, match=r"'head'.*cuda:sm_80.*change the kernel's "
+                       r"outputs.*test_ops_tiles.py"):
+        spec.for_target(parse_target("cuda:sm_80"))

@@ -51,7 +51,7 @@ class Specialisation:
         """What runs the kernel on JAX's CPU platform (see ``jaxtile.set_backend``)."""
         self.tiles = tiles
         """For a kernel with a tile rule: what the call fixed and the target the rest was
-        chosen for (see :meth:`for_target`); None when every parameter is fixed."""
+        chosen for (see :meth:`for_target`); None for a kernel without one."""
         self._retiled: dict[Target, Specialisation] = {}
         self.dynamic = owner.dynamic if not batch else {}
         """The kernel's dynamic axes (argument position -> axes). A vmapped specialisation

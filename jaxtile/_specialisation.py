@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -27,18 +27,33 @@ from jaxtile.primitives.sharding import ShardRule, infer_rule
 from . import _config, _trace
 
 
+class Tiles(NamedTuple):
+    """How a kernel with a tile rule got its parameters."""
+
+    fixed: frozenset[str]
+    """The names the call set itself."""
+    chosen: frozenset[str]
+    """The names the tile rule chose values for."""
+    target: Target
+    """The target it chose them for."""
+
+
 class Specialisation:
     """A kernel traced for fixed argument shapes/dtypes, parameters and batch levels."""
 
     def __init__(self, owner: Any, specs: tuple[jax.ShapeDtypeStruct, ...],
                  params: dict[str, Any], batch: tuple[_trace.BatchLevel, ...],
-                 backend: str = "cpu"):
+                 backend: str = "cpu", tiles: Tiles | None = None):
         self.owner = owner
         self.specs = specs
         self.params = params
         self.batch = batch
         self.backend = backend
         """What runs the kernel on JAX's CPU platform (see ``jaxtile.set_backend``)."""
+        self.tiles = tiles
+        """For a kernel with a tile rule: what the call fixed and the target the rest was
+        chosen for (see :meth:`for_target`); None for a kernel without one."""
+        self._retiled: dict[Target, Specialisation] = {}
         self.dynamic = owner.dynamic if not batch else {}
         """The kernel's dynamic axes (argument position -> axes). A vmapped specialisation
         compiles for its sizes: batch views of dynamic dimensions are not supported yet."""
@@ -159,6 +174,35 @@ class Specialisation:
         name = _config.BACKENDS[self.backend]
         return parse_target(_config.cpu_target_name() if name == "cpu" else name)
 
+    def for_target(self, target: Target) -> Specialisation:
+        """The specialisation to compile for ``target``: this one, unless its tiles were
+        chosen for another target and ``target``'s tile rule (its table) chooses others;
+        then the same call with those. A trace does not know the platforms it will be
+        lowered for (``jax.export`` for CUDA on a CPU host traces with the CPU's tiles,
+        which may need more shared memory than a GPU has), so each platform's lowering asks
+        for its own target's choice here."""
+        if self.tiles is None or self.tiles.target == target:
+            return self
+        spec = self._retiled.get(target)
+        if spec is None:
+            fixed = self.tiles.fixed
+            own = {k: v for k, v in self.params.items() if k in fixed}
+            chosen = self.owner.tile_rule(self.specs, own, target)
+            if all(self.params[k] == v for k, v in chosen.items()):
+                spec = self
+            else:
+                spec = self.owner.specialisation(self.specs, {**self.params, **chosen},
+                                                 self.batch, self.backend,
+                                                 tiles=Tiles(fixed, frozenset(chosen),
+                                                             target))
+                if _output_types(spec) != _output_types(self):
+                    raise kernel_error(self.owner.name, f"the tiles chosen for {target.name} "
+                                       f"({chosen}) change the kernel's outputs; a tile rule "
+                                       "may only change how it is tiled",
+                                       _definition(self.owner))
+            self._retiled[target] = spec
+        return spec
+
     def build(self, target: Target, load: Callable[[cache.Entry], None], *,
               emulated: bool = False) -> cache.Entry:
         """The kernel compiled for ``target`` (or fetched from the cache) and loaded with
@@ -221,6 +265,16 @@ class Specialisation:
                             f"kernel ({type(error).__name__}: {first}); please report it",
                             _definition(self.owner))
 
+    @property
+    def rule_params(self) -> dict[str, Any]:
+        """The parameters the differentiation rules get: all of them, less those a tile rule
+        chose. The kernels the rules call then choose their own tiles, per target (the
+        rules run at trace time, before any platform's lowering), where passing this
+        call's would fix, on every target, tiles chosen for one."""
+        if self.tiles is None:
+            return self.params
+        return {k: v for k, v in self.params.items() if k not in self.tiles.chosen}
+
     # --- what kernel_call's rules ask for -----------------------------------
     def reference(self, *args: Any) -> list[Any]:
         """The outputs (flat, in kernel_call order) of the body run as plain JAX ops."""
@@ -231,8 +285,8 @@ class Specialisation:
     def batched(self, batched: tuple[bool, ...], size: int) -> kernel_call.KernelHandle:
         """The handle of this kernel with one more (outermost) batch level."""
         level = _trace.BatchLevel(size, tuple(batched))
-        return self.owner.specialisation(self.specs, self.params,
-                                         (level,) + self.batch, self.backend).handle()
+        return self.owner.specialisation(self.specs, self.params, (level,) + self.batch,
+                                         self.backend, tiles=self.tiles).handle()
 
     def resized(self, arg_shapes: Sequence[tuple[int, ...]]) -> kernel_call.KernelHandle:
         """The handle of this kernel for other (e.g. per-shard) argument shapes, given with
@@ -244,8 +298,8 @@ class Specialisation:
                 sizes[k] = n
             specs.append(jax.ShapeDtypeStruct(tuple(shape[len(levels):]), spec.dtype))
         batch = tuple(_trace.BatchLevel(n, level.batched) for n, level in zip(sizes, self.batch))
-        return self.owner.specialisation(tuple(specs), self.params, batch,
-                                         self.backend).handle()
+        return self.owner.specialisation(tuple(specs), self.params, batch, self.backend,
+                                         tiles=self.tiles).handle()
 
     @property
     def shard_rule(self) -> ShardRule | None:
@@ -275,7 +329,7 @@ class Specialisation:
         if not self.batch:
             return _flat_rule(self, *rule)
         inner = self.owner.specialisation(self.specs, self.params, self.batch[1:],
-                                          self.backend)
+                                          self.backend, tiles=self.tiles)
         return _vmapped_rule(inner.vjp, self.batch[0])
 
     @property
@@ -289,8 +343,12 @@ class Specialisation:
         if not self.batch:
             return _flat_jvp_rule(self, rule)
         inner = self.owner.specialisation(self.specs, self.params, self.batch[1:],
-                                          self.backend)
+                                          self.backend, tiles=self.tiles)
         return _vmapped_jvp_rule(inner.jvp, self.batch[0])
+
+
+def _output_types(spec: Specialisation) -> tuple[Any, ...]:
+    return spec.traced.out_tree, tuple((b.shape, b.dtype) for b in spec.traced.outputs)
 
 
 def _definition(kernel: Any) -> str | None:
@@ -300,7 +358,7 @@ def _definition(kernel: Any) -> str | None:
 
 
 def _flat_jvp_rule(spec: Specialisation, jvp: Callable):
-    tree, params, name = spec.traced.out_tree, spec.params, spec.owner.name
+    tree, params, name = spec.traced.out_tree, spec.rule_params, spec.owner.name
 
     def flat_jvp(primals, outs, tangents):
         got = jvp(tuple(primals), jax.tree.unflatten(tree, list(outs)), tuple(tangents),
@@ -326,7 +384,7 @@ def _vmapped_jvp_rule(jvp: Callable, level: _trace.BatchLevel):
 
 
 def _flat_rule(spec: Specialisation, fwd: Callable, bwd: Callable):
-    tree, params, name = spec.traced.out_tree, spec.params, spec.owner.name
+    tree, params, name = spec.traced.out_tree, spec.rule_params, spec.owner.name
     n_args = len(spec.specs)
 
     def flat_fwd(*args):

@@ -22,7 +22,7 @@ from jaxtile.compiler.target import Target, parse_target
 from jaxtile.primitives import kernel_call, sharding
 
 from . import _config, _trace
-from ._specialisation import Specialisation, flat_outputs
+from ._specialisation import Specialisation, Tiles, flat_outputs
 from ._typing import KernelArg
 
 if TYPE_CHECKING:
@@ -256,7 +256,9 @@ class Kernel:
         self.tile_rule: Callable[..., dict[str, Any]] | None = None
         """For the library kernels: ``rule(specs, params, target)`` gives the parameters a
         call leaves out their values for these argument types and the target (None: the
-        active backend's), from a stored tile table (``jaxtile/ops/_tiles.py``)."""
+        active backend's), from a stored tile table (``jaxtile/ops/_tiles.py``). The values
+        it gives may change how the kernel is tiled, never its outputs' types: a traced call
+        is lowered for another target with that target's choice (``Specialisation.for_target``)."""
         functools.update_wrapper(self, fn)
 
     def __repr__(self) -> str:
@@ -316,21 +318,32 @@ class Kernel:
         spec = self._by_call.get(fast) if fast is not None else None
         if spec is None:
             specs = self._arg_specs(args)
+            tiles = None
             if self.tile_rule is not None:
-                params = {**self.tile_rule(specs, params, target), **params}
-            spec = self.specialisation(specs, self._params(params), ())
+                # The tiles are chosen for one target; the lowering for another chooses
+                # again from the names the call fixed itself (Specialisation.for_target).
+                chosen = self.tile_rule(specs, params, target)
+                tiles = Tiles(frozenset(params), frozenset(chosen), target or _tile_target())
+                params = {**chosen, **params}
+            spec = self.specialisation(specs, self._params(params), (), tiles=tiles)
             if fast is not None:
                 self._by_call[fast] = spec
         return spec
 
     def specialisation(self, specs: tuple[jax.ShapeDtypeStruct, ...], params: dict[str, Any],
                        batch: tuple[_trace.BatchLevel, ...],
-                       backend_name: str | None = None) -> Specialisation:
+                       backend_name: str | None = None, *,
+                       tiles: Tiles | None = None) -> Specialisation:
         """The (cached) specialisation for argument specs, parameters, batch levels and a
-        backend (the active one by default)."""
+        backend (the active one by default); ``tiles``: the parameter names the call set
+        itself and the target the :attr:`tile_rule` chose the others for (None: every
+        parameter is the call's own)."""
         backend_name = backend_name or _backend
         try:
-            cache_key = (specs, _params_key(params), batch, backend_name)
+            # The names the call fixed are part of the key: two calls that got the same
+            # tiles, one from the table and one by passing them, differ on another target.
+            cache_key = (specs, _params_key(params), batch, backend_name,
+                         tiles.fixed if tiles else None)
             hash(cache_key)
         except TypeError:
             bad = [k for k, v in params.items() if not _hashable(_value_key(v))]
@@ -340,7 +353,7 @@ class Kernel:
         spec = self._specs.get(cache_key)
         if spec is None:
             spec = self._specs[cache_key] = Specialisation(self, specs, params, batch,
-                                                           backend_name)
+                                                           backend_name, tiles)
         return spec
 
     # --- calling ---------------------------------------------------------
@@ -439,6 +452,14 @@ class Kernel:
         return Lowered(printer.format_kernel(kernel), build.kernel_key(kernel, tgt), tgt.name,
                        kernel, sharded)
 
+
+
+def _tile_target() -> Target:
+    """The target a call's tiles are chosen for when it names none: what the active backend
+    compiles for on the CPU platform, else the default device's GPU."""
+    from .autotune import tuning_target
+
+    return tuning_target()
 
 
 def _call_key(args: tuple[Any, ...], params: dict[str, Any]) -> Any:

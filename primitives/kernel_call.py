@@ -27,7 +27,8 @@ kernel_call_p.multiple_results = True
 @dataclasses.dataclass(frozen=True, eq=False)
 class KernelHandle:
     """A traced kernel, target-neutral: its IR's key, name and output types. Each
-    platform's lowering rule compiles it for its own target (``spec.build(target)``).
+    platform's lowering rule compiles it for its own target
+    (``spec.for_target(target).build(target)``).
 
     Equality goes by the key and the specialisation (whose rules may differ between two
     kernels that compile to the same code), hashing by the key.
@@ -38,7 +39,8 @@ class KernelHandle:
     name: str
     out_avals: tuple[ji.ShapedArray, ...]
     spec: Any = None
-    """The frontend's specialisation: ``build(target)`` (compile or fetch from the cache),
+    """The frontend's specialisation: ``for_target(target)`` (the specialisation with the
+    tiles that target's table chooses), ``build(target)`` (compile or fetch from the cache),
     ``reference(*args)``, ``batched(flags, size)``, ``resized(shapes)``, ``vjp``,
     ``start_vjp_builds(primals)`` and ``shard_rule`` (see ``jaxtile._specialisation``), used
     by the lowering, batching, AD and sharding rules."""

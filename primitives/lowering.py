@@ -8,15 +8,16 @@ Each platform's rule chooses the target (the host CPU; on a GPU, from the device
 capability, the highest known plain architecture at or below it for a GPU newer than every
 known one, sm_80 where the lowering has no device, as for an export made on a CPU-only
 machine) and compiles the kernel for it there, so one traced call can be lowered for several
-platforms. On ``cuda`` the call is ``jaxtile_cuda_call {key, payload}`` under jit as under
-export: the payload carries the cubin and its launch, which the CUDA handler loads on the
-first call in each device's context, so neither a persistent-compilation-cache hit nor an
-exported program needs a compiler where it runs. On ``rocm`` the call is ``jaxtile_rocm_call
-{key, payload}`` in the same way, the payload carrying the code object for the device's gfx
-architecture (as JAX's ROCm plugin names it, ``gfx942``; gfx90a where the lowering has no
-device), which the ROCm handler loads once per device. Any other platform is a clear error at
-lowering time. A kernel
-with a sharding rule, lowered for several devices outside ``shard_map``, is wrapped so that
+platforms; the tiles a library kernel's call left out are chosen again for that target
+(``spec.for_target``: the trace chose them for the active backend's). On ``cuda`` the call
+is ``jaxtile_cuda_call {key, payload}`` under jit as under export: the payload carries the
+cubin and its launch, which the CUDA handler loads on the first call in each device's
+context, so neither a persistent-compilation-cache hit nor an exported program needs a
+compiler where it runs. On ``rocm`` the call is ``jaxtile_rocm_call {key, payload}`` in the
+same way, the payload carrying the code object for the device's gfx architecture (as JAX's
+ROCm plugin names it, ``gfx942``; gfx90a where the lowering has no device), which the ROCm
+handler loads once per device. Any other platform is a clear error at lowering time. A
+kernel with a sharding rule, lowered for several devices outside ``shard_map``, is wrapped so that
 each device runs it on its shard (``sharding.py``).
 """
 
@@ -60,9 +61,10 @@ def _cpu_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
     if (sharded := _sharded(ctx, args, kernel)) is not None:
         return sharded
     target = kernel.spec.cpu_platform_target
+    spec = kernel.spec.for_target(target)
     # A CUDA target on the CPU platform is the cuda-emulator backend: the emulator runs it.
-    entry = kernel.spec.build(target, load, emulated=target.kind != "cpu")
-    ctx, args, aliases = _with_output_inits(ctx, args, kernel)
+    entry = spec.build(target, load, emulated=target.kind != "cpu")
+    ctx, args, aliases = _with_output_inits(ctx, args, spec)
     # Should JAX stop flagging export lowerings, exports would hold plain jaxtile_cpu_call
     # ops, which jax.export then rejects (export_checks() does not allow them) rather than
     # writing a program that cannot run elsewhere.
@@ -76,18 +78,18 @@ def _cpu_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
                 "jt.set_backend('cpu') before jax.export (an export for platforms=['cuda'] "
                 "compiles the CUDA code itself)", user_line())
         _require_export_checks(kernel, CPU_EXPORTED_TARGET_NAME)
-        with ji.named_op_location(ctx, kernel.label):
+        with ji.named_op_location(ctx, spec.label):
             return jax.ffi.ffi_lowering(CPU_EXPORTED_TARGET_NAME, **aliases)(
                 ctx, *args, key=entry.key,
                 payload=payload.encode(kernel.name, entry, target.caps.isa))
-    with ji.named_op_location(ctx, kernel.label):
+    with ji.named_op_location(ctx, spec.label):
         return jax.ffi.ffi_lowering(CPU_TARGET_NAME, **aliases)(ctx, *args, key=entry.key)
 
 
-def _with_output_inits(ctx: Any, args: tuple, kernel: KernelHandle) -> tuple[Any, tuple, dict]:
-    """Zeros for the kernel's ``init`` buffers (outputs it updates atomically), passed in the
-    memory of the outputs they alias."""
-    params = kernel.spec.tile_ir.params
+def _with_output_inits(ctx: Any, args: tuple, spec: Any) -> tuple[Any, tuple, dict]:
+    """Zeros for the ``init`` buffers of the kernel of specialisation ``spec`` (outputs it
+    updates atomically), passed in the memory of the outputs they alias."""
+    params = spec.tile_ir.params
     inits = [b for b in params if b.role == "init"]
     if not inits:
         return ctx, args, {}
@@ -119,16 +121,17 @@ def _cuda_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
         raise kernel_error(kernel.name, f"cannot be compiled for this GPU: {e}",
                            user_line()) from None
     try:
-        entry = kernel.spec.build(target, _check_launch(cache.CUDA_CUBIN))
+        spec = kernel.spec.for_target(target)
+        entry = spec.build(target, _check_launch(cache.CUDA_CUBIN))
     except KernelError as e:
         if build.has_backend(target):
             raise
         raise _no_backend(kernel, "cuda", ctx, e) from None
-    ctx, args, aliases = _with_output_inits(ctx, args, kernel)
+    ctx, args, aliases = _with_output_inits(ctx, args, spec)
     if ji.lowering_for_export(ctx):
         _require_export_checks(kernel, CUDA_TARGET_NAME)
     text = payload.encode_cuda(kernel.name, entry, arch_of(target))
-    with ji.named_op_location(ctx, kernel.label):
+    with ji.named_op_location(ctx, spec.label):
         return jax.ffi.ffi_lowering(CUDA_TARGET_NAME, **aliases)(
             ctx, *args, key=entry.key, payload=text)
 
@@ -150,12 +153,13 @@ def _rocm_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
         # A GPU of an architecture jaxtile has no target for (it knows gfx90a and gfx942).
         raise kernel_error(kernel.name, f"cannot be compiled for this GPU: {e}",
                            user_line()) from None
-    entry = kernel.spec.build(target, _check_launch(cache.HIP_CODE_OBJECT))
-    ctx, args, aliases = _with_output_inits(ctx, args, kernel)
+    spec = kernel.spec.for_target(target)
+    entry = spec.build(target, _check_launch(cache.HIP_CODE_OBJECT))
+    ctx, args, aliases = _with_output_inits(ctx, args, spec)
     if ji.lowering_for_export(ctx):
         _require_export_checks(kernel, ROCM_TARGET_NAME)
     text = payload.encode_hip(kernel.name, entry, target.caps.gfx)
-    with ji.named_op_location(ctx, kernel.label):
+    with ji.named_op_location(ctx, spec.label):
         return jax.ffi.ffi_lowering(ROCM_TARGET_NAME, **aliases)(
             ctx, *args, key=entry.key, payload=text)
 

@@ -10,6 +10,13 @@ gets the rule: the kernel's own defaults (:data:`RULES` where they depend on the
 A lookup reads one JSON file once per process and times nothing, so a first call stays
 as fast as with fixed defaults.
 
+The choice is made per target. A trace does not know the platforms it will be lowered for,
+so it chooses for the active backend's target, and each platform's lowering chooses again
+for its own (``Specialisation.for_target``): ``jax.export(..., platforms=["cuda"])`` on a
+CPU host compiles the CUDA table's tiles, not the CPU's (which may need more shared memory
+than a GPU has). The library's differentiation rules, which run at trace time, get only the
+tiles the call passed, so the kernels they call choose theirs per target too.
+
 The tables live in ``jaxtile/ops/tiles/<table>.json``; ``tools/tune_tiles.py`` regenerates
 them with :func:`jaxtile.autotune` (CPU tables, timed) or with the autotuner's pruning alone
 (CUDA tables: shared memory, ptxas register spills; nothing can be timed without the GPU),

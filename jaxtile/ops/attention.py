@@ -164,12 +164,23 @@ def _fwd(q, k, v, lengths, **params):
     return (out, lse), (q, k, v, lengths, out, lse)
 
 
+def _backward_params(q, params):
+    """The backward kernels' parameters: the call's tiles, else :func:`default_tiles` (the
+    rules get the tiles a call passed, not those the forward kernel's table chose for one
+    target: the backward kernels have no table, and the CPU's forward tiles can need more
+    shared memory than a GPU has)."""
+    bm, bn = default_tiles(q.dtype, q.shape[-1])
+    params = {"bm": bm, "bn": bn, **params}
+    params.pop("stages", None)
+    return params
+
+
 def _bwd(res, cts, **params):
     q, k, v, lengths, out, lse = res
     g_out, g_lse = cts
-    params.pop("stages", None)
     dq, dk, dv = attention_bwd.attention_grads(q, k, v, lengths, out, lse,
-                                               g_out.astype(q.dtype), g_lse, **params)
+                                               g_out.astype(q.dtype), g_lse,
+                                               **_backward_params(q, params))
     return dq, dk, dv, None
 
 
@@ -177,9 +188,9 @@ def _jvp(args, outs, tangents, **params):
     q, k, v, lengths = args
     tq, tk, tv, _ = tangents
     out, lse = outs
-    params.pop("stages", None)
     return attention_bwd.attention_jvp(q, k, v, lengths, out, lse, tq.astype(q.dtype),
-                                       tk.astype(k.dtype), tv.astype(v.dtype), **params)
+                                       tk.astype(k.dtype), tv.astype(v.dtype),
+                                       **_backward_params(q, params))
 
 
 attention_fwd.defvjp(_fwd, _bwd)

@@ -183,3 +183,54 @@ def test_export_of_a_generated_kernel_for_cuda_needs_no_compiler_to_run():
     fields, artifact = payload.unpack(p)
     assert fields["platform"] == "cuda" and fields["arch"] == "sm_80"
     assert artifact[:4] == b"\x7fELF"                  # the cubin travels in the call
+
+
+def _attention_reference(q, k, v):
+    s = jnp.einsum("bhtd,bhsd->bhts", q, k) / np.sqrt(q.shape[-1])
+    return jnp.einsum("bhts,bhsd->bhtd", jax.nn.softmax(s, axis=-1), v)
+
+
+def test_export_for_cuda_on_a_cpu_host_uses_the_gpu_table():
+    # The trace chooses tiles from the host CPU's table (f32 attention at 128 x 128, which
+    # needs 225 KiB of shared memory); each platform's lowering chooses again for its own
+    # target, so the CUDA call is sm_80's kernel and the CPU call stays the CPU's.
+    from jaxtile.compiler.target import parse_target
+    q = jax.ShapeDtypeStruct((1, 8, 1024, 64), jnp.float32)
+    lengths = jax.ShapeDtypeStruct((1,), jnp.int32)
+    exported = jax.export.export(jax.jit(lambda q, k, v: jt.ops.attention(q, k, v)),
+                                 platforms=["cpu", "cuda"],
+                                 disabled_checks=jt.export_checks())(q, q, q)
+    module = exported.mlir_module()
+    (text,) = _payloads(module)
+    header, _ = payload.unpack(text)
+    sm80 = parse_target("cuda:sm_80")
+    assert header["arch"] == "sm_80"
+    assert Launch.decode(header["launch"]).dynamic_smem <= sm80.caps.max_smem_bytes
+    fwd = jt.ops.attention_fwd
+    assert header["key"] == fwd.lower(q, q, q, lengths, target="cuda:sm_80").key
+    (cpu_call,) = [line for line in module.splitlines()
+                   if "jaxtile_cpu_exported_call" in line]
+    assert fwd.lower(q, q, q, lengths).key in cpu_call
+    # The CPU branch runs here (its kernel against the reference semantics:
+    # tests/jaxtile/test_ops_attention.py; running them at this size takes seconds).
+    rng = np.random.default_rng(0)
+    x = [jnp.asarray(rng.standard_normal(q.shape), jnp.float32) for _ in range(3)]
+    np.testing.assert_allclose(exported.call(*x), _attention_reference(*x), rtol=2e-4,
+                               atol=2e-5)
+
+
+def test_export_of_attention_grad_for_cuda_on_a_cpu_host_fits_the_gpu():
+    # The differentiation rules run at trace time; they get the tiles the call passed, not
+    # the CPU table's, so the forward kernel they call chooses again at lowering and the
+    # backward kernels (which have no table) take default_tiles.
+    from jaxtile.compiler.target import parse_target
+    q = jax.ShapeDtypeStruct((1, 8, 1024, 64), jnp.float32)
+    loss = jax.jit(jax.grad(lambda q, k, v: jt.ops.attention(q, k, v).sum(), (0, 1, 2)))
+    exported = jax.export.export(loss, platforms=["cuda"],
+                                 disabled_checks=jt.export_checks())(q, q, q)
+    headers = [payload.unpack(p)[0] for p in _payloads(exported.mlir_module())]
+    assert sorted(h["name"] for h in headers) == ["attention_dkdv", "attention_dq",
+                                                  "attention_fwd"]
+    most = parse_target("cuda:sm_80").caps.max_smem_bytes
+    for h in headers:
+        assert Launch.decode(h["launch"]).dynamic_smem <= most, h["name"]

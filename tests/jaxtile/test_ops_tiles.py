@@ -177,3 +177,82 @@ def test_a_first_call_times_nothing_and_tuning_is_an_opt_in(monkeypatch, rng):
     np.testing.assert_allclose(y, k.reference(x, w), rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(y, expect, rtol=1e-5, atol=1e-6)
     assert jnp.asarray(y).dtype == jnp.float32
+
+
+_Q = jax.ShapeDtypeStruct((1, 8, 1024, 64), np.float32)  # in every shipped table
+_LENGTHS = jax.ShapeDtypeStruct((1,), np.int32)
+
+
+def _entry(table, kernel, specs):
+    return _tiles.load(table)[kernel.name][_tiles.bucket(kernel, specs, {})]["config"]
+
+
+def test_each_lowering_target_gets_its_own_tables_tiles():
+    # The trace chooses for the active backend's target; a lowering for another target
+    # (jax.export for CUDA on a CPU host) must choose again: the x86 tables hold f32
+    # attention at 128 x 128, which needs more shared memory than an sm_80 block has.
+    att = _fresh("attention_fwd")
+    args = (_Q, _Q, _Q, _LENGTHS)
+    sm80, sm90 = parse_target("cuda:sm_80"), parse_target("cuda:sm_90")
+    cpu = parse_target("cpu:x86-64-v4")
+    spec = att._specialise(args, {}, cpu)
+    assert {k: spec.params[k] for k in ("bm", "bn")} == _entry("cpu:x86-64-v4", att, args) \
+        == {"bm": 128, "bn": 128}
+    assert spec.for_target(cpu) is spec
+    on_gpu = spec.for_target(sm80)
+    assert {k: on_gpu.params[k] for k in ("bm", "bn")} == _entry("cuda:sm_80", att, args)
+    # The same specialisation as a lowering for sm_80 makes (one trace, one content key).
+    assert on_gpu is att._specialise(args, {}, sm80) and on_gpu.for_target(sm80) is on_gpu
+    assert att.lower(*args, target="cuda:sm_80").key == \
+        att.lower(*args, target="cuda:sm_80", **_entry("cuda:sm_80", att, args)).key
+    # sm_90's table agrees with sm_80's here: no second specialisation.
+    assert spec.for_target(sm90) is on_gpu.for_target(sm90) is on_gpu
+    # The other parameters stay the call's.
+    causal = att._specialise(args, {"causal": True, "scale": 0.5}, cpu).for_target(sm80)
+    assert causal.params["causal"] is True and causal.params["scale"] == 0.5
+    assert causal.params["bm"] == 64  # no table entry for causal: the rule (default_tiles)
+
+
+def test_tiles_the_call_passed_are_kept_on_every_target():
+    att = _fresh("attention_fwd")
+    args = (_Q, _Q, _Q, _LENGTHS)
+    cpu, sm80 = parse_target("cpu:x86-64-v4"), parse_target("cuda:sm_80")
+    chosen = att._specialise(args, {}, cpu)
+    fixed = att._specialise(args, {"bm": 128, "bn": 128}, cpu)
+    # Same parameters, but only the table's choice is the table's to change.
+    assert fixed.params == chosen.params and fixed is not chosen
+    assert fixed.for_target(sm80) is fixed
+    assert chosen.for_target(sm80) is not chosen
+    # One tile passed: the other is the rule's on every target, not re-chosen.
+    half = att._specialise(args, {"bm": 32}, cpu)
+    assert half.for_target(sm80) is half and half.params["bn"] == 32
+
+
+def test_the_cuda_emulator_chooses_from_the_sm_80_table():
+    att = _fresh("attention_fwd")
+    args = (_Q, _Q, _Q, _LENGTHS)
+    jt.set_backend("cuda-emulator")
+    try:
+        spec = att._specialise(args, {})
+    finally:
+        jt.set_backend("cpu")
+    sm80 = parse_target("cuda:sm_80")
+    assert spec.backend == "cuda-emulator" and spec.cpu_platform_target == sm80
+    assert {k: spec.params[k] for k in ("bm", "bn")} == _entry("cuda:sm_80", att, args)
+    assert spec.for_target(sm80) is spec
+
+
+def test_a_tile_rule_that_changes_the_outputs_is_a_clear_error():
+    @jt.kernel
+    def head(x, *, rows=1):
+        out = jt.empty((rows,), x.dtype)
+        out[...] = x[:rows]
+        return out
+
+    head.tile_rule = lambda specs, params, target: \
+        {} if "rows" in params else {"rows": 2 if target.kind == "cuda" else 1}
+    x = jax.ShapeDtypeStruct((8,), np.float32)
+    spec = head._specialise((x,), {}, parse_target("cpu"))
+    with pytest.raises(jt.KernelError, match=r"'head'.*cuda:sm_80.*change the kernel's "
+                       r"outputs.*test_ops_tiles.py"):
+        spec.for_target(parse_target("cuda:sm_80"))

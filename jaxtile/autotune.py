@@ -460,14 +460,16 @@ def _check_timing_backend(name: str) -> None:
 def _target_limits(kernel: _kernel.Kernel, tuned: dict[str, Any],
                    specs: tuple[jax.ShapeDtypeStruct, ...], params: dict[str, Any],
                    target: Target) -> str | None:
-    """On a CUDA target: why the candidate cannot run well (shared memory over the limit,
-    from the code generator; register spills, from ptxas when nvcc is installed), else
-    None. A CPU has neither limit."""
-    if target.kind != "cuda":
+    """On a GPU target: why the candidate cannot run well (shared memory over the limit,
+    from the code generator; register spills, from ptxas when nvcc is installed or from the
+    AMD resource report when clang for AMD GPUs is), else None. A CPU has neither limit."""
+    if target.kind not in ("cuda", "hip"):
         return None
     lowered = kernel.lower(*specs, target=target.name, **params, **tuned)
     try:
         lowered.shared_memory  # noqa: B018 - generating the code plans its shared memory
+        if target.kind == "hip":
+            return _hip_spills(lowered.hip_resources)
         report = lowered.ptxas
     except KernelError as e:
         return f"KernelError: {e}"
@@ -475,6 +477,15 @@ def _target_limits(kernel: _kernel.Kernel, tuned: dict[str, Any],
         return (f"register spills ({report.registers} registers, {report.spill_stores} bytes "
                 f"spill stores, {report.spill_loads} bytes spill loads)")
     return None
+
+
+def _hip_spills(report: Any) -> str | None:
+    """Why an AMD kernel's resource report rules it out (registers spilled to scratch)."""
+    if report is None or not (report.vgpr_spills or report.sgpr_spills or report.scratch_bytes):
+        return None
+    return (f"register spills ({report.vgprs} VGPRs, {report.agprs} AGPRs, {report.vgpr_spills} "
+            f"VGPR and {report.sgpr_spills} SGPR spills, {report.scratch_bytes} bytes of "
+            "scratch)")
 
 
 # --- records -----------------------------------------------------------------------

@@ -104,21 +104,23 @@ class Lowered:
         return printer.format_kernel(build.lowered_ir(self.kernel, parse_target(self.target)))
 
     @functools.cached_property
-    def _cuda_ir(self) -> TileKernel:
-        """The IR after the CUDA passes (layouts inferred), for a ``cuda:*`` target."""
+    def _gpu_ir(self) -> TileKernel:
+        """The IR after the GPU passes (layouts inferred), for a ``cuda:*`` or ``hip:*``
+        target."""
         target = parse_target(self.target)
-        if target.kind != "cuda":
-            raise KernelError(f"{self.target} has no CUDA code: lower for 'cuda:sm_80'")
+        if target.kind not in ("cuda", "hip"):
+            raise KernelError(f"{self.target} has no GPU code: lower for 'cuda:sm_80' or "
+                              "'hip:gfx942'")
         return build.lowered_ir(self.kernel, target)
 
     @functools.cached_property
-    def _cuda(self) -> Any:
+    def _gpu(self) -> Any:
         from jaxtile.compiler.gpu.codegen.lower import generate
 
-        return generate(self._cuda_ir, parse_target(self.target))
+        return generate(self._gpu_ir, parse_target(self.target))
 
     def plot_layout(self, tile: str, path: str | None = None) -> str:
-        """CUDA: an SVG picture of an on-chip tile's layout, named by the variable the kernel
+        """GPU targets: an SVG picture of an on-chip tile's layout, named by the variable the kernel
         assigned it to (``acc = jt.fragment(...)``: ``"acc"``) or by its IR name
         (``"frag0"``). For a ``jt.fragment``, each element's thread and slot in that
         thread's registers; for a ``jt.shared`` tile, each element's bank under the swizzle
@@ -126,7 +128,7 @@ class Lowered:
         there: a PNG for a ``.png`` path (which needs matplotlib), else the SVG."""
         from jaxtile.compiler.gpu import gemm_plan, layout_svg
 
-        kernel = self._cuda_ir
+        kernel = self._gpu_ir
         names = _variable_names(kernel)
         buf = next((b for b in kernel.buffers if tile in (b.name, names.get(b.name))), None)
         if buf is None or buf.scope not in ("fragment", "shared"):
@@ -162,21 +164,21 @@ class Lowered:
 
     @property
     def masks(self) -> tuple[str, ...]:
-        """CUDA: the global accesses that kept a bounds check (``file:line: op attr=buffer
+        """GPU targets: the global accesses that kept a bounds check (``file:line: op attr=buffer
         dims [...]``); the others were proved in bounds."""
-        return self._cuda.masks
+        return self._gpu.masks
 
     @property
     def conversions(self) -> tuple[str, ...]:
-        """CUDA: the layout conversions (through shared memory) layout inference inserted."""
-        return self._cuda.conversions
+        """GPU targets: the layout conversions (through shared memory) layout inference inserted."""
+        return self._gpu.conversions
 
     @property
     def shared_memory(self) -> str:
-        """CUDA: where each shared array lives in the dynamic shared memory and the size
+        """GPU targets: where each shared array lives in the dynamic shared memory and the size
         the kernel launches with (``shared memory 49152 / 166912 bytes (opt-in above
         49152): smem0@0 smem1@24576``)."""
-        return self._cuda.smem_plan
+        return self._gpu.smem_plan
 
     @functools.cached_property
     def ptxas(self) -> Any:
@@ -185,11 +187,15 @@ class Lowered:
         from jaxtile.compiler.cuda import toolchain
         from jaxtile.compiler.cuda.compile import arch_of
 
+        target = parse_target(self.target)
+        if target.kind != "cuda":
+            raise KernelError(f"{self.target} has no CUDA code for ptxas: see hip_resources "
+                              "for an AMD target's figures")
         if toolchain.nvcc_path() is None:
             return None
-        arch = arch_of(parse_target(self.target))
+        arch = arch_of(target)
         cubin = toolchain.compile_cubin(self.source, arch, file=f"{self.kernel.name}.cu")
-        return cubin.kernels.get(self._cuda.symbol)
+        return cubin.kernels.get(self._gpu.symbol)
 
     @functools.cached_property
     def hip_resources(self) -> Any:

@@ -17,6 +17,7 @@ import pytest
 import jaxtile as jt
 from jaxtile.compiler import cache
 from jaxtile.compiler.cuda import toolchain
+from jaxtile.compiler.hip import toolchain as hip_toolchain
 from jaxtile.compiler.target import parse_target
 
 at = importlib.import_module("jaxtile.autotune")  # the module (jt.autotune is the function)
@@ -260,6 +261,30 @@ def test_register_spills_reported_by_ptxas_are_pruned():
     specs = (jax.ShapeDtypeStruct((1024, 512), jnp.float32),)
     # 512 floats per thread cannot live in 255 registers.
     assert "register spills" in at._target_limits(wide, {"cols": 512}, specs, {}, target)
+    specs = (jax.ShapeDtypeStruct((1024, 64), jnp.float32),)
+    assert at._target_limits(wide, {"cols": 64}, specs, {}, target) is None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(hip_toolchain.clang_path() is None,
+                    reason="no clang for AMD GPUs (.ci/install-hip-toolchain installs it)")
+def test_register_spills_in_the_amd_resource_report_are_pruned():
+    @jt.kernel(threads=64)
+    def wide(x, *, cols=64):
+        n, d = x.shape
+        out = jt.empty((n, d), x.dtype)
+        r = jt.grid(n // 64)
+        t = jt.fragment((64, cols), jnp.float32)
+        jt.copy(x.at[r * 64, 0], t)
+        v = t[...]
+        t[...] = jnp.exp(v) * jnp.sum(v, axis=0, keepdims=True)
+        jt.copy(t, out.at[r * 64, 0])
+        return out
+
+    target = parse_target("hip:gfx942")
+    # 768 floats per lane do not fit the 512 registers (VGPRs and AGPRs) a wave64 lane has.
+    specs = (jax.ShapeDtypeStruct((1024, 768), jnp.float32),)
+    assert "register spills" in at._target_limits(wide, {"cols": 768}, specs, {}, target)
     specs = (jax.ShapeDtypeStruct((1024, 64), jnp.float32),)
     assert at._target_limits(wide, {"cols": 64}, specs, {}, target) is None
 

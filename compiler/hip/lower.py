@@ -27,6 +27,14 @@ def check_supported(kernel: ir.Kernel, target: Target) -> None:
             raise KernelError(f"kernel {kernel.name!r}: jt.gemm is not lowered for "
                               f"{target.name} yet (MFMA layouts exist, the gemm planner does "
                               "not use them)")
+        if isinstance(s, ir.Op) and s.kind == "print":
+            # AMD's device printf lives in the device library, which kernels are compiled
+            # without (-nogpulib): there is nothing to print through.
+            where = f" (at {s.line})" if s.line else ""
+            raise KernelError(f"kernel {kernel.name!r}: jt.print is not supported on "
+                              f"{target.name} (AMD's printf needs the ROCm device library, "
+                              "which jaxtile does not link); print on the CPU, the CUDA "
+                              f"emulator or in interpret mode{where}")
 
 
 def source(kernel: ir.Kernel, target: Target) -> str:

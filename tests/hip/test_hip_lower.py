@@ -123,3 +123,20 @@ def test_what_is_not_there_yet_is_a_clear_error():
     a = jnp.ones((64, 64), jnp.float16)
     with pytest.raises(jt.KernelError, match="jt.gemm is not lowered for hip:gfx942 yet"):
         _ = matmul.lower(a, a, target="hip:gfx942").source
+
+
+@jt.kernel(threads=64)
+def _printing(x):
+    out = jt.empty(x.shape, x.dtype)
+    t = jt.fragment(x.shape, x.dtype)
+    jt.copy(x, t)
+    jt.print("max {}", jnp.max(t[...]))
+    jt.copy(t, out)
+    return out
+
+
+def test_print_on_amd_is_a_clear_error_at_the_users_line():
+    x = jnp.ones((64, 64), jnp.float32)
+    with pytest.raises(jt.KernelError,
+                       match=r"jt.print is not supported on hip:gfx942.*test_hip_lower.py:\d+"):
+        _ = _printing.lower(x, target="hip:gfx942").source

@@ -311,7 +311,7 @@ class TunedKernel:
 
     def _prebuild(self, i: int, specs: tuple[jax.ShapeDtypeStruct, ...],
                   params: dict[str, Any], target: Target
-                  ) -> tuple[Specialisation, concurrent.futures.Future] | None:
+                  ) -> tuple[Specialisation, concurrent.futures.Future[Any]] | None:
         """Start compiling candidate ``i`` for ``target`` into the build cache, on the
         compile threads (``build.submit``): its specialisation and the build's future, or
         None when it has nothing to compile."""
@@ -350,7 +350,7 @@ class TunedKernel:
             # The compilers release the GIL (LLVM in TVM, NVRTC, the linker): the artifacts
             # are built on the compile threads into the build cache, where the calls below
             # find them. Tracing stays on this thread.
-            builds: dict[concurrent.futures.Future, tuple[int, Specialisation]] = {}
+            builds: dict[concurrent.futures.Future[Any], tuple[int, Specialisation]] = {}
             for i in valid:
                 try:
                     started = self._prebuild(i, specs, params, target)

@@ -132,6 +132,16 @@ class Context:
             self.w(f"{SCRATCH_BARRIER}before {name}")
         return name
 
+    def scratch(self, op: ir.Op, role: str) -> str:
+        """The name of the shared scratch array that ``op``'s ``scratch`` note (the
+        ``scratch`` pass) records for ``role``, declared; an internal KernelError when the
+        note does not record it (code generation does not decide scratch)."""
+        for name, ctype, count in op.notes.get("scratch", ()):
+            if name == role:
+                return self.shared_array(ctype, count, role)
+        raise KernelError(f"internal error: the {op.kind} at {source_line(op.line)} has no "
+                          f"recorded {role!r} scratch (the scratch pass did not run)")
+
     # -- layouts and slots ----------------------------------------------------------------------
 
     def layout(self, v: ir.Value) -> Layout | None:
@@ -174,10 +184,17 @@ class Context:
         ``lay`` (default: replicated) and then named by :meth:`finish`."""
         if v.id not in self.uniform:
             return self.declare(v), self.layout(v)
-        lay = lay if lay is not None and lay.num_local == 1 else replicated(v.shape, self.threads)
+        lay = self.result_layout(v, lay)
         name = self.tmp("r")
         self.w(f"{T.reg(v.dtype)} {name}[1];")
         return name, lay
+
+    def result_layout(self, v: ir.Value, lay: Layout | None = None) -> Layout:
+        """The layout :meth:`result` computes ``v`` in."""
+        if v.id not in self.uniform:
+            return self.layout(v)
+        return lay if lay is not None and lay.num_local == 1 else replicated(v.shape,
+                                                                              self.threads)
 
     def finish(self, v: ir.Value, name: str) -> None:
         """After :meth:`result`: a uniform result becomes its scalar."""

@@ -1,0 +1,81 @@
+"""The ``scratch`` pass (``gpu/codegen/scratch.py``) records the shared scratch an op's GPU
+lowering needs as IR, and code generation takes it from there: a reduction whose threads
+span several warps carries its ``partials`` request (printed, parsed back), the CUDA
+declares exactly that array, a reduction folded within one warp carries none, and code
+generation refuses a reduction whose request is missing."""
+
+import dataclasses
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jaxtile as jt
+from jaxtile.compiler import build, ir, parser, pipelines, printer
+from jaxtile.compiler.gpu.codegen import lower
+from jaxtile.compiler.target import parse_target
+
+F32 = jnp.float32
+SM80 = parse_target("cuda:sm_80")
+
+
+def _row_sums(threads):
+    @jt.kernel(threads=threads)
+    def row_sums(x):
+        n, m = x.shape
+        out = jt.empty((n,), F32)
+        jt.grid(1)
+        t = jt.fragment((n, m), F32)
+        jt.copy(x.at[0, 0], t)
+        s = jt.fragment((n,), F32)
+        s[...] = jnp.sum(t[...], axis=1)
+        jt.copy(s, out.at[0])
+        return out
+    return row_sums
+
+
+def _lowered(threads) -> ir.Kernel:
+    spec = jax.ShapeDtypeStruct((4, 512), F32)
+    return build.lowered_ir(_row_sums(threads).lower(spec, target="cuda:sm_80").kernel, SM80)
+
+
+def _reduce(kernel: ir.Kernel) -> ir.Op:
+    (op,) = [s for s in ir.walk(kernel.body) if isinstance(s, ir.Op) and s.kind == "reduce"]
+    return op
+
+
+def test_the_scratch_pass_runs_before_the_shared_memory_plan():
+    names = [p.name for p in pipelines.gpu(SM80)]
+    assert names.index("layout_inference") < names.index("scratch") < names.index("smem_plan")
+
+
+def test_a_reduction_across_warps_records_its_partials_and_codegen_declares_them():
+    kernel = _lowered(128)
+    note = _reduce(kernel).notes["scratch"]
+    # 128 threads (4 warps) share each row: one float partial per thread and result slot.
+    ((role, ctype, count),) = note
+    assert (role, ctype) == ("partials", "float") and count % 128 == 0
+    text = printer.format_kernel(kernel)
+    assert f"scratch=(('partials', 'float', {count}),)" in text
+    assert _reduce(parser.parse_kernel(text)).notes["scratch"] == note
+    source = lower.generate(kernel, SM80).source
+    assert re.search(rf"JT_SHARED_AT\(float, partials\d+, {count}, \d+\);", source)
+
+
+def test_a_reduction_within_one_warp_records_no_scratch():
+    kernel = _lowered(32)
+    assert "scratch" not in _reduce(kernel).notes
+    assert "partials" not in lower.generate(kernel, SM80).source
+
+
+def test_code_generation_refuses_a_reduction_without_its_recorded_scratch():
+    kernel = _lowered(128)
+
+    def unrecorded(op: ir.Op) -> list[ir.Op]:
+        notes = {k: v for k, v in op.notes.items() if k != "scratch"}
+        return [dataclasses.replace(op, notes=notes)]
+
+    with pytest.raises(jt.KernelError, match="reduce at .* no recorded 'partials' scratch"):
+        lower.generate(dataclasses.replace(kernel, body=ir.map_ops(kernel.body, unrecorded)),
+                       SM80)

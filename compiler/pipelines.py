@@ -94,8 +94,8 @@ def gpu(target: Target) -> tuple[Pass, ...]:
       the prologue and each iteration, ``async_commit``, ``async_wait`` with its count, the
       iteration's ``barrier``), its staged copies noted ``issued``;
     - ``scratch`` (:func:`.gpu.codegen.scratch.record_scratch`): the shared scratch arrays
-      an op's lowering needs (so far a reduction's partials across warps; op note
-      ``scratch``);
+      an op's lowering needs (a reduction's partials across warps, staging arrays, sort
+      buffers; op note ``scratch``);
     - ``smem_plan`` (:func:`.gpu.smem_plan.place_shared_buffers`): each shared buffer's
       byte offset and pipeline stages (buffer attributes);
     - ``barriers``: ``barrier`` ops wherever threads of a block would race (after layouts,

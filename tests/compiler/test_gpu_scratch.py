@@ -1,8 +1,9 @@
 """The ``scratch`` pass (``gpu/codegen/scratch.py``) records the shared scratch an op's GPU
 lowering needs as IR, and code generation takes it from there: a reduction whose threads
 span several warps carries its ``partials`` request (printed, parsed back), the CUDA
-declares exactly that array, a reduction folded within one warp carries none, and code
-generation refuses a reduction whose request is missing."""
+declares exactly that array, a reduction folded within one warp carries none; a scan stages
+its operand and a sort its keys, positions and values; code generation refuses an op whose
+request is missing."""
 
 import dataclasses
 import re
@@ -77,5 +78,46 @@ def test_code_generation_refuses_a_reduction_without_its_recorded_scratch():
         return [dataclasses.replace(op, notes=notes)]
 
     with pytest.raises(jt.KernelError, match="reduce at .* no recorded 'partials' scratch"):
+        lower.generate(dataclasses.replace(kernel, body=ir.map_ops(kernel.body, unrecorded)),
+                       SM80)
+
+
+@jt.kernel(threads=64)
+def _sorted_prefix_sums(x):
+    n, m = x.shape
+    out = jt.empty((n, m), F32)
+    jt.grid(1)
+    t = jt.fragment((n, m), F32)
+    jt.copy(x.at[0, 0], t)
+    t[...] = jnp.sort(jnp.cumsum(t[...], axis=1), axis=1)
+    jt.copy(t, out.at[0, 0])
+    return out
+
+
+def _sort_ir() -> ir.Kernel:
+    spec = jax.ShapeDtypeStruct((4, 32), F32)
+    return build.lowered_ir(_sorted_prefix_sums.lower(spec, target="cuda:sm_80").kernel, SM80)
+
+
+def test_a_scan_and_a_sort_record_their_staging_and_sort_buffers():
+    kernel = _sort_ir()
+    notes = {s.kind: s.notes.get("scratch") for s in ir.walk(kernel.body)
+             if isinstance(s, ir.Op) and s.kind in ("scan", "sort")}
+    assert notes == {"scan": (("staged", "float", 128),),
+                     "sort": (("key", "int", 128), ("pos", "int", 128),
+                              ("vals", "float", 128))}
+    source = lower.generate(kernel, SM80).source
+    for role in ("staged", "key", "pos", "vals"):
+        assert re.search(rf"JT_SHARED_AT\(\w+, {role}\d+, 128, \d+\);", source), role
+
+
+def test_code_generation_refuses_a_sort_without_its_recorded_scratch():
+    kernel = _sort_ir()
+
+    def unrecorded(op: ir.Op) -> list[ir.Op]:
+        notes = {k: v for k, v in op.notes.items() if k != "scratch" or op.kind != "sort"}
+        return [dataclasses.replace(op, notes=notes)]
+
+    with pytest.raises(jt.KernelError, match="sort at .* no recorded 'key' scratch"):
         lower.generate(dataclasses.replace(kernel, body=ir.map_ops(kernel.body, unrecorded)),
                        SM80)

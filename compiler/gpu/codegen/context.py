@@ -132,13 +132,15 @@ class Context:
             self.w(f"{SCRATCH_BARRIER}before {name}")
         return name
 
-    def scratch(self, op: ir.Op, role: str) -> str:
-        """The name of the shared scratch array that ``op``'s ``scratch`` note (the
+    def scratch(self, op: ir.Op, role: str, nth: int = 0) -> str:
+        """The name of the ``nth`` shared scratch array that ``op``'s ``scratch`` note (the
         ``scratch`` pass) records for ``role``, declared; an internal KernelError when the
         note does not record it (code generation does not decide scratch)."""
-        for name, ctype, count in op.notes.get("scratch", ()):
-            if name == role:
-                return self.shared_array(ctype, count, role)
+        found = [(ctype, count) for name, ctype, count in op.notes.get("scratch", ())
+                 if name == role]
+        if nth < len(found):
+            ctype, count = found[nth]
+            return self.shared_array(ctype, count, role)
         raise KernelError(f"internal error: the {op.kind} at {source_line(op.line)} has no "
                           f"recorded {role!r} scratch (the scratch pass did not run)")
 

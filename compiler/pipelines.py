@@ -95,7 +95,7 @@ def gpu(target: Target) -> tuple[Pass, ...]:
       iteration's ``barrier``), its staged copies noted ``issued``;
     - ``scratch`` (:func:`.gpu.codegen.scratch.record_scratch`): the shared scratch arrays
       an op's lowering needs (a reduction's partials across warps, staging arrays, sort
-      buffers; op note ``scratch``);
+      buffers, staged fragments; op note ``scratch``);
     - ``smem_plan`` (:func:`.gpu.smem_plan.place_shared_buffers`): each shared buffer's
       byte offset and pipeline stages (buffer attributes);
     - ``barriers``: ``barrier`` ops wherever threads of a block would race (after layouts,

@@ -2,8 +2,9 @@
 lowering needs as IR, and code generation takes it from there: a reduction whose threads
 span several warps carries its ``partials`` request (printed, parsed back), the CUDA
 declares exactly that array, a reduction folded within one warp carries none; a scan stages
-its operand and a sort its keys, positions and values; code generation refuses an op whose
-request is missing."""
+its operand and a sort its keys, positions and values; a fragment read or written in part
+by other threads (load, store, atomic, copy, a gemm without a tensor-core plan) is staged;
+code generation refuses an op whose request is missing."""
 
 import dataclasses
 import re
@@ -18,6 +19,7 @@ from jaxtile.compiler.gpu.codegen import lower
 from jaxtile.compiler.target import parse_target
 
 F32 = jnp.float32
+I32 = jnp.int32
 SM80 = parse_target("cuda:sm_80")
 
 
@@ -121,3 +123,60 @@ def test_code_generation_refuses_a_sort_without_its_recorded_scratch():
     with pytest.raises(jt.KernelError, match="sort at .* no recorded 'key' scratch"):
         lower.generate(dataclasses.replace(kernel, body=ir.map_ops(kernel.body, unrecorded)),
                        SM80)
+
+
+@jt.kernel(threads=64)
+def _fragment_parts(x):
+    n, m = x.shape
+    out = jt.empty((n, m), F32)
+    jt.grid(1)
+    t = jt.fragment((n, m), F32)
+    jt.copy(x.at[0, 0], t)
+    first = t[0, 0]
+    top = t[0:2, :]
+    t[2:4, :] = top * first
+    jt.atomic_add(t.at[4, 0], top)
+    loc = jt.local((n, m), F32)
+    jt.copy(t, loc)
+    out[...] = loc[...] + 1.0
+    return out
+
+
+@jt.kernel(threads=64)
+def _fragment_gemm(a, b):
+    n, m = a.shape[0], b.shape[1]
+    out = jt.empty((n, m), I32)
+    jt.grid(1)
+    fa, fb = jt.fragment(a.shape, I32), jt.fragment(b.shape, I32)
+    acc = jt.fragment((n, m), I32)
+    jt.copy(a.at[0, 0], fa)
+    jt.copy(b.at[0, 0], fb)
+    acc[...] = jnp.zeros((n, m), I32)
+    jt.gemm(fa, fb, acc)
+    jt.copy(acc, out.at[0, 0])
+    return out
+
+
+def _notes(kernel: ir.Kernel) -> list[tuple[str, tuple]]:
+    return [(s.kind, s.notes["scratch"]) for s in ir.walk(kernel.body)
+            if isinstance(s, ir.Op) and "scratch" in s.notes]
+
+
+def test_fragments_read_or_written_by_other_threads_are_staged():
+    spec = jax.ShapeDtypeStruct((8, 16), F32)
+    kernel = build.lowered_ir(_fragment_parts.lower(spec, target="cuda:sm_80").kernel, SM80)
+    whole, rows = ("staged", "float", 128), ("staged", "float", 32)
+    assert _notes(kernel) == [("load", (whole,)),     # one element
+                              ("load", (whole,)),     # two rows of it
+                              ("store", (rows,)),     # the value stored into two rows
+                              ("atomic", (rows,)),
+                              ("copy", (whole,))]     # into every thread's local copy
+    lower.generate(kernel, SM80)      # declares them (the suite checks the round trip too)
+
+
+def test_a_gemm_without_a_tensor_core_plan_stages_its_fragment_operands():
+    a, b = jax.ShapeDtypeStruct((16, 8), I32), jax.ShapeDtypeStruct((8, 16), I32)
+    kernel = build.lowered_ir(_fragment_gemm.lower(a, b, target="cuda:sm_80").kernel, SM80)
+    assert _notes(kernel) == [("gemm", (("staged", "int", 128), ("staged", "int", 128)))]
+    source = lower.generate(kernel, SM80).source
+    assert len(re.findall(r"JT_SHARED_AT\(int, staged\d+, 128, \d+\);", source)) == 2

@@ -91,6 +91,8 @@ class Context:
         self.current_op: ir.Op | None = None
         """The op being lowered (the owner of the scratch it asks for)."""
         self._tmp = 0
+        self._scratch_taken: dict[tuple[int, str], int] = {}
+        """(op, role) -> how many of the op's recorded arrays of that role are declared."""
         self.stages: dict[str, tuple[int, int]] = {
             b.name: (b.attrs["stages"], math.prod(b.shape)) for b in kernel.buffers
             if "stages" in b.attrs}
@@ -122,7 +124,7 @@ class Context:
     def operand(self, x: int | ir.Value) -> str:
         return str(x) if isinstance(x, int) else self.name(x)
 
-    def shared_array(self, ctype: str, count: int, hint: str) -> str:
+    def _shared_array(self, ctype: str, count: int, hint: str) -> str:
         """A shared scratch array for the op being lowered (placed by the shared-memory
         plan around the kernel's buffers; where it reuses bytes, :data:`SCRATCH_BARRIER`
         marks the barriers that may be needed before and after the op)."""
@@ -132,15 +134,18 @@ class Context:
             self.w(f"{SCRATCH_BARRIER}before {name}")
         return name
 
-    def scratch(self, op: ir.Op, role: str, nth: int = 0) -> str:
-        """The name of the ``nth`` shared scratch array that ``op``'s ``scratch`` note (the
-        ``scratch`` pass) records for ``role``, declared; an internal KernelError when the
-        note does not record it (code generation does not decide scratch)."""
+    def scratch(self, op: ir.Op, role: str) -> str:
+        """The name of the next shared scratch array (in the note's order) that ``op``'s
+        ``scratch`` note (the ``scratch`` pass) records for ``role``, declared; an internal
+        KernelError when the note does not record it (code generation does not decide
+        scratch)."""
         found = [(ctype, count) for name, ctype, count in op.notes.get("scratch", ())
                  if name == role]
+        nth = self._scratch_taken.get((id(op), role), 0)
         if nth < len(found):
+            self._scratch_taken[(id(op), role)] = nth + 1
             ctype, count = found[nth]
-            return self.shared_array(ctype, count, role)
+            return self._shared_array(ctype, count, role)
         raise KernelError(f"internal error: the {op.kind} at {source_line(op.line)} has no "
                           f"recorded {role!r} scratch (the scratch pass did not run)")
 

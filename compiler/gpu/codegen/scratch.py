@@ -1,22 +1,23 @@
 """Shared scratch arrays of the per-op GPU lowerings, as IR.
 
 Some lowerings need shared memory beyond the kernel's buffers (a cross-warp reduction's
-partials, a layout conversion's staging tile, a sort's buffers). What an op needs is
-answered here, once per op kind, from the op and its operands' layouts (:data:`NEEDS`); the
-``scratch`` pass (:func:`record_scratch`) writes the answer on each op as the note
-``scratch``, a tuple of ``(role, C type, elements)`` (printed and parsed back with the IR),
-and the lowering takes its arrays from that note (:meth:`.context.Context.scratch`), so code
-generation does not decide them. The lowering's own structure comes from the same function
-(:func:`reduce_folds` for ``reduce``, :func:`staged_operands` for the staged ops), so the
+partials, a layout conversion's staging tile, a sort's buffers, a fragment others read).
+What an op needs is answered here, once per op kind, from the op and its operands' layouts
+(:data:`NEEDS`); the ``scratch`` pass (:func:`record_scratch`) writes the answer on each op
+as the note ``scratch``, a tuple of ``(role, C type, elements)`` (printed and parsed back
+with the IR), and the lowering takes its arrays from that note
+(:meth:`.context.Context.scratch`), so code generation does not decide them. The
+lowering's own structure comes from the same function (:func:`reduce_folds` for ``reduce``,
+:func:`staged_operands` for the staged ops, :func:`copy_through_shared` for ``copy``), so the
 conditions that make an op need scratch are written once.
 
-Scratch recorded so far: ``reduce`` (its partials across warps), the ops staged through
-shared memory (``relayout``, ``reshape``, ``rev``, ``slice``, ``concatenate``, ``scan``,
-``argreduce``: one ``staged`` array per operand with a layout) and ``sort`` (its keys,
-positions and values). A fragment read or written in part by other threads (``load``,
-``store``, ``copy``, ``atomic``, ``gemm`` of a fragment) is still staged by its lowering
-directly (:meth:`.context.Context.shared_array`), and every scratch array is still placed
-by code generation (:func:`.smem_plan.place_scratch`).
+Every scratch array is recorded: ``reduce`` (its partials across warps), the ops staged
+through shared memory (``relayout``, ``reshape``, ``rev``, ``slice``, ``concatenate``,
+``scan``, ``argreduce``: one ``staged`` array per operand with a layout), ``sort`` (its
+keys, positions and values) and a fragment read or written in part by other threads
+(``load``, ``store``, ``atomic``, ``copy``, a ``gemm`` without a tensor-core plan). Their
+placement is still code generation's (:func:`.smem_plan.place_scratch`, with the barriers
+marked by :data:`.context.SCRATCH_BARRIER`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import numpy as np
 
 from ... import ir
 from ...target import GpuCaps
+from ..gemm_plan import recorded
 from ..layout import THREAD, Factor, Layout
 from . import types as T
 from .context import Context
@@ -119,6 +121,69 @@ def _sort(cx: Context, op: ir.Op) -> tuple[Request, ...]:
     taken = op.operands[op.attrs["take"]]
     return (*(Request("key", key_type(v.dtype), size) for v in keys),
             Request("pos", "int", size), Request("vals", T.reg(np.dtype(taken.dtype)), size))
+
+
+def copy_through_shared(cx: Context, op: ir.Op) -> bool:
+    """Whether a ``copy`` goes from a fragment to another fragment's layout, or into every
+    thread's local copy, through shared memory (the elements a thread needs sit in other
+    threads); a copy between fragments of one layout, whole, is a register move."""
+    src, dst = op.attrs["src"], op.attrs["dst"]
+    sb, db = cx.bufs[src.buffer], cx.bufs[dst.buffer]
+    if math.prod(src.shape) == 0 or sb.scope != "fragment" or db.scope not in ("fragment",
+                                                                             "local"):
+        return False
+    return not (db.scope == "fragment" and sb.layout == db.layout and src.is_whole(sb.shape)
+                and dst.is_whole(db.shape))
+
+
+def _fragment(buf: ir.Buffer) -> Request:
+    return Request("staged", T.reg(np.dtype(buf.dtype)), math.prod(buf.shape))
+
+
+def _value(cx: Context, v: ir.Value) -> tuple[Request, ...]:
+    """A value written into part of a fragment: staged unless it is uniform."""
+    if cx.layout(v) is None:
+        return ()
+    return (Request("staged", T.reg(np.dtype(v.dtype)), math.prod(v.shape)),)
+
+
+@_needs("load")
+def _load(cx: Context, op: ir.Op) -> tuple[Request, ...]:
+    """One element or a part of a fragment: read by threads that do not hold it."""
+    region = op.attrs["src"]
+    buf = cx.bufs[region.buffer]
+    if buf.scope == "fragment" and (op.result.shape == () or not region.is_whole(buf.shape)):
+        return (_fragment(buf),)
+    return ()
+
+
+@_needs("store")
+def _store(cx: Context, op: ir.Op) -> tuple[Request, ...]:
+    region = op.attrs["dst"]
+    buf = cx.bufs[region.buffer]
+    if buf.scope == "fragment" and not region.is_whole(buf.shape):
+        return _value(cx, op.operands[0])
+    return ()
+
+
+@_needs("atomic")
+def _atomic(cx: Context, op: ir.Op) -> tuple[Request, ...]:
+    buf = cx.bufs[op.attrs["dst"].buffer]
+    return _value(cx, op.operands[0]) if buf.scope == "fragment" else ()
+
+
+@_needs("copy")
+def _copy(cx: Context, op: ir.Op) -> tuple[Request, ...]:
+    return (_fragment(cx.bufs[op.attrs["src"].buffer]),) if copy_through_shared(cx, op) else ()
+
+
+@_needs("gemm")
+def _gemm(cx: Context, op: ir.Op) -> tuple[Request, ...]:
+    """A gemm without a tensor-core plan reads its fragment operands from shared memory."""
+    if recorded(op, cx.kernel) is not None:
+        return ()
+    bufs = (cx.bufs[op.attrs[r].buffer] for r in ("a", "b"))
+    return tuple(_fragment(b) for b in bufs if b.scope == "fragment")
 
 
 def record_scratch(kernel: ir.Kernel, caps: GpuCaps) -> ir.Kernel:

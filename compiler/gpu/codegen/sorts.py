@@ -62,8 +62,7 @@ def lower_sort(cx: Context, op: ir.Op) -> None:
     half = (1 << stages) // 2
     descending, total = op.attrs["descending"], op.attrs["total_order"]
     src = op.operands[op.attrs["take"]]
-    keys = [(v, cx.scratch(op, "key", i))
-            for i, v in enumerate(op.operands[:op.attrs["num_keys"]])]
+    keys = [(v, cx.scratch(op, "key")) for v in op.operands[:op.attrs["num_keys"]]]
     pos = cx.scratch(op, "pos")
     vals = cx.scratch(op, "vals")
 

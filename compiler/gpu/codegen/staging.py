@@ -26,20 +26,12 @@ def _stage(cx: Context, op: ir.Op) -> list[str | None]:
     """Write each operand of ``op`` that has a layout to its recorded ``staged`` scratch
     array (row-major); None for a uniform operand."""
     staged = {v.id for v in staged_operands(cx, op)}
-    arrays: list[str | None] = []
-    nth = 0
-    for v in op.operands:
-        if v.id in staged:
-            arrays.append(_stage_one(cx, op, v, nth))
-            nth += 1
-        else:
-            arrays.append(None)
-    return arrays
+    return [_stage_one(cx, op, v) if v.id in staged else None for v in op.operands]
 
 
-def _stage_one(cx: Context, op: ir.Op, v: ir.Value, nth: int) -> str:
+def _stage_one(cx: Context, op: ir.Op, v: ir.Value) -> str:
     lay = cx.layout(v)
-    arr = cx.scratch(op, "staged", nth)
+    arr = cx.scratch(op, "staged")
     primary = cx.primary(lay)
     with cx.slots(lay, guard=True) as coords:
         stmt = f"{arr}[{row_major(coords, v.shape)}] = {cx.name(v)}[k];"

@@ -97,7 +97,7 @@ def gpu(target: Target) -> tuple[Pass, ...]:
       an op's lowering needs (a reduction's partials across warps, staging arrays, sort
       buffers, staged fragments; op note ``scratch``);
     - ``smem_plan`` (:func:`.gpu.smem_plan.place_shared_buffers`): each shared buffer's
-      byte offset and pipeline stages (buffer attributes);
+      byte offset and pipeline stages (buffer attributes), each scratch request's offset;
     - ``barriers``: ``barrier`` ops wherever threads of a block would race (after layouts,
       which say which thread touches which shared element, treating buffers the plan puts
       on the same bytes as one).

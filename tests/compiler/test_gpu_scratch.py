@@ -1,10 +1,11 @@
 """The ``scratch`` pass (``gpu/codegen/scratch.py``) records the shared scratch an op's GPU
-lowering needs as IR, and code generation takes it from there: a reduction whose threads
-span several warps carries its ``partials`` request (printed, parsed back), the CUDA
-declares exactly that array, a reduction folded within one warp carries none; a scan stages
-its operand and a sort its keys, positions and values; a fragment read or written in part
-by other threads (load, store, atomic, copy, a gemm without a tensor-core plan) is staged;
-code generation refuses an op whose request is missing."""
+lowering needs as IR, ``smem_plan`` gives each its byte offset there, and code generation
+takes both from the IR (refusing an op whose request or offset is missing): a reduction
+whose threads span several warps carries its ``partials`` request (printed, parsed back),
+the CUDA declares exactly that array, a reduction folded within one warp carries none; a
+scan stages its operand and a sort its keys, positions and values; a fragment read or
+written in part by other threads (load, store, atomic, copy, a gemm without a tensor-core
+plan) is staged."""
 
 import dataclasses
 import re
@@ -56,14 +57,15 @@ def test_the_scratch_pass_runs_before_the_shared_memory_plan():
 def test_a_reduction_across_warps_records_its_partials_and_codegen_declares_them():
     kernel = _lowered(128)
     note = _reduce(kernel).notes["scratch"]
-    # 128 threads (4 warps) share each row: one float partial per thread and result slot.
-    ((role, ctype, count),) = note
-    assert (role, ctype) == ("partials", "float") and count % 128 == 0
+    # 128 threads (4 warps) share each row: one float partial per thread and result slot,
+    # at offset 0 (the kernel's fragments take no shared memory).
+    ((role, ctype, count, offset),) = note
+    assert (role, ctype, offset) == ("partials", "float", 0) and count % 128 == 0
     text = printer.format_kernel(kernel)
-    assert f"scratch=(('partials', 'float', {count}),)" in text
+    assert f"scratch=(('partials', 'float', {count}, 0),)" in text
     assert _reduce(parser.parse_kernel(text)).notes["scratch"] == note
     source = lower.generate(kernel, SM80).source
-    assert re.search(rf"JT_SHARED_AT\(float, partials\d+, {count}, \d+\);", source)
+    assert re.search(rf"JT_SHARED_AT\(float, partials\d+, {count}, 0\);", source)
 
 
 def test_a_reduction_within_one_warp_records_no_scratch():
@@ -105,9 +107,10 @@ def test_a_scan_and_a_sort_record_their_staging_and_sort_buffers():
     kernel = _sort_ir()
     notes = {s.kind: s.notes.get("scratch") for s in ir.walk(kernel.body)
              if isinstance(s, ir.Op) and s.kind in ("scan", "sort")}
-    assert notes == {"scan": (("staged", "float", 128),),
-                     "sort": (("key", "int", 128), ("pos", "int", 128),
-                              ("vals", "float", 128))}
+    # Each lives for its own op only: the scan's array and the sort's first share bytes.
+    assert notes == {"scan": (("staged", "float", 128, 0),),
+                     "sort": (("key", "int", 128, 0), ("pos", "int", 128, 512),
+                              ("vals", "float", 128, 1024))}
     source = lower.generate(kernel, SM80).source
     for role in ("staged", "key", "pos", "vals"):
         assert re.search(rf"JT_SHARED_AT\(\w+, {role}\d+, 128, \d+\);", source), role
@@ -165,7 +168,7 @@ def _notes(kernel: ir.Kernel) -> list[tuple[str, tuple]]:
 def test_fragments_read_or_written_by_other_threads_are_staged():
     spec = jax.ShapeDtypeStruct((8, 16), F32)
     kernel = build.lowered_ir(_fragment_parts.lower(spec, target="cuda:sm_80").kernel, SM80)
-    whole, rows = ("staged", "float", 128), ("staged", "float", 32)
+    whole, rows = ("staged", "float", 128, 0), ("staged", "float", 32, 0)
     assert _notes(kernel) == [("load", (whole,)),     # one element
                               ("load", (whole,)),     # two rows of it
                               ("store", (rows,)),     # the value stored into two rows
@@ -177,6 +180,20 @@ def test_fragments_read_or_written_by_other_threads_are_staged():
 def test_a_gemm_without_a_tensor_core_plan_stages_its_fragment_operands():
     a, b = jax.ShapeDtypeStruct((16, 8), I32), jax.ShapeDtypeStruct((8, 16), I32)
     kernel = build.lowered_ir(_fragment_gemm.lower(a, b, target="cuda:sm_80").kernel, SM80)
-    assert _notes(kernel) == [("gemm", (("staged", "int", 128), ("staged", "int", 128)))]
+    assert _notes(kernel) == [("gemm", (("staged", "int", 128, 0), ("staged", "int", 128, 512)))]
     source = lower.generate(kernel, SM80).source
     assert len(re.findall(r"JT_SHARED_AT\(int, staged\d+, 128, \d+\);", source)) == 2
+
+
+def test_code_generation_refuses_scratch_without_a_planned_offset():
+    kernel = _lowered(128)
+
+    def unplaced(op: ir.Op) -> list[ir.Op]:
+        if "scratch" not in op.notes:
+            return [op]
+        return [op.with_notes(scratch=tuple(n[:3] for n in op.notes["scratch"]))]
+
+    with pytest.raises(jt.KernelError, match="'partials' scratch of the reduce at .* no "
+                       "planned offset.*smem_plan"):
+        lower.generate(dataclasses.replace(kernel, body=ir.map_ops(kernel.body, unplaced)),
+                       SM80)

@@ -85,9 +85,9 @@ class Context:
         self.factors = known_factors(kernel)
         """Scalar values known to be multiples of a number (for aligned vector accesses)."""
         self.names: dict[int, str] = {}
-        self.shared: list[tuple[str, str, int, ir.Op | None]] = []
-        """(C type, name, count, op) of every shared scratch array, declared at kernel
-        scope."""
+        self.shared: list[tuple[str, str, int, ir.Op | None, int]] = []
+        """(C type, name, count, op, byte offset) of every shared scratch array, declared at
+        kernel scope."""
         self.current_op: ir.Op | None = None
         """The op being lowered (the owner of the scratch it asks for)."""
         self._tmp = 0
@@ -124,12 +124,12 @@ class Context:
     def operand(self, x: int | ir.Value) -> str:
         return str(x) if isinstance(x, int) else self.name(x)
 
-    def _shared_array(self, ctype: str, count: int, hint: str) -> str:
-        """A shared scratch array for the op being lowered (placed by the shared-memory
-        plan around the kernel's buffers; where it reuses bytes, :data:`SCRATCH_BARRIER`
-        marks the barriers that may be needed before and after the op)."""
+    def _shared_array(self, ctype: str, count: int, hint: str, offset: int) -> str:
+        """A shared scratch array for the op being lowered, at byte ``offset`` (the
+        smem_plan pass's; where it reuses bytes, :data:`SCRATCH_BARRIER` marks the barriers
+        that may be needed before and after the op)."""
         name = self.tmp(hint)
-        self.shared.append((ctype, name, max(count, 1), self.current_op))
+        self.shared.append((ctype, name, max(count, 1), self.current_op, offset))
         if not self.loop_depth:
             self.w(f"{SCRATCH_BARRIER}before {name}")
         return name
@@ -139,15 +139,18 @@ class Context:
         ``scratch`` note (the ``scratch`` pass) records for ``role``, declared; an internal
         KernelError when the note does not record it (code generation does not decide
         scratch)."""
-        found = [(ctype, count) for name, ctype, count in op.notes.get("scratch", ())
-                 if name == role]
+        found = [entry[1:] for entry in op.notes.get("scratch", ()) if entry[0] == role]
         nth = self._scratch_taken.get((id(op), role), 0)
-        if nth < len(found):
-            self._scratch_taken[(id(op), role)] = nth + 1
-            ctype, count = found[nth]
-            return self._shared_array(ctype, count, role)
-        raise KernelError(f"internal error: the {op.kind} at {source_line(op.line)} has no "
-                          f"recorded {role!r} scratch (the scratch pass did not run)")
+        if nth >= len(found):
+            raise KernelError(f"internal error: the {op.kind} at {source_line(op.line)} has "
+                              f"no recorded {role!r} scratch (the scratch pass did not run)")
+        if len(found[nth]) < 3:
+            raise KernelError(f"internal error: the {role!r} scratch of the {op.kind} at "
+                              f"{source_line(op.line)} has no planned offset (the smem_plan "
+                              "pass did not run)")
+        self._scratch_taken[(id(op), role)] = nth + 1
+        ctype, count, offset = found[nth]
+        return self._shared_array(ctype, count, role, offset)
 
     # -- layouts and slots ----------------------------------------------------------------------
 

@@ -15,9 +15,10 @@ Every scratch array is recorded: ``reduce`` (its partials across warps), the ops
 through shared memory (``relayout``, ``reshape``, ``rev``, ``slice``, ``concatenate``,
 ``scan``, ``argreduce``: one ``staged`` array per operand with a layout), ``sort`` (its
 keys, positions and values) and a fragment read or written in part by other threads
-(``load``, ``store``, ``atomic``, ``copy``, a ``gemm`` without a tensor-core plan). Their
-placement is still code generation's (:func:`.smem_plan.place_scratch`, with the barriers
-marked by :data:`.context.SCRATCH_BARRIER`).
+(``load``, ``store``, ``atomic``, ``copy``, a ``gemm`` without a tensor-core plan). The
+``smem_plan`` pass then appends each request's byte offset; the barriers where scratch
+reuses bytes are still code generation's (:func:`.smem_plan.place_scratch`, spliced in at
+:data:`.context.SCRATCH_BARRIER` markers).
 """
 
 from __future__ import annotations

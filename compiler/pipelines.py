@@ -93,8 +93,11 @@ def gpu(target: Target) -> tuple[Pass, ...]:
       ``jt.pipelined`` loop's cp.async schedule as statements (``async_issue`` per stage in
       the prologue and each iteration, ``async_commit``, ``async_wait`` with its count, the
       iteration's ``barrier``), its staged copies noted ``issued``;
+    - ``scratch`` (:func:`.gpu.codegen.scratch.record_scratch`): the shared scratch arrays
+      an op's lowering needs (a reduction's partials across warps, staging arrays, sort
+      buffers, staged fragments; op note ``scratch``);
     - ``smem_plan`` (:func:`.gpu.smem_plan.place_shared_buffers`): each shared buffer's
-      byte offset and pipeline stages (buffer attributes);
+      byte offset and pipeline stages (buffer attributes), each scratch request's offset;
     - ``barriers``: ``barrier`` ops wherever threads of a block would race (after layouts,
       which say which thread touches which shared element, treating buffers the plan puts
       on the same bytes as one).
@@ -102,6 +105,7 @@ def gpu(target: Target) -> tuple[Pass, ...]:
     After ``pipelining`` the GPU rules (:func:`.gpu.verify.verify_gpu`: wait counts,
     barriers in uniform control flow, offsets) are checked with the others under
     ``JAXTILE_VERIFY_IR``. Code generation then prints the IR (:mod:`.gpu.codegen.lower`)."""
+    from .gpu.codegen.scratch import record_scratch
     from .gpu.copy_mapping import map_copies
     from .gpu.copy_schedule import schedule_async_copies
     from .gpu.gemm_plan import anchors, plan_gemms
@@ -113,6 +117,7 @@ def gpu(target: Target) -> tuple[Pass, ...]:
             Pass("copy_mapping", map_copies, verify_gpu),
             Pass("bounds", check_bounds),
             Pass("pipelining", schedule_async_copies, verify_gpu),
+            Pass("scratch", lambda k: record_scratch(k, target.caps)),
             Pass("smem_plan", lambda k: place_shared_buffers(k, target.caps), verify_gpu),
             Pass("barriers", lambda k: insert_barriers(k, shares(k)), verify_gpu))
 

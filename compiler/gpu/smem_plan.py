@@ -18,9 +18,11 @@ one liveness the CPU's storage sharing uses too. Buffers that no statement touch
 offset.
 
 The ``smem_plan`` pass (:func:`place_shared_buffers`) writes the plan into the IR as buffer
-attributes (``offset``, ``stages``); barrier insertion and code generation read it from there
-(:func:`shares`, :func:`recorded_plan`). Code generation only places its own per-op scratch
-around those fixed offsets (:func:`place_scratch`).
+attributes (``offset``, ``stages``) and, for the per-op scratch the ``scratch`` pass recorded,
+as each request's byte offset (placed around the buffers' fixed offsets); barrier insertion
+and code generation read it from there (:func:`shares`, :func:`recorded_plan`). Code
+generation still works out from those offsets which scratch reuses bytes and needs a
+barrier (:func:`place_scratch`).
 
 Assumes: ``bytes_of`` covers every shared buffer (all stages of a multi-buffered one).
 Guarantees: buffers live at the same statement never overlap; every offset is a multiple of
@@ -36,9 +38,10 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ..errors import KernelError
-from ..ir import Kernel, Op, Region, Stmt, regions, walk
+from ..ir import Kernel, Op, Region, Stmt, map_ops, regions, walk
 from ..passes.liveness import buffer_lifetimes
 from ..target import GpuCaps
+from .codegen.types import sizeof
 from .copy_schedule import issued_stages, staged_buffers
 
 ALIGN = 128
@@ -112,17 +115,27 @@ def plan_shared_memory(kernel: Kernel, bytes_of: Mapping[str, int], caps: GpuCap
     Ties (same size, same lifetime) go in declaration order (``kernel.buffers``, then
     ``extra``), so renaming buffers or inserting barriers never changes the plan.
     ``fixed``: offsets decided before (an earlier plan's), kept; the other buffers are
-    placed around them (code generation adds its scratch to the barrier pass's plan)."""
+    placed around them (the smem_plan pass places the scratch around the kernel's buffers).
+    Fixed ``extra`` requests keep their place in the plan's order among the other extras, so
+    a plan rebuilt from recorded offsets reports them in the same order."""
     by_op: dict[int, list[Scratch]] = {}
+    by_name = {s.name for s in extra}
     for s in extra:
         by_op.setdefault(id(s.op), []).append(s)
     sizes = {**bytes_of, **{s.name: s.bytes for s in extra}}
     order = {b.name: i for i, b in enumerate(kernel.buffers)}
     order.update({s.name: len(order) + i for i, s in enumerate(extra)})
     spans = lifetimes(kernel.body, set(bytes_of), by_op)
-    offsets: dict[str, int] = {n: o for n, o in (fixed or {}).items() if n in spans}
+    fixed = fixed or {}
+    # The kernel's fixed buffers come first; extra requests, fixed or not, in placement
+    # order (which the report's order of equal offsets shows).
+    offsets: dict[str, int] = {n: o for n, o in fixed.items()
+                               if n in spans and n not in by_name}
     for name in sorted(spans, key=lambda n: (-sizes[n], spans[n], order.get(n, 0))):
         if name in offsets:
+            continue
+        if name in fixed:
+            offsets[name] = fixed[name]
             continue
         lo, hi = spans[name]
         busy = sorted((offsets[o], offsets[o] + sizes[o]) for o in offsets
@@ -163,14 +176,17 @@ def plan_kernel(kernel: Kernel, caps: GpuCaps) -> SmemPlan:
 def place_shared_buffers(kernel: Kernel, caps: GpuCaps) -> Kernel:
     """The shared-memory planning pass: every shared buffer a statement touches gets its
     plan's byte ``offset`` and, when a pipelined loop multi-buffers it, ``stages`` as buffer
-    attributes (:attr:`.ir.Buffer.attrs`).
+    attributes (:attr:`.ir.Buffer.attrs`); every request of an op's ``scratch`` note gets its
+    byte offset as a fourth element, placed around the buffers.
 
-    Assumes: the pipelining pass ran (its staged copies say which buffers have stages).
+    Assumes: the pipelining pass ran (its staged copies say which buffers have stages), and
+    the scratch pass (its requests are ``(role, C type, elements)``).
     Guarantees: buffers whose lifetimes overlap get disjoint bytes, offsets are multiples of
     :data:`ALIGN`, the total fits ``caps`` (else KernelError); later passes and code
     generation read the plan from the IR (:func:`recorded_plan`, :func:`shares`)."""
     stages = issued_stages(kernel)
     plan = plan_shared_memory(kernel, buffer_bytes(kernel, stages), caps)
+    kernel = _place_recorded_scratch(kernel, plan, caps)
     buffers = []
     for b in kernel.buffers:
         if b.name in plan.offsets:
@@ -178,6 +194,33 @@ def place_shared_buffers(kernel: Kernel, caps: GpuCaps) -> Kernel:
             b = b.with_attrs(offset=plan.offsets[b.name], **extra)
         buffers.append(b)
     return dataclasses.replace(kernel, buffers=tuple(buffers))
+
+
+def _place_recorded_scratch(kernel: Kernel, plan: SmemPlan, caps: GpuCaps) -> Kernel:
+    """``kernel`` with each request of its ops' ``scratch`` notes (the scratch pass's
+    ``(role, C type, elements)``) given its byte offset as a fourth element: placed after the
+    kernel's own buffers (their offsets kept), in program order, each live for its op's
+    statement only."""
+    scratch: list[Scratch] = []
+    for stmt in walk(kernel.body):
+        if isinstance(stmt, Op):
+            for role, ctype, count in stmt.notes.get("scratch", ()):
+                # A space keeps the name apart from every buffer's (an identifier).
+                scratch.append(Scratch(f"scratch {role}{len(scratch)}",
+                                       sizeof(ctype) * max(count, 1), stmt))
+    if not scratch:
+        return kernel
+    sizes = {n: plan.sizes[n] for n in plan.offsets}
+    full = plan_shared_memory(kernel, sizes, caps, scratch, fixed=plan.offsets)
+    at = iter(full.offsets[s.name] for s in scratch)
+
+    def placed(op: Op) -> list[Stmt]:
+        notes = op.notes.get("scratch")
+        if not notes:
+            return [op]
+        return [op.with_notes(scratch=tuple((*n, next(at)) for n in notes))]
+
+    return dataclasses.replace(kernel, body=map_ops(kernel.body, placed))
 
 
 def recorded_bytes(kernel: Kernel) -> tuple[dict[str, int], dict[str, int]]:
@@ -213,15 +256,15 @@ def recorded_plan(kernel: Kernel, caps: GpuCaps) -> SmemPlan:
 
 
 def place_scratch(kernel: Kernel, plan: SmemPlan, scratch: Sequence[Scratch], caps: GpuCaps,
-                  ) -> tuple[SmemPlan, set[str], set[str]]:
+                  offsets: Mapping[str, int]) -> tuple[SmemPlan, set[str], set[str]]:
     """``plan`` (the kernel's buffers, offsets kept: :func:`recorded_plan`) with code
-    generation's per-op ``scratch`` placed around it, and the scratch arrays that need a
-    barrier before their op (they reuse bytes some earlier buffer used) and after it (a later
-    one reuses theirs). The barrier pass did not see scratch, so these barriers are code
-    generation's; an op inside a loop has its leading barrier already (its previous
-    iteration's reads)."""
+    generation's per-op ``scratch`` at the ``offsets`` the smem_plan pass recorded for them,
+    and the scratch arrays that need a barrier before their op (they reuse bytes some earlier
+    buffer used) and after it (a later one reuses theirs). The barrier pass did not see
+    scratch, so these barriers are code generation's; an op inside a loop has its leading
+    barrier already (its previous iteration's reads)."""
     sizes = {n: plan.sizes[n] for n in plan.offsets}
-    full = plan_shared_memory(kernel, sizes, caps, scratch, fixed=plan.offsets)
+    full = plan_shared_memory(kernel, sizes, caps, scratch, fixed={**plan.offsets, **offsets})
     names = {s.name for s in scratch}
     before: set[str] = set()
     after: set[str] = set()

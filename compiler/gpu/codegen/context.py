@@ -85,12 +85,14 @@ class Context:
         self.factors = known_factors(kernel)
         """Scalar values known to be multiples of a number (for aligned vector accesses)."""
         self.names: dict[int, str] = {}
-        self.shared: list[tuple[str, str, int, ir.Op | None]] = []
-        """(C type, name, count, op) of every shared scratch array, declared at kernel
-        scope."""
+        self.shared: list[tuple[str, str, int, ir.Op | None, int]] = []
+        """(C type, name, count, op, byte offset) of every shared scratch array, declared at
+        kernel scope."""
         self.current_op: ir.Op | None = None
         """The op being lowered (the owner of the scratch it asks for)."""
         self._tmp = 0
+        self._scratch_taken: dict[tuple[int, str], int] = {}
+        """(op, role) -> how many of the op's recorded arrays of that role are declared."""
         self.stages: dict[str, tuple[int, int]] = {
             b.name: (b.attrs["stages"], math.prod(b.shape)) for b in kernel.buffers
             if "stages" in b.attrs}
@@ -122,15 +124,33 @@ class Context:
     def operand(self, x: int | ir.Value) -> str:
         return str(x) if isinstance(x, int) else self.name(x)
 
-    def shared_array(self, ctype: str, count: int, hint: str) -> str:
-        """A shared scratch array for the op being lowered (placed by the shared-memory
-        plan around the kernel's buffers; where it reuses bytes, :data:`SCRATCH_BARRIER`
-        marks the barriers that may be needed before and after the op)."""
+    def _shared_array(self, ctype: str, count: int, hint: str, offset: int) -> str:
+        """A shared scratch array for the op being lowered, at byte ``offset`` (the
+        smem_plan pass's; where it reuses bytes, :data:`SCRATCH_BARRIER` marks the barriers
+        that may be needed before and after the op)."""
         name = self.tmp(hint)
-        self.shared.append((ctype, name, max(count, 1), self.current_op))
+        self.shared.append((ctype, name, max(count, 1), self.current_op, offset))
         if not self.loop_depth:
             self.w(f"{SCRATCH_BARRIER}before {name}")
         return name
+
+    def scratch(self, op: ir.Op, role: str) -> str:
+        """The name of the next shared scratch array (in the note's order) that ``op``'s
+        ``scratch`` note (the ``scratch`` pass) records for ``role``, declared; an internal
+        KernelError when the note does not record it (code generation does not decide
+        scratch)."""
+        found = [entry[1:] for entry in op.notes.get("scratch", ()) if entry[0] == role]
+        nth = self._scratch_taken.get((id(op), role), 0)
+        if nth >= len(found):
+            raise KernelError(f"internal error: the {op.kind} at {source_line(op.line)} has "
+                              f"no recorded {role!r} scratch (the scratch pass did not run)")
+        if len(found[nth]) < 3:
+            raise KernelError(f"internal error: the {role!r} scratch of the {op.kind} at "
+                              f"{source_line(op.line)} has no planned offset (the smem_plan "
+                              "pass did not run)")
+        self._scratch_taken[(id(op), role)] = nth + 1
+        ctype, count, offset = found[nth]
+        return self._shared_array(ctype, count, role, offset)
 
     # -- layouts and slots ----------------------------------------------------------------------
 
@@ -174,10 +194,17 @@ class Context:
         ``lay`` (default: replicated) and then named by :meth:`finish`."""
         if v.id not in self.uniform:
             return self.declare(v), self.layout(v)
-        lay = lay if lay is not None and lay.num_local == 1 else replicated(v.shape, self.threads)
+        lay = self.result_layout(v, lay)
         name = self.tmp("r")
         self.w(f"{T.reg(v.dtype)} {name}[1];")
         return name, lay
+
+    def result_layout(self, v: ir.Value, lay: Layout | None = None) -> Layout:
+        """The layout :meth:`result` computes ``v`` in."""
+        if v.id not in self.uniform:
+            return self.layout(v)
+        return lay if lay is not None and lay.num_local == 1 else replicated(v.shape,
+                                                                              self.threads)
 
     def finish(self, v: ir.Value, name: str) -> None:
         """After :meth:`result`: a uniform result becomes its scalar."""

@@ -23,6 +23,7 @@ from ..layout import Layout, blocked
 from . import scalar_math as M
 from . import types as T
 from .context import Context, source_line
+from .scratch import copy_through_shared
 from .values import stage_fragment, store_part, unflatten, write
 
 _VECTOR = {(4, 4): "f32x4", (4, 2): "f32x2", (2, 8): "u32x4", (2, 4): "u32x2"}
@@ -71,7 +72,7 @@ def lower_copy(cx: Context, op: ir.Op) -> None:
         with cx.slots(db.layout, need_coords=False):
             cx.w(f"{db.name}[k] = {M.convert(f'{sb.name}[k]', sb.dtype, db.dtype)};")
         return
-    if sb.scope == "fragment" and db.scope in ("fragment", "local"):
+    if copy_through_shared(cx, op):
         _from_staged_fragment(cx, op)
         return
     lay = None
@@ -160,7 +161,7 @@ def _from_staged_fragment(cx: Context, op: ir.Op) -> None:
     shared memory, since the elements a thread needs sit in other threads."""
     src, dst = op.attrs["src"], op.attrs["dst"]
     sb, db = cx.bufs[src.buffer], cx.bufs[dst.buffer]
-    arr = stage_fragment(cx, sb)
+    arr = stage_fragment(cx, op, sb)
 
     def value(tile: list[str]) -> str:
         index, _ = cx.address(src, tile, clamp=False, checked=())

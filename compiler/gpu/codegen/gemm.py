@@ -50,7 +50,7 @@ def _operand(cx: Context, op: ir.Op, attr: str):
     """A function from (row, col) C text of the stored operand to its compute value."""
     region = op.attrs[attr]
     buf = cx.bufs[region.buffer]
-    staged = stage_fragment(cx, buf) if buf.scope == "fragment" else None
+    staged = stage_fragment(cx, op, buf) if buf.scope == "fragment" else None
 
     def read(row: str, col: str) -> str:
         index, _ = cx.address(region, [row, col], clamp=False, checked=())

@@ -176,7 +176,7 @@ class _Lowering:
         cx = self.cx
         cx.current_op, before = op, len(cx.shared)
         self._op(op)
-        for _, name, _, _ in cx.shared[before:]:
+        for _, name, _, _, _ in cx.shared[before:]:
             cx.w(f"{SCRATCH_BARRIER}after {name}")
         cx.current_op = None
 
@@ -233,12 +233,13 @@ class _Lowering:
         the planned offsets), the body with the scratch barriers resolved, and the plan."""
         cx, k = self.cx, self.kernel
         caps = self.target.caps
-        scratch = [Scratch(n, _sizeof(t) * c, op) for t, n, c, op in cx.shared]
-        plan, before, after = place_scratch(k, recorded_plan(k, caps), scratch, caps)
+        scratch = [Scratch(n, T.sizeof(t) * c, op) for t, n, c, op, _ in cx.shared]
+        fixed = {n: at for _, n, _, _, at in cx.shared}
+        plan, before, after = place_scratch(k, recorded_plan(k, caps), scratch, caps, fixed)
         arrays = [(T.mem(b.dtype), b.name, max(math.prod(b.shape), 1)
                    * b.attrs.get("stages", 1)) for b in k.buffers
                   if b.scope == "shared" and b.name in plan.offsets]
-        arrays += [(t, n, c) for t, n, c, _ in cx.shared]
+        arrays += [(t, n, c) for t, n, c, _, _ in cx.shared]
         decls = [f"  JT_SHARED_AT({t}, {n}, {c}, {plan.offsets[n]});" for t, n, c in arrays]
         body = []
         for line in cx.w.lines:
@@ -299,15 +300,6 @@ def _relayout(lw: _Lowering, op: ir.Op) -> None:
                           f"{lw.cx.layout(src).text()} -> {op.notes['layout'].text()}")
     lw.comment(op)
     lower_staged(lw.cx, op)
-
-
-_SIZES = {"float": 4, "double": 8, "half": 2, "bf16": 2, "bool": 1, "int8_t": 1,
-          "uint8_t": 1, "int16_t": 2, "uint16_t": 2, "int": 4, "unsigned": 4, "int64_t": 8,
-          "uint64_t": 8}
-
-
-def _sizeof(ctype: str) -> int:
-    return _SIZES[ctype]
 
 
 _TEMP = re.compile(r"(v|c|s|t|r|acc|best|at|x|vec|base|partials|staged|a_regs)\d+$")

@@ -5,39 +5,38 @@ slots into the result's slots (the result's layout is the operand's with the red
 dimensions dropped, so slot ``k`` folds into ``drop_slot(k)``). Thread factors of the reduced
 dimensions that lie inside a warp (power-of-two sizes) are folded by ``shfl_xor`` butterflies,
 after which every lane of the group holds the result. What remains (factors across warps)
-goes through a shared array: the threads whose in-warp digits are 0 write their partials,
-a barrier, and every thread folds the partials of its group in a fixed order. In a loop, a
-barrier first keeps a fast thread from overwriting partials others still read.
+goes through a shared array (the op's ``partials`` scratch, which the ``scratch`` pass
+records from :func:`.scratch.reduce_folds`, the split this lowering uses): the threads
+whose in-warp digits are 0 write their partials, a barrier, and every thread folds the
+partials of its group in a fixed order. In a loop, a barrier first keeps a fast thread from
+overwriting partials others still read.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
 from ... import ir
 from ...errors import KernelError
-from ..layout import THREAD, Factor, digit_expr
+from ..layout import Factor, digit_expr
 from . import scalar_math as M
 from . import types as T
 from .context import Context, source_line
-
-_SHUFFLE_TYPES = frozenset({"float", "int", "unsigned"})
-
-
-def _reduced_thread_factors(lay, axes) -> list[Factor]:
-    return [f for d in axes for f in lay.dims[d] if f.kind == THREAD]
+from .scratch import reduce_folds
 
 
 def lower_reduce(cx: Context, op: ir.Op) -> None:
     src, res = op.operands[0], op.result
     fn, axes = op.attrs["fn"], op.attrs["axes"]
     dtype = np.dtype(res.dtype)
-    lay = cx.layout(src)
-    if lay is None:
+    folds = reduce_folds(cx, op)
+    if folds is None:
         raise KernelError(f"a reduction of a constant tile is not lowered for CUDA yet "
                           f"(at {source_line(op.line)})")
+    lay, in_warp, across = folds.source, folds.in_warp, folds.across
     name, out_lay = cx.result(res, lay.drop(axes))
     cx.w("#pragma unroll")
     cx.w(f"for (int k = 0; k < {out_lay.num_local}; ++k) "
@@ -46,12 +45,6 @@ def lower_reduce(cx: Context, op: ir.Op) -> None:
         slot = lay.drop_slot_expr("k", axes)
         folded = M.reduce_combine(fn, f"{name}[{slot}]", f"{cx.name(src)}[k]", dtype)
         cx.w(f"{name}[{slot}] = {folded};")
-    factors = _reduced_thread_factors(lay, axes)
-    ctype = T.reg(dtype)
-    ws = cx.warp_size
-    in_warp = [f for f in factors if f.stride * f.size <= ws and f.size & (f.size - 1) == 0
-               and ctype in _SHUFFLE_TYPES and cx.threads % ws == 0]
-    across = [f for f in factors if f not in in_warp]
     for f in in_warp:
         cx.w(f"// fold {f.size} lanes {f.stride} apart")
         offsets = [f.stride << i for i in range(f.size.bit_length() - 1)]
@@ -67,11 +60,11 @@ def lower_reduce(cx: Context, op: ir.Op) -> None:
     cx.finish(res, name)
 
 
-def _across_warps(cx: Context, op: ir.Op, name: str, slots: int, in_warp: list[Factor],
-                  across: list[Factor], dtype: np.dtype) -> None:
+def _across_warps(cx: Context, op: ir.Op, name: str, slots: int,
+                  in_warp: Sequence[Factor], across: Sequence[Factor], dtype: np.dtype) -> None:
     fn = op.attrs["fn"]
     ctype = T.reg(dtype)
-    part = cx.shared_array(ctype, cx.threads * slots, "partials")
+    part = cx.scratch(op, "partials")
     cx.w(f"// fold {math.prod(f.size for f in across)} partials across warps through shared "
          f"memory")
     if cx.loop_depth:

@@ -27,7 +27,7 @@ from . import types as T
 from .context import Context, row_major
 
 
-def _key_type(dtype: np.dtype) -> str:
+def key_type(dtype: np.dtype) -> str:
     """The C type of a staged key: the float's bits as a signed integer, a bool as int."""
     reg = T.reg(dtype)
     if T.is_float(dtype):
@@ -40,7 +40,7 @@ def _key_lines(x: str, dtype: np.dtype, total_order: bool, key: str) -> list[str
     float's bits with the magnitude flipped under a set sign bit order -NaN < -inf < ...
     < -0.0 < 0.0 < ... < inf < NaN (``total_order``); XLA's order makes -0.0 0.0 and
     every NaN the largest key."""
-    ktype = _key_type(dtype)
+    ktype = key_type(dtype)
     if not T.is_float(dtype):
         return [f"const {ktype} {key} = {ktype}({x});"]
     reg = T.reg(dtype)
@@ -62,10 +62,9 @@ def lower_sort(cx: Context, op: ir.Op) -> None:
     half = (1 << stages) // 2
     descending, total = op.attrs["descending"], op.attrs["total_order"]
     src = op.operands[op.attrs["take"]]
-    keys = [(v, cx.shared_array(_key_type(v.dtype), size, "key"))
-            for v in op.operands[:op.attrs["num_keys"]]]
-    pos = cx.shared_array("int", size, "pos")
-    vals = cx.shared_array(T.reg(src.dtype), size, "vals")
+    keys = [(v, cx.scratch(op, "key")) for v in op.operands[:op.attrs["num_keys"]]]
+    pos = cx.scratch(op, "pos")
+    vals = cx.scratch(op, "vals")
 
     def stage(v: ir.Value, body: Callable[[str], list[str]], dst: str) -> None:
         """Write ``body(x)``'s last variable for each element ``x`` of ``v`` to ``dst``."""
@@ -111,7 +110,7 @@ def lower_sort(cx: Context, op: ir.Op) -> None:
                     cx.w(f"const int a = base + lo * {inner}, b = base + hi * {inner};")
                     with cx.w.block(f"if ({precedes('b', 'a')})"):
                         # (a named type: in the emulator a shared element is a proxy)
-                        for arr, ctype in ((pos, "int"), *((key, _key_type(v.dtype))
+                        for arr, ctype in ((pos, "int"), *((key, key_type(v.dtype))
                                                            for v, key in keys)):
                             cx.w(f"const {ctype} {arr}_a = {arr}[a];")
                             cx.w(f"{arr}[a] = {arr}[b];")

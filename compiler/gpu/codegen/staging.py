@@ -12,7 +12,6 @@ reads the previous iteration's.
 from __future__ import annotations
 
 import itertools
-import math
 
 import numpy as np
 
@@ -20,14 +19,19 @@ from ... import ir
 from . import scalar_math as M
 from . import types as T
 from .context import Context, row_major
+from .scratch import staged_operands
 
 
-def _stage(cx: Context, v: ir.Value) -> str | None:
-    """Write ``v`` to a new shared array (row-major); None for a uniform value."""
+def _stage(cx: Context, op: ir.Op) -> list[str | None]:
+    """Write each operand of ``op`` that has a layout to its recorded ``staged`` scratch
+    array (row-major); None for a uniform operand."""
+    staged = {v.id for v in staged_operands(cx, op)}
+    return [_stage_one(cx, op, v) if v.id in staged else None for v in op.operands]
+
+
+def _stage_one(cx: Context, op: ir.Op, v: ir.Value) -> str:
     lay = cx.layout(v)
-    if lay is None:
-        return None
-    arr = cx.shared_array(T.reg(v.dtype), math.prod(v.shape), "staged")
+    arr = cx.scratch(op, "staged")
     primary = cx.primary(lay)
     with cx.slots(lay, guard=True) as coords:
         stmt = f"{arr}[{row_major(coords, v.shape)}] = {cx.name(v)}[k];"
@@ -43,7 +47,7 @@ def lower_staged(cx: Context, op: ir.Op) -> None:
     res = op.result
     if cx.loop_depth:
         cx.w("sync_threads();  // the previous iteration's reads of the staging array are done")
-    arrays = [_stage(cx, v) for v in op.operands]
+    arrays = _stage(cx, op)
     cx.w("sync_threads();")
     name, lay = cx.result(res)
     with cx.slots(lay, guard=True) as c:
@@ -88,7 +92,7 @@ def lower_scan(cx: Context, op: ir.Op) -> None:
     dtype = np.dtype(res.dtype)
     if cx.loop_depth:
         cx.w("sync_threads();  // the previous iteration's reads of the staging array are done")
-    arr = _stage(cx, src)
+    (arr,) = _stage(cx, op)
     cx.w("sync_threads();")
     name, lay = cx.result(res)
     n = src.shape[axis]
@@ -109,7 +113,7 @@ def lower_argreduce(cx: Context, op: ir.Op) -> None:
     fn, axis = op.attrs["fn"], op.attrs["axis"]
     if cx.loop_depth:
         cx.w("sync_threads();  // the previous iteration's reads of the staging array are done")
-    arr = _stage(cx, src)
+    (arr,) = _stage(cx, op)
     cx.w("sync_threads();")
     name, lay = cx.result(res)
     cmp = ">" if fn == "max" else "<"

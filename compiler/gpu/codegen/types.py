@@ -94,3 +94,13 @@ def literal(value: bool | int | float, dtype: np.dtype) -> str:
         text = str(v32)
         return f"{text}f" if ("." in text or "e" in text) else f"{text}.0f"
     return f"f32_bits({int(np.array(v32).view(np.uint32)):#x}u)"
+
+
+_SIZES = {"float": 4, "double": 8, "half": 2, "bf16": 2, "bool": 1, "int8_t": 1,
+          "uint8_t": 1, "int16_t": 2, "uint16_t": 2, "int": 4, "unsigned": 4, "int64_t": 8,
+          "uint64_t": 8}
+
+
+def sizeof(ctype: str) -> int:
+    """Bytes of a C element type of shared arrays."""
+    return _SIZES[ctype]

@@ -3,8 +3,6 @@ iotas, transposes, and loads and stores of tile values."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ... import ir
@@ -91,7 +89,7 @@ def lower_load(cx: Context, op: ir.Op) -> None:
         index, _ = cx.address(region, [], clamp=True, checked=())
         if buf.scope == "fragment":
             # One element, held by some threads: every thread reads it from shared memory.
-            value = f"{stage_fragment(cx, buf)}[{index}]"
+            value = f"{stage_fragment(cx, op, buf)}[{index}]"
         elif cx.loop_depth and buf.scope == "global" and buf.name in written_globals(cx.kernel):
             # Other blocks may change it between iterations (a while loop waiting on a
             # counter): read memory every time, never a copy kept in a register.
@@ -114,10 +112,11 @@ def lower_load(cx: Context, op: ir.Op) -> None:
         cx.w(f"{name}[k] = {_read(buf, index)};")
 
 
-def stage_fragment(cx: Context, buf: ir.Buffer) -> str:
-    """Write a fragment buffer to a new shared array (row-major over the buffer's shape)
-    and wait for the block: its elements can then be read by any thread."""
-    arr = cx.shared_array(T.reg(buf.dtype), math.prod(buf.shape), "staged")
+def stage_fragment(cx: Context, op: ir.Op, buf: ir.Buffer) -> str:
+    """Write a fragment buffer to ``op``'s next recorded ``staged`` scratch array
+    (row-major over the buffer's shape) and wait for the block: its elements can then be
+    read by any thread."""
+    arr = cx.scratch(op, "staged")
     if cx.loop_depth:
         cx.w("sync_threads();  // the previous iteration's reads of the staging array are done")
     primary = cx.primary(buf.layout)
@@ -131,7 +130,7 @@ def stage_fragment(cx: Context, buf: ir.Buffer) -> str:
 def _load_part(cx: Context, op: ir.Op, buf: ir.Buffer) -> None:
     """Part of a fragment: its elements may sit in other threads, so through shared memory."""
     res, region = op.result, op.attrs["src"]
-    arr = stage_fragment(cx, buf)
+    arr = stage_fragment(cx, op, buf)
     name = cx.declare(res)
     with cx.slots(cx.layout(res), guard=True) as coords:
         index, _ = cx.address(region, coords, clamp=True, checked=())
@@ -146,7 +145,7 @@ def store_part(cx: Context, op: ir.Op, buf: ir.Buffer, combine: str | None = Non
     lay = cx.layout(v)
     src = None
     if lay is not None:
-        src = cx.shared_array(T.reg(v.dtype), math.prod(v.shape), "staged")
+        src = cx.scratch(op, "staged")
         if cx.loop_depth:
             cx.w("sync_threads();  // the previous iteration's reads of the staging array "
                  "are done")

@@ -1,8 +1,9 @@
-"""The ``jt.ops`` kernels on ``hip-emulator`` (gfx942 HIP text run in the emulator's wave64
-mode, races, bounds and barriers checked), forward and backward, against their reference
-semantics and an independent jnp formula, on ragged shapes; the kernels built on ``jt.gemm``
-(no MFMA gemm planner for HIP yet) are a clear KernelError naming it. All slow (a g++ build
-per kernel); ``tests/hip/test_hip_emulator_backend.py`` keeps the default run's case."""
+"""The ``jt.ops`` kernels on ``hip-emulator`` and ``hip-emulator:gfx90a`` (HIP text for the
+AMD target run in the emulator's wave64 mode, races, bounds and barriers checked), forward
+and backward, against their reference semantics and an independent jnp formula, on ragged
+shapes; the kernels built on ``jt.gemm`` (no MFMA gemm planner for HIP yet) are a clear
+KernelError naming it. All slow (a g++ build per kernel);
+``tests/hip/test_hip_emulator_backend.py`` keeps the default run's case."""
 
 import jax
 import jax.numpy as jnp
@@ -15,13 +16,13 @@ from jaxtile import ops
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def hip():
-    """Kernels compile for gfx942 and run in the wave64 emulator for the test's duration."""
+@pytest.fixture(params=["hip-emulator", "hip-emulator:gfx90a"], ids=["gfx942", "gfx90a"])
+def hip(request):
+    """Kernels compile for the AMD target and run in the wave64 emulator for the test."""
     before = jt.backend()
     # jax.jit's caches do not know jaxtile's backend (see tests/emulator/conftest.py).
     jax.clear_caches()
-    jt.set_backend("hip-emulator")
+    jt.set_backend(request.param)
     yield
     jt.set_backend(before)
     jax.clear_caches()
@@ -115,5 +116,5 @@ def _gemm_cases():
                          ids=[c[0] for c in _gemm_cases()])
 def test_kernels_built_on_gemm_are_a_clear_error(hip, case):
     _, call = _gemm_cases()[case]
-    with pytest.raises(jt.KernelError, match="jt.gemm is not lowered for hip:gfx942"):
+    with pytest.raises(jt.KernelError, match="jt.gemm is not lowered for hip:gfx9"):
         jax.jit(call)()

@@ -24,8 +24,9 @@ import jax.numpy as jnp
 from jax import lax
 
 import jaxtile as jt
-from jaxtile import _trace
+from jaxtile import _config, _trace
 from jaxtile.compiler.errors import kernel_error, user_line
+from jaxtile.compiler.target import parse_target
 
 from ._refs import BlockRef, _Dim
 
@@ -177,10 +178,18 @@ def _specs_for(specs: Any, args: tuple[Any, ...], what: str) -> list[BlockSpec |
     return [None if s is no_block_spec else s for s in leaves]
 
 
+def _warp_size() -> int:
+    """The lanes of a warp on the target the active backend compiles for: Triton counts
+    ``num_warps`` in 64-lane wavefronts on AMD GPUs and in 32-lane warps on NVIDIA's (on the
+    CPU the count only sizes the block)."""
+    caps = parse_target(_config.BACKENDS[jt.backend()]).caps
+    return int(getattr(caps, "warp_size", 32))
+
+
 def _threads(compiler_params: Any) -> tuple[int, int]:
     """``(threads, stages)`` from the CompilerParams (Triton's defaults: 4 warps, 3 stages)."""
     if compiler_params is None:
-        return 128, 3
+        return 4 * _warp_size(), 3
     if isinstance(compiler_params, dict):
         compiler_params = compiler_params.get("triton", compiler_params)
     if type(compiler_params).__name__ != "CompilerParams" or not hasattr(
@@ -190,7 +199,7 @@ def _threads(compiler_params: Any) -> tuple[int, int]:
                            "num_stages=)")
     warps = compiler_params.num_warps or 4
     stages = compiler_params.num_stages or 3
-    return 32 * int(warps), int(stages)
+    return _warp_size() * int(warps), int(stages)
 
 
 def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: GridSpec | None = None,

@@ -18,7 +18,8 @@ from ._unsupported import stub as _stub
 
 @dataclasses.dataclass(frozen=True)
 class CompilerParams:
-    """``num_warps``: the block has ``32 * num_warps`` threads (default 4 warps);
+    """``num_warps``: the block has ``num_warps`` warps of the target (default 4): 32 threads
+    each on NVIDIA GPUs and the CPU, 64 on AMD's (a wavefront, as Triton counts there);
     ``num_stages``: the pipeline depth of the kernel's ``pl.loop`` loops (default 3)."""
 
     num_warps: int | None = None

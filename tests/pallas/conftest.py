@@ -1,5 +1,5 @@
-"""The ported Pallas kernels run on the CPU by default and in the CUDA SIMT emulator under
-the ``slow`` marker (a g++ build per kernel)."""
+"""The ported Pallas kernels run on the CPU by default, and in the CUDA SIMT emulator and its
+wave64 (AMD) mode under the ``slow`` marker (a g++ build per kernel)."""
 
 import jax
 import pytest
@@ -8,7 +8,8 @@ import jaxtile as jt
 
 
 @pytest.fixture(params=["cpu", pytest.param("cuda-emulator", marks=pytest.mark.slow,
-                                             id="emu")])
+                                             id="emu"),
+                        pytest.param("hip-emulator", marks=pytest.mark.slow, id="hip")])
 def backend(request):
     """Run the test on one jaxtile backend; jit caches are cleared around a non-CPU run,
     since they do not know the backend."""
@@ -20,3 +21,17 @@ def backend(request):
     jt.set_backend(before)
     if request.param != "cpu":
         jax.clear_caches()
+
+
+_NO_AMD_GEMM = ("the dots (jt.gemm) are not lowered for AMD GPUs yet: the gemm planner does "
+                "not use the MFMA layouts")
+_HIP_XFAIL = ("test_mha_forward_and_backward[hip-", "test_decode_attention[hip]",
+              "test_paged_attention[hip]")
+
+
+def pytest_collection_modifyitems(items):
+    # Strict: when the MFMA gemm lands these runs pass and the marks must go.
+    for item in items:
+        if item.name.startswith(_HIP_XFAIL):
+            item.add_marker(pytest.mark.xfail(reason=_NO_AMD_GEMM, strict=True,
+                                              raises=jt.KernelError))

@@ -66,6 +66,9 @@ ROCM_NO_GEMM = ("jt.gemm has no MFMA lowering for HIP yet (compiler/hip/lower.py
                 "planner knows NVIDIA's mma.sync only)")
 ROCM_ATTENTION_LDS = ("jt.ops.attention's default tiles need 80 KiB of shared memory, more "
                       "than the 64 KiB of LDS an AMD workgroup has")
+ROCM_FLASH_LDS = ("the float32 flash-attention check's tiles need 72 KiB of shared memory with "
+                  "their reduction scratch, more than the 64 KiB of LDS an AMD workgroup has "
+                  "(and its dots need the MFMA gemm too)")
 
 
 def rocm_expected_failures(names: list[str]) -> dict[str, str]:
@@ -74,7 +77,11 @@ def rocm_expected_failures(names: list[str]) -> dict[str, str]:
     without a GPU by lowering every check for ``rocm``."""
     expected = {}
     for name in names:
-        if name.startswith(("matmul", "tile_gemm", "flash_attention", "attention_decode")):
+        if name.startswith("flash_attention_float32"):
+            expected[name] = ROCM_FLASH_LDS
+        elif name.startswith("flash_attention"):
+            expected[name] = ROCM_NO_GEMM
+        elif name.startswith(("matmul", "tile_gemm", "attention_decode")):
             expected[name] = ROCM_NO_GEMM
         elif name.startswith("attention_"):
             expected[name] = ROCM_ATTENTION_LDS

@@ -29,26 +29,42 @@ from __future__ import annotations
 
 import importlib
 import sys
+import threading
 import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+_lock = threading.Lock()
+_imported = False
+
 
 def import_tvm() -> types.ModuleType:
-    """Import TVM (and ``tvm.s_tir``, which the tirx lowering pipeline refers to)."""
-    if "tvm" not in sys.modules:
-        with _guard_ir_api(), _reuse_global_func_names():
-            with _stand_ins():
-                import tvm
-            # With tvm.relax absent, tvm.s_tir is not imported by TVM itself. It registers
-            # its own ``_ffi_api`` modules, so the shims stay on for it.
-            import tvm.s_tir  # noqa: F401
-
-        if isinstance(getattr(tvm, "relax", None), types.ModuleType):
-            del tvm.relax
-        tvm.__getattr__ = _import_relax_on_first_use
+    """Import TVM (and ``tvm.s_tir``, which the tirx lowering pipeline refers to). Safe from
+    several threads at once (builds run on compile threads): while one thread imports, the
+    module is already in ``sys.modules`` half initialised, so the others wait for it here."""
+    global _imported
+    if not _imported:
+        with _lock:
+            if not _imported:
+                _import()
+                _imported = True
     return sys.modules["tvm"]
+
+
+def _import() -> None:
+    if "tvm" in sys.modules:
+        return
+    with _guard_ir_api(), _reuse_global_func_names():
+        with _stand_ins():
+            import tvm
+        # With tvm.relax absent, tvm.s_tir is not imported by TVM itself. It registers
+        # its own ``_ffi_api`` modules, so the shims stay on for it.
+        import tvm.s_tir  # noqa: F401
+
+    if isinstance(getattr(tvm, "relax", None), types.ModuleType):
+        del tvm.relax
+    tvm.__getattr__ = _import_relax_on_first_use
 
 
 def _import_relax_on_first_use(name: str) -> types.ModuleType:

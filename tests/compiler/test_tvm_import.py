@@ -93,3 +93,26 @@ def test_shims_are_removed_after_import(states):
     _, ours = states
     assert ours["shims_removed"] == dict.fromkeys(ours["shims_removed"], True)
     assert ours["unknown_op"] != "found"
+
+
+_RACE = """
+import sys, threading, time
+from jaxtile.compiler import tvm_import
+first = threading.Thread(target=tvm_import.import_tvm)
+first.start()
+while "tvm" not in sys.modules:   # the first thread's import has begun: tvm is half made
+    time.sleep(0.0005)
+tvm = tvm_import.import_tvm()
+complete = hasattr(tvm, "tirx") and "tvm.s_tir" in sys.modules
+first.join()
+print("complete" if complete else "partial")
+"""
+
+
+def test_a_second_thread_waits_for_the_import_in_flight():
+    # Builds run on compile threads: a second caller must not get the module TVM is still
+    # initialising in the first (it lacks tvm.tirx then: an AttributeError in the build).
+    proc = subprocess.run([sys.executable, "-c", _RACE], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "complete"

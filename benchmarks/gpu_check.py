@@ -217,7 +217,7 @@ def _decode(q: Any, kp: Any, vp: Any, table: Any, lengths: Any) -> Any:
 
 def _tile_gemm():
     # The tile-language GEMM whose ptxas figures the tests check (and ptxas_report reports).
-    sys.path.insert(0, str(ROOT / "tests" / "cuda"))
+    sys.path.insert(0, str(ROOT / "tests" / "compiler" / "cuda"))
     from test_language_gemm_figures import _gemm
 
     return _gemm

@@ -1,7 +1,7 @@
 """Static figures of the hand-written MFMA GEMM for AMD GPUs (issue 23's targets), from clang's
 assembly: what ptxas_report.py is for CUDA.
 
-The kernel (``tests/hip/kernels/mfma_gemm.hip``, the one the HIP tests compile): C (f32) =
+The kernel (``tests/compiler/hip/kernels/mfma_gemm.hip``, the one the HIP tests compile): C (f32) =
 A B^T (f16, k-contiguous), 128 x 128 x 32 workgroup tiles, 256 lanes (4 waves of 64 x 64,
 each 2 x 2 ``v_mfma_f32_32x32x8`` accumulators), LDS rows padded for conflict-free operand
 reads, buffer loads. Compiled with clang for gfx942 and gfx90a (no ROCm, no GPU).
@@ -13,7 +13,7 @@ figure and LLVM's), the ``v_mfma`` count of the K loop against the tile math (on
 time; median of ``--repeats``).
 
 ``language_kernel``: the **cold compile, trace -> code object** (target <= 1.5 s) of a
-tile-language row-sum reduction (``tests/hip/test_hip_lower.py``'s ``row_sums``, 4096 x
+tile-language row-sum reduction (``tests/compiler/hip/test_hip_lower.py``'s ``row_sums``, 4096 x
 4096 float32) for gfx942: each of ``--cold-runs`` fresh Python processes with an empty cache
 imports jaxtile (not timed, reported apart), then times tracing, the GPU passes, code
 generation and clang; the median is reported.
@@ -39,7 +39,8 @@ from _timing import emit, log
 from jaxtile.compiler.hip import toolchain
 from jaxtile.compiler.target import parse_target
 
-KERNEL = Path(__file__).resolve().parents[1] / "tests" / "hip" / "kernels" / "mfma_gemm.hip"
+KERNEL = (Path(__file__).resolve().parents[1] / "tests" / "compiler" / "hip" / "kernels"
+          / "mfma_gemm.hip")
 _NAME = "gemm_f16_mfma"
 _TILE = {"m": 128, "n": 128, "k": 32, "wave_m": 64, "wave_n": 64}
 
@@ -125,7 +126,7 @@ def cold_compiles(runs: int) -> dict:
         log(f"cold compile {i + 1}: trace -> code object {sample['total_s']:.2f} s "
             f"(process {wall:.2f} s)")
     median = {k: round(statistics.median(s[k] for s in samples), 4) for k in samples[0]}
-    return {"kernel": "row_sums (tests/hip/test_hip_lower.py), 4096x4096 float32, gfx942",
+    return {"kernel": "row_sums (tests/compiler/hip/test_hip_lower.py), 4096x4096 float32, gfx942",
             "runs": runs, "median": median,
             "total_s_all": [round(s["total_s"], 4) for s in samples],
             "meets_target": median["total_s"] <= 1.5}

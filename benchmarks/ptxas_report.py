@@ -11,7 +11,8 @@ the planner's square policy), a 3-stage cp.async pipeline, sm_80.
   target="cuda:sm_80")`` and the CUDA passes and compiled as jaxtile compiles it (NVRTC).
 
 For each: ptxas' registers (target <= 224 with CUDA 13.0 and 12.9: the budgets are per toolkit,
-``PTXAS_BUDGETS`` in ``tests/cuda/cuda_kernels.py``), spills (0) and shared memory (<= 48 KiB);
+``PTXAS_BUDGETS`` in ``tests/compiler/cuda/cuda_kernels.py``), spills (0) and shared memory
+(<= 48 KiB);
 HMMA / LDSM / LDGSTS counts in the SASS (cuobjdump, where installed); from a 256^3 run in the
 emulator, the bank-conflict wavefronts of the cp.async stores and ldmatrix loads (target: no
 excess over ideal) and the result's error against numpy. Compile times: the hand kernel's nvcc
@@ -80,7 +81,8 @@ def _bank_report(source: str, report: dict) -> list[dict]:
 def _register_budget(compiler: str) -> int:
     """The register budget of the GEMM for the toolkit of ``compiler`` (``nvrtc``/``nvcc``):
     the tests' per-toolkit table."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "cuda"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "compiler"
+                           / "cuda"))
     from cuda_kernels import PTXAS_BUDGETS
 
     return PTXAS_BUDGETS[fingerprint.cuda_major(compiler)]["gemm_registers"]
@@ -107,9 +109,10 @@ def _sass(cubin: bytes) -> dict | None:
 
 
 def _language_gemm():
-    """The tile-language GEMM that ``tests/cuda/test_language_gemm_figures.py`` checks (C f32
-    = A @ B, ``jt.pipelined``), so that these figures are of the tested kernel."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "cuda"))
+    """The tile-language GEMM that ``tests/compiler/cuda/test_language_gemm_figures.py`` checks
+    (C f32 = A @ B, ``jt.pipelined``), so that these figures are of the tested kernel."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "compiler"
+                           / "cuda"))
     from test_language_gemm_figures import _gemm
 
     return _gemm
@@ -184,7 +187,7 @@ def _language_figures(args: argparse.Namespace) -> dict:
     targets = _targets(ptxas, smem, sass, banks, compiled.compiler)
     targets["cold_compile<=1.5s"] = cold["median"]["total_s"] <= 1.5
     return {
-        "kernel": "_gemm of tests/cuda/test_language_gemm_figures.py (4096^3 fp16 -> f32, "
+        "kernel": "_gemm of tests/compiler/cuda/test_language_gemm_figures.py (4096^3 fp16 -> f32, "
                   "128 threads, jt.pipelined stages=3, sm_80)",
         "compiler": compiled.compiler,
         "registers": ptxas.registers,

@@ -5,7 +5,7 @@ Written from AMD's "AMD Instinct MI300 Instruction Set Architecture" reference g
 its "Matrix Arithmetic Instructions" chapter (the operand and result layouts of the dense
 MFMA instructions), for the single-block (no broadcast: CBSZ = ABID = BLGP = 0) f16, bf16,
 xf32 and (gfx942) float8 instructions into float32; CDNA2's (gfx90a) layouts are the same.
-``tests/hip/test_hip_mfma.py`` checks every entry against AMD's Matrix Instruction
+``tests/compiler/hip/test_hip_mfma.py`` checks every entry against AMD's Matrix Instruction
 Calculator, a separate source.
 
 For an ``m x n x k`` instruction (m = n, 16 or 32) each lane holds ``e = k m / 64``

@@ -104,7 +104,8 @@ def default_tiles(dtype: Any, head_dim: int) -> tuple[int, int]:
     float32 operands (tf32 products) need twice the registers of 16-bit ones for the
     probabilities and K/V fragments, and spilled 100 bytes at 64 x 64 (D = 64); 64 x 32
     (D <= 64) and 32 x 32 (D = 128, which also fits the 99 KiB of shared memory of sm_86/89/
-    120/121 in two stages) use at most 150 registers (``tests/cuda/test_attention_registers.py``).
+    120/121 in two stages) use at most 150 registers
+    (``tests/compiler/cuda/test_attention_registers.py``).
     """
     if jnp.dtype(dtype) == jnp.float32:
         return (64, 32) if head_dim <= 64 else (32, 32)

@@ -205,7 +205,8 @@ def test_export_without_the_checks_says_to_pass_them():
 
 @pytest.mark.parametrize("platforms", [["tpu"], ["cpu", "tpu"]])
 def test_export_for_another_platform_is_a_kernel_error(platforms):
-    # CUDA exports: tests/cuda/test_cuda_export.py; ROCm's: tests/hip/test_hip_export.py.
+    # CUDA exports: tests/compiler/cuda/test_cuda_export.py; ROCm's:
+    # tests/compiler/hip/test_hip_export.py.
     with pytest.raises(jt.KernelError) as info:
         _export(platforms=platforms)
     msg = str(info.value)

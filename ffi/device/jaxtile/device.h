@@ -8,7 +8,7 @@
 //   - by clang -x hip for AMD GPUs (gfx90a, gfx942), where every operation is a clang
 //     __builtin_amdgcn_* builtin or plain C++ (device_hip.h; wave64, so kWarpSize is 64).
 // Outside this header, device code contains no `asm`, no `__shfl*`, no `__syncthreads`, no
-// CUDA builtin variables and no intrinsics: tests/emulator/test_device_rule.py enforces it.
+// CUDA builtin variables and no intrinsics: tests/compiler/gpu/test_device_rule.py enforces it.
 //
 // The contract (both implementations provide exactly this, in namespace jaxtile):
 //   JT_KERNEL, JT_DEVICE, JT_LAUNCH_BOUNDS(n[, min_blocks])   kernel / device-function

@@ -171,7 +171,7 @@ JT_DEVICE double pow(double x, double y) {
 
 // 2/pi's first 1280 bits after the binary point, 32 a word (enough for any double: a
 // reduction reads at most bit 1130). Computed with integer arithmetic;
-// tests/hip/test_hip_math.py recomputes them.
+// tests/compiler/hip/test_hip_math.py recomputes them.
 constexpr unsigned kTwoOverPiBits[40] = {
     0xA2F9836Eu, 0x4E441529u, 0xFC2757D1u, 0xF534DDC0u, 0xDB629599u, 0x3C439041u, 0xFE5163ABu,
     0xDEBBC561u, 0xB7246E3Au, 0x424DD2E0u, 0x06492EEAu, 0x09D1921Cu, 0xFE1DEB1Cu, 0xB129A73Eu,

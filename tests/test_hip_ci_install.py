@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / ".ci" / "install-hip-toolchain"
+SCRIPT = Path(__file__).resolve().parents[1] / ".ci" / "install-hip-toolchain"
 
 
 def _run(tmp_path, *, have=(), apt_fails=False):

@@ -3,7 +3,7 @@ AMD target run in the emulator's wave64 mode, races, bounds and barriers checked
 and backward, against their reference semantics and an independent jnp formula, on ragged
 shapes; the kernels built on ``jt.gemm`` (no MFMA gemm planner for HIP yet) are a clear
 KernelError naming it. All slow (a g++ build per kernel);
-``tests/hip/test_hip_emulator_backend.py`` keeps the default run's case."""
+``tests/emulator/test_hip_emulator_backend.py`` keeps the default run's case."""
 
 import jax
 import jax.numpy as jnp

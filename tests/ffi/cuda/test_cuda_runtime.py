@@ -121,7 +121,7 @@ def test_bad_launch_text_is_refused_with_the_reason(text, why):
 
 @pytest.mark.skipif(bool(_gpu_devices()), reason="a GPU is present: this tests its absence")
 def test_the_gpu_check_says_there_is_no_gpu():
-    script = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
+    script = Path(__file__).resolve().parents[3] / "benchmarks" / "gpu_check.py"
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr

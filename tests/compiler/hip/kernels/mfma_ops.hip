@@ -1,4 +1,4 @@
-// Each MFMA wrapper of the device header once, for tests/hip/test_hip_device.py.
+// Each MFMA wrapper of the device header once, for tests/compiler/hip/test_hip_device.py.
 #include <jaxtile/device.h>
 using namespace jaxtile;
 

@@ -4,14 +4,20 @@ the emulator's wave64 mode (races, bounds, barriers checked), against the kernel
 semantics and an independent jnp formula, on shapes that do and do not divide the tiles.
 The default run keeps one user kernel; ``-m slow`` runs the library kernels and gfx90a."""
 
+import sys
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_hip_lower import exp_add, matmul, row_sums, staged_sums
 
 import jaxtile as jt
 from jaxtile import _config, ops
+
+# The kernels of the tests of compiler/hip/lower.py.
+sys.path.insert(0, str(Path(__file__).parents[1] / "compiler" / "hip"))
+from test_hip_lower import exp_add, matmul, row_sums, staged_sums  # noqa: E402
 
 SLOW = pytest.mark.slow
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from cuda_kernels import needs_compiler
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "jaxtile"))
+sys.path.insert(0, str(Path(__file__).parents[2] / "jaxtile"))
 import test_language_carry as carry  # noqa: E402
 
 pytestmark = [needs_compiler, pytest.mark.slow]

@@ -1,4 +1,4 @@
-// Hand-written wave64 kernels run in the emulator's wave64 mode (tests/hip/test_hip_emulator.py)
+// Hand-written wave64 kernels run in the emulator's wave64 mode (tests/emulator/test_hip_emulator.py)
 // and compiled for gfx942 by clang from the same text. Lines marked MUTATE:<tag> are edited by
 // the mutation tests.
 #include <jaxtile/device.h>

@@ -1,4 +1,4 @@
-"""The hand-written HIP kernels of tests/hip/kernels, compiled once per architecture."""
+"""The hand-written HIP kernels of tests/compiler/hip/kernels, compiled once per architecture."""
 
 import functools
 from pathlib import Path

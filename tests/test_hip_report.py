@@ -9,7 +9,7 @@ import pytest
 
 from jaxtile.compiler.hip import toolchain
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import hip_report  # noqa: E402
 
 

@@ -11,7 +11,7 @@ from jaxtile.compiler.emulator import Scalar, ToolchainError, cxx_compiler
 from jaxtile.compiler.emulator.build import _scalar_literal
 from jaxtile.compiler.gpu.device_rule import device_rule_violations
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _project_cu_files():

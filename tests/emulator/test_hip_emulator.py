@@ -1,14 +1,14 @@
-"""The emulator's wave64 mode: hand-written HIP kernels (tests/hip/kernels/wave64_emu.hip)
+"""The emulator's wave64 mode: hand-written HIP kernels (tests/emulator/kernels/wave64_emu.hip)
 run with 64-lane waves, MFMA checked against AMD's Matrix Instruction Calculator's tables,
 the LDS bank model against compiler/hip/lds.py, and each check bites on a mutation."""
 
 import re
+import sys
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
-from test_hip_mfma import _table
 
 from jaxtile.compiler.emulator import (
     Buffer,
@@ -19,6 +19,10 @@ from jaxtile.compiler.emulator import (
     ToolchainError,
 )
 from jaxtile.compiler.hip import lds, toolchain
+
+# The MFMA reference tables are read by the tests of compiler/hip/mfma.py.
+sys.path.insert(0, str(Path(__file__).parents[1] / "compiler" / "hip"))
+from test_hip_mfma import _table  # noqa: E402
 
 SOURCE = (Path(__file__).parent / "kernels" / "wave64_emu.hip").read_text()
 

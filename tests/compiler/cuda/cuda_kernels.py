@@ -7,7 +7,7 @@ import pytest
 
 from jaxtile.compiler.cuda import nvrtc, toolchain
 
-KERNELS = Path(__file__).resolve().parents[1] / "emulator" / "kernels"
+KERNELS = Path(__file__).resolve().parents[2] / "emulator" / "kernels"
 
 SCALE_SHIFT = """\
 #include <jaxtile/device.h>

@@ -1,5 +1,5 @@
 // Every group of the device header's HIP implementation, for the assembly checks of
-// tests/hip/test_hip_device.py: ids, barriers, LDS (static and dynamic), shuffles, votes,
+// tests/compiler/hip/test_hip_device.py: ids, barriers, LDS (static and dynamic), shuffles, votes,
 // atomics, vector loads, ordering, buffer loads, s_waitcnt and conversions; and the math
 // functions (hip_math.h) next to them.
 #include <jaxtile/device.h>

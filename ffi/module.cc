@@ -201,10 +201,16 @@ nb::dict hip_payload_fields(const std::string& key, const std::string& payload) 
   d["jaxtile"] = p.jaxtile_version;
   d["key"] = p.key;
   d["name"] = p.name;
-  d["symbol"] = p.symbol;
-  d["arch"] = p.arch;
-  d["launch"] = p.launch;
-  d["code_object"] = nb::bytes(p.code_object.data(), p.code_object.size());
+  nb::list code_objects;
+  for (const HipCodeObject& c : p.code_objects) {
+    nb::dict o;
+    o["arch"] = c.arch;
+    o["symbol"] = c.symbol;
+    o["launch"] = c.launch;
+    o["code_object"] = nb::bytes(c.code_object.data(), c.code_object.size());
+    code_objects.append(o);
+  }
+  d["code_objects"] = code_objects;
   return d;
 }
 
@@ -229,6 +235,7 @@ NB_MODULE(_ffi, m) {
       "XLA FFI handler for 'jaxtile_cpu_exported_call', the kernel call of an exported program "
       "(attributes `key` and `payload`, the kernel library it carries).");
   m.attr("PAYLOAD_FORMAT") = kPayloadFormat;
+  m.attr("HIP_PAYLOAD_FORMAT") = kHipPayloadFormat;
   m.def(
       "load_exported_kernel",
       [](const std::string& key, const std::string& payload) {
@@ -306,7 +313,8 @@ NB_MODULE(_ffi, m) {
         "Meant for tests.");
   m.def("decode_hip_payload", &hip_payload_fields, "key"_a, "payload"_a,
         "The fields of a ROCm kernel payload, checked as the handler checks them (raises "
-        "RuntimeError naming what is wrong). Meant for tests.");
+        "RuntimeError naming what is wrong); `code_objects` lists each one's arch, symbol, "
+        "launch and code_object. Meant for tests.");
 
   m.def(
       "is_loaded", [](const std::string& key) { return find_kernel(key) != nullptr; }, "key"_a);

@@ -73,15 +73,34 @@ class DeviceScope {
   bool switched_ = false;
 };
 
-// Loads the payload's code object on `device`; throws std::runtime_error with the whole
-// message.
+// The code object in `p` for `device`'s architecture (its gcnArchName without the feature
+// flags); throws std::runtime_error naming both when there is none.
+const HipCodeObject& code_for(const Runtime& r, hipDevice_t device, const HipPayload& p,
+                              std::string_view key) {
+  std::string isa;
+  if (hipError_t e = r.arch_name(device, &isa); e != kHipSuccess) {
+    throw std::runtime_error(who(p.name, key) + ": asking device " + std::to_string(device) +
+                             " for its architecture failed: " + r.describe(e));
+  }
+  const std::string arch = isa.substr(0, isa.find(':'));
+  if (const HipCodeObject* c = p.for_arch(arch)) return *c;
+  throw std::runtime_error(
+      who(p.name, key) + ": it has no code object for device " + std::to_string(device) +
+      ", a " + arch + " (" + isa + "): it carries code for " + p.archs() + " only; run it on " +
+      "a GPU of one of those, or lower or export it again for " + arch + " if jaxtile " +
+      "supports it (JAXTILE_ROCM_ARCHS names the architectures an export compiles for)");
+}
+
+// Loads the payload's code object for `device`'s architecture there; throws
+// std::runtime_error with the whole message.
 std::unique_ptr<Kernel> load_kernel(const Runtime& r, hipDevice_t device, std::string_view key,
                                     std::string_view payload) {
-  HipPayload p = decode_hip_payload(key, payload);  // PayloadError names the kernel
+  const HipPayload p = decode_hip_payload(key, payload);  // PayloadError names the kernel
+  const HipCodeObject& code = code_for(r, device, p, key);
   auto k = std::make_unique<Kernel>();
   k->name = p.name;
   try {
-    k->spec = parse_launch(p.launch);
+    k->spec = parse_launch(code.launch);
   } catch (const std::invalid_argument& e) {
     throw std::runtime_error(who(p.name, key) + ": " + e.what());
   }
@@ -93,17 +112,17 @@ std::unique_ptr<Kernel> load_kernel(const Runtime& r, hipDevice_t device, std::s
   DeviceScope scope(r, device);
   check(scope.status(), "making the stream's device " + std::to_string(device) + " current");
   hipModule_t module = nullptr;
-  std::string what = "loading its code object (compiled for " + p.arch + ") on device " +
+  std::string what = "loading its code object (compiled for " + code.arch + ") on device " +
                      std::to_string(device);
-  const hipError_t loaded = r.hipModuleLoadData(&module, p.code_object.data());
+  const hipError_t loaded = r.hipModuleLoadData(&module, code.code_object.data());
   if (loaded == kHipErrorNoBinaryForGpu) {
-    // Code objects run on the one gfx architecture they were compiled for.
-    what += " (the device is not a " + p.arch + ": lower the kernel on the device it runs " +
-            "on, or export it from one of the same architecture)";
+    // The architecture matched: the runtime refused something finer (the code object's
+    // xnack or sramecc setting against the device's).
+    what += " (the device's architecture matches: its feature flags may not)";
   }
   check(loaded, what);
-  check(r.hipModuleGetFunction(&k->fn, module, p.symbol.c_str()),
-        "finding its function '" + p.symbol + "' in the code object");
+  check(r.hipModuleGetFunction(&k->fn, module, code.symbol.c_str()),
+        "finding its function '" + code.symbol + "' in the code object");
   return k;
 }
 

@@ -17,9 +17,9 @@ compiler where it runs. On ``rocm`` the call is ``jaxtile_rocm_call {key, payloa
 same way, the payload carrying the code object for the device's gfx architecture (as JAX's
 ROCm plugin names it, ``gfx942``) or, for an export or a lowering without a device, one for
 each architecture ``JAXTILE_ROCM_ARCHS`` names (by default every supported one), of which
-the ROCm handler loads the device's once per device. Any other platform is a clear error at lowering time. A
-kernel with a sharding rule, lowered for several devices outside ``shard_map``, is wrapped so that
-each device runs it on its shard (``sharding.py``).
+the ROCm handler loads the device's once per device. Any other platform is a clear error at
+lowering time. A kernel with a sharding rule, lowered for several devices outside
+``shard_map``, is wrapped so that each device runs it on its shard (``sharding.py``).
 """
 
 from __future__ import annotations

@@ -427,7 +427,7 @@ def _cdna_mfma(gfx942: bool) -> tuple[MfmaShape, ...]:
     return tuple(shapes)
 
 
-_HIP = ("gfx90a", "gfx942")
+HIP_ARCHS = ("gfx90a", "gfx942")
 """The AMD architectures jaxtile knows: CDNA2 (MI210, MI250X) and CDNA3 (MI300X, MI300A,
 MI325X)."""
 
@@ -447,7 +447,7 @@ def _hip(gfx: str) -> Target:
 
 
 KNOWN = ("cpu", *(f"cpu:{level}" for level in ISA_LEVELS), *(f"cuda:{arch}" for arch in _CUDA),
-         *(f"hip:{g}" for g in _HIP))
+         *(f"hip:{g}" for g in HIP_ARCHS))
 
 
 def parse_target(name: str = "cpu") -> Target:
@@ -467,7 +467,7 @@ def parse_target(name: str = "cpu") -> Target:
     if name.startswith("cuda:") and name[5:] in _CUDA:
         return _cuda(name[5:])
     m = re.fullmatch(r"hip:(gfx\w+)", name)
-    if m and m.group(1) in _HIP:
+    if m and m.group(1) in HIP_ARCHS:
         return _hip(m.group(1))
     raise KernelError(f"unknown target {name!r}; known targets: {', '.join(KNOWN)}")
 

@@ -8,6 +8,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/payload.h"
@@ -90,8 +91,12 @@ void call_kernel(const std::string& key, const nb::list& arrays, int64_t block_b
   if (!msg.empty()) throw std::runtime_error("jaxtile: kernel '" + key + "' failed: " + msg);
 }
 
-// What the CUDA handler does on a call, without XLA: for tests of the error paths.
-void cuda_launch(const std::string& key, const std::string& payload, uintptr_t stream,
+// What a GPU handler (CUDA's or ROCm's `launch`) does on a call, without XLA: for tests of
+// its error paths and of the calls it makes into the driver or runtime.
+template <typename Stream,
+          std::string (*Launch)(Stream, std::string_view, std::string_view, void* const*,
+                                size_t, const BufferDims*)>
+void test_launch(const std::string& key, const std::string& payload, uintptr_t stream,
                  const std::vector<uintptr_t>& buffers,
                  const std::vector<std::vector<int64_t>>& shapes) {
   std::vector<void*> pointers;
@@ -102,18 +107,19 @@ void cuda_launch(const std::string& key, const std::string& payload, uintptr_t s
   std::string error;
   {
     nb::gil_scoped_release release;
-    error = cuda::launch(reinterpret_cast<cuda::CUstream>(stream), key, payload,
-                         pointers.data(), pointers.size(), dims.empty() ? nullptr : dims.data());
+    error = Launch(reinterpret_cast<Stream>(stream), key, payload, pointers.data(),
+                   pointers.size(), dims.empty() ? nullptr : dims.data());
   }
   if (!error.empty()) throw std::runtime_error(error);
 }
 
-// What the CUDA handler's initialize stage does, without XLA: for tests of the driver calls.
-void cuda_load(const std::string& key, const std::string& payload, uintptr_t stream) {
+// What a GPU handler's initialize stage (its `load`) does, without XLA.
+template <typename Stream, std::string (*Load)(Stream, std::string_view, std::string_view)>
+void test_load(const std::string& key, const std::string& payload, uintptr_t stream) {
   std::string error;
   {
     nb::gil_scoped_release release;
-    error = cuda::load(reinterpret_cast<cuda::CUstream>(stream), key, payload);
+    error = Load(reinterpret_cast<Stream>(stream), key, payload);
   }
   if (!error.empty()) throw std::runtime_error(error);
 }
@@ -168,32 +174,6 @@ nb::dict cuda_payload_fields(const std::string& key, const std::string& payload)
   return d;
 }
 
-// What the ROCm handler does on a call, without XLA: for tests against a stand-in runtime.
-void rocm_launch(const std::string& key, const std::string& payload, uintptr_t stream,
-                 const std::vector<uintptr_t>& buffers,
-                 const std::vector<std::vector<int64_t>>& shapes) {
-  std::vector<void*> pointers;
-  for (uintptr_t b : buffers) pointers.push_back(reinterpret_cast<void*>(b));
-  std::vector<BufferDims> dims;
-  for (const auto& s : shapes) dims.push_back(BufferDims{s.data(), s.size()});
-  std::string error;
-  {
-    nb::gil_scoped_release release;
-    error = rocm::launch(reinterpret_cast<rocm::hipStream_t>(stream), key, payload,
-                         pointers.data(), pointers.size(), dims.empty() ? nullptr : dims.data());
-  }
-  if (!error.empty()) throw std::runtime_error(error);
-}
-
-void rocm_load(const std::string& key, const std::string& payload, uintptr_t stream) {
-  std::string error;
-  {
-    nb::gil_scoped_release release;
-    error = rocm::load(reinterpret_cast<rocm::hipStream_t>(stream), key, payload);
-  }
-  if (!error.empty()) throw std::runtime_error(error);
-}
-
 nb::dict hip_payload_fields(const std::string& key, const std::string& payload) {
   HipPayload p = decode_hip_payload(key, payload);
   nb::dict d;
@@ -201,10 +181,16 @@ nb::dict hip_payload_fields(const std::string& key, const std::string& payload) 
   d["jaxtile"] = p.jaxtile_version;
   d["key"] = p.key;
   d["name"] = p.name;
-  d["symbol"] = p.symbol;
-  d["arch"] = p.arch;
-  d["launch"] = p.launch;
-  d["code_object"] = nb::bytes(p.code_object.data(), p.code_object.size());
+  nb::list code_objects;
+  for (const HipCodeObject& c : p.code_objects) {
+    nb::dict o;
+    o["arch"] = c.arch;
+    o["symbol"] = c.symbol;
+    o["launch"] = c.launch;
+    o["code_object"] = nb::bytes(c.code_object.data(), c.code_object.size());
+    code_objects.append(o);
+  }
+  d["code_objects"] = code_objects;
   return d;
 }
 
@@ -229,6 +215,7 @@ NB_MODULE(_ffi, m) {
       "XLA FFI handler for 'jaxtile_cpu_exported_call', the kernel call of an exported program "
       "(attributes `key` and `payload`, the kernel library it carries).");
   m.attr("PAYLOAD_FORMAT") = kPayloadFormat;
+  m.attr("HIP_PAYLOAD_FORMAT") = kHipPayloadFormat;
   m.def(
       "load_exported_kernel",
       [](const std::string& key, const std::string& payload) {
@@ -264,12 +251,12 @@ NB_MODULE(_ffi, m) {
         return cuda::driver(&why) ? std::string() : why;
       },
       "Why the NVIDIA driver cannot be used here ('' if it can); loads it on first call.");
-  m.def("cuda_launch", &cuda_launch, "key"_a, "payload"_a, "stream"_a, "buffers"_a,
+  m.def("cuda_launch", &test_launch<cuda::CUstream, cuda::launch>, "key"_a, "payload"_a, "stream"_a, "buffers"_a,
         "shapes"_a = std::vector<std::vector<int64_t>>(),
         "Launch a CUDA kernel as the handler does (device addresses of operands then "
         "results, and optionally their shapes), raising RuntimeError with the handler's "
         "message. Meant for tests.");
-  m.def("cuda_load", &cuda_load, "key"_a, "payload"_a, "stream"_a,
+  m.def("cuda_load", &test_load<cuda::CUstream, cuda::load>, "key"_a, "payload"_a, "stream"_a,
         "Load a CUDA kernel into the stream's context as the handler's initialize stage does, "
         "raising RuntimeError with its message. Meant for tests.");
   m.def("parse_cuda_launch", &cuda_launch_fields, "text"_a,
@@ -297,16 +284,17 @@ NB_MODULE(_ffi, m) {
         return rocm::runtime(&why) ? std::string() : why;
       },
       "Why the HIP runtime cannot be used here ('' if it can); loads it on first call.");
-  m.def("rocm_launch", &rocm_launch, "key"_a, "payload"_a, "stream"_a, "buffers"_a,
+  m.def("rocm_launch", &test_launch<rocm::hipStream_t, rocm::launch>, "key"_a, "payload"_a, "stream"_a, "buffers"_a,
         "shapes"_a = std::vector<std::vector<int64_t>>(),
         "Launch a HIP kernel as the ROCm handler does, raising RuntimeError with its "
         "message. Meant for tests.");
-  m.def("rocm_load", &rocm_load, "key"_a, "payload"_a, "stream"_a,
+  m.def("rocm_load", &test_load<rocm::hipStream_t, rocm::load>, "key"_a, "payload"_a, "stream"_a,
         "Load a HIP kernel on the stream's device as the handler's initialize stage does. "
         "Meant for tests.");
   m.def("decode_hip_payload", &hip_payload_fields, "key"_a, "payload"_a,
         "The fields of a ROCm kernel payload, checked as the handler checks them (raises "
-        "RuntimeError naming what is wrong). Meant for tests.");
+        "RuntimeError naming what is wrong); `code_objects` lists each one's arch, symbol, "
+        "launch and code_object. Meant for tests.");
 
   m.def(
       "is_loaded", [](const std::string& key) { return find_kernel(key) != nullptr; }, "key"_a);

@@ -81,6 +81,17 @@ def _cpu_isa(text: str) -> str:
     return text.lower()
 
 
+def _rocm_archs(text: str) -> tuple[str, ...]:
+    """Comma-separated AMD architectures jaxtile supports, in any case; a device's name with
+    feature flags (``gfx942:sramecc+:xnack-``) stands for its architecture."""
+    from jaxtile.compiler.target import HIP_ARCHS
+
+    archs = tuple(dict.fromkeys(a.strip().lower().split(":")[0] for a in text.split(",")))
+    if not all(a in HIP_ARCHS for a in archs):
+        raise ValueError(f"expected a comma-separated list of {', '.join(HIP_ARCHS)}")
+    return archs
+
+
 VARIABLES = {v.name: v for v in (
     Variable("JAXTILE_BACKEND", _backend, "cpu",
              "what runs kernels on the CPU platform: cpu (compiled for the CPU), "
@@ -103,6 +114,11 @@ VARIABLES = {v.name: v for v in (
              "docs/design.md)"),
     Variable("JAXTILE_AUTOTUNE", boolean, True,
              "time the candidates of autotuned kernels; off: take the first valid config"),
+    Variable("JAXTILE_ROCM_ARCHS", _rocm_archs, None,
+             "the AMD architectures (gfx90a, gfx942, comma-separated) a ROCm lowering "
+             "compiles a code object for when it has no AMD device to ask or is an export "
+             "(default: every one jaxtile supports); a lowering for a present device compiles "
+             "for that device alone"),
     Variable("JAXTILE_TUNE_OPS", boolean, False,
              "opt in to tuning the library kernels' (jt.ops) tile sizes at run time for each "
              "call's shapes (timed once per machine); off: their stored tile tables"),

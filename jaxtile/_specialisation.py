@@ -20,7 +20,7 @@ from jaxtile.compiler import build, cache
 from jaxtile.compiler import ir as tile_ir
 from jaxtile.compiler import jax_internals as ji
 from jaxtile.compiler.errors import KernelError, kernel_error
-from jaxtile.compiler.target import Target, parse_target
+from jaxtile.compiler.target import HIP_ARCHS, Target, parse_target
 from jaxtile.primitives import kernel_call, reference
 from jaxtile.primitives.sharding import ShardRule, infer_rule
 
@@ -173,6 +173,14 @@ class Specialisation:
         ``cuda-emulator`` backend)."""
         name = _config.BACKENDS[self.backend]
         return parse_target(_config.cpu_target_name() if name == "cpu" else name)
+
+    @property
+    def rocm_export_targets(self) -> tuple[Target, ...]:
+        """The targets a ROCm lowering compiles for when it has no device to ask or is an
+        export, which must run on whatever AMD GPU it meets: ``JAXTILE_ROCM_ARCHS``'s, by
+        default every architecture jaxtile supports."""
+        archs = _config.get("JAXTILE_ROCM_ARCHS") or HIP_ARCHS
+        return tuple(parse_target(f"hip:{arch}") for arch in archs)
 
     def for_target(self, target: Target) -> Specialisation:
         """The specialisation to compile for ``target``: this one, unless its tiles were

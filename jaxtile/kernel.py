@@ -181,36 +181,74 @@ class Lowered:
         return self._gpu.smem_plan
 
     @functools.cached_property
+    def _vendor_figures(self) -> Any:
+        """GPU targets: the vendor compiler's figures for the kernel (registers, spills,
+        shared memory or LDS): ptxas' report for CUDA (``.ptxas``), clang's resource figures
+        for HIP (``.hip_resources``); None when that compiler is not installed."""
+        target = parse_target(self.target)
+        figures = _VENDOR_FIGURES.get(target.kind)
+        if figures is None:
+            raise KernelError(f"{self.target} has no GPU code: lower for 'cuda:sm_80' or "
+                              "'hip:gfx942'")
+        return figures.report(self, target)
+
+    @property
     def ptxas(self) -> Any:
         """CUDA: ptxas' report for the kernel (registers, spills, shared memory), or None
         when nvcc is not installed."""
-        from jaxtile.compiler.cuda import toolchain
-        from jaxtile.compiler.cuda.compile import arch_of
+        return self._figures_of("cuda")
 
-        target = parse_target(self.target)
-        if target.kind != "cuda":
-            raise KernelError(f"{self.target} has no CUDA code for ptxas: see hip_resources "
-                              "for an AMD target's figures")
-        if toolchain.nvcc_path() is None:
-            return None
-        arch = arch_of(target)
-        cubin = toolchain.compile_cubin(self.source, arch, file=f"{self.kernel.name}.cu")
-        return cubin.kernels.get(self._gpu.symbol)
-
-    @functools.cached_property
+    @property
     def hip_resources(self) -> Any:
         """HIP: the kernel's resource figures from clang's assembly (VGPRs, AGPRs, SGPRs,
         LDS, scratch, spills; ``.waves_per_simd(caps)``), or None when no clang for AMD GPUs
         is installed."""
-        from jaxtile.compiler.hip import lower as hip_lower
-        from jaxtile.compiler.hip import toolchain
+        return self._figures_of("hip")
 
-        target = parse_target(self.target)
-        if target.kind != "hip":
-            raise KernelError(f"{self.target} has no HIP code: lower for 'hip:gfx942'")
-        if toolchain.clang_path() is None:
-            return None
-        return hip_lower.resources(build.lowered_ir(self.kernel, target), target)
+    def _figures_of(self, kind: str) -> Any:
+        """The vendor figures, asked for by the name of ``kind``'s report."""
+        if parse_target(self.target).kind != kind:
+            raise KernelError(f"{self.target} {_VENDOR_FIGURES[kind].elsewhere}")
+        return self._vendor_figures
+
+
+@dataclasses.dataclass(frozen=True)
+class _Figures:
+    """How a GPU target kind reports what its vendor's compiler made of a kernel."""
+
+    report: Callable[[Lowered, Target], Any]
+    """The figures, or None when the vendor's compiler is not installed."""
+    elsewhere: str
+    """What asking another kind's lowering for them says, after its target's name."""
+
+
+def _ptxas_report(lowered: Lowered, target: Target) -> Any:
+    from jaxtile.compiler.cuda import toolchain
+    from jaxtile.compiler.cuda.compile import arch_of
+
+    if toolchain.nvcc_path() is None:
+        return None
+    cubin = toolchain.compile_cubin(lowered.source, arch_of(target),
+                                    file=f"{lowered.kernel.name}.cu")
+    return cubin.kernels.get(lowered._gpu.symbol)
+
+
+def _hip_resources(lowered: Lowered, target: Target) -> Any:
+    from jaxtile.compiler.hip import lower as hip_lower
+    from jaxtile.compiler.hip import toolchain
+
+    if toolchain.clang_path() is None:
+        return None
+    return hip_lower.resources(lowered._gpu_ir, target)
+
+
+_VENDOR_FIGURES = {
+    "cuda": _Figures(_ptxas_report, "has no CUDA code for ptxas: see hip_resources for an "
+                     "AMD target's figures"),
+    "hip": _Figures(_hip_resources, "has no HIP code: lower for 'hip:gfx942'"),
+}
+"""Target kind -> its vendor figures: one hook per kind, behind ``Lowered.ptxas`` and
+``Lowered.hip_resources``."""
 
 
 def _variable_names(kernel: TileKernel) -> dict[str, str]:

@@ -15,10 +15,11 @@ cubin and its launch, which the CUDA handler loads on the first call in each dev
 context, so neither a persistent-compilation-cache hit nor an exported program needs a
 compiler where it runs. On ``rocm`` the call is ``jaxtile_rocm_call {key, payload}`` in the
 same way, the payload carrying the code object for the device's gfx architecture (as JAX's
-ROCm plugin names it, ``gfx942``; gfx90a where the lowering has no device), which the ROCm
-handler loads once per device. Any other platform is a clear error at lowering time. A
-kernel with a sharding rule, lowered for several devices outside ``shard_map``, is wrapped so that
-each device runs it on its shard (``sharding.py``).
+ROCm plugin names it, ``gfx942``) or, for an export or a lowering without a device, one for
+each architecture ``JAXTILE_ROCM_ARCHS`` names (by default every supported one), of which
+the ROCm handler loads the device's once per device. Any other platform is a clear error at
+lowering time. A kernel with a sharding rule, lowered for several devices outside
+``shard_map``, is wrapped so that each device runs it on its shard (``sharding.py``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from jaxtile.compiler import jax_internals as ji
 from jaxtile.compiler.cuda.compile import arch_of
 from jaxtile.compiler.errors import KernelError, kernel_error, user_line
 from jaxtile.compiler.gpu.launch import Launch
-from jaxtile.compiler.target import for_platform
+from jaxtile.compiler.target import Target, for_platform
 
 from . import payload, sharding
 from .kernel_call import KernelHandle, kernel_call_p, load
@@ -144,24 +145,47 @@ def _no_backend(kernel: KernelHandle, platform: str, ctx: Any, e: Exception) -> 
         "lower or export for platforms=['cpu']", user_line())
 
 
+def _rocm_targets(ctx: Any, kernel: KernelHandle) -> tuple[Target, ...]:
+    """The AMD targets a ROCm lowering compiles for: the device's architecture alone when it
+    has one and is no export (the program runs here), else ``spec.rocm_export_targets`` (by
+    default every supported one), since the program may meet any of them."""
+    device = ji.compute_capability(ctx)
+    if device is not None and not ji.lowering_for_export(ctx):
+        try:
+            return (for_platform("rocm", device),)
+        except KernelError as e:
+            # A GPU of an architecture jaxtile has no target for (it knows gfx90a, gfx942).
+            raise kernel_error(kernel.name, f"cannot be compiled for this GPU: {e}",
+                               user_line()) from None
+    return kernel.spec.rocm_export_targets
+
+
 def _rocm_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
     if (sharded := _sharded(ctx, args, kernel)) is not None:
         return sharded
-    try:
-        target = for_platform("rocm", ji.compute_capability(ctx))
-    except KernelError as e:
-        # A GPU of an architecture jaxtile has no target for (it knows gfx90a and gfx942).
-        raise kernel_error(kernel.name, f"cannot be compiled for this GPU: {e}",
-                           user_line()) from None
-    spec = kernel.spec.for_target(target)
-    entry = spec.build(target, _check_launch(cache.HIP_CODE_OBJECT))
+    built = []
+    for target in _rocm_targets(ctx, kernel):
+        spec = kernel.spec.for_target(target)
+        built.append((spec, target.caps.gfx,
+                      spec.build(target, _check_launch(cache.HIP_CODE_OBJECT))))
+    # Every code object is called with the same operands: the output inits of each
+    # architecture's specialisation (its tiles may differ, its outputs may not) must agree.
+    inits = {tuple((b.name, b.aliases) for b in spec.tile_ir.params if b.role == "init")
+             for spec, _, _ in built}
+    if len(inits) > 1:
+        raise kernel_error(kernel.name, "its specialisations for "
+                           f"{', '.join(gfx for _, gfx, _ in built)} zero different outputs "
+                           "before the call, which one call cannot serve: lower for one "
+                           "architecture at a time (JAXTILE_ROCM_ARCHS)", user_line())
+    spec = built[0][0]
     ctx, args, aliases = _with_output_inits(ctx, args, spec)
     if ji.lowering_for_export(ctx):
         _require_export_checks(kernel, ROCM_TARGET_NAME)
-    text = payload.encode_hip(kernel.name, entry, target.caps.gfx)
+    key, text = payload.encode_hip(kernel.name,
+                                   tuple((gfx, entry) for _, gfx, entry in built))
     with ji.named_op_location(ctx, spec.label):
         return jax.ffi.ffi_lowering(ROCM_TARGET_NAME, **aliases)(
-            ctx, *args, key=entry.key, payload=text)
+            ctx, *args, key=key, payload=text)
 
 
 def _require_export_checks(kernel: KernelHandle, target_name: str) -> None:

@@ -34,23 +34,29 @@ block, dynamic shared memory and parameters: ``compiler/gpu/launch.py``), ``ptx_
 run on (``decode_cuda_payload`` in ``payload.cc``).
 
 A ROCm kernel's call (``jaxtile_rocm_call``, :func:`encode_hip`) likewise always carries its
-payload: ``platform=rocm``, ``key``, ``name``, ``symbol``, ``arch`` (``gfx90a``,
-``gfx942``: a code object runs on that architecture only), ``launch`` (the same text as a
-cubin's), ``size`` and ``sha256``, then in base64 the code object, which the ROCm handler
-loads with ``hipModuleLoadData`` (``decode_hip_payload`` in ``payload.cc``).
+payload, in format 2 (:data:`HIP_FORMAT`; format 1's single code object is no longer read):
+``platform=rocm``, ``key``, ``name``, ``code_objects`` (their count), then for each code
+object ``arch`` (``gfx90a``, ``gfx942``: it runs on that architecture only), ``symbol``,
+``launch`` (the same text as a cubin's) and ``size``, then ``sha256`` and in base64 the code
+objects one after another. An export carries one per architecture, since it cannot know the
+GPU it will meet; the ROCm handler loads the one for the device's architecture with
+``hipModuleLoadData`` (``decode_hip_payload`` in ``payload.cc``).
 
 Only the library that was compiled is ever embedded: :func:`encode` checks the bytes it reads
 from the cache against the checksum recorded when the kernel was compiled. Bump ``FORMAT``
-(and ``kPayloadFormat`` in ``ffi/common/payload.h``) whenever the format changes.
+(and ``kPayloadFormat`` in ``ffi/common/payload.h``) whenever the format changes, and
+``HIP_FORMAT`` (``kHipPayloadFormat``) when the ROCm payload's does.
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import functools
 import hashlib
 import importlib.metadata
 import platform
+from collections.abc import Iterable, Sequence
 
 from jaxtile.compiler import cache
 from jaxtile.compiler.cpu_abi import DATA_ALIGNMENT
@@ -59,6 +65,7 @@ from jaxtile.compiler.target import host_isa
 
 MAGIC = "jaxtile-kernel-payload"
 FORMAT = 1
+HIP_FORMAT = 2
 
 def _version() -> str:
     try:
@@ -81,12 +88,13 @@ def pack(*, key: str, name: str, symbol: str, num_blocks: int, library: bytes,
         "arch": platform.machine() if arch is None else arch,
         "isa": ",".join(host_isa() if isa is None else isa), "size": len(library),
     }
-    return _seal(fields, library)
+    return _seal(fields.items(), library)
 
 
-def _seal(fields: dict, artifact: bytes) -> str:
-    """The header lines of ``fields``, the checksum over them and ``artifact``, then it."""
-    lines = [MAGIC] + [f"{field}={value}" for field, value in fields.items()]
+def _seal(fields: Iterable[tuple[str, object]], artifact: bytes) -> str:
+    """The header lines of ``fields`` (in order; a field may repeat), the checksum over them
+    and ``artifact``, then it."""
+    lines = [MAGIC] + [f"{field}={value}" for field, value in fields]
     for line in lines:
         if "\n" in line or "\r" in line:
             raise ValueError(f"payload field {line!r} must not contain a line break")
@@ -101,16 +109,31 @@ def pack_cuda(*, key: str, name: str, symbol: str, arch: str, launch: str, cubin
     fields = {"format": FORMAT, "jaxtile": version or _version(), "platform": "cuda",
               "key": key, "name": name, "symbol": symbol, "arch": arch, "launch": launch,
               "ptx_size": len(ptx), "size": len(cubin) + len(ptx)}
-    return _seal(fields, cubin + ptx)
+    return _seal(fields.items(), cubin + ptx)
 
 
-def pack_hip(*, key: str, name: str, symbol: str, arch: str, launch: str,
-             code_object: bytes, version: str | None = None) -> str:
-    """The payload text of a ROCm kernel call: its code object and how to launch it."""
-    fields = {"format": FORMAT, "jaxtile": version or _version(), "platform": "rocm",
-              "key": key, "name": name, "symbol": symbol, "arch": arch, "launch": launch,
-              "size": len(code_object)}
-    return _seal(fields, code_object)
+@dataclasses.dataclass(frozen=True)
+class HipCode:
+    """One code object of a ROCm payload."""
+
+    arch: str
+    """``gfx90a``, ``gfx942``: the architecture it runs on."""
+    symbol: str
+    launch: str
+    code_object: bytes
+
+
+def pack_hip(*, key: str, name: str, code: Sequence[HipCode], version: str | None = None,
+             format: int = HIP_FORMAT) -> str:
+    """The payload text of a ROCm kernel call: a code object per architecture and how to
+    launch each. ``format`` exists so that tests can write what another jaxtile would."""
+    fields: list[tuple[str, object]] = [
+        ("format", format), ("jaxtile", version or _version()), ("platform", "rocm"),
+        ("key", key), ("name", name), ("code_objects", len(code))]
+    for c in code:
+        fields += [("arch", c.arch), ("symbol", c.symbol), ("launch", c.launch),
+                   ("size", len(c.code_object))]
+    return _seal(fields, b"".join(c.code_object for c in code))
 
 
 def unpack(text: str) -> tuple[dict[str, str], bytes]:
@@ -170,9 +193,13 @@ def encode_cuda(kernel_name: str, entry: cache.Entry, arch: str) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def encode_hip(kernel_name: str, entry: cache.Entry, arch: str) -> str:
-    """The payload of a kernel compiled to a code object for ``arch``, read from the build
-    cache and checked against the checksum recorded when it was compiled."""
-    return pack_hip(key=entry.key, name=_one_line(kernel_name), symbol=entry.symbol,
-                    arch=arch, launch=entry.launch,
-                    code_object=_read_checked(kernel_name, entry))
+def encode_hip(kernel_name: str,
+               entries: tuple[tuple[str, cache.Entry], ...]) -> tuple[str, str]:
+    """The call's key and payload for a kernel compiled to a code object for each ``(arch,
+    entry)``, read from the build cache and checked against the checksums recorded when they
+    were compiled. The key is the one entry's, or a digest of all of theirs."""
+    code = [HipCode(arch, entry.symbol, entry.launch, _read_checked(kernel_name, entry))
+            for arch, entry in entries]
+    keys = [entry.key for _, entry in entries]
+    key = keys[0] if len(keys) == 1 else hashlib.sha256(",".join(keys).encode()).hexdigest()
+    return key, pack_hip(key=key, name=_one_line(kernel_name), code=code)

@@ -85,8 +85,11 @@ std::vector<std::string> split_commas(std::string_view list) {
 }
 
 // Checks what every format shares: the magic line, the checksum over the header and the
-// decoded artifact, and the format number; leaves `r` after the `jaxtile=` line.
-std::string open_payload(Reader& r, std::string_view text, int* format, std::string* version) {
+// decoded artifact, the platform (a GPU payload's fourth line, `platform=<platform>`, in
+// every format; `platform` is empty for a CPU payload, which has none) and the format
+// number, which must not be above `newest`; leaves `r` after those lines.
+std::string open_payload(Reader& r, std::string_view text, std::string_view platform,
+                         int newest, int* format, std::string* version) {
   if (text.empty()) r.fail("is empty");
   const bool has_magic = text.substr(0, kMagic.size()) == kMagic &&
                          text.substr(kMagic.size(), 1) == "\n";
@@ -121,10 +124,15 @@ std::string open_payload(Reader& r, std::string_view text, int* format, std::str
   r.line("header");
   const int64_t n = r.integer("format");
   *version = std::string(r.field("jaxtile"));
-  if (n > kPayloadFormat) {
+  // Before the format: another platform's payload is no newer payload of this one.
+  if (!platform.empty() && r.field("platform") != platform) {
+    r.fail("is not a " + std::string(platform == "cuda" ? "CUDA" : "ROCm") +
+           " kernel's payload");
+  }
+  if (n > newest) {
     r.fail("was made by a newer jaxtile (jaxtile " + *version + ", payload format " +
            std::to_string(n) + "; this jaxtile reads formats up to " +
-           std::to_string(kPayloadFormat) + "): upgrade jaxtile to run this exported program");
+           std::to_string(newest) + "): upgrade jaxtile to run this exported program");
   }
   if (n < 1) r.fail("is malformed: format " + std::to_string(n) + " does not exist");
   *format = static_cast<int>(n);
@@ -152,7 +160,7 @@ void close_payload(Reader& r, std::string_view text, std::string_view key,
 Payload decode_payload(std::string_view key, std::string_view text) {
   Reader r(key, text);
   Payload p;
-  p.library = open_payload(r, text, &p.format, &p.jaxtile_version);
+  p.library = open_payload(r, text, "", kPayloadFormat, &p.format, &p.jaxtile_version);
   p.key = std::string(r.field("key"));
   p.name = std::string(r.field("name"));
   r.set_name(p.name);
@@ -172,8 +180,7 @@ Payload decode_payload(std::string_view key, std::string_view text) {
 CudaPayload decode_cuda_payload(std::string_view key, std::string_view text) {
   Reader r(key, text);
   CudaPayload p;
-  p.cubin = open_payload(r, text, &p.format, &p.jaxtile_version);
-  if (r.field("platform") != "cuda") r.fail("is not a CUDA kernel's payload");
+  p.cubin = open_payload(r, text, "cuda", kPayloadFormat, &p.format, &p.jaxtile_version);
   p.key = std::string(r.field("key"));
   p.name = std::string(r.field("name"));
   r.set_name(p.name);
@@ -192,17 +199,53 @@ CudaPayload decode_cuda_payload(std::string_view key, std::string_view text) {
 HipPayload decode_hip_payload(std::string_view key, std::string_view text) {
   Reader r(key, text);
   HipPayload p;
-  p.code_object = open_payload(r, text, &p.format, &p.jaxtile_version);
-  if (r.field("platform") != "rocm") r.fail("is not a ROCm kernel's payload");
+  std::string artifact = open_payload(r, text, "rocm", kHipPayloadFormat, &p.format,
+                                      &p.jaxtile_version);
+  if (p.format < kHipPayloadFormat) {
+    r.fail("was made by an older jaxtile (jaxtile " + p.jaxtile_version + ", ROCm payload " +
+           "format " + std::to_string(p.format) + ", one code object) in a format this " +
+           "jaxtile no longer reads (it reads format " + std::to_string(kHipPayloadFormat) +
+           ": a code object per architecture): export the program again with this jaxtile");
+  }
   p.key = std::string(r.field("key"));
   p.name = std::string(r.field("name"));
   r.set_name(p.name);
-  p.symbol = std::string(r.field("symbol"));
-  p.arch = std::string(r.field("arch"));
-  p.launch = std::string(r.field("launch"));
-  const int64_t size = r.integer("size");
-  close_payload(r, text, key, p.key, p.code_object.size(), size);
+  const int64_t count = r.integer("code_objects");
+  if (count < 1) r.fail("is malformed: it has no code object");
+  std::vector<int64_t> sizes;
+  int64_t total = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    HipCodeObject& c = p.code_objects.emplace_back();
+    c.arch = std::string(r.field("arch"));
+    c.symbol = std::string(r.field("symbol"));
+    c.launch = std::string(r.field("launch"));
+    sizes.push_back(r.integer("size"));
+    // Bounded one by one, so that the sum close_payload compares cannot overflow.
+    if (sizes.back() > static_cast<int64_t>(artifact.size())) {
+      r.fail("is corrupted: its " + c.arch + " code object is larger than the whole artifact");
+    }
+    total += sizes.back();
+  }
+  close_payload(r, text, key, p.key, artifact.size(), total);
+  size_t at = 0;
+  for (size_t i = 0; i < p.code_objects.size(); ++i) {
+    p.code_objects[i].code_object = artifact.substr(at, static_cast<size_t>(sizes[i]));
+    at += static_cast<size_t>(sizes[i]);
+  }
   return p;
+}
+
+const HipCodeObject* HipPayload::for_arch(std::string_view arch) const {
+  for (const HipCodeObject& c : code_objects) {
+    if (c.arch == arch) return &c;
+  }
+  return nullptr;
+}
+
+std::string HipPayload::archs() const {
+  std::string list;
+  for (const HipCodeObject& c : code_objects) list += (list.empty() ? "" : ", ") + c.arch;
+  return list;
 }
 
 }  // namespace jaxtile

@@ -32,8 +32,11 @@
 
 namespace jaxtile {
 
-// The newest payload format this jaxtile reads.
+// The newest payload format this jaxtile reads (CPU and CUDA payloads).
 constexpr int kPayloadFormat = 1;
+// The one format of ROCm payloads this jaxtile reads: format 2 carries a code object per gfx
+// architecture, and format 1 (a single code object) is no longer read.
+constexpr int kHipPayloadFormat = 2;
 
 // A payload that is malformed, altered, too new, or made for another kind of machine.
 class PayloadError : public std::runtime_error {
@@ -82,27 +85,43 @@ struct CudaPayload {
   std::string ptx;  // empty when the payload has none
 };
 
-// The payload of a ROCm kernel call ("jaxtile_rocm_call"), format 1: after the three lines
+// The payload of a ROCm kernel call ("jaxtile_rocm_call"), format 2: after the three lines
 // every format shares,
 //
 //   platform=rocm\n
-//   key=<content key>\n
+//   key=<content key of the call>\n
 //   name=<kernel name>\n
-//   symbol=<the kernel's extern "C" name in the code object>\n
-//   arch=<gfx90a, gfx942>\n
-//   launch=<grid, block, shared memory, parameters: common/launch_spec.h>\n
-//   size=<code object bytes>\n
-//   sha256=<hex>\n                  over every byte above and the code object
-//   <base64 of the code object (an AMDGPU ELF for hipModuleLoadData)>
+//   code_objects=<count, at least 1>\n
+//   then for each code object:
+//     arch=<gfx90a, gfx942>\n
+//     symbol=<the kernel's extern "C" name in it>\n
+//     launch=<grid, block, shared memory, parameters: common/launch_spec.h>\n
+//     size=<its bytes>\n
+//   sha256=<hex>\n                  over every byte above and the code objects
+//   <base64 of the code objects (AMDGPU ELFs for hipModuleLoadData), in the order listed>
+//
+// A code object runs on the one gfx architecture it was compiled for, and a program exported
+// without a device cannot know which one it will meet: it carries one per architecture and
+// the handler loads the one for the device's (its gcnArchName without feature flags). Each has
+// its own launch: the tiles, hence the grid and LDS bytes, may differ between architectures.
+struct HipCodeObject {
+  std::string arch;
+  std::string symbol;
+  std::string launch;
+  std::string code_object;
+};
+
 struct HipPayload {
   int format = 0;
   std::string jaxtile_version;
   std::string key;
   std::string name;
-  std::string symbol;
-  std::string arch;
-  std::string launch;
-  std::string code_object;
+  std::vector<HipCodeObject> code_objects;
+
+  // The code object for `arch` (a gfx name without feature flags), or null.
+  const HipCodeObject* for_arch(std::string_view arch) const;
+  // "gfx90a, gfx942": the architectures it has code for, for messages.
+  std::string archs() const;
 };
 
 // Decodes `text`, the payload of a call to the kernel `key`, and checks it: checksum, then
@@ -114,8 +133,9 @@ Payload decode_payload(std::string_view key, std::string_view text);
 // suits the device is the driver's check when it loads it.
 CudaPayload decode_cuda_payload(std::string_view key, std::string_view text);
 
-// Decodes and checks the payload of a ROCm kernel call like decode_payload; whether the code
-// object suits the device is the HIP runtime's check when it loads it.
+// Decodes and checks the payload of a ROCm kernel call like decode_payload (a format-1 payload
+// is an error saying to export again); which code object suits the device is the handler's
+// choice.
 HipPayload decode_hip_payload(std::string_view key, std::string_view text);
 
 // The error for a payload of kernel `name` (may be empty) called as `key`: "jaxtile: cannot run

@@ -1,80 +1,22 @@
 #include "cuda/kernels.h"
 
+#include <array>
 #include <cstdio>
-#include <exception>
-#include <map>
 #include <memory>
-#include <mutex>
-#include <optional>
 #include <stdexcept>
-#include <utility>
 
-#include "common/payload.h"
+#include "common/gpu_kernels.h"
 #include "common/launch_spec.h"
+#include "common/payload.h"
 
 namespace jaxtile::cuda {
 namespace {
 
-struct Kernel {
-  std::string name;
-  CUfunction fn;
-  LaunchSpec spec;
-};
-
-// Orders (context, key) pairs, looked up without copying the key.
-struct Less {
-  using is_transparent = void;
-  template <typename A, typename B>
-  bool operator()(const A& a, const B& b) const {
-    return a.first != b.first ? a.first < b.first
-                              : std::string_view(a.second) < std::string_view(b.second);
-  }
-};
-
-// Kernels are never unloaded (keys name immutable cubins), so pointers stay valid.
-std::mutex g_mutex;
-std::map<std::pair<CUcontext, std::string>, std::unique_ptr<Kernel>, Less> g_kernels;
+using Kernel = gpu::Kernel<CUfunction>;
 
 std::string who(std::string_view name, std::string_view key) {
-  return "jaxtile: CUDA kernel '" + std::string(name) + "' (key " +
-         std::string(key.substr(0, 16)) + "...)";
+  return gpu::who("CUDA", name, key);
 }
-
-// The kernel's name from its payload, for messages where loading failed before decoding.
-std::string name_in(std::string_view key, std::string_view payload) {
-  try {
-    return decode_cuda_payload(key, payload).name;
-  } catch (const std::exception&) {
-    return "?";
-  }
-}
-
-// Makes `ctx` current for the scope, as loading a module, setting a function's attribute and
-// launching on a stream of `ctx` need: XLA usually has it current on its thread already (then
-// nothing is pushed), but a thread of another runtime or a call after a context switch may not.
-class ContextScope {
- public:
-  ContextScope(const Driver& d, CUcontext ctx) : d_(d) {
-    CUcontext current = nullptr;
-    status_ = d.cuCtxGetCurrent(&current);
-    if (status_ == kCudaSuccess && current != ctx) {
-      status_ = d.cuCtxPushCurrent(ctx);
-      pushed_ = status_ == kCudaSuccess;
-    }
-  }
-  ~ContextScope() {
-    CUcontext ignored;
-    if (pushed_) d_.cuCtxPopCurrent(&ignored);
-  }
-  ContextScope(const ContextScope&) = delete;
-  ContextScope& operator=(const ContextScope&) = delete;
-  CUresult status() const { return status_; }
-
- private:
-  const Driver& d_;
-  CUresult status_;
-  bool pushed_ = false;
-};
 
 // The CUDA version whose driver the payload's PTX needs (from its `.version` directive); 0
 // without PTX (an architecture-specific cubin) or a directive.
@@ -103,9 +45,45 @@ std::string too_old(int driver_version, int needed) {
   return msg;
 }
 
-// Loads the payload's cubin into `ctx`; throws std::runtime_error with the whole message.
-std::unique_ptr<Kernel> load(const Driver& d, CUcontext ctx, std::string_view key,
-                             std::string_view payload) {
+// The handler's skeleton over CUDA's driver API: a module per context.
+struct Cuda {
+  static constexpr const char* kVendor = "CUDA";
+  static constexpr const char* kWhere = "context";
+  static constexpr bool kLaunchInScope = true;  // a launch on a stream of that context
+  using Api = Driver;
+  using Status = CUresult;
+  static constexpr Status kSuccess = kCudaSuccess;
+  using Stream = CUstream;
+  using Where = CUcontext;
+  using Function = CUfunction;
+
+  static const Driver* api(std::string* why) { return driver(why); }
+  static CUresult where_of(const Driver& d, CUstream stream, CUcontext* ctx) {
+    return d.cuStreamGetCtx(stream, ctx);
+  }
+  static CUresult current(const Driver& d, CUcontext* ctx) { return d.cuCtxGetCurrent(ctx); }
+  static CUresult make_current(const Driver& d, CUcontext ctx) {
+    return d.cuCtxPushCurrent(ctx);
+  }
+  static void restore(const Driver& d, CUcontext) {
+    CUcontext ignored;
+    d.cuCtxPopCurrent(&ignored);
+  }
+  static std::string name_of(std::string_view key, std::string_view payload) {
+    return decode_cuda_payload(key, payload).name;
+  }
+  // The payload's cubin loaded into `ctx`; throws std::runtime_error with the whole message.
+  static std::unique_ptr<Kernel> load(const Driver& d, CUcontext ctx, std::string_view key,
+                                      std::string_view payload);
+  static CUresult launch(const Driver& d, CUfunction fn, const std::array<unsigned, 3>& grid,
+                         const LaunchSpec& s, CUstream stream, void** params) {
+    return d.cuLaunchKernel(fn, grid[0], grid[1], grid[2], s.block[0], s.block[1],
+                            s.block[2], s.dynamic_smem, stream, params, nullptr);
+  }
+};
+
+std::unique_ptr<Kernel> Cuda::load(const Driver& d, CUcontext ctx, std::string_view key,
+                                   std::string_view payload) {
   CudaPayload p = decode_cuda_payload(key, payload);  // PayloadError names the kernel
   auto k = std::make_unique<Kernel>();
   k->name = p.name;
@@ -119,7 +97,7 @@ std::unique_ptr<Kernel> load(const Driver& d, CUcontext ctx, std::string_view ke
       throw std::runtime_error(who(p.name, key) + ": " + what + " failed: " + d.describe(r));
     }
   };
-  ContextScope scope(d, ctx);
+  gpu::CurrentScope<Cuda> scope(d, ctx);
   check(scope.status(), "making the stream's context current");
   // A cubin runs on drivers of its toolkit's CUDA major version (minor version
   // compatibility), its PTX on drivers of the PTX's CUDA version or newer.
@@ -160,93 +138,15 @@ std::unique_ptr<Kernel> load(const Driver& d, CUcontext ctx, std::string_view ke
   return k;
 }
 
-const Kernel& find_or_load(const Driver& d, CUcontext ctx, std::string_view key,
-                           std::string_view payload) {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  auto it = g_kernels.find(std::make_pair(ctx, key));
-  if (it == g_kernels.end()) {
-    it = g_kernels.emplace(std::make_pair(ctx, std::string(key)), load(d, ctx, key, payload))
-             .first;
-  }
-  return *it->second;
-}
-
-std::string run(const Driver& d, CUcontext ctx, const Kernel& k, std::string_view key,
-                CUstream stream, void* const* buffers, size_t num_buffers,
-                const BufferDims* dims) {
-  const LaunchSpec& s = k.spec;
-  if (num_buffers < s.buffers_needed) {
-    return who(k.name, key) + ": called with " + std::to_string(num_buffers) +
-           " buffers, but its parameters use " + std::to_string(s.buffers_needed);
-  }
-  std::optional<LaunchArgs> args;
-  try {
-    args.emplace(s, buffers, dims, num_buffers);
-  } catch (const std::invalid_argument& e) {
-    return who(k.name, key) + ": " + e.what();
-  }
-  if (args->empty()) return "";  // no blocks (an empty batch): nothing to run
-  // After the empty-grid exit: the buffers of an empty batch may be anywhere.
-  if (std::string bad = misaligned(s, buffers); !bad.empty()) {
-    return who(k.name, key) + ": " + bad;
-  }
-  ContextScope scope(d, ctx);
-  if (scope.status() != kCudaSuccess) {
-    return who(k.name, key) + ": making the stream's context current failed: " +
-           d.describe(scope.status());
-  }
-  const auto& grid = args->grid();
-  const CUresult r = d.cuLaunchKernel(k.fn, grid[0], grid[1], grid[2], s.block[0],
-                                      s.block[1], s.block[2], s.dynamic_smem, stream,
-                                      args->pointers(), nullptr);
-  if (r != kCudaSuccess) {
-    return who(k.name, key) + " failed to launch (" + s.describe() + "): " + d.describe(r);
-  }
-  return "";
-}
-
-struct Resolved {
-  const Driver* driver;
-  CUcontext ctx;
-  const Kernel* kernel;
-};
-
-// The driver, the stream's context and the kernel loaded in it; throws with the whole message.
-Resolved resolve(CUstream stream, std::string_view key,
-                                                std::string_view payload) {
-  std::string why;
-  const Driver* d = driver(&why);
-  if (d == nullptr) {
-    throw std::runtime_error(who(name_in(key, payload), key) + " cannot run: " + why);
-  }
-  CUcontext ctx = nullptr;
-  if (CUresult r = d->cuStreamGetCtx(stream, &ctx); r != kCudaSuccess) {
-    throw std::runtime_error(who(name_in(key, payload), key) +
-                             ": cannot find the context of the stream XLA passed: " +
-                             d->describe(r));
-  }
-  return {d, ctx, &find_or_load(*d, ctx, key, payload)};
-}
-
 }  // namespace
 
 std::string launch(CUstream stream, std::string_view key, std::string_view payload,
                    void* const* buffers, size_t num_buffers, const BufferDims* dims) {
-  try {
-    const Resolved r = resolve(stream, key, payload);
-    return run(*r.driver, r.ctx, *r.kernel, key, stream, buffers, num_buffers, dims);
-  } catch (const std::exception& e) {
-    return e.what();
-  }
+  return gpu::Handler<Cuda>::launch(stream, key, payload, buffers, num_buffers, dims);
 }
 
 std::string load(CUstream stream, std::string_view key, std::string_view payload) {
-  try {
-    resolve(stream, key, payload);
-    return "";
-  } catch (const std::exception& e) {
-    return e.what();
-  }
+  return gpu::Handler<Cuda>::load(stream, key, payload);
 }
 
 }  // namespace jaxtile::cuda

@@ -3,7 +3,9 @@
 #include <dlfcn.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
+#include <vector>
 
 namespace jaxtile::rocm {
 namespace {
@@ -64,6 +66,8 @@ Loaded load() {
       resolve(lib, from, "hipGetDevice", &r.hipGetDevice, &l.error) &&
       resolve(lib, from, "hipSetDevice", &r.hipSetDevice, &l.error) &&
       resolve(lib, from, "hipStreamGetDevice", &r.hipStreamGetDevice, &l.error) &&
+      resolve(lib, from, "hipGetDevicePropertiesR0600", &r.hipGetDevicePropertiesR0600,
+              &l.error) &&
       resolve(lib, from, "hipModuleLoadData", &r.hipModuleLoadData, &l.error) &&
       resolve(lib, from, "hipModuleGetFunction", &r.hipModuleGetFunction, &l.error) &&
       resolve(lib, from, "hipModuleLaunchKernel", &r.hipModuleLaunchKernel, &l.error);
@@ -81,6 +85,17 @@ std::string Runtime::describe(hipError_t r) const {
   const char* text = hipGetErrorString(r);
   return (name ? std::string(name) : "HIP error " + std::to_string(r)) + ": " +
          (text ? text : "(no description)");
+}
+
+hipError_t Runtime::arch_name(hipDevice_t device, std::string* name) const {
+  // Zeroed, so that a name filling its whole field still ends.
+  std::vector<char> prop(kDevicePropBytes + 1, '\0');
+  const hipError_t e = hipGetDevicePropertiesR0600(prop.data(), device);
+  if (e == kHipSuccess) {
+    const char* text = prop.data() + kGcnArchNameOffset;
+    *name = std::string(text, strnlen(text, kGcnArchNameBytes));
+  }
+  return e;
 }
 
 const Runtime* runtime(std::string* why) {

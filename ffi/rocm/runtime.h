@@ -6,6 +6,7 @@
 // have been stable since ROCm 5), so no HIP header is needed to build.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 namespace jaxtile::rocm {
@@ -20,6 +21,13 @@ constexpr hipError_t kHipSuccess = 0;
 // hipErrorNoBinaryForGpu: a code object for another gfx architecture.
 constexpr hipError_t kHipErrorNoBinaryForGpu = 209;
 
+// hipDeviceProp_tR0600, the device properties' layout since ROCm 6 (hip_runtime_api.h; the
+// versioned name keeps it fixed), of which only the ISA's name is read: `char
+// gcnArchName[256]` after name[256], the UUID, the LUID and the limits up to hipReserved[32].
+constexpr size_t kDevicePropBytes = 1472;
+constexpr size_t kGcnArchNameOffset = 1160;
+constexpr size_t kGcnArchNameBytes = 256;
+
 struct Runtime {
   hipError_t (*hipInit)(unsigned flags);
   const char* (*hipGetErrorName)(hipError_t);
@@ -27,6 +35,8 @@ struct Runtime {
   hipError_t (*hipGetDevice)(hipDevice_t*);
   hipError_t (*hipSetDevice)(hipDevice_t);
   hipError_t (*hipStreamGetDevice)(hipStream_t, hipDevice_t*);
+  // Fills kDevicePropBytes bytes at `prop` (hipDeviceProp_tR0600).
+  hipError_t (*hipGetDevicePropertiesR0600)(void* prop, hipDevice_t);
   hipError_t (*hipModuleLoadData)(hipModule_t*, const void* image);
   hipError_t (*hipModuleGetFunction)(hipFunction_t*, hipModule_t, const char* name);
   hipError_t (*hipModuleLaunchKernel)(hipFunction_t, unsigned gx, unsigned gy, unsigned gz,
@@ -36,6 +46,8 @@ struct Runtime {
 
   // "hipErrorX: description" for a result code.
   std::string describe(hipError_t r) const;
+  // The device's ISA as HIP names it, with its feature flags ("gfx942:sramecc+:xnack-").
+  hipError_t arch_name(hipDevice_t device, std::string* name) const;
 };
 
 // Where the runtime is looked for: $JAXTILE_HIP_RUNTIME (a path or a library name) if set,

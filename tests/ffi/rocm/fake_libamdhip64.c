@@ -1,14 +1,18 @@
 /* A stand-in for AMD's HIP runtime (libamdhip64.so) that records what the ROCm handler asks of
  * it, so the handler's use of the HIP module API is tested on machines without an AMD GPU.
  *
- * Each call appends one line to the file named by $FAKE_HIP_LOG. A "code object" is text:
- *   "FAKECO params=<sizes>"   loads; <sizes> gives the kernel's parameter sizes in bytes,
- *                             e.g. "884" for two pointers and an int (what the launch logs)
- *   "FAKECO other-arch"       fails with hipErrorNoBinaryForGpu (209)
+ * Each call appends one line to the file named by $FAKE_HIP_LOG. Device i's architecture
+ * (gcnArchName) is item i of the comma-separated $FAKE_HIP_ARCH, the last item for devices
+ * past the list (default "gfx942:sramecc+:xnack-"). A "code object" is text:
+ *   "FAKECO <gfx> params=<sizes>"   loads on a device whose architecture, without its feature
+ *                                   flags, is <gfx>, else fails with hipErrorNoBinaryForGpu
+ *                                   (209); <sizes> gives the kernel's parameter sizes in
+ *                                   bytes, e.g. "884" for two pointers and an int (what the
+ *                                   launch logs)
  * Modules load into the calling thread's current device: device 0 until hipSetDevice. A
  * stream's device is its value divided by 256, less one (stream 0x100 -> device 0, 0x200 ->
- * device 1); stream 0xdead has none. The function "missing" is not found;
- * $FAKE_HIP_LAUNCH_ERROR makes launches fail with that code. */
+ * device 1); stream 0xdead has none, nor has device 9 properties. The function "missing" is
+ * not found; $FAKE_HIP_LAUNCH_ERROR makes launches fail with that code. */
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -48,6 +52,7 @@ hipError_t hipInit(unsigned flags) {
 
 const char* hipGetErrorName(hipError_t r) {
   return r == 209   ? "hipErrorNoBinaryForGpu"
+         : r == 101 ? "hipErrorInvalidDevice"
          : r == 400 ? "hipErrorInvalidHandle"
          : r == 500 ? "hipErrorNotFound"
          : r == 701 ? "hipErrorLaunchOutOfResources"
@@ -77,11 +82,34 @@ hipError_t hipStreamGetDevice(void* stream, int* device) {
   return 0;
 }
 
+/* Device `device`'s gcnArchName into `out`. */
+static void arch_of(int device, char out[256]) {
+  const char* list = getenv("FAKE_HIP_ARCH");
+  if (list == NULL || *list == '\0') list = "gfx942:sramecc+:xnack-";
+  for (int i = 0; i < device && strchr(list, ',') != NULL; ++i) list = strchr(list, ',') + 1;
+  const size_t n = strcspn(list, ",");
+  snprintf(out, 256, "%.*s", (int)(n < 255 ? n : 255), list);
+}
+
+/* hipDeviceProp_tR0600: 1472 bytes, of which gcnArchName[256] is at byte 1160. */
+hipError_t hipGetDevicePropertiesR0600(void* prop, int device) {
+  if (device == 9) return 101; /* hipErrorInvalidDevice */
+  memset(prop, 0, 1472);
+  arch_of(device, (char*)prop + 1160);
+  logf_line("hipGetDevicePropertiesR0600 device=%d gcnArchName=%s", device,
+            (const char*)prop + 1160);
+  return 0;
+}
+
 hipError_t hipModuleLoadData(void** module, const void* image) {
   const char* text = (const char*)image;
   if (strncmp(text, "FAKECO ", 7) != 0) return 1;
   const char* sizes = strstr(text, "params=");
-  if (sizes == NULL) {
+  char arch[256];
+  arch_of(g_device, arch);
+  arch[strcspn(arch, ":")] = '\0';
+  const size_t n = strlen(arch);
+  if (sizes == NULL || strncmp(text + 7, arch, n) != 0 || text[7 + n] != ' ') {
     logf_line("hipModuleLoadData device=%d refused", g_device);
     return 209;
   }

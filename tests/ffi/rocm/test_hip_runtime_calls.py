@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(_CC is None, reason="no C compiler to build the 
 
 KEY = "5eed" * 16
 # Two pointers, an int32 (negative, to check its bytes) and a float: what the kernel declares.
-CODE = b"FAKECO params=8844"
+CODE = b"FAKECO gfx942 params=8844"
 SCALE = Launch((3, 2, 1), (256, 1, 1), 4096,
                (buffer(1), buffer(0), scalar("i32", -7), scalar("f32", 0.5))).encode()
 # A kernel with a dynamic size: 128 elements a block, the count from buffer 0's dimension 0.
@@ -57,14 +57,24 @@ _SCRIPT = textwrap.dedent("""
 
 
 def _payload(key=KEY, launch=SCALE, code=CODE, symbol="jt_scale_shift", arch="gfx942"):
-    return payload.pack_hip(key=key, name="scale_shift", symbol=symbol, arch=arch,
-                            launch=launch, code_object=code)
+    """A payload with one code object, for ``arch``."""
+    return payload.pack_hip(key=key, name="scale_shift",
+                            code=[payload.HipCode(arch, symbol, launch, code)])
+
+
+# The same kernel for gfx90a (with a grid of its own), to come first in a payload.
+GFX90A = payload.HipCode("gfx90a", "jt_scale_shift_90a",
+                         Launch((7, 1, 1), (64, 1, 1), 0, (buffer(0), buffer(1))).encode(),
+                         b"FAKECO gfx90a params=88")
 
 
 def _cases():
     other = "7a11" * 16
     dyn = "d1" * 32
     damaged = _payload(key="da" * 32).replace("jt_scale_shift", "jt_scale_shifx")
+    dyn_code = b"FAKECO gfx942 params=884"
+    both = payload.pack_hip(key="b0" * 32, name="scale_shift",
+                            code=[GFX90A, payload.HipCode("gfx942", "jt_scale_shift", SCALE, CODE)])
     cases = [
         ("first", "launch", KEY, _payload(), 0x100, [0x1000, 0x2000]),
         ("again", "launch", KEY, _payload(), 0x100, [0x3000, 0x4000]),
@@ -72,16 +82,23 @@ def _cases():
         ("other-device", "launch", KEY, _payload(), 0x200, [0x1000, 0x2000]),
         ("initialize-stage", "load", other, _payload(key=other), 0x100, []),
         ("after-initialize", "launch", other, _payload(key=other), 0x100, [0x50, 0x60]),
-        ("dynamic", "launch", dyn, _payload(key=dyn, launch=DYNAMIC, code=b"FAKECO params=884"),
+        ("dynamic", "launch", dyn, _payload(key=dyn, launch=DYNAMIC, code=dyn_code),
          0x100, [0x10, 0x20], [[1000], [1000]]),
         ("dynamic-other-size", "launch", dyn,
-         _payload(key=dyn, launch=DYNAMIC, code=b"FAKECO params=884"),
-         0x100, [0x10, 0x20], [[129], [129]]),
+         _payload(key=dyn, launch=DYNAMIC, code=dyn_code), 0x100, [0x10, 0x20], [[129], [129]]),
         ("dynamic-empty", "launch", dyn,
-         _payload(key=dyn, launch=DYNAMIC, code=b"FAKECO params=884"),
-         0x100, [0x10, 0x24], [[0], [0]]),
+         _payload(key=dyn, launch=DYNAMIC, code=dyn_code), 0x100, [0x10, 0x24], [[0], [0]]),
+        # Both architectures, gfx90a's first: device 0 (a gfx942) takes the second, device 2
+        # (a gfx90a) the first, each with its own symbol and launch.
+        ("both-archs-gfx942", "launch", "b0" * 32, both, 0x100, [0x1000, 0x2000]),
+        ("both-archs-gfx90a", "launch", "b0" * 32, both, 0x300, [0x1000, 0x2000]),
         ("other-arch", "launch", "e0" * 32,
-         _payload(key="e0" * 32, code=b"FAKECO other-arch", arch="gfx90a"), 0x100, [0x10, 0x20]),
+         _payload(key="e0" * 32, code=b"FAKECO gfx90a params=8844", arch="gfx90a"), 0x100,
+         [0x10, 0x20]),
+        ("features-refused", "launch", "e1" * 32,
+         _payload(key="e1" * 32, code=b"FAKECO gfx942:xnack+ params=8844"), 0x100,
+         [0x10, 0x20]),
+        ("no-properties", "launch", "e2" * 32, _payload(key="e2" * 32), 0xA00, [0x10, 0x20]),
         ("missing-function", "launch", "f0" * 32, _payload(key="f0" * 32, symbol="missing"),
          0x100, [0x10, 0x20]),
         ("no-device", "launch", "c0" * 32, _payload(key="c0" * 32), 0xDEAD, [0x10, 0x20]),
@@ -92,6 +109,9 @@ def _cases():
         ("damaged-payload", "launch", "da" * 32, damaged, 0x100, [0x10, 0x20]),
     ]
     return [case + ([], {})[len(case) - 6:] for case in cases]
+
+
+ARCHS = "gfx942:sramecc+:xnack-,gfx942:sramecc+:xnack-,gfx90a:sramecc+:xnack-"
 
 
 def _run(tmp, cases, env):
@@ -129,7 +149,8 @@ def fake_runtime(tmp_path_factory):
 def runtime_run(fake_runtime):
     """``(results, log)``: each scenario's outcome, and the runtime calls it made."""
     d, lib = fake_runtime
-    return _run(d, _cases(), {"JAXTILE_HIP_RUNTIME": str(lib)})
+    # Devices 0 and 1 are MI300s, device 2 an MI250 (gcnArchName as ROCm reports them).
+    return _run(d, _cases(), {"JAXTILE_HIP_RUNTIME": str(lib), "FAKE_HIP_ARCH": ARCHS})
 
 
 def test_the_first_launch_loads_the_module_on_the_streams_device(runtime_run):
@@ -138,6 +159,8 @@ def test_the_first_launch_loads_the_module_on_the_streams_device(runtime_run):
     assert log["first"] == [
         "hipInit 0",
         "hipStreamGetDevice stream=0x100 device=0",
+        # The device's architecture chooses the code object.
+        "hipGetDevicePropertiesR0600 device=0 gcnArchName=gfx942:sramecc+:xnack-",
         # Device 0 is current already: nothing is switched.
         "hipModuleLoadData device=0",
         "hipModuleGetFunction jt_scale_shift",
@@ -164,6 +187,7 @@ def test_each_device_gets_its_own_module_loaded_with_that_device_current(runtime
     assert results["other-device"] == "ok"
     assert log["other-device"] == [
         "hipStreamGetDevice stream=0x200 device=1",
+        "hipGetDevicePropertiesR0600 device=1 gcnArchName=gfx942:sramecc+:xnack-",
         "hipSetDevice 1",
         "hipModuleLoadData device=1",
         "hipModuleGetFunction jt_scale_shift",
@@ -200,13 +224,47 @@ def test_dynamic_sizes_set_the_grid_and_size_parameter_from_the_shapes(runtime_r
     assert not any("Launch" in line for line in log["dynamic-empty"])
 
 
-def test_a_code_object_for_another_architecture_is_named(runtime_run):
+def test_each_device_loads_the_code_object_for_its_architecture(runtime_run):
+    results, log = runtime_run
+    assert results["both-archs-gfx942"] == results["both-archs-gfx90a"] == "ok"
+    # The gfx942 device: the second code object, its symbol and launch.
+    assert log["both-archs-gfx942"][1:] == [
+        "hipGetDevicePropertiesR0600 device=0 gcnArchName=gfx942:sramecc+:xnack-",
+        "hipModuleLoadData device=0",
+        "hipModuleGetFunction jt_scale_shift",
+        "hipModuleLaunchKernel jt_scale_shift grid=3,2,1 block=256,1,1 smem=4096 "
+        "stream=0x100 extra=null params=0x2000,0x1000,0xfffffff9,0x3f000000"]
+    # The gfx90a device, same call: the first code object (the stand-in refuses a code
+    # object of another architecture), with gfx90a's symbol and grid.
+    assert log["both-archs-gfx90a"][1:] == [
+        "hipGetDevicePropertiesR0600 device=2 gcnArchName=gfx90a:sramecc+:xnack-",
+        "hipSetDevice 2",
+        "hipModuleLoadData device=2",
+        "hipModuleGetFunction jt_scale_shift_90a",
+        "hipSetDevice 0",
+        "hipModuleLaunchKernel jt_scale_shift_90a grid=7,1,1 block=64,1,1 smem=0 "
+        "stream=0x300 extra=null params=0x1000,0x2000"]
+
+
+def test_a_device_whose_architecture_has_no_code_object_is_named(runtime_run):
     results, log = runtime_run
     msg = results["other-arch"]
-    for w in ("jaxtile: HIP kernel 'scale_shift'", "compiled for gfx90a", "device 0",
-              "not a gfx90a", "hipErrorNoBinaryForGpu"):
+    for w in ("jaxtile: HIP kernel 'scale_shift'", "no code object for device 0",
+              "a gfx942 (gfx942:sramecc+:xnack-)", "carries code for gfx90a only",
+              "JAXTILE_ROCM_ARCHS"):
         assert w in msg, (w, msg)
-    assert log["other-arch"][-1] == "hipModuleLoadData device=0 refused"
+    # Nothing is loaded: the choice is made before the runtime sees any code.
+    assert not any("ModuleLoad" in line for line in log["other-arch"])
+
+
+def test_a_code_object_the_runtime_refuses_is_named(runtime_run):
+    # The architecture matches, the feature flags do not: HIP's own refusal, explained.
+    results, log = runtime_run
+    msg = results["features-refused"]
+    for w in ("jaxtile: HIP kernel 'scale_shift'", "compiled for gfx942", "device 0",
+              "feature flags", "hipErrorNoBinaryForGpu"):
+        assert w in msg, (w, msg)
+    assert log["features-refused"][-1] == "hipModuleLoadData device=0 refused"
 
 
 def test_a_misaligned_buffer_is_refused_before_the_launch(runtime_run):
@@ -220,6 +278,7 @@ def test_a_misaligned_buffer_is_refused_before_the_launch(runtime_run):
 
 @pytest.mark.parametrize("case,words", [
     ("missing-function", ["finding its function 'missing'", "hipErrorNotFound"]),
+    ("no-properties", ["asking device 9 for its architecture", "hipErrorInvalidDevice"]),
     ("no-device", ["device of the stream", "hipErrorInvalidHandle"]),
     ("too-few-buffers", ["called with 1 buffers", "use 2"]),
     ("launch-error", ["failed to launch", "grid 3x2x1, block 256x1x1, 4096 B",

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from gemm_kernels import matmul
 from language_helpers import BF16, F32, aligned, data
 
 import jaxtile as jt
@@ -13,27 +14,6 @@ from jaxtile import _ffi
 from jaxtile.compiler import build
 from jaxtile.compiler.cpu import copy_reuse
 from jaxtile.compiler.target import parse_target
-
-
-@jt.kernel
-def matmul(a, b, *, bm=16, bn=32, bk=8):
-    m, k = a.shape
-    n = b.shape[1]
-    c = jt.empty((m, n), jnp.float32)
-    j, i = jt.grid(jt.cdiv(n, bn), jt.cdiv(m, bm))
-    a_s = jt.shared((bm, bk), a.dtype)
-    b_s = jt.shared((bk, bn), b.dtype)
-    acc = jt.fragment((bm, bn), jnp.float32)
-    acc[...] = jnp.zeros((bm, bn), jnp.float32)
-
-    @jt.loop(jt.cdiv(k, bk))
-    def _(kk):
-        jt.copy(a.at[i * bm, kk * bk], a_s)
-        jt.copy(b.at[kk * bk, j * bn], b_s)
-        jt.gemm(a_s, b_s, acc)
-
-    jt.copy(acc, c.at[i * bm, j * bn])
-    return c
 
 
 @jt.kernel

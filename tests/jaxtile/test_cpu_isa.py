@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from attention_helpers import TOL, np_attention, qkv
-from test_cpu_copy_reuse import matmul
+from gemm_kernels import matmul
 from test_cpu_gemm_bf16 import _check as check_bf16_gemm
 from test_cpu_gemm_bf16 import _operands as bf16_operands
 

@@ -1,7 +1,7 @@
-"""The fp16 GEMM written in the tile language (128x128x32 tiles, 128 threads, 3-stage
-jt.pipelined), compiled for sm_80 as jaxtile compiles it: issue 11's static targets hold
-(at most 224 registers with CUDA 13 or 12, per toolkit in ``PTXAS_BUDGETS``, no spills, at
-most 48 KiB of shared memory, tensor-core, ldmatrix
+"""The fp16 GEMM written in the tile language (``gemm_kernels.pipelined_gemm``: 128x128x32
+tiles, 128 threads, 3-stage jt.pipelined), compiled for sm_80 as jaxtile compiles it: issue
+11's static targets hold (at most 224 registers with CUDA 13 or 12, per toolkit in
+``PTXAS_BUDGETS``, no spills, at most 48 KiB of shared memory, tensor-core, ldmatrix
 and cp.async instructions in the SASS). ``benchmarks/ptxas_report.py`` reports the same
 figures with the emulator's bank-conflict counts and the cold compile time."""
 
@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 from cuda_kernels import PTXAS_BUDGETS, needs_compiler
+from gemm_kernels import pipelined_gemm
 
-import jaxtile as jt
 from jaxtile.compiler import build
 from jaxtile.compiler.cuda import compile as cuda_compile
 from jaxtile.compiler.cuda import fingerprint, sass
@@ -19,32 +19,11 @@ from jaxtile.compiler.target import parse_target
 pytestmark = needs_compiler
 
 
-@jt.kernel(threads=128)
-def _gemm(a, b, *, bm=128, bn=128, bk=32, stages=3):
-    m, k = a.shape
-    n = b.shape[1]
-    c = jt.empty((m, n), jnp.float32)
-    bx, by = jt.grid(jt.cdiv(n, bn), jt.cdiv(m, bm))
-    a_s = jt.shared((bm, bk), a.dtype)
-    b_s = jt.shared((bk, bn), b.dtype)
-    acc = jt.fragment((bm, bn), jnp.float32)
-    acc[...] = jnp.zeros((bm, bn), jnp.float32)
-
-    @jt.pipelined(jt.cdiv(k, bk), stages=stages)
-    def _(kk):
-        jt.copy(a.at[by * bm, kk * bk], a_s)
-        jt.copy(b.at[kk * bk, bx * bn], b_s)
-        jt.gemm(a_s, b_s, acc)
-
-    jt.copy(acc, c.at[by * bm, bx * bn])
-    return c
-
-
 @pytest.fixture(scope="module")
 def compiled():
     target = parse_target("cuda:sm_80")
     spec = jax.ShapeDtypeStruct((4096, 4096), jnp.float16)
-    ir = build.lowered_ir(_gemm.lower(spec, spec, target="cuda:sm_80").kernel, target)
+    ir = build.lowered_ir(pipelined_gemm.lower(spec, spec, target="cuda:sm_80").kernel, target)
     return cuda_compile.compile_to_library(ir, target)
 
 

@@ -11,6 +11,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import pytest
+from gemm_kernels import pipelined_gemm
 
 import jaxtile as jt
 from jaxtile import ops
@@ -21,30 +22,10 @@ from jaxtile.compiler.target import parse_target
 SM80 = parse_target("cuda:sm_80")
 
 
-@jt.kernel(threads=128)
-def _pipelined_gemm(a, b, *, bm=64, bn=64, bk=32, stages=3):
-    m, k = a.shape
-    n = b.shape[1]
-    c = jt.empty((m, n), jnp.float32)
-    bx, by = jt.grid(jt.cdiv(n, bn), jt.cdiv(m, bm))
-    a_s = jt.shared((bm, bk), a.dtype)
-    b_s = jt.shared((bk, bn), b.dtype)
-    acc = jt.fragment((bm, bn), jnp.float32)
-    acc[...] = jnp.zeros((bm, bn), jnp.float32)
-
-    @jt.pipelined(jt.cdiv(k, bk), stages=stages)
-    def _(kk):
-        jt.copy(a.at[by * bm, kk * bk], a_s)
-        jt.copy(b.at[kk * bk, bx * bn], b_s)
-        jt.gemm(a_s, b_s, acc)
-
-    jt.copy(acc, c.at[by * bm, bx * bn])
-    return c
-
-
 def _gemm_ir() -> ir.Kernel:
     spec = jax.ShapeDtypeStruct((256, 256), jnp.float16)
-    return build.lowered_ir(_pipelined_gemm.lower(spec, spec, target="cuda:sm_80").kernel, SM80)
+    low = pipelined_gemm.lower(spec, spec, bm=64, bn=64, target="cuda:sm_80")
+    return build.lowered_ir(low.kernel, SM80)
 
 
 def _attention_ir() -> ir.Kernel:

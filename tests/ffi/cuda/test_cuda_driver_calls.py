@@ -6,20 +6,17 @@ at run time) runs a sequence of launches through ``_ffi.cuda_launch`` (what the 
 does for a call) and ``_ffi.cuda_load`` (its initialize stage); the stand-in logs every
 driver call, and each scenario's part of the log is checked here."""
 
-import json
 import os
-import shutil
-import subprocess
-import sys
 import textwrap
+from pathlib import Path
 
 import pytest
+import stand_ins
 
 from jaxtile.compiler.gpu.launch import Launch, buffer, scalar
 from jaxtile.primitives import payload
 
-_CC = shutil.which("cc") or shutil.which("gcc") or shutil.which("g++")
-pytestmark = pytest.mark.skipif(_CC is None, reason="no C compiler to build the fake driver")
+pytestmark = stand_ins.needs_c_compiler
 
 KEY = "5eed" * 16
 # Two pointers, an int32 (negative, to check its bytes) and a float: what the kernel declares.
@@ -111,24 +108,11 @@ def _cases():
 def driver_run(tmp_path_factory):
     """``(results, log)``: each scenario's outcome, and the driver calls it made."""
     d = tmp_path_factory.mktemp("fake_cuda")
-    src = __file__.replace("test_cuda_driver_calls.py", "fake_libcuda.c")
-    subprocess.run([_CC, "-shared", "-fPIC", "-O1", "-o", str(d / "libcuda.so.1"), src],
-                   check=True, capture_output=True)
+    stand_ins.build(Path(__file__).parent / "fake_libcuda.c", d / "libcuda.so.1")
     log = d / "calls.log"
     env = {**os.environ, "LD_LIBRARY_PATH": str(d), "FAKE_CUDA_LOG": str(log),
            "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(_cases())], env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
-    parts, name = {}, None
-    for line in log.read_text().splitlines():
-        if line.startswith("== "):
-            name = line[3:]
-            parts[name] = []
-        else:
-            parts.setdefault(name, []).append(line)
-    return results, parts
+    return stand_ins.run(_SCRIPT, _cases(), env, log)
 
 
 def test_the_first_launch_loads_the_module_in_the_streams_context(driver_run):

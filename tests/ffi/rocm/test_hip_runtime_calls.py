@@ -8,20 +8,17 @@ does for a call) and ``_ffi.rocm_load`` (its initialize stage); the stand-in log
 and each scenario's part of the log is checked here."""
 
 import ctypes.util
-import json
 import os
-import shutil
-import subprocess
-import sys
 import textwrap
+from pathlib import Path
 
 import pytest
+import stand_ins
 
 from jaxtile.compiler.gpu.launch import Launch, buffer, dimension, scalar
 from jaxtile.primitives import payload
 
-_CC = shutil.which("cc") or shutil.which("gcc") or shutil.which("g++")
-pytestmark = pytest.mark.skipif(_CC is None, reason="no C compiler to build the fake runtime")
+pytestmark = stand_ins.needs_c_compiler
 
 KEY = "5eed" * 16
 # Two pointers, an int32 (negative, to check its bytes) and a float: what the kernel declares.
@@ -121,28 +118,13 @@ def _run(tmp, cases, env):
     # Only the runtime ``env`` names: none from the environment running the tests.
     env = {**{k: v for k, v in os.environ.items() if k != "JAXTILE_HIP_RUNTIME"},
            "FAKE_HIP_LOG": str(log), "JAX_PLATFORMS": "cpu", **env}
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(cases)], env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
-    parts, name = {}, None
-    for line in log.read_text().splitlines() if log.exists() else ():
-        if line.startswith("== "):
-            name = line[3:]
-            parts[name] = []
-        else:
-            parts.setdefault(name, []).append(line)
-    return results, parts
+    return stand_ins.run(_SCRIPT, cases, env, log)
 
 
 @pytest.fixture(scope="module")
 def fake_runtime(tmp_path_factory):
     d = tmp_path_factory.mktemp("fake_hip")
-    src = __file__.replace("test_hip_runtime_calls.py", "fake_libamdhip64.c")
-    lib = d / "libamdhip64.so"
-    subprocess.run([_CC, "-shared", "-fPIC", "-O1", "-o", str(lib), src],
-                   check=True, capture_output=True)
-    return d, lib
+    return d, stand_ins.build(Path(__file__).parent / "fake_libamdhip64.c", d / "libamdhip64.so")
 
 
 @pytest.fixture(scope="module")

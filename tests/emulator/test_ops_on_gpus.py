@@ -1,9 +1,12 @@
-"""Every kernel of ``jt.ops`` compiled for CUDA (sm_80) and run in the SIMT emulator (races,
+"""Every kernel of ``jt.ops`` compiled for each GPU target and run in the emulator (races,
 bounds, barriers and cp.async checked), against its reference semantics and an independent
 jnp / numpy formula; the backward and forward-mode kernels through ``jax.grad`` / ``jax.jvp``
-of the public ops. Ragged shapes throughout. Every kernel also compiles for sm_80 (NVRTC,
-else nvcc). The default run keeps one emulator case and two compiles (the suite's time
-budget); ``-m slow`` runs the rest."""
+of the public ops. Ragged shapes throughout. The targets: CUDA (sm_80, in the SIMT emulator)
+and AMD (``hip-emulator`` and ``hip-emulator:gfx90a``, HIP text run in the emulator's wave64
+mode), where the kernels built on ``jt.gemm`` (no MFMA gemm planner for HIP yet) are a clear
+KernelError naming it. Every kernel also compiles for sm_80 (NVRTC, else nvcc). The default
+run keeps one CUDA emulator case and two compiles (the suite's time budget; for HIP,
+``test_hip_emulator_backend.py`` keeps the default run's case); ``-m slow`` runs the rest."""
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +14,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import jaxtile as jt
 from jaxtile import ops
 from jaxtile.compiler import build
 from jaxtile.compiler.cuda import nvrtc, toolchain
@@ -19,6 +23,28 @@ from jaxtile.compiler.target import parse_target
 
 SLOW = pytest.mark.slow
 BF16 = np.dtype(ml_dtypes.bfloat16)
+_BACKENDS = {"cuda": "cuda-emulator", "gfx942": "hip-emulator", "gfx90a": "hip-emulator:gfx90a"}
+
+
+def _on(*names):
+    """Runs the test on the backends ``names`` (ids ``cuda``, ``gfx942``, ``gfx90a``)."""
+    return pytest.mark.parametrize("gpu", [_BACKENDS[n] for n in names], ids=names,
+                                   indirect=True)
+
+
+ALL, CUDA, HIP = _on("cuda", "gfx942", "gfx90a"), _on("cuda"), _on("gfx942", "gfx90a")
+
+
+@pytest.fixture
+def gpu(request):
+    """Kernels compile for the backend's GPU target and run in the emulator for the test."""
+    before = jt.backend()
+    # jax.jit's caches do not know jaxtile's backend (see tests/emulator/conftest.py).
+    jax.clear_caches()
+    jt.set_backend(request.param)
+    yield
+    jt.set_backend(before)
+    jax.clear_caches()
 
 
 def _data(shape, dtype=np.float32, seed=0):
@@ -41,7 +67,8 @@ def _against(kernel, args, want, tol=2e-5, **params):
 # -- elementwise, rows ---------------------------------------------------------------------
 
 @SLOW   # also in test_cuda_backend.py's default run
-def test_add(emulator):
+@ALL
+def test_add(gpu):
     x, y = _data((1000,)), _data((1000,), seed=1)
     _against(ops.add, (x, y), x + y)
 
@@ -51,8 +78,9 @@ def _softmax_loss(f, x, w):
 
 
 @SLOW
+@ALL
 @pytest.mark.parametrize("shape", [(10, 300), (33, 64)])
-def test_softmax_and_its_backward(emulator, shape):
+def test_softmax_and_its_backward(gpu, shape):
     x, w = _data(shape), _data(shape, seed=1)
     y = jax.nn.softmax(x, axis=-1)
     _against(ops.softmax, (x,), y)
@@ -71,8 +99,10 @@ def _rms_norm(x, w, eps=1e-6):
 
 
 @SLOW
+@ALL
 @pytest.mark.parametrize("norm", ["layer", "rms"])
-def test_norms_forward_and_backward(emulator, norm):
+def test_norms_forward_and_backward(gpu, norm):
+    """The forward kernel, then ``jax.grad`` (the ``*_bwd`` kernel) for every input."""
     x, w, b, g = _data((7, 200)), _data((200,), seed=1), _data((200,), seed=2), \
         _data((7, 200), seed=3)
     if norm == "layer":
@@ -92,7 +122,8 @@ def test_norms_forward_and_backward(emulator, norm):
                                     pytest.param(True, False, marks=SLOW),
                                     pytest.param(True, True, marks=SLOW)],
                          ids=["nn", "nt", "tn", "tt"])
-def test_matmul_transposes(emulator, ta, tb):
+@CUDA
+def test_matmul_transposes(gpu, ta, tb):
     m, n, k = 70, 40, 72                      # ragged against 64 x 64 x 32 tiles
     a = _data((k, m) if ta else (m, k), np.float16)
     b = _data((n, k) if tb else (k, n), np.float16, seed=1)
@@ -101,7 +132,8 @@ def test_matmul_transposes(emulator, ta, tb):
 
 
 @SLOW
-def test_matmul_backward_and_relu(emulator):
+@CUDA
+def test_matmul_backward_and_relu(gpu):
     a, b = _data((70, 72), BF16), _data((72, 40), BF16, seed=1)
     af, bf = (np.asarray(t, np.float64) for t in (a, b))
     _against(ops.matmul_relu, (a, b), np.maximum(af @ bf, 0), 3e-2)
@@ -124,8 +156,9 @@ def _attention(q, k, v, causal):
 
 
 @SLOW
+@CUDA
 @pytest.mark.parametrize("causal", [False, True])
-def test_attention_backward_and_jvp(emulator, causal):
+def test_attention_backward_and_jvp(gpu, causal):
     """dq, then dK/dV (``attention_dq``, ``attention_dkdv``), and the JVP kernel. Float32
     gemms run on tf32 tensor cores on CUDA (10-bit mantissas), hence the tolerance."""
     q, k, v = (_data(s, seed=i) for i, s in enumerate([(1, 2, 40, 64), (1, 1, 40, 64),
@@ -183,7 +216,8 @@ def _decode_formula(q, kp, vp, table, lengths):
 
 
 @SLOW
-def test_attention_decode_and_combine(emulator):
+@CUDA
+def test_attention_decode_and_combine(gpu):
     args = _decode_case(np.float32)
     got = jax.jit(lambda *a: ops.attention_decode(*a, splits=2))(*args)
     _close(got, _decode_formula(*args), 1e-4)
@@ -191,6 +225,41 @@ def test_attention_decode_and_combine(emulator):
     _against(ops.decode_combine, (o_part, lse_part), _decode_formula(*args), 1e-4)
     parts = jax.jit(lambda *a: ops.decode_partial(*a, splits=2))(*args)
     _close(parts, (o_part, lse_part), 1e-4)
+
+
+@SLOW
+@HIP
+def test_decode_combine(gpu):
+    """The split-K combine of decode attention: softmax-weighted partial outputs."""
+    o_part, lse_part = _data((2, 3, 4, 64), seed=1), _data((2, 3, 4), seed=2)
+    weights = jax.nn.softmax(lse_part, axis=1)[..., None]
+    _against(ops.decode_combine, (o_part, lse_part), jnp.sum(weights * o_part, axis=1), 1e-5)
+
+
+def _gemm_cases():
+    h = _data((70, 72), np.float16)
+    q = _data((1, 2, 40, 64))
+    kv = _data((1, 1, 40, 64), seed=1)
+    q_decode, page = _data((2, 4, 64), seed=3), _data((2, 12, 16, 64), seed=2)
+    table = jnp.arange(8, dtype=jnp.int32).reshape(2, 4)
+    lengths = jnp.asarray([37, 64], jnp.int32)
+    return [
+        ("matmul", lambda: ops.matmul(h, h.T)),
+        ("matmul_relu", lambda: ops.matmul_relu(h, h.T)),
+        ("attention", lambda: ops.attention(q, kv, kv)),
+        ("attention_decode", lambda: ops.attention_decode(q_decode, page, page, table, lengths,
+                                                          splits=2)),
+    ]
+
+
+@SLOW
+@HIP
+@pytest.mark.parametrize("case", range(len(_gemm_cases())),
+                         ids=[c[0] for c in _gemm_cases()])
+def test_kernels_built_on_gemm_are_a_clear_error_on_hip(gpu, case):
+    _, call = _gemm_cases()[case]
+    with pytest.raises(jt.KernelError, match="jt.gemm is not lowered for hip:gfx9"):
+        jax.jit(call)()
 
 
 # -- every kernel compiles for sm_80 -------------------------------------------------------

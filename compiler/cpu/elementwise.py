@@ -14,15 +14,22 @@ from tvm import tirx
 from tvm.ir import Expr
 
 from .. import semantics
+from . import float8 as f8
 from . import tir_emit
 from . import vector_math as vm
 
-_LOW_FLOATS = tuple(sorted(d.name for d in semantics.LOW_FLOATS))
+_LOW_FLOATS = tuple(sorted(d.name for d in semantics.LOW_FLOATS - semantics.FLOAT8))
 _LN2 = math.log(2.0)
 
 
 def tvm_dtype(dtype: np.dtype) -> str:
-    """TVM's name for a numpy/ml_dtypes dtype."""
+    """The TIR type that holds a numpy/ml_dtypes dtype (an 8-bit float as its bits)."""
+    return f8.storage(np.dtype(dtype).name)
+
+
+def name(dtype: np.dtype) -> str:
+    """The dtype's name, which :func:`convert` and :func:`const` take (unlike
+    :func:`tvm_dtype`, it tells an 8-bit float from ``uint8``)."""
     return np.dtype(dtype).name
 
 
@@ -31,7 +38,12 @@ def is_float(dtype: str) -> bool:
 
 
 def _const(value: float | int | bool, dtype: str) -> Expr:
-    return tirx.const(value, dtype)
+    return f8.const(float(value), dtype) if dtype in f8.NAMES else tirx.const(value, dtype)
+
+
+def const(value: float | int | bool, dtype: str) -> Expr:
+    """``value`` as a constant of ``dtype`` (in its TIR type: bits for an 8-bit float)."""
+    return _const(value, dtype)
 
 
 Bind = Callable[[Expr], Expr]
@@ -261,6 +273,8 @@ def convert(x: Expr, src: str, dst: str, bind: Bind) -> Expr:
     expression once and returns an equivalent one free of bfloat16 (see ``_to``)."""
     if src == dst:
         return x
+    if f8.NAMES & {src, dst}:
+        return _convert_float8(x, src, dst, bind)
     if dst == "bool":
         if src in ("float16", "bfloat16"):
             # Like XLA: any bit set besides the sign (NaN and subnormals are true). For
@@ -284,6 +298,17 @@ def convert(x: Expr, src: str, dst: str, bind: Bind) -> Expr:
     return _to(dst, x, bind)
 
 
+def _convert_float8(x: Expr, src: str, dst: str, bind: Bind) -> Expr:
+    """A conversion from or to an 8-bit float: through float32, which holds every 8-bit
+    float exactly; a float64 is narrowed to odd first, so that it is rounded once."""
+    if src in f8.NAMES:
+        wide = bind(f8.to_float32(x, src, bind))
+        return convert(wide, "float32", dst, bind) if dst not in f8.NAMES \
+            else f8.from_float32(wide, dst, bind)
+    wide = f8.narrow_to_odd(x, bind) if src == "float64" else convert(x, src, "float32", bind)
+    return f8.from_float32(bind(wide), dst, bind)
+
+
 def reduce_init(fn: str, dtype: str) -> Expr:
     """The identity of reduction ``fn`` in ``dtype``."""
     return _const(semantics.reduce_identity(fn, _np_dtype(dtype)), dtype)
@@ -296,4 +321,4 @@ def reduce_combine(fn: str, acc: Expr, x: Expr, dtype: str, bind: Bind) -> Expr:
 
 
 def _np_dtype(name: str) -> np.dtype:
-    return np.dtype(getattr(ml_dtypes, name)) if name == "bfloat16" else np.dtype(name)
+    return np.dtype(getattr(ml_dtypes, name)) if hasattr(ml_dtypes, name) else np.dtype(name)

@@ -272,9 +272,9 @@ def _copy_pad(x, *, pad, rows=8, cols=16):
     return out, same
 
 
-def _check_copies(backend, fmt):
+def _check_copies(backend, fmt, shapes):
     rng = np.random.default_rng(1)
-    for shape in ((16, 32), (13, 21), (1, 5)):
+    for shape in shapes:
         bits = rng.integers(0, 256, shape).astype(np.uint8)
         x = jnp.asarray(bits.view(fmt))
         out, same = _on(backend, lambda a: _copy_pad(a, pad=-1.5), x)
@@ -289,17 +289,20 @@ def _check_copies(backend, fmt):
         _same_bits(np.asarray(ref_same).ravel(), bits.view(fmt).ravel(), f"reference {shape}")
 
 
+_SHAPES = ((16, 32), (13, 21), (1, 5))
+
+
+def test_copies_at_ragged_edges_on_the_cpu():
+    """Every bit pattern moved unchanged through shared memory and a fragment, the edges of
+    a ragged shape padded (default run: one format, one shape; the rest under ``slow``)."""
+    _check_copies("cpu", FORMATS[0], _SHAPES[1:2])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["cpu", *GPU_BACKENDS])
 @pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
-def test_copies_at_ragged_edges_on_the_cpu(fmt):
-    _check_copies("cpu", fmt)
-
-
-@pytest.mark.parametrize("backend", [pytest.param("cuda-emulator"),
-                                     pytest.param("hip-emulator", marks=pytest.mark.slow)])
-@pytest.mark.parametrize("fmt", [pytest.param(FORMATS[0], id="e4m3fn"),
-                                 pytest.param(FORMATS[1], id="e5m2", marks=pytest.mark.slow)])
-def test_copies_at_ragged_edges_on_the_gpu_emulators(backend, fmt):
-    _check_copies(backend, fmt)
+def test_copies_at_every_shape(backend, fmt):
+    _check_copies(backend, fmt, _SHAPES)
 
 
 # --- gemm and scales --------------------------------------------------------------------------
@@ -326,18 +329,29 @@ def _check_scaled_matmul(backend, fmt, m, k, n, tiles):
     np.testing.assert_allclose(got, np.asarray(ref), rtol=1e-5, atol=1e-5)
 
 
+_TILES = {"bm": 32, "bn": 32, "bk": 32}
+
+
+def test_scaled_matmul_on_the_cpu():
+    """Per-tensor scales on the float32 accumulator of an FP8 gemm, at a shape that does
+    not divide the tiles, against the exact products, jnp and the reference."""
+    _check_scaled_matmul("cpu", FORMATS[0], 50, 70, 37, _TILES)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
-def test_scaled_matmul_on_the_cpu(fmt):
-    """Per-tensor scales on the float32 accumulator of an FP8 gemm, at shapes that do and do
-    not divide the tiles, against the exact products and against jnp."""
-    _check_scaled_matmul("cpu", fmt, 64, 64, 64, {"bm": 32, "bn": 32, "bk": 32})
-    _check_scaled_matmul("cpu", fmt, 50, 70, 37, {"bm": 32, "bn": 32, "bk": 32})
+def test_scaled_matmul_on_the_cpu_more(fmt):
+    _check_scaled_matmul("cpu", fmt, 64, 64, 64, _TILES)
+    _check_scaled_matmul("cpu", fmt, 50, 70, 37, _TILES)
 
 
-@pytest.mark.parametrize("fmt", [pytest.param(FORMATS[0], id="e4m3fn"),
-                                 pytest.param(FORMATS[1], id="e5m2", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
 def test_scaled_matmul_in_the_cuda_emulator(fmt):
+    """The FMA gemm of the GPU planner, operands converted as they are read."""
     _check_scaled_matmul("cuda-emulator", fmt, 40, 48, 24,
+                         {"bm": 32, "bn": 16, "bk": 16, "stages": 2})
+    _check_scaled_matmul("cuda-emulator", fmt, 32, 32, 32,
                          {"bm": 32, "bn": 16, "bk": 16, "stages": 2})
 
 
@@ -393,3 +407,46 @@ def test_arithmetic_on_float8_is_refused_at_the_users_line():
         assert "test_float8.py" in str(e.value)
         with pytest.raises(jt.KernelError, match="accumulates in float32"):
             _gemm_into_fp8.lower(x, target=target)
+
+
+# --- the real GPU toolchains compile float8.h -------------------------------------------------
+
+@jt.kernel
+def _convert_pair(x, y, *, rows=16, cols=32):
+    """An 8-bit float tile times a float64 one, rounded to the other 8-bit format."""
+    m, n = x.shape
+    bx, by = jt.grid(jt.cdiv(n, cols), jt.cdiv(m, rows))
+    t = jt.fragment((rows, cols), x.dtype)
+    jt.copy(x.at[by * rows, bx * cols], t)
+    u = jt.fragment((rows, cols), y.dtype)
+    jt.copy(y.at[by * rows, bx * cols], u)
+    out = jt.empty((m, n), jnp.float8_e5m2)
+    o = jt.fragment((rows, cols), jnp.float8_e5m2)
+    o[...] = (t[...].astype(y.dtype) * u[...]).astype(jnp.float8_e5m2)
+    jt.copy(o, out.at[by * rows, bx * cols])
+    return out
+
+
+@pytest.mark.slow
+def test_cuda_and_hip_compile_the_conversions():
+    """ptxas (sm_80, sm_90a) and clang for gfx942 build the header's conversions, from
+    float and from double, without spills (where the toolchain is installed)."""
+    from jaxtile.compiler.cuda import toolchain as cuda_toolchain
+    from jaxtile.compiler.hip import toolchain as hip_toolchain
+
+    with jax.enable_x64(True):
+        x = jnp.zeros((40, 70), jnp.float8_e4m3fn)
+        y = jnp.zeros((40, 70), jnp.float64)
+        ran = 0
+        if cuda_toolchain.nvcc_path() is not None:
+            for target in ("cuda:sm_80", "cuda:sm_90a"):
+                low = _convert_pair.lower(x, y, target=target)
+                assert "to_fp8e5m2(" in low.source or "round_f8e5m2(" in low.source
+                assert low.ptxas.spill_stores == 0
+                ran += 1
+        if hip_toolchain.clang_path() is not None:
+            res = _convert_pair.lower(x, y, target="hip:gfx942").hip_resources
+            assert res.vgpr_spills == 0 and res.scratch_bytes == 0
+            ran += 1
+    if not ran:
+        pytest.skip("neither nvcc nor clang for AMD GPUs is installed")

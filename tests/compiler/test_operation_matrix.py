@@ -206,10 +206,10 @@ _SHAPES = {
     "transpose": lambda a, b: a.T,
     "sort": lambda a, b: jnp.sort(a, axis=1),
     "select": lambda a, b: lax.select(_pattern(a.shape), a, b),
-    # a square tile combined with its transpose: two layouts of one value on a GPU (8-bit
-    # floats take no arithmetic: selected between)
+    # a square tile added to its transpose: two layouts of one value on a GPU (8-bit floats
+    # are added in float32)
     "relayout": lambda a, b: a[:, :16] ^ a[:, :16].T if a.dtype == jnp.bool_
-    else lax.select(_pattern((16, 16)), a[:, :16], a[:, :16].T)
+    else (a[:, :16].astype(jnp.float32) + a[:, :16].T.astype(jnp.float32)).astype(a.dtype)
     if np.dtype(a.dtype) in op_defs.FLOAT8 else a[:, :16] + a[:, :16].T,
 }
 _NOT_RUN = {

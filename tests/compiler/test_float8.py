@@ -450,3 +450,22 @@ def test_cuda_and_hip_compile_the_conversions():
             ran += 1
     if not ran:
         pytest.skip("neither nvcc nor clang for AMD GPUs is installed")
+
+
+@jt.kernel
+def _dot(a, b, *, pref):
+    jt.grid(1)
+    out = jt.empty((a.shape[0], b.shape[1]), jnp.float32)
+    out[...] = jnp.dot(a[...], b[...], preferred_element_type=pref).astype(jnp.float32)
+    return out
+
+
+def test_dot_of_float8_tile_values():
+    """``jnp.dot`` of 8-bit float tiles is the gemm into float32 when asked for a float32
+    result, and a KernelError saying so otherwise."""
+    a, b = _fp8_operands(FORMATS[1], 16, 24, 8, seed=5)
+    got = _on("cpu", lambda x, y: _dot(x, y, pref=jnp.float32), a, b)
+    exact = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
+    np.testing.assert_allclose(got, exact.astype(np.float32), rtol=1e-6)
+    with pytest.raises(jt.KernelError, match="preferred_element_type=jnp.float32"):
+        _dot.lower(a, b, pref=None, target="cpu")

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from . import ir, sizes
+from . import ir, op_defs, sizes
 from . import jax_internals as ji
 from . import tile_primitives as tp
 from .errors import KernelError, kernel_error
@@ -396,6 +396,9 @@ def _dot(c: _Converter, eqn: Any, out: list) -> None:
     if lb or rb or len(a.shape) != 2 or len(b.shape) != 2 or len(lc) != 1 or len(rc) != 1:
         raise c.error(f"jnp.dot of tile values takes two 2-D tiles contracting one dimension "
                       f"each (shapes {a.shape} and {b.shape} given); reshape the operands")
+    if np.dtype(res.dtype) in op_defs.FLOAT8:
+        raise c.error(f"jnp.dot of {res.dtype} tiles accumulates in float32: pass "
+                      "preferred_element_type=jnp.float32")
     if not np.issubdtype(res.dtype, np.floating):
         raise c.error(f"jnp.dot of tile values computes in a float dtype, not {res.dtype}; "
                       "convert the operands (x.astype(jnp.float32))")

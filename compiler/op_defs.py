@@ -112,12 +112,17 @@ INTEGERS = frozenset(np.dtype(d) for d in (np.int8, np.int16, np.int32, np.int64
 SIGNED = frozenset(d for d in INTEGERS if np.issubdtype(d, np.signedinteger))
 NUMBERS = FLOATS | INTEGERS
 BOOL = frozenset({np.dtype(np.bool_)})
-DTYPES = NUMBERS | BOOL
+COMPUTED = NUMBERS | BOOL
+"""The dtypes kernels compute in."""
+FLOAT8 = semantics.FLOAT8
+"""Storage types: loaded, stored, moved, converted and taken by gemm, never computed in
+(arithmetic on them is an error that says to convert first)."""
+DTYPES = COMPUTED | FLOAT8
 """Every dtype a kernel's buffers and values may have."""
 _FN_DTYPES: dict[str, frozenset[np.dtype]] = {
     **dict.fromkeys(UNARY | BINARY, FLOATS),
     **dict.fromkeys(("add", "sub", "mul", "div", "rem", "neg", "sign", "square"), NUMBERS),
-    **dict.fromkeys(COMPARISONS | {"max", "min"}, DTYPES),
+    **dict.fromkeys(COMPARISONS | {"max", "min"}, COMPUTED),
     **dict.fromkeys(("and", "or", "xor", "not"), INTEGERS | BOOL),
     "abs": FLOATS | SIGNED,
 }
@@ -478,6 +483,12 @@ def _check_gemm(op: Op, bufs: Buffers) -> str | None:
         return (f"jt.gemm: shapes {a.shape} @ {b.shape} -> {c.shape} do not agree "
                 f"(transpose_a={op.attrs['transpose_a']}, "
                 f"transpose_b={op.attrs['transpose_b']})")
+    dtypes = [bufs[r.buffer].dtype for r in (a, b, c)]
+    if any(d in FLOAT8 for d in dtypes) and dtypes[2] != np.float32:
+        # The stated FP8 semantics: exact products summed in float32, per-tensor scales
+        # applied by the user to that float32 result.
+        return (f"jt.gemm: {dtypes[0]} x {dtypes[1]} accumulates in float32, not in "
+                f"{dtypes[2]}: make c a float32 tile (convert it when storing)")
     return None
 
 
@@ -564,17 +575,18 @@ _DEFS = (
     OpDef(kind="reduce", attrs={"fn": "reduction", "axes": "ints"}, arity=(1,),
           has_result=True, pure=True, per_element=False, layout="reduce",
           check=_check_reduce,
-          dtypes={"sum": NUMBERS, "prod": NUMBERS, "max": DTYPES, "min": DTYPES,
+          dtypes={"sum": NUMBERS, "prod": NUMBERS, "max": COMPUTED, "min": COMPUTED,
                   "and": INTEGERS | BOOL, "or": INTEGERS | BOOL}),
     OpDef(kind="scan", attrs={"fn": "scan", "axis": "int", "reverse": "bool"}, arity=(1,),
           has_result=True, pure=True, per_element=False, check=_check_along_axis,
           dtypes=dict.fromkeys(SCANS, NUMBERS)),
     OpDef(kind="argreduce", attrs={"fn": "arg", "axis": "int"}, arity=(1,), has_result=True,
           pure=True, per_element=False, check=_check_argreduce,
-          dtypes=dict.fromkeys(ARG_REDUCTIONS, DTYPES)),
+          dtypes=dict.fromkeys(ARG_REDUCTIONS, COMPUTED)),
     OpDef(kind="sort", attrs={"axis": "int", "num_keys": "int", "take": "int",
                               "descending": "bool", "total_order": "bool"},
-          arity=None, has_result=True, pure=True, per_element=False, check=_check_sort),
+          arity=None, has_result=True, pure=True, per_element=False, dtypes=COMPUTED,
+          check=_check_sort),
     OpDef(kind="select", arity=(3,), has_result=True, pure=True, per_element=True,
           one_at_a_time=True, layout="same", check=_check_select),
     OpDef(kind="load", attrs={"src": "region"}, arity=(0,), has_result=True, pure=True,
@@ -600,7 +612,7 @@ _DEFS = (
     OpDef(kind="fence", arity=(0,), has_result=False, pure=False, per_element=False),
     # Printing: never removed, and kept in its place (its line is the program's output).
     OpDef(kind="print", attrs={"text": "strs", "tag": "int"}, arity=None, has_result=False,
-          pure=False, per_element=False, check=_check_print),
+          pure=False, per_element=False, dtypes=COMPUTED, check=_check_print),
     OpDef(kind="barrier", arity=(0,), has_result=False, pure=False, per_element=False),
     # The cp.async schedule of a pipelined loop (GPU only): never removed or moved.
     OpDef(kind="async_issue", attrs={"tile": "int", "guard": "bool", "prologue": "bool"},
@@ -612,7 +624,7 @@ _DEFS = (
                               "transpose_a": "bool", "transpose_b": "bool"},
           arity=(0,), has_result=False, pure=False, per_element=False,
           reads=("a", "b", "c"), writes=("c",), check=_check_gemm,
-          dtypes=NUMBERS),
+          dtypes=NUMBERS | FLOAT8),
 )
 OPS: Mapping[str, OpDef] = {d.kind: d for d in _DEFS}
 

@@ -35,7 +35,8 @@ _FUNCTIONS = {"elementwise": sorted(op_defs.UNARY | op_defs.BINARY),
               "argreduce": sorted(op_defs.ARG_REDUCTIONS), "atomic": sorted(op_defs.ATOMICS)}
 """The op kinds that take a function (``fn``): one row per function."""
 _DTYPE_GROUPS = (("all", op_defs.DTYPES), ("floats", op_defs.FLOATS),
-                 ("integers", op_defs.INTEGERS), ("signed integers", op_defs.SIGNED))
+                 ("integers", op_defs.INTEGERS), ("signed integers", op_defs.SIGNED),
+                 ("8-bit floats", op_defs.FLOAT8))
 _ORDER = sorted(op_defs.DTYPES, key=lambda d: (d.kind != "f", d.kind != "i", d.kind != "u",
                                                 d.itemsize, d.name))
 

@@ -16,12 +16,19 @@ from __future__ import annotations
 
 RULES = """\
 - **Dtypes.** Kernel arrays and tiles may be float16, bfloat16, float32, float64, int8 to
-  int64, uint8 to uint64 and bool. An operation accepts the dtypes its `jnp`/`lax` function
-  accepts (the float functions take floats, the bitwise ones integers and bool), and gives
-  the result dtype JAX gives; float64 and int64 need `jax_enable_x64`, as in JAX.
+  int64, uint8 to uint64, bool, float8_e4m3fn and float8_e5m2. An operation accepts the
+  dtypes its `jnp`/`lax` function accepts (the float functions take floats, the bitwise ones
+  integers and bool), and gives the result dtype JAX gives; float64 and int64 need
+  `jax_enable_x64`, as in JAX.
 - **Half precision.** float16 and bfloat16 elementwise math is computed in float32 and
   rounded to the storage type (to nearest even) after every operation, as XLA does; sums,
   running sums and products of them accumulate in float32 and are rounded once, when stored.
+- **8-bit floats.** float8_e4m3fn and float8_e5m2 are storage types: kernels load, store,
+  copy (with pads at edges), select, reshape, slice, transpose and convert them, and take
+  them as `jt.gemm` operands into a float32 accumulator; every other operation on them is a
+  `KernelError` that says to convert to float32 first (XLA would compute in them, rounding
+  after each op; an FP8 kernel's math belongs in float32). Per-tensor scales multiply the
+  float32 accumulator (`jt.ops.scaled_matmul`).
 - **No traps, no undefined results.** Every operation gives what XLA gives for the same
   `jnp` program, including integer division by zero, overflow and NaN operands (below).
 - **Tiles.** Operations work on tile values (what `x[...]` reads) of static shape; a shape
@@ -121,8 +128,10 @@ DESCRIPTIONS: dict[str, str] = {
     "select": ("`jnp.where(pred, a, b)` / `lax.select`: two-way selection by a bool tile or "
                "scalar. `lax.select_n` with more than two cases is a `KernelError`."),
     "convert": ("`x.astype(dtype)`. Float to integer saturates at the integer type's bounds "
-                "and maps NaN to 0; float to bool is `x != 0` (NaN is true); to a 16-bit "
-                "float rounds to nearest even."),
+                "and maps NaN to 0; float to bool is `x != 0` (NaN is true); to a 16- or "
+                "8-bit float rounds to nearest even, once (as `ml_dtypes`): float8_e5m2 "
+                "overflows to inf, float8_e4m3fn (no inf) to NaN, and inf becomes NaN "
+                "there."),
     # --- reductions, scans, sorting ---
     "reduce.sum": _reduce("Sum", "jnp.sum", "0; a sum of bools is their `or`"),
     "reduce.prod": _reduce("Product", "jnp.prod", "1"),
@@ -164,8 +173,9 @@ DESCRIPTIONS: dict[str, str] = {
              "dropped."),
     "gemm": ("`jt.gemm(a, b, c)`: `c += op(a) @ op(b)` on 2-D on-chip tiles (shared, fragment "
              "or local, or views of them), `op` transposing when asked. The products of "
-             "16-bit operands are exact in a float32 accumulator. `jnp.dot` of tile values is "
-             "a `KernelError` pointing here."),
+             "16-bit operands are exact in a float32 accumulator; 8-bit float operands need "
+             "one (CUDA sums them with FMAs for now). `jnp.dot` of tile values is a "
+             "`KernelError` pointing here."),
     "atomic.add": ("`jt.atomic_add` on a global output or an on-chip tile: each element updated "
                    "atomically; writes past a global edge are dropped. float32, float64, "
                    "int32, int64."),

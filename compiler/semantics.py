@@ -11,6 +11,14 @@ vectorisable polynomials in ``cpu/``, later the CUDA device header's functions),
   sums and products (reductions and scans with sum or prod, gemm accumulators) are the
   exception: they accumulate in float32 and are rounded once, when stored
   (``passes/wide_accumulation.py`` states this in the IR).
+- **8-bit floats.** float8_e4m3fn and float8_e5m2 are storage types: kernels load, store,
+  copy and move them, convert them to and from every other type, and take them as gemm
+  operands (exact in float32, accumulated in float32); arithmetic on them is a KernelError
+  that says to convert first (:data:`FLOAT8`). Converting to them rounds to nearest, ties to
+  even, once, from the float32 (or wider) value, as ``ml_dtypes`` and XLA do: float8_e5m2
+  overflows to inf, float8_e4m3fn (no inf) overflows to NaN, and inf becomes NaN there;
+  subnormals are kept, NaN stays NaN (``tests/compiler/test_float8.py`` checks XLA against
+  ``ml_dtypes`` and every backend against both).
 - **Integer division** never traps: ``x / 0`` is -1 (all ones for unsigned types), ``x % 0``
   is ``x``, ``INT_MIN / -1`` is ``INT_MIN`` and ``INT_MIN % -1`` is 0
   (:func:`int_div_by_zero`, :func:`int_overflow_quotient`). Quotients truncate toward zero
@@ -32,8 +40,11 @@ import math
 import ml_dtypes
 import numpy as np
 
-LOW_FLOATS = frozenset({np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)})
-"""Storage-only float types: computed in float32, rounded after every op."""
+FLOAT8 = frozenset({np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2)})
+"""8-bit floats: values in float32 (exactly), stored as bytes; no arithmetic."""
+LOW_FLOATS = frozenset({np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)}) | FLOAT8
+"""Storage-only float types: computed in float32, rounded after every op (for the 8-bit
+floats, which take no arithmetic, only conversions round)."""
 NAN_TO_INT = 0
 UNORDERED_RESULT = {"lt": False, "le": False, "gt": False, "ge": False, "eq": False,
                     "ne": True}

@@ -131,9 +131,24 @@ class _Verifier:
                                 f"{expected}")
             if type_name == "region":
                 self.region(op, name, op.attrs[name])
+        self.storage_types(op, d)
         message = d.check(op, self.buffers) if d.check is not None else None
         if message is not None:
             raise self.fail(op, message)
+
+    def storage_types(self, op: ir.Op, d: op_defs.OpDef) -> None:
+        """An 8-bit float only in an op that takes it: the others would compute in it."""
+        values = [*op.operands, *([op.result] if op.result is not None else [])]
+        dtypes = {v.dtype for v in values} | {self.buffers[r.buffer].dtype
+                                             for r in d.read_regions(op) + d.write_regions(op)
+                                             if r.buffer in self.buffers}
+        fn = op.attrs.get("fn")
+        accepted = d.accepts(fn if isinstance(fn, str) else None)
+        for dtype in sorted(dtypes & op_defs.FLOAT8 - accepted, key=str):
+            what = f"{op.kind} {fn}" if isinstance(fn, str) else op.kind
+            raise self.fail(op, f"{what} on {dtype}: 8-bit floats are storage types (load, "
+                            "store, copy, convert, jt.gemm operands); convert to float32 "
+                            "first, e.g. x.astype(jnp.float32), and back when storing")
 
 
 def _valid_size(n: object) -> bool:

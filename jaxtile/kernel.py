@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 
 SUPPORTED_DTYPES = frozenset(np.dtype(d) for d in (
     jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64, jnp.int8, jnp.int16, jnp.int32,
-    jnp.int64, jnp.uint8, jnp.uint16, jnp.uint32, jnp.uint64, jnp.bool_))
+    jnp.int64, jnp.uint8, jnp.uint16, jnp.uint32, jnp.uint64, jnp.bool_, jnp.float8_e4m3fn,
+    jnp.float8_e5m2))
 
 
 _interpret = _config.get("JAXTILE_INTERPRET")

@@ -503,9 +503,9 @@ def print(fmt: str, /, *values: ArrayLike, when: ArrayLike | None = None) -> Non
             raise state.error(f"jt.print: value {k} is a tile of shape {a.shape}; jt.print "
                               "prints scalars (reduce the tile, e.g. jnp.max(x), or index "
                               "one element)")
-        if a.dtype not in op_defs.DTYPES:
+        if a.dtype not in op_defs.COMPUTED:
             raise state.error(f"jt.print: value {k} has dtype {a.dtype}, which kernels do "
-                              "not compute in")
+                              "not compute in (convert it, e.g. x.astype(jnp.float32))")
         args.append(a)
     cond = jnp.asarray(True if when is None else when)
     if cond.shape != () or cond.dtype != np.bool_:

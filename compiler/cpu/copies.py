@@ -73,7 +73,7 @@ def lower_copy(low: Lowering, op: ir.Op) -> None:
         with low.nest(tile) as idx:
             v = src[tuple(_coords(s_starts, a["src"].index, idx))]
             low.kb.store(dst, _coords(d_starts, a["dst"].index, idx),
-                          ew.convert(v, str(src.dtype), str(dst.dtype), low.bind))
+                          ew.convert(v, low.dtype(src), low.dtype(dst), low.bind))
 
     inside = all_of([fits(src, a["src"].buffer, a["src"].index, s_starts),
                    fits(dst, a["dst"].buffer, a["dst"].index, d_starts)])
@@ -112,8 +112,8 @@ def _indexed_copy(low: Lowering, op: ir.Op) -> None:
         s, d = positions(a["src"], idx), positions(a["dst"], idx)
         s_ok = low.bind(inside(src, s))
         clamped = [tirx.max(tirx.min(c, extent(n) - 1), 0) for c, n in zip(s, src.shape)]
-        value = tirx.Select(s_ok, src[tuple(clamped)], tirx.const(pad, str(src.dtype)))
-        value = ew.convert(value, str(src.dtype), str(dst.dtype), low.bind)
+        value = tirx.Select(s_ok, src[tuple(clamped)], ew.const(pad, low.dtype(src)))
+        value = ew.convert(value, low.dtype(src), low.dtype(dst), low.bind)
         with low.kb.if_(inside(dst, d)):
             low.kb.store(dst, d, value)
 
@@ -122,7 +122,7 @@ def _through_temporary(low: Lowering, op: ir.Op) -> None:
     a = op.attrs
     tile = ir.tile_shape(a["src"].index)
     name = low.name("copy_tile")
-    low.bufs[name] = low.kb.alloc_local(name, list(tile), str(low.bufs[a["src"].buffer].dtype))
+    low.bufs[name] = low.alloc_like(name, tile, low.bufs[a["src"].buffer])
     low.scopes[name] = "local"
     whole = ir.Region(name, tuple(ir.Index(0, n) for n in tile))
     lower_copy(low, ir.Op("copy", (), None, {**a, "dst": whole}, op.line))
@@ -170,9 +170,9 @@ def _masked_copy(low: Lowering, op, src, dst, tile, s_starts, d_starts) -> None:
         value = src[tuple(src_at)]
         in_bounds = all_of(conds)
         if not _is_true(in_bounds):
-            value = tirx.Select(in_bounds, value, tirx.const(pad, str(src.dtype)))
+            value = tirx.Select(in_bounds, value, ew.const(pad, low.dtype(src)))
         low.kb.store(dst, _coords(d_starts, a["dst"].index, idx),
-                      ew.convert(value, str(src.dtype), str(dst.dtype), low.bind))
+                      ew.convert(value, low.dtype(src), low.dtype(dst), low.bind))
 
     with contextlib.ExitStack() as stack:
         ok = all_of(point_ok)
@@ -197,7 +197,7 @@ def _masked_copy(low: Lowering, op, src, dst, tile, s_starts, d_starts) -> None:
                 at = [*idx, j0 + v]
                 value = src[tuple(_coords(s_starts, a["src"].index, at))]
                 low.kb.store(dst, _coords(d_starts, a["dst"].index, at),
-                              ew.convert(value, str(src.dtype), str(dst.dtype), low.bind))
+                              ew.convert(value, low.dtype(src), low.dtype(dst), low.bind))
         with low.kb.else_(), low.kb.loop(low.name("v"), lanes) as v:
             with low.kb.if_(tirx.And(j0 + v >= lows[-1], j0 + v < highs[-1])):
                 masked_element([*idx, j0 + v])

@@ -14,15 +14,22 @@ from tvm import tirx
 from tvm.ir import Expr
 
 from .. import semantics
+from . import float8 as f8
 from . import tir_emit
 from . import vector_math as vm
 
-_LOW_FLOATS = tuple(sorted(d.name for d in semantics.LOW_FLOATS))
+_LOW_FLOATS = tuple(sorted(d.name for d in semantics.LOW_FLOATS - semantics.FLOAT8))
 _LN2 = math.log(2.0)
 
 
 def tvm_dtype(dtype: np.dtype) -> str:
-    """TVM's name for a numpy/ml_dtypes dtype."""
+    """The TIR type that holds a numpy/ml_dtypes dtype (an 8-bit float as its bits)."""
+    return f8.storage(np.dtype(dtype).name)
+
+
+def name(dtype: np.dtype) -> str:
+    """The dtype's name, which :func:`convert` and :func:`const` take (unlike
+    :func:`tvm_dtype`, it tells an 8-bit float from ``uint8``)."""
     return np.dtype(dtype).name
 
 
@@ -30,8 +37,9 @@ def is_float(dtype: str) -> bool:
     return dtype.startswith(("float", "bfloat"))
 
 
-def _const(value: float | int | bool, dtype: str) -> Expr:
-    return tirx.const(value, dtype)
+def const(value: float | int | bool, dtype: str) -> Expr:
+    """``value`` as a constant of ``dtype`` (in its TIR type: bits for an 8-bit float)."""
+    return f8.const(float(value), dtype) if dtype in f8.NAMES else tirx.const(value, dtype)
 
 
 Bind = Callable[[Expr], Expr]
@@ -54,7 +62,7 @@ def _exp(x: Expr, dtype: str) -> Expr:
 
 
 def _sign(x: Expr, dtype: str) -> Expr:
-    one, zero = _const(1, dtype), _const(0, dtype)
+    one, zero = const(1, dtype), const(0, dtype)
     if dtype.startswith("uint"):  # TVM has no -1 of an unsigned type
         return tirx.Select(x > zero, one, zero)
     return tirx.Select(x > zero, one, tirx.Select(x < zero, -one, x))
@@ -62,7 +70,7 @@ def _sign(x: Expr, dtype: str) -> Expr:
 
 def _round_away(x: Expr, dtype: str) -> Expr:
     t = tirx.trunc(x)
-    return tirx.Select(tirx.abs(x - t) >= _const(0.5, dtype), t + _sign(x, dtype), t)
+    return tirx.Select(tirx.abs(x - t) >= const(0.5, dtype), t + _sign(x, dtype), t)
 
 
 def is_nan(x: Expr, dtype: str) -> Expr:
@@ -127,18 +135,18 @@ def _int_div(fn: str, a: Expr, b: Expr, dtype: str) -> Expr:
     cast; the divisor is made non-zero arithmetically (TVM turns a division by a select
     into a select of divisions, and LLVM drops guards around a trapping division).
     """
-    zero = tirx.EQ(b, _const(0, dtype))
+    zero = tirx.EQ(b, const(0, dtype))
     info = np.iinfo(np.dtype(dtype))
     wide = "int64" if info.bits < 64 else dtype
     a_w = tirx.Cast(wide, a)
     b_w = tirx.Add(tirx.Cast(wide, b), tirx.Cast(wide, zero))
     if wide == dtype and not dtype.startswith("uint"):
-        overflow = tirx.And(tirx.EQ(a, _const(int(info.min), dtype)),
-                            tirx.EQ(b, _const(-1, dtype)))
-        b_w = tirx.Mul(b_w, tirx.Sub(_const(1, dtype), tirx.Mul(_const(2, dtype),
+        overflow = tirx.And(tirx.EQ(a, const(int(info.min), dtype)),
+                            tirx.EQ(b, const(-1, dtype)))
+        b_w = tirx.Mul(b_w, tirx.Sub(const(1, dtype), tirx.Mul(const(2, dtype),
                                                                tirx.Cast(dtype, overflow))))
     if fn == "div":
-        by_zero = _const(semantics.int_div_by_zero(np.dtype(dtype)), dtype)
+        by_zero = const(semantics.int_div_by_zero(np.dtype(dtype)), dtype)
         return tirx.Select(zero, by_zero, tirx.Cast(dtype, tirx.truncdiv(a_w, b_w)))
     return tirx.Select(zero, a, tirx.Cast(dtype, tirx.truncmod(a_w, b_w)))
 
@@ -186,7 +194,7 @@ def _expm1(x: Expr, dtype: str, bind: Bind) -> Expr:
     for |x| < 1 (a few ulp), plain exp(x) - 1 elsewhere."""
     x = bind(x)
     u = bind(_exp(x, dtype))
-    one = _const(1.0, dtype)
+    one = const(1.0, dtype)
     um1 = tirx.Sub(u, one)
     kahan = tirx.Select(tirx.EQ(u, one), x, tirx.Div(tirx.Mul(um1, x), tirx.log(u)))
     return tirx.Select(tirx.abs(x) < one, kahan, um1)
@@ -196,7 +204,7 @@ def _unary(fn: str, x: Expr, dtype: str, bind: Bind) -> Expr:
     if fn == "neg":
         # Two's complement for unsigned types: TVM's -x would make a -1, and it simplifies
         # 0 - x to 0 (no unsigned value is below 0)
-        return tirx.Add(tirx.bitwise_not(x), _const(1, dtype)) if dtype.startswith("uint") \
+        return tirx.Add(tirx.bitwise_not(x), const(1, dtype)) if dtype.startswith("uint") \
             else -x
     if fn == "abs":
         return tirx.abs(x)
@@ -213,11 +221,11 @@ def _unary(fn: str, x: Expr, dtype: str, bind: Bind) -> Expr:
     if fn == "erfc" and dtype == "float32":
         return vm.erfc_f32(x)
     if fn == "exp2":
-        return _exp(x * _const(_LN2, dtype), dtype) if dtype == "float32" else tirx.exp2(x)
+        return _exp(x * const(_LN2, dtype), dtype) if dtype == "float32" else tirx.exp2(x)
     if fn == "expm1":
         return _expm1(x, dtype, bind)
     if fn == "logistic":
-        return _const(1.0, dtype) / (_const(1.0, dtype) + _exp(-x, dtype))
+        return const(1.0, dtype) / (const(1.0, dtype) + _exp(-x, dtype))
     if fn == "rsqrt":
         return vm.rsqrt(x)
     if fn == "round_away":
@@ -261,6 +269,8 @@ def convert(x: Expr, src: str, dst: str, bind: Bind) -> Expr:
     expression once and returns an equivalent one free of bfloat16 (see ``_to``)."""
     if src == dst:
         return x
+    if f8.NAMES & {src, dst}:
+        return _convert_float8(x, src, dst, bind)
     if dst == "bool":
         if src in ("float16", "bfloat16"):
             # Like XLA: any bit set besides the sign (NaN and subnormals are true). For
@@ -268,25 +278,36 @@ def convert(x: Expr, src: str, dst: str, bind: Bind) -> Expr:
             bits = tirx.reinterpret("uint32", tirx.Cast("float32", x))
             return tirx.NE(tirx.bitwise_and(bits, tirx.const(0x7FFFFFFF, "uint32")),
                            tirx.const(0, "uint32"))
-        return _compare("ne", x, _const(0, src), src) if is_float(src) \
-            else tirx.NE(x, _const(0, src))
+        return _compare("ne", x, const(0, src), src) if is_float(src) \
+            else tirx.NE(x, const(0, src))
     if src == "bool":
-        return tirx.Select(x, _const(1, dst), _const(0, dst))
+        return tirx.Select(x, const(1, dst), const(0, dst))
     if src in _LOW_FLOATS:
         # Widening to float32 is exact; the rest of the conversion happens from there.
         return convert(tirx.Cast("float32", x), "float32", dst, bind)
     if is_float(src) and not is_float(dst):
         wide = tirx.Cast("float64", x)
-        lo, hi = (_const(b, "float64") for b in semantics.saturation_bounds(np.dtype(dst)))
+        lo, hi = (const(b, "float64") for b in semantics.saturation_bounds(np.dtype(dst)))
         clamped = tirx.Select(wide < lo, lo, tirx.Select(wide > hi, hi, wide))
-        return tirx.Select(is_nan(x, src), _const(semantics.NAN_TO_INT, dst),
+        return tirx.Select(is_nan(x, src), const(semantics.NAN_TO_INT, dst),
                            tirx.Cast(dst, clamped))
     return _to(dst, x, bind)
 
 
+def _convert_float8(x: Expr, src: str, dst: str, bind: Bind) -> Expr:
+    """A conversion from or to an 8-bit float: through float32, which holds every 8-bit
+    float exactly; a float64 is narrowed to odd first, so that it is rounded once."""
+    if src in f8.NAMES:
+        wide = bind(f8.to_float32(x, src, bind))
+        return convert(wide, "float32", dst, bind) if dst not in f8.NAMES \
+            else f8.from_float32(wide, dst, bind)
+    wide = f8.narrow_to_odd(x, bind) if src == "float64" else convert(x, src, "float32", bind)
+    return f8.from_float32(bind(wide), dst, bind)
+
+
 def reduce_init(fn: str, dtype: str) -> Expr:
     """The identity of reduction ``fn`` in ``dtype``."""
-    return _const(semantics.reduce_identity(fn, _np_dtype(dtype)), dtype)
+    return const(semantics.reduce_identity(fn, _np_dtype(dtype)), dtype)
 
 
 def reduce_combine(fn: str, acc: Expr, x: Expr, dtype: str, bind: Bind) -> Expr:
@@ -296,4 +317,4 @@ def reduce_combine(fn: str, acc: Expr, x: Expr, dtype: str, bind: Bind) -> Expr:
 
 
 def _np_dtype(name: str) -> np.dtype:
-    return np.dtype(getattr(ml_dtypes, name)) if name == "bfloat16" else np.dtype(name)
+    return np.dtype(getattr(ml_dtypes, name)) if hasattr(ml_dtypes, name) else np.dtype(name)

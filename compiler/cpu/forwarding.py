@@ -191,7 +191,7 @@ def load(low: Lowering, fwd: Forward, idx: Sequence[Expr]) -> Expr:
     frag = low.bufs[fwd.fragment]
     value = low.kb.let(low.name("f"), src[tuple(_coords(low, fwd.src, idx))],
                        through_memory=True)
-    return ew.convert(value, str(src.dtype), str(frag.dtype), low.bind)
+    return ew.convert(value, low.dtype(src), low.dtype(frag), low.bind)
 
 
 def store_target(low: Lowering, fwd: Forward, idx: Sequence[Expr],
@@ -201,5 +201,5 @@ def store_target(low: Lowering, fwd: Forward, idx: Sequence[Expr],
     out would."""
     dst = low.bufs[fwd.dst.buffer]
     frag = low.bufs[fwd.fragment]
-    return dst, _coords(low, fwd.dst, idx), ew.convert(value, str(frag.dtype),
-                                                       str(dst.dtype), low.bind)
+    return dst, _coords(low, fwd.dst, idx), ew.convert(value, low.dtype(frag),
+                                                       low.dtype(dst), low.bind)

@@ -108,11 +108,11 @@ def _lower_fma(low: Lowering, a: dict, lanes: int, live: Live) -> None:
     acc = str(C.dtype)
 
     def a_at(i: Expr, kk: Expr) -> Expr:
-        return ew.convert(A[kk, i] if a["transpose_a"] else A[i, kk], str(A.dtype), acc,
+        return ew.convert(A[kk, i] if a["transpose_a"] else A[i, kk], low.dtype(A), acc,
                           low.bind)
 
     def b_at(kk: Expr, j: Expr) -> Expr:
-        return ew.convert(B[kk, j], str(B.dtype), acc, low.bind)
+        return ew.convert(B[kk, j], low.dtype(B), acc, low.bind)
 
     # Rows in bands of row_tiles[0] then row_tiles[1] rows, each band's columns in register
     # tiles of `vectors` vectors, then of one, then of one 8-lane vector (a 64 x 56 tile on

@@ -85,6 +85,7 @@ class _Lowering:
         self.bufs: dict[str, tirx.Buffer] = dict(zip((b.name for b in params),
                                                      self.kb.buffers))
         self.scopes = {b.name: b.scope for b in kernel.buffers}
+        self._dtypes = {b.name: ew.name(b.dtype) for b in kernel.buffers}
         for b in kernel.buffers:
             if b.role == "scratch":
                 self.bufs[b.name] = self.kb.alloc_local(b.name, b.shape,
@@ -135,6 +136,16 @@ class _Lowering:
         if isinstance(size, int) or sizes.parse(size)[0] == "sym":
             return self.size(size)
         return tirx.Var(f"{buffer}_{axis}", "int32")
+
+    def dtype(self, buf: tirx.Buffer) -> str:
+        """The dtype (name) ``buf`` holds: its TIR type, except for an 8-bit float, which
+        TIR holds as ``uint8`` bits (:mod:`.float8`)."""
+        return self._dtypes.get(buf.name, str(buf.dtype))
+
+    def alloc_like(self, name: str, shape: Sequence[int], like: tirx.Buffer) -> tirx.Buffer:
+        """A local array ``name`` of the dtype ``like`` holds."""
+        self._dtypes[name] = self.dtype(like)
+        return self.kb.alloc_local(name, list(shape), str(like.dtype))
 
     def bind(self, value: Expr) -> Expr:
         """``value`` evaluated once, as an expression free of bfloat16 and of Let nodes
@@ -327,7 +338,7 @@ class _Lowering:
         buf = self.bufs[dst.buffer]
         with self.value_nest(value.shape) as idx:
             coords = self.element(dst, idx, clamp=True)
-            v = ew.convert(self.at(value, idx), ew.tvm_dtype(value.dtype), str(buf.dtype),
+            v = ew.convert(self.at(value, idx), ew.name(value.dtype), self.dtype(buf),
                            self.bind)
             if dst.buffer in self.forwards:
                 self.kb.store(*forwarding.store_target(self, self.forwards[dst.buffer], idx, v))
@@ -342,7 +353,7 @@ class _Lowering:
         if transpose:
             shape = shape[::-1]
         copy_name = self.name(f"{region.buffer}_copy")
-        self.bufs[copy_name] = self.kb.alloc_local(copy_name, shape, str(src.dtype))
+        self.bufs[copy_name] = self.alloc_like(copy_name, shape, src)
         self.scopes[copy_name] = "local"
         with self.nest(shape) as idx:
             at = self.element(region, idx[::-1] if transpose else idx, clamp=True)
@@ -455,7 +466,7 @@ class _Lowering:
 
 @element("const")
 def _const(lw: _Lowering, op: ir.Op, idx: Sequence[Expr]) -> Expr:
-    return tirx.const(op.attrs["value"], ew.tvm_dtype(op.result.dtype))
+    return ew.const(op.attrs["value"], ew.name(op.result.dtype))
 
 
 @element("iota")
@@ -485,8 +496,7 @@ def _elementwise(lw: _Lowering, op: ir.Op, idx: Sequence[Expr]) -> Expr:
 @element("convert")
 def _convert(lw: _Lowering, op: ir.Op, idx: Sequence[Expr]) -> Expr:
     src = op.operands[0]
-    return ew.convert(lw.at(src, idx), ew.tvm_dtype(src.dtype), ew.tvm_dtype(op.result.dtype),
-                      lw.bind)
+    return ew.convert(lw.at(src, idx), ew.name(src.dtype), ew.name(op.result.dtype), lw.bind)
 
 
 @element("select")

@@ -62,6 +62,8 @@ _CTYPES = {
     "float64": "double",
     "float16": "::jaxtile::half",
     "bfloat16": "::jaxtile::bf16",
+    "float8_e4m3fn": "::jaxtile::fp8e4m3",
+    "float8_e5m2": "::jaxtile::fp8e5m2",
     "int8": "int8_t",
     "uint8": "uint8_t",
     "int16": "int16_t",

@@ -62,7 +62,8 @@ POLICIES = ("auto", "square", "rows", "cols")
 
 _CPP_TYPES = {"float16": "jaxtile::half", "bfloat16": "jaxtile::bf16", "float32": "float",
               "float64": "double", "int8": "int8_t", "uint8": "uint8_t", "int16": "int16_t",
-              "int32": "int", "uint32": "unsigned", "int64": "int64_t"}
+              "int32": "int", "uint32": "unsigned", "int64": "int64_t",
+              "float8_e4m3fn": "jaxtile::fp8e4m3", "float8_e5m2": "jaxtile::fp8e5m2"}
 
 
 def cpp_type(dtype: Any) -> str:

@@ -42,6 +42,10 @@ bool to_dl_dtype(ffi::DataType t, DLDataType* out) {
     case ffi::DataType::F32: return set(kDLFloat, 32);
     case ffi::DataType::F64: return set(kDLFloat, 64);
     case ffi::DataType::BF16: return set(kDLBfloat, 16);
+    // 8-bit floats: bytes to the kernel, which declares them uint8 (the CPU converts them
+    // with integer code, the GPUs with their device header) whatever DLPack version TVM has.
+    case ffi::DataType::F8E4M3FN:
+    case ffi::DataType::F8E5M2: return set(kDLUInt, 8);
     case ffi::DataType::C64: return set(kDLComplex, 64);
     case ffi::DataType::C128: return set(kDLComplex, 128);
     default: return false;

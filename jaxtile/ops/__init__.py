@@ -11,6 +11,9 @@ causal, per-sequence lengths, sliding windows), differentiated in both modes by 
 (``attention_dq``, ``attention_dkdv``, ``attention_jvp``); ``attention_decode`` attends one
 query token per sequence to a paged KV cache, split over the sequence.
 
+``scaled_matmul`` multiplies 8-bit float (or any float) matrices with per-tensor scales
+applied to the float32 accumulator: the FP8 scale semantics.
+
 Tile parameters a call leaves out come from tables stored per target (``_tiles.py``).
 """
 
@@ -22,6 +25,7 @@ from .attention_decode import attention_decode, decode_combine, decode_partial
 from .layer_norm import layer_norm, layer_norm_bwd, layer_norm_fwd
 from .matmul import matmul, matmul_relu
 from .rms_norm import rms_norm, rms_norm_bwd, rms_norm_fwd
+from .scaled_matmul import scaled_matmul, scaled_matmul_kernel
 from .softmax import softmax, softmax_bwd
 
 _tiles.install({k.name: k for k in (attention_fwd, layer_norm, layer_norm_bwd, layer_norm_fwd,
@@ -31,4 +35,5 @@ _tiles.install({k.name: k for k in (attention_fwd, layer_norm, layer_norm_bwd, l
 __all__ = ["add", "attention", "attention_decode", "attention_dkdv", "attention_dq",
            "attention_fwd", "attention_jvp", "decode_combine", "decode_partial", "layer_norm",
            "layer_norm_bwd", "layer_norm_fwd", "matmul", "matmul_relu", "rms_norm",
-           "rms_norm_bwd", "rms_norm_fwd", "softmax", "softmax_bwd"]
+           "rms_norm_bwd", "rms_norm_fwd", "scaled_matmul", "scaled_matmul_kernel", "softmax",
+           "softmax_bwd"]

@@ -160,7 +160,7 @@ def _copy_body(x, y):
 
 
 def _accumulator(dtype):
-    if dtype in op_defs.FLOATS:
+    if dtype in op_defs.FLOATS | op_defs.FLOAT8:
         return np.dtype(np.float32) if dtype.itemsize < 4 else dtype
     return np.dtype(np.int32) if dtype.itemsize < 4 else dtype
 
@@ -206,9 +206,11 @@ _SHAPES = {
     "transpose": lambda a, b: a.T,
     "sort": lambda a, b: jnp.sort(a, axis=1),
     "select": lambda a, b: lax.select(_pattern(a.shape), a, b),
-    # a square tile added to its transpose: two layouts of one value on a GPU
-    "relayout": lambda a, b: a[:, :16] + a[:, :16].T if a.dtype != jnp.bool_
-    else a[:, :16] ^ a[:, :16].T,
+    # a square tile added to its transpose: two layouts of one value on a GPU (8-bit floats
+    # are added in float32)
+    "relayout": lambda a, b: a[:, :16] ^ a[:, :16].T if a.dtype == jnp.bool_
+    else (a[:, :16].astype(jnp.float32) + a[:, :16].T.astype(jnp.float32)).astype(a.dtype)
+    if np.dtype(a.dtype) in op_defs.FLOAT8 else a[:, :16] + a[:, :16].T,
 }
 _NOT_RUN = {
     "size": "a dynamic size; tests/jaxtile/test_language_dynamic.py runs it",
@@ -273,7 +275,7 @@ def _data(dtype, seed):
     rng = np.random.default_rng(seed)
     if dtype == np.bool_:
         return jnp.asarray(rng.integers(0, 2, SHAPE).astype(bool))
-    if dtype in op_defs.FLOATS:
+    if dtype in op_defs.FLOATS | op_defs.FLOAT8:
         # quarters in [-2, 2]: exact in every float type, and their products too
         return jnp.asarray(rng.integers(-8, 9, SHAPE) / 4, dtype)
     low = -8 if np.issubdtype(dtype, np.signedinteger) else 0
@@ -293,7 +295,7 @@ def _same(got, want, what, rtol=0.0, atol=0.0):
     got, want = np.asarray(got), np.asarray(want)
     assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
     assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
-    if got.dtype.kind == "f" or got.dtype.name == "bfloat16":
+    if got.dtype.kind == "f" or got.dtype in op_defs.FLOAT8 | {np.dtype(jnp.bfloat16)}:
         np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64),
                                    rtol=rtol, atol=atol, equal_nan=True, err_msg=what)
     else:

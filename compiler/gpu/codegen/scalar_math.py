@@ -104,6 +104,8 @@ def convert(x: str, src: np.dtype, dst: np.dtype) -> str:
         info = np.iinfo(dst)
         return (f"xla_f2i<{T.reg(dst)}>(double({x}), {lo!r}, {hi!r}, "
                 f"{T.literal(int(info.min), dst)}, {T.literal(int(info.max), dst)})")
+    if dst in semantics.FLOAT8 and src == np.float64:
+        return T.rounded(x, dst)  # from the double itself: rounded once, as XLA does
     if T.is_float(dst):
         return T.rounded(f"{T.reg(dst)}({x})", dst)
     return f"{T.reg(dst)}({x})"

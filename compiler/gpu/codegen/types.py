@@ -1,9 +1,9 @@
 """C types and literals of generated CUDA code.
 
-A tile element lives in a register as its *compute* type (float16 and bfloat16 as a float
-already rounded to the storage type, bool as ``bool``) and in memory as its *storage* type
-(``half``, ``bf16``, ``uint8_t`` for bool): reads convert with :func:`from_memory`, writes
-with :func:`to_memory`.
+A tile element lives in a register as its *compute* type (float16, bfloat16 and the 8-bit
+floats as a float already rounded to the storage type, bool as ``bool``) and in memory as
+its *storage* type (``half``, ``bf16``, ``fp8e4m3``, ``fp8e5m2``, ``uint8_t`` for bool):
+reads convert with :func:`from_memory`, writes with :func:`to_memory`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,15 @@ _REG = {
     "float32": "float", "float64": "double", "float16": "float", "bfloat16": "float",
     "bool": "bool", "int8": "int8_t", "uint8": "uint8_t", "int16": "int16_t",
     "uint16": "uint16_t", "int32": "int", "uint32": "unsigned", "int64": "int64_t",
-    "uint64": "uint64_t",
+    "uint64": "uint64_t", "float8_e4m3fn": "float", "float8_e5m2": "float",
 }
-_MEM = {**_REG, "float16": "half", "bfloat16": "bf16", "bool": "uint8_t"}
+_MEM = {**_REG, "float16": "half", "bfloat16": "bf16", "bool": "uint8_t",
+        "float8_e4m3fn": "fp8e4m3", "float8_e5m2": "fp8e5m2"}
+# The device header's conversion into each narrow float, and its round trip through it.
+_TO = {"float16": "to_half", "bfloat16": "to_bf16", "float8_e4m3fn": "to_fp8e4m3",
+       "float8_e5m2": "to_fp8e5m2"}
+_ROUND = {"float16": "round_f16", "bfloat16": "round_bf16", "float8_e4m3fn": "round_f8e4m3",
+          "float8_e5m2": "round_f8e5m2"}
 
 
 def reg(dtype: np.dtype) -> str:
@@ -57,21 +63,15 @@ def from_memory(expr: str, dtype: np.dtype) -> str:
 def to_memory(expr: str, dtype: np.dtype) -> str:
     """A compute value as its storage type."""
     name = np.dtype(dtype).name
-    if name == "float16":
-        return f"to_half({expr})"
-    if name == "bfloat16":
-        return f"to_bf16({expr})"
+    if name in _TO:
+        return f"{_TO[name]}({expr})"
     return f"uint8_t({expr})" if name == "bool" else expr
 
 
 def rounded(expr: str, dtype: np.dtype) -> str:
-    """``expr`` (computed in float) rounded to ``dtype`` where that is a 16-bit float."""
+    """``expr`` (computed in float) rounded to ``dtype`` where that is a 16- or 8-bit float."""
     name = np.dtype(dtype).name
-    if name == "float16":
-        return f"round_f16({expr})"
-    if name == "bfloat16":
-        return f"round_bf16({expr})"
-    return expr
+    return f"{_ROUND[name]}({expr})" if name in _ROUND else expr
 
 
 def literal(value: bool | int | float, dtype: np.dtype) -> str:
@@ -97,8 +97,8 @@ def literal(value: bool | int | float, dtype: np.dtype) -> str:
 
 
 _SIZES = {"float": 4, "double": 8, "half": 2, "bf16": 2, "bool": 1, "int8_t": 1,
-          "uint8_t": 1, "int16_t": 2, "uint16_t": 2, "int": 4, "unsigned": 4, "int64_t": 8,
-          "uint64_t": 8}
+          "uint8_t": 1, "fp8e4m3": 1, "fp8e5m2": 1, "int16_t": 2, "uint16_t": 2, "int": 4,
+          "unsigned": 4, "int64_t": 8, "uint64_t": 8}
 
 
 def sizeof(ctype: str) -> int:

@@ -82,6 +82,9 @@
 //   half, bf16, to_float, to_half, to_bf16, to_tf32, pack2   cvt.rn.f16.f32, cvt.rn.bf16.f32,
 //                                                  cvt.rna.tf32.f32, and packing two 16-bit values
 //                                                  into one .b32 register (first in the low half)
+//   fp8e4m3, fp8e5m2, to_float, to_fp8e4m3, to_fp8e5m2   float8_e4m3fn / float8_e5m2 as
+//                                                  ml_dtypes and XLA convert them (from float
+//                                                  or double, rounded once; float8.h)
 #pragma once
 
 #if defined(__CUDACC_RTC__)
@@ -135,6 +138,13 @@ struct half {
 };
 struct bf16 {
   uint16_t bits;
+};
+// 8-bit floats (float8_e4m3fn, float8_e5m2) the same way.
+struct fp8e4m3 {
+  uint8_t bits;
+};
+struct fp8e5m2 {
+  uint8_t bits;
 };
 
 // A TMA tensor map: a CUtensorMap on the GPU (built on the host), the emulator's own

@@ -376,3 +376,5 @@ JT_DEVICE void wait_lgkmcnt() {
 
 }  // namespace jaxtile
 
+// 8-bit floats: the same integer conversions on every GPU.
+#include "float8.h"

@@ -565,3 +565,6 @@ JT_DEVICE unsigned pack2(T lo, T hi) {
 }
 
 }  // namespace jaxtile
+
+// 8-bit floats: the same integer conversions on every GPU.
+#include "float8.h"

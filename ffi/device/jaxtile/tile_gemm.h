@@ -95,6 +95,15 @@ template <class TC>
 JT_DEVICE TC to_acc(bf16 x) {
   return static_cast<TC>(to_float(x));
 }
+// 8-bit float operands are exact in float32 (the FMA gemm; no tensor-core path for them yet).
+template <class TC>
+JT_DEVICE TC to_acc(fp8e4m3 x) {
+  return static_cast<TC>(to_float(x));
+}
+template <class TC>
+JT_DEVICE TC to_acc(fp8e5m2 x) {
+  return static_cast<TC>(to_float(x));
+}
 
 JT_DEVICE float bits_float(unsigned u) {
   union {

@@ -236,6 +236,60 @@ inline uint16_t f32_to_bf16_bits(float f) {
   return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
 }
 
+// ---- 8-bit float conversions (float8_e4m3fn, float8_e5m2), written apart from the GPUs'
+// integer ones (ffi/device/jaxtile/float8.h) so that each checks the other: here in
+// floating point, from the value's binade. The spacing of the format's values around |x| is
+// 2^q (q from frexp, never below the subnormals' spacing); the value rounds to a multiple
+// of it with nearbyint (ties to even: the default rounding mode), and the scaling is exact.
+// Computed in double, so that a float64 source is rounded once.
+struct Fp8Format {
+  int mantissa_bits, min_exponent;  // min_exponent: of the smallest normal, 1 - bias
+  double max_finite;
+  bool has_inf;                     // float8_e5m2; float8_e4m3fn overflows to NaN
+};
+constexpr Fp8Format kE4m3{3, -6, 448.0, false};
+constexpr Fp8Format kE5m2{2, -14, 57344.0, true};
+
+inline uint8_t fp8_bits(double x, const Fp8Format& f) {
+  const uint8_t sign = signbit(x) ? 0x80 : 0;
+  const uint8_t nan = f.has_inf ? 0x7e : 0x7f, overflow = f.has_inf ? 0x7c : 0x7f;
+  if (isnan(x)) return sign | nan;
+  const double a = fabs(x);
+  if (isinf(a)) return sign | overflow;
+  int e = 0;
+  frexp(a, &e);  // a = m 2^e with m in [0.5, 1): its binade's smallest value is 2^(e - 1)
+  const int binade = e - 1 > f.min_exponent ? e - 1 : f.min_exponent;
+  const int q = binade - f.mantissa_bits;
+  const double units = nearbyint(ldexp(a, -q));
+  const double v = ldexp(units, q);
+  if (v > f.max_finite) return sign | overflow;
+  if (v == 0) return sign;
+  // Encode v: its exponent field (0 for subnormals) and mantissa.
+  frexp(v, &e);
+  if (e - 1 < f.min_exponent) return sign | static_cast<uint8_t>(units);  // subnormal
+  const int field = e - 1 - f.min_exponent + 1;
+  const int mantissa = static_cast<int>(ldexp(v, f.mantissa_bits - (e - 1))) -
+                       (1 << f.mantissa_bits);
+  return sign | static_cast<uint8_t>(field << f.mantissa_bits | mantissa);
+}
+
+inline float fp8_value(uint8_t b, const Fp8Format& f) {
+  const int m_bits = f.mantissa_bits;
+  const int field = (b & 0x7f) >> m_bits, mantissa = b & ((1 << m_bits) - 1);
+  const int top = 0x7f >> m_bits;  // the all-ones exponent field
+  double v;
+  if (f.has_inf && field == top) {
+    v = mantissa == 0 ? INFINITY : NAN;
+  } else if (!f.has_inf && (b & 0x7f) == 0x7f) {
+    v = NAN;
+  } else if (field == 0) {
+    v = ldexp(mantissa, f.min_exponent - m_bits);
+  } else {
+    v = ldexp((1 << m_bits) + mantissa, field - 1 + f.min_exponent - m_bits);
+  }
+  return static_cast<float>(b & 0x80 ? -v : v);
+}
+
 }  // namespace emu
 
 template <class T>
@@ -572,6 +626,10 @@ inline float to_float(bf16 h) {
 }
 inline half to_half(float f) { return half{emu::f32_to_f16_bits(f)}; }
 inline bf16 to_bf16(float f) { return bf16{emu::f32_to_bf16_bits(f)}; }
+inline float to_float(fp8e4m3 h) { return emu::fp8_value(h.bits, emu::kE4m3); }
+inline float to_float(fp8e5m2 h) { return emu::fp8_value(h.bits, emu::kE5m2); }
+inline fp8e4m3 to_fp8e4m3(double x) { return fp8e4m3{emu::fp8_bits(x, emu::kE4m3)}; }
+inline fp8e5m2 to_fp8e5m2(double x) { return fp8e5m2{emu::fp8_bits(x, emu::kE5m2)}; }
 // cvt.rna.tf32.f32: round to nearest on the 19 kept bits, ties away from zero.
 inline unsigned to_tf32(float f) {
   uint32_t x;

@@ -11,7 +11,13 @@
 // 2q + (e & 1) + 8 * (e >> 2). K-major shared operands, element (r, k) of 16-bit type: with
 // no swizzle, 8x8 core matrices of 16-byte rows at (r % 8) * 16 + (r / 8) * SBO + (k / 8) * LBO
 // + (k % 8) * 2; with a swizzle of S bytes (32, 64, 128), rows of S bytes at (r % 8) * S +
-// (r / 8) * SBO + 2k, the address then swizzled as TMA writes it.
+// (r / 8) * SBO + 2k, the address then swizzled as TMA writes it. MN-major operands (the
+// instruction's imm-trans bit set; CUTLASS's canonical GMMA Major-MN layouts), element
+// (r, k) with r along M or N: with no swizzle, core matrices of 8 k-rows of 16 bytes at
+// (r % 8) * 2 + (r / 8) * SBO + (k % 8) * 16 + (k / 8) * LBO; with a swizzle of S bytes,
+// k-rows of S bytes holding S / 2 consecutive r: (r % (S/2)) * 2 + (r / (S/2)) * LBO +
+// (k % 8) * S + (k / 8) * SBO, then swizzled. (The two offsets trade roles between the
+// unswizzled and swizzled MN-major forms.)
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -61,8 +67,8 @@ const Region* region_at(const Block& b, uint64_t offset) {
 }
 
 // Reads the rows x 16 operand a descriptor describes into `out`; false after a report.
-bool read_operand(Block& b, Fiber& me, uint64_t desc, int rows, int type, float* out,
-                  uint32_t line, const char* which, std::vector<uint32_t>* offsets) {
+bool read_operand(Block& b, Fiber& me, uint64_t desc, bool mn_major, int rows, int type,
+                  float* out, uint32_t line, const char* which, std::vector<uint32_t>* offsets) {
   const uint32_t start = static_cast<uint32_t>(desc & 0x3fffu) << 4;
   const uint32_t lbo = static_cast<uint32_t>((desc >> 16) & 0x3fffu) << 4;
   const uint32_t sbo = static_cast<uint32_t>((desc >> 32) & 0x3fffu) << 4;
@@ -80,9 +86,16 @@ bool read_operand(Block& b, Fiber& me, uint64_t desc, int rows, int type, float*
   for (int r = 0; r < rows; ++r) {
     for (int k = 0; k < 16; ++k) {
       const uint32_t ur = static_cast<uint32_t>(r), uk = static_cast<uint32_t>(k);
-      const uint32_t off = span == 0 ? (ur % 8) * 16 + (ur / 8) * sbo + (uk / 8) * lbo +
-                                           (uk % 8) * 2
-                                     : (ur % 8) * span + (ur / 8) * sbo + uk * 2;
+      uint32_t off;
+      if (!mn_major) {
+        off = span == 0 ? (ur % 8) * 16 + (ur / 8) * sbo + (uk / 8) * lbo + (uk % 8) * 2
+                        : (ur % 8) * span + (ur / 8) * sbo + uk * 2;
+      } else if (span == 0) {
+        off = (ur % 8) * 2 + (ur / 8) * sbo + (uk % 8) * 16 + (uk / 8) * lbo;
+      } else {
+        const uint32_t per_row = span / 2;
+        off = (ur % per_row) * 2 + (ur / per_row) * lbo + (uk % 8) * span + (uk / 8) * sbo;
+      }
       const uint32_t addr = swizzle_of(start + off, span);
       if (static_cast<uint64_t>(addr) + 2 > b.smem_capacity) {
         report(kError, "wgmma-oob:" + std::to_string(line),
@@ -110,11 +123,12 @@ void run_wgmma(Block& b, Fiber& me, uint32_t wg, const WgmmaIn* const* in, uint3
   for (uint32_t t = 0; t < 128; ++t) {
     const WgmmaIn& w = *in[t];
     if (w.n != w0.n || w.type != w0.type || w.desc_b != w0.desc_b ||
+        w.trans_a != w0.trans_a || w.trans_b != w0.trans_b ||
         (w.a == nullptr) != (w0.a == nullptr) || (w.a == nullptr && w.desc_a != w0.desc_a) ||
         (w.scale_d != 0) != (w0.scale_d != 0)) {
       report(kError, "wgmma-operands:" + std::to_string(line),
              "wgmma at " + where(b, line) + ": " + thread_name(b, wg * 128 + t) +
-                 " gives other operands (shape, type, descriptors or scale-d) than " +
+                 " gives other operands (shape, type, descriptors, transposes or scale-d) than " +
                  thread_name(b, wg * 128) + " of its warpgroup");
       abort_block(&me);
     }
@@ -131,11 +145,13 @@ void run_wgmma(Block& b, Fiber& me, uint32_t wg, const WgmmaIn* const* in, uint3
   std::vector<float> a(64 * 16), bm(static_cast<size_t>(n) * 16);
   // Checked as read now, with this thread's clock, and again at its wait (see PendingRead).
   PendingRead reads{me.wgmma_group, line, {}};
-  if (!read_operand(b, me, w0.desc_b, n, w0.type, bm.data(), line, "B", &reads.offsets)) {
+  if (!read_operand(b, me, w0.desc_b, w0.trans_b, n, w0.type, bm.data(), line, "B",
+                    &reads.offsets)) {
     abort_block(&me);
   }
   if (w0.a == nullptr) {
-    if (!read_operand(b, me, w0.desc_a, 64, w0.type, a.data(), line, "A", &reads.offsets)) {
+    if (!read_operand(b, me, w0.desc_a, w0.trans_a, 64, w0.type, a.data(), line, "A",
+                      &reads.offsets)) {
       abort_block(&me);
     }
   } else {

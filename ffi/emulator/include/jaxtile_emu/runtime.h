@@ -199,6 +199,7 @@ struct WgmmaIn {
   uint64_t desc_a, desc_b;
   const uint32_t* a;      // the register-A form's 4 registers, or null (A from desc_a)
   int scale_d;            // 0: D = A*B, else D = A*B + D
+  bool trans_a, trans_b;  // imm-trans-a / imm-trans-b: that operand is MN-major
 };
 void wgmma(const WgmmaIn* in, uint32_t line);
 void wgmma_fence();

@@ -236,3 +236,24 @@ def test_descriptor_swizzle_other_than_the_copies_gives_wrong_numbers():
     c, report = _run_source(low, mutate, a, b)
     assert not np.allclose(c.astype(np.float32), expected, rtol=2e-2, atol=5e-2)
 
+
+
+# -- ptxas ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=["f16", "bf16"])
+def test_generated_wgmma_gemm_compiles_for_sm90a_without_spills(dtype):
+    from jaxtile.compiler import build
+    from jaxtile.compiler.cuda import compile as cuda_compile
+    from jaxtile.compiler.cuda import nvrtc, toolchain
+    from jaxtile.compiler.cuda.sass import sass_counts
+
+    if not nvrtc.available() and toolchain.nvcc_path() is None:
+        pytest.skip("no CUDA compiler: neither NVRTC (pip install 'jaxtile[cuda]') nor nvcc")
+    spec = jax.ShapeDtypeStruct((1024, 1024), dtype)
+    kernel = build.lowered_ir(ops.matmul.lower(spec, spec, target="cuda:sm_90a").kernel, SM90A)
+    compiled = cuda_compile.compile_to_library(kernel, SM90A)
+    p = compiled.ptxas
+    assert p.spill_stores == p.spill_loads == 0, p
+    counts = sass_counts(compiled.cubin)
+    if counts is not None:   # cuobjdump installed: the tensor-core work is HGMMA, not HMMA
+        assert counts.get("HGMMA", 0) > 0 and counts.get("HMMA", 0) == 0, counts

@@ -240,7 +240,8 @@ def test_descriptor_swizzle_other_than_the_copies_gives_wrong_numbers():
 
 # -- ptxas ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("dtype", [jnp.float16, pytest.param(jnp.bfloat16, marks=pytest.mark.slow)],
+                         ids=["f16", "bf16"])
 def test_generated_wgmma_gemm_compiles_for_sm90a_without_spills(dtype):
     from jaxtile.compiler import build
     from jaxtile.compiler.cuda import compile as cuda_compile

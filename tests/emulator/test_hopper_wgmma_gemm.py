@@ -258,3 +258,12 @@ def test_generated_wgmma_gemm_compiles_for_sm90a_without_spills(dtype):
     counts = sass_counts(compiled.cubin)
     if counts is not None:   # cuobjdump installed: the tensor-core work is HGMMA, not HMMA
         assert counts.get("HGMMA", 0) > 0 and counts.get("HMMA", 0) == 0, counts
+
+
+def test_plot_layout_draws_a_wgmma_tile():
+    a, b = _data((64, 32), jnp.float16, 0), _data((32, 64), jnp.float16, 1)
+    svg = ops.matmul.lower(a, b, target="cuda:sm_90a").plot_layout("b_s")
+    tile = gemm_plan.wgmma_tile(np.float16, 32, 64)
+    # element [3, 9]: row 3's chunk 1 lands in chunk 1 ^ 3 = 2 of its 128-byte row
+    assert tile.offset(3, 9) == 3 * 64 + 2 * 8 + 1
+    assert "[3, 9]: offset 209, bank" in svg and "16-byte chunk 2 of its row" in svg

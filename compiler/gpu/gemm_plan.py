@@ -14,7 +14,8 @@ m16n8k16 for f16 x f16 and bf16 x bf16 into f32, m16n8k8 tf32 for f32 x f32 into
 scalar multiply-add fallback for everything else (and for shapes the atoms do not divide).
 Where the caps have ``wgmma`` (sm_90a), f16/bf16 gemms into f32 with shared A and warpgroup-
 sized tiles (a whole number of 128-thread warpgroups, each owning whole ``m64nNk16`` steps with
-N 64, 128 or 256) use ``wgmma.mma_async`` instead: both operands in wgmma's canonical swizzled
+N 64, 128 or 256) use ``wgmma.mma_async`` instead, as do f32 gemms with both operands K-major
+(A ``[m, k]``, B stored ``[n, k]``: ``m64nNk8`` tf32): both operands in wgmma's canonical swizzled
 layout (:class:`SharedTile` with ``span``), the accumulator in ``wgmma_accumulator``'s layout.
 
 The ``gemm_plan`` pass (:func:`plan_gemms`) plans each gemm of a kernel once and records the
@@ -211,7 +212,7 @@ class GemmPlan:
     def note(self) -> str:
         """The op's ``instr`` note: the instruction's label, ``wgmma.m64nNk16`` for wgmma."""
         if self.instr == GemmInstr.WGMMA:
-            return f"wgmma.m64n{self.wgmma_n}k16"
+            return f"wgmma.m64n{self.wgmma_n}k{_WGMMA_K[self.a_dtype.name]}"
         return self.instr.label
 
     def wgmma_calls(self, a: str, b: str, acc: str, regs: str) -> list[str]:
@@ -271,15 +272,20 @@ def _dtype(dtype: Any, what: str) -> np.dtype:
     return dt
 
 
+_WGMMA_K = {"float16": 16, "bfloat16": 16, "float32": 8}
+"""K of one wgmma (32 bytes of it) by operand type: m64nNk16, or m64nNk8 tf32 for float32."""
+
+
 def _wgmma_grid(m: int, n: int, k: int, a: np.dtype, b: np.dtype, acc: np.dtype,
                 threads: int, caps: GpuCaps) -> tuple[int, int] | None:
     """The warpgroup grid of a wgmma plan, or None where wgmma does not apply: the target
-    has no wgmma, the types are not f16 x f16 / bf16 x bf16 into f32, K is not a multiple of
-    16, or no grid of at most ``threads / 128`` warpgroups gives each warpgroup whole
-    m64nNk16 steps (N 64, 128 or 256). Most warpgroups first, then per-warpgroup tiles
-    closest to square (the fewest shared-memory bytes read per flop)."""
-    if (not getattr(caps, "wgmma", False) or a != b or a.name not in ("float16", "bfloat16")
-            or acc != np.float32 or k % 16 or threads % 128):
+    has no wgmma, the types are not f16 x f16 / bf16 x bf16 / f32 (tf32) x f32 into f32, K is
+    not a multiple of the instruction's (16, 8 for tf32), or no grid of at most
+    ``threads / 128`` warpgroups gives each warpgroup whole m64nN steps (N 64, 128 or 256).
+    Most warpgroups first, then per-warpgroup tiles closest to square (the fewest
+    shared-memory bytes read per flop)."""
+    if (not getattr(caps, "wgmma", False) or a != b or a.name not in _WGMMA_K
+            or acc != np.float32 or k % _WGMMA_K[a.name] or threads % 128):
         return None
     groups = threads // 128
     for count in range(groups, 0, -1):
@@ -362,7 +368,10 @@ def plan_gemm(m: int, n: int, k: int, a_dtype: Any, b_dtype: Any, acc_dtype: Any
         raise KernelError(f"gemm with A in registers needs f16 or bf16 operands into f32 and "
                           f"K % 16 == 0 (mma m16n8k16); got {a_dt.name} x {b_dt.name} -> "
                           f"{acc_dt.name}, K = {k}")
-    grid = None if a_in_registers or policy != "auto" else _wgmma_grid(
+    # tf32 wgmma reads K-major operands only: A [m, k] and B stored [n, k].
+    k_major = not trans_a and trans_b
+    grid = None if (a_in_registers or policy != "auto"
+                    or (a_dt.name == "float32" and not k_major)) else _wgmma_grid(
         m, n, k, a_dt, b_dt, acc_dt, threads, caps)
     if grid is not None:
         return assemble_plan(m, n, k, a_dt, b_dt, acc_dt, threads, trans_a=trans_a,

@@ -63,9 +63,18 @@ def test_planner_keeps_mma_sync_where_wgmma_does_not_fit(shape, threads, why):
     assert p.instr != gemm_plan.GemmInstr.WGMMA, why
 
 
-def test_planner_keeps_tf32_and_register_a_on_mma_sync():
-    f32 = gemm_plan.plan_gemm(64, 64, 32, np.float32, np.float32, np.float32, 128, target=SM90A)
-    assert f32.instr == gemm_plan.GemmInstr.MMA_TF32
+def test_planner_tf32_wgmma_takes_k_major_operands_only():
+    f32 = gemm_plan.plan_gemm(64, 64, 32, np.float32, np.float32, np.float32, 128, target=SM90A,
+                              trans_b=True)
+    assert f32.instr == gemm_plan.GemmInstr.WGMMA and f32.note == "wgmma.m64n64k8"
+    assert (f32.a_tile.span, f32.b_tile.span) == (128, 128)   # 32 f32 of K per row
+    for ta, tb in ((False, False), (True, True)):   # an MN-major operand: mma.sync tf32
+        p = gemm_plan.plan_gemm(64, 64, 32, np.float32, np.float32, np.float32, 128,
+                                target=SM90A, trans_a=ta, trans_b=tb)
+        assert p.instr == gemm_plan.GemmInstr.MMA_TF32
+
+
+def test_planner_keeps_register_a_on_mma_sync():
     rs = gemm_plan.plan_gemm(64, 64, 32, np.float16, np.float16, np.float32, 128,
                              target=SM90A, a_in_registers=True)
     assert rs.instr == gemm_plan.GemmInstr.MMA16
@@ -151,6 +160,20 @@ def _matmul_case(m, k, n, dtype, ta, tb, seed):
 def test_matmul_f16_ragged_on_sm90a(hopper):
     # 64x64x32 block tiles: nothing divides (edge tiles read zeros, drop writes past the end)
     _matmul_case(70, 40, 90, "float16", False, False, 3)
+
+
+def test_matmul_tf32_ragged_on_sm90a(hopper):
+    # f32 with B stored [N, K]: both operands K-major, wgmma m64n64k8 on tf32 (inputs keep 10
+    # mantissa bits: tf32 tolerances)
+    a, b = _data((70, 40), jnp.float32, 4), _data((90, 40), jnp.float32, 5)
+    assert "wgmma.m64n64k8" in ops.matmul.lower(a, b, transpose_b=True,
+                                                 target="cuda:sm_90a").lowered_ir
+    got = jax.jit(lambda x, y: ops.matmul(x, y, transpose_b=True))(a, b)
+    ref = ops.matmul.reference(a, b, transpose_b=True)
+    exact = jnp.dot(a, b.T, precision=jax.lax.Precision.HIGHEST)
+    _check(got, ref, exact, dict(rtol=1e-2, atol=3e-2))
+    # and not f32-exact: the products are of tf32 inputs
+    assert not np.allclose(np.asarray(got), np.asarray(exact), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.slow
@@ -240,8 +263,9 @@ def test_descriptor_swizzle_other_than_the_copies_gives_wrong_numbers():
 
 # -- ptxas ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dtype", [jnp.float16, pytest.param(jnp.bfloat16, marks=pytest.mark.slow)],
-                         ids=["f16", "bf16"])
+@pytest.mark.parametrize("dtype", [jnp.float16, pytest.param(jnp.bfloat16, marks=pytest.mark.slow),
+                                   pytest.param(jnp.float32, marks=pytest.mark.slow)],
+                         ids=["f16", "bf16", "tf32"])
 def test_generated_wgmma_gemm_compiles_for_sm90a_without_spills(dtype):
     from jaxtile.compiler import build
     from jaxtile.compiler.cuda import compile as cuda_compile
@@ -251,7 +275,10 @@ def test_generated_wgmma_gemm_compiles_for_sm90a_without_spills(dtype):
     if not nvrtc.available() and toolchain.nvcc_path() is None:
         pytest.skip("no CUDA compiler: neither NVRTC (pip install 'jaxtile[cuda]') nor nvcc")
     spec = jax.ShapeDtypeStruct((1024, 1024), dtype)
-    kernel = build.lowered_ir(ops.matmul.lower(spec, spec, target="cuda:sm_90a").kernel, SM90A)
+    tb = dtype == jnp.float32   # tf32 wgmma wants B stored [N, K]
+    low = ops.matmul.lower(spec, spec, transpose_b=tb, target="cuda:sm_90a")
+    assert "instr='wgmma." in low.lowered_ir
+    kernel = build.lowered_ir(low.kernel, SM90A)
     compiled = cuda_compile.compile_to_library(kernel, SM90A)
     p = compiled.ptxas
     assert p.spill_stores == p.spill_loads == 0, p

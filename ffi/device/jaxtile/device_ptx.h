@@ -424,6 +424,25 @@ struct wgmma_acc {
       JT_WGMMA_RS_ASM(256, T, "128", "129", "130", "131", "132", "133", "134");              \
     }                                                                                         \
   }
+// tf32 (m64nNk8): both operands K-major (no transpose immediates), f32 words in shared memory
+// of which the tensor core reads the tf32 bits.
+#define JT_WGMMA_TF32_ASM(N, IA, IB, IS)                                                       \
+  asm volatile("{ .reg .pred p; setp.ne.b32 p, %" IS ", 0;\n"                                 \
+               "wgmma.mma_async.sync.aligned.m64n" #N "k8.f32.tf32.tf32 {" JT_WGMMA_D##N      \
+               "}, %" IA ", %" IB ", p, 1, 1; }"                                              \
+               : JT_WGMMA_OUT##N(d)                                                           \
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d)                                       \
+               : "memory")
+template <int N>
+JT_DEVICE void wgmma_tf32(wgmma_acc<N>& d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  if constexpr (N == 64) {
+    JT_WGMMA_TF32_ASM(64, "32", "33", "34");
+  } else if constexpr (N == 128) {
+    JT_WGMMA_TF32_ASM(128, "64", "65", "66");
+  } else {
+    JT_WGMMA_TF32_ASM(256, "128", "129", "130");
+  }
+}
 JT_WGMMA_SS_FN(wgmma_f16, "f16")
 JT_WGMMA_SS_FN(wgmma_bf16, "bf16")
 JT_WGMMA_RS_FN(wgmma_f16_rs, "f16")

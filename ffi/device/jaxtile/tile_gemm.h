@@ -80,7 +80,7 @@ struct WgmmaTile {
   }
   static JT_DEVICE int offset(int row, int col) { return byte(row, col) / int(sizeof(T)); }
   // The descriptor of the operand slice whose first M/N index is mn0 and first K index k0
-  // (mn0 a multiple of 64, k0 of 16). K-major: 8-row groups SBO = 8 * SPAN apart, k0 inside a
+  // (mn0 a multiple of 64, k0 of 32 bytes' worth of K). K-major: 8-row groups SBO = 8 * SPAN apart, k0 inside a
   // column block moves the start (the swizzle is of the absolute address), LBO unused.
   // MN-major: LBO = kBlockBytes between blocks of SPAN / sizeof(T) M/N indices, SBO = 8 * SPAN
   // between groups of 8 k-rows.
@@ -459,27 +459,33 @@ JT_DEVICE void wgmma_acc_store(float* acc, wgmma_acc<NW> (&d)[MI]) {
   }
 }
 
-// Issues the asynchronous wgmmas over K (K / 16 steps of MI instructions); results land at the
-// caller's wgmma_wait_group.
+// Issues the asynchronous wgmmas over K (K / 16 steps of MI instructions, K / 8 for tf32, whose
+// operands are both K-major); results land at the caller's wgmma_wait_group.
 template <int M, int N, int K, int WG_M, int WG_N, bool TRANS_A, bool TRANS_B, class LA,
           class LB, class TA, class TB, int NW, int MI>
 JT_DEVICE void gemm_wgmma(wgmma_acc<NW> (&d)[MI], ptr<TA> a, ptr<TB> b) {
   using A = gemm_detail::bare_t<TA>;
   constexpr bool kBf16 = gemm_detail::same<A, bf16>::value;
+  constexpr bool kTf32 = gemm_detail::same<A, float>::value;
+  // One instruction covers 32 bytes of K: k16 for 16-bit types, k8 for tf32.
+  constexpr int kStep = 32 / int(sizeof(A));
   static_assert(gemm_detail::same<A, gemm_detail::bare_t<TB>>::value &&
-                    (kBf16 || gemm_detail::same<A, half>::value),
-                "wgmma m64nNk16: f16 x f16 or bf16 x bf16 into f32");
-  static_assert(NW * WG_N == N && MI * 64 * WG_M == M && K % 16 == 0,
-                "each warpgroup owns whole m64nNWk16 steps");
+                    (kBf16 || kTf32 || gemm_detail::same<A, half>::value),
+                "wgmma: f16 x f16, bf16 x bf16 or f32 (tf32) x f32 into f32");
+  static_assert(!kTf32 || (!TRANS_A && TRANS_B), "wgmma tf32 takes K-major operands only");
+  static_assert(NW * WG_N == N && MI * 64 * WG_M == M && K % kStep == 0,
+                "each warpgroup owns whole m64nNWk16 (k8 for tf32) steps");
   const int wg = int(warp_id()) / 4 % (WG_M * WG_N);
   const int row0 = (wg / WG_N) * (M / WG_M), col0 = (wg % WG_N) * NW;
 #pragma unroll
-  for (int k0 = 0; k0 < K; k0 += 16) {
+  for (int k0 = 0; k0 < K; k0 += kStep) {
     const uint64_t db = LB::template desc<!TRANS_B>(b, col0, k0);
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi) {
       const uint64_t da = LA::template desc<TRANS_A>(a, row0 + 64 * mi, k0);
-      if constexpr (kBf16) {
+      if constexpr (kTf32) {
+        wgmma_tf32<NW>(d[mi], da, db, 1);
+      } else if constexpr (kBf16) {
         wgmma_bf16<NW, TRANS_A, !TRANS_B>(d[mi], da, db, 1);
       } else {
         wgmma_f16<NW, TRANS_A, !TRANS_B>(d[mi], da, db, 1);

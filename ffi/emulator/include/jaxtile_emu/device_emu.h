@@ -452,6 +452,11 @@ void wgmma_bf16(wgmma_acc<N>& d, uint64_t desc_a, uint64_t desc_b, int scale_d,
                 uint32_t line = __builtin_LINE()) {
   wgmma_(d, emu::kWgmmaBf16, desc_a, nullptr, desc_b, scale_d, TA, TB, line);
 }
+template <int N>
+void wgmma_tf32(wgmma_acc<N>& d, uint64_t desc_a, uint64_t desc_b, int scale_d,
+                uint32_t line = __builtin_LINE()) {
+  wgmma_(d, emu::kWgmmaTf32, desc_a, nullptr, desc_b, scale_d, false, false, line);
+}
 template <int N, bool TB = false>
 void wgmma_f16_rs(wgmma_acc<N>& d, const unsigned (&a)[4], uint64_t desc_b, int scale_d,
                   uint32_t line = __builtin_LINE()) {

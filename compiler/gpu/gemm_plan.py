@@ -240,6 +240,9 @@ class GemmPlan:
     def call(self, a: str, b: str, acc: str) -> str:
         """C++ text of the call (a statement): ``a`` and ``b`` are the shared tiles' ``ptr``
         expressions (for gemm_rs, ``a`` is A's register array), ``acc`` the accumulator's."""
+        if self.instr == GemmInstr.WGMMA:
+            raise KernelError("internal error: a wgmma plan is printed by wgmma_calls, "
+                              "not as a gemm_ss call")
         wm, wn = self.warps
         tb = "true" if self.trans_b else "false"
         if self.a_layout is not None:

@@ -162,6 +162,7 @@ def test_matmul_f16_ragged_on_sm90a(hopper):
     _matmul_case(70, 40, 90, "float16", False, False, 3)
 
 
+@pytest.mark.slow   # the default run's emulator case is the f16 one above
 def test_matmul_tf32_ragged_on_sm90a(hopper):
     # f32 with B stored [N, K]: both operands K-major, wgmma m64n64k8 on tf32 (inputs keep 10
     # mantissa bits: tf32 tolerances)

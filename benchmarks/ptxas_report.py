@@ -21,6 +21,11 @@ compile, trace -> cubin** (target <= 1.5 s): each of ``--cold-runs`` fresh Pytho
 with an empty cache imports jaxtile (not timed, reported apart), then times tracing, the
 passes, code generation and NVRTC; the median is reported.
 
+*sm_90a* (``sm90a_wgmma_gemm``): the same tile-language GEMM lowered for ``cuda:sm_90a``,
+where the gemm planner picks wgmma (one warpgroup, two m64n128k16 accumulators): registers,
+spills (0), HGMMA / HMMA counts in the SASS, the emulator run (findings, error) and the cold
+compile, as above.
+
     python benchmarks/ptxas_report.py [--repeats 3] [--cold-runs 5] [--emulate 256]
 """
 
@@ -118,13 +123,13 @@ def _language_gemm():
     return pipelined_gemm
 
 
-def _cold_child() -> None:
+def _cold_child(arch: str) -> None:
     """One cold compile in this (fresh) process: trace -> Tile IR -> CUDA passes -> CUDA
     source -> NVRTC cubin, with an empty cache; prints the phases' seconds as JSON."""
-    target = parse_target("cuda:sm_80")
+    target = parse_target(f"cuda:{arch}")
     spec = jax.ShapeDtypeStruct((4096, 4096), jnp.float16)
     t0 = time.perf_counter()
-    lowered = _language_gemm().lower(spec, spec, target="cuda:sm_80")
+    lowered = _language_gemm().lower(spec, spec, target=target.name)
     kernel = lowered.kernel
     t1 = time.perf_counter()
     ir = build.lowered_ir(kernel, target)
@@ -136,14 +141,14 @@ def _cold_child() -> None:
                       "total_s": t3 - t0}))
 
 
-def _cold_compiles(runs: int) -> dict:
+def _cold_compiles(runs: int, arch: str = "sm_80") -> dict:
     """Median phases of ``runs`` cold compiles, each in a fresh process and empty cache."""
     samples = []
     for i in range(runs):
         with tempfile.TemporaryDirectory() as cache:
             env = dict(os.environ, JAXTILE_CACHE_DIR=cache)
             t0 = time.perf_counter()
-            proc = subprocess.run([sys.executable, __file__, "--cold-child"], env=env,
+            proc = subprocess.run([sys.executable, __file__, "--cold-child", arch], env=env,
                                   capture_output=True, text=True, check=True)
             wall = time.perf_counter() - t0
         sample = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -203,16 +208,68 @@ def _language_figures(args: argparse.Namespace) -> dict:
     }
 
 
+def _sm90a_figures(args: argparse.Namespace) -> dict:
+    """The language GEMM on ``cuda:sm_90a``: wgmma from the gemm planner."""
+    target = parse_target("cuda:sm_90a")
+    spec = jax.ShapeDtypeStruct((4096, 4096), jnp.float16)
+    lowered = _language_gemm().lower(spec, spec, target=target.name)
+    ir = build.lowered_ir(lowered.kernel, target)
+    compiled = cuda_compile.compile_to_library(ir, target)
+    ptxas = compiled.ptxas
+    counts = sass_counts(compiled.cubin)
+    sass = None if counts is None else {k: counts.get(k, 0) for k in ("HGMMA", "HMMA",
+                                                                      "LDGSTS")}
+    instr = sorted({line.split("instr=")[1].split(",")[0] for line in
+                    lowered.lowered_ir.splitlines() if "instr='wgmma" in line})
+
+    n = args.emulate
+    small = jax.ShapeDtypeStruct((n, n), jnp.float16)
+    code = cuda_lower.generate(
+        build.lowered_ir(_language_gemm().lower(small, small, target=target.name).kernel,
+                         target), target)
+    kernel = EmulatedKernel.build(code.source, code.symbol,
+                                  [Buffer(name, dtype) for name, dtype in code.params],
+                                  LaunchConfig((code.num_blocks, 1, 1), (code.threads, 1, 1),
+                                               code.shared_bytes),
+                                  file="gemm_language_sm90a.cu")
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n)).astype(np.float16)
+    b = rng.standard_normal((n, n)).astype(np.float16)
+    c = np.zeros((n, n), np.float32)
+    report = kernel.run(a, b, c)
+    err = float(np.abs(c - a.astype(np.float64) @ b.astype(np.float64)).max())
+    cold = _cold_compiles(args.cold_runs, "sm_90a")
+    return {
+        "kernel": "_gemm of tests/cuda/test_language_gemm_figures.py (4096^3 fp16 -> f32, "
+                  "128 threads = 1 warpgroup, jt.pipelined stages=3, sm_90a)",
+        "instr": instr,
+        "compiler": compiled.compiler,
+        "registers": ptxas.registers,
+        "spill_stores": ptxas.spill_stores,
+        "spill_loads": ptxas.spill_loads,
+        "shared_bytes": ptxas.shared_bytes + compiled.launch.dynamic_smem,
+        "sass": sass if sass is not None else "cuobjdump not installed (pip install jaxtile[cuda])",
+        "cold_compile_trace_to_cubin": cold,
+        "emulator": {"mnk": n, "max_abs_error": err, "findings": report["findings"]},
+        "meets_targets": {
+            "no_spills": ptxas.spill_stores == ptxas.spill_loads == 0,
+            "hgmma_not_hmma": None if sass is None else sass["HGMMA"] > 0 and sass["HMMA"] == 0,
+            "no_findings": report["findings"] == [],
+            "cold_compile<=1.5s": cold["median"]["total_s"] <= 1.5,
+        },
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3, help="nvcc compiles to time")
     ap.add_argument("--cold-runs", type=int, default=5,
                     help="fresh processes timing the language GEMM's cold compile")
     ap.add_argument("--emulate", type=int, default=256, help="M = N = K of the emulator runs")
-    ap.add_argument("--cold-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--cold-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.cold_child:
-        _cold_child()
+        _cold_child(args.cold_child)
         return
 
     target = parse_target("cuda:sm_80")
@@ -256,6 +313,7 @@ def main() -> None:
         "toolchain": fingerprint.toolchain_fingerprint("nvcc"),
         "meets_targets": _targets(ptxas, ptxas.shared_bytes, sass, banks, "nvcc"),
         "language_gemm": _language_figures(args),
+        "sm90a_wgmma_gemm": _sm90a_figures(args),
     })
 
 

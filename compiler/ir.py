@@ -75,7 +75,8 @@ class Buffer:
     stages=3, swizzle=1}``): ``offset``, its byte offset in the block's dynamic shared
     memory, and ``stages``, how many copies a pipelined loop multi-buffers (the shared-memory
     plan); ``swizzle``, the physical order a gemm reads it in (the gemm plan: 0 row-major,
-    ``s`` >= 1 16-byte chunks XOR-swizzled with step ``s``). Empty before those passes."""
+    ``s`` >= 1 16-byte chunks XOR-swizzled with step ``s``), or ``wgmma_swizzle`` (bytes: the
+    tile is in wgmma's canonical swizzled layout). Empty before those passes."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "attrs", _frozen_map(self.attrs))

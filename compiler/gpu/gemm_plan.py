@@ -12,6 +12,11 @@ the device templates exactly in two places, and tests check both against the dev
 Instructions come from the target's capabilities (``GpuCaps.mma_shapes``): ``mma.sync``
 m16n8k16 for f16 x f16 and bf16 x bf16 into f32, m16n8k8 tf32 for f32 x f32 into f32, and a
 scalar multiply-add fallback for everything else (and for shapes the atoms do not divide).
+Where the caps have ``wgmma`` (sm_90a), f16/bf16 gemms into f32 with shared A and warpgroup-
+sized tiles (a whole number of 128-thread warpgroups, each owning whole ``m64nNk16`` steps with
+N 64, 128 or 256) use ``wgmma.mma_async`` instead, as do f32 gemms with both operands K-major
+(A ``[m, k]``, B stored ``[n, k]``: ``m64nNk8`` tf32): both operands in wgmma's canonical swizzled
+layout (:class:`SharedTile` with ``span``), the accumulator in ``wgmma_accumulator``'s layout.
 
 The ``gemm_plan`` pass (:func:`plan_gemms`) plans each gemm of a kernel once and records the
 decisions in the IR (the op's ``instr``, ``warps`` and ``policy`` notes, its shared operands'
@@ -33,7 +38,7 @@ import numpy as np
 from .. import ir
 from ..errors import KernelError
 from ..target import GpuCaps, Target
-from .layout import LOCAL, THREAD, Factor, Layout, mma_accumulator
+from .layout import LOCAL, THREAD, Factor, Layout, mma_accumulator, wgmma_accumulator
 
 
 class GemmInstr(enum.IntEnum):
@@ -42,20 +47,22 @@ class GemmInstr(enum.IntEnum):
     FMA = 0
     MMA16 = 1
     MMA_TF32 = 2
+    WGMMA = 3
+    """wgmma.mma_async m64nNk16 (sm_90a), f16 or bf16 into f32: tile_gemm.h's gemm_wgmma."""
 
     @property
     def cpp(self) -> str:
-        return ("jaxtile::kGemmFma", "jaxtile::kGemmMma16", "jaxtile::kGemmMmaTf32")[self]
+        return ("jaxtile::kGemmFma", "jaxtile::kGemmMma16", "jaxtile::kGemmMmaTf32", "")[self]
 
     @property
     def k_step(self) -> int:
         """K of one instruction (the gemm's K must be a multiple)."""
-        return (1, 16, 8)[self]
+        return (1, 16, 8, 16)[self]
 
     @property
     def label(self) -> str:
         """How the accumulator layout names the instruction."""
-        return ("fma", "m16n8k16", "m16n8k8")[self]
+        return ("fma", "m16n8k16", "m16n8k8", "wgmma")[self]
 
 
 POLICIES = ("auto", "square", "rows", "cols")
@@ -78,7 +85,10 @@ def cpp_type(dtype: Any) -> str:
 class SharedTile:
     """A shared-memory operand tile as tile_gemm.h lays it out: ``rows x cols`` row-major,
     16-byte chunks XOR-swizzled (``SwizzledTile``: ``chunk ^ ((row / (8 / P) * step) % P)``,
-    ``P = gcd(chunks per row, 8)``) or not (``PlainTile``)."""
+    ``P = gcd(chunks per row, 8)``) or not (``PlainTile``); or, with ``span``, wgmma's
+    canonical layout (``WgmmaTile``): columns cut into blocks of ``span`` bytes stored one
+    after another, each ``rows`` rows of ``span`` bytes, byte address bits 4-6 XOR bits 7-9
+    (masked to ``span / 16 - 1``)."""
 
     dtype: np.dtype
     rows: int
@@ -86,6 +96,8 @@ class SharedTile:
     swizzled: bool
     step: int = 1
     """The swizzle key's multiplier (2 spreads rows 0-3 for scalar 32-bit loads)."""
+    span: int = 0
+    """wgmma's swizzle in bytes (32, 64 or 128); 0 for the mma.sync layouts."""
 
     @property
     def elems(self) -> int:
@@ -97,6 +109,11 @@ class SharedTile:
 
     def offset(self, row: int, col: int) -> int:
         """The element offset of ``(row, col)``: the C++ ``offset`` exactly."""
+        size = self.dtype.itemsize
+        if self.span:
+            per_row = self.span // size
+            at = (col // per_row) * self.rows * self.span + row * self.span + col % per_row * size
+            return (at ^ (((at >> 7) & (self.span // 16 - 1)) << 4)) // size
         if not self.swizzled:
             return row * self.cols + col
         vec = self._vec
@@ -114,6 +131,8 @@ class SharedTile:
     def cpp(self) -> str:
         """The C++ layout type."""
         t = cpp_type(self.dtype)
+        if self.span:
+            return f"jaxtile::WgmmaTile<{t}, {self.rows}, {self.cols}, {self.span}>"
         if self.swizzled:
             return f"jaxtile::SwizzledTile<{t}, {self.rows}, {self.cols}, {self.step}>"
         return f"jaxtile::PlainTile<{t}, {self.rows}, {self.cols}>"
@@ -121,6 +140,22 @@ class SharedTile:
     def cpp_offset(self, row: str, col: str) -> str:
         """C++ text of the offset of element ``(row, col)`` (expressions)."""
         return f"{self.cpp}::offset({row}, {col})"
+
+
+def wgmma_tile(dtype: Any, rows: int, cols: int) -> SharedTile:
+    """A wgmma operand's ``rows x cols`` tile: the widest swizzle (at most 128 bytes) that
+    divides a row, so one wgmma's 16 k (K-major) or 64 M/N indices (MN-major) fall in one
+    column block. Rows are a multiple of 8 and a column block at least 32 bytes (the planner
+    only makes such tiles), so every block, hence the tile, is whole 1024-byte periods."""
+    dtype = np.dtype(dtype)
+    row_bytes = cols * dtype.itemsize
+    span = next(s for s in (128, 64, 32) if row_bytes % s == 0)
+    return SharedTile(dtype, rows, cols, True, 1, span)
+
+
+WGMMA_ALIGN = 1024
+"""Byte alignment of a wgmma operand tile in shared memory: its swizzle is a function of the
+absolute address, whose pattern repeats every 1024 bytes (8 rows of 128 bytes)."""
 
 
 def shared_tile(dtype: Any, rows: int, cols: int, step: int = 1) -> SharedTile:
@@ -147,7 +182,8 @@ class GemmPlan:
     policy: str
     instr: GemmInstr
     warps: tuple[int, int]
-    """The ``(WARPS_M, WARPS_N)`` grid, warps numbered row-major."""
+    """The ``(WARPS_M, WARPS_N)`` grid, warps numbered row-major; for wgmma the grid of
+    warpgroups (128 threads each)."""
     acc_layout: Layout
     a_tile: SharedTile | None
     """A's shared layout (stored ``[m, k]``, or ``[k, m]`` when ``trans_a``); None for gemm_rs."""
@@ -165,11 +201,49 @@ class GemmPlan:
     @property
     def replicas(self) -> int:
         """How many times each warp's work is repeated (warps beyond the grid)."""
-        return self.threads // (32 * self.warps[0] * self.warps[1])
+        group = 128 if self.instr == GemmInstr.WGMMA else 32
+        return self.threads // (group * self.warps[0] * self.warps[1])
+
+    @property
+    def wgmma_n(self) -> int:
+        """N of one wgmma instruction (a warpgroup's columns)."""
+        return self.n // self.warps[1]
+
+    @property
+    def note(self) -> str:
+        """The op's ``instr`` note: the instruction's label, ``wgmma.m64nNk16`` for wgmma."""
+        if self.instr == GemmInstr.WGMMA:
+            return f"wgmma.m64n{self.wgmma_n}k{_WGMMA_K[self.a_dtype.name]}"
+        return self.instr.label
+
+    def wgmma_calls(self, a: str, b: str, acc: str, regs: str) -> list[str]:
+        """C++ statements of a wgmma gemm: the accumulator copied into the ``regs`` array of
+        ``wgmma_acc``, a proxy fence and barrier (the copies into ``a`` and ``b`` wrote
+        through the generic proxy; wgmma reads through the async one), ``wgmma.fence``, the
+        asynchronous wgmmas over K, ``commit_group``, ``wait_group 0`` and the result copied
+        back to ``acc``."""
+        gm, gn = self.warps
+        ta = "true" if self.trans_a else "false"
+        tb = "true" if self.trans_b else "false"
+        mi = self.m // (64 * gm)
+        assert self.a_tile is not None
+        return [f"jaxtile::wgmma_acc<{self.wgmma_n}> {regs}[{mi}];",
+                f"jaxtile::wgmma_acc_load({regs}, {acc});",
+                "jaxtile::fence_proxy_async();",
+                "jaxtile::sync_threads();",
+                "jaxtile::wgmma_fence();",
+                f"jaxtile::gemm_wgmma<{self.m}, {self.n}, {self.k}, {gm}, {gn}, {ta}, {tb}, "
+                f"{self.a_tile.cpp}, {self.b_tile.cpp}>({regs}, {a}, {b});",
+                "jaxtile::wgmma_commit_group();",
+                "jaxtile::wgmma_wait_group<0>();",
+                f"jaxtile::wgmma_acc_store({acc}, {regs});"]
 
     def call(self, a: str, b: str, acc: str) -> str:
         """C++ text of the call (a statement): ``a`` and ``b`` are the shared tiles' ``ptr``
         expressions (for gemm_rs, ``a`` is A's register array), ``acc`` the accumulator's."""
+        if self.instr == GemmInstr.WGMMA:
+            raise KernelError("internal error: a wgmma plan is printed by wgmma_calls, "
+                              "not as a gemm_ss call")
         wm, wn = self.warps
         tb = "true" if self.trans_b else "false"
         if self.a_layout is not None:
@@ -200,6 +274,33 @@ def _dtype(dtype: Any, what: str) -> np.dtype:
         raise KernelError(f"gemm: {what} has an unknown dtype {dtype!r}") from None
     cpp_type(dt)
     return dt
+
+
+_WGMMA_K = {"float16": 16, "bfloat16": 16, "float32": 8}
+"""K of one wgmma (32 bytes of it) by operand type: m64nNk16, or m64nNk8 tf32 for float32."""
+
+
+def _wgmma_grid(m: int, n: int, k: int, a: np.dtype, b: np.dtype, acc: np.dtype,
+                threads: int, caps: GpuCaps) -> tuple[int, int] | None:
+    """The warpgroup grid of a wgmma plan, or None where wgmma does not apply: the target
+    has no wgmma, the types are not f16 x f16 / bf16 x bf16 / f32 (tf32) x f32 into f32, K is
+    not a multiple of the instruction's (16, 8 for tf32), or no grid of at most
+    ``threads / 128`` warpgroups gives each warpgroup whole m64nN steps (N 64, 128 or 256).
+    Most warpgroups first, then per-warpgroup tiles closest to square (the fewest
+    shared-memory bytes read per flop)."""
+    if (not getattr(caps, "wgmma", False) or a != b or a.name not in _WGMMA_K
+            or acc != np.float32 or k % _WGMMA_K[a.name] or threads % 128):
+        return None
+    groups = threads // 128
+    for count in range(groups, 0, -1):
+        if groups % count:
+            continue
+        grids = [(gm, count // gm) for gm in range(1, count + 1) if count % gm == 0]
+        grids = [(gm, gn) for gm, gn in grids
+                 if m % (64 * gm) == 0 and n % gn == 0 and n // gn in (64, 128, 256)]
+        if grids:
+            return min(grids, key=lambda g: (m // g[0] + n // g[1], -g[0]))
+    return None
 
 
 def _usable(m: int, n: int, wm: int, wn: int) -> bool:
@@ -271,6 +372,15 @@ def plan_gemm(m: int, n: int, k: int, a_dtype: Any, b_dtype: Any, acc_dtype: Any
         raise KernelError(f"gemm with A in registers needs f16 or bf16 operands into f32 and "
                           f"K % 16 == 0 (mma m16n8k16); got {a_dt.name} x {b_dt.name} -> "
                           f"{acc_dt.name}, K = {k}")
+    # tf32 wgmma reads K-major operands only: A [m, k] and B stored [n, k].
+    k_major = not trans_a and trans_b
+    grid = None if (a_in_registers or policy != "auto"
+                    or (a_dt.name == "float32" and not k_major)) else _wgmma_grid(
+        m, n, k, a_dt, b_dt, acc_dt, threads, caps)
+    if grid is not None:
+        return assemble_plan(m, n, k, a_dt, b_dt, acc_dt, threads, trans_a=trans_a,
+                             trans_b=trans_b, policy="warpgroups", instr=GemmInstr.WGMMA,
+                             warps=grid, a_in_registers=False)
     if policy == "auto":
         policy = "rows" if a_in_registers else "square"
     warps = _partition(m, n, threads // caps.warp_size, policy)
@@ -286,12 +396,16 @@ def assemble_plan(m: int, n: int, k: int, a_dtype: Any, b_dtype: Any, acc_dtype:
     (or the IR records): the layouts and shared tiles follow from them."""
     a_dt, b_dt, acc_dt = np.dtype(a_dtype), np.dtype(b_dtype), np.dtype(acc_dtype)
     warps = (int(warps[0]), int(warps[1]))
+    a_shape = (k, m) if trans_a else (m, k)
+    b_shape = (n, k) if trans_b else (k, n)
+    if instr == GemmInstr.WGMMA:
+        return GemmPlan(m, n, k, a_dt, b_dt, acc_dt, threads, trans_a, trans_b, policy, instr,
+                        warps, wgmma_accumulator((m, n), warps, threads),
+                        wgmma_tile(a_dt, *a_shape), wgmma_tile(b_dt, *b_shape), None)
     acc_layout = mma_accumulator((m, n), warps, threads, instr.label)
     # tf32 operands that ldmatrix cannot deliver are read with scalar loads of 4 rows x 8
     # consecutive columns; swizzle step 2 puts those 4 rows in distinct banks.
     tf32 = instr == GemmInstr.MMA_TF32
-    a_shape = (k, m) if trans_a else (m, k)
-    b_shape = (n, k) if trans_b else (k, n)
     a_tile = None if a_in_registers else shared_tile(a_dt, *a_shape,
                                                      2 if tf32 and trans_a else 1)
     b_tile = shared_tile(b_dt, *b_shape, 2 if tf32 and not trans_b else 1)
@@ -358,9 +472,11 @@ SCALAR = "scalar"
 
 def plan_gemms(kernel: ir.Kernel, target: Target) -> ir.Kernel:
     """The gemm planning pass: each gemm gets the notes ``instr`` (the instruction's label,
-    or ``'scalar'`` for the fallback), ``warps`` (the warp grid) and ``policy``, and each
-    shared operand the ``swizzle`` buffer attribute of its plan's tile (0 row-major, else
-    the XOR step).
+    ``'wgmma.m64nNk16'``, or ``'scalar'`` for the fallback), ``warps`` (the warp grid; for
+    wgmma ``warpgroups``, the warpgroup grid) and ``policy``, and each shared operand the
+    ``swizzle`` buffer attribute of its plan's tile (0 row-major, else the XOR step), or for
+    wgmma ``wgmma_swizzle`` (the swizzle in bytes of wgmma's canonical layout, which
+    ``smem_plan`` places at a multiple of :data:`WGMMA_ALIGN`).
 
     Assumes: regions are whole buffers where a plan is possible. Guarantees: the plan is
     made once; layout inference and code generation rebuild it from the notes
@@ -382,12 +498,20 @@ def plan_gemms(kernel: ir.Kernel, target: Target) -> ir.Kernel:
                 raise KernelError(f"shared buffer '{name}' is read by gemms that need different "
                                   f"swizzles; not lowered for CUDA yet "
                                   f"(at {_where(op)})")
+        if p.instr == GemmInstr.WGMMA:
+            return [op.with_notes(instr=p.note, warpgroups=p.warps, policy=p.policy)]
         return [op.with_notes(instr=p.instr.label, warps=p.warps, policy=p.policy)]
 
     body = ir.map_ops(kernel.body, note)
-    buffers = tuple(b.with_attrs(swizzle=tiles[b.name][0].step if tiles[b.name][0].swizzled
-                                 else 0) if b.name in tiles else b for b in kernel.buffers)
+    buffers = tuple(b.with_attrs(**_tile_attrs(tiles[b.name][0])) if b.name in tiles else b
+                    for b in kernel.buffers)
     return dataclasses.replace(kernel, buffers=buffers, body=body)
+
+
+def _tile_attrs(tile: SharedTile) -> dict[str, int]:
+    if tile.span:
+        return {"wgmma_swizzle": tile.span}
+    return {"swizzle": tile.step if tile.swizzled else 0}
 
 
 _INSTRS = {i.label: i for i in GemmInstr}
@@ -407,10 +531,17 @@ def recorded(op: ir.Op, kernel: ir.Kernel) -> GemmPlan | None:
     ta, tb = op.attrs["transpose_a"], op.attrs["transpose_b"]
     m, k = a.shape[::-1] if ta else a.shape
     n = b.shape[0] if tb else b.shape[1]
-    return assemble_plan(m, n, k, bufs[a.buffer].dtype, bufs[b.buffer].dtype,
-                         bufs[c.buffer].dtype, kernel.threads, trans_a=ta, trans_b=tb,
-                         policy=op.notes["policy"], instr=_INSTRS[instr],
-                         warps=op.notes["warps"], a_in_registers=bufs[a.buffer].scope == "fragment")
+    wgmma = instr.startswith("wgmma.")
+    p = assemble_plan(m, n, k, bufs[a.buffer].dtype, bufs[b.buffer].dtype,
+                      bufs[c.buffer].dtype, kernel.threads, trans_a=ta, trans_b=tb,
+                      policy=op.notes["policy"],
+                      instr=GemmInstr.WGMMA if wgmma else _INSTRS[instr],
+                      warps=op.notes["warpgroups" if wgmma else "warps"],
+                      a_in_registers=bufs[a.buffer].scope == "fragment")
+    if p.note != instr:
+        raise KernelError(f"internal error: gemm at {_where(op)} records instruction "
+                          f"{instr!r}, but its warpgroups give {p.note!r}")
+    return p
 
 
 def anchors(kernel: ir.Kernel) -> dict[str, Layout]:
@@ -436,7 +567,10 @@ def swizzles(kernel: ir.Kernel) -> dict[str, SharedTile]:
     """The shared buffers gemms read, with the physical layout the IR records for them."""
     out: dict[str, SharedTile] = {}
     for b in kernel.buffers:
-        if "swizzle" in b.attrs:
+        if "wgmma_swizzle" in b.attrs:
+            out[b.name] = SharedTile(np.dtype(b.dtype), *b.shape, swizzled=True, step=1,
+                                     span=b.attrs["wgmma_swizzle"])
+        elif "swizzle" in b.attrs:
             step = b.attrs["swizzle"]
             out[b.name] = SharedTile(np.dtype(b.dtype), *b.shape, swizzled=step > 0,
                                      step=max(step, 1))

@@ -148,13 +148,15 @@ def shared_picture(tile: SharedTile, title: str) -> Picture:
     permutation) and the bank its first byte falls in."""
     offsets = tile.offsets()
     itemsize = np.dtype(tile.dtype).itemsize
+    # A wgmma tile's rows are ``span``-byte pieces of column blocks; the others' whole rows.
+    row_bytes = tile.span or tile.cols * itemsize
     cells = []
     for r in range(tile.rows):
         for c in range(tile.cols):
             off = int(offsets[r, c])
             bank = off * itemsize // BANK_BYTES % BANKS
             # The swizzle permutes 16-byte chunks within a row: say which one it chose.
-            chunk = (off - r * tile.cols) * itemsize // 16
+            chunk = off * itemsize % row_bytes // 16
             lines = (f"b{bank}", f"c{chunk}") if tile.swizzled else (f"b{bank}",)
             cells.append(Cell(r, c, bank * 11 % BANKS * 360 // BANKS, 70, 75, lines,
                               f"[{r}, {c}]: offset {off}, bank {bank}"

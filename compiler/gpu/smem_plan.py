@@ -26,7 +26,9 @@ barrier (:func:`place_scratch`).
 
 Assumes: ``bytes_of`` covers every shared buffer (all stages of a multi-buffered one).
 Guarantees: buffers live at the same statement never overlap; every offset is a multiple of
-:data:`ALIGN` (``cp.async`` and ``ldmatrix`` need 16, 128 keeps swizzle phases aligned).
+:data:`ALIGN` (``cp.async`` and ``ldmatrix`` need 16, 128 keeps swizzle phases aligned), and of
+1024 for a wgmma operand tile (the ``wgmma_swizzle`` attribute: wgmma swizzles the absolute
+address, :data:`.gemm_plan.WGMMA_ALIGN`).
 """
 
 from __future__ import annotations
@@ -43,8 +45,14 @@ from ..passes.liveness import buffer_lifetimes
 from ..target import GpuCaps
 from .codegen.types import sizeof
 from .copy_schedule import issued_stages, staged_buffers
+from .gemm_plan import WGMMA_ALIGN
 
 ALIGN = 128
+
+
+def _alignments(kernel: Kernel) -> dict[str, int]:
+    """Buffers that need more than :data:`ALIGN`: wgmma operand tiles."""
+    return {b.name: WGMMA_ALIGN for b in kernel.buffers if "wgmma_swizzle" in b.attrs}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +134,7 @@ def plan_shared_memory(kernel: Kernel, bytes_of: Mapping[str, int], caps: GpuCap
     order = {b.name: i for i, b in enumerate(kernel.buffers)}
     order.update({s.name: len(order) + i for i, s in enumerate(extra)})
     spans = lifetimes(kernel.body, set(bytes_of), by_op)
+    aligns = _alignments(kernel)
     fixed = fixed or {}
     # The kernel's fixed buffers come first; extra requests, fixed or not, in placement
     # order (which the report's order of equal offsets shows).
@@ -140,11 +149,11 @@ def plan_shared_memory(kernel: Kernel, bytes_of: Mapping[str, int], caps: GpuCap
         lo, hi = spans[name]
         busy = sorted((offsets[o], offsets[o] + sizes[o]) for o in offsets
                       if spans[o][0] <= hi and lo <= spans[o][1])
-        at = 0
+        at, align = 0, aligns.get(name, ALIGN)
         for start, end in busy:
             if at + sizes[name] <= start:
                 break
-            at = max(at, -(-end // ALIGN) * ALIGN)
+            at = max(at, -(-end // align) * align)
         offsets[name] = at
     total = max((-(-(offsets[n] + sizes[n]) // ALIGN) * ALIGN for n in offsets), default=0)
     if total > caps.max_smem_bytes:

@@ -123,7 +123,7 @@ def test_wgmma_fragments_descriptors_and_swizzles(probe, case, bf16, register_a)
             idx = _tv_index(t, e)
             regs[t, e // 2] |= np.uint32(a_bits[idx % 64, idx // 64]) << np.uint32(16 * (e % 2))
     params = np.array([lbo_a, sbo_a, lbo_b, sbo_b, swizzle, a_at + 32 * step, b_at + 32 * step,
-                       int(register_a), int(bf16), 1, n], np.int32)
+                       int(register_a), int(bf16), 1, n, 0], np.int32)
     out = np.zeros((128, n // 2), np.float32)
     descs = np.zeros(2, np.uint64)
     report = probe.run(image.view(np.uint32), regs, params, out, descs)
@@ -144,6 +144,64 @@ def test_wgmma_fragments_descriptors_and_swizzles(probe, case, bf16, register_a)
     np.testing.assert_array_equal(out, expected)
 
 
+def _place_mn_major(image: np.ndarray, start: int, tile: np.ndarray, swizzle: int, lbo: int,
+                    sbo: int):
+    """Writes `tile` (n x 16 of 16-bit words) MN-major: CuTe's canonical GMMA Major-MN layouts
+    (``make_gmma_desc<Major::MN>``), in bytes, T = 16 bytes. No swizzle:
+    ((T,1,m),(8,k)):((1,T,SBO),(1T,LBO)), 8 n x 8 k core matrices whose rows are k; swizzled
+    by S bytes: ((T,S/16,m),(8,k)):((1,T,LBO),(S/16 T,SBO)), k-rows of S bytes."""
+    for n in range(tile.shape[0]):
+        for k in range(16):
+            if swizzle == 0:
+                off = (n % 8) * 2 + (n // 8) * sbo + (k % 8) * 16 + (k // 8) * lbo
+            else:
+                per_row = swizzle // 2
+                off = (n % per_row) * 2 + (n // per_row) * lbo + (k % 8) * swizzle \
+                    + (k // 8) * sbo
+            addr = _cute_swizzle(start + off, _SWIZZLE_BITS[swizzle])
+            image[addr // 2] = tile[n, k]
+
+
+# (swizzle bytes, lbo and sbo of the MN-major B, N); A K-major as in _CASES. The offsets
+# leave gaps (the layouts are not dense) and differ, so each field is pinned; N = 128 with the
+# 128-byte swizzle so that B spans two LBO-apart blocks of 64 columns.
+_MN_CASES = [(0, 128, 512, 64), (32, 1536, 512, 64), (64, 2048, 1024, 64),
+             (128, 4096, 2048, 128)]
+
+
+@pytest.mark.parametrize("swizzle, lbo_b, sbo_b, n", _MN_CASES)
+def test_wgmma_reads_an_mn_major_b_through_the_transpose_bit(probe, swizzle, lbo_b, sbo_b, n):
+    lbo_a, sbo_a = (128, 256) if swizzle == 0 else (16, 8 * swizzle)
+    rng = np.random.default_rng(40 + swizzle)
+    a = rng.integers(-4, 5, (64, 16)).astype(np.float32)
+    b = rng.integers(-4, 5, (n, 16)).astype(np.float32)
+    image = rng.integers(0, 2**16, 8192).astype(np.uint16)
+    _place(image, 0, _to_bits(a, False), swizzle, lbo_a, sbo_a)
+    _place_mn_major(image, 8192, _to_bits(b, False), swizzle, lbo_b, sbo_b)
+    params = np.array([lbo_a, sbo_a, lbo_b, sbo_b, swizzle, 0, 8192, 0, 0, 0, n, 1], np.int32)
+    out = np.zeros((128, n // 2), np.float32)
+    report = probe.run(image.view(np.uint32), np.zeros((128, 4), np.uint32), params, out,
+                       np.zeros(2, np.uint64))
+    assert [f for f in report["findings"] if f["severity"] == "error"] == []
+    d = a @ b.T
+    expected = np.empty((128, n // 2), np.float32)
+    for t in range(128):
+        for v in range(n // 2):
+            idx = _tv_index(t, v)
+            expected[t, v] = d[idx % 64, idx // 64]
+    np.testing.assert_array_equal(out, expected)
+    # without the transpose bit the same bytes are read K-major: other numbers, or (with
+    # these offsets as K-major strides) a read past the shared memory, reported
+    params[11] = 0
+    try:
+        probe.run(image.view(np.uint32), np.zeros((128, 4), np.uint32), params, out,
+                  np.zeros(2, np.uint64))
+    except EmulatorError as e:
+        assert "beyond the" in str(e)
+    else:
+        assert not np.array_equal(out, expected)
+
+
 def test_wgmma_with_the_wrong_swizzle_gives_wrong_numbers(probe):
     swizzle, (lbo_a, sbo_a), (lbo_b, sbo_b), step, _ = _CASES[3]
     rng = np.random.default_rng(1)
@@ -153,7 +211,7 @@ def test_wgmma_with_the_wrong_swizzle_gives_wrong_numbers(probe):
     _place(image, 0, _to_bits(a, False), swizzle, lbo_a, sbo_a)
     _place(image, 8192, _to_bits(b, False), swizzle, lbo_b, sbo_b)
     # The descriptor says 64-byte swizzle; the tiles are laid out with 128.
-    params = np.array([lbo_a, sbo_a, lbo_b, sbo_b, 64, 0, 8192, 0, 0, 0, 64], np.int32)
+    params = np.array([lbo_a, sbo_a, lbo_b, sbo_b, 64, 0, 8192, 0, 0, 0, 64, 0], np.int32)
     out = np.zeros((128, 32), np.float32)
     probe.run(image.view(np.uint32), np.zeros((128, 4), np.uint32), params, out,
               np.zeros(2, np.uint64))
@@ -221,7 +279,7 @@ def test_wgmma_reading_unfenced_generic_writes_is_reported():
         LaunchConfig((1, 1, 1), (128, 1, 1), dynamic_smem=16384 + 1024),
         file="wgmma_probe_sm90a.cu",
     )
-    params = np.array([128, 256, 1024, 128, 0, 0, 8192, 0, 0, 0, 64], np.int32)
+    params = np.array([128, 256, 1024, 128, 0, 0, 8192, 0, 0, 0, 64, 0], np.int32)
     with pytest.raises(EmulatorError) as e:
         probe.run(np.zeros(4096, np.uint32), np.zeros((128, 4), np.uint32), params,
                   np.zeros((128, 32), np.float32), np.zeros(2, np.uint64))

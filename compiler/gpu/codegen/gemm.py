@@ -9,6 +9,11 @@ physical order of its shared operand tiles, which every access to those buffers 
 follows. The op itself becomes one call of
 ``jaxtile/tile_gemm.h``.
 
+A wgmma plan (sm_90a) prints its statements (:meth:`..gemm_plan.GemmPlan.wgmma_calls`): the
+accumulator into ``wgmma_acc`` registers, the proxy fence and barrier that make the copies'
+generic writes visible to wgmma, ``wgmma.fence``, the asynchronous wgmmas over K,
+``commit_group`` and ``wait_group`` before the accumulator is read back.
+
 A gemm the planner cannot take (tiles that do not split into 16 x 8 atoms, operands in
 fragments or local buffers other than gemm_rs's A) falls back to scalar multiply-adds: each
 thread computes the accumulator elements its layout gives it, reading the operands from
@@ -20,7 +25,7 @@ from __future__ import annotations
 
 from ... import ir, semantics
 from ...errors import KernelError
-from ..gemm_plan import cpp_type, recorded
+from ..gemm_plan import GemmInstr, cpp_type, recorded
 from . import scalar_math as M
 from . import types as T
 from .context import Context, source_line
@@ -33,6 +38,15 @@ def lower_gemm(cx: Context, op: ir.Op) -> None:
         _fallback(cx, op)
         return
     a, b, c = (cx.bufs[op.attrs[r].buffer] for r in ("a", "b", "c"))
+    if p.instr == GemmInstr.WGMMA:
+        a_span = p.a_tile.span if p.a_tile is not None else 0
+        cx.w(f"// {p.note} over {p.warps[0]}x{p.warps[1]} warpgroups: A {_major(p.trans_a)}, "
+             f"B {_major(not p.trans_b)}, swizzles {a_span}/{p.b_tile.span} bytes")
+        with cx.w.block(""):
+            for line in p.wgmma_calls(cx.base(a.name), cx.base(b.name), c.name,
+                                      cx.tmp("wg_acc")):
+                cx.w(line)
+        return
     cx.w(f"// {p.instr.label} over {p.warps[0]}x{p.warps[1]} warps ({p.policy})")
     if p.a_layout is None:
         cx.w(p.call(cx.base(a.name), cx.base(b.name), c.name))
@@ -44,6 +58,10 @@ def lower_gemm(cx: Context, op: ir.Op) -> None:
     cx.w(f"for (int k = 0; k < {a.layout.num_local}; ++k) "
          f"{regs}[k] = {T.to_memory(f'{a.name}[k]', a.dtype)};")
     cx.w(p.call(regs, cx.base(b.name), c.name))
+
+
+def _major(mn: bool) -> str:
+    return "MN-major" if mn else "K-major"
 
 
 def _operand(cx: Context, op: ir.Op, attr: str):

@@ -55,10 +55,13 @@
 //   bulk_commit_group() / bulk_wait_group<N>()   cp.async.bulk.commit_group / .wait_group N
 //   wgmma_desc(p, lbo, sbo, swizzle)   a shared-memory matrix descriptor (64 bits)
 //   wgmma_acc<N>                   the m64nN f32 accumulator fragment (N/2 floats per thread)
-//   wgmma_{f16,bf16}<N>(d, desc_a, desc_b, scale_d)
+//   wgmma_{f16,bf16}<N, TA, TB>(d, desc_a, desc_b, scale_d)
 //                                  wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16} (A and B
-//                                  K-major from shared memory)
-//   wgmma_{f16,bf16}_rs<N>(d, a, desc_b, scale_d)   the same with A from 4 registers
+//                                  from shared memory; TA / TB true: that operand is MN-major,
+//                                  the imm-trans-a / imm-trans-b immediates)
+//   wgmma_{f16,bf16}_rs<N, TB>(d, a, desc_b, scale_d)   the same with A from 4 registers
+//   wgmma_tf32<N>(d, desc_a, desc_b, scale_d)   wgmma...m64nNk8.f32.tf32.tf32 (K-major f32
+//                                  words, read as tf32: the low 13 mantissa bits ignored)
 //   wgmma_fence() / wgmma_commit_group() / wgmma_wait_group<N>()
 //                                  wgmma.fence / .commit_group / .wait_group N (.sync.aligned)
 //   setmaxnreg_inc<N>() / setmaxnreg_dec<N>()   setmaxnreg.{inc,dec}.sync.aligned.u32 N

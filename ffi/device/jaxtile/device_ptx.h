@@ -7,7 +7,9 @@
 #define JT_LAUNCH_BOUNDS(...) __launch_bounds__(__VA_ARGS__)
 #define JT_SHARED(T, name, count) __shared__ __align__(16) T name[count]
 
-extern __shared__ __align__(16) unsigned char jaxtile_dynamic_smem[];
+// 1024-byte aligned: wgmma's swizzled operand tiles are placed at multiples of 1024 bytes from
+// here, and the swizzle pattern is a function of the absolute shared address.
+extern __shared__ __align__(1024) unsigned char jaxtile_dynamic_smem[];
 #define JT_SHARED_AT(T, name, count, offset) \
   T* name = reinterpret_cast<T*>(jaxtile_dynamic_smem + (offset))
 
@@ -226,6 +228,7 @@ JT_DEVICE unsigned smem_u32(const T* p) {
 // Only for sm_90a device code (and nvcc's host pass, which parses but does not assemble it):
 // a kernel using them compiled for another architecture fails to compile, naming them.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
+#define JT_HAS_WGMMA 1
 
 JT_DEVICE void mbarrier_init(uint64_t* bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr_(bar)), "r"(count)
@@ -379,45 +382,67 @@ struct wgmma_acc {
   JT_DEVICE float& operator[](int i) { return r[i]; }
 };
 
-// D (+)= A * B with A and B K-major in shared memory (no transposes, scales +1); the
-// predicate scale_d != 0 keeps D.
-#define JT_WGMMA_SS_ASM(N, T, IA, IB, IS)                                                     \
+// D (+)= A * B with A and B in shared memory (scales +1); the predicate scale_d != 0 keeps D.
+// The immediates imm-trans-a / imm-trans-b (TA, TB) say an operand is MN-major ("transposed":
+// M or N contiguous in its rows, the canonical MN-major layout) rather than K-major.
+#define JT_WGMMA_SS_ASM(N, T, IA, IB, IS, ITA, ITB)                                           \
   asm volatile("{ .reg .pred p; setp.ne.b32 p, %" IS ", 0;\n"                                 \
                "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." T "." T " {" JT_WGMMA_D##N   \
-               "}, %" IA ", %" IB ", p, 1, 1, 0, 0; }"                                        \
+               "}, %" IA ", %" IB ", p, 1, 1, %" ITA ", %" ITB "; }"                          \
                : JT_WGMMA_OUT##N(d)                                                           \
-               : "l"(desc_a), "l"(desc_b), "r"(scale_d)                                       \
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(int(TA)), "n"(int(TB))           \
                : "memory")
-// The same with A from registers (its fragment as mma.m16n8k16's A, per warp of 16 rows).
-#define JT_WGMMA_RS_ASM(N, T, A0, A1, A2, A3, IB, IS)                                       \
+// The same with A from registers (its fragment as mma.m16n8k16's A, per warp of 16 rows);
+// only B has a transpose immediate.
+#define JT_WGMMA_RS_ASM(N, T, A0, A1, A2, A3, IB, IS, ITB)                                  \
   asm volatile("{ .reg .pred p; setp.ne.b32 p, %" IS ", 0;\n"                                 \
                "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." T "." T " {" JT_WGMMA_D##N   \
-               "}, {%" A0 ", %" A1 ", %" A2 ", %" A3 "}, %" IB ", p, 1, 1, 0; }"               \
+               "}, {%" A0 ", %" A1 ", %" A2 ", %" A3 "}, %" IB ", p, 1, 1, %" ITB "; }"        \
                : JT_WGMMA_OUT##N(d)                                                           \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d)        \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d),       \
+                 "n"(int(TB))                                                                 \
                : "memory")
 #define JT_WGMMA_SS_FN(name, T)                                                               \
-  template <int N>                                                                            \
+  template <int N, bool TA = false, bool TB = false>                                          \
   JT_DEVICE void name(wgmma_acc<N>& d, uint64_t desc_a, uint64_t desc_b, int scale_d) {       \
     if constexpr (N == 64) {                                                                  \
-      JT_WGMMA_SS_ASM(64, T, "32", "33", "34");                                              \
+      JT_WGMMA_SS_ASM(64, T, "32", "33", "34", "35", "36");                                  \
     } else if constexpr (N == 128) {                                                          \
-      JT_WGMMA_SS_ASM(128, T, "64", "65", "66");                                             \
+      JT_WGMMA_SS_ASM(128, T, "64", "65", "66", "67", "68");                                 \
     } else {                                                                                  \
-      JT_WGMMA_SS_ASM(256, T, "128", "129", "130");                                          \
+      JT_WGMMA_SS_ASM(256, T, "128", "129", "130", "131", "132");                            \
     }                                                                                         \
   }
 #define JT_WGMMA_RS_FN(name, T)                                                               \
-  template <int N>                                                                            \
+  template <int N, bool TB = false>                                                           \
   JT_DEVICE void name(wgmma_acc<N>& d, const unsigned (&a)[4], uint64_t desc_b, int scale_d) { \
     if constexpr (N == 64) {                                                                  \
-      JT_WGMMA_RS_ASM(64, T, "32", "33", "34", "35", "36", "37");                            \
+      JT_WGMMA_RS_ASM(64, T, "32", "33", "34", "35", "36", "37", "38");                      \
     } else if constexpr (N == 128) {                                                          \
-      JT_WGMMA_RS_ASM(128, T, "64", "65", "66", "67", "68", "69");                           \
+      JT_WGMMA_RS_ASM(128, T, "64", "65", "66", "67", "68", "69", "70");                     \
     } else {                                                                                  \
-      JT_WGMMA_RS_ASM(256, T, "128", "129", "130", "131", "132", "133");                     \
+      JT_WGMMA_RS_ASM(256, T, "128", "129", "130", "131", "132", "133", "134");              \
     }                                                                                         \
   }
+// tf32 (m64nNk8): both operands K-major (no transpose immediates), f32 words in shared memory
+// of which the tensor core reads the tf32 bits.
+#define JT_WGMMA_TF32_ASM(N, IA, IB, IS)                                                       \
+  asm volatile("{ .reg .pred p; setp.ne.b32 p, %" IS ", 0;\n"                                 \
+               "wgmma.mma_async.sync.aligned.m64n" #N "k8.f32.tf32.tf32 {" JT_WGMMA_D##N      \
+               "}, %" IA ", %" IB ", p, 1, 1; }"                                              \
+               : JT_WGMMA_OUT##N(d)                                                           \
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d)                                       \
+               : "memory")
+template <int N>
+JT_DEVICE void wgmma_tf32(wgmma_acc<N>& d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  if constexpr (N == 64) {
+    JT_WGMMA_TF32_ASM(64, "32", "33", "34");
+  } else if constexpr (N == 128) {
+    JT_WGMMA_TF32_ASM(128, "64", "65", "66");
+  } else {
+    JT_WGMMA_TF32_ASM(256, "128", "129", "130");
+  }
+}
 JT_WGMMA_SS_FN(wgmma_f16, "f16")
 JT_WGMMA_SS_FN(wgmma_bf16, "bf16")
 JT_WGMMA_RS_FN(wgmma_f16_rs, "f16")

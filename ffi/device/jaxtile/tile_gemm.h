@@ -57,6 +57,45 @@ struct PlainTile {
   static JT_DEVICE int offset(int row, int col) { return row * COLS + col; }
 };
 
+// A ROWS x COLS tile of T in the canonical swizzled layout wgmma reads (and TMA writes): the
+// columns are cut into blocks of SPAN bytes (SPAN / sizeof(T) columns), stored one after
+// another, each ROWS rows of SPAN bytes; every byte address is then swizzled, bits 4-6 (the
+// 16-byte chunk) XOR bits 7-9 (the row within a group of 8) masked to SPAN / 16 - 1. That is
+// wgmma's SPAN-byte swizzle of the absolute shared address, so the tile starts at a multiple of
+// 1024 bytes (the smem plan places it there). A K-major operand (rows M or N, columns K) is
+// CUTLASS's Layout_K_SW<SPAN> atoms stacked along M/N, then K; an MN-major one (rows K, columns
+// M or N) its Layout_MN_SW<SPAN> atoms stacked along K, then M/N. 16-byte chunks stay whole, so
+// vector copies write it as they write a row-major tile.
+template <class T, int ROWS, int COLS, int SPAN>
+struct WgmmaTile {
+  static constexpr int kRowElems = SPAN / int(sizeof(T));
+  static constexpr int kBlockBytes = ROWS * SPAN;
+  static constexpr int kElems = ROWS * COLS;
+  static_assert(SPAN == 32 || SPAN == 64 || SPAN == 128, "wgmma swizzles are 32, 64 or 128 bytes");
+  static_assert(COLS % kRowElems == 0 && ROWS % 8 == 0,
+                "a wgmma tile is whole swizzle atoms (8 rows of SPAN bytes)");
+  static JT_DEVICE int byte(int row, int col) {
+    const int at = (col / kRowElems) * kBlockBytes + row * SPAN + (col % kRowElems) * int(sizeof(T));
+    return at ^ (((at >> 7) & (SPAN / 16 - 1)) << 4);
+  }
+  static JT_DEVICE int offset(int row, int col) { return byte(row, col) / int(sizeof(T)); }
+  // The descriptor of the operand slice whose first M/N index is mn0 and first K index k0
+  // (mn0 a multiple of 64, k0 of 32 bytes' worth of K). K-major: 8-row groups SBO = 8 * SPAN apart, k0 inside a
+  // column block moves the start (the swizzle is of the absolute address), LBO unused.
+  // MN-major: LBO = kBlockBytes between blocks of SPAN / sizeof(T) M/N indices, SBO = 8 * SPAN
+  // between groups of 8 k-rows.
+  template <bool MN_MAJOR, class P>
+  static JT_DEVICE uint64_t desc(P base, int mn0, int k0) {
+    if constexpr (MN_MAJOR) {
+      const int at = (mn0 / kRowElems) * kBlockBytes + k0 * SPAN;
+      return wgmma_desc(base + at / int(sizeof(T)), kBlockBytes, 8 * SPAN, SPAN);
+    } else {
+      const int at = (k0 / kRowElems) * kBlockBytes + mn0 * SPAN + (k0 % kRowElems) * int(sizeof(T));
+      return wgmma_desc(base + at / int(sizeof(T)), 16, 8 * SPAN, SPAN);
+    }
+  }
+};
+
 // ---- instructions (the planner's GemmInstr values) -------------------------------------------
 constexpr int kGemmFma = 0;      // scalar multiply-add: any types with a C++ product
 constexpr int kGemmMma16 = 1;    // mma.sync m16n8k16, f16 or bf16 inputs, f32 accumulator
@@ -399,5 +438,71 @@ JT_DEVICE void gemm_rs(const TA* a, ptr<TB> b, float* acc) {
     gemm_detail::mma16_step<LB, TRANS_B, kBf16, W::MI, W::NI>(acc, af, b, w.col0, k0, w.lane);
   }
 }
+
+// ---- wgmma (sm_90a) --------------------------------------------------------------------------
+// Only where the device header has wgmma (sm_90a device code, the host pass, the emulator).
+#if defined(JT_HAS_WGMMA)
+// C[M, N] += op(A) @ op(B) by the block's WG_M x WG_N warpgroups (numbered row-major, 128
+// threads each; further warpgroups repeat the first ones): warpgroup (i, j) owns rows
+// [i * M / WG_M, ...) and columns [j * NW, ...), NW = N / WG_N, and covers them with MI =
+// M / (64 WG_M) accumulators of wgmma.m64nNWk16 stacked along M (the planner's
+// wgmma_accumulator layout: slot mi * NW / 2 + i is accumulator mi's register i). A is stored
+// [M, K] (K-major) or [K, M] when TRANS_A (MN-major), B [K, N] (MN-major) or [N, K] when
+// TRANS_B (K-major), both as WgmmaTile. The caller brackets the call: wgmma_acc_load,
+// fence.proxy.async and a barrier (the copies' generic writes become visible to wgmma's async
+// proxy), wgmma_fence, this, wgmma_commit_group, wgmma_wait_group<0>, wgmma_acc_store.
+template <int NW, int MI>
+JT_DEVICE void wgmma_acc_load(wgmma_acc<NW> (&d)[MI], const float* acc) {
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+    for (int i = 0; i < NW / 2; ++i) d[mi][i] = acc[mi * (NW / 2) + i];
+  }
+}
+template <int NW, int MI>
+JT_DEVICE void wgmma_acc_store(float* acc, wgmma_acc<NW> (&d)[MI]) {
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+    for (int i = 0; i < NW / 2; ++i) acc[mi * (NW / 2) + i] = d[mi][i];
+  }
+}
+
+// Issues the asynchronous wgmmas over K (K / 16 steps of MI instructions, K / 8 for tf32, whose
+// operands are both K-major); results land at the caller's wgmma_wait_group.
+template <int M, int N, int K, int WG_M, int WG_N, bool TRANS_A, bool TRANS_B, class LA,
+          class LB, class TA, class TB, int NW, int MI>
+JT_DEVICE void gemm_wgmma(wgmma_acc<NW> (&d)[MI], ptr<TA> a, ptr<TB> b) {
+  using A = gemm_detail::bare_t<TA>;
+  constexpr bool kBf16 = gemm_detail::same<A, bf16>::value;
+  constexpr bool kTf32 = gemm_detail::same<A, float>::value;
+  // One instruction covers 32 bytes of K: k16 for 16-bit types, k8 for tf32.
+  constexpr int kStep = 32 / int(sizeof(A));
+  static_assert(gemm_detail::same<A, gemm_detail::bare_t<TB>>::value &&
+                    (kBf16 || kTf32 || gemm_detail::same<A, half>::value),
+                "wgmma: f16 x f16, bf16 x bf16 or f32 (tf32) x f32 into f32");
+  static_assert(!kTf32 || (!TRANS_A && TRANS_B), "wgmma tf32 takes K-major operands only");
+  static_assert(NW * WG_N == N && MI * 64 * WG_M == M && K % kStep == 0,
+                "each warpgroup owns whole m64nNWk16 (k8 for tf32) steps");
+  const int wg = int(warp_id()) / 4 % (WG_M * WG_N);
+  const int row0 = (wg / WG_N) * (M / WG_M), col0 = (wg % WG_N) * NW;
+#pragma unroll
+  for (int k0 = 0; k0 < K; k0 += kStep) {
+    const uint64_t db = LB::template desc<!TRANS_B>(b, col0, k0);
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) {
+      const uint64_t da = LA::template desc<TRANS_A>(a, row0 + 64 * mi, k0);
+      if constexpr (kTf32) {
+        wgmma_tf32<NW>(d[mi], da, db, 1);
+      } else if constexpr (kBf16) {
+        wgmma_bf16<NW, TRANS_A, !TRANS_B>(d[mi], da, db, 1);
+      } else {
+        wgmma_f16<NW, TRANS_A, !TRANS_B>(d[mi], da, db, 1);
+      }
+    }
+  }
+}
+
+#endif  // JT_HAS_WGMMA
 
 }  // namespace jaxtile

@@ -11,7 +11,15 @@
 // 2q + (e & 1) + 8 * (e >> 2). K-major shared operands, element (r, k) of 16-bit type: with
 // no swizzle, 8x8 core matrices of 16-byte rows at (r % 8) * 16 + (r / 8) * SBO + (k / 8) * LBO
 // + (k % 8) * 2; with a swizzle of S bytes (32, 64, 128), rows of S bytes at (r % 8) * S +
-// (r / 8) * SBO + 2k, the address then swizzled as TMA writes it.
+// (r / 8) * SBO + 2k, the address then swizzled as TMA writes it. MN-major operands (the
+// instruction's imm-trans bit set; CUTLASS's canonical GMMA Major-MN layouts), element
+// (r, k) with r along M or N: with no swizzle, core matrices of 8 k-rows of 16 bytes at
+// (r % 8) * 2 + (r / 8) * SBO + (k % 8) * 16 + (k / 8) * LBO; with a swizzle of S bytes,
+// k-rows of S bytes holding S / 2 consecutive r: (r % (S/2)) * 2 + (r / (S/2)) * LBO +
+// (k % 8) * S + (k / 8) * SBO, then swizzled. (The two offsets trade roles between the
+// unswizzled and swizzled MN-major forms.)
+// tf32 (m64nNk8, K-major only): the same K-major layouts over 32 bytes of K, 4-byte elements
+// (4 per 16-byte core-matrix row), each f32 word read with its low 13 mantissa bits dropped.
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -41,14 +49,25 @@ uint32_t swizzle_of(uint32_t addr, uint32_t span) {
   }
 }
 
-float element(uint16_t bits, int type) {
+// The bytes of one operand element, and the K of one instruction (32 bytes of K).
+uint32_t element_bytes(int type) { return type == kWgmmaTf32 ? 4u : 2u; }
+int k_of(int type) { return type == kWgmmaTf32 ? 8 : 16; }
+
+float element(uint32_t bits, int type) {
+  if (type == kWgmmaTf32) {
+    // The tensor core reads an f32 word as tf32: its low 13 mantissa bits are not used.
+    const uint32_t x = bits & 0xffffe000u;
+    float f;
+    std::memcpy(&f, &x, 4);
+    return f;
+  }
   if (type == kWgmmaBf16) {
     const uint32_t x = static_cast<uint32_t>(bits) << 16;
     float f;
     std::memcpy(&f, &x, 4);
     return f;
   }
-  return f16_bits_to_f32(bits);
+  return f16_bits_to_f32(static_cast<uint16_t>(bits));
 }
 
 const Region* region_at(const Block& b, uint64_t offset) {
@@ -61,8 +80,8 @@ const Region* region_at(const Block& b, uint64_t offset) {
 }
 
 // Reads the rows x 16 operand a descriptor describes into `out`; false after a report.
-bool read_operand(Block& b, Fiber& me, uint64_t desc, int rows, int type, float* out,
-                  uint32_t line, const char* which, std::vector<uint32_t>* offsets) {
+bool read_operand(Block& b, Fiber& me, uint64_t desc, bool mn_major, int rows, int type,
+                  float* out, uint32_t line, const char* which, std::vector<uint32_t>* offsets) {
   const uint32_t start = static_cast<uint32_t>(desc & 0x3fffu) << 4;
   const uint32_t lbo = static_cast<uint32_t>((desc >> 16) & 0x3fffu) << 4;
   const uint32_t sbo = static_cast<uint32_t>((desc >> 32) & 0x3fffu) << 4;
@@ -77,14 +96,24 @@ bool read_operand(Block& b, Fiber& me, uint64_t desc, int rows, int type, float*
                "the pattern's period");
     return false;
   }
+  const uint32_t eb = element_bytes(type);
+  const int kk = k_of(type);
   for (int r = 0; r < rows; ++r) {
-    for (int k = 0; k < 16; ++k) {
+    for (int k = 0; k < kk; ++k) {
       const uint32_t ur = static_cast<uint32_t>(r), uk = static_cast<uint32_t>(k);
-      const uint32_t off = span == 0 ? (ur % 8) * 16 + (ur / 8) * sbo + (uk / 8) * lbo +
-                                           (uk % 8) * 2
-                                     : (ur % 8) * span + (ur / 8) * sbo + uk * 2;
+      // K-major core matrices are 8 rows of 16 bytes (8 16-bit or 4 tf32 elements).
+      uint32_t off;
+      if (!mn_major) {
+        off = span == 0 ? (ur % 8) * 16 + (ur / 8) * sbo + (uk * eb / 16) * lbo + uk * eb % 16
+                        : (ur % 8) * span + (ur / 8) * sbo + uk * eb;
+      } else if (span == 0) {
+        off = (ur % 8) * eb + (ur / 8) * sbo + (uk % 8) * 16 + (uk / 8) * lbo;
+      } else {
+        const uint32_t per_row = span / eb;
+        off = (ur % per_row) * eb + (ur / per_row) * lbo + (uk % 8) * span + (uk / 8) * sbo;
+      }
       const uint32_t addr = swizzle_of(start + off, span);
-      if (static_cast<uint64_t>(addr) + 2 > b.smem_capacity) {
+      if (static_cast<uint64_t>(addr) + eb > b.smem_capacity) {
         report(kError, "wgmma-oob:" + std::to_string(line),
                std::string("wgmma at ") + where(b, line) + ": the descriptor of " + which +
                    " reaches shared address " + std::to_string(addr) + ", beyond the " +
@@ -92,13 +121,14 @@ bool read_operand(Block& b, Fiber& me, uint64_t desc, int rows, int type, float*
         return false;
       }
       if (g_checks) {
-        check_shared(me, region_at(b, addr), b.smem + addr, 2,
+        check_shared(me, region_at(b, addr), b.smem + addr, eb,
                      kRead | kNoBankLog | kAsyncProxy, line);
-        offsets->push_back(addr);
+        // The wait re-checks 2-byte pieces.
+        for (uint32_t piece = 0; piece < eb; piece += 2) offsets->push_back(addr + piece);
       }
-      uint16_t bits;
-      std::memcpy(&bits, b.smem + addr, 2);
-      out[r * 16 + k] = element(bits, type);
+      uint32_t bits = 0;
+      std::memcpy(&bits, b.smem + addr, eb);
+      out[r * kk + k] = element(bits, type);
     }
   }
   return true;
@@ -110,11 +140,12 @@ void run_wgmma(Block& b, Fiber& me, uint32_t wg, const WgmmaIn* const* in, uint3
   for (uint32_t t = 0; t < 128; ++t) {
     const WgmmaIn& w = *in[t];
     if (w.n != w0.n || w.type != w0.type || w.desc_b != w0.desc_b ||
+        w.trans_a != w0.trans_a || w.trans_b != w0.trans_b ||
         (w.a == nullptr) != (w0.a == nullptr) || (w.a == nullptr && w.desc_a != w0.desc_a) ||
         (w.scale_d != 0) != (w0.scale_d != 0)) {
       report(kError, "wgmma-operands:" + std::to_string(line),
              "wgmma at " + where(b, line) + ": " + thread_name(b, wg * 128 + t) +
-                 " gives other operands (shape, type, descriptors or scale-d) than " +
+                 " gives other operands (shape, type, descriptors, transposes or scale-d) than " +
                  thread_name(b, wg * 128) + " of its warpgroup");
       abort_block(&me);
     }
@@ -128,14 +159,17 @@ void run_wgmma(Block& b, Fiber& me, uint32_t wg, const WgmmaIn* const* in, uint3
     }
   }
   const int n = w0.n;
+  const int kk = k_of(w0.type);
   std::vector<float> a(64 * 16), bm(static_cast<size_t>(n) * 16);
   // Checked as read now, with this thread's clock, and again at its wait (see PendingRead).
   PendingRead reads{me.wgmma_group, line, {}};
-  if (!read_operand(b, me, w0.desc_b, n, w0.type, bm.data(), line, "B", &reads.offsets)) {
+  if (!read_operand(b, me, w0.desc_b, w0.trans_b, n, w0.type, bm.data(), line, "B",
+                    &reads.offsets)) {
     abort_block(&me);
   }
   if (w0.a == nullptr) {
-    if (!read_operand(b, me, w0.desc_a, 64, w0.type, a.data(), line, "A", &reads.offsets)) {
+    if (!read_operand(b, me, w0.desc_a, w0.trans_a, 64, w0.type, a.data(), line, "A",
+                      &reads.offsets)) {
       abort_block(&me);
     }
   } else {
@@ -169,7 +203,7 @@ void run_wgmma(Block& b, Fiber& me, uint32_t wg, const WgmmaIn* const* in, uint3
       const uint32_t row = 16 * wq + g + 8 * ((ui >> 1) & 1u);
       const uint32_t col = 8 * (ui >> 2) + 2 * q + (ui & 1u);
       float acc = w.scale_d != 0 ? c[ui] : 0.0f;
-      for (int k = 0; k < 16; ++k) acc += a[row * 16 + k] * bm[col * 16 + k];
+      for (int k = 0; k < kk; ++k) acc += a[row * kk + k] * bm[col * kk + k];
       c[ui] = acc;
     }
     if (entry == nullptr) {

@@ -3,7 +3,8 @@
 // thread's accumulator registers and the descriptors out as they are: the layouts are then
 // checked against an independent model on the host (tests/emulator/test_hopper_primitives.py).
 // params: lbo_a, sbo_a, lbo_b, sbo_b, swizzle bytes, byte offset of A in the image, of B,
-// register A (0/1), bf16 (0/1), accumulate onto t * N + i (0/1), N.
+// register A (0/1), bf16 (0/1), accumulate onto t * N + i (0/1), N, B MN-major (0/1: the
+// imm-trans-b bit; f16 shared A only).
 #include <jaxtile/device.h>
 
 using jaxtile::ptr;
@@ -20,7 +21,9 @@ JT_DEVICE void run_probe(ptr<const unsigned> a_regs, ptr<const int> params, ptr<
   unsigned a[4];
   for (int j = 0; j < 4; ++j) a[j] = a_regs[t * 4 + j];
   jaxtile::wgmma_fence();
-  if (params[7] && params[8]) {
+  if (params[11]) {
+    jaxtile::wgmma_f16<N, false, true>(acc, da, db, accumulate);
+  } else if (params[7] && params[8]) {
     jaxtile::wgmma_bf16_rs<N>(acc, a, db, accumulate);
   } else if (params[7]) {
     jaxtile::wgmma_f16_rs<N>(acc, a, db, accumulate);

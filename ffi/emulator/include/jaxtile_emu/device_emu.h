@@ -415,6 +415,7 @@ void cp_async_wait(uint32_t line = __builtin_LINE()) {
 }
 
 // ---- Hopper (sm_90a): mbarriers, TMA, wgmma, proxy fences, setmaxnreg ----
+#define JT_HAS_WGMMA 1  // tile_gemm.h's wgmma gemm (the emulator runs every architecture)
 template <class T>
 unsigned smem_u32(ptr<T> p, uint32_t line = __builtin_LINE()) {
   return emu::smem_address(p.region(), p.raw(), line);
@@ -491,29 +492,34 @@ struct wgmma_acc {
 };
 template <int N>
 void wgmma_(wgmma_acc<N>& d, int type, uint64_t desc_a, const unsigned* a, uint64_t desc_b,
-            int scale_d, uint32_t line) {
-  const emu::WgmmaIn in{d.r, &d.in_flight, N, type, desc_a, desc_b, a, scale_d};
+            int scale_d, bool ta, bool tb, uint32_t line) {
+  const emu::WgmmaIn in{d.r, &d.in_flight, N, type, desc_a, desc_b, a, scale_d, ta, tb};
   emu::wgmma(&in, line);
 }
-template <int N>
+template <int N, bool TA = false, bool TB = false>
 void wgmma_f16(wgmma_acc<N>& d, uint64_t desc_a, uint64_t desc_b, int scale_d,
                uint32_t line = __builtin_LINE()) {
-  wgmma_(d, emu::kWgmmaF16, desc_a, nullptr, desc_b, scale_d, line);
+  wgmma_(d, emu::kWgmmaF16, desc_a, nullptr, desc_b, scale_d, TA, TB, line);
 }
-template <int N>
+template <int N, bool TA = false, bool TB = false>
 void wgmma_bf16(wgmma_acc<N>& d, uint64_t desc_a, uint64_t desc_b, int scale_d,
                 uint32_t line = __builtin_LINE()) {
-  wgmma_(d, emu::kWgmmaBf16, desc_a, nullptr, desc_b, scale_d, line);
+  wgmma_(d, emu::kWgmmaBf16, desc_a, nullptr, desc_b, scale_d, TA, TB, line);
 }
 template <int N>
+void wgmma_tf32(wgmma_acc<N>& d, uint64_t desc_a, uint64_t desc_b, int scale_d,
+                uint32_t line = __builtin_LINE()) {
+  wgmma_(d, emu::kWgmmaTf32, desc_a, nullptr, desc_b, scale_d, false, false, line);
+}
+template <int N, bool TB = false>
 void wgmma_f16_rs(wgmma_acc<N>& d, const unsigned (&a)[4], uint64_t desc_b, int scale_d,
                   uint32_t line = __builtin_LINE()) {
-  wgmma_(d, emu::kWgmmaF16, 0, a, desc_b, scale_d, line);
+  wgmma_(d, emu::kWgmmaF16, 0, a, desc_b, scale_d, false, TB, line);
 }
-template <int N>
+template <int N, bool TB = false>
 void wgmma_bf16_rs(wgmma_acc<N>& d, const unsigned (&a)[4], uint64_t desc_b, int scale_d,
                    uint32_t line = __builtin_LINE()) {
-  wgmma_(d, emu::kWgmmaBf16, 0, a, desc_b, scale_d, line);
+  wgmma_(d, emu::kWgmmaBf16, 0, a, desc_b, scale_d, false, TB, line);
 }
 inline void wgmma_fence(uint32_t = __builtin_LINE()) { emu::wgmma_fence(); }
 inline void wgmma_commit_group(uint32_t = __builtin_LINE()) { emu::wgmma_commit(); }

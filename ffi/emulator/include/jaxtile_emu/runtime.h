@@ -190,7 +190,7 @@ void tma_store(const Region* map_r, const void* map, const Region* src_r, const 
                const int32_t* coords, int rank, uint32_t line);
 void bulk_commit();
 void bulk_wait(int pending, uint32_t line);
-enum WgmmaType : int { kWgmmaF16, kWgmmaBf16 };
+enum WgmmaType : int { kWgmmaF16, kWgmmaBf16, kWgmmaTf32 };
 struct WgmmaIn {
   float* acc;             // the thread's N/2 accumulator registers
   uint32_t* in_flight;    // the accumulator's "result not retired" mark (the issuing line)
@@ -199,6 +199,7 @@ struct WgmmaIn {
   uint64_t desc_a, desc_b;
   const uint32_t* a;      // the register-A form's 4 registers, or null (A from desc_a)
   int scale_d;            // 0: D = A*B, else D = A*B + D
+  bool trans_a, trans_b;  // imm-trans-a / imm-trans-b: that operand is MN-major
 };
 void wgmma(const WgmmaIn* in, uint32_t line);
 void wgmma_fence();

@@ -240,7 +240,7 @@ def _sm90a_figures(args: argparse.Namespace) -> dict:
     err = float(np.abs(c - a.astype(np.float64) @ b.astype(np.float64)).max())
     cold = _cold_compiles(args.cold_runs, "sm_90a")
     return {
-        "kernel": "_gemm of tests/cuda/test_language_gemm_figures.py (4096^3 fp16 -> f32, "
+        "kernel": "_gemm of tests/compiler/cuda/test_language_gemm_figures.py (4096^3 fp16 -> f32, "
                   "128 threads = 1 warpgroup, jt.pipelined stages=3, sm_90a)",
         "instr": instr,
         "compiler": compiled.compiler,

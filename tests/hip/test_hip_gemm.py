@@ -23,6 +23,8 @@ from jaxtile.compiler.gpu.gemm_plan import GemmInstr, plan_gemm, shared_tile
 from jaxtile.compiler.hip import lds, mfma
 from jaxtile.compiler.hip import lower as hip_lower
 from jaxtile.compiler.target import Target, parse_target
+from jaxtile.ops import _tiles
+from jaxtile.ops.attention import default_tiles
 
 SLOW = pytest.mark.slow
 GFX942, GFX90A = parse_target("hip:gfx942"), parse_target("hip:gfx90a")
@@ -192,7 +194,7 @@ def _close(got, want, tol):
                                rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+@pytest.mark.parametrize("dtype", [jnp.float16, pytest.param(jnp.bfloat16, marks=SLOW)])
 def test_gemm_runs_on_mfma(hip_emulator, dtype):
     a, b = _data((64, 64), dtype), _data((64, 64), dtype, 1)
     got = jax.jit(matmul)(a, b)
@@ -215,3 +217,38 @@ def test_library_matmul(hip_emulator, dtype, mnk, ta, tb):
     tol = {jnp.float16: 2e-2, jnp.bfloat16: 1e-1, jnp.float32: 1e-4}[dtype]
     _close(got, ops.matmul.reference(a, b, transpose_a=ta, transpose_b=tb), tol)
     _close(got, jnp.dot(x, y, precision="highest"), tol)
+
+
+# -- attention's tiles for 64 KiB of LDS ------------------------------------------------------
+
+@pytest.mark.parametrize("dtype,d,want", [
+    (jnp.float16, 64, (64, 64)), (jnp.bfloat16, 128, (64, 32)), (jnp.float32, 64, (64, 32)),
+    (jnp.float32, 128, (32, 16))])
+def test_attention_tiles_fit_the_lds(dtype, d, want):
+    q = jax.ShapeDtypeStruct((1, 8, 1024, d), dtype)
+    lengths = jax.ShapeDtypeStruct((1,), jnp.int32)
+    specs = (q, q, q, lengths)
+    for target in (GFX942, GFX90A):
+        chosen = _tiles.rule(ops.attention_fwd, specs, target)
+        assert (chosen["bm"], chosen["bn"]) == want
+        need = (chosen["bm"] + 4 * chosen["bn"]) * d * jnp.dtype(dtype).itemsize
+        assert need <= target.caps.lds_bytes
+    # NVIDIA's shared memory holds the defaults: unchanged there and on the CPU.
+    default = default_tiles(dtype, d)
+    for target in (parse_target("cuda:sm_80"), None):
+        chosen = _tiles.rule(ops.attention_fwd, specs, target)
+        assert (chosen["bm"], chosen["bn"]) == default
+
+
+@SLOW
+def test_attention_d128_fits_the_lds():
+    # The call's tiles come from the rule for the target: 64 x 64 at D = 128 (80 KiB of
+    # operand tiles in two stages) would be a KernelError on gfx942.
+    q = jax.ShapeDtypeStruct((1, 8, 1024, 128), jnp.float16)
+    lengths = jax.ShapeDtypeStruct((1,), jnp.int32)
+    with pytest.raises(jt.KernelError, match="more than the 65536"):
+        hip_lower.source(build.lowered_ir(ops.attention_fwd.lower(
+            q, q, q, lengths, bm=64, bn=64, target="hip:gfx942").kernel, GFX942), GFX942)
+    source = ops.attention_fwd.lower(q, q, q, lengths, target="hip:gfx942").source
+    assert source.count("jaxtile::gemm_ss<jaxtile::kGemmMfma32, 64, 32, 128, 2, 1") == 1
+    assert source.count("jaxtile::gemm_rs_mfma<jaxtile::kGemmMfma32, 64, 128, 32, 2, 1") == 1

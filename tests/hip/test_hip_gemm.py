@@ -203,10 +203,11 @@ def test_gemm_runs_on_mfma(hip_emulator, dtype):
 
 
 @SLOW
-@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, jnp.float32])
-@pytest.mark.parametrize("mnk,ta,tb", [
-    ((128, 128, 64), False, False), ((100, 70, 50), False, False), ((96, 80, 72), True, False),
-    ((64, 130, 40), False, True), ((33, 65, 97), True, True)])
+@pytest.mark.parametrize("dtype,mnk,ta,tb", [
+    (jnp.float16, (128, 128, 64), False, False), (jnp.float16, (100, 70, 50), False, False),
+    (jnp.bfloat16, (96, 80, 72), True, False), (jnp.float16, (64, 130, 40), False, True),
+    (jnp.bfloat16, (33, 65, 97), True, True), (jnp.float32, (100, 70, 50), False, False)],
+    ids=["f16-divides", "f16-ragged", "bf16-ta", "f16-tb", "bf16-ta-tb", "f32-scalar"])
 def test_library_matmul(hip_emulator, dtype, mnk, ta, tb):
     m, n, k = mnk
     a = _data((k, m) if ta else (m, k), dtype)

@@ -163,7 +163,27 @@ def rule(kernel: _kernel.Kernel, specs: Sequence[jax.ShapeDtypeStruct],
     space = SPACES[kernel.name]
     if kernel.name in RULES:
         return RULES[kernel.name](specs, target)
-    return {k: kernel.param_defaults[k] for k in space.tuned}
+    chosen = {k: kernel.param_defaults[k] for k in space.tuned}
+    if target is not None and target.kind != "cpu" and {"bm", "bn", "bk", "stages"} <= set(chosen):
+        chosen = _fit_gemm_tiles(chosen, jnp.dtype(specs[0].dtype).itemsize,
+                                 target.caps.max_smem_bytes)
+    return chosen
+
+
+def _fit_gemm_tiles(tiles: dict[str, Any], itemsize: int, smem_bytes: int) -> dict[str, Any]:
+    """A matmul's tiles whose pipelined A and B tiles fit ``smem_bytes`` (AMD's 64 KiB of LDS
+    holds float32's 128 x 128 x 32 in two stages, not three): fewer stages down to two
+    first (the tiles' reuse stays), then the larger of ``bm`` and ``bn`` halved."""
+    out = dict(tiles)
+
+    def need() -> int:
+        return (out["bm"] + out["bn"]) * out["bk"] * out["stages"] * itemsize
+
+    while need() > smem_bytes and out["stages"] > 2:
+        out["stages"] -= 1
+    while need() > smem_bytes and max(out["bm"], out["bn"]) > 16:
+        out["bm" if out["bm"] >= out["bn"] else "bn"] //= 2
+    return out
 
 
 def table_name(target: Target) -> str | None:

@@ -253,3 +253,15 @@ def test_attention_d128_fits_the_lds():
     source = ops.attention_fwd.lower(q, q, q, lengths, target="hip:gfx942").source
     assert source.count("jaxtile::gemm_ss<jaxtile::kGemmMfma32, 64, 32, 128, 2, 1") == 1
     assert source.count("jaxtile::gemm_rs_mfma<jaxtile::kGemmMfma32, 64, 128, 32, 2, 1") == 1
+
+
+def test_matmul_tiles_fit_the_lds():
+    # matmul_relu's defaults (128 x 128 x 32, 3 stages) need 96 KiB at float32: two stages
+    # fit AMD's 64 KiB; 16-bit operands and NVIDIA's shared memory keep the defaults.
+    f32, f16 = (jax.ShapeDtypeStruct((512, 512), dt) for dt in (jnp.float32, jnp.float16))
+    defaults = {"bm": 128, "bn": 128, "bk": 32, "stages": 3}
+    assert _tiles.rule(ops.matmul_relu, (f32, f32), GFX942) == {**defaults, "stages": 2}
+    assert _tiles.rule(ops.matmul_relu, (f16, f16), GFX90A) == defaults
+    assert _tiles.rule(ops.matmul_relu, (f32, f32), parse_target("cuda:sm_80")) == defaults
+    assert _tiles._fit_gemm_tiles(defaults, 4, 32 * 1024) == \
+        {"bm": 64, "bn": 64, "bk": 32, "stages": 2}

@@ -9,8 +9,10 @@ physical order of its shared operand tiles, which every access to those buffers 
 follows. The op itself becomes one call of
 ``jaxtile/tile_gemm.h``.
 
-A gemm the planner cannot take (tiles that do not split into 16 x 8 atoms, operands in
-fragments or local buffers other than gemm_rs's A) falls back to scalar multiply-adds: each
+A gemm the planner cannot take (tiles that do not split into the instruction's atoms, 16 x 8
+for mma.sync and S x S for AMD's MFMA; types no instruction of a 64-lane target takes;
+operands in fragments or local buffers other than gemm_rs's A) falls back to scalar
+multiply-adds: each
 thread computes the accumulator elements its layout gives it, reading the operands from
 shared memory (fragment operands staged there first), in the accumulator's dtype, rounded
 once at the end for 16-bit floats.

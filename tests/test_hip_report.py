@@ -28,3 +28,16 @@ def test_report_meets_the_targets():
 def test_tile_math():
     assert hip_report.expected_mfma(32, 32, 8) == 2 * 2 * 4
     assert hip_report.expected_mfma(16, 16, 16) == 4 * 4 * 2
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(toolchain.clang_path() is None,
+                    reason=f"no clang for AMD GPUs: {toolchain.INSTALL_HINT}")
+def test_generated_kernels_meet_the_targets():
+    out = hip_report.generated("gfx942")
+    gemm, attention = out["matmul_fp16_4096"], out["attention_fwd_fp16_d128"]
+    assert gemm["no_spills"] and gemm["registers_allow_2_waves"] and gemm["lds_within_64k"]
+    assert gemm["mfma_count_matches_tile_math"] and gemm["mfma_expected"] > 0
+    assert all(g["instr"] == "32x32x8" for g in gemm["gemms"])
+    assert attention["no_spills"] and attention["lds_within_64k"]
+    assert attention["mfma_in_disassembly"] == sum(g["mfma_per_wave"] for g in attention["gemms"])

@@ -1,4 +1,4 @@
-"""Planning a block-level GEMM on CUDA: instruction, warp partition, layouts, shared swizzles.
+"""Planning a block-level GEMM on a GPU: instruction, warp partition, layouts, shared swizzles.
 
 :func:`plan_gemm` turns a tile GEMM ``C[m, n] += op(A) @ op(B)`` into a :class:`GemmPlan` whose
 :meth:`GemmPlan.call` is the C++ call of ``ffi/device/jaxtile/tile_gemm.h``. The plan mirrors
@@ -17,6 +17,10 @@ sized tiles (a whole number of 128-thread warpgroups, each owning whole ``m64nNk
 N 64, 128 or 256) use ``wgmma.mma_async`` instead, as do f32 gemms with both operands K-major
 (A ``[m, k]``, B stored ``[n, k]``: ``m64nNk8`` tf32): both operands in wgmma's canonical swizzled
 layout (:class:`SharedTile` with ``span``), the accumulator in ``wgmma_accumulator``'s layout.
+Where the target lists AMD's MFMA shapes (``HipCaps``), f16 and bf16 into f32 use
+``32x32x8`` or ``16x16x16`` over 64-lane waves (accumulator :func:`.layout.mfma_accumulator`);
+what no MFMA takes goes to the code generator's scalar gemm (tile_gemm.h's fallback assumes
+32-lane warps).
 
 The ``gemm_plan`` pass (:func:`plan_gemms`) plans each gemm of a kernel once and records the
 decisions in the IR (the op's ``instr``, ``warps`` and ``policy`` notes, its shared operands'
@@ -38,7 +42,8 @@ import numpy as np
 from .. import ir
 from ..errors import KernelError
 from ..target import GpuCaps, Target
-from .layout import LOCAL, THREAD, Factor, Layout, mma_accumulator, wgmma_accumulator
+from .layout import (LOCAL, THREAD, Factor, Layout, mfma_accumulator, mma_accumulator,
+                     wgmma_accumulator)
 
 
 class GemmInstr(enum.IntEnum):
@@ -47,22 +52,40 @@ class GemmInstr(enum.IntEnum):
     FMA = 0
     MMA16 = 1
     MMA_TF32 = 2
-    WGMMA = 3
+    MFMA32 = 3
+    """AMD's ``v_mfma_f32_32x32x8`` f16 / bf16 (one 64-lane wave)."""
+    MFMA16 = 4
+    """AMD's ``v_mfma_f32_16x16x16`` f16 / bf16."""
+    WGMMA = 5
     """wgmma.mma_async m64nNk16 (sm_90a), f16 or bf16 into f32: tile_gemm.h's gemm_wgmma."""
 
     @property
     def cpp(self) -> str:
-        return ("jaxtile::kGemmFma", "jaxtile::kGemmMma16", "jaxtile::kGemmMmaTf32", "")[self]
+        return ("jaxtile::kGemmFma", "jaxtile::kGemmMma16", "jaxtile::kGemmMmaTf32",
+                "jaxtile::kGemmMfma32", "jaxtile::kGemmMfma16", "")[self]
 
     @property
     def k_step(self) -> int:
-        """K of one instruction (the gemm's K must be a multiple)."""
-        return (1, 16, 8, 16)[self]
+        """The K a gemm_ss step consumes (the gemm's K must be a multiple): one instruction's
+        for mma.sync and wgmma, two MFMAs' for AMD, whose lanes read both instructions'
+        operands with one 16-byte LDS access (tile_gemm.h's gemm_mfma)."""
+        return (1, 16, 8, 16, 32, 16)[self]
 
     @property
     def label(self) -> str:
-        """How the accumulator layout names the instruction."""
-        return ("fma", "m16n8k16", "m16n8k8", "wgmma")[self]
+        """How the accumulator layout names the instruction (for MFMA, the shape as
+        ``HipCaps.mma_shapes`` lists it)."""
+        return ("fma", "m16n8k16", "m16n8k8", "32x32x8", "16x16x16", "wgmma")[self]
+
+    @property
+    def mfma_size(self) -> int:
+        """S of an MFMA ``SxSxK`` instruction; 0 for the others."""
+        return {GemmInstr.MFMA32: 32, GemmInstr.MFMA16: 16}.get(self, 0)
+
+    @property
+    def lanes(self) -> int:
+        """Lanes of the warp (wave) the device templates split the tile over."""
+        return 64 if self.mfma_size else 32
 
 
 POLICIES = ("auto", "square", "rows", "cols")
@@ -201,7 +224,7 @@ class GemmPlan:
     @property
     def replicas(self) -> int:
         """How many times each warp's work is repeated (warps beyond the grid)."""
-        group = 128 if self.instr == GemmInstr.WGMMA else 32
+        group = 128 if self.instr == GemmInstr.WGMMA else self.instr.lanes
         return self.threads // (group * self.warps[0] * self.warps[1])
 
     @property
@@ -246,6 +269,9 @@ class GemmPlan:
                               "not as a gemm_ss call")
         wm, wn = self.warps
         tb = "true" if self.trans_b else "false"
+        if self.a_layout is not None and self.instr.mfma_size:
+            return (f"jaxtile::gemm_rs_mfma<{self.instr.cpp}, {self.m}, {self.n}, {self.k}, "
+                    f"{wm}, {wn}, {tb}, {self.b_tile.cpp}>({a}, {b}, {acc});")
         if self.a_layout is not None:
             return (f"jaxtile::gemm_rs<{self.m}, {self.n}, {self.k}, {wm}, {wn}, {tb}, "
                     f"{self.b_tile.cpp}>({a}, {b}, {acc});")
@@ -303,11 +329,47 @@ def _wgmma_grid(m: int, n: int, k: int, a: np.dtype, b: np.dtype, acc: np.dtype,
     return None
 
 
-def _usable(m: int, n: int, wm: int, wn: int) -> bool:
-    return m % (16 * wm) == 0 and n % (8 * wn) == 0
+def _mfma_instrs(a: np.dtype, b: np.dtype, acc: np.dtype, caps: GpuCaps) -> list[GemmInstr]:
+    """The MFMA instructions the target lists for these types, the larger tile first (half
+    the operand reads per multiply-add)."""
+    if a != b or acc != np.float32 or a.name not in ("float16", "bfloat16"):
+        return []
+    operand = "f16" if a.name == "float16" else "bf16"
+    shapes = set(caps.mma_shapes)
+    return [i for i in (GemmInstr.MFMA32, GemmInstr.MFMA16) if (i.label, operand) in shapes]
 
 
-def _partition(m: int, n: int, warps: int, policy: str) -> tuple[int, int]:
+def _mfma_plan(m: int, n: int, k: int, a: np.dtype, b: np.dtype, acc: np.dtype, threads: int,
+               policy: str, caps: GpuCaps,
+               a_in_registers: bool) -> tuple[GemmInstr, tuple[int, int]] | None:
+    """The MFMA instruction and wave grid that keep the most waves busy (then the larger
+    instruction) among those whose ``S x S`` tiles divide the waves' parts and whose K step
+    divides K; None where no MFMA applies. A register A operand (the accumulator layout of an
+    ``[m, k]`` tile) needs whole rows per wave and ``S | K``."""
+    found = []
+    for instr in _mfma_instrs(a, b, acc, caps):
+        size = instr.mfma_size
+        if k % (size if a_in_registers else instr.k_step):
+            continue
+        try:
+            warps = _partition(m, n, threads // caps.warp_size, policy, (size, size))
+        except KernelError:
+            continue
+        if a_in_registers and warps[1] != 1:
+            continue
+        found.append((warps[0] * warps[1], size, instr, warps))
+    if not found:
+        return None
+    best = max(found, key=lambda c: c[:2])
+    return best[2], best[3]
+
+
+def _usable(m: int, n: int, wm: int, wn: int, atom: tuple[int, int]) -> bool:
+    return m % (atom[0] * wm) == 0 and n % (atom[1] * wn) == 0
+
+
+def _partition(m: int, n: int, warps: int, policy: str,
+               atom: tuple[int, int] = (16, 8)) -> tuple[int, int]:
     """The warp grid: as many warps as the atoms allow (at most ``warps``), shaped by policy.
 
     square: per-warp tiles as close to square as possible, which minimises the fragment loads
@@ -321,11 +383,11 @@ def _partition(m: int, n: int, warps: int, policy: str) -> tuple[int, int]:
             grids = [g for g in grids if g[1] == 1]
         elif policy == "cols":
             grids = [g for g in grids if g[0] == 1]
-        grids = [g for g in grids if _usable(m, n, *g)]
+        grids = [g for g in grids if _usable(m, n, *g, atom)]
         if grids:
             return min(grids, key=lambda g: (m // g[0] + n // g[1], -g[0]))
-    raise KernelError(f"gemm: a {m}x{n} tile does not split into 16x8 atoms for any warp grid "
-                      f"of policy '{policy}'")
+    raise KernelError(f"gemm: a {m}x{n} tile does not split into {atom[0]}x{atom[1]} atoms for "
+                      f"any warp grid of policy '{policy}'")
 
 
 def _register_a_layout(m: int, k: int, warps: tuple[int, int], threads: int) -> Layout:
@@ -365,6 +427,14 @@ def plan_gemm(m: int, n: int, k: int, a_dtype: Any, b_dtype: Any, acc_dtype: Any
                           f"no register arithmetic here; cast the result)")
     if threads % caps.warp_size or not 0 < threads <= caps.max_threads_per_block:
         raise KernelError(f"gemm: {threads} threads is not a whole number of warps")
+    explicit = policy != "auto"
+    if policy == "auto":
+        policy = "rows" if a_in_registers else "square"
+    mfma = _mfma_plan(m, n, k, a_dt, b_dt, acc_dt, threads, policy, caps, a_in_registers)
+    if mfma is not None:
+        return assemble_plan(m, n, k, a_dt, b_dt, acc_dt, threads, trans_a=trans_a,
+                             trans_b=trans_b, policy=policy, instr=mfma[0], warps=mfma[1],
+                             a_in_registers=a_in_registers)
     instr = _instr(a_dt, b_dt, acc_dt, caps)
     if k % instr.k_step and not a_in_registers:
         instr = GemmInstr.FMA
@@ -374,15 +444,18 @@ def plan_gemm(m: int, n: int, k: int, a_dtype: Any, b_dtype: Any, acc_dtype: Any
                           f"{acc_dt.name}, K = {k}")
     # tf32 wgmma reads K-major operands only: A [m, k] and B stored [n, k].
     k_major = not trans_a and trans_b
-    grid = None if (a_in_registers or policy != "auto"
+    grid = None if (a_in_registers or explicit
                     or (a_dt.name == "float32" and not k_major)) else _wgmma_grid(
         m, n, k, a_dt, b_dt, acc_dt, threads, caps)
     if grid is not None:
         return assemble_plan(m, n, k, a_dt, b_dt, acc_dt, threads, trans_a=trans_a,
                              trans_b=trans_b, policy="warpgroups", instr=GemmInstr.WGMMA,
                              warps=grid, a_in_registers=False)
-    if policy == "auto":
-        policy = "rows" if a_in_registers else "square"
+    if caps.warp_size != instr.lanes:
+        # tile_gemm.h's multiply-add fallback splits the tile over 32-lane warps; other warp
+        # sizes take the code generator's scalar gemm.
+        raise KernelError(f"gemm: no matrix instruction of {caps.arch} takes {a_dt.name} x "
+                          f"{b_dt.name} -> {acc_dt.name} for a {m}x{n}x{k} tile")
     warps = _partition(m, n, threads // caps.warp_size, policy)
     return assemble_plan(m, n, k, a_dt, b_dt, acc_dt, threads, trans_a=trans_a,
                          trans_b=trans_b, policy=policy, instr=instr, warps=warps,
@@ -402,14 +475,23 @@ def assemble_plan(m: int, n: int, k: int, a_dtype: Any, b_dtype: Any, acc_dtype:
         return GemmPlan(m, n, k, a_dt, b_dt, acc_dt, threads, trans_a, trans_b, policy, instr,
                         warps, wgmma_accumulator((m, n), warps, threads),
                         wgmma_tile(a_dt, *a_shape), wgmma_tile(b_dt, *b_shape), None)
-    acc_layout = mma_accumulator((m, n), warps, threads, instr.label)
+    if instr.mfma_size:
+        acc_layout = mfma_accumulator((m, n), warps, threads, instr.label)
+    else:
+        acc_layout = mma_accumulator((m, n), warps, threads, instr.label)
     # tf32 operands that ldmatrix cannot deliver are read with scalar loads of 4 rows x 8
     # consecutive columns; swizzle step 2 puts those 4 rows in distinct banks.
     tf32 = instr == GemmInstr.MMA_TF32
     a_tile = None if a_in_registers else shared_tile(a_dt, *a_shape,
                                                      2 if tf32 and trans_a else 1)
     b_tile = shared_tile(b_dt, *b_shape, 2 if tf32 and not trans_b else 1)
-    a_layout = _register_a_layout(m, k, warps, threads) if a_in_registers else None
+    if not a_in_registers:
+        a_layout = None
+    elif instr.mfma_size:
+        # gemm_rs_mfma reads A as the accumulator of an [m, k] gemm over the same waves.
+        a_layout = mfma_accumulator((m, k), warps, threads, instr.label)
+    else:
+        a_layout = _register_a_layout(m, k, warps, threads)
     return GemmPlan(m, n, k, a_dt, b_dt, acc_dt, threads, trans_a, trans_b, policy, instr,
                     warps, acc_layout, a_tile, b_tile, a_layout)
 

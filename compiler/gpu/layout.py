@@ -16,10 +16,11 @@ exactly; so every (thread, slot) pair names one element position. A dimension's 
 cover more than its size (tiles whose size is no multiple of the thread count): positions past
 the edge are padding, which code generation masks (:meth:`Layout.padded_dims`).
 
-Printing: ``#mma(m16n8k16, warps 2x2)``, ``#blocked(vec 4, threads 4x32)``,
-``#replicated``, ``#slice(<parent>, [128, 64], dims (1,))``, ``#transpose(...)``; any
-other layout prints its factors (``#factors(...)``). :func:`parse` reads every form back
-given the tile shape and the block's thread count, so the IR text round-trips.
+Printing: ``#mma(m16n8k16, warps 2x2)``, ``#mfma(32x32x8, warps 2x2)``,
+``#blocked(vec 4, threads 4x32)``, ``#replicated``, ``#slice(<parent>, [128, 64], dims
+(1,))``, ``#transpose(...)``; any other layout prints its factors (``#factors(...)``).
+:func:`parse` reads every form back given the tile shape and the block's thread count, so
+the IR text round-trips.
 """
 
 from __future__ import annotations
@@ -429,6 +430,41 @@ def mma_accumulator(shape: Sequence[int], warps: tuple[int, int], threads: int |
     return Layout((m, n), dims, (rep,), threads, f"mma({instr}, warps {wm}x{wn})")
 
 
+def mfma_accumulator(shape: Sequence[int], warps: tuple[int, int], threads: int | None = None,
+                     instr: str = "32x32x8") -> Layout:
+    """The f32 accumulator of AMD's MFMA ``SxSxK`` (``instr``, S = 16 or 32) as tile_gemm.h's
+    gemm_mfma uses it, over a ``wm x wn`` grid of 64-lane waves numbered row-major.
+
+    gemm_mfma computes ``C^T = op(B)^T op(A)^T`` (the instruction's A operand is a column of
+    B, its B operand a row of A), so its D registers hold the transpose of the instruction's
+    own accumulator layout (:mod:`..hip.mfma`; tests check the two agree): each lane holds
+    one row of C and runs of 4 consecutive columns, which is also how the instruction wants
+    a register A operand (``P @ V`` in attention) and allows 16-byte stores. Wave ``(i, j)``
+    owns rows ``[i*M/wm, ...)`` and columns ``[j*N/wn, ...)``, covered by ``S x S`` tiles;
+    for lane ``L`` slot ``(mi * NI + ni) * S*S/64 + r`` holds tile ``(mi, ni)``'s row
+    ``L % S``, column ``8 (r / 4) + 4 (L / S) + r % 4``. Threads beyond ``64*wm*wn``
+    replicate."""
+    m, n = (int(x) for x in shape)
+    wm, wn = warps
+    size = int(instr.split("x")[0])
+    if size not in (16, 32):
+        raise ValueError(f"no MFMA accumulator layout for {instr}")
+    wave = 64
+    threads = wave * wm * wn if threads is None else threads
+    if m % (size * wm) or n % (size * wn):
+        raise ValueError(f"accumulator {m}x{n} does not split into {size}x{size} MFMA tiles "
+                         f"over {wm}x{wn} waves")
+    if threads % (wave * wm * wn):
+        raise ValueError(f"{threads} threads are not a multiple of {wm}x{wn} waves")
+    mi, ni = m // (size * wm), n // (size * wn)
+    regs = size * size // wave
+    rows = (Factor(wm, THREAD, wave * wn), Factor(mi, LOCAL, regs * ni), Factor(size, THREAD, 1))
+    cols = (Factor(wn, THREAD, wave), Factor(ni, LOCAL, regs), Factor(regs // 4, LOCAL, 4),
+            Factor(wave // size, THREAD, size), Factor(4, LOCAL, 1))
+    rep = Factor(threads // (wave * wm * wn), THREAD, wave * wm * wn)
+    return Layout((m, n), (rows, cols), (rep,), threads, f"mfma({instr}, warps {wm}x{wn})")
+
+
 def wgmma_accumulator(shape: Sequence[int], warpgroups: tuple[int, int],
                       threads: int | None = None) -> Layout:
     """The f32 accumulator of ``wgmma.m64nNk16`` (docs/ptx_facts.md) over a ``gm x gn`` grid of
@@ -500,6 +536,9 @@ def parse(text: str, shape: Sequence[int], threads: int) -> Layout:
     if head == "mma":
         wm, wn = (int(x) for x in args[1].split()[1].split("x"))
         return mma_accumulator(shape, (wm, wn), threads, args[0])
+    if head == "mfma":
+        wm, wn = (int(x) for x in args[1].split()[1].split("x"))
+        return mfma_accumulator(shape, (wm, wn), threads, args[0])
     if head == "wgmma":
         gm, gn = (int(x) for x in args[1].split()[1].split("x"))
         return wgmma_accumulator(shape, (gm, gn), threads)

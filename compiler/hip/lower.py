@@ -1,10 +1,9 @@
 """Tile IR (after the GPU passes) -> HIP source written against ``jaxtile/device.h``.
 
 The GPU code generator (:mod:`..gpu.codegen.lower`) writes the text; what differs from CUDA
-comes from the target's capabilities (64-lane waves, LDS size) and from the device header's
-HIP implementation (``device_hip.h``), which the same text compiles against with clang.
-Kernels with a gemm are not lowered yet: the gemm planner knows NVIDIA's ``mma.sync`` only
-(MFMA's layouts are :mod:`.mfma`'s, for the planner to use).
+comes from the target's capabilities (64-lane waves, LDS size, the MFMA shapes the gemm
+planner picks from) and from the device header's HIP implementation (``device_hip.h``), which
+the same text compiles against with clang.
 """
 
 from __future__ import annotations
@@ -23,10 +22,6 @@ from .toolchain import CodeObject, compile_hip
 def check_supported(kernel: ir.Kernel, target: Target) -> None:
     """Raise a KernelError naming what ``kernel`` uses that HIP lowering does not have yet."""
     for s in ir.walk(kernel.body):
-        if isinstance(s, ir.Op) and s.kind == "gemm":
-            raise KernelError(f"kernel {kernel.name!r}: jt.gemm is not lowered for "
-                              f"{target.name} yet (MFMA layouts exist, the gemm planner does "
-                              "not use them)")
         if isinstance(s, ir.Op) and s.kind == "print":
             # AMD's device printf lives in the device library, which kernels are compiled
             # without (-nogpulib): there is nothing to print through.

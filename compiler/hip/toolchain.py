@@ -79,8 +79,11 @@ def clang_path() -> str | None:
     return best[1] if best else None
 
 
-HEADERS = ("device.h", "device_hip.h", "hip_math.h", "xla_math.h", "atomics.h")
-"""The device-header files a HIP compile reads (``jaxtile/`` in :data:`DEVICE_INCLUDE`)."""
+HEADERS = tuple(sorted(p.name for p in (DEVICE_INCLUDE / "jaxtile").glob("*.h")
+                      if p.name != "device_ptx.h"))
+"""The device-header files a HIP compile may read (``jaxtile/`` in :data:`DEVICE_INCLUDE`):
+all but the NVIDIA implementation, so that a header a generated kernel includes only
+sometimes (``tile_gemm.h``, ``float8.h``) still changes the content key when it changes."""
 
 
 @functools.cache

@@ -140,26 +140,50 @@ SPACES: dict[str, Space] = {
 """Every library kernel with a tile table, by kernel name."""
 
 
-def _attention_rule(specs: Sequence[jax.ShapeDtypeStruct]) -> dict[str, Any]:
+def _attention_rule(specs: Sequence[jax.ShapeDtypeStruct],
+                    target: Target | None) -> dict[str, Any]:
     from .attention import default_tiles
 
     q = specs[0]
-    bm, bn = default_tiles(q.dtype, q.shape[-1] if q.shape else 0)
+    smem = target.caps.max_smem_bytes if target is not None and target.kind != "cpu" else None
+    bm, bn = default_tiles(q.dtype, q.shape[-1] if q.shape else 0, smem)
     return {"bm": bm, "bn": bn}
 
 
-RULES: dict[str, Callable[[Sequence[jax.ShapeDtypeStruct]], dict[str, Any]]] = {
+RULES: dict[str, Callable[[Sequence[jax.ShapeDtypeStruct], Target | None], dict[str, Any]]] = {
     "attention_fwd": _attention_rule,
 }
-"""Rules that depend on the operands (the others are the kernels' keyword defaults)."""
+"""Rules that depend on the operands and the target (the others are the kernels' keyword
+defaults)."""
 
 
-def rule(kernel: _kernel.Kernel, specs: Sequence[jax.ShapeDtypeStruct]) -> dict[str, Any]:
-    """The tile parameters a shape without a table entry gets."""
+def rule(kernel: _kernel.Kernel, specs: Sequence[jax.ShapeDtypeStruct],
+         target: Target | None = None) -> dict[str, Any]:
+    """The tile parameters a shape without a table entry gets on ``target``."""
     space = SPACES[kernel.name]
     if kernel.name in RULES:
-        return RULES[kernel.name](specs)
-    return {k: kernel.param_defaults[k] for k in space.tuned}
+        return RULES[kernel.name](specs, target)
+    chosen = {k: kernel.param_defaults[k] for k in space.tuned}
+    if target is not None and target.kind != "cpu" and {"bm", "bn", "bk", "stages"} <= set(chosen):
+        chosen = _fit_gemm_tiles(chosen, jnp.dtype(specs[0].dtype).itemsize,
+                                 target.caps.max_smem_bytes)
+    return chosen
+
+
+def _fit_gemm_tiles(tiles: dict[str, Any], itemsize: int, smem_bytes: int) -> dict[str, Any]:
+    """A matmul's tiles whose pipelined A and B tiles fit ``smem_bytes`` (AMD's 64 KiB of LDS
+    holds float32's 128 x 128 x 32 in two stages, not three): fewer stages down to two
+    first (the tiles' reuse stays), then the larger of ``bm`` and ``bn`` halved."""
+    out = dict(tiles)
+
+    def need() -> int:
+        return (out["bm"] + out["bn"]) * out["bk"] * out["stages"] * itemsize
+
+    while need() > smem_bytes and out["stages"] > 2:
+        out["stages"] -= 1
+    while need() > smem_bytes and max(out["bm"], out["bn"]) > 16:
+        out["bm" if out["bm"] >= out["bn"] else "bn"] //= 2
+    return out
 
 
 def table_name(target: Target) -> str | None:
@@ -240,7 +264,8 @@ def choose(kernel: _kernel.Kernel, specs: Sequence[jax.ShapeDtypeStruct],
     space = SPACES[kernel.name]
     if any(k in params for k in space.tuned):
         # A call that sets some tiles itself gets the rule's for the others.
-        return {k: v for k, v in rule(kernel, specs).items() if k not in params}
+        chosen = rule(kernel, specs, target or active_target())
+        return {k: v for k, v in chosen.items() if k not in params}
     runs = target is None
     target = target or active_target()
     if runs and _config.get("JAXTILE_TUNE_OPS"):
@@ -248,7 +273,7 @@ def choose(kernel: _kernel.Kernel, specs: Sequence[jax.ShapeDtypeStruct],
     name = table_name(target)
     entry = load(name).get(kernel.name, {}).get(bucket(kernel, specs, params)) \
         if name else None
-    return dict(entry["config"]) if entry else rule(kernel, specs)
+    return dict(entry["config"]) if entry else rule(kernel, specs, target)
 
 
 _tuners: dict[tuple[str, str], TunedKernel] = {}
@@ -262,7 +287,7 @@ def _tune_now(kernel: _kernel.Kernel, space: Space, target: Target,
     tuner = _tuners.get((kernel.name, target.kind))
     if tuner is None:
         configs = list(space.candidates(target))
-        if (r := rule(kernel, specs)) not in configs:
+        if (r := rule(kernel, specs, target)) not in configs:
             configs.insert(0, r)
         tuner = TunedKernel(kernel, configs, inputs=inputs_for(kernel.name))
         _tuners[(kernel.name, target.kind)] = tuner

@@ -97,8 +97,9 @@ def attention_fwd(q, k, v, lengths, *, causal=False, scale=None, window=None, bm
     return out, lse
 
 
-def default_tiles(dtype: Any, head_dim: int) -> tuple[int, int]:
-    """``(block_q, block_k)`` of :func:`attention` for operands of ``dtype`` and ``head_dim``.
+def default_tiles(dtype: Any, head_dim: int, smem_bytes: int | None = None) -> tuple[int, int]:
+    """``(block_q, block_k)`` of :func:`attention` for operands of ``dtype`` and ``head_dim``,
+    within ``smem_bytes`` of shared memory per block when given (a GPU target's).
 
     Chosen so that the CUDA kernel (128 threads, 255 registers each at most) does not spill:
     float32 operands (tf32 products) need twice the registers of 16-bit ones for the
@@ -108,8 +109,21 @@ def default_tiles(dtype: Any, head_dim: int) -> tuple[int, int]:
     (``tests/compiler/cuda/test_attention_registers.py``).
     """
     if jnp.dtype(dtype) == jnp.float32:
-        return (64, 32) if head_dim <= 64 else (32, 32)
-    return 64, 64
+        bm, bn = (64, 32) if head_dim <= 64 else (32, 32)
+    else:
+        bm, bn = 64, 64
+    if smem_bytes is not None:
+        # Q's tile and two pipeline stages of K's and V's must fit the block's shared memory
+        # (AMD's 64 KiB of LDS does not hold 64 x 64 at D = 128): fewer keys per tile first,
+        # which keeps the queries a block shares its K/V reads between.
+        def need(bm: int, bn: int) -> int:
+            return (bm + 2 * 2 * bn) * head_dim * jnp.dtype(dtype).itemsize
+
+        while need(bm, bn) > smem_bytes and bn > 16:
+            bn //= 2
+        while need(bm, bn) > smem_bytes and bm > 16:
+            bm //= 2
+    return bm, bn
 
 
 def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | None = None,

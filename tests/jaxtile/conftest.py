@@ -18,7 +18,6 @@ _LANGUAGE = re.compile(r"test_language_")
 _SUBNORMALS = "the GPU keeps float32 subnormals that XLA:CPU flushes to zero"
 _TF32 = "float32 gemms use tf32 tensor cores on CUDA (as jnp.dot's default precision does)"
 _HIP_PRINT = "jt.print is a KernelError on HIP (AMD's printf needs the ROCm device library)"
-_HIP_GEMM = "jt.gemm is a KernelError on HIP (no MFMA gemm planner yet)"
 _GPU_DIFFERS = {
     r"test_language_math\.py::test_binary_float\[(emu|hip)-(f32|bf16)\]": _SUBNORMALS,
     r"test_language_casts\.py::test_cast_float_to_bool\[(emu|hip)-f32\]": _SUBNORMALS,
@@ -29,14 +28,6 @@ _GPU_DIFFERS = {
     r"test_language_attention\.py::test_flash_attention_forward\[emu-f32-": _TF32,
     r"test_language_print\.py::test_(a_compiled|integer_unsigned|a_grid_of|prints_inside"
     r"|nested_vmaps)\w*\[hip\]": _HIP_PRINT,
-    r"test_language_dot\.py::test_dot_of_tile_values\[hip-": _HIP_GEMM,
-    r"test_language_gemm_control\.py::test_(gemm_\w+|each_vector_width"
-    r"|multiple_gemms_accumulate_in_a_loop)\[hip[-\]]": _HIP_GEMM,
-    r"test_language_atomics\.py::test_split_k_gemm\[hip-": _HIP_GEMM,
-    r"test_language_attention\.py::test_flash_attention_forward\[hip-": _HIP_GEMM,
-    r"test_language_moe_paged\.py::test_(grouped_gemm_reads_offsets_and_gathers_rows"
-    r"|paged_attention_decode)\[hip\]": _HIP_GEMM,
-    r"test_language_hazards\.py::test_read_write_hazards\[hip-gemm_alias-": _HIP_GEMM,
 }
 """Emulator runs (regular expressions matched at the start of test ids) expected to fail,
 and why."""

@@ -21,17 +21,3 @@ def backend(request):
     jt.set_backend(before)
     if request.param != "cpu":
         jax.clear_caches()
-
-
-_NO_AMD_GEMM = ("the dots (jt.gemm) are not lowered for AMD GPUs yet: the gemm planner does "
-                "not use the MFMA layouts")
-_HIP_XFAIL = ("test_mha_forward_and_backward[hip-", "test_decode_attention[hip]",
-              "test_paged_attention[hip]")
-
-
-def pytest_collection_modifyitems(items):
-    # Strict: when the MFMA gemm lands these runs pass and the marks must go.
-    for item in items:
-        if item.name.startswith(_HIP_XFAIL):
-            item.add_marker(pytest.mark.xfail(reason=_NO_AMD_GEMM, strict=True,
-                                              raises=jt.KernelError))

@@ -14,8 +14,10 @@ accumulator into ``wgmma_acc`` registers, the proxy fence and barrier that make 
 generic writes visible to wgmma, ``wgmma.fence``, the asynchronous wgmmas over K,
 ``commit_group`` and ``wait_group`` before the accumulator is read back.
 
-A gemm the planner cannot take (tiles that do not split into 16 x 8 atoms, operands in
-fragments or local buffers other than gemm_rs's A) falls back to scalar multiply-adds: each
+A gemm the planner cannot take (tiles that do not split into the instruction's atoms, 16 x 8
+for mma.sync and S x S for AMD's MFMA; types no instruction of a 64-lane target takes;
+operands in fragments or local buffers other than gemm_rs's A) falls back to scalar
+multiply-adds: each
 thread computes the accumulator elements its layout gives it, reading the operands from
 shared memory (fragment operands staged there first), in the accumulator's dtype, rounded
 once at the end for 16-bit floats.

@@ -100,6 +100,8 @@ struct WgmmaTile {
 constexpr int kGemmFma = 0;      // scalar multiply-add: any types with a C++ product
 constexpr int kGemmMma16 = 1;    // mma.sync m16n8k16, f16 or bf16 inputs, f32 accumulator
 constexpr int kGemmMmaTf32 = 2;  // mma.sync m16n8k8 tf32, f32 inputs, f32 accumulator
+constexpr int kGemmMfma32 = 3;   // AMD v_mfma_f32_32x32x8 f16 or bf16 (64-lane waves)
+constexpr int kGemmMfma16 = 4;   // AMD v_mfma_f32_16x16x16 f16 or bf16
 
 namespace gemm_detail {
 
@@ -215,8 +217,10 @@ JT_DEVICE void load_b16(unsigned (&f)[2], unsigned (&f2)[2], bool pair, ptr<TB> 
   }
 }
 
-template <bool BF16>
-JT_DEVICE void mma16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+// F is float: a parameter so that the mma.sync names are looked up at instantiation only (AMD
+// has none and never instantiates this).
+template <bool BF16, class F>
+JT_DEVICE void mma16(F (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
   if constexpr (BF16) {
     mma_m16n8k16_bf16(d, a, b, d);
   } else {
@@ -381,6 +385,128 @@ JT_DEVICE void gemm_fma(ptr<TA> a, ptr<TB> b, TC* acc) {
   }
 }
 
+#if defined(__HIPCC__) || defined(JAXTILE_WAVE64)
+// ---- AMD matrix cores (MFMA, one 64-lane wave per instruction) ------------------------------
+// For S x S x KI (S = 32: KI = 8; S = 16: KI = 16) every lane holds 4 consecutive k of one row
+// of the instruction's A (lane L: row L % S, k 4 (L / S) + i) and of one column of its B, and
+// S * S / 64 accumulator registers (compiler/hip/mfma.py). The wave computes C^T = op(B)^T
+// op(A)^T: the instruction's A operand is a column of op(B), its B operand a row of op(A). Its
+// D then holds C with lane L on row L % S and register r on column 8 (r / 4) + 4 (L / S) + r % 4
+// (the planner's mfma_accumulator): each lane owns runs of 4 consecutive columns, which is the
+// instruction's own operand layout, so such an accumulator cast to 16 bits is the register A
+// of gemm_rs_mfma (flash attention's P @ V) as it is.
+template <int INSTR>
+struct Mfma {
+  static constexpr int S = INSTR == kGemmMfma32 ? 32 : 16;
+  static constexpr int kRegs = S * S / 64;  // accumulator registers per lane
+  static constexpr int kGroups = 64 / S;    // lane groups along k
+  static constexpr int kK = 4 * kGroups;    // K of one instruction
+};
+
+template <int S, bool BF16>
+JT_DEVICE void mfma(float* acc, const unsigned (&a)[2], const unsigned (&b)[2]) {
+  if constexpr (S == 32) {
+    float(&d)[16] = *reinterpret_cast<float(*)[16]>(acc);
+    if constexpr (BF16) {
+      mfma_f32_32x32x8_bf16(d, a, b, d);
+    } else {
+      mfma_f32_32x32x8_f16(d, a, b, d);
+    }
+  } else {
+    float(&d)[4] = *reinterpret_cast<float(*)[4]>(acc);
+    if constexpr (BF16) {
+      mfma_f32_16x16x16_bf16(d, a, b, d);
+    } else {
+      mfma_f32_16x16x16_f16(d, a, b, d);
+    }
+  }
+}
+
+// Where this lane's wave sits in the WARPS_M x WARPS_N grid: its part starts at (row0, col0);
+// `lane` is L % S (the row or column within an S x S tile), `group` L / S.
+template <int S, int M, int N, int WARPS_M, int WARPS_N>
+struct WaveTile {
+  static constexpr int MI = M / WARPS_M / S, NI = N / WARPS_N / S;
+  static_assert(M % (S * WARPS_M) == 0 && N % (S * WARPS_N) == 0,
+                "each wave owns a whole number of S x S MFMA tiles");
+  int row0, col0, lane, group;
+  JT_DEVICE WaveTile() {
+    const int w = int(warp_id()) % (WARPS_M * WARPS_N);
+    lane = int(lane_id()) % S;
+    group = int(lane_id()) / S;
+    row0 = (w / WARPS_N) * (M / WARPS_M);
+    col0 = (w % WARPS_N) * (N / WARPS_N);
+  }
+};
+
+// 2 * WORDS consecutive k (from k0) of row r of a logical [R, K] 16-bit operand stored as L
+// ([R, K], or [K, R] when TRANS), packed two to a word, the first in the low half. k-contiguous
+// storage is one 8- or 16-byte LDS read (k0 is a multiple of 2 * WORDS, so the values lie in
+// one 16-byte chunk of a swizzled tile); transposed storage takes one 16-bit read per value.
+template <class L, bool TRANS, int WORDS, class T>
+JT_DEVICE void read_k(unsigned (&w)[WORDS], ptr<T> x, int r, int k0) {
+  if constexpr (TRANS) {
+#pragma unroll
+    for (int i = 0; i < WORDS; ++i) {
+      const bare_t<T> lo = x[L::offset(k0 + 2 * i, r)], hi = x[L::offset(k0 + 2 * i + 1, r)];
+      w[i] = pack2(lo, hi);
+    }
+  } else if constexpr (WORDS == 4) {
+    const u32x4 v = ptr_cast<const u32x4>(x + L::offset(r, k0))[0];
+    w[0] = v.x;
+    w[1] = v.y;
+    w[2] = v.z;
+    w[3] = v.w;
+  } else {
+    static_assert(WORDS == 2, "read_k reads 4 or 8 values");
+    const u32x2 v = ptr_cast<const u32x2>(x + L::offset(r, k0))[0];
+    w[0] = v.x;
+    w[1] = v.y;
+  }
+}
+
+// Shared A and B. A step covers 2 KI of K with two instructions: lane group g reads k 8 g ..
+// 8 g + 7 (from the step's start) of its row of op(A) and of its column of op(B) at once, a
+// 16-byte read, and gives the first 4 to the first instruction, the last 4 to the second. A and
+// B pair the same k, and the two instructions together take every k of the step once, so the
+// sum is C's (in another order). 16-byte reads of 8 rows at one k offset, which is what a phase
+// of ds_read_b128 serves, fall in 8 distinct 16-byte chunks of banks under the XOR swizzle.
+template <int INSTR, int M, int N, int K, int WARPS_M, int WARPS_N, bool TRANS_A, bool TRANS_B,
+          class LA, class LB, class TA, class TB>
+JT_DEVICE void gemm_mfma(ptr<TA> a, ptr<TB> b, float* acc) {
+  using I = Mfma<INSTR>;
+  using W = WaveTile<I::S, M, N, WARPS_M, WARPS_N>;
+  constexpr bool kBf16 = same<bare_t<TA>, bf16>::value;
+  static_assert(K % (2 * I::kK) == 0, "gemm_mfma steps K by two instructions");
+  const W w;
+#pragma unroll
+  for (int k0 = 0; k0 < K; k0 += 2 * I::kK) {
+    const int k = k0 + 8 * w.group;
+    unsigned af[W::MI][4], bf[W::NI][4];
+#pragma unroll
+    for (int mi = 0; mi < W::MI; ++mi) {
+      read_k<LA, TRANS_A>(af[mi], a, w.row0 + mi * I::S + w.lane, k);
+    }
+#pragma unroll
+    for (int ni = 0; ni < W::NI; ++ni) {  // op(B)'s columns are the rows of B stored [N, K]
+      read_k<LB, !TRANS_B>(bf[ni], b, w.col0 + ni * I::S + w.lane, k);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int mi = 0; mi < W::MI; ++mi) {
+#pragma unroll
+        for (int ni = 0; ni < W::NI; ++ni) {
+          const unsigned x[2] = {bf[ni][2 * h], bf[ni][2 * h + 1]};
+          const unsigned y[2] = {af[mi][2 * h], af[mi][2 * h + 1]};
+          mfma<I::S, kBf16>(acc + I::kRegs * (mi * W::NI + ni), x, y);
+        }
+      }
+    }
+  }
+}
+#endif
+
 }  // namespace gemm_detail
 
 // C (registers, `acc`: the accumulator layout above) += op(A) @ op(B), A and B in shared memory.
@@ -396,6 +522,14 @@ JT_DEVICE void gemm_ss(ptr<TA> a, ptr<TB> b, TC* acc) {
                       (gemm_detail::same<A, half>::value || gemm_detail::same<A, bf16>::value),
                   "mma m16n8k16: f16 x f16 or bf16 x bf16 into f32");
     gemm_detail::gemm_mma16<M, N, K, WARPS_M, WARPS_N, TRANS_A, TRANS_B, LA, LB>(a, b, acc);
+#if defined(__HIPCC__) || defined(JAXTILE_WAVE64)
+  } else if constexpr (INSTR == kGemmMfma32 || INSTR == kGemmMfma16) {
+    static_assert(gemm_detail::same<A, B>::value && gemm_detail::same<TC, float>::value &&
+                      (gemm_detail::same<A, half>::value || gemm_detail::same<A, bf16>::value),
+                  "MFMA: f16 x f16 or bf16 x bf16 into f32");
+    gemm_detail::gemm_mfma<INSTR, M, N, K, WARPS_M, WARPS_N, TRANS_A, TRANS_B, LA, LB>(a, b,
+                                                                                      acc);
+#endif
   } else if constexpr (INSTR == kGemmMmaTf32) {
     static_assert(gemm_detail::same<A, float>::value && gemm_detail::same<B, float>::value &&
                       gemm_detail::same<TC, float>::value,
@@ -504,5 +638,49 @@ JT_DEVICE void gemm_wgmma(wgmma_acc<NW> (&d)[MI], ptr<TA> a, ptr<TB> b) {
 }
 
 #endif  // JT_HAS_WGMMA
+
+#if defined(__HIPCC__) || defined(JAXTILE_WAVE64)
+// C += A @ op(B) on the matrix cores with A (f16 or bf16) in registers: A's [M, K] elements in
+// the accumulator layout of an [M, K] gemm_mfma over the same WARPS_M x 1 waves (slot
+// (mi * K / S + kt) * S * S / 64 + r), which an f32 accumulator of that gemm gives after an
+// elementwise cast. Registers 4q .. 4q + 3 of tile kt are the instruction's B operand for k
+// S kt + KI q .. + KI - 1 (lane group g holding 4 g .. 4 g + 3 of them), so A is used in place
+// and only B (op(B)'s columns, 4 consecutive k per lane) is read from LDS.
+template <int INSTR, int M, int N, int K, int WARPS_M, int WARPS_N, bool TRANS_B, class LB,
+          class TA, class TB>
+JT_DEVICE void gemm_rs_mfma(const TA* a, ptr<TB> b, float* acc) {
+  using B = gemm_detail::bare_t<TB>;
+  using I = gemm_detail::Mfma<INSTR>;
+  using W = gemm_detail::WaveTile<I::S, M, N, WARPS_M, WARPS_N>;
+  constexpr bool kBf16 = gemm_detail::same<TA, bf16>::value;
+  static_assert(gemm_detail::same<TA, B>::value &&
+                    (gemm_detail::same<TA, half>::value || kBf16),
+                "gemm_rs_mfma: f16 x f16 or bf16 x bf16 into f32");
+  static_assert(WARPS_N == 1 && K % I::S == 0, "A is the accumulator of an [M, K] gemm_mfma");
+  constexpr int KT = K / I::S;
+  const W w;
+#pragma unroll
+  for (int kt = 0; kt < KT; ++kt) {
+#pragma unroll
+    for (int q = 0; q < I::kRegs / 4; ++q) {
+      const int k = I::S * kt + I::kK * q + 4 * w.group;
+      unsigned bf[W::NI][2];
+#pragma unroll
+      for (int ni = 0; ni < W::NI; ++ni) {
+        gemm_detail::read_k<LB, !TRANS_B>(bf[ni], b, w.col0 + ni * I::S + w.lane, k);
+      }
+#pragma unroll
+      for (int mi = 0; mi < W::MI; ++mi) {
+        const TA* p = a + (mi * KT + kt) * I::kRegs + 4 * q;
+        const unsigned af[2] = {pack2(p[0], p[1]), pack2(p[2], p[3])};
+#pragma unroll
+        for (int ni = 0; ni < W::NI; ++ni) {
+          gemm_detail::mfma<I::S, kBf16>(acc + I::kRegs * (mi * W::NI + ni), bf[ni], af);
+        }
+      }
+    }
+  }
+}
+#endif
 
 }  // namespace jaxtile

@@ -120,6 +120,4 @@ def lower_sort(cx: Context, op: ir.Op) -> None:
     with cx.slots(lay, guard=True) as c:
         at = row_major(c, shape)
         cx.w(f"{name}[k] = {vals}[{at} + ({pos}[{at}] - ({c[axis]})) * {inner}];")
-    if cx.loop_depth:
-        cx.w("sync_threads();")
     cx.finish(res, name)

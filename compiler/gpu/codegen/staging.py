@@ -45,8 +45,6 @@ def _read(arr: str | None, v: ir.Value, cx: Context, coords: list[str]) -> str:
 
 def lower_staged(cx: Context, op: ir.Op) -> None:
     res = op.result
-    if cx.loop_depth:
-        cx.w("sync_threads();  // the previous iteration's reads of the staging array are done")
     arrays = _stage(cx, op)
     cx.w("sync_threads();")
     name, lay = cx.result(res)
@@ -90,8 +88,6 @@ def lower_scan(cx: Context, op: ir.Op) -> None:
     src, res = op.operands[0], op.result
     fn, axis, reverse = op.attrs["fn"], op.attrs["axis"], op.attrs["reverse"]
     dtype = np.dtype(res.dtype)
-    if cx.loop_depth:
-        cx.w("sync_threads();  // the previous iteration's reads of the staging array are done")
     (arr,) = _stage(cx, op)
     cx.w("sync_threads();")
     name, lay = cx.result(res)
@@ -111,8 +107,6 @@ def lower_argreduce(cx: Context, op: ir.Op) -> None:
     """Index of the first maximum (minimum) along one axis, NaN counting as the extreme."""
     src, res = op.operands[0], op.result
     fn, axis = op.attrs["fn"], op.attrs["axis"]
-    if cx.loop_depth:
-        cx.w("sync_threads();  // the previous iteration's reads of the staging array are done")
     (arr,) = _stage(cx, op)
     cx.w("sync_threads();")
     name, lay = cx.result(res)

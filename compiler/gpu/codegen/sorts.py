@@ -11,8 +11,8 @@ lower one, which makes the order total and the result the stable sort.
 Keys are staged as integers whose order is the sort order (:func:`_key_lines`), with the
 positions and the operand the result takes; after the network each thread gathers its
 result slots through the sorted positions, so values (NaN payloads, -0.0 next to 0.0) are
-copied, never recomputed. Inside a loop a last barrier keeps the next iteration's staging
-from overwriting what slower threads still gather.
+copied, never recomputed. The barrier pass keeps the next user of the buffers' bytes (in a
+loop, the next iteration's staging) from overwriting what slower threads still gather.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ shared memory: ``relayout`` (a layout conversion that inference inserted), ``res
 
 Each operand is written to a shared array in row-major order (one replica per element),
 the block waits at a barrier, and each thread computes its result slots from the array:
-one read for the index mappings, a loop along the axis for scans and arg-reductions. Inside
-a loop a barrier comes first, so that no thread overwrites the array while another still
-reads the previous iteration's.
+one read for the index mappings, a loop along the axis for scans and arg-reductions. The
+barrier pass orders the array's bytes against their other users (in a loop, the previous
+iteration's reads), as for all scratch (:mod:`.scratch`).
 """
 
 from __future__ import annotations

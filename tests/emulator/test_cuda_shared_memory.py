@@ -84,8 +84,9 @@ def test_disjoint_buffers_share_bytes_and_the_barrier_between_them_is_needed():
 
 
 def test_plan_is_the_same_before_and_after_barriers_and_renaming():
-    """The barrier pass reads ``shares()`` from the plan of its input; code generation
-    plans again on the renamed IR with barriers: the offsets must agree."""
+    """The plan of the kernel before the GPU passes and that of the lowered IR (renamed,
+    with barriers) agree: the offsets the barrier pass and code generation read are the
+    ones planned."""
     a = jnp.zeros((200, 192), jnp.float16)
     low = ops.matmul_relu.lower(a, a.T, target="cuda:sm_80", bk=64)
     before = dict(plan_kernel(low.kernel, SM80.caps).offsets)

@@ -239,6 +239,7 @@ def _sum_and_max(x):
     return out
 
 
+@pytest.mark.slow   # two emulator builds; the default run keeps the gemm one above
 def test_two_reductions_on_the_same_scratch_bytes_need_the_barrier_between():
     x = np.random.default_rng(5).standard_normal((2, 512)).astype(np.float32)
     k = _lowered(_sum_and_max, jnp.asarray(x))
@@ -256,3 +257,44 @@ def test_two_reductions_on_the_same_scratch_bytes_need_the_barrier_between():
     with pytest.raises(EmulatorError, match=r"data race .* on shared array 'partials"):
         _emulate(_drop_barriers(k, "write after read of reduce partials"), x,
                  np.zeros((2, 2), np.float32))
+
+
+@jt.kernel(threads=128)
+def _row_sums_per_step(x):
+    """A reduction across warps in a loop: each iteration's partials take the bytes the
+    previous iteration's still being read had."""
+    steps, n, m = x.shape
+    out = jt.empty((steps, n), jnp.float32)
+    jt.grid(1)
+    t = jt.fragment((n, m), jnp.float32)
+
+    @jt.loop(0, steps)
+    def _(k):
+        jt.copy(x.at[k, 0, 0], t)
+        out[k, :] = jnp.sum(t[...], axis=1)
+
+    return out
+
+
+def _drop_in_loops(k: ir.Kernel, reason: str) -> ir.Kernel:
+    def drop(op: ir.Op) -> list[ir.Op]:
+        return [] if op.kind == "barrier" and reason in op.notes["reason"] else [op]
+    dropped = dataclasses.replace(k, body=ir.map_ops(k.body, drop))
+    assert sum(1 for _ in ir.walk(dropped.body)) < sum(1 for _ in ir.walk(k.body))
+    return dropped
+
+
+@pytest.mark.slow   # two emulator builds; the default run keeps the gemm one above
+def test_a_reduction_in_a_loop_waits_for_the_previous_iterations_reads():
+    x = np.random.default_rng(6).standard_normal((3, 2, 512)).astype(np.float32)
+    k = _lowered(_row_sums_per_step, jnp.asarray(x))
+    (loop,) = [s for s in k.body if isinstance(s, ir.For)]
+    assert [s.notes["reason"] for s in loop.body if isinstance(s, ir.Op)
+            and s.kind == "barrier"] == ["write after read of reduce partials"]
+    out = np.zeros((3, 2), np.float32)
+    assert _emulate(k, x, out)["findings"] == []
+    np.testing.assert_allclose(out, x.sum(2), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(_row_sums_per_step.reference(jnp.asarray(x))),
+                               x.sum(2), rtol=1e-5, atol=1e-5)
+    with pytest.raises(EmulatorError, match=r"data race .* on shared array 'partials"):
+        _emulate(_drop_in_loops(k, "reduce partials"), x, np.zeros((3, 2), np.float32))

@@ -99,18 +99,20 @@ def gpu(target: Target) -> tuple[Pass, ...]:
     - ``smem_plan`` (:func:`.gpu.smem_plan.place_shared_buffers`): each shared buffer's
       byte offset and pipeline stages (buffer attributes), each scratch request's offset;
     - ``barriers``: ``barrier`` ops wherever threads of a block would race (after layouts,
-      which say which thread touches which shared element, treating buffers the plan puts
-      on the same bytes as one).
+      which say which thread touches which shared element, treating buffers and scratch the
+      plan puts on the same bytes as one).
 
     After ``pipelining`` the GPU rules (:func:`.gpu.verify.verify_gpu`: wait counts,
-    barriers in uniform control flow, offsets) are checked with the others under
-    ``JAXTILE_VERIFY_IR``. Code generation then prints the IR (:mod:`.gpu.codegen.lower`)."""
+    barriers in uniform control flow, offsets), and after ``barriers`` that every reuse of
+    scratch bytes has its barrier (:func:`.gpu.verify.verify_scratch_barriers`), with the
+    others under ``JAXTILE_VERIFY_IR``. Code generation then prints the IR
+    (:mod:`.gpu.codegen.lower`)."""
     from .gpu.codegen.scratch import record_scratch
     from .gpu.copy_mapping import map_copies
     from .gpu.copy_schedule import schedule_async_copies
     from .gpu.gemm_plan import anchors, plan_gemms
-    from .gpu.smem_plan import place_shared_buffers, shares
-    from .gpu.verify import verify_gpu
+    from .gpu.smem_plan import place_shared_buffers
+    from .gpu.verify import verify_gpu, verify_scratch_barriers
 
     return (Pass("gemm_plan", lambda k: plan_gemms(k, target)),
             Pass("layout_inference", lambda k: infer_layouts(k, anchors)),
@@ -119,7 +121,7 @@ def gpu(target: Target) -> tuple[Pass, ...]:
             Pass("pipelining", schedule_async_copies, verify_gpu),
             Pass("scratch", lambda k: record_scratch(k, target.caps)),
             Pass("smem_plan", lambda k: place_shared_buffers(k, target.caps), verify_gpu),
-            Pass("barriers", lambda k: insert_barriers(k, shares(k)), verify_gpu))
+            Pass("barriers", insert_barriers, verify_scratch_barriers))
 
 
 TARGET_PIPELINES: dict[str, Callable[[Target], tuple[Pass, ...]]] = {

@@ -110,6 +110,12 @@ class GpuCaps(Protocol):
         """``(shape, input type)`` pairs of the matrix instructions the lowering may use."""
         ...
 
+    @property
+    def dialect(self) -> str:
+        """The language the generated source is compiled as (``CUDA``, ``HIP``), for the
+        source's header and messages."""
+        ...
+
 
 @dataclasses.dataclass(frozen=True)
 class CudaCaps:
@@ -145,6 +151,10 @@ class CudaCaps:
     def arch(self) -> str:
         """``sm_XY``, or ``sm_XYa`` for an architecture-specific target."""
         return f"sm_{self.sm}{'a' if self.arch_specific else ''}"
+
+    @property
+    def dialect(self) -> str:
+        return "CUDA"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,6 +240,10 @@ class HipCaps:
     def mma_shapes(self) -> tuple[tuple[str, str], ...]:
         """The MFMA shapes as ``("32x32x8", "f16")`` pairs."""
         return tuple((f"{s.m}x{s.n}x{s.k}", s.operand) for s in self.mfma)
+
+    @property
+    def dialect(self) -> str:
+        return "HIP"
 
 
 Caps = CpuCaps | CudaCaps | HipCaps

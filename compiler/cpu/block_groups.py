@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 
 from .. import ir
+from ..analysis.affine import affine_values
 from . import forwarding, rows
 
 RUN_BYTES = 4096
@@ -87,23 +88,17 @@ def _scalar(stmt: ir.Stmt) -> bool:
 def _adjacent_row_bytes(kernel: ir.Kernel, regions: list[ir.Region]) -> int | None:
     """The longest row (bytes in the last dimension) of ``regions`` when block index 0 moves
     every one of them right by its own width and is used for nothing else, else ``None``."""
-    b0 = kernel.block_indices[0].id
-    defs = {s.result.id: s for s in kernel.body if isinstance(s, ir.Op) and s.result is not None}
-    offsets = {b0: 1}   # value -> the width it moves a region by, per block
-    for v_id, op in defs.items():
-        if op.kind == "elementwise" and op.attrs.get("fn") == "mul" and len(op.operands) == 2:
-            ids = [o.id for o in op.operands]
-            if b0 in ids:
-                other = defs.get(ids[1 - ids.index(b0)])
-                if other is not None and other.kind == "const":
-                    offsets[v_id] = other.attrs["value"]
-    # b0 is used only in those products and as such a start, and the products only as
-    # starts of a last dimension of the width they multiply by.
+    # Values that are ``b0 * width`` (the shared affine evaluator's forms of block axis 0
+    # with no offset): value -> the width it moves a region by, per block.
+    offsets = {v: scale for v, (axis, scale, offset) in affine_values(kernel).items()
+               if axis == 0 and scale > 0 and offset == 0}
+    # Those values are used only to compute one another and as starts of a last dimension
+    # of the width they move by.
     for stmt in ir.walk(kernel.body):
         for p in {v.id for v in ir.uses(stmt)} & offsets.keys():
             if not isinstance(stmt, ir.Op):
                 return None
-            if p == b0 and stmt.result is not None and stmt.result.id in offsets:
+            if stmt.result is not None and stmt.result.id in offsets:
                 continue
             if any(v.id == p for v in stmt.operands) or not all(
                     _moves_last_dim(r, p, offsets[p]) for r in ir.regions(stmt)

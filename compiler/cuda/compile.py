@@ -31,7 +31,7 @@ from .fingerprint import choose_compiler
 from .toolchain import PtxasReport
 
 if TYPE_CHECKING:
-    from ..gpu.codegen.lower import CudaKernel
+    from ..gpu.codegen.lower import GpuKernel
 
 _FLAGS = ("-std=c++17", "-O3")  # nvcc's, as toolchain.compile_cubin passes them
 ALIGNMENT = 16
@@ -113,7 +113,7 @@ def _nvcc(source: str, file: str, arch: str) -> str | tuple[bytes, bytes, str]:
     return cubin.data, cubin.ptx, cubin.log
 
 
-def _generate(kernel: ir.Kernel, target: Target) -> CudaKernel:
+def _generate(kernel: ir.Kernel, target: Target) -> GpuKernel:
     # The code generator is imported on the first compile: importing jaxtile imports this
     # module (the primitives use arch_of), and need not load it.
     from ..gpu.codegen.lower import generate

@@ -8,7 +8,7 @@ import ctypes
 import functools
 
 from ..gpu.codegen.context import size_c
-from ..gpu.codegen.lower import CudaKernel
+from ..gpu.codegen.lower import GpuKernel
 from .build import Size, runtime_library
 
 ALIGNMENT = 16
@@ -23,7 +23,7 @@ def load_runtime() -> None:
     ctypes.CDLL(str(runtime_library()), mode=ctypes.RTLD_GLOBAL)
 
 
-def grid_of(code: CudaKernel) -> str:
+def grid_of(code: GpuKernel) -> str:
     """C text of a dynamic grid's block count over the launch shim's buffers ('' if static)."""
     if code.num_blocks:
         return ""

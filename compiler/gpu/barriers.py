@@ -19,11 +19,21 @@ and loop bounds in the Tile IR are uniform across the block, so a barrier inside
 reached by all threads -- except a ``While`` condition that reads global memory the kernel
 writes, whose lowering refuses a barrier inside (``gpu/codegen/control.py``).
 
-Buffers that the shared-memory plan gives the same bytes (the ``offset`` attributes the
-``smem_plan`` pass wrote, read by ``smem_plan.shares`` and passed in as ``shares``) count as
-one buffer: the last reads of one and the first writes of the next
-are a write-after-read hazard (and the other way round) although they name different
-buffers.
+Shared memory is one array of bytes: buffers that the shared-memory plan gives the same
+bytes (the ``offset`` attributes the ``smem_plan`` pass wrote) conflict wherever both are
+accessed, as one buffer does: the last reads of one and the first writes of the next are a
+write-after-read hazard (and the other way round) although they name different buffers.
+
+So does an op's scratch (the ``scratch`` note, with the byte offset ``smem_plan`` gave each
+request: :func:`.smem_plan.scratch_bytes`): its lowering writes the scratch bytes (by any
+thread), synchronises the block, and reads them (by any thread). Before the op, its scratch
+writes meet what is pending like any write: a barrier where they reuse bytes an earlier
+buffer or scratch used since the last barrier; that includes the same op's reads in the
+previous iteration of a loop. After the op, its internal barrier has ordered everything
+before it: what is pending is the op's own accesses and its scratch reads, which the next
+user of those bytes must wait for. That is the contract of :mod:`.codegen.scratch`: an op
+carrying scratch synchronises the block between its scratch writes and reads, and code
+generation adds no other barrier for scratch.
 
 A loop that runs as a ``cp.async`` pipeline is walked as the schedule the pipelining pass
 wrote into the IR runs it: the prologue's ``async_issue`` ops issue the staged copies before
@@ -34,15 +44,16 @@ stage no thread reads in that iteration, so it and the staged copies it runs (``
 make no access inside the loop. Barriers the compute still needs (e.g. between a fragment staged
 through shared memory and its readers) are ordinary barrier ops of the body.
 
-Assumes: layout inference and the pipelining pass ran. Guarantees: every cross-thread hazard
-on a shared buffer has a ``barrier`` op between its two accesses.
+Assumes: layout inference, the pipelining pass, and (for reuse of bytes) the scratch and
+shared-memory planning passes ran. Guarantees: every cross-thread hazard on a shared buffer
+or on bytes a buffer and scratch or two scratch arrays share has a ``barrier`` op (or, for
+bytes of an op's scratch, the op's own internal barrier) between its two accesses.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterable
 
 import numpy as np
 
@@ -51,6 +62,7 @@ from .copy_mapping import copy_layout
 from .copy_schedule import ISSUED, SCHEDULE_KINDS, issued_copies
 from .layout import Layout, blocked
 from .layout_inference import uniform_values
+from .smem_plan import recorded_bytes, scratch_bytes
 
 _SCOPES = ("shared", "global")
 
@@ -58,10 +70,14 @@ _SCOPES = ("shared", "global")
 @dataclasses.dataclass(frozen=True, eq=False)
 class _Access:
     buffer: str
+    """The buffer's name; for scratch, the op kind and the request's role."""
     write: bool
-    region: ir.Region
+    region: ir.Region | None
+    """None: the whole of a scratch request."""
     owners: np.ndarray | None
     """Per element of the region's tile, the threads touching it; None: any thread."""
+    span: tuple[int, int] | None = None
+    """First and end byte in the block's shared memory (buffers the plan placed, scratch)."""
 
 
 @functools.lru_cache(maxsize=256)
@@ -71,15 +87,17 @@ def _owners(lay: Layout, primary_only: bool) -> np.ndarray:
 
 
 class _Walker:
-    def __init__(self, kernel: ir.Kernel, shares: Iterable[tuple[str, str]] = ()):
+    def __init__(self, kernel: ir.Kernel):
         self.kernel = kernel
-        self.shares = {frozenset(p) for p in shares}
+        offsets, sizes = recorded_bytes(kernel)
+        self.spans = {n: (at, at + sizes[n]) for n, at in offsets.items()}
         self.bufs = {b.name: b for b in kernel.buffers}
         self.uniform = uniform_values(kernel)
         self.layouts = {s.result.id: s.notes["layout"] for s in ir.walk(kernel.body)
                         if isinstance(s, ir.Op) and s.result is not None
                         and "layout" in s.notes}
         self._accesses: dict[int, list[_Access]] = {}
+        self._scratch: dict[int, tuple[list[_Access], list[_Access]]] = {}
         self._issues: dict[int, list[_Access]] = {}
 
     def accesses(self, op: ir.Op) -> list[_Access]:
@@ -99,10 +117,22 @@ class _Walker:
             if not isinstance(region, ir.Region) or self.bufs[region.buffer].scope not in _SCOPES:
                 continue
             write = attr in d.writes
-            out.append(_Access(region.buffer, write, region, self._owners(op, attr, write)))
+            span = self.spans.get(region.buffer)
+            out.append(_Access(region.buffer, write, region, self._owners(op, attr, write),
+                               span))
             if write and attr in d.reads:
-                out.append(_Access(region.buffer, False, region, out[-1].owners))
+                out.append(_Access(region.buffer, False, region, out[-1].owners, span))
         return out
+
+    def scratch(self, op: ir.Op) -> tuple[list[_Access], list[_Access]]:
+        """The writes and the reads of the op's placed scratch, by any thread (the same
+        objects on every visit)."""
+        if id(op) not in self._scratch:
+            spans = scratch_bytes(op)
+            writes, reads = ([_Access(f"{op.kind} {role}", write, None, None, (lo, hi))
+                              for role, lo, hi in spans] for write in (True, False))
+            self._scratch[id(op)] = (writes, reads)
+        return self._scratch[id(op)]
 
     def _owners(self, op: ir.Op, attr: str, write: bool) -> np.ndarray | None:
         threads = self.kernel.threads
@@ -125,8 +155,9 @@ class _Walker:
     def _conflict(self, a: _Access, b: _Access) -> bool:
         if not (a.write or b.write):
             return False
-        if a.buffer != b.buffer:
-            return frozenset((a.buffer, b.buffer)) in self.shares
+        if a.buffer != b.buffer or a.region is None or b.region is None:
+            return (a.span is not None and b.span is not None
+                    and a.span[0] < b.span[1] and b.span[0] < a.span[1])
         if _disjoint(a.region, b.region):
             return False
         same_thread = (a.region == b.region and a.owners is not None and b.owners is not None
@@ -177,7 +208,7 @@ class _Walker:
         """What a scheduled loop's prologue issues: its staged copies' accesses, by any
         thread (the same objects on every visit)."""
         if id(loop) not in self._issues:
-            self._issues[id(loop)] = [_Access(a.buffer, a.write, a.region, None)
+            self._issues[id(loop)] = [dataclasses.replace(a, owners=None)
                                       for c in issued_copies(loop) for a in self.accesses(c)]
         return self._issues[id(loop)]
 
@@ -194,9 +225,10 @@ class _Walker:
                     out.append(stmt)
                     continue
                 accs = self._op_accesses(stmt, body[i + 1:])
+                writes, reads = self.scratch(stmt)
                 issue = stmt.kind == "async_issue" and stmt.attrs["prologue"]
-                barrier = None if issue and in_prologue else self._barrier(pending, accs,
-                                                                          stmt.line)
+                barrier = None if issue and in_prologue else self._barrier(
+                    pending, accs + writes, stmt.line)
                 in_prologue = issue or (in_prologue and stmt.kind == "async_commit")
                 if barrier is not None:
                     if stmt.kind == "async_issue":
@@ -204,7 +236,12 @@ class _Walker:
                                                      ", before the pipeline's prologue")
                     out.append(barrier)
                     pending = []
-                pending = _union(pending, accs) if stmt.kind == "async_issue" else pending + accs
+                if writes:      # the op's own barrier orders what came before it
+                    pending = accs + reads
+                elif stmt.kind == "async_issue":
+                    pending = _union(pending, accs)
+                else:
+                    pending = pending + accs
                 out.append(stmt)
             elif isinstance(stmt, ir.For):
                 entry = pending
@@ -256,8 +293,8 @@ def _disjoint(a: ir.Region, b: ir.Region) -> bool:
     return False
 
 
-def insert_barriers(kernel: ir.Kernel, shares: Iterable[tuple[str, str]] = ()) -> ir.Kernel:
-    """Insert the barriers shared-memory hazards need, ``shares`` naming the pairs of
-    buffers that share bytes; see the module docstring."""
-    body, _ = _Walker(kernel, shares).body(kernel.body, [])
+def insert_barriers(kernel: ir.Kernel) -> ir.Kernel:
+    """Insert the barriers shared-memory hazards need, bytes the plan recorded in the IR
+    reused included; see the module docstring."""
+    body, _ = _Walker(kernel).body(kernel.body, [])
     return dataclasses.replace(kernel, body=tuple(body))

@@ -9,9 +9,10 @@ other stages are read. Extra requests (reduction workspaces, layout conversions)
 the one statement that needs them. Buffers are placed largest first at the lowest offset,
 aligned to :data:`ALIGN` bytes, that overlaps no buffer live at the same time.
 
-Sharing bytes is a hazard between the threads that last read a buffer and those that first
-write the next one: :meth:`SmemPlan.shares` lists those pairs, so barrier insertion can treat
-them as one buffer.
+Sharing bytes is a hazard between the threads that last read a buffer (or an op's scratch)
+and those that first write the next one: barrier insertion orders every access of
+overlapping bytes as it orders the accesses of one buffer (:meth:`SmemPlan.shares` lists the
+buffers that share).
 
 The lifetimes are ``passes/liveness.py``'s (:func:`.passes.liveness.buffer_lifetimes`), the
 one liveness the CPU's storage sharing uses too. Buffers that no statement touches get no
@@ -19,10 +20,10 @@ offset.
 
 The ``smem_plan`` pass (:func:`place_shared_buffers`) writes the plan into the IR as buffer
 attributes (``offset``, ``stages``) and, for the per-op scratch the ``scratch`` pass recorded,
-as each request's byte offset (placed around the buffers' fixed offsets); barrier insertion
-and code generation read it from there (:func:`shares`, :func:`recorded_plan`). Code
-generation still works out from those offsets which scratch reuses bytes and needs a
-barrier (:func:`place_scratch`).
+as each request's byte offset (placed around the buffers' fixed offsets); barrier insertion,
+the GPU verifier and code generation read it from there (:func:`recorded_bytes`,
+:func:`scratch_bytes`, :func:`recorded_plan`): the barriers that bytes reused by scratch
+need are barrier insertion's, like those of buffers.
 
 Assumes: ``bytes_of`` covers every shared buffer (all stages of a multi-buffered one).
 Guarantees: buffers live at the same statement never overlap; every offset is a multiple of
@@ -192,7 +193,8 @@ def place_shared_buffers(kernel: Kernel, caps: GpuCaps) -> Kernel:
     the scratch pass (its requests are ``(role, C type, elements)``).
     Guarantees: buffers whose lifetimes overlap get disjoint bytes, offsets are multiples of
     :data:`ALIGN`, the total fits ``caps`` (else KernelError); later passes and code
-    generation read the plan from the IR (:func:`recorded_plan`, :func:`shares`)."""
+    generation read the plan from the IR (:func:`recorded_bytes`, :func:`scratch_bytes`,
+    :func:`recorded_plan`)."""
     stages = issued_stages(kernel)
     plan = plan_shared_memory(kernel, buffer_bytes(kernel, stages), caps)
     kernel = _place_recorded_scratch(kernel, plan, caps)
@@ -240,19 +242,19 @@ def recorded_bytes(kernel: Kernel) -> tuple[dict[str, int], dict[str, int]]:
     return {b.name: b.attrs["offset"] for b in placed}, {b.name: sizes[b.name] for b in placed}
 
 
-def shares(kernel: Kernel) -> list[tuple[str, str]]:
-    """Pairs of shared buffers the IR's plan gives overlapping bytes (necessarily at
-    different times; barrier insertion treats each pair as one buffer)."""
-    offsets, sizes = recorded_bytes(kernel)
-    names = sorted(offsets)
-    return [(a, b) for i, a in enumerate(names) for b in names[i + 1:]
-            if offsets[a] < offsets[b] + sizes[b] and offsets[b] < offsets[a] + sizes[a]]
+def scratch_bytes(op: Op) -> list[tuple[str, int, int]]:
+    """The role, first byte and end byte of each request of ``op``'s ``scratch`` note that
+    the smem_plan pass placed (an unplaced one has no bytes yet)."""
+    return [(role, at, at + sizeof(ctype) * max(count, 1))
+            for role, ctype, count, *placed in op.notes.get("scratch", ()) for at in placed]
 
 
-def recorded_plan(kernel: Kernel, caps: GpuCaps) -> SmemPlan:
+def recorded_plan(kernel: Kernel, caps: GpuCaps,
+                  scratch: Sequence[tuple[Scratch, int]] = ()) -> SmemPlan:
     """The plan :func:`place_shared_buffers` wrote into ``kernel`` (lifetimes recomputed
-    from the body); an internal KernelError names a touched shared buffer it did not
-    place."""
+    from the body), with the ``scratch`` arrays at the offsets recorded for them (code
+    generation's names, for the report); an internal KernelError names a touched shared
+    buffer it did not place."""
     offsets, sizes = recorded_bytes(kernel)
     touched = {r.buffer for s in walk(kernel.body) if isinstance(s, Op) for r in regions(s)}
     missing = [b.name for b in kernel.buffers
@@ -261,27 +263,5 @@ def recorded_plan(kernel: Kernel, caps: GpuCaps) -> SmemPlan:
         raise KernelError(f"internal error: shared buffer(s) {', '.join(missing)} of kernel "
                           f"{kernel.name!r} have no planned offset (the smem_plan pass did "
                           "not run)")
-    return plan_shared_memory(kernel, sizes, caps, fixed=offsets)
-
-
-def place_scratch(kernel: Kernel, plan: SmemPlan, scratch: Sequence[Scratch], caps: GpuCaps,
-                  offsets: Mapping[str, int]) -> tuple[SmemPlan, set[str], set[str]]:
-    """``plan`` (the kernel's buffers, offsets kept: :func:`recorded_plan`) with code
-    generation's per-op ``scratch`` at the ``offsets`` the smem_plan pass recorded for them,
-    and the scratch arrays that need a barrier before their op (they reuse bytes some earlier
-    buffer used) and after it (a later one reuses theirs). The barrier pass did not see
-    scratch, so these barriers are code generation's; an op inside a loop has its leading
-    barrier already (its previous iteration's reads)."""
-    sizes = {n: plan.sizes[n] for n in plan.offsets}
-    full = plan_shared_memory(kernel, sizes, caps, scratch, fixed={**plan.offsets, **offsets})
-    names = {s.name for s in scratch}
-    before: set[str] = set()
-    after: set[str] = set()
-    for a, b in full.shares():
-        for mine, other in ((a, b), (b, a)):
-            if mine in names:
-                if full.lifetimes[other][1] < full.lifetimes[mine][0]:
-                    before.add(mine)
-                if full.lifetimes[other][0] > full.lifetimes[mine][1]:
-                    after.add(mine)
-    return full, before, after
+    fixed = {**offsets, **{s.name: at for s, at in scratch}}
+    return plan_shared_memory(kernel, sizes, caps, [s for s, _ in scratch], fixed=fixed)

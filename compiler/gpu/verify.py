@@ -18,19 +18,30 @@ test's, or a pass's output -- cannot hold a schedule, barrier or plan a GPU woul
 - **Shared-memory offsets**: each is a non-negative multiple of :data:`.smem_plan.ALIGN`, and
   buffers live at the same statement (:func:`.smem_plan.lifetimes`) have disjoint bytes.
 
+After the barrier pass (:func:`verify_scratch_barriers`, its rule):
+
+- **Scratch reuse is ordered**: where an op's scratch (:func:`.smem_plan.scratch_bytes`)
+  takes bytes that an earlier access -- another op's scratch, a shared buffer, the same op's
+  scratch in the previous iteration of a loop -- touched, a ``barrier`` stands between them
+  on every path, and likewise where a buffer access follows scratch on its bytes. Barriers
+  are counted per path, conservatively (any access by any thread); a scratch op counts as a
+  barrier for what follows it, its lowering's own (:mod:`.codegen.scratch`). Only pairs with
+  a scratch side are checked: buffers sharing bytes are the barrier pass's usual hazards.
+
 Each rule raises a KernelError naming the rule, the buffer or op and its line.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from .. import ir
 from ..errors import KernelError, kernel_error
 from .codegen.control import thread_varying
 from .copy_mapping import NOTE, vector_width
-from .copy_schedule import SCHEDULE_KINDS, scheduled, split_schedule
-from .smem_plan import ALIGN, lifetimes, recorded_bytes
+from .copy_schedule import SCHEDULE_KINDS, issued_copies, scheduled, split_schedule
+from .smem_plan import ALIGN, lifetimes, recorded_bytes, scratch_bytes
 
 _SYNC = ("barrier", *SCHEDULE_KINDS)
 
@@ -134,4 +145,87 @@ def verify_gpu(kernel: ir.Kernel) -> ir.Kernel:
     _uniform(kernel, kernel.body, thread_varying(kernel), None)
     _copy_mappings(kernel)
     _offsets(kernel)
+    return kernel
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Touch:
+    """Shared bytes an op touched: ``what`` names them (a buffer, or an op's scratch)."""
+
+    what: str
+    lo: int
+    hi: int
+    scratch: bool
+    op: ir.Op
+
+
+class _ReuseCheck:
+    """The scratch-reuse rule: walks the body with the shared bytes touched since the last
+    barrier on some path (:func:`verify_scratch_barriers`)."""
+
+    def __init__(self, kernel: ir.Kernel):
+        self.kernel = kernel
+        offsets, sizes = recorded_bytes(kernel)
+        self.spans = {n: (at, at + sizes[n]) for n, at in offsets.items()}
+        self._seen: dict[int, list[_Touch]] = {}
+
+    def _touches(self, op: ir.Op, rest: Sequence[ir.Stmt]) -> list[_Touch]:
+        scratch = [_Touch(f"the {role} scratch of the {op.kind}", lo, hi, True, op)
+                   for role, lo, hi in scratch_bytes(op)]
+        ops = [op]
+        if op.kind == "async_issue" and op.attrs["prologue"]:
+            # The prologue's copies land in the stages of the loop that follows it.
+            loop = next((s for s in rest if isinstance(s, ir.For)), None)
+            ops = issued_copies(loop) if loop is not None else []
+        buffers = [_Touch(f"buffer '{r.buffer}'", *self.spans[r.buffer], False, op)
+                   for o in ops for r in ir.regions(o) if r.buffer in self.spans]
+        return scratch + buffers
+
+    def body(self, body: Sequence[ir.Stmt], pending: list[_Touch]) -> list[_Touch]:
+        for i, s in enumerate(body):
+            if isinstance(s, ir.Op):
+                if s.kind == "barrier":
+                    pending = []
+                    continue
+                if id(s) not in self._seen:     # the same objects on every visit
+                    self._seen[id(s)] = self._touches(s, body[i + 1:])
+                touches = self._seen[id(s)]
+                for t in touches:
+                    for p in pending:
+                        if (t.scratch or p.scratch) and p.lo < t.hi and t.lo < p.hi:
+                            raise _fail(self.kernel, s, f"{t.what} (bytes {t.lo}..{t.hi}) "
+                                        f"reuses bytes of {p.what} (bytes {p.lo}..{p.hi}, at "
+                                        f"{p.op.line or '?'}) with no barrier between them")
+                # A scratch op's lowering synchronises the block inside it.
+                scratch = any(t.scratch for t in touches)
+                pending = list(touches) if scratch else _merge(pending, touches)
+            elif isinstance(s, ir.While):
+                # The loop leaves after a condition; the second iteration meets what the
+                # first left pending.
+                entry, exits = pending, []
+                for _ in range(2):
+                    after = self.body(s.cond, entry)
+                    exits = _merge(exits, after)
+                    entry = _merge(pending, self.body(s.body, after))
+                pending = exits
+            elif isinstance(s, ir.For):
+                once = isinstance(s.extent, int) and s.extent <= 1
+                entry = pending
+                for _ in range(1 if once else 2):
+                    end = self.body(s.body, entry)
+                    entry = _merge(pending, end)
+                pending = end if once else entry
+            else:
+                pending = _merge(self.body(s.then, pending), self.body(s.otherwise, pending))
+        return pending
+
+
+def _merge(a: list[_Touch], b: list[_Touch]) -> list[_Touch]:
+    seen = {id(t) for t in a}
+    return a + [t for t in b if id(t) not in seen]
+
+
+def verify_scratch_barriers(kernel: ir.Kernel) -> ir.Kernel:
+    """Check the scratch-reuse rule (module docstring) and return ``kernel`` unchanged."""
+    _ReuseCheck(kernel).body(kernel.body, [])
     return kernel

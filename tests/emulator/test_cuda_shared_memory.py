@@ -84,8 +84,9 @@ def test_disjoint_buffers_share_bytes_and_the_barrier_between_them_is_needed():
 
 
 def test_plan_is_the_same_before_and_after_barriers_and_renaming():
-    """The barrier pass reads ``shares()`` from the plan of its input; code generation
-    plans again on the renamed IR with barriers: the offsets must agree."""
+    """The plan of the kernel before the GPU passes and that of the lowered IR (renamed,
+    with barriers) agree: the offsets the barrier pass and code generation read are the
+    ones planned."""
     a = jnp.zeros((200, 192), jnp.float16)
     low = ops.matmul_relu.lower(a, a.T, target="cuda:sm_80", bk=64)
     before = dict(plan_kernel(low.kernel, SM80.caps).offsets)
@@ -200,25 +201,100 @@ def _column_sums(a, b, *, bm=64, bn=64, bk=32):
     return out
 
 
+def _reasons(k: ir.Kernel) -> list[str]:
+    return [s.notes["reason"] for s in k.body if isinstance(s, ir.Op) and s.kind == "barrier"]
+
+
 def test_scratch_reusing_dead_buffers_gets_its_own_barrier():
     rng = np.random.default_rng(4)
     # One k step: the gemm's last reads are of stage 0, the bytes the partials take.
     a = rng.standard_normal((64, 32)).astype(np.float16)
     b = rng.standard_normal((32, 64)).astype(np.float16)
     k = _lowered(_column_sums, jnp.asarray(a), jnp.asarray(b))
+    # The barrier pass's, as IR: the reduction's scratch writes after the stages' reads.
+    assert [r for r in _reasons(k) if "partials" in r] == [
+        "write after write of reduce partials (shares bytes with smem0)"]
     code = generate(k, SM80)
-    marker = "sync_threads();  // partials"
-    lines = [ln for ln in code.source.splitlines() if marker in ln]
-    assert len(lines) == 1 and "reuses shared bytes" in lines[0]
     assert "JT_SHARED_AT(float, partials" in code.source and ", 0);" in code.source
     want = (a.astype(np.float64) @ b.astype(np.float64)).sum(0)
     out = np.zeros(64, np.float32)
-    emu = EmulatedKernel.build(code.source, code.symbol, [Buffer(n, d) for n, d in code.params],
-                               LaunchConfig((1, 1, 1), (128, 1, 1), code.shared_bytes))
-    assert emu.run(a, b, out)["findings"] == []
+    assert _emulate(k, a, b, out)["findings"] == []
     np.testing.assert_allclose(out, want, rtol=1e-3, atol=1e-2)
-    racy = code.source.replace(lines[0].strip(), "")
-    emu = EmulatedKernel.build(racy, code.symbol, [Buffer(n, d) for n, d in code.params],
-                               LaunchConfig((1, 1, 1), (128, 1, 1), code.shared_bytes))
     with pytest.raises(EmulatorError, match=r"data race .* on shared array 'partials"):
-        emu.run(a, b, np.zeros(64, np.float32))
+        _emulate(_drop_barriers(k, "reduce partials"), a, b, np.zeros(64, np.float32))
+
+
+@jt.kernel(threads=128)
+def _sum_and_max(x):
+    """Two reductions across warps: their partials live for their own op each, so the plan
+    puts both on the same bytes (those of ``t``, dead after its load)."""
+    n, m = x.shape
+    out = jt.empty((2, n), jnp.float32)
+    jt.grid(1)
+    t = jt.shared((n, m), jnp.float32)
+    jt.copy(x.at[0, 0], t)
+    v = t[...]
+    out[0, :] = jnp.sum(v, axis=1)
+    out[1, :] = jnp.max(v, axis=1)
+    return out
+
+
+@pytest.mark.slow   # two emulator builds; the default run keeps the gemm one above
+def test_two_reductions_on_the_same_scratch_bytes_need_the_barrier_between():
+    x = np.random.default_rng(5).standard_normal((2, 512)).astype(np.float32)
+    k = _lowered(_sum_and_max, jnp.asarray(x))
+    notes = [s.notes["scratch"] for s in k.body if isinstance(s, ir.Op) and s.kind == "reduce"]
+    assert notes == [(("partials", "float", 256, 0),)] * 2
+    assert _reasons(k) == ["write after write of reduce partials (shares bytes with smem0)",
+                           "write after read of reduce partials"]
+    want = np.stack([x.sum(1), x.max(1)])
+    out = np.zeros((2, 2), np.float32)
+    assert _emulate(k, x, out)["findings"] == []
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(_sum_and_max.reference(jnp.asarray(x))), want,
+                               rtol=1e-5, atol=1e-5)
+    # Without it the second reduction's partials overwrite the first's, still being read.
+    with pytest.raises(EmulatorError, match=r"data race .* on shared array 'partials"):
+        _emulate(_drop_barriers(k, "write after read of reduce partials"), x,
+                 np.zeros((2, 2), np.float32))
+
+
+@jt.kernel(threads=128)
+def _row_sums_per_step(x):
+    """A reduction across warps in a loop: each iteration's partials take the bytes the
+    previous iteration's still being read had."""
+    steps, n, m = x.shape
+    out = jt.empty((steps, n), jnp.float32)
+    jt.grid(1)
+    t = jt.fragment((n, m), jnp.float32)
+
+    @jt.loop(0, steps)
+    def _(k):
+        jt.copy(x.at[k, 0, 0], t)
+        out[k, :] = jnp.sum(t[...], axis=1)
+
+    return out
+
+
+def _drop_in_loops(k: ir.Kernel, reason: str) -> ir.Kernel:
+    def drop(op: ir.Op) -> list[ir.Op]:
+        return [] if op.kind == "barrier" and reason in op.notes["reason"] else [op]
+    dropped = dataclasses.replace(k, body=ir.map_ops(k.body, drop))
+    assert sum(1 for _ in ir.walk(dropped.body)) < sum(1 for _ in ir.walk(k.body))
+    return dropped
+
+
+@pytest.mark.slow   # two emulator builds; the default run keeps the gemm one above
+def test_a_reduction_in_a_loop_waits_for_the_previous_iterations_reads():
+    x = np.random.default_rng(6).standard_normal((3, 2, 512)).astype(np.float32)
+    k = _lowered(_row_sums_per_step, jnp.asarray(x))
+    (loop,) = [s for s in k.body if isinstance(s, ir.For)]
+    assert [s.notes["reason"] for s in loop.body if isinstance(s, ir.Op)
+            and s.kind == "barrier"] == ["write after read of reduce partials"]
+    out = np.zeros((3, 2), np.float32)
+    assert _emulate(k, x, out)["findings"] == []
+    np.testing.assert_allclose(out, x.sum(2), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(_row_sums_per_step.reference(jnp.asarray(x))),
+                               x.sum(2), rtol=1e-5, atol=1e-5)
+    with pytest.raises(EmulatorError, match=r"data race .* on shared array 'partials"):
+        _emulate(_drop_in_loops(k, "reduce partials"), x, np.zeros((3, 2), np.float32))

@@ -30,9 +30,6 @@ MAX_THREAD_BYTES = 64 * 1024
 """Per-thread arrays (tile values, fragments, local buffers) a kernel may declare in all: a
 GPU thread has 255 registers and spills the rest to slow local memory (and the emulator
 gives each thread a 256 KiB stack)."""
-SCRATCH_BARRIER = "@@scratch barrier@@ "
-"""Marks a line where a barrier goes if the scratch array it names reuses bytes (``before``
-its op) or has its bytes reused (``after`` it); resolved once all scratch is planned."""
 _NUMPY = {"float": "float32", "double": "float64", "bool": "bool", "int8_t": "int8",
           "uint8_t": "uint8", "int16_t": "int16", "uint16_t": "uint16", "int": "int32",
           "unsigned": "uint32", "int64_t": "int64", "uint64_t": "uint64",
@@ -126,12 +123,9 @@ class Context:
 
     def _shared_array(self, ctype: str, count: int, hint: str, offset: int) -> str:
         """A shared scratch array for the op being lowered, at byte ``offset`` (the
-        smem_plan pass's; where it reuses bytes, :data:`SCRATCH_BARRIER` marks the barriers
-        that may be needed before and after the op)."""
+        smem_plan pass's; the barriers its reuse of bytes needs are the barrier pass's)."""
         name = self.tmp(hint)
         self.shared.append((ctype, name, max(count, 1), self.current_op, offset))
-        if not self.loop_depth:
-            self.w(f"{SCRATCH_BARRIER}before {name}")
         return name
 
     def scratch(self, op: ir.Op, role: str) -> str:

@@ -3,7 +3,7 @@
 Each size a kernel uses is an ``int sz_<name>`` parameter after the pointers, bound at
 launch to a dimension of an input (:func:`size_bindings`); dimensions, strides and masks use
 the size expressions as C (``context.size_c``). The grid is 1-D; its block count is a size
-expression (``CudaKernel.grid_size``), which the launch text states over the buffers'
+expression (``GpuKernel.grid_size``), which the launch text states over the buffers'
 dimensions for the handler and the emulator's launch shim to evaluate with the shapes of
 each call, and the block indices are decoded from it (:func:`dynamic_block_indices`).
 """

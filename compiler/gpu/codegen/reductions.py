@@ -8,8 +8,8 @@ after which every lane of the group holds the result. What remains (factors acro
 goes through a shared array (the op's ``partials`` scratch, which the ``scratch`` pass
 records from :func:`.scratch.reduce_folds`, the split this lowering uses): the threads
 whose in-warp digits are 0 write their partials, a barrier, and every thread folds the
-partials of its group in a fixed order. In a loop, a barrier first keeps a fast thread from
-overwriting partials others still read.
+partials of its group in a fixed order. The barrier pass orders the partials' bytes against
+their other users (the previous iteration's reads in a loop, other scratch on them).
 """
 
 from __future__ import annotations
@@ -67,8 +67,6 @@ def _across_warps(cx: Context, op: ir.Op, name: str, slots: int,
     part = cx.scratch(op, "partials")
     cx.w(f"// fold {math.prod(f.size for f in across)} partials across warps through shared "
          f"memory")
-    if cx.loop_depth:
-        cx.w("sync_threads();  // the previous iteration's reads of the partials are done")
     writer = " && ".join(f"{digit_expr('tid', f.stride, f.size, cx.threads)} == 0"
                          for f in in_warp)
     store = f"for (int k = 0; k < {slots}; ++k) {part}[tid * {slots} + k] = {name}[k];"

@@ -16,9 +16,13 @@ through shared memory (``relayout``, ``reshape``, ``rev``, ``slice``, ``concaten
 ``scan``, ``argreduce``: one ``staged`` array per operand with a layout), ``sort`` (its
 keys, positions and values) and a fragment read or written in part by other threads
 (``load``, ``store``, ``atomic``, ``copy``, a ``gemm`` without a tensor-core plan). The
-``smem_plan`` pass then appends each request's byte offset; the barriers where scratch
-reuses bytes are still code generation's (:func:`.smem_plan.place_scratch`, spliced in at
-:data:`.context.SCRATCH_BARRIER` markers).
+``smem_plan`` pass then appends each request's byte offset, and the barrier pass orders the
+bytes' reuse (:mod:`..barriers`) with ``barrier`` ops.
+
+The contract the barrier pass relies on: the lowering of an op that carries scratch writes
+all of it, synchronises the block (``sync_threads``, in every thread: ops stand in uniform
+control flow), and only then reads it; it adds no barrier before its first write or after
+its last read (those are the barrier pass's, where another use of the bytes needs them).
 """
 
 from __future__ import annotations

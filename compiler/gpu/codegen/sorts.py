@@ -11,8 +11,8 @@ lower one, which makes the order total and the result the stable sort.
 Keys are staged as integers whose order is the sort order (:func:`_key_lines`), with the
 positions and the operand the result takes; after the network each thread gathers its
 result slots through the sorted positions, so values (NaN payloads, -0.0 next to 0.0) are
-copied, never recomputed. Inside a loop a last barrier keeps the next iteration's staging
-from overwriting what slower threads still gather.
+copied, never recomputed. The barrier pass keeps the next user of the buffers' bytes (in a
+loop, the next iteration's staging) from overwriting what slower threads still gather.
 """
 
 from __future__ import annotations
@@ -120,6 +120,4 @@ def lower_sort(cx: Context, op: ir.Op) -> None:
     with cx.slots(lay, guard=True) as c:
         at = row_major(c, shape)
         cx.w(f"{name}[k] = {vals}[{at} + ({pos}[{at}] - ({c[axis]})) * {inner}];")
-    if cx.loop_depth:
-        cx.w("sync_threads();")
     cx.finish(res, name)

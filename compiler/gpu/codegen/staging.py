@@ -4,9 +4,9 @@ shared memory: ``relayout`` (a layout conversion that inference inserted), ``res
 
 Each operand is written to a shared array in row-major order (one replica per element),
 the block waits at a barrier, and each thread computes its result slots from the array:
-one read for the index mappings, a loop along the axis for scans and arg-reductions. Inside
-a loop a barrier comes first, so that no thread overwrites the array while another still
-reads the previous iteration's.
+one read for the index mappings, a loop along the axis for scans and arg-reductions. The
+barrier pass orders the array's bytes against their other users (in a loop, the previous
+iteration's reads), as for all scratch (:mod:`.scratch`).
 """
 
 from __future__ import annotations
@@ -45,8 +45,6 @@ def _read(arr: str | None, v: ir.Value, cx: Context, coords: list[str]) -> str:
 
 def lower_staged(cx: Context, op: ir.Op) -> None:
     res = op.result
-    if cx.loop_depth:
-        cx.w("sync_threads();  // the previous iteration's reads of the staging array are done")
     arrays = _stage(cx, op)
     cx.w("sync_threads();")
     name, lay = cx.result(res)
@@ -90,8 +88,6 @@ def lower_scan(cx: Context, op: ir.Op) -> None:
     src, res = op.operands[0], op.result
     fn, axis, reverse = op.attrs["fn"], op.attrs["axis"], op.attrs["reverse"]
     dtype = np.dtype(res.dtype)
-    if cx.loop_depth:
-        cx.w("sync_threads();  // the previous iteration's reads of the staging array are done")
     (arr,) = _stage(cx, op)
     cx.w("sync_threads();")
     name, lay = cx.result(res)
@@ -111,8 +107,6 @@ def lower_argreduce(cx: Context, op: ir.Op) -> None:
     """Index of the first maximum (minimum) along one axis, NaN counting as the extreme."""
     src, res = op.operands[0], op.result
     fn, axis = op.attrs["fn"], op.attrs["axis"]
-    if cx.loop_depth:
-        cx.w("sync_threads();  // the previous iteration's reads of the staging array are done")
     (arr,) = _stage(cx, op)
     cx.w("sync_threads();")
     name, lay = cx.result(res)

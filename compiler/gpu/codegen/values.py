@@ -117,8 +117,6 @@ def stage_fragment(cx: Context, op: ir.Op, buf: ir.Buffer) -> str:
     (row-major over the buffer's shape) and wait for the block: its elements can then be
     read by any thread."""
     arr = cx.scratch(op, "staged")
-    if cx.loop_depth:
-        cx.w("sync_threads();  // the previous iteration's reads of the staging array are done")
     primary = cx.primary(buf.layout)
     with cx.slots(buf.layout, guard=True) as coords:
         stmt = f"{arr}[{row_major(coords, buf.shape)}] = {buf.name}[k];"
@@ -146,9 +144,6 @@ def store_part(cx: Context, op: ir.Op, buf: ir.Buffer, combine: str | None = Non
     src = None
     if lay is not None:
         src = cx.scratch(op, "staged")
-        if cx.loop_depth:
-            cx.w("sync_threads();  // the previous iteration's reads of the staging array "
-                 "are done")
         primary = cx.primary(lay)
         with cx.slots(lay, guard=True) as coords:
             stmt = f"{src}[{row_major(coords, v.shape)}] = {cx.name(v)}[k];"

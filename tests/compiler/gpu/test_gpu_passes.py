@@ -9,8 +9,8 @@ from jaxtile.compiler.gpu.barriers import insert_barriers
 from jaxtile.compiler.gpu.copy_mapping import map_copies
 from jaxtile.compiler.gpu.copy_schedule import schedule_async_copies
 from jaxtile.compiler.gpu.gemm_plan import plan_gemms
-from jaxtile.compiler.gpu.smem_plan import place_shared_buffers, shares
-from jaxtile.compiler.gpu.verify import verify_gpu
+from jaxtile.compiler.gpu.smem_plan import place_shared_buffers
+from jaxtile.compiler.gpu.verify import verify_gpu, verify_scratch_barriers
 from jaxtile.compiler.target import parse_target
 
 SM80 = parse_target("cuda:sm_80")
@@ -27,6 +27,7 @@ def _check(pass_fn, before: str, after: str) -> None:
     assert printer.format_kernel(result) == _text(after)
     verify.verify(result)
     verify_gpu(result)
+    verify_scratch_barriers(result)
     assert printer.format_kernel(kernel) == _text(before)    # the input is unchanged
 
 
@@ -174,10 +175,68 @@ def test_barriers_go_before_the_prologue_that_refills_shared_bytes():
     none between its issues or before the loop, and the schedule's own barrier kept."""
     pad = "\n      "
     placed = _scheduled(" {offset=0}", " {offset=0, stages=2}")
-    _check(lambda k: insert_barriers(k, shares(k)), placed, _scheduled(
+    _check(insert_barriers, placed, _scheduled(
         " {offset=0}", " {offset=0, stages=2}", (
             "barrier() !{reason='read after write of t'}  # user.py:5" + pad,
             "barrier() !{reason=\"write after read of s (shares bytes with t), before the "
             "pipeline's prologue\"}" + pad,
             # y's 32 elements have 4 replicas each among 128 threads
             "barrier() !{reason='write after read of y'}" + pad + "  ")))
+
+
+_REDUCTIONS = """
+    kernel k(grid=[1], threads=128) blocks(%0):
+      input x: global float32[2, 512]
+      output y: global float32[2, 2]
+      scratch s: shared float32[2, 512] {offset=0}
+      copy() {dst=s[0:+2, 0:+512], pad=None, src=x[0:+2, 0:+512]} !{vec=4}  # user.py:3
+      %1: float32[2, 512]#blocked(vec 4, threads 1x128) = load() {src=s[0:+2, 0:+512]}  # user.py:4
+      B1%2: float32[2]#slice(blocked(vec 4, threads 1x128), [2, 512], dims (1,)) = reduce(%1) {axes=(1,), fn='sum'} !{scratch=(('partials', 'float', 256, 0),)}  # user.py:5
+      store(%2) {dst=y[0, 0:+2]}  # user.py:5
+      B2%3: float32[2]#slice(blocked(vec 4, threads 1x128), [2, 512], dims (1,)) = reduce(%1) {axes=(1,), fn='max'} !{scratch=(('partials', 'float', 256, 0),)}  # user.py:6
+      store(%3) {dst=y[1, 0:+2]}  # user.py:6
+"""  # noqa: E501
+
+
+def test_barriers_order_two_reductions_sharing_scratch_bytes():
+    """The smem_plan pass put both reductions' partials on s's bytes (each lives for its
+    op only; s is dead after the load): the first reduction's scratch writes wait for the
+    copy and load of s (same thread per element, so no barrier between those two), the
+    second's for the first's reads of its partials. Nothing after the second: its own
+    barrier ordered the rest."""
+    pad = "\n      "
+    _check(insert_barriers, _REDUCTIONS.replace("B1", "").replace("B2", ""),
+           _REDUCTIONS.replace("B1", "barrier() !{reason='write after write of reduce partials "
+                               "(shares bytes with s)'}  # user.py:5" + pad)
+           .replace("B2", "barrier() !{reason='write after read of reduce partials'}  "
+                    "# user.py:6" + pad))
+
+
+_LOOP = """
+    kernel k(grid=[1], threads=128) blocks(%0):
+      input x: global float32[2, 512]
+      output y: global float32[4, 2]
+      scratch f: fragment float32[2, 512]#blocked(vec 4, threads 1x128)
+      copy() {dst=f[0:+2, 0:+512], pad=None, src=x[0:+2, 0:+512]}
+      for %1 in serial(0, +4):  # user.py:4
+        %2: float32[2, 512]#blocked(vec 4, threads 1x128) = load() {src=f[0:+2, 0:+512]}
+        B1%3: float32[2]#slice(blocked(vec 4, threads 1x128), [2, 512], dims (1,)) = reduce(%2) {axes=(1,), fn='sum'} !{scratch=(('partials', 'float', 256, 0),)}  # user.py:6
+        B2%4: float32[2]#slice(blocked(vec 4, threads 1x128), [2, 512], dims (1,)) = reduce(%2) {axes=(1,), fn='max'} !{scratch=(('partials', 'float', 256, AT),)}  # user.py:7
+        %5: float32[2]#slice(blocked(vec 4, threads 1x128), [2, 512], dims (1,)) = elementwise(%3, %4) {fn='add'}
+        store(%5) {dst=y[%1, 0:+2]}
+"""  # noqa: E501
+
+
+def test_scratch_reused_across_loop_iterations_waits_only_where_no_op_barrier_did():
+    """Two reductions in a loop. On bytes of their own, each one's internal barrier orders
+    the other's reads of the previous iteration: no barrier. On the same bytes, each waits
+    for the other's reads (the first for those of the previous iteration)."""
+    apart = _LOOP.replace("AT", "1024")
+    _check(insert_barriers, apart.replace("B1", "").replace("B2", ""),
+           apart.replace("B1", "").replace("B2", ""))
+    shared = _LOOP.replace("AT", "0")
+    pad = "\n        "
+    _check(insert_barriers, shared.replace("B1", "").replace("B2", ""), shared.replace(
+        "B1", "barrier() !{reason='write after read of reduce partials'}  # user.py:6" + pad)
+        .replace("B2", "barrier() !{reason='write after read of reduce partials'}  # user.py:7"
+                 + pad))

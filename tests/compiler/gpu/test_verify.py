@@ -1,5 +1,6 @@
 """The GPU passes' IR rules (``compiler/gpu/verify.py``): one bad IR text per rule, and the
-error that names it; a well-formed pipelined loop passes."""
+error that names it; a well-formed pipelined loop passes; scratch that reuses bytes with and
+without the barrier between."""
 
 import textwrap
 
@@ -7,7 +8,7 @@ import pytest
 
 from jaxtile.compiler import parser
 from jaxtile.compiler.errors import KernelError
-from jaxtile.compiler.gpu.verify import verify_gpu
+from jaxtile.compiler.gpu.verify import verify_gpu, verify_scratch_barriers
 
 _PIPELINE = """
     kernel k(grid=[1], threads=128) blocks(%0):
@@ -149,3 +150,68 @@ def test_a_copys_thread_mapping_divides_its_row_in_at_most_16_bytes(vec):
 
 def test_a_narrower_mapping_than_the_widest_passes():
     verify_gpu(_kernel(_PIPELINE.replace(_OUT, _OUT + " !{vec=4}")))
+
+
+_LAYOUT = "blocked(vec 4, threads 1x128)"
+_SUM = f"slice({_LAYOUT}, [2, 512], dims (1,))"
+_REDUCTIONS = f"""
+    kernel k(grid=[1], threads=128) blocks(%0):
+      input x: global float32[2, 512]
+      output y: global float32[2, 2]
+      scratch s: shared float32[2, 512] {{offset=0}}
+      copy() {{dst=s[0:+2, 0:+512], pad=None, src=x[0:+2, 0:+512]}} !{{vec=4}}  # user.py:3
+      %1: float32[2, 512]#{_LAYOUT} = load() {{src=s[0:+2, 0:+512]}}  # user.py:4
+      B1%2: float32[2]#{_SUM} = reduce(%1) {{axes=(1,), fn='sum'}} !{{scratch=(('partials', 'float', 256, 0),)}}  # user.py:5
+      store(%2) {{dst=y[0, 0:+2]}}  # user.py:5
+      B2%3: float32[2]#{_SUM} = reduce(%1) {{axes=(1,), fn='max'}} !{{scratch=(('partials', 'float', 256, AT),)}}  # user.py:6
+      store(%3) {{dst=y[1, 0:+2]}}  # user.py:6
+"""  # noqa: E501
+_BARRIER = "barrier() !{reason='scratch'}\n      "
+
+
+def _reductions(b1: bool, b2: bool, at: int = 0) -> str:
+    return (_REDUCTIONS.replace("B1", _BARRIER if b1 else "")
+            .replace("B2", _BARRIER if b2 else "").replace("AT", str(at)))
+
+
+def test_scratch_reusing_bytes_after_a_barrier_passes():
+    kernel = _kernel(_reductions(True, True))
+    assert verify_scratch_barriers(kernel) is kernel
+    # On bytes of its own the second needs none: the first's lowering synchronised inside.
+    verify_scratch_barriers(_kernel(_reductions(True, False, 1024)))
+
+
+def test_scratch_reusing_a_dead_buffers_bytes_needs_a_barrier():
+    with pytest.raises(KernelError, match=r"the partials scratch of the reduce \(bytes 0..1024\) "
+                       r"reuses bytes of buffer 's' \(bytes 0..4096, at user.py:3\) with no "
+                       r"barrier between them \(at user.py:5\)"):
+        verify_scratch_barriers(_kernel(_reductions(False, True)))
+
+
+def test_scratch_reusing_another_ops_scratch_needs_a_barrier():
+    with pytest.raises(KernelError, match=r"the partials scratch of the reduce \(bytes 0..1024\) "
+                       r"reuses bytes of the partials scratch of the reduce \(bytes 0..1024, "
+                       r"at user.py:5\) with no barrier"):
+        verify_scratch_barriers(_kernel(_reductions(True, False)))
+
+
+_LOOP = f"""
+    kernel k(grid=[1], threads=128) blocks(%0):
+      input x: global float32[2, 512]
+      output y: global float32[4, 2]
+      scratch f: fragment float32[2, 512]#{_LAYOUT}
+      copy() {{dst=f[0:+2, 0:+512], pad=None, src=x[0:+2, 0:+512]}}
+      for %1 in serial(0, +EXTENT):  # user.py:4
+        %2: float32[2, 512]#{_LAYOUT} = load() {{src=f[0:+2, 0:+512]}}
+        BARRIER%3: float32[2]#{_SUM} = reduce(%2) {{axes=(1,), fn='sum'}} !{{scratch=(('partials', 'float', 256, 0),)}}  # user.py:6
+        store(%3) {{dst=y[%1, 0:+2]}}
+"""  # noqa: E501
+
+
+def test_scratch_reused_by_the_next_iteration_needs_a_barrier():
+    verify_scratch_barriers(_kernel(_LOOP.replace("EXTENT", "4").replace(
+        "BARRIER", "barrier() !{reason='scratch'}\n        ")))
+    verify_scratch_barriers(_kernel(_LOOP.replace("EXTENT", "1").replace("BARRIER", "")))
+    with pytest.raises(KernelError, match=r"reuses bytes of the partials scratch of the reduce "
+                       r"\(bytes 0..1024, at user.py:6\) with no barrier"):
+        verify_scratch_barriers(_kernel(_LOOP.replace("EXTENT", "4").replace("BARRIER", "")))

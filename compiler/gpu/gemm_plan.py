@@ -42,8 +42,15 @@ import numpy as np
 from .. import ir
 from ..errors import KernelError
 from ..target import GpuCaps, Target
-from .layout import (LOCAL, THREAD, Factor, Layout, mfma_accumulator, mma_accumulator,
-                     wgmma_accumulator)
+from .layout import (
+    LOCAL,
+    THREAD,
+    Factor,
+    Layout,
+    mfma_accumulator,
+    mma_accumulator,
+    wgmma_accumulator,
+)
 
 
 class GemmInstr(enum.IntEnum):

@@ -3,9 +3,10 @@ bounds, barriers and cp.async checked), against its reference semantics and an i
 jnp / numpy formula; the backward and forward-mode kernels through ``jax.grad`` / ``jax.jvp``
 of the public ops. Ragged shapes throughout. The targets: CUDA (sm_80, in the SIMT emulator)
 and AMD (``hip-emulator`` and ``hip-emulator:gfx90a``, HIP text run in the emulator's wave64
-mode; the kernels built on ``jt.gemm`` use MFMA for 16-bit operands). Every kernel also compiles for sm_80 (NVRTC, else nvcc). The default
-run keeps one CUDA emulator case and two compiles (the suite's time budget; for HIP,
-``test_hip_emulator_backend.py`` keeps the default run's case); ``-m slow`` runs the rest."""
+mode; the kernels built on ``jt.gemm`` use MFMA for 16-bit operands). Every kernel also
+compiles for sm_80 (NVRTC, else nvcc). The default run keeps one CUDA emulator case and two
+compiles (the suite's time budget; for HIP, ``test_hip_emulator_backend.py`` keeps the
+default run's case); ``-m slow`` runs the rest."""
 
 import jax
 import jax.numpy as jnp

@@ -89,9 +89,14 @@ def _uniform(kernel: ir.Kernel, body: Sequence[ir.Stmt], varying: set[int],
              under: ir.Stmt | None) -> None:
     for s in body:
         if isinstance(s, ir.Op) and s.kind in _SYNC and under is not None:
-            raise _fail(kernel, s, f"{s.kind} inside control flow whose condition (at "
-                        f"{under.line or '?'}) reads global memory the kernel writes: threads "
-                        "may not all reach it")
+            # A user's program reaches this (a loop whose exit depends on other blocks'
+            # writes around code that needs the block together), so say it in their terms.
+            construct = "jt.while_" if isinstance(under, ir.While) else "branch"
+            need = s.kind + (f": {s.notes['reason']}" if s.notes.get("reason") else "")
+            raise _fail(kernel, s, f"the condition of the {construct} at {under.line or '?'} "
+                        "reads global memory the kernel writes, so threads may not all reach "
+                        f"the block-wide {need} inside it (for the op at {s.line or '?'}); "
+                        "compute the condition from inputs or on-chip data")
         if isinstance(s, ir.If):
             inner = s if s.cond.id in varying else under
         elif isinstance(s, ir.While):

@@ -94,8 +94,8 @@ _BRANCH = """
 def test_a_barrier_only_in_control_flow_every_thread_takes():
     verify_gpu(_kernel(_BRANCH.replace("FLAG", "x")))       # an input: the same everywhere
     _fails(_BRANCH.replace("FLAG", "y"),                      # written by the kernel
-           r"barrier inside control flow whose condition \(at user.py:7\) reads global "
-           "memory the kernel writes")
+           r"the condition of the branch at user.py:7 reads global memory the kernel writes, "
+           r"so threads may not all reach the block-wide barrier: read after write of s")
 
 
 _SHARED = """

@@ -232,7 +232,8 @@ class Layout:
         (each reducing thread ends up holding the result) and their local factors go; the
         remaining local factors keep their order. With ``keepdims`` the axes stay, of size 1
         (the operand of a broadcast along them)."""
-        axes = tuple(sorted(set(axes)))
+        # Plain ints: the label prints them, and numpy's (np.int64(1)) would not parse back.
+        axes = tuple(sorted({int(a) for a in axes}))
         gone = [f for i, d in enumerate(self.dims) if i in axes for f in d]
         locals_kept = sorted((f for i, d in enumerate(self.dims) if i not in axes for f in d
                               if f.kind == LOCAL), key=lambda f: f.stride)
@@ -261,6 +262,7 @@ class Layout:
     def permute(self, perm: Sequence[int]) -> Layout:
         """The layout of the transposed tile (result dim i is dim ``perm[i]``): the same
         threads and slots hold the same elements."""
+        perm = tuple(int(p) for p in perm)  # printed in the label: numpy ints would not parse
         return Layout(tuple(self.shape[p] for p in perm), tuple(self.dims[p] for p in perm),
                       self.replicate, self.threads,
                       f"transpose({self.text()[1:]}, {list(self.shape)}, perm {tuple(perm)})")

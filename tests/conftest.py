@@ -2,6 +2,7 @@
 compiler pass, and shared helpers."""
 
 import os
+import shutil
 import sys
 import tempfile
 
@@ -11,6 +12,15 @@ import pytest
 _CACHE = tempfile.mkdtemp(prefix="jaxtile-test-cache-")
 os.environ["JAXTILE_CACHE_DIR"] = _CACHE
 os.environ["JAXTILE_VERIFY_IR"] = "1"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Remove this process's cache: each pytest process (the xdist controller and every
+    worker imports this file) made its own, and /tmp would keep one per run otherwise."""
+    build = sys.modules.get("jaxtile.compiler.build")
+    if build is not None:
+        build.wait_idle()
+    shutil.rmtree(_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

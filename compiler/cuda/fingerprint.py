@@ -13,7 +13,7 @@ import os
 import re
 import subprocess
 
-from ..emulator.build import DEVICE_INCLUDE
+from ..emulator.build import DEVICE_INCLUDE, device_headers
 from ..errors import KernelError
 from . import nvrtc, toolchain
 
@@ -34,12 +34,11 @@ def choose_compiler(compiler: str | None = None) -> str:
 
 @functools.cache
 def header_digest() -> str:
-    """sha256 of the device header directory (every file's path and bytes)."""
+    """sha256 of the device header (every file's path and bytes)."""
     digest = hashlib.sha256()
-    for path in sorted(DEVICE_INCLUDE.rglob("*")):
-        if path.is_file():
-            digest.update(path.relative_to(DEVICE_INCLUDE).as_posix().encode() + b"\0")
-            digest.update(path.read_bytes())
+    for path in device_headers(DEVICE_INCLUDE):
+        digest.update(path.relative_to(DEVICE_INCLUDE).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
 

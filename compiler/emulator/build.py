@@ -15,7 +15,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -201,8 +201,16 @@ def _hash_files(paths: Sequence[Path]) -> str:
     return h.hexdigest()
 
 
+def device_headers(root: Path | None = None, leave_out: Collection[str] = ()) -> list[Path]:
+    """The device header's files (under ``root``, :data:`DEVICE_INCLUDE` by default), sorted,
+    without those named in ``leave_out`` (a vendor's implementation that another never
+    reads). Every compile of generated code keys its cache on these (emulator, CUDA
+    fingerprint, HIP toolchain), so a header added for one of them changes all their keys."""
+    return sorted(p for p in (root or DEVICE_INCLUDE).rglob("*.h") if p.name not in leave_out)
+
+
 def _header_files() -> list[Path]:
-    return sorted(DEVICE_INCLUDE.rglob("*.h")) + sorted(EMULATOR_INCLUDE.rglob("*.h"))
+    return device_headers() + sorted(EMULATOR_INCLUDE.rglob("*.h"))
 
 
 def _includes() -> list[str]:

@@ -23,7 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..emulator.build import DEVICE_INCLUDE, ToolchainError
+from ..emulator.build import DEVICE_INCLUDE, ToolchainError, device_headers
 from .resources import KernelResources, parse_assembly
 
 ARCHS = ("gfx90a", "gfx942")
@@ -79,8 +79,7 @@ def clang_path() -> str | None:
     return best[1] if best else None
 
 
-HEADERS = tuple(sorted(p.name for p in (DEVICE_INCLUDE / "jaxtile").glob("*.h")
-                      if p.name != "device_ptx.h"))
+HEADERS = tuple(p.name for p in device_headers(leave_out=("device_ptx.h",)))
 """The device-header files a HIP compile may read (``jaxtile/`` in :data:`DEVICE_INCLUDE`):
 all but the NVIDIA implementation, so that a header a generated kernel includes only
 sometimes (``tile_gemm.h``, ``float8.h``) still changes the content key when it changes."""

@@ -15,15 +15,17 @@ from pathlib import Path
 
 import pytest
 
+HERE = Path(__file__).parent
 C_COMPILER = shutil.which("cc") or shutil.which("gcc") or shutil.which("g++")
 needs_c_compiler = pytest.mark.skipif(C_COMPILER is None,
                                       reason="no C compiler to build the stand-in library")
 
 
 def build(source: Path, library: Path) -> Path:
-    """``source`` compiled into the shared library ``library``."""
-    subprocess.run([C_COMPILER, "-shared", "-fPIC", "-O1", "-o", str(library), str(source)],
-                   check=True, capture_output=True)
+    """``source`` compiled into the shared library ``library`` (``fake_driver_log.h``, what
+    the stand-ins share, from this directory)."""
+    subprocess.run([C_COMPILER, "-shared", "-fPIC", "-O1", f"-I{HERE}", "-o", str(library),
+                    str(source)], check=True, capture_output=True)
     return library
 
 

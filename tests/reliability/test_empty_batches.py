@@ -143,7 +143,7 @@ def test_norms_with_no_features(op, grad):
 # --- the CUDA handler: a grid of no blocks is not launched ---------------------------------
 
 _CC = shutil.which("cc") or shutil.which("gcc") or shutil.which("g++")
-_FAKE_DRIVER = Path(__file__).parents[1] / "cuda" / "fake_libcuda.c"
+_FAKE_DRIVER = Path(__file__).parents[1] / "ffi" / "cuda" / "fake_libcuda.c"
 
 _SCRIPT = textwrap.dedent("""
     import json, sys
@@ -169,8 +169,9 @@ _SCRIPT = textwrap.dedent("""
 @pytest.mark.slow   # a child process (the fake driver must be found when it is opened)
 @pytest.mark.skipif(_CC is None, reason="no C compiler to build the fake CUDA driver")
 def test_the_cuda_handler_skips_a_grid_of_no_blocks(tmp_path):
-    subprocess.run([_CC, "-shared", "-fPIC", "-O1", "-o", str(tmp_path / "libcuda.so.1"),
-                    str(_FAKE_DRIVER)], check=True, capture_output=True)
+    subprocess.run([_CC, "-shared", "-fPIC", "-O1", f"-I{_FAKE_DRIVER.parents[1]}", "-o",
+                    str(tmp_path / "libcuda.so.1"), str(_FAKE_DRIVER)], check=True,
+                   capture_output=True)
     log = tmp_path / "calls.log"
     env = {**os.environ, "LD_LIBRARY_PATH": str(tmp_path), "FAKE_CUDA_LOG": str(log),
            "JAX_PLATFORMS": "cpu"}

@@ -1,4 +1,4 @@
-"""What the per-op CUDA lowerings share: the text being written, names, layouts, addresses.
+"""What the per-op GPU lowerings share: the text being written, names, layouts, addresses.
 
 Device code is one function per kernel. Every thread runs the whole body; a tile value
 with a layout is a per-thread array of its slots (``float v7[12]``), a uniform value one
@@ -65,9 +65,11 @@ def source_line(line: str | None) -> str:
 class Context:
     """State of one kernel's lowering; see the module docstring."""
 
-    def __init__(self, kernel: ir.Kernel, warp_size: int,
+    def __init__(self, kernel: ir.Kernel, warp_size: int, dialect: str,
                  swizzles: Mapping[str, Any] | None = None):
         self.kernel = kernel
+        self.dialect = dialect
+        """The target's ``caps.dialect`` (``CUDA``, ``HIP``), for messages."""
         self.swizzles = dict(swizzles or {})
         """Shared buffers stored in a swizzled order (a gemm plan's ``SharedTile``)."""
         self.threads = kernel.threads

@@ -1,4 +1,4 @@
-"""CUDA lowering of ``While`` (``jt.while_``) and the uniformity of its condition.
+"""GPU lowering of ``While`` (``jt.while_``) and the uniformity of its condition.
 
 A ``While`` becomes ``while (true) { cond; if (!test) break; body }``: the condition block is
 written once, and every thread evaluates it. Scalars are computed redundantly by every

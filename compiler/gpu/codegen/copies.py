@@ -1,4 +1,4 @@
-"""CUDA lowering of ``copy`` (global <-> shared <-> fragment <-> local) and ``atomic``.
+"""GPU lowering of ``copy`` (global <-> shared <-> fragment <-> local) and ``atomic``.
 
 A copy with a fragment side visits the fragment's slots (each thread moves what it holds);
 other copies spread the tile over the block by the thread mapping the ``copy_mapping`` pass
@@ -252,10 +252,10 @@ def lower_atomic(cx: Context, op: ir.Op) -> None:
         return
     if buf.scope == "local":
         raise KernelError(f"an atomic update of local buffer '{buf.name}' is not lowered for "
-                          f"CUDA yet (at {source_line(op.line)})")
+                          f"{cx.dialect} yet (at {source_line(op.line)})")
     if (fn, ctype) not in _ATOMICS:
-        raise KernelError(f"atomic {fn} on {np.dtype(buf.dtype)} is not lowered for CUDA yet "
-                          f"(at {source_line(op.line)})")
+        raise KernelError(f"atomic {fn} on {np.dtype(buf.dtype)} is not lowered for "
+                          f"{cx.dialect} yet (at {source_line(op.line)})")
     lay = cx.layout(v) if v.shape != () else None
     if v.shape == ():
         index, conds = cx.address(region, [], clamp=False, checked=cx.region_checks(op, "dst"))

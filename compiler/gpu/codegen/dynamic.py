@@ -1,4 +1,4 @@
-"""Dynamic sizes in the CUDA lowering (``@jt.kernel(dynamic=...)``).
+"""Dynamic sizes in the GPU lowering (``@jt.kernel(dynamic=...)``).
 
 Each size a kernel uses is an ``int sz_<name>`` parameter after the pointers, bound at
 launch to a dimension of an input (:func:`size_bindings`); dimensions, strides and masks use

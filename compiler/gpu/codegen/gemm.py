@@ -1,4 +1,4 @@
-"""Tile ``gemm`` ops in the CUDA lowering: the call of the recorded plan, or the fallback.
+"""Tile ``gemm`` ops in the GPU lowering: the call of the recorded plan, or the fallback.
 
 Each gemm is planned once, by the ``gemm_plan`` pass (:func:`..gemm_plan.plan_gemms`): the
 instruction, warp partition and policy become the op's notes, the shared tiles' swizzles
@@ -87,8 +87,8 @@ def _fallback(cx: Context, op: ir.Op) -> None:
     c_region = op.attrs["c"]
     c = cx.bufs[c_region.buffer]
     if c.scope != "fragment" or not c_region.is_whole(c.shape):
-        raise KernelError(f"gemm accumulator '{c.buffer}' must be a whole fragment for CUDA "
-                          f"(at {source_line(op.line)})")
+        raise KernelError(f"gemm accumulator '{c.buffer}' must be a whole fragment for "
+                          f"{cx.dialect} (at {source_line(op.line)})")
     ta, tb = op.attrs["transpose_a"], op.attrs["transpose_b"]
     k_dim = op.attrs["a"].shape[0 if ta else 1]
     a, b = _operand(cx, op, "a"), _operand(cx, op, "b")

@@ -102,7 +102,7 @@ class _Lowering:
     def __init__(self, kernel: ir.Kernel, target: Target):
         self.kernel = kernel
         self.target = target
-        self.cx = Context(kernel, target.caps.warp_size, swizzles(kernel))
+        self.cx = Context(kernel, target.caps.warp_size, target.caps.dialect, swizzles(kernel))
         self.conversions: list[str] = []
 
     def run(self) -> GpuKernel:

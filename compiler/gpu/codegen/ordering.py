@@ -1,4 +1,4 @@
-"""CUDA lowering of memory ordering between blocks: ``load_acquire``, ``store_release`` and
+"""GPU lowering of memory ordering between blocks: ``load_acquire``, ``store_release`` and
 ``fence`` (``ld.acquire.gpu``, ``st.release.gpu``, ``fence.acq_rel.gpu`` in the device
 header).
 

@@ -1,4 +1,4 @@
-"""CUDA lowering of ``print`` ops (``jt.print``): one ``device_printf`` from the block's thread
+"""GPU lowering of ``print`` ops (``jt.print``): one ``device_printf`` from the block's thread
 0 (``printf`` on the GPU; ``std::printf`` under stdout's lock, flushed, in the emulator).
 
 Every thread of a block holds the same scalars, so thread 0 alone prints the block's line

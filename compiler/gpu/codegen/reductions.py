@@ -1,4 +1,4 @@
-"""CUDA lowering of ``reduce``: in registers, then warp shuffles, then shared memory.
+"""GPU lowering of ``reduce``: in registers, then warp shuffles, then shared memory.
 
 The operand's layout says where the reduced elements are. Each thread first folds its own
 slots into the result's slots (the result's layout is the operand's with the reduced
@@ -34,8 +34,8 @@ def lower_reduce(cx: Context, op: ir.Op) -> None:
     dtype = np.dtype(res.dtype)
     folds = reduce_folds(cx, op)
     if folds is None:
-        raise KernelError(f"a reduction of a constant tile is not lowered for CUDA yet "
-                          f"(at {source_line(op.line)})")
+        raise KernelError(f"a reduction of a constant tile is not lowered for {cx.dialect} "
+                          f"yet (at {source_line(op.line)})")
     lay, in_warp, across = folds.source, folds.in_warp, folds.across
     name, out_lay = cx.result(res, lay.drop(axes))
     cx.w("#pragma unroll")

@@ -1,4 +1,4 @@
-"""Per-element math as C expressions: CUDA's implementation of :mod:`..semantics`.
+"""Per-element math as C expressions: the GPU implementation of :mod:`..semantics`.
 
 Operands are C expressions of their compute type (:func:`.types.reg`); the helpers with an
 ``xla_`` prefix live in ``jaxtile/xla_math.h``. float16 and bfloat16 are computed in float
@@ -104,8 +104,10 @@ def convert(x: str, src: np.dtype, dst: np.dtype) -> str:
         info = np.iinfo(dst)
         return (f"xla_f2i<{T.reg(dst)}>(double({x}), {lo!r}, {hi!r}, "
                 f"{T.literal(int(info.min), dst)}, {T.literal(int(info.max), dst)})")
-    if dst in semantics.FLOAT8 and src == np.float64:
-        return T.rounded(x, dst)  # from the double itself: rounded once, as XLA does
+    if T.is_low_float(dst) and src == np.float64:
+        # From the double itself: rounded once, as XLA does (through float32 a value that
+        # lands halfway between two float16s would round a second time).
+        return T.rounded(x, dst)
     if T.is_float(dst):
         return T.rounded(f"{T.reg(dst)}({x})", dst)
     return f"{T.reg(dst)}({x})"

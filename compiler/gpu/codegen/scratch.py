@@ -198,7 +198,7 @@ def record_scratch(kernel: ir.Kernel, caps: GpuCaps) -> ir.Kernel:
     Assumes: layout inference ran (the requests depend on the operands' layouts).
     Guarantees: an op of a kind in :data:`NEEDS` carries exactly the requests its lowering
     takes (:meth:`.context.Context.scratch`); ops that need none carry no note."""
-    cx = Context(kernel, caps.warp_size)
+    cx = Context(kernel, caps.warp_size, caps.dialect)
 
     def note(op: ir.Op) -> tuple[ir.Stmt, ...]:
         needs = NEEDS.get(op.kind)

@@ -1,4 +1,4 @@
-"""CUDA lowering of ``sort`` along one axis of a tile (``op_defs`` states its meaning).
+"""GPU lowering of ``sort`` along one axis of a tile (``op_defs`` states its meaning).
 
 The same bitonic network as ``compiler/cpu/sorts.py``, run by the whole block in shared
 memory: ``O(n log^2 n)`` comparisons spread over the threads, in ``log2(N) * (log2(N) + 1)

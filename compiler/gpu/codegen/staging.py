@@ -1,4 +1,4 @@
-"""CUDA lowering of ops whose result elements come from other threads' elements, through
+"""GPU lowering of ops whose result elements come from other threads' elements, through
 shared memory: ``relayout`` (a layout conversion that inference inserted), ``reshape``,
 ``rev``, ``slice``, ``concatenate``, ``scan`` and ``argreduce``.
 

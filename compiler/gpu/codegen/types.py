@@ -1,4 +1,4 @@
-"""C types and literals of generated CUDA code.
+"""C types and literals of generated GPU code (CUDA, HIP, the emulator).
 
 A tile element lives in a register as its *compute* type (float16, bfloat16 and the 8-bit
 floats as a float already rounded to the storage type, bool as ``bool``) and in memory as

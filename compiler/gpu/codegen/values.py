@@ -1,4 +1,4 @@
-"""CUDA lowering of value ops: constants, elementwise math, casts, selects, broadcasts,
+"""GPU lowering of value ops: constants, elementwise math, casts, selects, broadcasts,
 iotas, transposes, and loads and stores of tile values."""
 
 from __future__ import annotations

@@ -378,3 +378,10 @@ JT_DEVICE void wait_lgkmcnt() {
 
 // 8-bit floats: the same integer conversions on every GPU.
 #include "float8.h"
+
+namespace jaxtile {
+// float64 -> float16 / bfloat16 rounded once: narrowed to float32 rounding to odd first, so
+// the rounding to 11 or 8 bits is the one a direct rounding makes (24 >= 11 + 2 bits).
+JT_DEVICE half to_half(double d) { return to_half(f8_::narrow_to_odd(d)); }
+JT_DEVICE bf16 to_bf16(double d) { return to_bf16(f8_::narrow_to_odd(d)); }
+}  // namespace jaxtile

@@ -579,6 +579,14 @@ JT_DEVICE bf16 to_bf16(float f) {
   asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h.bits) : "f"(f));
   return h;
 }
+// float64 -> float16 in one rounding (through float32 a value halfway between two float16s
+// after the first rounding but not before would round wrongly). bf16 from double is after
+// float8.h below: cvt.rn.bf16.f64 needs sm_90.
+JT_DEVICE half to_half(double d) {
+  half h;
+  asm("cvt.rn.f16.f64 %0, %1;" : "=h"(h.bits) : "d"(d));
+  return h;
+}
 JT_DEVICE unsigned to_tf32(float f) {
   unsigned r;
   asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(f));
@@ -593,3 +601,9 @@ JT_DEVICE unsigned pack2(T lo, T hi) {
 
 // 8-bit floats: the same integer conversions on every GPU.
 #include "float8.h"
+
+namespace jaxtile {
+// float64 -> bfloat16 rounded once: narrowed to float32 rounding to odd first, so the
+// rounding to 8 bits is the one a direct rounding makes (24 >= 8 + 2 bits).
+JT_DEVICE bf16 to_bf16(double d) { return to_bf16(f8_::narrow_to_odd(d)); }
+}  // namespace jaxtile

@@ -28,6 +28,9 @@ JT_DEVICE double f64_bits(unsigned long long u) {
 // float16 / bfloat16 math is done in float32 and rounded to the storage type after every op.
 JT_DEVICE float round_f16(float x) { return to_float(to_half(x)); }
 JT_DEVICE float round_bf16(float x) { return to_float(to_bf16(x)); }
+// A float64 converted to float16 / bfloat16, rounded once (not through float32).
+JT_DEVICE float round_f16(double x) { return to_float(to_half(x)); }
+JT_DEVICE float round_bf16(double x) { return to_float(to_bf16(x)); }
 // A conversion to an 8-bit float, as its float32 value (from float or double: rounded once).
 template <class T>
 JT_DEVICE float round_f8e4m3(T x) { return to_float(to_fp8e4m3(x)); }

@@ -13,33 +13,13 @@
  * The function "missing" is not found; $FAKE_CUDA_LAUNCH_ERROR makes launches fail with that
  * code. A stream's context is the stream's value divided by 256 (stream 0x100 -> context 1);
  * stream 0xdead has none. */
-#include <stdarg.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#define FAKE_LOG_ENV "FAKE_CUDA_LOG"
+#include "fake_driver_log.h"
 
 typedef int CUresult;
 
-__attribute__((format(printf, 1, 2))) static void logf_line(const char* fmt, ...) {
-  const char* path = getenv("FAKE_CUDA_LOG");
-  if (path == NULL) return;
-  FILE* f = fopen(path, "a");
-  if (f == NULL) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vfprintf(f, fmt, ap);
-  va_end(ap);
-  fputc('\n', f);
-  fclose(f);
-}
-
 struct module {
   char sizes[64];
-};
-struct function {
-  struct module* module;
-  char name[64];
 };
 
 static uintptr_t g_ctx_stack[16];
@@ -121,13 +101,7 @@ CUresult cuModuleLoadData(void** module, const void* image) {
 }
 
 CUresult cuModuleGetFunction(void** fn, void* module, const char* name) {
-  logf_line("cuModuleGetFunction %s", name);
-  if (strcmp(name, "missing") == 0) return 500;
-  struct function* f = calloc(1, sizeof *f);
-  f->module = module;
-  snprintf(f->name, sizeof f->name, "%s", name);
-  *fn = f;
-  return 0;
+  return get_function("cuModuleGetFunction", fn, module, name);
 }
 
 CUresult cuFuncSetAttribute(void* fn, int attribute, int value) {
@@ -149,13 +123,7 @@ CUresult cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigne
   int at = snprintf(line, sizeof line, "cuLaunchKernel %s grid=%u,%u,%u block=%u,%u,%u smem=%u "
                     "stream=%#lx extra=%s params=", f->name, gx, gy, gz, bx, by, bz, smem,
                     (unsigned long)(uintptr_t)stream, extra == NULL ? "null" : "set");
-  /* Read each parameter with the size the kernel declares, as the driver does. */
-  for (const char* s = f->module->sizes; *s >= '1' && *s <= '8'; ++s) {
-    uint64_t v = 0;
-    memcpy(&v, params[s - f->module->sizes], (size_t)(*s - '0'));
-    at += snprintf(line + at, sizeof line - (size_t)at, "%s%#llx",
-                   s == f->module->sizes ? "" : ",", (unsigned long long)v);
-  }
+  append_params(line, sizeof line, at, f->module->sizes, params);
   logf_line("%s", line);
   const char* error = getenv("FAKE_CUDA_LAUNCH_ERROR");
   return error ? atoi(error) : 0;

@@ -13,34 +13,14 @@
  * stream's device is its value divided by 256, less one (stream 0x100 -> device 0, 0x200 ->
  * device 1); stream 0xdead has none, nor has device 9 properties. The function "missing" is
  * not found; $FAKE_HIP_LAUNCH_ERROR makes launches fail with that code. */
-#include <stdarg.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#define FAKE_LOG_ENV "FAKE_HIP_LOG"
+#include "fake_driver_log.h"
 
 typedef int hipError_t;
-
-__attribute__((format(printf, 1, 2))) static void logf_line(const char* fmt, ...) {
-  const char* path = getenv("FAKE_HIP_LOG");
-  if (path == NULL) return;
-  FILE* f = fopen(path, "a");
-  if (f == NULL) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vfprintf(f, fmt, ap);
-  va_end(ap);
-  fputc('\n', f);
-  fclose(f);
-}
 
 struct module {
   int device;
   char sizes[64];
-};
-struct function {
-  struct module* module;
-  char name[64];
 };
 
 static int g_device = 0;
@@ -122,13 +102,7 @@ hipError_t hipModuleLoadData(void** module, const void* image) {
 }
 
 hipError_t hipModuleGetFunction(void** fn, void* module, const char* name) {
-  logf_line("hipModuleGetFunction %s", name);
-  if (strcmp(name, "missing") == 0) return 500;
-  struct function* f = calloc(1, sizeof *f);
-  f->module = module;
-  snprintf(f->name, sizeof f->name, "%s", name);
-  *fn = f;
-  return 0;
+  return get_function("hipModuleGetFunction", fn, module, name);
 }
 
 hipError_t hipModuleLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
@@ -147,13 +121,7 @@ hipError_t hipModuleLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz
                     "block=%u,%u,%u smem=%u stream=%#lx extra=%s params=", f->name, gx, gy, gz,
                     bx, by, bz, smem, (unsigned long)(uintptr_t)stream,
                     extra == NULL ? "null" : "set");
-  /* Read each parameter with the size the kernel declares, as the runtime does. */
-  for (const char* s = f->module->sizes; *s >= '1' && *s <= '8'; ++s) {
-    uint64_t v = 0;
-    memcpy(&v, params[s - f->module->sizes], (size_t)(*s - '0'));
-    at += snprintf(line + at, sizeof line - (size_t)at, "%s%#llx",
-                   s == f->module->sizes ? "" : ",", (unsigned long long)v);
-  }
+  append_params(line, sizeof line, at, f->module->sizes, params);
   logf_line("%s", line);
   const char* error = getenv("FAKE_HIP_LAUNCH_ERROR");
   return error ? atoi(error) : 0;

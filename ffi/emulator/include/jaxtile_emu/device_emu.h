@@ -236,6 +236,27 @@ inline uint16_t f32_to_bf16_bits(float f) {
   return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
 }
 
+// float64 -> float16 / bfloat16, rounded once, in floating point (the GPUs narrow to float32
+// rounding to odd instead): the value rounds to a multiple of its binade's spacing 2^q with
+// nearbyint (ties to even, the default rounding mode; the scalings are exact), and the result,
+// which float32 holds exactly, is then encoded by the float32 conversion without rounding.
+struct F16Format {
+  int mantissa_bits, min_exponent;  // min_exponent: of the smallest normal, 1 - bias
+  double max_finite;
+};
+constexpr F16Format kF16{10, -14, 65504.0};
+constexpr F16Format kBf16{7, -126, 0x1.fep127};
+
+inline float round_f64(double x, const F16Format& f) {
+  if (isnan(x) || isinf(x)) return static_cast<float>(x);
+  int e = 0;
+  frexp(fabs(x), &e);  // |x| = m 2^e with m in [0.5, 1)
+  const int binade = e - 1 > f.min_exponent ? e - 1 : f.min_exponent;
+  const int q = binade - f.mantissa_bits;
+  const double v = ldexp(nearbyint(ldexp(fabs(x), -q)), q);
+  return static_cast<float>(copysign(v > f.max_finite ? INFINITY : v, x));
+}
+
 // ---- 8-bit float conversions (float8_e4m3fn, float8_e5m2), written apart from the GPUs'
 // integer ones (ffi/device/jaxtile/float8.h) so that each checks the other: here in
 // floating point, from the value's binade. The spacing of the format's values around |x| is
@@ -632,6 +653,12 @@ inline float to_float(bf16 h) {
 }
 inline half to_half(float f) { return half{emu::f32_to_f16_bits(f)}; }
 inline bf16 to_bf16(float f) { return bf16{emu::f32_to_bf16_bits(f)}; }
+inline half to_half(double x) {
+  return half{emu::f32_to_f16_bits(emu::round_f64(x, emu::kF16))};
+}
+inline bf16 to_bf16(double x) {
+  return bf16{emu::f32_to_bf16_bits(emu::round_f64(x, emu::kBf16))};
+}
 inline float to_float(fp8e4m3 h) { return emu::fp8_value(h.bits, emu::kE4m3); }
 inline float to_float(fp8e5m2 h) { return emu::fp8_value(h.bits, emu::kE5m2); }
 inline fp8e4m3 to_fp8e4m3(double x) { return fp8e4m3{emu::fp8_bits(x, emu::kE4m3)}; }

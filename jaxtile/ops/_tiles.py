@@ -156,9 +156,10 @@ def _attention_backward_rule(name: str, specs: Sequence[jax.ShapeDtypeStruct],
 
     q = specs[0]
     smem = target.caps.max_smem_bytes if target.kind != "cpu" else None
-    q_tiles, kv_tiles = BACKWARD_TILES[name]
+    q_tiles, kv_tiles, scores16, scores32 = BACKWARD_TILES[name]
     bm, bn = default_tiles(q.dtype, q.shape[-1] if q.shape else 0, smem, q_tiles=q_tiles,
-                           kv_tiles=kv_tiles)
+                           kv_tiles=kv_tiles,
+                           score_tiles=scores32 if jnp.dtype(q.dtype) == jnp.float32 else scores16)
     return {"bm": bm, "bn": bn}
 
 

@@ -98,12 +98,13 @@ def attention_fwd(q, k, v, lengths, *, causal=False, scale=None, window=None, bm
 
 
 def default_tiles(dtype: Any, head_dim: int, smem_bytes: int | None = None, *,
-                  q_tiles: int = 1, kv_tiles: int = 4) -> tuple[int, int]:
+                  q_tiles: int = 1, kv_tiles: int = 4, score_tiles: int = 0) -> tuple[int, int]:
     """``(block_q, block_k)`` of :func:`attention` for operands of ``dtype`` and ``head_dim``,
     within ``smem_bytes`` of shared memory per block when given (a GPU target's). A kernel
     keeps ``q_tiles`` ``[block_q, head_dim]`` and ``kv_tiles`` ``[block_k, head_dim]`` tiles
-    in shared memory: the forward kernel Q, and K and V in two pipeline stages; the
-    backward kernels (:data:`BACKWARD_TILES`) others.
+    of ``dtype`` and ``score_tiles`` float32 ``[block_q, block_k]`` ones in shared memory:
+    the forward kernel Q, and K and V in two pipeline stages; the backward kernels
+    (:data:`BACKWARD_TILES`) others.
 
     Chosen so that the CUDA kernel (128 threads, 255 registers each at most) does not spill:
     float32 operands (tf32 products) need twice the registers of 16-bit ones for the
@@ -121,7 +122,8 @@ def default_tiles(dtype: Any, head_dim: int, smem_bytes: int | None = None, *,
         # 64 x 64 at D = 128): fewer keys per tile first, which keeps the queries a block
         # shares its K/V reads between.
         def need(bm: int, bn: int) -> int:
-            return (q_tiles * bm + kv_tiles * bn) * head_dim * jnp.dtype(dtype).itemsize
+            return ((q_tiles * bm + kv_tiles * bn) * head_dim * jnp.dtype(dtype).itemsize
+                    + score_tiles * bm * bn * 4)
 
         while need(bm, bn) > smem_bytes and bn > 16:
             bn //= 2
@@ -130,11 +132,17 @@ def default_tiles(dtype: Any, head_dim: int, smem_bytes: int | None = None, *,
     return bm, bn
 
 
-BACKWARD_TILES = {"attention_dq": (2, 2), "attention_dkdv": (2, 2), "attention_jvp": (2, 4)}
-"""The shared ``[block_q, D]`` and ``[block_k, D]`` tiles each backward kernel keeps (no
-pipeline): ``dq`` Q and dO, K and V; ``dkdv`` the same; the JVP Q and its tangent, K, V and
-theirs. :func:`default_tiles` fits them to the target's shared memory
-(``jaxtile/ops/_tiles.py``'s rule for these kernels)."""
+BACKWARD_TILES = {"attention_dq": (2, 2, 0, 1), "attention_dkdv": (2, 2, 2, 2),
+                  "attention_jvp": (2, 4, 0, 2)}
+"""The shared tiles each backward kernel keeps (no pipeline): ``[block_q, D]`` and
+``[block_k, D]`` ones (``dq`` Q and dO, K and V; ``dkdv`` the same; the JVP Q and its
+tangent, K, V and theirs), and the float32 ``[block_q, block_k]`` scratch the GPU lowering
+adds for 16-bit and for float32 operands: a score tile a gemm reads transposed (``dkdv``'s
+``P^T`` and ``dS^T``) or, at float32, as its register A operand (no matrix instruction takes
+a float32 register operand). Measured from the lowered kernels for gfx942
+(``tests/compiler/hip/test_hip_attention_tiles.py`` lowers each with the chosen tiles).
+:func:`default_tiles` fits them to the target's shared memory (``jaxtile/ops/_tiles.py``'s
+rule for these kernels)."""
 
 
 def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | None = None,

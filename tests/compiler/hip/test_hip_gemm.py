@@ -259,6 +259,7 @@ def test_one_wave_gemm_runs_on_mfma(hip_emulator):
     _close(got, jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32), precision="highest"), 1e-5)
 
 
+@SLOW
 def test_xf32_mfma_takes_inputs_with_10_bit_mantissas(hip_emulator):
     """float32 gemms on gfx942 run on xf32 MFMA, which multiplies inputs with 10-bit
     mantissas, as tf32 does (the emulator drops the 13 low bits; 1 + 2^-11 below gives 1

@@ -18,7 +18,8 @@ N 64, 128 or 256) use ``wgmma.mma_async`` instead, as do f32 gemms with both ope
 (A ``[m, k]``, B stored ``[n, k]``: ``m64nNk8`` tf32): both operands in wgmma's canonical swizzled
 layout (:class:`SharedTile` with ``span``), the accumulator in ``wgmma_accumulator``'s layout.
 Where the target lists AMD's MFMA shapes (``HipCaps``), f16 and bf16 into f32 use
-``32x32x8`` or ``16x16x16`` over 64-lane waves (accumulator :func:`.layout.mfma_accumulator`);
+``32x32x8`` or ``16x16x16`` over 64-lane waves (accumulator :func:`.layout.mfma_accumulator`),
+and f32 into f32 with shared operands ``32x32x4`` / ``16x16x8`` xf32 where listed (gfx942);
 what no MFMA takes goes to the code generator's scalar gemm (tile_gemm.h's fallback assumes
 32-lane warps).
 
@@ -65,29 +66,36 @@ class GemmInstr(enum.IntEnum):
     """AMD's ``v_mfma_f32_16x16x16`` f16 / bf16."""
     WGMMA = 5
     """wgmma.mma_async m64nNk16 (sm_90a), f16 or bf16 into f32: tile_gemm.h's gemm_wgmma."""
+    MFMA32_XF32 = 6
+    """AMD's ``v_mfma_f32_32x32x4_xf32`` (gfx942): float32 operands at reduced precision."""
+    MFMA16_XF32 = 7
+    """AMD's ``v_mfma_f32_16x16x8_xf32``."""
 
     @property
     def cpp(self) -> str:
         return ("jaxtile::kGemmFma", "jaxtile::kGemmMma16", "jaxtile::kGemmMmaTf32",
-                "jaxtile::kGemmMfma32", "jaxtile::kGemmMfma16", "")[self]
+                "jaxtile::kGemmMfma32", "jaxtile::kGemmMfma16", "", "jaxtile::kGemmMfma32Xf32",
+                "jaxtile::kGemmMfma16Xf32")[self]
 
     @property
     def k_step(self) -> int:
         """The K a gemm_ss step consumes (the gemm's K must be a multiple): one instruction's
         for mma.sync and wgmma, two MFMAs' for AMD, whose lanes read both instructions'
         operands with one 16-byte LDS access (tile_gemm.h's gemm_mfma)."""
-        return (1, 16, 8, 16, 32, 16)[self]
+        return (1, 16, 8, 16, 32, 16, 8, 16)[self]
 
     @property
     def label(self) -> str:
         """How the accumulator layout names the instruction (for MFMA, the shape as
         ``HipCaps.mma_shapes`` lists it)."""
-        return ("fma", "m16n8k16", "m16n8k8", "32x32x8", "16x16x16", "wgmma")[self]
+        return ("fma", "m16n8k16", "m16n8k8", "32x32x8", "16x16x16", "wgmma", "32x32x4",
+                "16x16x8")[self]
 
     @property
     def mfma_size(self) -> int:
         """S of an MFMA ``SxSxK`` instruction; 0 for the others."""
-        return {GemmInstr.MFMA32: 32, GemmInstr.MFMA16: 16}.get(self, 0)
+        return {GemmInstr.MFMA32: 32, GemmInstr.MFMA16: 16, GemmInstr.MFMA32_XF32: 32,
+                GemmInstr.MFMA16_XF32: 16}.get(self, 0)
 
     @property
     def lanes(self) -> int:
@@ -336,14 +344,20 @@ def _wgmma_grid(m: int, n: int, k: int, a: np.dtype, b: np.dtype, acc: np.dtype,
     return None
 
 
-def _mfma_instrs(a: np.dtype, b: np.dtype, acc: np.dtype, caps: GpuCaps) -> list[GemmInstr]:
+def _mfma_instrs(a: np.dtype, b: np.dtype, acc: np.dtype, caps: GpuCaps,
+                 a_in_registers: bool) -> list[GemmInstr]:
     """The MFMA instructions the target lists for these types, the larger tile first (half
-    the operand reads per multiply-add)."""
-    if a != b or acc != np.float32 or a.name not in ("float16", "bfloat16"):
+    the operand reads per multiply-add). float32 operands take xf32 where the target has it
+    (gfx942; gfx90a lists none, so float32 stays on the scalar path there), from shared
+    memory only (gemm_rs_mfma takes 16-bit register operands)."""
+    operand = {"float16": "f16", "bfloat16": "bf16", "float32": "xf32"}.get(a.name)
+    if a != b or acc != np.float32 or operand is None or \
+            (operand == "xf32" and a_in_registers):
         return []
-    operand = "f16" if a.name == "float16" else "bf16"
     shapes = set(caps.mma_shapes)
-    return [i for i in (GemmInstr.MFMA32, GemmInstr.MFMA16) if (i.label, operand) in shapes]
+    instrs = (GemmInstr.MFMA32_XF32, GemmInstr.MFMA16_XF32) if operand == "xf32" else \
+        (GemmInstr.MFMA32, GemmInstr.MFMA16)
+    return [i for i in instrs if (i.label, operand) in shapes]
 
 
 def _mfma_plan(m: int, n: int, k: int, a: np.dtype, b: np.dtype, acc: np.dtype, threads: int,
@@ -354,7 +368,7 @@ def _mfma_plan(m: int, n: int, k: int, a: np.dtype, b: np.dtype, acc: np.dtype, 
     divides K; None where no MFMA applies. A register A operand (the accumulator layout of an
     ``[m, k]`` tile) needs whole rows per wave and ``S | K``."""
     found = []
-    for instr in _mfma_instrs(a, b, acc, caps):
+    for instr in _mfma_instrs(a, b, acc, caps, a_in_registers):
         size = instr.mfma_size
         if k % (size if a_in_registers else instr.k_step):
             continue

@@ -11,6 +11,12 @@ phases of 16; b128: eight phases of 8). Within a phase, lanes reading the same d
 it (broadcast); distinct dwords in one bank take one cycle each. So a phase costs as many
 cycles as the most distinct dwords any bank is asked for, and an access is conflict-free
 when every phase takes one cycle.
+
+Sub-dword reads (``ds_read_u16``: 2 bytes per lane, what ``gemm_mfma`` issues for an operand
+stored with k across rows, such as B stored ``[K, N]``) are not in those sources' tables;
+the model serves them like ``ds_read_b32``, one bank per lane in phases of 32 lanes, lanes on
+one dword sharing it. That is the bank-per-lane limit the 32 banks impose whatever the width,
+so it cannot call an access conflict-free that a dword access at the same dwords would not be.
 """
 
 from __future__ import annotations
@@ -27,13 +33,13 @@ BYTES_PER_CYCLE = BANKS * BANK_BYTES
 
 def cycles(addresses: Sequence[int], width: int) -> int:
     """LDS cycles a wave's access takes: ``addresses[l]`` is lane ``l``'s byte address (None
-    for an inactive lane), each lane reading or writing ``width`` bytes (4, 8 or 16,
+    for an inactive lane), each lane reading or writing ``width`` bytes (2, 4, 8 or 16,
     ``width``-aligned)."""
-    if width not in (4, 8, 16):
-        raise ValueError(f"LDS accesses are 4, 8 or 16 bytes per lane, not {width}")
+    if width not in (2, 4, 8, 16):
+        raise ValueError(f"LDS accesses are 2, 4, 8 or 16 bytes per lane, not {width}")
     if len(addresses) != WAVE:
         raise ValueError(f"a wave has {WAVE} lanes, got {len(addresses)} addresses")
-    phase = BYTES_PER_CYCLE // width
+    phase = BYTES_PER_CYCLE // max(width, BANK_BYTES)
     total = 0
     for start in range(0, WAVE, phase):
         dwords_by_bank: dict[int, set[int]] = {}
@@ -42,7 +48,7 @@ def cycles(addresses: Sequence[int], width: int) -> int:
                 continue
             if a % width:
                 raise ValueError(f"address {a} is not {width}-byte aligned")
-            for d in range(a // BANK_BYTES, (a + width) // BANK_BYTES):
+            for d in range(a // BANK_BYTES, (a + width - 1) // BANK_BYTES + 1):
                 dwords_by_bank.setdefault(d % BANKS, set()).add(d)
         total += max((len(s) for s in dwords_by_bank.values()), default=0)
     return total
@@ -50,7 +56,7 @@ def cycles(addresses: Sequence[int], width: int) -> int:
 
 def ideal_cycles(width: int) -> int:
     """The cycles of a conflict-free access of ``width`` bytes per lane by a whole wave."""
-    return WAVE * width // BYTES_PER_CYCLE
+    return WAVE * max(width, BANK_BYTES) // BYTES_PER_CYCLE
 
 
 @dataclass(frozen=True)

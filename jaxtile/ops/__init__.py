@@ -28,9 +28,10 @@ from .rms_norm import rms_norm, rms_norm_bwd, rms_norm_fwd
 from .scaled_matmul import scaled_matmul, scaled_matmul_kernel
 from .softmax import softmax, softmax_bwd
 
-_tiles.install({k.name: k for k in (attention_fwd, layer_norm, layer_norm_bwd, layer_norm_fwd,
-                                    matmul, matmul_relu, rms_norm, rms_norm_bwd,
-                                    rms_norm_fwd, softmax, softmax_bwd)})
+_tiles.install({k.name: k for k in (attention_dkdv, attention_dq, attention_fwd, attention_jvp,
+                                    layer_norm, layer_norm_bwd, layer_norm_fwd, matmul,
+                                    matmul_relu, rms_norm, rms_norm_bwd, rms_norm_fwd,
+                                    softmax, softmax_bwd)})
 
 __all__ = ["add", "attention", "attention_decode", "attention_dkdv", "attention_dq",
            "attention_fwd", "attention_jvp", "decode_combine", "decode_partial", "layer_norm",

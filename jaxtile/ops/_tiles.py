@@ -150,6 +150,19 @@ def _attention_rule(specs: Sequence[jax.ShapeDtypeStruct],
     return {"bm": bm, "bn": bn}
 
 
+def _attention_backward_rule(name: str, specs: Sequence[jax.ShapeDtypeStruct],
+                             target: Target) -> dict[str, Any]:
+    from .attention import BACKWARD_TILES, default_tiles
+
+    q = specs[0]
+    smem = target.caps.max_smem_bytes if target.kind != "cpu" else None
+    q_tiles, kv_tiles, scores16, scores32 = BACKWARD_TILES[name]
+    bm, bn = default_tiles(q.dtype, q.shape[-1] if q.shape else 0, smem, q_tiles=q_tiles,
+                           kv_tiles=kv_tiles,
+                           score_tiles=scores32 if jnp.dtype(q.dtype) == jnp.float32 else scores16)
+    return {"bm": bm, "bn": bn}
+
+
 RULES: dict[str, Callable[[Sequence[jax.ShapeDtypeStruct], Target | None], dict[str, Any]]] = {
     "attention_fwd": _attention_rule,
 }
@@ -311,8 +324,21 @@ def inputs_for(name: str) -> Callable[..., Sequence[Any]] | None:
     return make
 
 
+def choose_backward(kernel: _kernel.Kernel, specs: Sequence[jax.ShapeDtypeStruct],
+                    params: Mapping[str, Any], target: Target | None) -> dict[str, Any]:
+    """The tiles of an attention backward kernel (no table: they are not tuned) that a call
+    leaves out: :func:`.attention.default_tiles` fitted to the target's shared memory."""
+    chosen = _attention_backward_rule(kernel.name, specs, target or active_target())
+    return {k: v for k, v in chosen.items() if k not in params}
+
+
 def install(kernels: Mapping[str, _kernel.Kernel]) -> None:
-    """Give each library kernel with a :data:`SPACES` entry its table lookup."""
+    """Give each library kernel with a :data:`SPACES` entry its table lookup, and the
+    attention backward kernels their shared-memory rule."""
+    from .attention import BACKWARD_TILES
+
     for name, k in kernels.items():
         if name in SPACES:
             k.tile_rule = functools.partial(choose, k)
+        elif name in BACKWARD_TILES:
+            k.tile_rule = functools.partial(choose_backward, k)

@@ -97,9 +97,14 @@ def attention_fwd(q, k, v, lengths, *, causal=False, scale=None, window=None, bm
     return out, lse
 
 
-def default_tiles(dtype: Any, head_dim: int, smem_bytes: int | None = None) -> tuple[int, int]:
+def default_tiles(dtype: Any, head_dim: int, smem_bytes: int | None = None, *,
+                  q_tiles: int = 1, kv_tiles: int = 4, score_tiles: int = 0) -> tuple[int, int]:
     """``(block_q, block_k)`` of :func:`attention` for operands of ``dtype`` and ``head_dim``,
-    within ``smem_bytes`` of shared memory per block when given (a GPU target's).
+    within ``smem_bytes`` of shared memory per block when given (a GPU target's). A kernel
+    keeps ``q_tiles`` ``[block_q, head_dim]`` and ``kv_tiles`` ``[block_k, head_dim]`` tiles
+    of ``dtype`` and ``score_tiles`` float32 ``[block_q, block_k]`` ones in shared memory:
+    the forward kernel Q, and K and V in two pipeline stages; the backward kernels
+    (:data:`BACKWARD_TILES`) others.
 
     Chosen so that the CUDA kernel (128 threads, 255 registers each at most) does not spill:
     float32 operands (tf32 products) need twice the registers of 16-bit ones for the
@@ -113,17 +118,31 @@ def default_tiles(dtype: Any, head_dim: int, smem_bytes: int | None = None) -> t
     else:
         bm, bn = 64, 64
     if smem_bytes is not None:
-        # Q's tile and two pipeline stages of K's and V's must fit the block's shared memory
-        # (AMD's 64 KiB of LDS does not hold 64 x 64 at D = 128): fewer keys per tile first,
-        # which keeps the queries a block shares its K/V reads between.
+        # The tiles must fit the block's shared memory (AMD's 64 KiB of LDS does not hold
+        # 64 x 64 at D = 128): fewer keys per tile first, which keeps the queries a block
+        # shares its K/V reads between.
         def need(bm: int, bn: int) -> int:
-            return (bm + 2 * 2 * bn) * head_dim * jnp.dtype(dtype).itemsize
+            return ((q_tiles * bm + kv_tiles * bn) * head_dim * jnp.dtype(dtype).itemsize
+                    + score_tiles * bm * bn * 4)
 
         while need(bm, bn) > smem_bytes and bn > 16:
             bn //= 2
         while need(bm, bn) > smem_bytes and bm > 16:
             bm //= 2
     return bm, bn
+
+
+BACKWARD_TILES = {"attention_dq": (2, 2, 0, 1), "attention_dkdv": (2, 2, 2, 2),
+                  "attention_jvp": (2, 4, 0, 2)}
+"""The shared tiles each backward kernel keeps (no pipeline): ``[block_q, D]`` and
+``[block_k, D]`` ones (``dq`` Q and dO, K and V; ``dkdv`` the same; the JVP Q and its
+tangent, K, V and theirs), and the float32 ``[block_q, block_k]`` scratch the GPU lowering
+adds for 16-bit and for float32 operands: a score tile a gemm reads transposed (``dkdv``'s
+``P^T`` and ``dS^T``) or, at float32, as its register A operand (no matrix instruction takes
+a float32 register operand). Measured from the lowered kernels for gfx942
+(``tests/compiler/hip/test_hip_attention_tiles.py`` lowers each with the chosen tiles).
+:func:`default_tiles` fits them to the target's shared memory (``jaxtile/ops/_tiles.py``'s
+rule for these kernels)."""
 
 
 def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | None = None,
@@ -179,13 +198,12 @@ def _fwd(q, k, v, lengths, **params):
     return (out, lse), (q, k, v, lengths, out, lse)
 
 
-def _backward_params(q, params):
-    """The backward kernels' parameters: the call's tiles, else :func:`default_tiles` (the
-    rules get the tiles a call passed, not those the forward kernel's table chose for one
-    target: the backward kernels have no table, and the CPU's forward tiles can need more
-    shared memory than a GPU has)."""
-    bm, bn = default_tiles(q.dtype, q.shape[-1])
-    params = {"bm": bm, "bn": bn, **params}
+def _backward_params(params):
+    """The backward kernels' parameters: the call's own tiles only. Tiles the call left out
+    are chosen by each backward kernel's rule for the target it compiles for (their shared
+    tiles differ from the forward kernel's, and a trace does not know the targets it will
+    be lowered for)."""
+    params = dict(params)
     params.pop("stages", None)
     return params
 
@@ -195,7 +213,7 @@ def _bwd(res, cts, **params):
     g_out, g_lse = cts
     dq, dk, dv = attention_bwd.attention_grads(q, k, v, lengths, out, lse,
                                                g_out.astype(q.dtype), g_lse,
-                                               **_backward_params(q, params))
+                                               **_backward_params(params))
     return dq, dk, dv, None
 
 
@@ -205,7 +223,7 @@ def _jvp(args, outs, tangents, **params):
     out, lse = outs
     return attention_bwd.attention_jvp(q, k, v, lengths, out, lse, tq.astype(q.dtype),
                                        tk.astype(k.dtype), tv.astype(v.dtype),
-                                       **_backward_params(q, params))
+                                       **_backward_params(params))
 
 
 attention_fwd.defvjp(_fwd, _bwd)

@@ -17,6 +17,7 @@ import jaxtile as jt
 _LANGUAGE = re.compile(r"test_language_")
 _SUBNORMALS = "the GPU keeps float32 subnormals that XLA:CPU flushes to zero"
 _TF32 = "float32 gemms use tf32 tensor cores on CUDA (as jnp.dot's default precision does)"
+_XF32 = "float32 gemms use xf32 MFMA on gfx942 (10-bit mantissas, as CUDA's tf32)"
 _HIP_PRINT = "jt.print is a KernelError on HIP (AMD's printf needs the ROCm device library)"
 _GPU_DIFFERS = {
     r"test_language_math\.py::test_binary_float\[(emu|hip)-(f32|bf16)\]": _SUBNORMALS,
@@ -25,7 +26,9 @@ _GPU_DIFFERS = {
     r"test_language_gemm_control\.py::test_multiple_gemms_accumulate_in_a_loop\[emu-f32\]":
         _TF32,
     r"test_language_atomics\.py::test_split_k_gemm\[emu-": _TF32,
+    r"test_language_atomics\.py::test_split_k_gemm\[hip-": _XF32,
     r"test_language_attention\.py::test_flash_attention_forward\[emu-f32-": _TF32,
+    r"test_language_attention\.py::test_flash_attention_forward\[hip-f32-": _XF32,
     r"test_language_print\.py::test_(a_compiled|integer_unsigned|a_grid_of|prints_inside"
     r"|nested_vmaps)\w*\[hip\]": _HIP_PRINT,
 }

@@ -323,6 +323,13 @@ JT_DEVICE void mfma_f32_16x16x16_bf16(float (&d)[4], const unsigned (&a)[2],
                      mfma_operand_<mfma_i16x4_>(a), mfma_operand_<mfma_i16x4_>(b),
                      mfma_vec_<mfma_f32x4_>(c), 0, 0, 0));
 }
+// xf32 exists on gfx94x only; declared for every target so that tile_gemm.h's templates name
+// them, defined where the instructions exist (a gfx90a kernel using one fails to link; the
+// planner gives float32 no MFMA there, from HipCaps).
+JT_DEVICE void mfma_f32_32x32x4_xf32(float (&d)[16], const float (&a)[2], const float (&b)[2],
+                                     const float (&c)[16]);
+JT_DEVICE void mfma_f32_16x16x8_xf32(float (&d)[4], const float (&a)[2], const float (&b)[2],
+                                     const float (&c)[4]);
 #if defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__)
 JT_DEVICE void mfma_f32_32x32x4_xf32(float (&d)[16], const float (&a)[2], const float (&b)[2],
                                      const float (&c)[16]) {

@@ -102,6 +102,8 @@ constexpr int kGemmMma16 = 1;    // mma.sync m16n8k16, f16 or bf16 inputs, f32 a
 constexpr int kGemmMmaTf32 = 2;  // mma.sync m16n8k8 tf32, f32 inputs, f32 accumulator
 constexpr int kGemmMfma32 = 3;   // AMD v_mfma_f32_32x32x8 f16 or bf16 (64-lane waves)
 constexpr int kGemmMfma16 = 4;   // AMD v_mfma_f32_16x16x16 f16 or bf16
+constexpr int kGemmMfma32Xf32 = 6;  // AMD v_mfma_f32_32x32x4_xf32 (gfx942), f32 inputs
+constexpr int kGemmMfma16Xf32 = 7;  // AMD v_mfma_f32_16x16x8_xf32 (gfx942), f32 inputs
 
 namespace gemm_detail {
 
@@ -387,9 +389,10 @@ JT_DEVICE void gemm_fma(ptr<TA> a, ptr<TB> b, TC* acc) {
 
 #if defined(__HIPCC__) || defined(JAXTILE_WAVE64)
 // ---- AMD matrix cores (MFMA, one 64-lane wave per instruction) ------------------------------
-// For S x S x KI (S = 32: KI = 8; S = 16: KI = 16) every lane holds 4 consecutive k of one row
-// of the instruction's A (lane L: row L % S, k 4 (L / S) + i) and of one column of its B, and
-// S * S / 64 accumulator registers (compiler/hip/mfma.py). The wave computes C^T = op(B)^T
+// For S x S x KI (16-bit: S = 32, KI = 8 or S = 16, KI = 16; xf32: KI = 4 or 8) every lane
+// holds E consecutive k (4 16-bit values, 2 float32) of one row of the instruction's A (lane
+// L: row L % S, k E (L / S) + i) and of one column of its B, and S * S / 64 accumulator
+// registers (compiler/hip/mfma.py). The wave computes C^T = op(B)^T
 // op(A)^T: the instruction's A operand is a column of op(B), its B operand a row of op(A). Its
 // D then holds C with lane L on row L % S and register r on column 8 (r / 4) + 4 (L / S) + r % 4
 // (the planner's mfma_accumulator): each lane owns runs of 4 consecutive columns, which is the
@@ -397,15 +400,29 @@ JT_DEVICE void gemm_fma(ptr<TA> a, ptr<TB> b, TC* acc) {
 // of gemm_rs_mfma (flash attention's P @ V) as it is.
 template <int INSTR>
 struct Mfma {
-  static constexpr int S = INSTR == kGemmMfma32 ? 32 : 16;
+  static constexpr bool kXf32 = INSTR == kGemmMfma32Xf32 || INSTR == kGemmMfma16Xf32;
+  static constexpr int S = INSTR == kGemmMfma32 || INSTR == kGemmMfma32Xf32 ? 32 : 16;
   static constexpr int kRegs = S * S / 64;  // accumulator registers per lane
   static constexpr int kGroups = 64 / S;    // lane groups along k
-  static constexpr int kK = 4 * kGroups;    // K of one instruction
+  static constexpr int kE = kXf32 ? 2 : 4;  // k per lane of one instruction (two registers)
+  static constexpr int kK = kE * kGroups;   // K of one instruction
 };
 
-template <int S, bool BF16>
+// One instruction on a lane's two operand registers (16-bit pairs, or float32 bits for xf32).
+template <int INSTR, bool BF16>
 JT_DEVICE void mfma(float* acc, const unsigned (&a)[2], const unsigned (&b)[2]) {
-  if constexpr (S == 32) {
+  constexpr int S = Mfma<INSTR>::S;
+  if constexpr (Mfma<INSTR>::kXf32) {
+    const float fa[2] = {__builtin_bit_cast(float, a[0]), __builtin_bit_cast(float, a[1])};
+    const float fb[2] = {__builtin_bit_cast(float, b[0]), __builtin_bit_cast(float, b[1])};
+    if constexpr (S == 32) {
+      mfma_f32_32x32x4_xf32(*reinterpret_cast<float(*)[16]>(acc), fa, fb,
+                            *reinterpret_cast<float(*)[16]>(acc));
+    } else {
+      mfma_f32_16x16x8_xf32(*reinterpret_cast<float(*)[4]>(acc), fa, fb,
+                            *reinterpret_cast<float(*)[4]>(acc));
+    }
+  } else if constexpr (S == 32) {
     float(&d)[16] = *reinterpret_cast<float(*)[16]>(acc);
     if constexpr (BF16) {
       mfma_f32_32x32x8_bf16(d, a, b, d);
@@ -439,17 +456,32 @@ struct WaveTile {
   }
 };
 
-// 2 * WORDS consecutive k (from k0) of row r of a logical [R, K] 16-bit operand stored as L
-// ([R, K], or [K, R] when TRANS), packed two to a word, the first in the low half. k-contiguous
-// storage is one 8- or 16-byte LDS read (k0 is a multiple of 2 * WORDS, so the values lie in
-// one 16-byte chunk of a swizzled tile); transposed storage takes one 16-bit read per value.
+// WORDS words of consecutive k (from k0) of row r of a logical [R, K] operand stored as L
+// ([R, K], or [K, R] when TRANS): 2 * WORDS 16-bit values packed two to a word, the first in
+// the low half, or WORDS float32s' bits. k-contiguous storage is one 8- or 16-byte LDS read
+// (k0 is a multiple of the values read, so they lie in one 16-byte chunk of a swizzled
+// tile); transposed storage takes one read per value, 16-bit ones in the order `rot` (0 or
+// WORDS) says: value j at read (j - rot) mod 2 WORDS.
 template <class L, bool TRANS, int WORDS, class T>
-JT_DEVICE void read_k(unsigned (&w)[WORDS], ptr<T> x, int r, int k0) {
-  if constexpr (TRANS) {
+JT_DEVICE void read_k(unsigned (&w)[WORDS], ptr<T> x, int r, int k0, int rot = 0) {
+  if constexpr (TRANS && sizeof(bare_t<T>) == 4) {
 #pragma unroll
     for (int i = 0; i < WORDS; ++i) {
-      const bare_t<T> lo = x[L::offset(k0 + 2 * i, r)], hi = x[L::offset(k0 + 2 * i + 1, r)];
-      w[i] = pack2(lo, hi);
+      const bare_t<T> v = x[L::offset(k0 + i, r)];
+      w[i] = __builtin_bit_cast(unsigned, v);
+    }
+  } else if constexpr (TRANS) {
+    constexpr int V = 2 * WORDS;
+    bare_t<T> v[V];  // v[i] is value (i + rot) mod V
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      const bare_t<T> t = x[L::offset(k0 + (i + rot) % V, r)];
+      v[i] = t;
+    }
+#pragma unroll
+    for (int i = 0; i < WORDS; ++i) {
+      w[i] = rot ? pack2(v[(2 * i + WORDS) % V], v[(2 * i + 1 + WORDS) % V])
+                 : pack2(v[2 * i], v[2 * i + 1]);
     }
   } else if constexpr (WORDS == 4) {
     const u32x4 v = ptr_cast<const u32x4>(x + L::offset(r, k0))[0];
@@ -465,9 +497,10 @@ JT_DEVICE void read_k(unsigned (&w)[WORDS], ptr<T> x, int r, int k0) {
   }
 }
 
-// Shared A and B. A step covers 2 KI of K with two instructions: lane group g reads k 8 g ..
-// 8 g + 7 (from the step's start) of its row of op(A) and of its column of op(B) at once, a
-// 16-byte read, and gives the first 4 to the first instruction, the last 4 to the second. A and
+// Shared A and B. A step covers 2 KI of K with two instructions: lane group g reads k 2 E g ..
+// 2 E g + 2 E - 1 (from the step's start) of its row of op(A) and of its column of op(B) at
+// once, a 16-byte read, and gives the first E to the first instruction, the last E to the
+// second. A and
 // B pair the same k, and the two instructions together take every k of the step once, so the
 // sum is C's (in another order). 16-byte reads of 8 rows at one k offset, which is what a phase
 // of ds_read_b128 serves, fall in 8 distinct 16-byte chunks of banks under the XOR swizzle.
@@ -479,17 +512,22 @@ JT_DEVICE void gemm_mfma(ptr<TA> a, ptr<TB> b, float* acc) {
   constexpr bool kBf16 = same<bare_t<TA>, bf16>::value;
   static_assert(K % (2 * I::kK) == 0, "gemm_mfma steps K by two instructions");
   const W w;
+  // An operand stored with k across rows is read one value at a time. With 16-bit 16 x 16
+  // instructions the two lane groups of a half-wave read rows 8 apart, which the swizzle
+  // keys alike (same banks): odd groups read their second 4 values first, so the rows read
+  // together are 4 apart mod 8 (tests/compiler/hip/test_hip_lds.py checks every read).
+  const int rot = !I::kXf32 && I::S == 16 ? 4 * (w.group & 1) : 0;
 #pragma unroll
   for (int k0 = 0; k0 < K; k0 += 2 * I::kK) {
-    const int k = k0 + 8 * w.group;
+    const int k = k0 + 2 * I::kE * w.group;
     unsigned af[W::MI][4], bf[W::NI][4];
 #pragma unroll
     for (int mi = 0; mi < W::MI; ++mi) {
-      read_k<LA, TRANS_A>(af[mi], a, w.row0 + mi * I::S + w.lane, k);
+      read_k<LA, TRANS_A>(af[mi], a, w.row0 + mi * I::S + w.lane, k, rot);
     }
 #pragma unroll
     for (int ni = 0; ni < W::NI; ++ni) {  // op(B)'s columns are the rows of B stored [N, K]
-      read_k<LB, !TRANS_B>(bf[ni], b, w.col0 + ni * I::S + w.lane, k);
+      read_k<LB, !TRANS_B>(bf[ni], b, w.col0 + ni * I::S + w.lane, k, rot);
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -499,7 +537,7 @@ JT_DEVICE void gemm_mfma(ptr<TA> a, ptr<TB> b, float* acc) {
         for (int ni = 0; ni < W::NI; ++ni) {
           const unsigned x[2] = {bf[ni][2 * h], bf[ni][2 * h + 1]};
           const unsigned y[2] = {af[mi][2 * h], af[mi][2 * h + 1]};
-          mfma<I::S, kBf16>(acc + I::kRegs * (mi * W::NI + ni), x, y);
+          mfma<INSTR, kBf16>(acc + I::kRegs * (mi * W::NI + ni), x, y);
         }
       }
     }
@@ -527,6 +565,12 @@ JT_DEVICE void gemm_ss(ptr<TA> a, ptr<TB> b, TC* acc) {
     static_assert(gemm_detail::same<A, B>::value && gemm_detail::same<TC, float>::value &&
                       (gemm_detail::same<A, half>::value || gemm_detail::same<A, bf16>::value),
                   "MFMA: f16 x f16 or bf16 x bf16 into f32");
+    gemm_detail::gemm_mfma<INSTR, M, N, K, WARPS_M, WARPS_N, TRANS_A, TRANS_B, LA, LB>(a, b,
+                                                                                      acc);
+  } else if constexpr (INSTR == kGemmMfma32Xf32 || INSTR == kGemmMfma16Xf32) {
+    static_assert(gemm_detail::same<A, float>::value && gemm_detail::same<B, float>::value &&
+                      gemm_detail::same<TC, float>::value,
+                  "MFMA xf32: f32 x f32 into f32");
     gemm_detail::gemm_mfma<INSTR, M, N, K, WARPS_M, WARPS_N, TRANS_A, TRANS_B, LA, LB>(a, b,
                                                                                       acc);
 #endif
@@ -675,7 +719,7 @@ JT_DEVICE void gemm_rs_mfma(const TA* a, ptr<TB> b, float* acc) {
         const unsigned af[2] = {pack2(p[0], p[1]), pack2(p[2], p[3])};
 #pragma unroll
         for (int ni = 0; ni < W::NI; ++ni) {
-          gemm_detail::mfma<I::S, kBf16>(acc + I::kRegs * (mi * W::NI + ni), bf[ni], af);
+          gemm_detail::mfma<INSTR, kBf16>(acc + I::kRegs * (mi * W::NI + ni), bf[ni], af);
         }
       }
     }

@@ -53,6 +53,8 @@ const char* collective_name(int kind) {
     case kMfma16x16x16F16: return "mfma_f32_16x16x16_f16";
     case kMfma16x16x16Bf16: return "mfma_f32_16x16x16_bf16";
     case kMfma32x32x8F16: return "mfma_f32_32x32x8_f16";
+    case kMfma32x32x4Xf32: return "mfma_f32_32x32x4_xf32";
+    case kMfma16x16x8Xf32: return "mfma_f32_16x16x8_xf32";
     default: return "mfma_f32_32x32x8_bf16";
   }
 }

@@ -172,18 +172,22 @@ void mma(Collective& c) {
 // them: for m x n x k (m = n) each lane holds e = k m / 64 consecutive k-elements,
 //   A: lane l, element i = A[l % m][e (l / m) + i];  B: element i = B[e (l / n) + i][l % n];
 //   C/D: lane l, register r = D[8 (r / 4) + 4 (l / n) + r % 4][l % n];
-// 16-bit element i sits in bits 16 (i % 2) of operand register i / 2. Products are summed in
-// float32, as the matrix cores' float32 accumulation does.
+// 16-bit element i sits in bits 16 (i % 2) of operand register i / 2; an xf32 element i is
+// register i, taken with a 10-bit mantissa as the emulator's tf32 is (xf32_of). Products are
+// summed in float32, as the matrix cores' float32 accumulation does.
 void mfma(Collective& c) {
   const bool bf = c.kind == kMfma16x16x16Bf16 || c.kind == kMfma32x32x8Bf16;
-  const bool big = c.kind == kMfma32x32x8F16 || c.kind == kMfma32x32x8Bf16;
-  const int m = big ? 32 : 16, k = big ? 8 : 16, e = k * m / 64, regs = m * m / 64;
+  const bool xf32 = c.kind == kMfma32x32x4Xf32 || c.kind == kMfma16x16x8Xf32;
+  const bool big = c.kind == kMfma32x32x8F16 || c.kind == kMfma32x32x8Bf16 ||
+                   c.kind == kMfma32x32x4Xf32;
+  const int m = big ? 32 : 16, k = (big ? 8 : 16) / (xf32 ? 2 : 1), e = k * m / 64,
+            regs = m * m / 64;
   float a[32][16], bm[16][32], acc[32][32];
   for (int l = 0; l < 64; ++l) {
     const auto* in = static_cast<const MmaIn*>(c.in[l]);
     for (int i = 0; i < e; ++i) {
-      a[l % m][e * (l / m) + i] = half_at(in->a[i / 2], i & 1, bf);
-      bm[e * (l / m) + i][l % m] = half_at(in->b[i / 2], i & 1, bf);
+      a[l % m][e * (l / m) + i] = xf32 ? tf32_of(in->a[i]) : half_at(in->a[i / 2], i & 1, bf);
+      bm[e * (l / m) + i][l % m] = xf32 ? tf32_of(in->b[i]) : half_at(in->b[i / 2], i & 1, bf);
     }
     for (int r = 0; r < regs; ++r) acc[8 * (r / 4) + 4 * (l / m) + r % 4][l % m] = in->c[r];
   }
@@ -229,7 +233,9 @@ void complete_collective(Block& b, uint32_t warp, Collective& c) {
     case kMfma16x16x16F16:
     case kMfma16x16x16Bf16:
     case kMfma32x32x8F16:
-    case kMfma32x32x8Bf16: mfma(c); break;
+    case kMfma32x32x8Bf16:
+    case kMfma32x32x4Xf32:
+    case kMfma16x16x8Xf32: mfma(c); break;
     default: mma(c); break;
   }
 }

@@ -97,8 +97,9 @@ def test_planner_picks_mfma_from_capabilities(target, dtype):
 
 
 def test_what_no_mfma_takes_falls_back():
-    for args in [(64, 64, 32, jnp.float32, jnp.float32),   # no f32 MFMA planned
-                 (16, 16, 16, jnp.float16, jnp.float16),   # K below the 16x16 step of 32
+    with pytest.raises(jt.KernelError, match="no matrix instruction of gfx90a"):
+        plan_gemm(64, 64, 32, jnp.float32, jnp.float32, jnp.float32, 128, target=GFX90A)
+    for args in [(16, 16, 16, jnp.float16, jnp.float16),   # K below the 16x16 step of 32
                  (64, 64, 8, jnp.float16, jnp.float16),    # K below the 32x32 step of 16
                  (64, 64, 32, jnp.float16, jnp.bfloat16)]:  # mixed operands
         with pytest.raises(jt.KernelError, match="no matrix instruction of gfx942"):
@@ -111,6 +112,26 @@ def test_what_no_mfma_takes_falls_back():
     cuda = plan_gemm(128, 128, 32, jnp.float16, jnp.float16, jnp.float32, 256,
                      target=parse_target("cuda:sm_80"))
     assert cuda.instr == GemmInstr.MMA16
+
+
+def test_float32_takes_xf32_where_the_target_lists_it():
+    # gfx942 lists v_mfma_f32_32x32x4_xf32 / 16x16x8_xf32 (gfx90a none: above, scalar).
+    p = plan_gemm(128, 128, 32, jnp.float32, jnp.float32, jnp.float32, 256, target=GFX942)
+    assert (p.instr, p.warps, p.instr.k_step) == (GemmInstr.MFMA32_XF32, (2, 2), 8)
+    assert p.acc_layout == L.mfma_accumulator((128, 128), (2, 2), 256, "32x32x4")
+    assert p.call("a", "b", "acc").startswith("jaxtile::gemm_ss<jaxtile::kGemmMfma32Xf32,")
+    p = plan_gemm(64, 64, 32, jnp.float32, jnp.float32, jnp.float32, 256, target=GFX942,
+                  policy="rows")
+    assert (p.instr, p.warps, p.instr.k_step) == (GemmInstr.MFMA16_XF32, (4, 1), 16)
+    # A float32 register operand has no MFMA (gemm_rs_mfma is 16-bit): not planned as one.
+    with pytest.raises(jt.KernelError):
+        plan_gemm(64, 64, 32, jnp.float32, jnp.float32, jnp.float32, 128, target=GFX942,
+                  a_in_registers=True)
+    # Without the xf32 shapes in the capabilities, float32 has no MFMA on gfx942 either.
+    no_xf32 = Target("hip:no-xf32", "hip", dataclasses.replace(
+        GFX942.caps, mfma=tuple(s for s in GFX942.caps.mfma if s.operand != "xf32")), "test")
+    with pytest.raises(jt.KernelError, match="no matrix instruction"):
+        plan_gemm(128, 128, 32, jnp.float32, jnp.float32, jnp.float32, 256, target=no_xf32)
 
 
 # -- LDS banks ----------------------------------------------------------------------------------
@@ -178,6 +199,23 @@ def test_library_matmul_mfma_count_per_k_step():
 
 # -- the emulator ---------------------------------------------------------------------------------
 
+@SLOW
+@needs_clang
+def test_xf32_disassembly_holds_the_tile_math():
+    a = jax.ShapeDtypeStruct((64, 64), jnp.float32)
+    for gfx, count in (("gfx942", 32), ("gfx90a", 0)):
+        target = parse_target(f"hip:{gfx}")
+        lowered = matmul.lower(a, a, target=target.name)
+        co = hip_lower.compile_code_object(build.lowered_ir(lowered.kernel, target), target)
+        # 64 x 64 x 64 over 2 waves, 32 x 32 x 4 each: 64^3 / (32 * 32 * 4) / 2 = 32 per wave;
+        # gfx90a has no float32 MFMA that jaxtile uses: the scalar gemm.
+        assert _mfma_count(co.assembly) == count, gfx
+        if count:
+            assert "#mfma(32x32x4, warps 2x1)" in lowered.lowered_ir
+            assert set(re.findall(r"v_mfma_\S+", co.assembly)) == {"v_mfma_f32_32x32x4_xf32"}
+        assert co.kernels["jt_matmul"].scratch_bytes == 0
+
+
 @pytest.fixture(params=["hip-emulator", pytest.param("hip-emulator:gfx90a", marks=SLOW)])
 def hip_emulator(request):
     before = jt.backend()
@@ -222,6 +260,28 @@ def test_one_wave_gemm_runs_on_mfma(hip_emulator):
 
 
 @SLOW
+def test_xf32_mfma_takes_inputs_with_10_bit_mantissas(hip_emulator):
+    """float32 gemms on gfx942 run on xf32 MFMA, which multiplies inputs with 10-bit
+    mantissas, as tf32 does (the emulator drops the 13 low bits; 1 + 2^-11 below gives 1
+    under truncation and under round-to-nearest-even alike); gfx90a has no float32 MFMA and
+    keeps float32 products."""
+    xf32 = hip_emulator == "hip-emulator"
+    a, b = _data((32, 16), jnp.float32), _data((16, 32), jnp.float32, 1)
+    layout = "#mfma(32x32x4, warps 1x1)" if xf32 else "#mfma"
+    assert (layout in _one_wave.lower(a, b, target=f"hip:{'gfx942' if xf32 else 'gfx90a'}")
+            .lowered_ir) == xf32
+    got = jax.jit(_one_wave)(a, b)
+    want = jnp.dot(a, b, precision="highest")
+    _close(got, want, 2e-2 if xf32 else 1e-5)
+    _close(got, _one_wave.reference(a, b), 2e-2 if xf32 else 1e-5)
+    x = jnp.full((32, 16), 1 + 2.0 ** -11, jnp.float32)
+    y = jnp.ones((16, 32), jnp.float32)
+    assert np.all(np.asarray(_one_wave.reference(x, y)) == 16 + 16 * 2.0 ** -11)
+    assert np.all(np.asarray(jax.jit(_one_wave)(x, y)) ==
+                  (16.0 if xf32 else 16 + 16 * 2.0 ** -11))
+
+
+@SLOW
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
 def test_gemm_runs_on_mfma(hip_emulator, dtype):
     a, b = _data((64, 64), dtype), _data((64, 64), dtype, 1)
@@ -235,7 +295,7 @@ def test_gemm_runs_on_mfma(hip_emulator, dtype):
     (jnp.float16, (128, 128, 64), False, False), (jnp.float16, (100, 70, 50), False, False),
     (jnp.bfloat16, (96, 80, 72), True, False), (jnp.float16, (64, 130, 40), False, True),
     (jnp.bfloat16, (33, 65, 97), True, True), (jnp.float32, (100, 70, 50), False, False)],
-    ids=["f16-divides", "f16-ragged", "bf16-ta", "f16-tb", "bf16-ta-tb", "f32-scalar"])
+    ids=["f16-divides", "f16-ragged", "bf16-ta", "f16-tb", "bf16-ta-tb", "f32"])
 def test_library_matmul(hip_emulator, dtype, mnk, ta, tb):
     m, n, k = mnk
     a = _data((k, m) if ta else (m, k), dtype)
@@ -243,7 +303,9 @@ def test_library_matmul(hip_emulator, dtype, mnk, ta, tb):
     got = jax.jit(lambda x, y: ops.matmul(x, y, transpose_a=ta, transpose_b=tb))(a, b)
     x = (a.T if ta else a).astype(jnp.float32)
     y = (b.T if tb else b).astype(jnp.float32)
-    tol = {jnp.float16: 2e-2, jnp.bfloat16: 1e-1, jnp.float32: 1e-4}[dtype]
+    # float32: xf32 MFMA on gfx942 (10-bit mantissas), the scalar gemm on gfx90a.
+    xf32 = dtype == jnp.float32 and hip_emulator == "hip-emulator"
+    tol = 2e-2 if xf32 else {jnp.float16: 2e-2, jnp.bfloat16: 1e-1, jnp.float32: 1e-4}[dtype]
     _close(got, ops.matmul.reference(a, b, transpose_a=ta, transpose_b=tb), tol)
     _close(got, jnp.dot(x, y, precision="highest"), tol)
 

@@ -16,8 +16,7 @@ inline void mfma_(int kind, float* d, const uint32_t* a, const uint32_t* b, cons
 
 }  // namespace emu
 
-// ---- MFMA: D = A B + C for one wave, lane layouts as compiler/hip/mfma.py (warp_ops.cc).
-// The xf32 instructions (gfx942) are not modelled: no generated code uses them yet. ----
+// ---- MFMA: D = A B + C for one wave, lane layouts as compiler/hip/mfma.py (warp_ops.cc). ----
 inline void mfma_f32_32x32x8_f16(float (&d)[16], const unsigned (&a)[2], const unsigned (&b)[2],
                                  const float (&c)[16], uint32_t line = __builtin_LINE()) {
   emu::mfma_(emu::kMfma32x32x8F16, d, a, b, c, line);
@@ -35,6 +34,21 @@ inline void mfma_f32_16x16x16_bf16(float (&d)[4], const unsigned (&a)[2],
                                    const unsigned (&b)[2], const float (&c)[4],
                                    uint32_t line = __builtin_LINE()) {
   emu::mfma_(emu::kMfma16x16x16Bf16, d, a, b, c, line);
+}
+// gfx942's xf32: float32 operands, two k per lane (their bits are what the collective reads).
+inline void mfma_f32_32x32x4_xf32(float (&d)[16], const float (&a)[2], const float (&b)[2],
+                                  const float (&c)[16], uint32_t line = __builtin_LINE()) {
+  uint32_t ab[2][2];
+  memcpy(ab[0], a, sizeof a);
+  memcpy(ab[1], b, sizeof b);
+  emu::mfma_(emu::kMfma32x32x4Xf32, d, ab[0], ab[1], c, line);
+}
+inline void mfma_f32_16x16x8_xf32(float (&d)[4], const float (&a)[2], const float (&b)[2],
+                                  const float (&c)[4], uint32_t line = __builtin_LINE()) {
+  uint32_t ab[2][2];
+  memcpy(ab[0], a, sizeof a);
+  memcpy(ab[1], b, sizeof b);
+  emu::mfma_(emu::kMfma16x16x8Xf32, d, ab[0], ab[1], c, line);
 }
 
 // ---- buffer loads: a raw buffer of `bytes` bytes at `base`. A load wholly inside it is a

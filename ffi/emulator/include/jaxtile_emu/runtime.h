@@ -102,6 +102,8 @@ enum CollectiveKind : int {
   kMfma16x16x16Bf16,
   kMfma32x32x8F16,
   kMfma32x32x8Bf16,
+  kMfma32x32x4Xf32,  // gfx942: float32 operands (their bits in MmaIn's a and b)
+  kMfma16x16x8Xf32,
 };
 struct LdmatrixIn {
   const char* addr;

@@ -136,10 +136,11 @@ def test_gpu_targets_answer_what_the_gpu_tier_asks():
 
 def test_cuda_targets_carry_the_registered_toolchain(monkeypatch):
     """target.py asks the CUDA toolchain's identity through TOOLCHAINS (filled by
-    jaxtile.compiler's __init__ from cuda/fingerprint.py), importing no backend itself."""
+    jaxtile.compiler's __init__ from cuda/fingerprint.py, imported on the first call),
+    importing no backend itself."""
     from jaxtile.compiler.cuda import fingerprint
 
-    assert target.TOOLCHAINS["cuda"] is fingerprint.toolchain_fingerprint
+    assert target.TOOLCHAINS["cuda"]() == fingerprint.toolchain_fingerprint()
     monkeypatch.setitem(target.TOOLCHAINS, "cuda", lambda: "nvrtc 99.9; device.h 0")
     assert target.parse_target("cuda:sm_80").toolchain == "nvrtc 99.9; device.h 0"
 

@@ -40,6 +40,20 @@ def test_cpu_description_changes_with_what_drives_code_generation(monkeypatch):
     assert target.parse_target("cpu").describe() == first
 
 
+def test_isa_level_description_is_the_same_on_every_model(monkeypatch):
+    # Code for an ISA level is compiled for the level's generic CPU, so its key must not
+    # name the host's model (prebuilt code is found on every machine of the level), while
+    # the host's own target keeps it.
+    descriptions = set()
+    for model in ("85", "143"):
+        _with_cpuinfo(monkeypatch, flags="sse2 avx2 fma", vendor_id="GenuineIntel",
+                      model=model)
+        descriptions.add(target.parse_target("cpu:x86-64-v3").describe())
+    assert len(descriptions) == 1
+    assert target.parse_target("cpu:x86-64-v3").describe() != \
+        target.parse_target("cpu:x86-64-v4").describe()
+
+
 def test_cpu_description_names_the_toolchain():
     assert "apache-tvm" in target.parse_target("cpu").describe()
 

@@ -10,7 +10,7 @@ an empty ``$JAXTILE_CACHE_DIR``:
 - ``cold_grad``: the same for the first ``jax.value_and_grad`` of ``jt.ops.attention``
   (three kernels: forward, dq, dk/dv).
 - ``hit``: ``import jaxtile`` and the first call of a kernel the cache already holds; the
-  process must end without having imported TVM.
+  process must end without having imported TVM or any module of the GPU tiers.
 - ``warm``: one process, TVM imported and a kernel compiled before the clock starts; then
   every specialisation the library's kernels need (their calls, gradients and jvps) is
   built again as a *user* kernel (the same body under another name, so nothing is cached),
@@ -197,19 +197,30 @@ def child_cold(name: str) -> dict[str, Any]:
     call, args = _operands(name)
     jax.block_until_ready(args)
     gc.collect()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     import jaxtile as jt
-    import_s = time.perf_counter() - t0
+    import_s, import_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     phases = Phases()
     phases.install()
     fn = call or getattr(jt.ops, name)
     row: dict[str, Any] = {"kernel": name, "import_jaxtile_s": round(import_s, 4),
-                           "tvm_imported_by_import": "tvm" in sys.modules}
+                           "import_jaxtile_cpu_s": round(import_cpu_s, 4),
+                           "tvm_imported_by_import": "tvm" in sys.modules,
+                           "gpu_modules_by_import": _gpu_modules()}
     with phases.measure(row):
         jax.block_until_ready(fn(*args))
     row["over_import_jax_s"] = round(import_s + row["total_s"], 4)
+    row["over_import_jax_cpu_s"] = round(import_cpu_s + row["cpu_s"], 4)
     row["tvm_imported"] = "tvm" in sys.modules
+    row["gpu_modules"] = _gpu_modules()
     return row
+
+
+def _gpu_modules() -> int:
+    """How many modules of the GPU tiers this process has imported (none on the CPU's
+    paths)."""
+    tiers = tuple(f"jaxtile.compiler.{t}" for t in ("gpu", "cuda", "hip", "emulator"))
+    return sum(1 for m in sys.modules if m.startswith(tiers))
 
 
 def _library_specialisations() -> list[tuple[Any, Any]]:
@@ -341,7 +352,9 @@ def main() -> None:
 
     cold_summary = {
         name: {"over_import_jax_s": _median([r["over_import_jax_s"] for r in rows]),
+               "over_import_jax_cpu_s": _median([r["over_import_jax_cpu_s"] for r in rows]),
                "import_jaxtile_s": _median([r["import_jaxtile_s"] for r in rows]),
+               "import_jaxtile_cpu_s": _median([r["import_jaxtile_cpu_s"] for r in rows]),
                "first_call_s": _median([r["total_s"] for r in rows]),
                "first_call_cpu_s": _median([r["cpu_s"] for r in rows]),
                "phases_s": _median_phases(rows),
@@ -361,9 +374,14 @@ def main() -> None:
         "cold": cold_summary,
         "cold_median_over_import_jax_s": cold_median,
         "cache_hit": {"over_import_jax_s": _median([r["over_import_jax_s"] for r in hits]),
-                      "tvm_imported": any(r["tvm_imported"] for r in hits)},
+                      "over_import_jax_cpu_s": _median([r["over_import_jax_cpu_s"]
+                                                        for r in hits]),
+                      "tvm_imported": any(r["tvm_imported"] for r in hits),
+                      "gpu_modules": max(r["gpu_modules"] for r in hits)},
         "tvm_imported_by_import_jaxtile": any(r["tvm_imported_by_import"]
                                               for rows in cold.values() for r in rows),
+        "gpu_modules_imported_by_import_jaxtile": max(
+            r["gpu_modules_by_import"] for rows in cold.values() for r in rows),
         "warm_new_specialisation": {
             "median_s": new_median, "median_cpu_s": new_median_cpu,
             "phases_median_s": _median_phases(new_specs),

@@ -15,14 +15,27 @@ Inside it, imports go down the tiers (``docs/design.md``, "Tiers"; checked by
 ``tests/compiler/test_import_tiers.py``): the core never imports a backend. Where the core
 needs a backend's answer, the backend's function is registered here, at the top, before any
 module of the package is used: the identity of the CUDA and HIP toolchains (in every GPU target's
-content key) and the reader of GPU layout annotations in IR text.
+content key) and the reader of GPU layout annotations in IR text. Each is registered by name
+and its module imported on its first call, so that ``import jaxtile`` and a CPU kernel's
+compile or cache hit load no GPU module (``tests/compiler/test_build.py``).
 """
 
-from . import parser, target
-from .cuda import fingerprint as _cuda_fingerprint
-from .gpu import layout as _gpu_layout
-from .hip import toolchain as _hip_toolchain
+import importlib
+from collections.abc import Callable
+from typing import Any
 
-target.TOOLCHAINS["cuda"] = _cuda_fingerprint.toolchain_fingerprint
-target.TOOLCHAINS["hip"] = _hip_toolchain.identity
-parser.parse_layout = _gpu_layout.parse
+from . import parser, target
+
+
+def _on_first_call(module: str, function: str) -> Callable[..., Any]:
+    """``module.function``, with ``module`` (relative to this package) imported when the
+    result is first called."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(module, __name__), function)(*args, **kwargs)
+    call.__qualname__ = f"{module.lstrip('.')}.{function}"
+    return call
+
+
+target.TOOLCHAINS["cuda"] = _on_first_call(".cuda.fingerprint", "toolchain_fingerprint")
+target.TOOLCHAINS["hip"] = _on_first_call(".hip.toolchain", "identity")
+parser.parse_layout = _on_first_call(".gpu.layout", "parse")

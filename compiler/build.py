@@ -26,9 +26,7 @@ from pathlib import Path
 
 from . import cache, compile_log, from_jaxpr, ir, pipelines, printer, sizes
 from . import jax_internals as ji
-from .cuda.compile import CompiledCuda
 from .errors import KernelError
-from .hip.artifact import CompiledHip
 from .target import Target
 
 _FORMAT = "jaxtile-compiler-1"
@@ -228,7 +226,7 @@ def _compile(kernel: ir.Kernel, target: Target, key: str, emulated: bool) -> cac
                            alignment=emu.ALIGNMENT, kind=cache.EMULATOR_LIBRARY)
     be = backend(target)
     compiled = be.compile_to_library(lowered_ir(kernel, target), target)
-    if isinstance(compiled, CompiledCuda | CompiledHip):
+    if not isinstance(compiled, tuple):     # a GPU artifact (see _BACKENDS)
         return compiled.store(key)
     library, symbol = compiled
     # A dynamic grid's size is set when the artifact is loaded (Entry.launched_with).

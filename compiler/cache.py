@@ -14,6 +14,14 @@ entry that passes them but cannot be loaded (see ``discard``). The checksums det
 not forgery: whoever can write the cache directory can make jaxtile run native code, so the
 directory must be as trusted as the Python packages themselves.
 
+Prebuilt entries: kernels compiled ahead of time (``jaxtile prebuild``) into directories of
+the same layout, read-only, that a lookup consults after the cache directory: those
+``$JAXTILE_PREBUILT_DIR`` names (``os.pathsep``-separated), then the ``prebuilt`` folder of
+this package where a build step filled one. Their keys are content keys like any other, so
+an entry there is found only for the very kernel, target and compiler version it was built
+for; anything else (another ISA, jaxtile version, dtype or shape) misses and is compiled as
+without them. A hit there loads the artifact and imports no compiler backend.
+
 A cache directory that cannot be written (read-only, full, not a directory) costs the
 cache, not the kernel: entries then go to a temporary directory of this process, with one
 warning that says why.
@@ -133,6 +141,17 @@ def cache_dir() -> Path:
     return Path(root).expanduser()
 
 
+PACKAGE_PREBUILT = Path(__file__).resolve().parent / "prebuilt"
+"""Prebuilt entries shipped inside the package, if a build step put any there."""
+
+
+def prebuilt_dirs() -> list[Path]:
+    """The read-only directories of prebuilt entries, in lookup order (see the module doc)."""
+    named = os.environ.get("JAXTILE_PREBUILT_DIR", "")
+    dirs = [Path(d).expanduser() for d in named.split(os.pathsep) if d]
+    return [*dirs, PACKAGE_PREBUILT]
+
+
 def content_key(*parts: str) -> str:
     """A hex sha256 over the given strings (kernel IR text, target, versions, flags)."""
     h = hashlib.sha256()
@@ -185,12 +204,13 @@ def _read_entry(root: Path, key: str) -> Entry | None:
     return Entry(key, record["kind"], str(lib), meta, record["sha256"])
 
 
-_stats = {"stored": 0, "memory_hits": 0, "disk_hits": 0, "misses": 0}
+_stats = {"stored": 0, "memory_hits": 0, "disk_hits": 0, "prebuilt_hits": 0, "misses": 0}
 
 
 def stats() -> dict[str, int]:
     """Counts for this process: artifacts compiled and stored, and lookups answered from
-    memory, from disk, or not at all (e.g. to check that a call compiled nothing)."""
+    memory, from the cache directory, from a prebuilt directory, or not at all (e.g. to
+    check that a call compiled nothing)."""
     return dict(_stats)
 
 
@@ -200,17 +220,25 @@ def lookup(key: str) -> Entry | None:
 
 
 def find(key: str) -> tuple[Entry | None, str]:
-    """:func:`lookup`, and where the entry came from: ``"memory"``, ``"disk"`` or
-    ``"miss"`` (for per-kernel statistics)."""
+    """:func:`lookup`, and where the entry came from: ``"memory"``, ``"disk"`` (the cache
+    directory), ``"prebuilt"`` (:func:`prebuilt_dirs`) or ``"miss"`` (for per-kernel
+    statistics)."""
     entry = _memory.get(key)
     if entry is not None:
         _stats["memory_hits"] += 1
         return entry, "memory"
+    where = "disk"
     entry = _read_entry(cache_dir(), key)
-    if entry is not None:
-        _memory[key] = entry
-    _stats["disk_hits" if entry is not None else "misses"] += 1
-    return entry, "disk" if entry is not None else "miss"
+    if entry is None:
+        where = "prebuilt"
+        entry = next((e for root in prebuilt_dirs()
+                      if (e := _read_entry(root, key)) is not None), None)
+    if entry is None:
+        _stats["misses"] += 1
+        return None, "miss"
+    _memory[key] = entry
+    _stats[f"{where}_hits"] += 1
+    return entry, where
 
 
 def read_entry(root: Path, key: str) -> Entry | None:
@@ -221,9 +249,12 @@ def read_entry(root: Path, key: str) -> Entry | None:
 
 def discard(key: str) -> None:
     """Forget the entry for ``key`` and delete its files: it passed its checks but could
-    not be loaded, so the next :func:`lookup` is a miss and the kernel is rebuilt."""
+    not be loaded, so the next :func:`lookup` is a miss and the kernel is rebuilt. A
+    prebuilt entry's files are left alone (they are read-only data of whoever shipped
+    them); the rebuilt entry, in the cache directory, is found first from then on."""
     entry = _memory.pop(key, None)
-    paths = [Path(entry.library)] if entry is not None else []
+    paths = ([Path(entry.library)] if entry is not None and not any(
+        Path(entry.library).is_relative_to(root) for root in prebuilt_dirs()) else [])
     lib, meta = _paths(cache_dir(), key)
     for path in [meta, lib, *paths]:
         with contextlib.suppress(OSError):

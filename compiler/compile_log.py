@@ -40,7 +40,7 @@ _lock = threading.Lock()
 
 def record(kernel: str, outcome: str, seconds: float = 0.0) -> None:
     """Count ``outcome`` for ``kernel``: ``"compile"`` (taking ``seconds``), or a cache hit
-    ``"memory"`` / ``"disk"``."""
+    ``"memory"`` / ``"disk"`` (a prebuilt entry, ``"prebuilt"``, is read from disk too)."""
     with _lock:
         counts = _counts.setdefault(kernel, KernelCounts())
         if outcome == "compile":
@@ -48,7 +48,7 @@ def record(kernel: str, outcome: str, seconds: float = 0.0) -> None:
             counts.compile_seconds += seconds
         elif outcome == "memory":
             counts.memory_hits += 1
-        elif outcome == "disk":
+        elif outcome in ("disk", "prebuilt"):
             counts.disk_hits += 1
         else:
             raise ValueError(f"unknown outcome {outcome!r}")

@@ -23,9 +23,6 @@ import sys
 from collections.abc import Callable, Sequence
 
 from . import ir, printer, verify
-from .gpu.barriers import insert_barriers
-from .gpu.bounds import check_bounds
-from .gpu.layout_inference import infer_layouts
 from .passes.canonicalize import canonicalize
 from .passes.clamp_check import warn_clamped_accesses
 from .passes.contiguous_gathers import contiguous_gathers
@@ -106,11 +103,15 @@ def gpu(target: Target) -> tuple[Pass, ...]:
     barriers in uniform control flow, offsets), and after ``barriers`` that every reuse of
     scratch bytes has its barrier (:func:`.gpu.verify.verify_scratch_barriers`), with the
     others under ``JAXTILE_VERIFY_IR``. Code generation then prints the IR
-    (:mod:`.gpu.codegen.lower`)."""
+    (:mod:`.gpu.codegen.lower`). The GPU tier is imported here, not with this module: a
+    process that compiles for the CPU alone never loads it."""
+    from .gpu.barriers import insert_barriers
+    from .gpu.bounds import check_bounds
     from .gpu.codegen.scratch import record_scratch
     from .gpu.copy_mapping import map_copies
     from .gpu.copy_schedule import schedule_async_copies
     from .gpu.gemm_plan import anchors, plan_gemms
+    from .gpu.layout_inference import infer_layouts
     from .gpu.smem_plan import place_shared_buffers
     from .gpu.verify import verify_gpu, verify_scratch_barriers
 

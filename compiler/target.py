@@ -346,7 +346,11 @@ def _cpu(level: str = "host") -> Target:
     can be compiled and inspected, not run (:func:`check_isa_level` says)."""
     isa = host_isa() if level == "host" else ISA_LEVELS[level]
     bits = _cpu_vector_bits() if level == "host" else _vector_bits(isa)
-    caps = CpuCaps(platform.machine(), isa, _cpu_model(), bits, level)
+    # A level's code is compiled for the level's generic CPU, whatever the host's model:
+    # leaving the model out of its key lets code built on one machine (``jaxtile
+    # prebuild``) be found on every machine of the level.
+    model = _cpu_model() if level == "host" else ""
+    caps = CpuCaps(platform.machine(), isa, model, bits, level)
     return Target("cpu" if level == "host" else f"cpu:{level}", "cpu", caps,
                   _version("apache-tvm"))
 

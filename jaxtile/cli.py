@@ -1,5 +1,5 @@
 """The ``jaxtile`` command (also ``python -m jaxtile``): ``doctor``, ``cache``, ``inspect``,
-``bench``.
+``prebuild``, ``bench``.
 
 Each subcommand is a function of its parsed arguments returning the exit status; errors a
 user can fix (a bad kernel reference, argument spec or duration) are one line on stderr
@@ -135,13 +135,22 @@ def _load_file(path: str) -> Any:
 
 
 def load_kernel(ref: str) -> Any:
-    """The kernel ``path/to/file.py:name`` names (the file is run as a module)."""
+    """The kernel ``path/to/file.py:name`` (the file is run as a module) or
+    ``module:name`` (``jaxtile.ops:softmax``) names."""
     import jaxtile as jt
 
     path, sep, name = ref.rpartition(":")
     if not sep or not path or not name:
-        raise UsageError(f"expected path/to/file.py:kernel_name, got {ref!r}")
-    found = getattr(_load_file(path), name, None)
+        raise UsageError(f"expected path/to/file.py:kernel_name or module:kernel_name, got "
+                         f"{ref!r}")
+    if path.endswith(".py"):
+        module = _load_file(path)
+    else:
+        try:
+            module = importlib.import_module(path)
+        except ImportError as e:
+            raise UsageError(f"cannot import {path}: {e}") from None
+    found = getattr(module, name, None)
     if not isinstance(found, jt.Kernel):
         what = "not defined" if found is None else f"a {type(found).__name__}"
         raise UsageError(f"{path}: {name} is {what}, not a jaxtile kernel (@jt.kernel)")
@@ -225,6 +234,39 @@ def _inspect(args: argparse.Namespace) -> int:
             print(_show(lowered, what))
     except jt.KernelError as e:
         raise UsageError(str(e)) from None
+    return 0
+
+
+def _prebuild(args: argparse.Namespace) -> int:
+    """Compile without running, for each ``--target``, into ``--out`` as cache entries: a
+    prebuilt directory (``$JAXTILE_PREBUILT_DIR``, or the package's ``compiler/prebuilt``)
+    whose entries later calls on any machine of that target load instead of compiling."""
+    import os
+
+    import jaxtile as jt
+    from jaxtile.compiler import build, cache
+    from jaxtile.compiler.target import parse_target
+
+    kernel = load_kernel(args.kernel)
+    specs = [parse_arg(a) for a in args.arg]
+    params = dict(parse_param(p) for p in args.param)
+    # The entries are written where the cache is: the output directory, while this runs.
+    before = os.environ.get("JAXTILE_CACHE_DIR")
+    os.environ["JAXTILE_CACHE_DIR"] = str(Path(args.out).resolve())
+    cache.clear_memory()
+    try:
+        for name in args.target or ["cpu"]:
+            lowered = kernel.lower(*specs, target=name, **params)
+            entry = build.build(lowered.kernel, parse_target(lowered.target))
+            print(f"{lowered.target}: {entry.key} ({Path(entry.library).stat().st_size} B)")
+    except jt.KernelError as e:
+        raise UsageError(str(e)) from None
+    finally:
+        cache.clear_memory()
+        if before is None:
+            del os.environ["JAXTILE_CACHE_DIR"]
+        else:
+            os.environ["JAXTILE_CACHE_DIR"] = before
     return 0
 
 
@@ -343,6 +385,22 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--show", action="append", choices=_SHOWS, metavar="WHAT",
                          help=f"one of {', '.join(_SHOWS)} (repeatable; default ir)")
     inspect.set_defaults(run=_inspect)
+
+    prebuild = sub.add_parser("prebuild", help="compile a kernel ahead of time into a "
+                              "directory of entries that calls load instead of compiling "
+                              "($JAXTILE_PREBUILT_DIR)")
+    prebuild.add_argument("kernel", help="path/to/file.py:kernel_name or module:kernel_name "
+                          "(jaxtile.ops:softmax)")
+    prebuild.add_argument("--arg", action="append", default=[], metavar="DTYPE[DIMS]",
+                          help="an argument's type, in order, e.g. f32[1024,1024]")
+    prebuild.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                          help="a compile-time parameter, e.g. bm=64")
+    prebuild.add_argument("--target", action="append", metavar="TARGET",
+                          help="cpu:x86-64-v3, cpu:x86-64-v4 (code for every CPU of that "
+                          "level) or cpu (this CPU only); repeatable, default cpu")
+    prebuild.add_argument("--out", required=True, metavar="DIR",
+                          help="the directory to write the entries to")
+    prebuild.set_defaults(run=_prebuild)
 
     bench = sub.add_parser("bench", help="time a kernel against a JAX function on random "
                            "inputs, and compare their results")

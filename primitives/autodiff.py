@@ -19,8 +19,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
+
+from jaxtile.compiler.jax_internals import Primitive
 
 from .kernel_call import KernelHandle, kernel_call_p
 

@@ -14,13 +14,12 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-from jax.extend.core import Primitive
 
 from jaxtile import _ffi
 from jaxtile.compiler import cache
 from jaxtile.compiler import jax_internals as ji
 
-kernel_call_p = Primitive("jaxtile_kernel_call")
+kernel_call_p = ji.Primitive("jaxtile_kernel_call")
 kernel_call_p.multiple_results = True
 
 

@@ -18,8 +18,9 @@ same way, the payload carrying the code object for the device's gfx architecture
 ROCm plugin names it, ``gfx942``) or, for an export or a lowering without a device, one for
 each architecture ``JAXTILE_ROCM_ARCHS`` names (by default every supported one), of which
 the ROCm handler loads the device's once per device. Any other platform is a clear error at
-lowering time. A kernel with a sharding rule, lowered for several devices outside
-``shard_map``, is wrapped so that each device runs it on its shard (``sharding.py``).
+lowering time. The GPU compiler modules are imported by the GPU rules when they run, so a
+CPU process never loads them. A kernel with a sharding rule, lowered for several devices
+outside ``shard_map``, is wrapped so that each device runs it on its shard (``sharding.py``).
 """
 
 from __future__ import annotations
@@ -33,9 +34,7 @@ from jax.interpreters import mlir
 from jaxtile import _ffi
 from jaxtile.compiler import build, cache
 from jaxtile.compiler import jax_internals as ji
-from jaxtile.compiler.cuda.compile import arch_of
 from jaxtile.compiler.errors import KernelError, kernel_error, user_line
-from jaxtile.compiler.gpu.launch import Launch
 from jaxtile.compiler.target import Target, for_platform
 
 from . import payload, sharding
@@ -106,6 +105,8 @@ def _check_launch(kind: str) -> Any:
     """A GPU platform's ``load``: its handler loads the artifact from the payload on each
     device; here an entry only has to be of ``kind`` with a readable launch."""
     def check(entry: cache.Entry) -> None:
+        from jaxtile.compiler.gpu.launch import Launch
+
         if entry.kind != kind:
             raise ValueError(f"cache entry {entry.key} is a {entry.kind}, not a {kind}")
         Launch.decode(entry.launch)
@@ -113,6 +114,8 @@ def _check_launch(kind: str) -> Any:
 
 
 def _cuda_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
+    from jaxtile.compiler.cuda.compile import arch_of
+
     if (sharded := _sharded(ctx, args, kernel)) is not None:
         return sharded
     try:

@@ -245,17 +245,26 @@ _NO_TVM = textwrap.dedent("""
     import json, sys
     import jax.numpy as jnp
     import jaxtile as jt
-    after_import = "tvm" in sys.modules
+
+    def loaded():
+        gpu = ("jaxtile.compiler.gpu", "jaxtile.compiler.cuda", "jaxtile.compiler.hip",
+               "jaxtile.compiler.emulator")
+        return sorted(m for m in sys.modules if m == "tvm" or m.startswith(gpu))
+
+    after_import = loaded()
     x = jnp.arange(8, dtype=jnp.float32)
     out = jt.ops.add(x, x, block=8)
-    print(json.dumps({"after_import": after_import, "after_calls": "tvm" in sys.modules,
+    print(json.dumps({"after_import": after_import, "after_calls": loaded(),
                       "out": out.tolist()}))
 """)
 
 
-def test_import_and_cache_hits_do_not_import_tvm(tmp_path):
+def test_import_and_cache_hits_load_neither_tvm_nor_gpu_modules(tmp_path):
+    """``import jaxtile`` and a CPU kernel's cache hit in a fresh process import no TVM
+    and no module of the GPU tiers (they are imported on first use)."""
     env = {**os.environ, "JAXTILE_CACHE_DIR": str(tmp_path)}
     env.pop("JAXTILE_INTERPRET", None)
+    env.pop("JAXTILE_BACKEND", None)
 
     def run():
         proc = subprocess.run([sys.executable, "-c", _NO_TVM], env=env, capture_output=True,
@@ -264,6 +273,7 @@ def test_import_and_cache_hits_do_not_import_tvm(tmp_path):
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
     cold, warm = run(), run()
-    assert cold["after_calls"] and not cold["after_import"]  # the cold run compiled
-    assert not warm["after_import"] and not warm["after_calls"]
+    assert "tvm" in cold["after_calls"] and not cold["after_import"]  # the cold run compiled
+    assert not [m for m in cold["after_calls"] if m != "tvm"]   # a CPU compile: no GPU tier
+    assert warm["after_import"] == warm["after_calls"] == []
     assert warm["out"] == cold["out"] == [2.0 * i for i in range(8)]

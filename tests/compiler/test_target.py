@@ -40,6 +40,20 @@ def test_cpu_description_changes_with_what_drives_code_generation(monkeypatch):
     assert target.parse_target("cpu").describe() == first
 
 
+def test_isa_level_description_is_the_same_on_every_model(monkeypatch):
+    # Code for an ISA level is compiled for the level's generic CPU, so its key must not
+    # name the host's model (prebuilt code is found on every machine of the level), while
+    # the host's own target keeps it.
+    descriptions = set()
+    for model in ("85", "143"):
+        _with_cpuinfo(monkeypatch, flags="sse2 avx2 fma", vendor_id="GenuineIntel",
+                      model=model)
+        descriptions.add(target.parse_target("cpu:x86-64-v3").describe())
+    assert len(descriptions) == 1
+    assert target.parse_target("cpu:x86-64-v3").describe() != \
+        target.parse_target("cpu:x86-64-v4").describe()
+
+
 def test_cpu_description_names_the_toolchain():
     assert "apache-tvm" in target.parse_target("cpu").describe()
 
@@ -136,10 +150,11 @@ def test_gpu_targets_answer_what_the_gpu_tier_asks():
 
 def test_cuda_targets_carry_the_registered_toolchain(monkeypatch):
     """target.py asks the CUDA toolchain's identity through TOOLCHAINS (filled by
-    jaxtile.compiler's __init__ from cuda/fingerprint.py), importing no backend itself."""
+    jaxtile.compiler's __init__ from cuda/fingerprint.py, imported on the first call),
+    importing no backend itself."""
     from jaxtile.compiler.cuda import fingerprint
 
-    assert target.TOOLCHAINS["cuda"] is fingerprint.toolchain_fingerprint
+    assert target.TOOLCHAINS["cuda"]() == fingerprint.toolchain_fingerprint()
     monkeypatch.setitem(target.TOOLCHAINS, "cuda", lambda: "nvrtc 99.9; device.h 0")
     assert target.parse_target("cuda:sm_80").toolchain == "nvrtc 99.9; device.h 0"
 

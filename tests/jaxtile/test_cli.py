@@ -1,6 +1,8 @@
 """The jaxtile command on a real cache and a real kernel file."""
 
 import importlib.metadata
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -191,3 +193,56 @@ def test_console_script_and_module_entry_points(cache_copy):
     proc = subprocess.run([sys.executable, "-m", "jaxtile", "cache", "verify"],
                           capture_output=True, text=True, timeout=120)
     assert (proc.returncode, proc.stdout) == (0, "1 entries checked, 0 damaged\n")
+
+
+_PREBUILT_CALL = textwrap.dedent("""
+    import json, sys
+    import jax.numpy as jnp
+    from jaxtile import cli
+    from jaxtile.compiler import cache
+
+    scale = cli.load_kernel(sys.argv[1])
+    out = scale(jnp.arange(64, dtype=jnp.float32))
+    print(json.dumps({"out": out.tolist(), "tvm": "tvm" in sys.modules,
+                      "stats": cache.stats()}))
+""")
+
+
+def test_prebuilt_entries_are_loaded_instead_of_compiled(kernel_file, tmp_path, monkeypatch,
+                                                         capsys):
+    """``jaxtile prebuild`` for an ISA level writes entries that a fresh process, with an
+    empty cache and the directory in ``$JAXTILE_PREBUILT_DIR``, loads without compiling
+    (TVM never imported); without the directory the same key is a miss."""
+    try:
+        target.check_isa_level("x86-64-v3")
+    except ValueError as e:
+        pytest.skip(f"this CPU cannot run x86-64-v3 code: {e}")
+    prebuilt, empty = tmp_path / "prebuilt", tmp_path / "cache"
+    monkeypatch.setenv("JAXTILE_CACHE_DIR", str(empty))
+    status, out, err = _run(capsys, "prebuild", f"{kernel_file}:cli_scale", "--arg", "f32[64]",
+                            "--target", "cpu:x86-64-v3", "--out", str(prebuilt))
+    assert status == 0, err
+    name, _, rest = out.strip().partition(": ")
+    key = rest.split()[0]
+    assert name == "cpu:x86-64-v3" and (prebuilt / key[:2] / f"{key}.so").is_file()
+
+    env = {**{k: v for k, v in os.environ.items()
+              if k not in ("JAXTILE_INTERPRET", "JAXTILE_BACKEND")},
+           "JAXTILE_CACHE_DIR": str(empty), "JAXTILE_PREBUILT_DIR": str(prebuilt),
+           "JAXTILE_CPU_ISA": "x86-64-v3"}
+    proc = subprocess.run([sys.executable, "-c", _PREBUILT_CALL, f"{kernel_file}:cli_scale"],
+                          env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["out"] == [2.0 * i for i in range(64)]
+    assert not result["tvm"]
+    assert result["stats"]["prebuilt_hits"] == 1 and result["stats"]["stored"] == 0
+    assert not empty.exists() or not any(empty.rglob("*.so"))
+
+    cache.clear_memory()
+    monkeypatch.setenv("JAXTILE_PREBUILT_DIR", str(prebuilt))
+    assert os.environ["JAXTILE_CACHE_DIR"] == str(empty)    # the CLI put it back
+    assert cache.find(key)[1] == "prebuilt"
+    cache.clear_memory()
+    monkeypatch.delenv("JAXTILE_PREBUILT_DIR")
+    assert cache.find(key) == (None, "miss")

@@ -93,7 +93,8 @@ def _check(got, a, b, want_ref):
     np.testing.assert_allclose(got, want_ref, rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("level", ["x86-64-v3", "host"])
+@pytest.mark.slow   # 9 s each; the default run has forwarded products in test_cpu_isa.py
+@pytest.mark.parametrize("level", ["x86-64-v3", "host"])  # and test_cpu_copy_reuse.py
 def test_products_with_a_forwarded(monkeypatch, rng, level):
     _use(monkeypatch, level)
     m, k, n = 128, 192, 128
@@ -109,3 +110,25 @@ def test_products_with_a_forwarded(monkeypatch, rng, level):
     got = np.asarray(jax.jit(lambda x, y: jt.ops.matmul(x, y, transpose_a=True, **TILES))(
         at, b))
     _check(got, a, b, np.asarray(jt.ops.matmul.reference(at, b, transpose_a=True, **TILES)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("level", ["x86-64-v3", "host"])
+def test_matmul_relu_ragged_with_the_tables_tiles(monkeypatch, rng, level):
+    """The quickstart's 1000 x 700 x 900 with the tiles its table gives (64 x 64 x 64 on
+    AVX2): interior row blocks read A where it is, the last one (40 rows) copies it."""
+    _use(monkeypatch, level)
+    a = np.array(data(rng, (1000, 700), F32, edges=False))
+    b = np.asarray(data(rng, (700, 900), F32, edges=False))
+    a[3, 5], a[999, 699], a[500, 0] = np.nan, np.inf, -np.inf
+    got = np.asarray(jax.jit(jt.ops.matmul_relu)(a, b))
+    want = np.maximum(np.asarray(a, np.float64) @ np.asarray(b, np.float64), 0)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    finite = np.isfinite(want)
+    np.testing.assert_array_equal(got[~finite & ~np.isnan(want)],
+                                  want[~finite & ~np.isnan(want)])
+    bound = 700 * 2.0 ** -23 * (np.abs(np.asarray(a, np.float64)) @ np.abs(b)) + 1e-30
+    assert (np.abs(got[finite] - want[finite]) <= bound[finite]).all()
+    # The reference sums in its own order: sums of 700 products of size ~4 differ by ~1e-4.
+    np.testing.assert_allclose(got, np.asarray(jt.ops.matmul_relu.reference(a, b)),
+                               rtol=1e-5, atol=1e-3)

@@ -34,6 +34,8 @@ class Lowering(Protocol):
     """Scalar Tile IR values by id."""
     arrays: dict[int, tirx.Buffer]
     """Materialised tile values by id."""
+    gemm_sources: dict[str, ir.Region]
+    """Gemm operands read from the global region they would be copied from."""
 
     def name(self, prefix: str) -> str: ...
     def dtype(self, buf: tirx.Buffer) -> str: ...

@@ -24,6 +24,7 @@ import numpy as np
 from tvm import tirx
 
 from .. import ir, op_defs
+from . import forwarding
 from .context import Lowering
 from .copies import lower_copy
 
@@ -63,14 +64,16 @@ def plan(kernel: ir.Kernel) -> Reuse | None:
         for r in op_defs.reads(stmt):
             readers.setdefault(r.buffer, set()).add(stmt.kind)
     defs = {s.result.id: s for s in kernel.body if isinstance(s, ir.Op) and s.result is not None}
+    forwarded = forwarding.gemm_operands(kernel)   # copies the lowering leaves out
     axes = {v.id: a for a, v in enumerate(kernel.block_indices)}
     candidates = []   # (copy, the axes its starts depend on, its cost)
     for stmt in kernel.body:
         if not isinstance(stmt, ir.Op) or stmt.kind != "copy":
             continue
         src, dst = stmt.attrs["src"], stmt.attrs["dst"]
-        if buffers[src.buffer].role != "input" or writers.get(src.buffer) \
-                or buffers[dst.buffer].role != "scratch" or writers.get(dst.buffer) != 1 \
+        if dst.buffer in forwarded or buffers[src.buffer].role != "input" \
+                or writers.get(src.buffer) or buffers[dst.buffer].role != "scratch" \
+                or writers.get(dst.buffer) != 1 \
                 or readers.get(dst.buffer, set()) - {"gemm", "copy"} \
                 or any(isinstance(i.start, ir.Value) and i.start.shape != ()
                        for i in (*src.index, *dst.index)):

@@ -26,6 +26,7 @@ from tvm.ir import Expr
 from .. import ir
 from ..target import CpuCaps
 from . import elementwise as ew
+from . import forwarding
 from .context import FALLBACK_LANES, Lowering, extent
 from .gemm_bf16 import lower_gemm_bf16
 from .gemm_live import Live, when
@@ -107,9 +108,12 @@ def _lower_fma(low: Lowering, a: dict, lanes: int, live: Live) -> None:
     k = int(A.shape[0] if a["transpose_a"] else A.shape[1])
     acc = str(C.dtype)
 
+    source = low.gemm_sources.get(a["a"])   # A forwarded to global memory
+
     def a_at(i: Expr, kk: Expr) -> Expr:
-        return ew.convert(A[kk, i] if a["transpose_a"] else A[i, kk], low.dtype(A), acc,
-                          low.bind)
+        idx = (kk, i) if a["transpose_a"] else (i, kk)
+        value = A[idx] if source is None else forwarding.gemm_operand(low, source, idx)
+        return ew.convert(value, low.dtype(A), acc, low.bind)
 
     def b_at(kk: Expr, j: Expr) -> Expr:
         return ew.convert(B[kk, j], low.dtype(B), acc, low.bind)

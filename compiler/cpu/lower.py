@@ -101,6 +101,9 @@ class _Lowering:
                                       lambda v: (v.shape, v.dtype.name))
         self._slots: dict[int, tirx.Buffer] = {}
         self.inline: dict[int, ir.Op] = {}
+        self.gemm_sources = forwarding.gemm_operands(kernel)
+        """Buffers the gemms read from global memory instead (:func:`.forwarding.gemm_operands`):
+        their copies are left out."""
         self.forwards: dict[str, forwarding.Forward] = {}
         """Fragments whose copies the statements being lowered forward (see
         :mod:`.forwarding`)."""
@@ -389,7 +392,8 @@ class _Lowering:
 
     @lowers("copy")
     def copy(self, op: ir.Op) -> None:
-        self._shared.copy(self, op)
+        if op.attrs["dst"].buffer not in self.gemm_sources:
+            self._shared.copy(self, op)
 
     def _decode(self, blk: Expr, offset: Expr | int = 0,
                 order: Sequence[int] | None = None) -> None:

@@ -12,7 +12,7 @@ from language_helpers import BF16, F32, aligned, data
 import jaxtile as jt
 from jaxtile import _ffi
 from jaxtile.compiler import build
-from jaxtile.compiler.cpu import copy_reuse
+from jaxtile.compiler.cpu import copy_reuse, forwarding
 from jaxtile.compiler.target import parse_target
 
 
@@ -49,8 +49,13 @@ def test_the_panel_of_b_is_shared_with_the_row_blocks_fastest():
     # One column of blocks: A's copy depends on the only axis that moves; B's is shared.
     plan, lowered = _plan(matmul, a, jnp.zeros((96, 32), F32))
     assert plan.fastest == 1 and _shared_sources(plan, lowered) == ["b"]
-    # One row of blocks: the copy of A is the one to share.
+    # One row of blocks: the copy of A would be the one to share, but the gemm reads A's
+    # rows where they are (forwarding.gemm_operands), so no copy stays for a block to share.
     plan, lowered = _plan(matmul, jnp.zeros((16, 96), F32), b)
+    assert plan is None
+    assert [r.buffer for r in forwarding.gemm_operands(lowered).values()] == ["a"]
+    # bfloat16 A is widened by its copy: that copy stays, and is shared.
+    plan, lowered = _plan(matmul, jnp.zeros((16, 96), BF16), b.astype(BF16))
     assert plan.fastest == 0 and _shared_sources(plan, lowered) == ["a"]
 
 

@@ -74,10 +74,14 @@ def test_planner_tf32_wgmma_takes_k_major_operands_only():
         assert p.instr == gemm_plan.GemmInstr.MMA_TF32
 
 
-def test_planner_keeps_register_a_on_mma_sync():
+def test_planner_takes_register_a_on_wgmma_and_sm90_keeps_mma_sync():
     rs = gemm_plan.plan_gemm(64, 64, 32, np.float16, np.float16, np.float32, 128,
                              target=SM90A, a_in_registers=True)
-    assert rs.instr == gemm_plan.GemmInstr.MMA16
+    assert rs.instr == gemm_plan.GemmInstr.WGMMA and rs.a_tile is None
+    assert rs.a_layout == wgmma_accumulator((64, 32), (1, 1), 128)
+    old = gemm_plan.plan_gemm(64, 64, 32, np.float16, np.float16, np.float32, 128,
+                              target=parse_target("cuda:sm_90"), a_in_registers=True)
+    assert old.instr == gemm_plan.GemmInstr.MMA16
 
 
 def _canonical_byte(tile, mn, k, mn_major):
@@ -125,7 +129,7 @@ def test_lowered_ir_and_source_show_the_wgmma_plan():
              "jaxtile::wgmma_acc_store("]
     at = [src.index(s) for s in order]
     assert at == sorted(at)
-    assert src.index("jaxtile::fence_proxy_async();") < at[0]
+    assert src.index("fence_proxy_async();") < at[0]   # the barrier pass's fenced barrier
     # the planned offsets are 1024-aligned
     for line in text.splitlines():
         if "wgmma_swizzle" in line:

@@ -149,6 +149,36 @@ def test_attention_bf16_d128_on_sm90a(hopper):
     _attention_case(1, 2, 1, 70, 130, 128, jnp.bfloat16, False, [130], 9)
 
 
+
+@pytest.mark.slow
+def test_attention_backward_f16_on_sm90a(hopper):
+    """The backward kernels' register-A gemms (dq's ``dS @ K``, the JVP's ``P @ V``) run on
+    wgmma too (dK/dV's transposed register A stays scalar): gradients against jnp's, and
+    ``attention_dq`` against its reference semantics."""
+    b, h, t, d = 1, 2, 80, 64
+    q, k, v, g = (_data((b, h, t, d), jnp.float16, 20 + i) for i in range(4))
+    lens = jnp.full((b,), t, jnp.int32)
+    assert "gemm_wgmma_rs" in ops.attention_dq.lower(
+        q, k, v, lens, q, jnp.zeros((b, h, t), jnp.float32), g, jnp.zeros((b, h, t), jnp.float32),
+        causal=True, target="cuda:sm_90a").source
+
+    def loss(f):
+        return lambda q, k, v: jnp.sum(f(q, k, v).astype(jnp.float32) * g.astype(jnp.float32))
+
+    got = jax.jit(jax.grad(loss(lambda *a: ops.attention(*a, causal=True)), (0, 1, 2)))(q, k, v)
+    want = jax.grad(loss(lambda q, k, v: _exact(q, k, v, True, lens)), (0, 1, 2))(
+        *(x.astype(jnp.float32) for x in (q, k, v)))
+    for x, y in zip(got, want):
+        np.testing.assert_allclose(np.asarray(x, np.float32), np.asarray(y), rtol=5e-2,
+                                   atol=5e-2)
+    out, lse = ops.attention_fwd.reference(q, k, v, lens, causal=True)
+    args = (q, k, v, lens, out, lse, g, jnp.zeros_like(lse))
+    got = jax.jit(lambda *a: ops.attention_dq(*a, causal=True))(*args)
+    ref = ops.attention_dq.reference(*args, causal=True)
+    for x, y in zip(got, ref):
+        np.testing.assert_allclose(np.asarray(x, np.float32), np.asarray(y, np.float32),
+                                   rtol=2e-2, atol=2e-2)
+
 # -- ptxas ------------------------------------------------------------------------------------
 
 @pytest.mark.slow   # NVRTC/ptxas of a D = 128 attention kernel: about half a minute

@@ -24,7 +24,9 @@ passes, code generation and NVRTC; the median is reported.
 *sm_90a* (``sm90a_wgmma_gemm``): the same tile-language GEMM lowered for ``cuda:sm_90a``,
 where the gemm planner picks wgmma (one warpgroup, two m64n128k16 accumulators): registers,
 spills (0), HGMMA / HMMA counts in the SASS, the emulator run (findings, error) and the cold
-compile, as above.
+compile, as above. ``sm90a_attention``: ``jt.ops.attention``'s forward kernel at D = 128 on
+``cuda:sm_90a`` (wgmma for ``Q @ K^T`` and, with P in registers, ``P @ V``): registers, spills
+(0), HGMMA / HMMA counts.
 
     python benchmarks/ptxas_report.py [--repeats 3] [--cold-runs 5] [--emulate 256]
 """
@@ -260,6 +262,43 @@ def _sm90a_figures(args: argparse.Namespace) -> dict:
     }
 
 
+def _sm90a_attention_figures() -> dict:
+    """``jt.ops.attention``'s forward kernel (fp16, D = 128, 4096 queries and keys, the
+    tiles ``jt.ops.attention`` picks) on ``cuda:sm_90a``: both products on wgmma, ``P @ V``
+    with P in registers."""
+    from jaxtile import ops
+    from jaxtile.ops.attention import default_tiles
+
+    target = parse_target("cuda:sm_90a")
+    spec = jax.ShapeDtypeStruct((1, 16, 4096, 128), jnp.float16)
+    lengths = jax.ShapeDtypeStruct((1,), jnp.int32)
+    bm, bn = default_tiles(jnp.float16, 128, target.caps.max_smem_bytes)
+    lowered = ops.attention_fwd.lower(spec, spec, spec, lengths, bm=bm, bn=bn,
+                                      target=target.name)
+    compiled = cuda_compile.compile_to_library(build.lowered_ir(lowered.kernel, target), target)
+    ptxas = compiled.ptxas
+    counts = sass_counts(compiled.cubin)
+    sass = None if counts is None else {k: counts.get(k, 0) for k in ("HGMMA", "HMMA")}
+    instr = sorted({line.split("instr=")[1].split(",")[0] for line in
+                    lowered.lowered_ir.splitlines() if "instr='" in line})
+    return {
+        "kernel": f"jt.ops.attention_fwd (fp16, D=128, T=S=4096, {bm}x{bn} tiles, 128 threads "
+                  "= 1 warpgroup, sm_90a)",
+        "instr": instr,
+        "register_a": "gemm_wgmma_rs" in lowered.source,
+        "compiler": compiled.compiler,
+        "registers": ptxas.registers,
+        "spill_stores": ptxas.spill_stores,
+        "spill_loads": ptxas.spill_loads,
+        "shared_bytes": ptxas.shared_bytes + compiled.launch.dynamic_smem,
+        "sass": sass if sass is not None else "cuobjdump not installed (pip install jaxtile[cuda])",
+        "meets_targets": {
+            "no_spills": ptxas.spill_stores == ptxas.spill_loads == 0,
+            "hgmma_not_hmma": None if sass is None else sass["HGMMA"] > 0 and sass["HMMA"] == 0,
+        },
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3, help="nvcc compiles to time")
@@ -314,6 +353,7 @@ def main() -> None:
         "meets_targets": _targets(ptxas, ptxas.shared_bytes, sass, banks, "nvcc"),
         "language_gemm": _language_figures(args),
         "sm90a_wgmma_gemm": _sm90a_figures(args),
+        "sm90a_attention": _sm90a_attention_figures(),
     })
 
 

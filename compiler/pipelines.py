@@ -101,7 +101,8 @@ def gpu(target: Target) -> tuple[Pass, ...]:
 
     After ``pipelining`` the GPU rules (:func:`.gpu.verify.verify_gpu`: wait counts,
     barriers in uniform control flow, offsets), and after ``barriers`` that every reuse of
-    scratch bytes has its barrier (:func:`.gpu.verify.verify_scratch_barriers`), with the
+    scratch bytes has its barrier and every async-proxy read its proxy fence
+    (:func:`.gpu.verify.verify_barrier_pass`), with the
     others under ``JAXTILE_VERIFY_IR``. Code generation then prints the IR
     (:mod:`.gpu.codegen.lower`). The GPU tier is imported here, not with this module: a
     process that compiles for the CPU alone never loads it."""
@@ -113,7 +114,7 @@ def gpu(target: Target) -> tuple[Pass, ...]:
     from .gpu.gemm_plan import anchors, plan_gemms
     from .gpu.layout_inference import infer_layouts
     from .gpu.smem_plan import place_shared_buffers
-    from .gpu.verify import verify_gpu, verify_scratch_barriers
+    from .gpu.verify import verify_barrier_pass, verify_gpu
 
     return (Pass("gemm_plan", lambda k: plan_gemms(k, target)),
             Pass("layout_inference", lambda k: infer_layouts(k, anchors)),
@@ -122,7 +123,7 @@ def gpu(target: Target) -> tuple[Pass, ...]:
             Pass("pipelining", schedule_async_copies, verify_gpu),
             Pass("scratch", lambda k: record_scratch(k, target.caps)),
             Pass("smem_plan", lambda k: place_shared_buffers(k, target.caps), verify_gpu),
-            Pass("barriers", insert_barriers, verify_scratch_barriers))
+            Pass("barriers", insert_barriers, verify_barrier_pass))
 
 
 TARGET_PIPELINES: dict[str, Callable[[Target], tuple[Pass, ...]]] = {

@@ -44,10 +44,23 @@ stage no thread reads in that iteration, so it and the staged copies it runs (``
 make no access inside the loop. Barriers the compute still needs (e.g. between a fragment staged
 through shared memory and its readers) are ordinary barrier ops of the body.
 
+The async proxy (sm_90a's wgmma gemms, the ``wgmma.`` plans of :mod:`.gemm_plan`) reads its
+shared operands through another proxy than the ordinary stores and ``cp.async`` copies that
+wrote them: those writes become visible to it only through ``fence.proxy.async`` by the
+writing threads, then a barrier before the (other) threads' wgmma. So the pass also keeps the
+generic writes to shared memory made since the last fence -- a barrier only clears them when
+it carries the ``proxy_fence`` note; a pipeline's staged copies write at its ``async_wait``,
+where their data lands -- and before an async read of bytes one of them wrote
+(by any thread, the same one included) it places a barrier with ``proxy_fence``: the barrier
+the hazard needs anyway, else the last barrier before the op when no shared access stands
+between them (a pipeline's barrier after its wait), else a new one.
+
 Assumes: layout inference, the pipelining pass, and (for reuse of bytes) the scratch and
 shared-memory planning passes ran. Guarantees: every cross-thread hazard on a shared buffer
 or on bytes a buffer and scratch or two scratch arrays share has a ``barrier`` op (or, for
-bytes of an op's scratch, the op's own internal barrier) between its two accesses.
+bytes of an op's scratch, the op's own internal barrier) between its two accesses; every
+async-proxy read of shared bytes a generic write touched has a ``barrier`` with
+``proxy_fence`` between the two on every path (:func:`.verify.verify_proxy_fences`).
 """
 
 from __future__ import annotations
@@ -66,6 +79,17 @@ from .smem_plan import recorded_bytes, scratch_bytes
 
 _SCOPES = ("shared", "global")
 
+PROXY_FENCE = "proxy_fence"
+"""The note of a barrier preceded by ``fence.proxy.async`` (see the module docstring)."""
+
+
+def async_proxy_reads(op: ir.Op, bufs: dict[str, ir.Buffer]) -> list[ir.Region]:
+    """The shared regions ``op`` reads through the async proxy: a wgmma gemm's shared
+    operands (a register A is not one)."""
+    if op.kind != "gemm" or not str(op.notes.get("instr", "")).startswith("wgmma."):
+        return []
+    return [op.attrs[r] for r in ("a", "b") if bufs[op.attrs[r].buffer].scope == "shared"]
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class _Access:
@@ -78,6 +102,9 @@ class _Access:
     """Per element of the region's tile, the threads touching it; None: any thread."""
     span: tuple[int, int] | None = None
     """First and end byte in the block's shared memory (buffers the plan placed, scratch)."""
+    proxy: str = "generic"
+    """``async`` for an async-proxy read; ``unfenced`` for the mark a generic write to shared
+    memory leaves until a ``proxy_fence`` barrier (it takes part in no ordinary hazard)."""
 
 
 @functools.lru_cache(maxsize=256)
@@ -99,6 +126,11 @@ class _Walker:
         self._accesses: dict[int, list[_Access]] = {}
         self._scratch: dict[int, tuple[list[_Access], list[_Access]]] = {}
         self._issues: dict[int, list[_Access]] = {}
+        self.waits = {id(w): loop for loop in ir.walk(kernel.body) if isinstance(loop, ir.For)
+                      for w in loop.body if isinstance(w, ir.Op) and w.kind == "async_wait"}
+        """A scheduled loop's waits, by id, with their loop."""
+        self.async_reads = any(async_proxy_reads(s, self.bufs) for s in ir.walk(kernel.body)
+                               if isinstance(s, ir.Op))
 
     def accesses(self, op: ir.Op) -> list[_Access]:
         """The op's shared-memory accesses (the same objects on every visit, so that the
@@ -113,15 +145,19 @@ class _Walker:
         write it."""
         d = op_defs.get(op.kind)
         out = []
+        asynchronous = {id(r) for r in async_proxy_reads(op, self.bufs)}
         for attr, region in op.attrs.items():
             if not isinstance(region, ir.Region) or self.bufs[region.buffer].scope not in _SCOPES:
                 continue
             write = attr in d.writes
             span = self.spans.get(region.buffer)
             out.append(_Access(region.buffer, write, region, self._owners(op, attr, write),
-                               span))
+                               span, "async" if id(region) in asynchronous else "generic"))
             if write and attr in d.reads:
                 out.append(_Access(region.buffer, False, region, out[-1].owners, span))
+        if self.async_reads:
+            out += [dataclasses.replace(a, owners=None, proxy="unfenced") for a in out
+                    if a.write and self.bufs[a.buffer].scope == "shared"]
         return out
 
     def scratch(self, op: ir.Op) -> tuple[list[_Access], list[_Access]]:
@@ -153,7 +189,7 @@ class _Walker:
         return None
 
     def _conflict(self, a: _Access, b: _Access) -> bool:
-        if not (a.write or b.write):
+        if not (a.write or b.write) or "unfenced" in (a.proxy, b.proxy):
             return False
         if a.buffer != b.buffer or a.region is None or b.region is None:
             return (a.span is not None and b.span is not None
@@ -187,6 +223,10 @@ class _Walker:
         if op.kind == "async_issue" and op.attrs["prologue"]:
             loop = next(s for s in rest if isinstance(s, ir.For))
             return self._issued(loop)
+        if op.kind == "async_wait" and id(op) in self.waits:
+            # the stages' cp.async writes land here: their marks, for the proxy fence
+            return [a for c in issued_copies(self.waits[id(op)]) for a in self.accesses(c)
+                    if a.proxy == "unfenced"]
         if op.kind in SCHEDULE_KINDS or (op.kind == "copy" and op.notes.get(ISSUED)):
             return []
         return self.accesses(op)
@@ -203,6 +243,42 @@ class _Walker:
         if p.buffer != a.buffer:
             reason += f" (shares bytes with {p.buffer})"
         return ir.Op("barrier", (), None, {}, line, {"reason": reason})
+
+    def _unfenced(self, pending: list[_Access], accs: list[_Access]) -> str | None:
+        """The buffer an async read in ``accs`` takes from a generic write not yet fenced
+        (any thread's), or None."""
+        for a in accs:
+            if a.proxy != "async":
+                continue
+            for p in pending:
+                if p.proxy != "unfenced":
+                    continue
+                if (a.buffer == p.buffer and not _disjoint(a.region, p.region)) or (
+                        a.span is not None and p.span is not None
+                        and a.span[0] < p.span[1] and p.span[0] < a.span[1]):
+                    return a.buffer
+        return None
+
+    @staticmethod
+    def _fence(out: list[ir.Stmt], barrier: ir.Op | None, pending: list[_Access], buffer: str,
+               line: str | None) -> ir.Op | None:
+        """The barrier that fences the async read of ``buffer``: ``barrier`` (the hazard's)
+        with the note; else, with no shared access since the last barrier of ``out`` and only
+        ops after it, that one gets the note in place (None returned); else a new one."""
+        reason = f"generic writes of {buffer} before its async-proxy read"
+        if barrier is not None:
+            return barrier.with_notes(**{PROXY_FENCE: True,
+                                         "reason": barrier.notes["reason"] + "; " + reason})
+        if all(p.proxy == "unfenced" for p in pending):
+            last = next((j for j in range(len(out) - 1, -1, -1)
+                         if isinstance(out[j], ir.Op) and out[j].kind == "barrier"), None)
+            if last is not None and all(isinstance(s, ir.Op) for s in out[last:]):
+                old = out[last]
+                assert isinstance(old, ir.Op)
+                out[last] = old.with_notes(**{PROXY_FENCE: True, "reason":
+                                              old.notes.get("reason", "") + "; " + reason})
+                return None
+        return ir.Op("barrier", (), None, {}, line, {"reason": reason, PROXY_FENCE: True})
 
     def _issued(self, loop: ir.For) -> list[_Access]:
         """What a scheduled loop's prologue issues: its staged copies' accesses, by any
@@ -221,7 +297,7 @@ class _Walker:
             in_prologue = in_prologue and isinstance(stmt, ir.Op)
             if isinstance(stmt, ir.Op):
                 if stmt.kind == "barrier":
-                    pending = []
+                    pending = _after_barrier(pending, stmt)
                     out.append(stmt)
                     continue
                 accs = self._op_accesses(stmt, body[i + 1:])
@@ -230,14 +306,19 @@ class _Walker:
                 barrier = None if issue and in_prologue else self._barrier(
                     pending, accs + writes, stmt.line)
                 in_prologue = issue or (in_prologue and stmt.kind == "async_commit")
+                unfenced = self._unfenced(pending, accs)
+                if unfenced is not None:
+                    barrier = self._fence(out, barrier, pending, unfenced, stmt.line)
+                    if barrier is None:     # an earlier barrier took the fence
+                        pending = []
                 if barrier is not None:
                     if stmt.kind == "async_issue":
                         barrier = barrier.with_notes(reason=barrier.notes["reason"] +
                                                      ", before the pipeline's prologue")
                     out.append(barrier)
-                    pending = []
+                    pending = _after_barrier(pending, barrier)
                 if writes:      # the op's own barrier orders what came before it
-                    pending = accs + reads
+                    pending = [p for p in pending if p.proxy == "unfenced"] + accs + reads
                 elif stmt.kind == "async_issue":
                     pending = _union(pending, accs)
                 else:
@@ -273,6 +354,12 @@ class _Walker:
                 out.append(dataclasses.replace(stmt, then=tuple(then), otherwise=tuple(other)))
                 pending = _union(t_end, o_end)
         return out, pending
+
+
+def _after_barrier(pending: list[_Access], barrier: ir.Op) -> list[_Access]:
+    """What stays pending after ``barrier``: the unfenced generic writes, unless it fences."""
+    return [] if barrier.notes.get(PROXY_FENCE) else [p for p in pending
+                                                      if p.proxy == "unfenced"]
 
 
 def _barriers(stmt: ir.Stmt) -> int:

@@ -256,22 +256,25 @@ class GemmPlan:
 
     def wgmma_calls(self, a: str, b: str, acc: str, regs: str) -> list[str]:
         """C++ statements of a wgmma gemm: the accumulator copied into the ``regs`` array of
-        ``wgmma_acc``, a proxy fence and barrier (the copies into ``a`` and ``b`` wrote
-        through the generic proxy; wgmma reads through the async one), ``wgmma.fence``, the
+        ``wgmma_acc``, ``wgmma.fence`` (the proxy fence and barrier that make the copies'
+        generic writes of ``a`` and ``b`` visible to wgmma are the barrier pass's), the
         asynchronous wgmmas over K, ``commit_group``, ``wait_group 0`` and the result copied
-        back to ``acc``."""
+        back to ``acc``. With A in registers (:attr:`a_layout`), ``a`` is the array of A's
+        16-bit values in that layout (``gemm_wgmma_rs``)."""
         gm, gn = self.warps
         ta = "true" if self.trans_a else "false"
         tb = "true" if self.trans_b else "false"
         mi = self.m // (64 * gm)
-        assert self.a_tile is not None
+        if self.a_tile is None:
+            call = (f"jaxtile::gemm_wgmma_rs<{self.m}, {self.n}, {self.k}, {gm}, {tb}, "
+                    f"{self.b_tile.cpp}>({regs}, {a}, {b});")
+        else:
+            call = (f"jaxtile::gemm_wgmma<{self.m}, {self.n}, {self.k}, {gm}, {gn}, {ta}, {tb}, "
+                    f"{self.a_tile.cpp}, {self.b_tile.cpp}>({regs}, {a}, {b});")
         return [f"jaxtile::wgmma_acc<{self.wgmma_n}> {regs}[{mi}];",
                 f"jaxtile::wgmma_acc_load({regs}, {acc});",
-                "jaxtile::fence_proxy_async();",
-                "jaxtile::sync_threads();",
                 "jaxtile::wgmma_fence();",
-                f"jaxtile::gemm_wgmma<{self.m}, {self.n}, {self.k}, {gm}, {gn}, {ta}, {tb}, "
-                f"{self.a_tile.cpp}, {self.b_tile.cpp}>({regs}, {a}, {b});",
+                call,
                 "jaxtile::wgmma_commit_group();",
                 "jaxtile::wgmma_wait_group<0>();",
                 f"jaxtile::wgmma_acc_store({acc}, {regs});"]
@@ -322,11 +325,12 @@ _WGMMA_K = {"float16": 16, "bfloat16": 16, "float32": 8}
 
 
 def _wgmma_grid(m: int, n: int, k: int, a: np.dtype, b: np.dtype, acc: np.dtype,
-                threads: int, caps: GpuCaps) -> tuple[int, int] | None:
+                threads: int, caps: GpuCaps, policy: str) -> tuple[int, int] | None:
     """The warpgroup grid of a wgmma plan, or None where wgmma does not apply: the target
     has no wgmma, the types are not f16 x f16 / bf16 x bf16 / f32 (tf32) x f32 into f32, K is
     not a multiple of the instruction's (16, 8 for tf32), or no grid of at most
     ``threads / 128`` warpgroups gives each warpgroup whole m64nN steps (N 64, 128 or 256).
+    ``rows`` keeps whole rows per warpgroup (one warpgroup column), ``cols`` whole columns.
     Most warpgroups first, then per-warpgroup tiles closest to square (the fewest
     shared-memory bytes read per flop)."""
     if (not getattr(caps, "wgmma", False) or a != b or a.name not in _WGMMA_K
@@ -338,7 +342,8 @@ def _wgmma_grid(m: int, n: int, k: int, a: np.dtype, b: np.dtype, acc: np.dtype,
             continue
         grids = [(gm, count // gm) for gm in range(1, count + 1) if count % gm == 0]
         grids = [(gm, gn) for gm, gn in grids
-                 if m % (64 * gm) == 0 and n % gn == 0 and n // gn in (64, 128, 256)]
+                 if m % (64 * gm) == 0 and n % gn == 0 and n // gn in (64, 128, 256)
+                 and not (policy == "rows" and gn > 1) and not (policy == "cols" and gm > 1)]
         if grids:
             return min(grids, key=lambda g: (m // g[0] + n // g[1], -g[0]))
     return None
@@ -427,14 +432,17 @@ def _register_a_layout(m: int, k: int, warps: tuple[int, int], threads: int) -> 
 
 def plan_gemm(m: int, n: int, k: int, a_dtype: Any, b_dtype: Any, acc_dtype: Any,
               threads: int, *, trans_a: bool = False, trans_b: bool = False,
-              policy: str = "auto", target: Target, a_in_registers: bool = False) -> GemmPlan:
+              policy: str = "auto", target: Target, a_in_registers: bool = False,
+              wgmma: bool = True) -> GemmPlan:
     """Plan ``C[m, n] (acc_dtype) += op(A) @ op(B)`` for a block of ``threads`` threads.
 
     ``A`` is ``[m, k]`` (``[k, m]`` stored when ``trans_a``), ``B`` is ``[k, n]`` (``[n, k]``
     when ``trans_b``). ``a_in_registers`` plans gemm_rs (A an f16/bf16 fragment in
     :attr:`GemmPlan.a_layout`), where ``auto`` means ``rows`` so that the accumulator of a
     previous gemm with the same plan shape feeds it without conversion; otherwise ``auto`` is
-    ``square``. Raises KernelError for shapes or types the templates cannot do."""
+    ``square``. On a target with wgmma (and ``wgmma``), a warpgroup grid that follows the
+    policy takes it, A in registers included (f16/bf16, one warpgroup column).
+    Raises KernelError for shapes or types the templates cannot do."""
     if not isinstance(target.caps, GpuCaps):
         raise KernelError(f"gemm planning is for GPU targets, not {target.name}")
     if policy not in POLICIES:
@@ -448,7 +456,6 @@ def plan_gemm(m: int, n: int, k: int, a_dtype: Any, b_dtype: Any, acc_dtype: Any
                           f"no register arithmetic here; cast the result)")
     if threads % caps.warp_size or not 0 < threads <= caps.max_threads_per_block:
         raise KernelError(f"gemm: {threads} threads is not a whole number of warps")
-    explicit = policy != "auto"
     if policy == "auto":
         policy = "rows" if a_in_registers else "square"
     mfma = _mfma_plan(m, n, k, a_dt, b_dt, acc_dt, threads, policy, caps, a_in_registers)
@@ -456,6 +463,16 @@ def plan_gemm(m: int, n: int, k: int, a_dtype: Any, b_dtype: Any, acc_dtype: Any
         return assemble_plan(m, n, k, a_dt, b_dt, acc_dt, threads, trans_a=trans_a,
                              trans_b=trans_b, policy=policy, instr=mfma[0], warps=mfma[1],
                              a_in_registers=a_in_registers)
+    # tf32 wgmma reads K-major operands only: A [m, k] and B stored [n, k]; a register A is
+    # 16-bit (the f16/bf16 fragment of m64nNk16).
+    k_major = not trans_a and trans_b
+    grid = None if (not wgmma or (a_dt.name == "float32" and not (k_major and not a_in_registers))
+                    ) else _wgmma_grid(m, n, k, a_dt, b_dt, acc_dt, threads, caps,
+                                       "rows" if a_in_registers else policy)
+    if grid is not None:
+        return assemble_plan(m, n, k, a_dt, b_dt, acc_dt, threads, trans_a=trans_a,
+                             trans_b=trans_b, policy="warpgroups", instr=GemmInstr.WGMMA,
+                             warps=grid, a_in_registers=a_in_registers)
     instr = _instr(a_dt, b_dt, acc_dt, caps)
     if k % instr.k_step and not a_in_registers:
         instr = GemmInstr.FMA
@@ -463,15 +480,6 @@ def plan_gemm(m: int, n: int, k: int, a_dtype: Any, b_dtype: Any, acc_dtype: Any
         raise KernelError(f"gemm with A in registers needs f16 or bf16 operands into f32 and "
                           f"K % 16 == 0 (mma m16n8k16); got {a_dt.name} x {b_dt.name} -> "
                           f"{acc_dt.name}, K = {k}")
-    # tf32 wgmma reads K-major operands only: A [m, k] and B stored [n, k].
-    k_major = not trans_a and trans_b
-    grid = None if (a_in_registers or explicit
-                    or (a_dt.name == "float32" and not k_major)) else _wgmma_grid(
-        m, n, k, a_dt, b_dt, acc_dt, threads, caps)
-    if grid is not None:
-        return assemble_plan(m, n, k, a_dt, b_dt, acc_dt, threads, trans_a=trans_a,
-                             trans_b=trans_b, policy="warpgroups", instr=GemmInstr.WGMMA,
-                             warps=grid, a_in_registers=False)
     if caps.warp_size != instr.lanes:
         # tile_gemm.h's multiply-add fallback splits the tile over 32-lane warps; other warp
         # sizes take the code generator's scalar gemm.
@@ -493,9 +501,15 @@ def assemble_plan(m: int, n: int, k: int, a_dtype: Any, b_dtype: Any, acc_dtype:
     a_shape = (k, m) if trans_a else (m, k)
     b_shape = (n, k) if trans_b else (k, n)
     if instr == GemmInstr.WGMMA:
+        # A register A is the accumulator layout of an [m, k] wgmma over the same warpgroup
+        # rows: its k16 steps are the ISA's A fragments (tile_gemm.h's gemm_wgmma_rs).
+        kk = _WGMMA_K[a_dt.name]
         return GemmPlan(m, n, k, a_dt, b_dt, acc_dt, threads, trans_a, trans_b, policy, instr,
-                        warps, wgmma_accumulator((m, n), warps, threads),
-                        wgmma_tile(a_dt, *a_shape), wgmma_tile(b_dt, *b_shape), None)
+                        warps, wgmma_accumulator((m, n), warps, threads, kk),
+                        None if a_in_registers else wgmma_tile(a_dt, *a_shape),
+                        wgmma_tile(b_dt, *b_shape),
+                        wgmma_accumulator((m, k), (warps[0], 1), threads, kk)
+                        if a_in_registers else None)
     if instr.mfma_size:
         acc_layout = mfma_accumulator((m, n), warps, threads, instr.label)
     else:
@@ -531,7 +545,7 @@ def policy(kernel: ir.Kernel) -> str:
 
 
 def plan(op: ir.Op, bufs: Mapping[str, ir.Buffer], threads: int, target: Target,
-         policy: str = "auto") -> GemmPlan:
+         policy: str = "auto", wgmma: bool = True) -> GemmPlan:
     """The plan of one gemm op (regions must be whole 2-D buffers: an accumulator fragment,
     shared operands or a register A)."""
     a, b, c = (op.attrs[r] for r in ("a", "b", "c"))
@@ -553,14 +567,15 @@ def plan(op: ir.Op, bufs: Mapping[str, ir.Buffer], threads: int, target: Target,
     regs = bufs[a.buffer].scope == "fragment"
     return plan_gemm(m, n, k, bufs[a.buffer].dtype, bufs[b.buffer].dtype, bufs[c.buffer].dtype,
                      threads, trans_a=ta, trans_b=tb, policy=policy, target=target,
-                     a_in_registers=regs)
+                     a_in_registers=regs, wgmma=wgmma)
 
 
-def _planned(op: ir.Op, kernel: ir.Kernel, target: Target, policy: str) -> GemmPlan | None:
+def _planned(op: ir.Op, kernel: ir.Kernel, target: Target, policy: str,
+             wgmma: bool = True) -> GemmPlan | None:
     """The plan, or None where the gemm falls back to scalar multiply-adds."""
     bufs = {b.name: b for b in kernel.buffers}
     try:
-        return plan(op, bufs, kernel.threads, target, policy)
+        return plan(op, bufs, kernel.threads, target, policy, wgmma)
     except KernelError:
         return None
 
@@ -583,14 +598,21 @@ def plan_gemms(kernel: ir.Kernel, target: Target) -> ir.Kernel:
 
     Assumes: regions are whole buffers where a plan is possible. Guarantees: the plan is
     made once; layout inference and code generation rebuild it from the notes
-    (:func:`recorded`). KernelError where two gemms need different swizzles of one buffer."""
+    (:func:`recorded`). KernelError where two gemms need different swizzles of one buffer.
+
+    A kernel whose register-A gemm cannot take wgmma (its A fragment then has mma.sync's
+    layout) plans none of its gemms with wgmma: the accumulator the fragment comes from
+    (attention's ``S``, cast to ``P``) must have that layout too."""
     pol = policy(kernel)
+    plans = [_planned(op, kernel, target, pol) for op in _gemms(kernel)]
+    use_wgmma = not any(p is not None and p.a_layout is not None and p.instr != GemmInstr.WGMMA
+                        for p in plans)
     tiles: dict[str, tuple[SharedTile, ir.Op]] = {}
 
     def note(op: ir.Op) -> list[ir.Op]:
         if op.kind != "gemm":
             return [op]
-        p = _planned(op, kernel, target, pol)
+        p = _planned(op, kernel, target, pol, use_wgmma)
         if p is None:
             return [op.with_notes(instr=SCALAR)]
         for attr, tile in (("a", p.a_tile), ("b", p.b_tile)):

@@ -468,9 +468,10 @@ def mfma_accumulator(shape: Sequence[int], warps: tuple[int, int], threads: int 
 
 
 def wgmma_accumulator(shape: Sequence[int], warpgroups: tuple[int, int],
-                      threads: int | None = None) -> Layout:
-    """The f32 accumulator of ``wgmma.m64nNk16`` (docs/ptx_facts.md) over a ``gm x gn`` grid of
-    warpgroups (128 threads each) numbered row-major.
+                      threads: int | None = None, k: int = 16) -> Layout:
+    """The f32 accumulator of ``wgmma.m64nNkK`` (docs/ptx_facts.md) over a ``gm x gn`` grid of
+    warpgroups (128 threads each) numbered row-major; ``k`` (16 for f16/bf16, 8 for tf32, 32
+    for FP8) only names the instruction in the label: the accumulator layout is the same.
 
     Warpgroup ``(i, j)`` owns rows ``[i*M/gm, ...)`` and columns ``[j*N/gn, ...)`` and covers
     them with ``M / (64 gm)`` instructions of ``N' = N / gn`` columns stacked along M. Unlike
@@ -494,7 +495,7 @@ def wgmma_accumulator(shape: Sequence[int], warpgroups: tuple[int, int],
             Factor(2, LOCAL, 1))
     rep = Factor(threads // (128 * gm * gn), THREAD, 128 * gm * gn)
     return Layout((m, n), (rows, cols), (rep,), threads,
-                  f"wgmma(m64n{ncols}k16, warpgroups {gm}x{gn})")
+                  f"wgmma(m64n{ncols}k{k}, warpgroups {gm}x{gn})")
 
 
 # -- parsing the printed form ---------------------------------------------------------------
@@ -543,7 +544,7 @@ def parse(text: str, shape: Sequence[int], threads: int) -> Layout:
         return mfma_accumulator(shape, (wm, wn), threads, args[0])
     if head == "wgmma":
         gm, gn = (int(x) for x in args[1].split()[1].split("x"))
-        return wgmma_accumulator(shape, (gm, gn), threads)
+        return wgmma_accumulator(shape, (gm, gn), threads, int(args[0].rsplit("k", 1)[1]))
     if head == "slice":
         keepdims = args[-1] == "keepdims"
         args = args[:-1] if keepdims else args

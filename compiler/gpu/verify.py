@@ -28,6 +28,11 @@ After the barrier pass (:func:`verify_scratch_barriers`, its rule):
   barrier for what follows it, its lowering's own (:mod:`.codegen.scratch`). Only pairs with
   a scratch side are checked: buffers sharing bytes are the barrier pass's usual hazards.
 
+- **Proxy fences** (:func:`verify_barrier_pass`): a wgmma gemm's shared operand written by
+  generic stores or copies (``cp.async`` included) since the last barrier noted
+  ``proxy_fence`` (``fence.proxy.async`` then the barrier), on any path, is refused: wgmma
+  reads through the async proxy and could see stale bytes.
+
 Each rule raises a KernelError naming the rule, the buffer or op and its line.
 """
 
@@ -36,11 +41,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from .. import ir
+from .. import ir, op_defs
 from ..errors import KernelError, kernel_error
+from .barriers import PROXY_FENCE, async_proxy_reads
 from .codegen.control import thread_varying
 from .copy_mapping import NOTE, vector_width
-from .copy_schedule import SCHEDULE_KINDS, issued_copies, scheduled, split_schedule
+from .copy_schedule import ISSUED, SCHEDULE_KINDS, issued_copies, scheduled, split_schedule
 from .smem_plan import ALIGN, lifetimes, recorded_bytes, scratch_bytes
 
 _SYNC = ("barrier", *SCHEDULE_KINDS)
@@ -233,4 +239,81 @@ def _merge(a: list[_Touch], b: list[_Touch]) -> list[_Touch]:
 def verify_scratch_barriers(kernel: ir.Kernel) -> ir.Kernel:
     """Check the scratch-reuse rule (module docstring) and return ``kernel`` unchanged."""
     _ReuseCheck(kernel).body(kernel.body, [])
+    return kernel
+
+
+class _ProxyCheck:
+    """The proxy-fence rule: walks the body with the shared buffers written by generic
+    stores and copies since the last ``proxy_fence`` barrier (per path, any thread)."""
+
+    def __init__(self, kernel: ir.Kernel):
+        self.kernel = kernel
+        self.bufs = {b.name: b for b in kernel.buffers}
+        offsets, sizes = recorded_bytes(kernel)
+        self.spans = {n: (at, at + sizes[n]) for n, at in offsets.items()}
+
+    def _overlap(self, a: str, b: str) -> bool:
+        if a == b:
+            return True
+        x, y = self.spans.get(a), self.spans.get(b)
+        return x is not None and y is not None and x[0] < y[1] and y[0] < x[1]
+
+    def _writes(self, op: ir.Op, rest: Sequence[ir.Stmt], loop: ir.For | None) -> list[str]:
+        """The shared buffers ``op`` writes through the generic proxy where it stands: a
+        pipeline's staged copies at the loop's ``async_wait`` (where their data lands) and
+        at the prologue's issue, not where the copies stand in the body."""
+        ops = [op]
+        if op.kind == "async_issue" and op.attrs["prologue"]:
+            after = next((s for s in rest if isinstance(s, ir.For)), None)
+            ops = issued_copies(after) if after is not None else []
+        elif op.kind == "async_wait":
+            ops = issued_copies(loop) if loop is not None else []
+        elif op.kind in SCHEDULE_KINDS or op.notes.get(ISSUED):
+            ops = []
+        out = []
+        for o in ops:
+            d = op_defs.get(o.kind)
+            out += [r.buffer for attr, r in o.attrs.items() if isinstance(r, ir.Region)
+                    and attr in d.writes and self.bufs[r.buffer].scope == "shared"]
+        return out
+
+    def body(self, body: Sequence[ir.Stmt], pending: set[str],
+             loop: ir.For | None = None) -> set[str]:
+        for i, s in enumerate(body):
+            if isinstance(s, ir.Op):
+                if s.kind == "barrier":
+                    pending = set() if s.notes.get(PROXY_FENCE) else pending
+                    continue
+                for r in async_proxy_reads(s, self.bufs):
+                    hit = next((w for w in sorted(pending) if self._overlap(w, r.buffer)), None)
+                    if hit is not None:
+                        raise _fail(self.kernel, s, f"proxy fence: the wgmma reads shared "
+                                    f"buffer '{r.buffer}' through the async proxy after "
+                                    f"generic writes of '{hit}' with no barrier carrying "
+                                    f"fence.proxy.async ({PROXY_FENCE}) between them")
+                pending = pending | set(self._writes(s, body[i + 1:], loop))
+            elif isinstance(s, ir.While):
+                entry: set[str] = set(pending)
+                for _ in range(2):
+                    after = self.body(s.cond, entry)
+                    entry = pending | self.body(s.body, after)
+                pending = after
+            elif isinstance(s, ir.For):
+                once = isinstance(s.extent, int) and s.extent <= 1
+                entry = set(pending)
+                for _ in range(1 if once else 2):
+                    end = self.body(s.body, entry, s)
+                    entry = pending | end
+                pending = end if once else entry
+            else:
+                pending = self.body(s.then, pending) | self.body(s.otherwise, pending)
+        return pending
+
+
+def verify_barrier_pass(kernel: ir.Kernel) -> ir.Kernel:
+    """The barrier pass's rules: scratch reuse is ordered (:func:`verify_scratch_barriers`)
+    and every async-proxy read of shared bytes a generic write touched has a ``proxy_fence``
+    barrier between them on every path; returns ``kernel`` unchanged."""
+    verify_scratch_barriers(kernel)
+    _ProxyCheck(kernel).body(kernel.body, set())
     return kernel

@@ -15,6 +15,7 @@ from jaxtile.compiler.emulator import Buffer, EmulatedKernel, EmulatorError, Lau
 from jaxtile.compiler.gpu import gemm_plan
 from jaxtile.compiler.gpu.codegen.lower import generate
 from jaxtile.compiler.gpu.layout import mma_accumulator, wgmma_accumulator
+from jaxtile.compiler.gpu.layout import parse as parse_layout
 from jaxtile.compiler.target import parse_target
 
 SM90A = parse_target("cuda:sm_90a")
@@ -68,16 +69,24 @@ def test_planner_tf32_wgmma_takes_k_major_operands_only():
                               trans_b=True)
     assert f32.instr == gemm_plan.GemmInstr.WGMMA and f32.note == "wgmma.m64n64k8"
     assert (f32.a_tile.span, f32.b_tile.span) == (128, 128)   # 32 f32 of K per row
+    # the accumulator's label names the tf32 instruction's k8; the printed form parses back
+    text = f32.acc_layout.text()
+    assert text == "#wgmma(m64n64k8, warpgroups 1x1)"
+    assert parse_layout(text, (64, 64), 128) == f32.acc_layout
     for ta, tb in ((False, False), (True, True)):   # an MN-major operand: mma.sync tf32
         p = gemm_plan.plan_gemm(64, 64, 32, np.float32, np.float32, np.float32, 128,
                                 target=SM90A, trans_a=ta, trans_b=tb)
         assert p.instr == gemm_plan.GemmInstr.MMA_TF32
 
 
-def test_planner_keeps_register_a_on_mma_sync():
+def test_planner_takes_register_a_on_wgmma_and_sm90_keeps_mma_sync():
     rs = gemm_plan.plan_gemm(64, 64, 32, np.float16, np.float16, np.float32, 128,
                              target=SM90A, a_in_registers=True)
-    assert rs.instr == gemm_plan.GemmInstr.MMA16
+    assert rs.instr == gemm_plan.GemmInstr.WGMMA and rs.a_tile is None
+    assert rs.a_layout == wgmma_accumulator((64, 32), (1, 1), 128)
+    old = gemm_plan.plan_gemm(64, 64, 32, np.float16, np.float16, np.float32, 128,
+                              target=parse_target("cuda:sm_90"), a_in_registers=True)
+    assert old.instr == gemm_plan.GemmInstr.MMA16
 
 
 def _canonical_byte(tile, mn, k, mn_major):
@@ -125,7 +134,7 @@ def test_lowered_ir_and_source_show_the_wgmma_plan():
              "jaxtile::wgmma_acc_store("]
     at = [src.index(s) for s in order]
     assert at == sorted(at)
-    assert src.index("jaxtile::fence_proxy_async();") < at[0]
+    assert src.index("fence_proxy_async();") < at[0]   # the barrier pass's fenced barrier
     # the planned offsets are 1024-aligned
     for line in text.splitlines():
         if "wgmma_swizzle" in line:

@@ -10,9 +10,11 @@ follows. The op itself becomes one call of
 ``jaxtile/tile_gemm.h``.
 
 A wgmma plan (sm_90a) prints its statements (:meth:`..gemm_plan.GemmPlan.wgmma_calls`): the
-accumulator into ``wgmma_acc`` registers, the proxy fence and barrier that make the copies'
-generic writes visible to wgmma, ``wgmma.fence``, the asynchronous wgmmas over K,
-``commit_group`` and ``wait_group`` before the accumulator is read back.
+accumulator into ``wgmma_acc`` registers (a register A into its 16-bit array),
+``wgmma.fence``, the asynchronous wgmmas over K (``gemm_wgmma``, or ``gemm_wgmma_rs`` with A
+in registers), ``commit_group`` and ``wait_group`` before the accumulator is read back. The
+proxy fence and barrier that make the copies' generic writes visible to wgmma are a
+``barrier`` op the barrier pass placed (``proxy_fence``), not part of the gemm.
 
 A gemm the planner cannot take (tiles that do not split into the instruction's atoms, 16 x 8
 for mma.sync and S x S for AMD's MFMA; types no instruction of a 64-lane target takes;
@@ -41,25 +43,33 @@ def lower_gemm(cx: Context, op: ir.Op) -> None:
         return
     a, b, c = (cx.bufs[op.attrs[r].buffer] for r in ("a", "b", "c"))
     if p.instr == GemmInstr.WGMMA:
-        a_span = p.a_tile.span if p.a_tile is not None else 0
-        cx.w(f"// {p.note} over {p.warps[0]}x{p.warps[1]} warpgroups: A {_major(p.trans_a)}, "
-             f"B {_major(not p.trans_b)}, swizzles {a_span}/{p.b_tile.span} bytes")
+        if p.a_tile is None:
+            a_text = "registers"
+        else:
+            a_text = f"{_major(p.trans_a)} ({p.a_tile.span}-byte swizzle)"
+        cx.w(f"// {p.note} over {p.warps[0]}x{p.warps[1]} warpgroups: A {a_text}, "
+             f"B {_major(not p.trans_b)} ({p.b_tile.span}-byte swizzle)")
         with cx.w.block(""):
-            for line in p.wgmma_calls(cx.base(a.name), cx.base(b.name), c.name,
-                                      cx.tmp("wg_acc")):
+            a_arg = cx.base(a.name) if p.a_layout is None else _register_a(cx, a)
+            for line in p.wgmma_calls(a_arg, cx.base(b.name), c.name, cx.tmp("wg_acc")):
                 cx.w(line)
         return
     cx.w(f"// {p.instr.label} over {p.warps[0]}x{p.warps[1]} warps ({p.policy})")
     if p.a_layout is None:
         cx.w(p.call(cx.base(a.name), cx.base(b.name), c.name))
         return
-    # Register A: the fragment holds compute values (floats); the call takes the 16-bit type.
+    cx.w(p.call(_register_a(cx, a), cx.base(b.name), c.name))
+
+
+def _register_a(cx: Context, a: ir.Buffer) -> str:
+    """The name of an array holding register A's values in its 16-bit type: the fragment
+    holds compute values (floats), gemm_rs and gemm_wgmma_rs take the 16-bit type."""
     regs = cx.tmp("a_regs")
     cx.w(f"{cpp_type(a.dtype)} {regs}[{a.layout.num_local}];")
     cx.w("#pragma unroll")
     cx.w(f"for (int k = 0; k < {a.layout.num_local}; ++k) "
          f"{regs}[k] = {T.to_memory(f'{a.name}[k]', a.dtype)};")
-    cx.w(p.call(regs, cx.base(b.name), c.name))
+    return regs
 
 
 def _major(mn: bool) -> str:

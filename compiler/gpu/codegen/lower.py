@@ -19,6 +19,7 @@ from collections.abc import Callable
 from ... import ir, op_defs, parser, printer, sizes, verify
 from ...errors import KernelError
 from ...target import Target
+from ..barriers import PROXY_FENCE
 from ..copy_schedule import scheduled
 from ..device_rule import device_rule_violations
 from ..gemm_plan import swizzles
@@ -257,6 +258,9 @@ registry's backend name is ``cuda``, which the HIP target shares)."""
 
 @lowers("barrier")
 def _barrier(lw: _Lowering, op: ir.Op) -> None:
+    if op.notes.get(PROXY_FENCE):
+        # the generic writes before it become visible to the async proxy (wgmma)
+        lw.cx.w("fence_proxy_async();")
     lw.cx.w(f"sync_threads();  // {op.notes.get('reason', 'shared-memory hazard')}")
 
 

@@ -681,6 +681,38 @@ JT_DEVICE void gemm_wgmma(wgmma_acc<NW> (&d)[MI], ptr<TA> a, ptr<TB> b) {
   }
 }
 
+// The same with A (f16 or bf16) in registers: A's [M, K] elements in the accumulator layout
+// of an [M, K] gemm_wgmma over the same WG_M x 1 warpgroups (slot mi * K / 2 + i), which an f32
+// accumulator of that gemm gives after an elementwise cast (attention's P from S). Registers
+// 8 kk .. 8 kk + 7 of accumulator mi are exactly the ISA's A fragment of k step kk (row
+// 16 w + g + 8 ((e >> 1) & 1), k 16 kk + 2 q + (e & 1) + 8 (e >> 2)), packed two per 32-bit
+// register low half first; only B is read from shared memory.
+template <int M, int N, int K, int WG_M, bool TRANS_B, class LB, class TA, class TB, int NW,
+          int MI>
+JT_DEVICE void gemm_wgmma_rs(wgmma_acc<NW> (&d)[MI], const TA* a, ptr<TB> b) {
+  constexpr bool kBf16 = gemm_detail::same<TA, bf16>::value;
+  static_assert(gemm_detail::same<TA, gemm_detail::bare_t<TB>>::value &&
+                    (kBf16 || gemm_detail::same<TA, half>::value),
+                "wgmma with register A: f16 x f16 or bf16 x bf16 into f32");
+  static_assert(NW == N && MI * 64 * WG_M == M && K % 16 == 0,
+                "register A: each warpgroup owns whole rows (m64nNk16 steps over all of N)");
+#pragma unroll
+  for (int k0 = 0; k0 < K; k0 += 16) {
+    const uint64_t db = LB::template desc<!TRANS_B>(b, 0, k0);
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) {
+      const TA* p = a + mi * (K / 2) + k0 / 2;
+      const unsigned af[4] = {pack2(p[0], p[1]), pack2(p[2], p[3]), pack2(p[4], p[5]),
+                              pack2(p[6], p[7])};
+      if constexpr (kBf16) {
+        wgmma_bf16_rs<NW, !TRANS_B>(d[mi], af, db, 1);
+      } else {
+        wgmma_f16_rs<NW, !TRANS_B>(d[mi], af, db, 1);
+      }
+    }
+  }
+}
+
 #endif  // JT_HAS_WGMMA
 
 #if defined(__HIPCC__) || defined(JAXTILE_WAVE64)

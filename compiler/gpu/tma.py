@@ -14,7 +14,10 @@ every one of them can be (:func:`tma_box`); one that cannot keeps the whole loop
 - its destination is plain row-major, or in wgmma's canonical layout (``wgmma_swizzle``:
   column blocks of ``span`` bytes, each ``rows x span`` swizzled, which is what a TMA box
   ``span`` bytes wide writes with the same swizzle), not mma.sync's XOR layout (``swizzle``);
-- its box fits TMA: each extent at most 256, the innermost a multiple of 16 bytes.
+- its box fits TMA: each extent at most 256, the innermost a multiple of 16 bytes;
+- its tile is a multiple of 128 bytes, so that every stage of the buffer (placed at a
+  multiple of 128 bytes, :data:`.smem_plan.ALIGN`) starts where TMA may write (128-byte
+  aligned shared addresses).
 
 The decision is two notes on the copy: ``tma_box``, the box, innermost dimension first (as
 ``cuTensorMapEncodeTiled`` takes it), and ``tma_swizzle`` (bytes, 0 for none). A copy whose
@@ -39,6 +42,8 @@ BOX = "tma_box"
 SWIZZLE = "tma_swizzle"
 MAX_BOX = 256
 """TMA moves boxes of at most 256 elements in each dimension."""
+SMEM_ALIGN = 128
+"""A TMA load's shared-memory destination is 128-byte aligned."""
 
 
 def tma_box(op: ir.Op, bufs: Mapping[str, ir.Buffer]) -> tuple[tuple[int, ...], int] | None:
@@ -59,7 +64,8 @@ def tma_box(op: ir.Op, bufs: Mapping[str, ir.Buffer]) -> tuple[tuple[int, ...], 
     if span and (len(dst.shape) != 2 or inner % box0):
         return None
     box = (box0, *(i.size or 1 for i in reversed(src.index[:-1])))
-    if any(b > MAX_BOX for b in box) or box0 * size % 16:
+    if any(b > MAX_BOX for b in box) or box0 * size % 16 or \
+            math.prod(dst.shape) * size % SMEM_ALIGN:
         return None
     return box, span
 

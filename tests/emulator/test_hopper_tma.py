@@ -14,8 +14,12 @@ import pytest
 
 import jaxtile as jt
 from jaxtile import ops
-from jaxtile.compiler.cuda import emulated
+from jaxtile.compiler import build
+from jaxtile.compiler.cuda import emulated, nvrtc
+from jaxtile.compiler.cuda.compile import compile_to_library
+from jaxtile.compiler.cuda.sass import sass_counts
 from jaxtile.compiler.emulator import EmulatedKernel, EmulatorError
+from jaxtile.compiler.target import parse_target
 
 
 @pytest.fixture
@@ -173,3 +177,23 @@ def test_a_plain_tile_ring_with_a_ragged_last_tile(hopper, rows, stages):
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-3, atol=1e-3)
     np.testing.assert_allclose(np.asarray(_column_sums.reference(x, stages=stages)), want,
                                rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not nvrtc.available(), reason="NVRTC is not installed (jaxtile[cuda])")
+def test_the_cuda_launch_carries_the_tensor_maps_it_needs():
+    """What the handler gets for a real GPU: after the buffers, one ``tmap`` parameter per map
+    with the buffer's shape and the box (innermost first) and swizzle the IR records; the
+    cubin compiles with no spills and TMA loads in its SASS where cuobjdump is installed."""
+    a, b = _operands(100, 72, 40, jnp.float16)
+    target = parse_target("cuda:sm_90a")
+    low = ops.matmul.lower(a, b, target=target.name)
+    assert "tma_box=(32, 64), tma_swizzle=64" in low.lowered_ir
+    assert "tma_box=(64, 32), tma_swizzle=128" in low.lowered_ir
+    compiled = compile_to_library(build.lowered_ir(low.kernel, target), target)
+    assert compiled.launch.params == ("b0", "b1", "b2", "tmap0:2:72x100:32x64:64",
+                                      "tmap1:2:40x72:64x32:128")
+    assert compiled.ptxas.spill_stores == compiled.ptxas.spill_loads == 0
+    counts = sass_counts(compiled.cubin)
+    if counts is not None:
+        assert counts.get("UTMALDG", 0) > 0 and counts.get("LDGSTS", 0) == 0

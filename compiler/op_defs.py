@@ -58,6 +58,11 @@ Each backend lowers ops through its own :class:`Lowerings` registry (``@lowers("
 ``async_commit``   close the thread's open group of async copies
 ``async_wait``     ``count``: wait until at most ``count`` of the thread's committed groups
                are in flight
+``tma_issue``  ``tile``, ``guard``, ``prologue``, ``bytes``: as ``async_issue``, the staged
+               copies made by TMA: one thread announces ``bytes`` on the stage's mbarrier
+               and issues the loads, which complete on it
+``tma_wait``   wait until the TMA loads of the iteration's stage have landed (its mbarrier's
+               phase for this use completed)
 ``load_acquire``   ``src``: one element of a global buffer, read with acquire ordering
 ``store_release``  ``dst``: one element of a global output; operand: the scalar, written
                with release ordering (after all the block's earlier writes)
@@ -620,6 +625,11 @@ _DEFS = (
     OpDef(kind="async_commit", arity=(0,), has_result=False, pure=False, per_element=False),
     OpDef(kind="async_wait", attrs={"count": "int"}, arity=(0,), has_result=False, pure=False,
           per_element=False),
+    # The same schedule over a ring of mbarriers, where TMA makes the staged copies.
+    OpDef(kind="tma_issue", attrs={"tile": "int", "guard": "bool", "prologue": "bool",
+                                   "bytes": "int"},
+          arity=(0,), has_result=False, pure=False, per_element=False),
+    OpDef(kind="tma_wait", arity=(0,), has_result=False, pure=False, per_element=False),
     OpDef(kind="gemm", attrs={"a": "region", "b": "region", "c": "region",
                               "transpose_a": "bool", "transpose_b": "bool"},
           arity=(0,), has_result=False, pure=False, per_element=False,

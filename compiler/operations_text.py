@@ -208,6 +208,12 @@ DESCRIPTIONS: dict[str, str] = {
     "async_wait": ("Inserted by the GPU pipelining pass, never written: waits until at most "
                    "`count` groups of `cp.async` copies are in flight "
                    "(`cp.async.wait_group`; GPU only)."),
+    "tma_issue": ("Inserted by the GPU pipelining pass, never written: on a GPU with TMA, one "
+                  "thread announces the tile's `bytes` on its stage's mbarrier and issues a "
+                  "`jt.pipelined` loop's staged copies for a later iteration as TMA loads "
+                  "(`cp.async.bulk.tensor`) completing on it."),
+    "tma_wait": ("Inserted by the GPU pipelining pass, never written: waits until the TMA "
+                 "loads of the iteration's stage have landed (`mbarrier.try_wait.parity`)."),
 }
 """Operation name (op kind, or ``kind.fn``) -> markdown: what it computes, its dtypes and
 limits."""

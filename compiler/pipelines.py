@@ -89,7 +89,9 @@ def gpu(target: Target) -> tuple[Pass, ...]:
     - ``pipelining`` (:func:`.gpu.copy_schedule.schedule_async_copies`): each
       ``jt.pipelined`` loop's cp.async schedule as statements (``async_issue`` per stage in
       the prologue and each iteration, ``async_commit``, ``async_wait`` with its count, the
-      iteration's ``barrier``), its staged copies noted ``issued``;
+      iteration's ``barrier``), its staged copies noted ``issued``; on a target with TMA,
+      where the staged copies allow, the same over an mbarrier ring (``tma_issue`` with the
+      tile's bytes, ``tma_wait``; the copies' TMA boxes as notes, :mod:`.gpu.tma`);
     - ``scratch`` (:func:`.gpu.codegen.scratch.record_scratch`): the shared scratch arrays
       an op's lowering needs (a reduction's partials across warps, staging arrays, sort
       buffers, staged fragments; op note ``scratch``);
@@ -120,7 +122,7 @@ def gpu(target: Target) -> tuple[Pass, ...]:
             Pass("layout_inference", lambda k: infer_layouts(k, anchors)),
             Pass("copy_mapping", map_copies, verify_gpu),
             Pass("bounds", check_bounds),
-            Pass("pipelining", schedule_async_copies, verify_gpu),
+            Pass("pipelining", lambda k: schedule_async_copies(k, target.caps), verify_gpu),
             Pass("scratch", lambda k: record_scratch(k, target.caps)),
             Pass("smem_plan", lambda k: place_shared_buffers(k, target.caps), verify_gpu),
             Pass("barriers", insert_barriers, verify_barrier_pass))

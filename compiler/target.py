@@ -116,6 +116,12 @@ class GpuCaps(Protocol):
         source's header and messages."""
         ...
 
+    @property
+    def tma(self) -> bool:
+        """Whether global -> shared tile copies may be made by a tensor memory accelerator
+        completing on mbarriers (:mod:`.gpu.tma`)."""
+        ...
+
 
 @dataclasses.dataclass(frozen=True)
 class CudaCaps:
@@ -145,7 +151,8 @@ class CudaCaps:
     tcgen05: bool
     """Fifth-generation tensor core instructions (sm_100a); used by a later lowering."""
     tma: bool
-    """Tensor memory accelerator copies (sm_90 on); used by a later lowering."""
+    """Tensor memory accelerator copies (sm_90 on): the pipelining pass makes a pipelined
+    loop's staged copies TMA loads where their shapes allow (:mod:`.gpu.tma`)."""
 
     @property
     def arch(self) -> str:
@@ -244,6 +251,11 @@ class HipCaps:
     @property
     def dialect(self) -> str:
         return "HIP"
+
+    @property
+    def tma(self) -> bool:
+        """CDNA has no tensor memory accelerator: pipelines copy with the threads."""
+        return False
 
 
 Caps = CpuCaps | CudaCaps | HipCaps

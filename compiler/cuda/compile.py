@@ -21,10 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from .. import cache, ir, sizes
 from ..emulator.build import DEVICE_INCLUDE, ToolchainError
 from ..errors import KernelError
-from ..gpu.launch import Launch, dimension, launch_grid
+from ..gpu.launch import Launch, dimension, launch_grid, tensor_map
 from ..target import Target
 from . import nvrtc, toolchain
 from .fingerprint import choose_compiler
@@ -32,6 +34,7 @@ from .toolchain import PtxasReport
 
 if TYPE_CHECKING:
     from ..gpu.codegen.lower import GpuKernel
+    from ..gpu.tma import TensorMap
 
 _FLAGS = ("-std=c++17", "-O3")  # nvcc's, as toolchain.compile_cubin passes them
 ALIGNMENT = 16
@@ -133,8 +136,17 @@ def compile_to_library(kernel: ir.Kernel, target: Target) -> CompiledCuda:
     grid = code.num_blocks or launch_grid(code.grid_size, code.size_params)
     launch = Launch((grid, 1, 1), (code.threads, 1, 1), code.shared_bytes,
                     tuple(f"b{i}" for i in range(len(code.params))) +
-                    tuple(dimension(i, d) for _, i, d in code.size_params))
+                    tuple(dimension(i, d) for _, i, d in code.size_params) +
+                    tuple(_tensor_map(kernel, code, m) for m in code.tensor_maps))
     return compile_kernel(code.source, code.symbol, target, launch, file=f"{kernel.name}.cu")
+
+
+def _tensor_map(kernel: ir.Kernel, code: GpuKernel, m: TensorMap) -> str:
+    """The launch parameter of tensor map ``m``: its buffer's static shape (TMA copies only
+    static shapes, :func:`..gpu.tma.tma_box`) and element size, the box and swizzle."""
+    buf = kernel.params[m.buffer]
+    return tensor_map(m.buffer, np.dtype(code.params[m.buffer][1]).itemsize,
+                      [int(d) for d in reversed(buf.shape)], m.box, m.swizzle)
 
 
 def compile_kernel(source: str, kernel_name: str, target: Target, launch: Launch, *,

@@ -125,7 +125,39 @@ class Size:
         return f"static_cast<int>(b[{self.buffer}].shape[{self.dim}])"
 
 
-Param = Buffer | Scalar | Size
+@dataclass(frozen=True)
+class TensorMapParam:
+    """A TMA tensor map parameter (``JT_TENSOR_MAP``) that the launch shim builds at each
+    launch from the ``buffer``-th buffer's address and shape (row-major, ``elem_bytes`` per
+    element): the emulator's ``TensorMap`` (runtime.h), copying boxes of ``box`` elements
+    (innermost dimension first) with ``swizzle`` bytes (0, 32, 64 or 128)."""
+
+    name: str
+    buffer: int
+    elem_bytes: int
+    box: tuple[int, ...]
+    swizzle: int = 0
+
+    def c_build(self, var: str) -> list[str]:
+        """Statements of the launch shim that fill ``var`` (a TensorMap) from the buffer
+        regions ``b``."""
+        rank, b = len(self.box), f"b[{self.buffer}]"
+        lines = [f"alignas(64) ::jaxtile::emu::TensorMap {var}{{}};",
+                 f"{var}.magic = ::jaxtile::emu::kTensorMapMagic;",
+                 f"{var}.buffer = {self.buffer}u;",
+                 f"{var}.rank = {rank}u;",
+                 f"{var}.elem_bytes = {self.elem_bytes}u;",
+                 f"{var}.swizzle = {self.swizzle}u;"]
+        for d, extent in enumerate(self.box):
+            lines.append(f"{var}.box[{d}] = {extent}u;")
+            lines.append(f"{var}.dims[{d}] = static_cast<uint64_t>({b}.shape[{rank - 1 - d}]);")
+        for d in range(1, rank):
+            prev = f"{self.elem_bytes}u" if d == 1 else f"{var}.strides[{d - 2}]"
+            lines.append(f"{var}.strides[{d - 1}] = {prev} * {var}.dims[{d - 1}];")
+        return lines
+
+
+Param = Buffer | Scalar | Size | TensorMapParam
 
 
 @dataclass(frozen=True)
@@ -343,9 +375,20 @@ def launch_shim(kernel: str, params: Sequence[Param], launch: LaunchConfig, file
     if not buffers:
         raise ToolchainError(f"kernel '{kernel}' needs at least one buffer parameter")
     args = []
+    maps: list[str] = []
     index = 0
     for p in params:
-        if isinstance(p, Buffer):
+        if isinstance(p, TensorMapParam):
+            var = f"jt_map{len(maps)}"
+            if not 0 <= p.buffer < len(buffers):
+                raise ToolchainError(f"tensor map '{p.name}' describes buffer {p.buffer} of a "
+                                     f"kernel with {len(buffers)}")
+            maps += p.c_build(var)
+            maps.append(f"const ::jaxtile::emu::Region {var}_region{{reinterpret_cast<char*>("
+                        f"&{var}), sizeof({var}), \"{p.name}\", ::jaxtile::emu::kGlobal}};")
+            args.append(f"::jaxtile::ptr<const ::jaxtile::tensor_map>(reinterpret_cast<"
+                        f"const ::jaxtile::tensor_map*>(&{var}), &{var}_region)")
+        elif isinstance(p, Buffer):
             args.append(
                 f"::jaxtile::ptr<{p.ctype}>(reinterpret_cast<{p.ctype}*>(b[{index}].base), "
                 f"&b[{index}])"
@@ -368,7 +411,7 @@ namespace {{
 const char* const jt_buffer_names[] = {{{names}}};
 const int32_t jt_buffer_bytes[] = {{{sizes}}};
 void jt_entry(const ::jaxtile::emu::Region* b) {{
-  {kernel}({", ".join(args)});
+{"".join(f"  {line}{chr(10)}" for line in maps)}  {kernel}({", ".join(args)});
 }}
 {grid_of}const ::jaxtile::emu::KernelSpec jt_spec = {{
     "{kernel}", "{file}", {{{g[0]}u, {g[1]}u, {g[2]}u}}, {{{blk[0]}u, {blk[1]}u, {blk[2]}u}},

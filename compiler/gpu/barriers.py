@@ -72,7 +72,7 @@ import numpy as np
 
 from .. import ir, op_defs
 from .copy_mapping import copy_layout
-from .copy_schedule import ISSUED, SCHEDULE_KINDS, issued_copies
+from .copy_schedule import ISSUE_KINDS, ISSUED, SCHEDULE_KINDS, issued_copies
 from .layout import Layout, blocked
 from .layout_inference import uniform_values
 from .smem_plan import recorded_bytes, scratch_bytes
@@ -217,10 +217,10 @@ class _Walker:
 
     def _op_accesses(self, op: ir.Op, rest: tuple[ir.Stmt, ...]) -> list[_Access]:
         """The accesses ``op`` makes where it stands (``rest``: the statements after it).
-        A prologue's ``async_issue`` makes its loop's staged copies; the schedule inside a
-        loop and the staged copies themselves make none there: they fill a stage no thread
-        reads in that iteration, published by the schedule's own barrier."""
-        if op.kind == "async_issue" and op.attrs["prologue"]:
+        A prologue's ``async_issue`` (or ``tma_issue``) makes its loop's staged copies; the
+        schedule inside a loop and the staged copies themselves make none there: they fill a
+        stage no thread reads in that iteration, published by the schedule's own barrier."""
+        if op.kind in ISSUE_KINDS and op.attrs["prologue"]:
             loop = next(s for s in rest if isinstance(s, ir.For))
             return self._issued(loop)
         if op.kind == "async_wait" and id(op) in self.waits:
@@ -302,7 +302,7 @@ class _Walker:
                     continue
                 accs = self._op_accesses(stmt, body[i + 1:])
                 writes, reads = self.scratch(stmt)
-                issue = stmt.kind == "async_issue" and stmt.attrs["prologue"]
+                issue = stmt.kind in ISSUE_KINDS and stmt.attrs["prologue"]
                 barrier = None if issue and in_prologue else self._barrier(
                     pending, accs + writes, stmt.line)
                 in_prologue = issue or (in_prologue and stmt.kind == "async_commit")
@@ -312,14 +312,14 @@ class _Walker:
                     if barrier is None:     # an earlier barrier took the fence
                         pending = []
                 if barrier is not None:
-                    if stmt.kind == "async_issue":
+                    if stmt.kind in ISSUE_KINDS:
                         barrier = barrier.with_notes(reason=barrier.notes["reason"] +
                                                      ", before the pipeline's prologue")
                     out.append(barrier)
                     pending = _after_barrier(pending, barrier)
                 if writes:      # the op's own barrier orders what came before it
                     pending = [p for p in pending if p.proxy == "unfenced"] + accs + reads
-                elif stmt.kind == "async_issue":
+                elif stmt.kind in ISSUE_KINDS:
                     pending = _union(pending, accs)
                 else:
                     pending = pending + accs

@@ -41,6 +41,26 @@ one wait makes every tile of the iteration visible at once: a copy that stood af
 computation then waits with the others. Since it was issued ``stages - 1`` iterations
 earlier, waiting for it at the top costs nothing once the pipeline is full, and the counting
 stays the single ``wait<S - 2>`` above.
+
+On a target with TMA (``GpuCaps.tma``) a loop whose staged copies can all be TMA loads
+(:func:`.tma.tma_box`) gets the same schedule over a ring of ``S`` "full" mbarriers instead
+of cp.async groups (``tma_issue`` for ``copy`` + ``commit``, ``tma_wait`` for ``wait``)::
+
+    prologue   ring init (every stage's barrier expects one arrival)
+               for s in 0 .. S-2:   if s < n: one thread: arrive_expect_tx(full[s], bytes);
+                                              TMA loads of tile s -> buffer s
+    iteration k (0 <= k < n):
+               wait full[k % S], parity (k / S) & 1      tile k has landed
+               barrier                 every thread is done reading buffer (k - 1) % S
+               if k + S - 1 < n: one thread: arrive_expect_tx + TMA loads of tile k + S - 1
+               compute on buffer k % S
+
+``bytes`` is the iteration's tiles' bytes, which the loads complete (TMA counts the zeros it
+writes past the edges too), so each phase of each stage completes once per tile: tile ``t``
+is stage ``t % S``'s phase ``t / S``. Every thread both waits and computes, so the block
+barrier that frees the stage to refill stays; the ring's "empty" barriers belong to warp
+specialisation, where producer and consumers are different warps. Nothing is in flight after
+the loop (every tile was waited for), so no wait follows it.
 """
 
 from __future__ import annotations
@@ -50,6 +70,8 @@ from collections.abc import Iterator
 
 from .. import ir, op_defs
 from ..errors import KernelError
+from ..target import GpuCaps
+from . import tma
 
 
 @dataclasses.dataclass(frozen=True)
@@ -288,74 +310,124 @@ def staged_buffers(kernel: ir.Kernel) -> dict[str, int]:
 ISSUED = "issued"
 """The note the pipelining pass puts on the ops an ``async_issue`` runs: a loop's staged
 copies and the scalar ops computing their origins (recomputed for the issued iteration)."""
-SCHEDULE_KINDS = ("async_issue", "async_commit", "async_wait")
+SCHEDULE_KINDS = ("async_issue", "async_commit", "async_wait", "tma_issue", "tma_wait")
+ISSUE_KINDS = ("async_issue", "tma_issue")
 PUBLISH = "tile it is visible; the buffer refilled next is free"
 """The reason of the barrier at the top of a pipelined iteration."""
 
 
-def _schedule_op(step: Step, line: str | None, prologue: bool) -> ir.Op:
+def _schedule_op(step: Step, line: str | None, prologue: bool, tma_bytes: int | None
+                 ) -> ir.Op | None:
+    """The op of ``step``; with ``tma_bytes`` (a TMA ring's bytes per tile) its TMA form,
+    None for a commit (a ring has no groups)."""
     if step.kind == "copy":
         attrs = {"tile": step.tile, "guard": step.guard == "runtime", "prologue": prologue}
+        if tma_bytes is not None:
+            return ir.Op("tma_issue", (), None, {**attrs, "bytes": tma_bytes}, line)
         return ir.Op("async_issue", (), None, attrs, line)
     if step.kind == "commit":
-        return ir.Op("async_commit", (), None, {}, line)
+        return None if tma_bytes is not None else ir.Op("async_commit", (), None, {}, line)
     if step.kind == "wait":
+        if tma_bytes is not None:
+            return ir.Op("tma_wait", (), None, {}, line)
         return ir.Op("async_wait", (), None, {"count": step.count}, line)
     return ir.Op("barrier", (), None, {}, line, {"reason": PUBLISH})
 
 
-def schedule_async_copies(kernel: ir.Kernel) -> ir.Kernel:
+def _tma_boxes(kernel: ir.Kernel, shape: PipelineShape
+               ) -> dict[int, tuple[tuple[int, ...], int]] | None:
+    """Each staged copy's TMA box and swizzle, or None unless every one has them."""
+    bufs = {b.name: b for b in kernel.buffers}
+    boxes = {id(c): tma.tma_box(c, bufs) for c in shape.copies}
+    if any(b is None for b in boxes.values()):
+        return None
+    return boxes  # type: ignore[return-value]
+
+
+def schedule_async_copies(kernel: ir.Kernel, caps: GpuCaps) -> ir.Kernel:
     """The pipelining pass: each ``jt.pipelined`` loop that :func:`pipeline_shape` stages
     gets its :func:`plan_pipeline` schedule as statements. The prologue's ``async_issue``
     (``prologue=True``) and ``async_commit`` ops go right before the loop; the loop's body
     starts with the iteration's ``async_wait``, ``barrier``, ``async_issue`` and
     ``async_commit``, followed by the body as written (the compute), whose staged copies and
     their origins' scalar ops carry the :data:`ISSUED` note; an ``async_wait {count=0}``
-    follows the loop. Other loops are unchanged.
+    follows the loop. Where ``caps.tma`` and every staged copy of a loop can be a TMA load,
+    the loop's schedule is its mbarrier ring instead (module docstring): ``tma_issue``
+    (``bytes``: the iteration's tiles) for each issue, ``tma_wait`` for the wait, no commits
+    and no wait after the loop; its staged copies carry the notes ``tma_box`` and
+    ``tma_swizzle`` (:mod:`.tma`). Other loops are unchanged.
 
     Assumes: the loops' shapes are final (layouts, bounds and buffers do not change them).
     Guarantees: the shape is decided here once; shared-memory planning
     (:func:`issued_stages`), barrier insertion and code generation read the schedule from
     the IR. The prologue is adjacent to its loop; a loop's schedule starts its body with an
     ``async_wait`` and ends at its first top-level ``async_commit``."""
+    bufs = {b.name: b for b in kernel.buffers}
     shapes = {id(loop): shape for loop in _loops(kernel.body)
               if (shape := pipeline_shape(kernel, loop)) is not None}
     issued = {id(op) for shape in shapes.values() for op in shape.copies + shape.scalars}
+    boxes: dict[int, tuple[tuple[int, ...], int]] = {}
+    ring_bytes: dict[int, int] = {}     # loop -> bytes per tile of its TMA ring
+    for loop_id, shape in shapes.items():
+        found = _tma_boxes(kernel, shape) if caps.tma else None
+        if found is not None:
+            boxes.update(found)
+            ring_bytes[loop_id] = sum(tma.tile_bytes(c, bufs) for c in shape.copies)
+
+    def note(op: ir.Op) -> ir.Op:
+        if id(op) not in issued:
+            return op
+        if id(op) in boxes:
+            box, swizzle = boxes[id(op)]
+            return op.with_notes(**{ISSUED: True, tma.BOX: box, tma.SWIZZLE: swizzle})
+        return op.with_notes(**{ISSUED: True})
 
     def block(body: tuple[ir.Stmt, ...]) -> list[ir.Stmt]:
         out: list[ir.Stmt] = []
         for s in body:
             if isinstance(s, ir.Op):
-                out.append(s.with_notes(**{ISSUED: True}) if id(s) in issued else s)
+                out.append(note(s))
             elif not isinstance(s, ir.For) or id(s) not in shapes:
                 out.append(ir.with_blocks(s, [block(b) for b in ir.blocks(s)]))
             else:
                 inner = block(s.body)
                 shape = shapes[id(s)]
+                tma_bytes = ring_bytes.get(id(s))
                 plan = plan_pipeline(shape.stages, s.extent if isinstance(s.extent, int)
                                      else None)
-                out += [_schedule_op(step, s.line, True) for step in plan.prologue]
-                head = [_schedule_op(step, s.line, False) for step in plan.body
+                ops = [_schedule_op(step, s.line, True, tma_bytes) for step in plan.prologue]
+                head = [_schedule_op(step, s.line, False, tma_bytes) for step in plan.body
                         if step.kind != "compute"]
-                out.append(dataclasses.replace(s, body=(*head, *inner)))
-                out.append(ir.Op("async_wait", (), None, {"count": 0}, s.line))
+                out += [op for op in ops if op is not None]
+                out.append(dataclasses.replace(
+                    s, body=(*[op for op in head if op is not None], *inner)))
+                if tma_bytes is None:
+                    out.append(ir.Op("async_wait", (), None, {"count": 0}, s.line))
         return out
 
     return dataclasses.replace(kernel, body=tuple(block(kernel.body)))
 
 
 def scheduled(loop: ir.For) -> bool:
-    """Whether the pipelining pass gave ``loop`` a cp.async schedule (its body starts with
-    the iteration's ``async_wait``; a loop holding another loop's prologue is not one)."""
+    """Whether the pipelining pass gave ``loop`` a schedule (its body starts with the
+    iteration's ``async_wait`` or ``tma_wait``; a loop holding another loop's prologue is
+    not one)."""
     return (loop.kind == "pipelined" and bool(loop.body) and isinstance(loop.body[0], ir.Op)
-            and loop.body[0].kind == "async_wait")
+            and loop.body[0].kind in ("async_wait", "tma_wait"))
+
+
+def is_ring(loop: ir.For) -> bool:
+    """Whether a scheduled loop's schedule is a TMA mbarrier ring."""
+    return scheduled(loop) and loop.body[0].kind == "tma_wait"
 
 
 def split_schedule(loop: ir.For) -> tuple[tuple[ir.Stmt, ...], tuple[ir.Stmt, ...]]:
-    """A scheduled loop's body: its schedule (up to its first top-level ``async_commit``)
-    and the compute that follows (which may hold the prologue of a nested loop)."""
+    """A scheduled loop's body: its schedule (up to its first top-level ``async_commit``,
+    or a ring's ``tma_issue``) and the compute that follows (which may hold the prologue of
+    a nested loop)."""
+    last = "tma_issue" if is_ring(loop) else "async_commit"
     first = next(i for i, s in enumerate(loop.body)
-                 if isinstance(s, ir.Op) and s.kind == "async_commit")
+                 if isinstance(s, ir.Op) and s.kind == last)
     return loop.body[:first + 1], loop.body[first + 1:]
 
 

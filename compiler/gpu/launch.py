@@ -10,7 +10,10 @@ the C++ handlers parse (``ffi/common/launch_spec.cc``: CUDA's ``cuLaunchKernel``
 Parameters are the kernel's, in order: ``b<i>`` is the device address of XLA buffer ``i``
 (operands, then results), ``i32:``/``i64:``/``u32:``/``u64:``/``f32:``/``f64:`` a scalar
 constant of that C type, ``dim<i>_<j>`` dimension ``j`` of buffer ``i`` (an int: a dynamic
-size). A grid extent is an int or, for a kernel with dynamic sizes, a size expression
+size), ``tmap<i>:<element bytes>:<dims>:<box>:<swizzle>`` a TMA tensor map of buffer ``i``
+that the CUDA handler builds at each launch with ``cuTensorMapEncodeTiled`` from the buffer's
+address (dims and box innermost first, ``x``-separated: ``tmap0:2:72x100:32x64:64``).
+A grid extent is an int or, for a kernel with dynamic sizes, a size expression
 (:mod:`..sizes`) over such dimensions, which the handler evaluates with the shapes XLA
 passes::
 
@@ -26,7 +29,8 @@ from dataclasses import dataclass
 from .. import sizes
 
 SCALAR_TYPES = ("i32", "i64", "u32", "u64", "f32", "f64")
-_PARAM = re.compile(r"b\d+|dim\d+_\d+|(?:[iu](?:32|64)):-?\d+|f(?:32|64):[-+0-9.eEinfa]+")
+_PARAM = re.compile(r"b\d+|dim\d+_\d+|(?:[iu](?:32|64)):-?\d+|f(?:32|64):[-+0-9.eEinfa]+"
+                    r"|tmap\d+:[1248]:\d+(?:x\d+){0,4}:\d+(?:x\d+){0,4}:(?:0|32|64|128)")
 _DIM = re.compile(r"dim\d+_\d+")
 
 
@@ -39,6 +43,17 @@ def dimension(index: int, dim: int) -> str:
     """The int parameter (or name in a grid expression) that is dimension ``dim`` of XLA
     buffer ``index``."""
     return f"dim{index}_{dim}"
+
+
+def tensor_map(index: int, elem_bytes: int, dims: Sequence[int], box: Sequence[int],
+               swizzle: int) -> str:
+    """A TMA tensor map parameter of XLA buffer ``index`` (row-major, ``dims`` and ``box``
+    innermost first)."""
+    if len(dims) != len(box):
+        raise ValueError(f"tensor map of buffer {index}: dims {dims} and box {box} differ "
+                         "in rank")
+    return (f"tmap{index}:{elem_bytes}:{'x'.join(map(str, dims))}:"
+            f"{'x'.join(map(str, box))}:{swizzle}")
 
 
 def scalar(ctype: str, value: int | float) -> str:

@@ -7,6 +7,14 @@ test's, or a pass's output -- cannot hold a schedule, barrier or plan a GPU woul
   data stays in flight); an ``async_issue`` fills a tile fewer than ``stages`` iterations
   ahead (so it never refills the stage being read); the prologue's issues stand right before
   their loop, and a loop's issues only in its own schedule.
+- **TMA rings**: a ``tma_wait`` stands only at the head of a ring's schedule, and each wait
+  is completed by exactly one arrival: the prologue issues tiles ``0 .. stages-2`` once each
+  and the iteration tile ``k + stages - 1`` (so the wait for tile ``k`` at stage ``k % S``,
+  parity ``(k / S) & 1``, finds the phase its tile's issue completes, and no stage gets a
+  second arrival in one phase); a ring's issues announce exactly the bytes its loads complete
+  (the sum of its TMA copies' tiles, else the phase never completes or completes early); its
+  staged copies are all TMA copies whose box tiles their destination, and a cp.async loop has
+  none.
 - **Barriers in uniform control flow**: no ``barrier`` or ``async_*`` op inside a branch or
   loop whose condition may differ between the threads of a block (it reads global memory
   the kernel writes: :func:`.codegen.control.thread_varying`): some threads would wait at a
@@ -43,10 +51,19 @@ from collections.abc import Sequence
 
 from .. import ir, op_defs
 from ..errors import KernelError, kernel_error
+from . import tma
 from .barriers import PROXY_FENCE, async_proxy_reads
 from .codegen.control import thread_varying
 from .copy_mapping import NOTE, vector_width
-from .copy_schedule import ISSUED, SCHEDULE_KINDS, issued_copies, scheduled, split_schedule
+from .copy_schedule import (
+    ISSUE_KINDS,
+    ISSUED,
+    SCHEDULE_KINDS,
+    is_ring,
+    issued_copies,
+    scheduled,
+    split_schedule,
+)
 from .smem_plan import ALIGN, lifetimes, recorded_bytes, scratch_bytes
 
 _SYNC = ("barrier", *SCHEDULE_KINDS)
@@ -66,29 +83,81 @@ def _schedule(kernel: ir.Kernel, body: Sequence[ir.Stmt], loop: ir.For | None) -
                          else "outside a pipelined loop")
                 raise _fail(kernel, s, f"async_wait {{count={s.attrs['count']}}} {where}: "
                             f"at most {most} groups may stay in flight")
-        elif isinstance(s, ir.Op) and s.kind == "async_issue":
+        elif isinstance(s, ir.Op) and s.kind == "tma_wait" and (loop is None or
+                                                                 not is_ring(loop)):
+            raise _fail(kernel, s, "a tma_wait outside the schedule of a TMA ring")
+        elif isinstance(s, ir.Op) and s.kind in ISSUE_KINDS:
             if s.attrs["prologue"]:
                 nxt = next((t for t in body[i + 1:] if not (isinstance(t, ir.Op) and t.kind in
-                            ("async_issue", "async_commit"))), None)
+                            (*ISSUE_KINDS, "async_commit"))), None)
                 target = nxt if isinstance(nxt, ir.For) and scheduled(nxt) else None
                 if target is None:
-                    raise _fail(kernel, s, "a prologue async_issue must stand right before "
+                    raise _fail(kernel, s, f"a prologue {s.kind} must stand right before "
                                 "its pipelined loop")
             elif loop is None:
-                raise _fail(kernel, s, "an async_issue outside the schedule of a pipelined "
+                raise _fail(kernel, s, f"an {s.kind} outside the schedule of a pipelined "
                             "loop")
             else:
                 target = loop
             if not 0 <= s.attrs["tile"] < target.stages:
-                raise _fail(kernel, s, f"async_issue of tile k + {s.attrs['tile']} in a loop of "
+                raise _fail(kernel, s, f"{s.kind} of tile k + {s.attrs['tile']} in a loop of "
                             f"{target.stages} stages would refill a stage still in use")
+            if (s.kind == "tma_issue") != is_ring(target):
+                raise _fail(kernel, s, f"{s.kind} in the schedule of a "
+                            f"{'TMA ring' if is_ring(target) else 'cp.async pipeline'}")
         elif isinstance(s, ir.For) and scheduled(s):
+            _ring(kernel, s, body[:i])
             schedule, compute = split_schedule(s)
             _schedule(kernel, schedule, s)
             _schedule(kernel, compute, None)
         else:
             for block in ir.blocks(s):
                 _schedule(kernel, block, None)
+
+
+def _ring(kernel: ir.Kernel, loop: ir.For, before: Sequence[ir.Stmt]) -> None:
+    """The TMA-ring rules (module docstring) for scheduled ``loop``, whose prologue ends
+    ``before``."""
+    bufs = {b.name: b for b in kernel.buffers}
+    copies = issued_copies(loop)
+    noted = [c for c in copies if tma.BOX in c.notes]
+    if not is_ring(loop):
+        if noted:
+            raise _fail(kernel, noted[0], "a TMA copy (note tma_box) in a cp.async pipeline")
+        return
+    prologue: list[ir.Op] = []
+    for t in reversed(before):
+        if not (isinstance(t, ir.Op) and t.kind in ISSUE_KINDS and t.attrs["prologue"]):
+            break
+        prologue.insert(0, t)
+    head, _ = split_schedule(loop)
+    issues = [t for t in head if isinstance(t, ir.Op) and t.kind in ISSUE_KINDS]
+    waits = [t for t in head if isinstance(t, ir.Op) and t.kind == "tma_wait"]
+    tiles = sorted(t.attrs["tile"] for t in prologue)
+    known = isinstance(loop.extent, int)
+    expected = list(range(min(loop.stages - 1, loop.extent) if known else loop.stages - 1))
+    if tiles != expected or any(not t.attrs["guard"] for t in prologue if not known):
+        raise _fail(kernel, loop, f"the TMA ring of {loop.stages} stages has prologue issues "
+                    f"of tiles {tiles}, not {expected}: a wait would find no arrival for its "
+                    "tile, or a phase two")
+    if len(waits) != 1 or [t.attrs["tile"] for t in issues] != [loop.stages - 1]:
+        raise _fail(kernel, loop, f"the TMA ring of {loop.stages} stages must wait once and "
+                    f"issue tile k + {loop.stages - 1} in each iteration (waits {len(waits)}, "
+                    f"issues {[t.attrs['tile'] for t in issues]})")
+    if len(noted) != len(copies) or not copies:
+        raise _fail(kernel, loop, "a TMA ring whose staged copies are not all TMA copies")
+    for c in noted:
+        box = tuple(c.notes[tma.BOX])
+        if tma.tma_box(c, bufs) != (box, c.notes[tma.SWIZZLE]):
+            raise _fail(kernel, c, f"TMA copy with box {list(box)} and swizzle "
+                        f"{c.notes[tma.SWIZZLE]}: its source and destination need "
+                        f"{tma.tma_box(c, bufs)}")
+    need = sum(tma.tile_bytes(c, bufs) for c in noted)
+    for t in prologue + issues:
+        if t.attrs["bytes"] != need:
+            raise _fail(kernel, t, f"tma_issue announces {t.attrs['bytes']} bytes but its "
+                        f"loads complete {need}: the stage's phase would "
+                        f"{'never complete' if t.attrs['bytes'] > need else 'complete early'}")
 
 
 def _uniform(kernel: ir.Kernel, body: Sequence[ir.Stmt], varying: set[int],
@@ -184,7 +253,7 @@ class _ReuseCheck:
         scratch = [_Touch(f"the {role} scratch of the {op.kind}", lo, hi, True, op)
                    for role, lo, hi in scratch_bytes(op)]
         ops = [op]
-        if op.kind == "async_issue" and op.attrs["prologue"]:
+        if op.kind in ISSUE_KINDS and op.attrs["prologue"]:
             # The prologue's copies land in the stages of the loop that follows it.
             loop = next((s for s in rest if isinstance(s, ir.For)), None)
             ops = issued_copies(loop) if loop is not None else []

@@ -19,6 +19,8 @@
 //                                                       the payload's code loaded there;
 //                                                       throws std::runtime_error with the
 //                                                       whole message;
+//   static const TensorMapEncoder* tensor_maps(const Api&)   builds `tmap` parameters
+//                                                       (null: the vendor has no TMA);
 //   static Status launch(const Api&, Function, const std::array<unsigned, 3>& grid,
 //                        const LaunchSpec&, Stream, void** params).
 #pragma once
@@ -192,7 +194,7 @@ class Handler {
     }
     std::optional<LaunchArgs> args;
     try {
-      args.emplace(s, buffers, dims, num_buffers);
+      args.emplace(s, buffers, dims, num_buffers, T::tensor_maps(api));
     } catch (const std::invalid_argument& e) {
       return name + ": " + e.what();
     }

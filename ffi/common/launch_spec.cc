@@ -64,6 +64,29 @@ bool dim_ref(std::string_view whole, std::string_view p, uint64_t* buffer, int32
   return true;
 }
 
+// `tmap<i>:<elem bytes>:<dims>:<box>:<swizzle>` (launch_spec.h).
+TensorMapDesc tensor_map(std::string_view whole, std::string_view p) {
+  const auto parts = split(p.substr(4), ':');
+  if (parts.size() != 5) bad(whole, "bad tensor map '" + std::string(p) + "'");
+  TensorMapDesc d;
+  d.buffer = number<uint64_t>(whole, parts[0]);
+  d.elem_bytes = number<uint32_t>(whole, parts[1]);
+  const auto extents = split(parts[2], 'x');
+  const auto box = split(parts[3], 'x');
+  d.swizzle = number<uint32_t>(whole, parts[4]);
+  if (extents.empty() || extents.size() > 5 || box.size() != extents.size() ||
+      (d.elem_bytes != 1 && d.elem_bytes != 2 && d.elem_bytes != 4 && d.elem_bytes != 8) ||
+      (d.swizzle != 0 && d.swizzle != 32 && d.swizzle != 64 && d.swizzle != 128)) {
+    bad(whole, "bad tensor map '" + std::string(p) + "'");
+  }
+  d.rank = static_cast<uint32_t>(extents.size());
+  for (size_t i = 0; i < extents.size(); ++i) {
+    d.dims[i] = number<uint64_t>(whole, extents[i]);
+    d.box[i] = number<uint32_t>(whole, box[i]);
+  }
+  return d;
+}
+
 // A recursive-descent parser of compiler/sizes.py's grammar into postfix nodes.
 class ExprParser {
  public:
@@ -243,7 +266,7 @@ uint64_t param_value(const Param& p, void* const* buffers, const BufferDims* dim
 }
 
 LaunchArgs::LaunchArgs(const LaunchSpec& spec, void* const* buffers, const BufferDims* dims,
-                       size_t num_buffers) {
+                       size_t num_buffers, const TensorMapEncoder* encode) {
   const size_t n = spec.params.size();
   uint64_t* values = inline_values_;
   if (n > kInline) {
@@ -252,9 +275,24 @@ LaunchArgs::LaunchArgs(const LaunchSpec& spec, void* const* buffers, const Buffe
     values = heap_values_.data();
     pointers_ = heap_pointers_.data();
   }
+  maps_.resize(spec.tensor_maps.size());
   for (size_t i = 0; i < n; ++i) {
-    values[i] = param_value(spec.params[i], buffers, dims, num_buffers);
-    pointers_[i] = &values[i];
+    const Param& p = spec.params[i];
+    if (p.map < 0) {
+      values[i] = param_value(p, buffers, dims, num_buffers);
+      pointers_[i] = &values[i];
+      continue;
+    }
+    const TensorMapDesc& d = spec.tensor_maps[p.map];
+    if (encode == nullptr) {
+      throw std::invalid_argument("its TMA tensor map of buffer " + std::to_string(d.buffer) +
+                                  " cannot be built by this backend");
+    }
+    if (std::string why = (*encode)(d, buffers[d.buffer], &maps_[p.map]); !why.empty()) {
+      throw std::invalid_argument("building the TMA tensor map of buffer " +
+                                  std::to_string(d.buffer) + " failed: " + why);
+    }
+    pointers_[i] = maps_[p.map].bytes;
   }
   grid_ = resolve_grid(spec, dims, num_buffers);
 }
@@ -313,6 +351,11 @@ LaunchSpec parse_launch(std::string_view text) {
     if (dim_ref(text, p, &buffer, &dim)) {
       spec.params.push_back(Param{false, buffer, dim});
       spec.buffers_needed = std::max<size_t>(spec.buffers_needed, buffer + 1);
+    } else if (p.substr(0, 4) == "tmap") {
+      spec.params.push_back(Param{false, 0, -1, static_cast<int32_t>(spec.tensor_maps.size())});
+      spec.tensor_maps.push_back(tensor_map(text, p));
+      spec.buffers_needed = std::max<size_t>(spec.buffers_needed,
+                                             spec.tensor_maps.back().buffer + 1);
     } else if (!p.empty() && p[0] == 'b') {
       const auto index = number<uint64_t>(text, p.substr(1));
       spec.params.push_back(Param{true, index});

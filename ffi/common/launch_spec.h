@@ -6,7 +6,10 @@
 //
 // Parameters are the kernel's in order: `b<i>` is the device address of XLA buffer i
 // (operands, then results); `<type>:<value>` a scalar constant (i32 i64 u32 u64 f32 f64);
-// `dim<i>_<j>` dimension j of buffer i (an int: a dynamic size). A grid extent is a number or
+// `dim<i>_<j>` dimension j of buffer i (an int: a dynamic size);
+// `tmap<i>:<elem bytes>:<dims>:<box>:<swizzle>` a TMA tensor map (128 bytes, passed by value)
+// of buffer i, row-major with `dims` elements and copied in boxes of `box` elements (both
+// innermost first, `x`-separated: `72x100`), swizzled by 0, 32, 64 or 128 bytes. A grid extent is a number or
 // a size expression over such dimensions (compiler/sizes.py's grammar: + - *, floordiv, mod,
 // max, min, rounding towards negative infinity), e.g. `grid=floordiv(dim0_0+7,8),1,1`: the
 // kernel has dynamic sizes and the handler computes both from the shapes XLA passes.
@@ -14,6 +17,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -26,7 +30,27 @@ struct Param {
   // driver copies as many as the kernel's parameter has); for a dimension, the buffer's index.
   uint64_t value;
   int32_t dim = -1;  // >= 0: the parameter is dimension `dim` of buffer `value`
+  int32_t map = -1;  // >= 0: the parameter is LaunchSpec::tensor_maps[map]
 };
+
+// A TMA tensor map parameter: what the vendor's encoder needs besides the buffer's address.
+struct TensorMapDesc {
+  uint64_t buffer;
+  uint32_t elem_bytes;             // 1, 2, 4 or 8
+  uint32_t rank;                   // 1..5
+  std::array<uint64_t, 5> dims{};  // elements, innermost first
+  std::array<uint32_t, 5> box{};   // elements, innermost first
+  uint32_t swizzle = 0;            // bytes: 0, 32, 64 or 128
+};
+
+// The 128 bytes of a built tensor map (a CUtensorMap), 64-byte aligned as the encoder needs.
+struct alignas(64) TensorMapBytes {
+  unsigned char bytes[128];
+};
+
+// Builds the tensor map `d` of a buffer at `address` into `out`; returns "" or what failed.
+using TensorMapEncoder =
+    std::function<std::string(const TensorMapDesc& d, void* address, TensorMapBytes* out)>;
 
 // The dimensions of one XLA buffer.
 struct BufferDims {
@@ -54,6 +78,7 @@ struct LaunchSpec {
   size_t buffers_needed = 0;  // 1 + the largest buffer index used
   // A grid with dynamic sizes: its three extents (then `grid` holds 1s); else empty.
   std::vector<SizeExpr> grid_exprs;
+  std::vector<TensorMapDesc> tensor_maps;  // the `tmap` parameters'
 
   std::string describe() const;  // "grid 4x4x1, block 128x1x1, 49152 B dynamic smem"
 };
@@ -75,9 +100,10 @@ uint64_t param_value(const Param& p, void* const* buffers, const BufferDims* dim
 // the usual few parameters. Not copyable: the pointers point into the object itself.
 class LaunchArgs {
  public:
-  // Throws std::invalid_argument as resolve_grid and param_value do.
+  // Throws std::invalid_argument as resolve_grid and param_value do, and when a tensor map
+  // cannot be built (`encode` says why; null: the backend builds none).
   LaunchArgs(const LaunchSpec& spec, void* const* buffers, const BufferDims* dims,
-             size_t num_buffers);
+             size_t num_buffers, const TensorMapEncoder* encode = nullptr);
   LaunchArgs(const LaunchArgs&) = delete;
   LaunchArgs& operator=(const LaunchArgs&) = delete;
 
@@ -93,6 +119,7 @@ class LaunchArgs {
   void* inline_pointers_[kInline];
   std::vector<uint64_t> heap_values_;
   std::vector<void*> heap_pointers_;
+  std::vector<TensorMapBytes> maps_;  // sized once: the pointers point into it
   void** pointers_ = inline_pointers_;
 };
 

@@ -45,6 +45,8 @@ Loaded load() {
                   resolve(lib, "cuFuncSetAttribute", &d.cuFuncSetAttribute, &l.error) &&
                   resolve(lib, "cuLaunchKernel", &d.cuLaunchKernel, &l.error);
   if (!ok) return l;
+  d.cuTensorMapEncodeTiled = reinterpret_cast<decltype(d.cuTensorMapEncodeTiled)>(
+      dlsym(lib, "cuTensorMapEncodeTiled"));
   if (CUresult r = d.cuInit(0); r != kCudaSuccess) {
     l.error = "cuInit failed: " + d.describe(r);
   }

@@ -41,6 +41,13 @@ struct Driver {
   CUresult (*cuLaunchKernel)(CUfunction, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                              unsigned by, unsigned bz, unsigned shared_bytes, CUstream,
                              void** params, void** extra);
+  // A TMA tensor map (CUDA 12 on; null in an older driver: only kernels that take tensor maps
+  // need it). The enums are passed as their values (cuda.h's CUtensorMap* enums).
+  CUresult (*cuTensorMapEncodeTiled)(void* map, int data_type, unsigned rank, void* address,
+                                     const unsigned long long* dims,
+                                     const unsigned long long* strides, const unsigned* box,
+                                     const unsigned* element_strides, int interleave,
+                                     int swizzle, int l2_promotion, int oob_fill);
 
   // "CUDA_ERROR_X: description" for a result code.
   std::string describe(CUresult r) const;

@@ -45,6 +45,35 @@ std::string too_old(int driver_version, int needed) {
   return msg;
 }
 
+// A TMA tensor map of `m` at `address`: elements moved as unsigned integers of their size
+// (TMA copies bytes; the element type matters only to fills other than zero, which jaxtile
+// does not use), no interleave, the box's swizzle, 128-byte L2 promotion, zeros out of
+// bounds. Returns "" or what failed.
+std::string encode_tensor_map(const Driver& d, const TensorMapDesc& m, void* address,
+                              TensorMapBytes* out) {
+  if (d.cuTensorMapEncodeTiled == nullptr) {
+    return "libcuda.so.1 lacks cuTensorMapEncodeTiled (a driver for CUDA 12 or newer has it)";
+  }
+  // CU_TENSOR_MAP_DATA_TYPE_UINT8 / UINT16 / UINT32 / UINT64.
+  const int type = m.elem_bytes == 1 ? 0 : m.elem_bytes == 2 ? 1 : m.elem_bytes == 4 ? 2 : 4;
+  // CU_TENSOR_MAP_SWIZZLE_NONE / 32B / 64B / 128B.
+  const int swizzle = m.swizzle == 0 ? 0 : m.swizzle == 32 ? 1 : m.swizzle == 64 ? 2 : 3;
+  unsigned long long dims[5], strides[4];
+  unsigned box[5], ones[5];
+  unsigned long long stride = m.elem_bytes;
+  for (uint32_t i = 0; i < m.rank; ++i) {
+    dims[i] = m.dims[i];
+    box[i] = m.box[i];
+    ones[i] = 1;
+    if (i > 0) strides[i - 1] = stride;  // bytes, of dimensions 1 .. rank - 1
+    stride *= m.dims[i];
+  }
+  const CUresult r = d.cuTensorMapEncodeTiled(out->bytes, type, m.rank, address, dims, strides,
+                                              box, ones, /*interleave=*/0, swizzle,
+                                              /*l2_promotion=128B*/ 2, /*oob_fill=zeros*/ 0);
+  return r == kCudaSuccess ? std::string() : "cuTensorMapEncodeTiled: " + d.describe(r);
+}
+
 // The handler's skeleton over CUDA's driver API: a module per context.
 struct Cuda {
   static constexpr const char* kVendor = "CUDA";
@@ -75,6 +104,14 @@ struct Cuda {
   // The payload's cubin loaded into `ctx`; throws std::runtime_error with the whole message.
   static std::unique_ptr<Kernel> load(const Driver& d, CUcontext ctx, std::string_view key,
                                       std::string_view payload);
+  // The handler's tensor-map builder (cuTensorMapEncodeTiled), for `tmap` parameters.
+  static const TensorMapEncoder* tensor_maps(const Driver& d) {
+    static const TensorMapEncoder encode = [&d](const TensorMapDesc& m, void* address,
+                                                TensorMapBytes* out) {
+      return encode_tensor_map(d, m, address, out);
+    };
+    return &encode;
+  }
   static CUresult launch(const Driver& d, CUfunction fn, const std::array<unsigned, 3>& grid,
                          const LaunchSpec& s, CUstream stream, void** params) {
     return d.cuLaunchKernel(fn, grid[0], grid[1], grid[2], s.block[0], s.block[1],

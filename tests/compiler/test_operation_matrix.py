@@ -221,6 +221,10 @@ _NOT_RUN = {
     "async_issue": "the GPU pipelining pass's; tests/emulator/test_cuda_pipelines.py runs it",
     "async_commit": "the GPU pipelining pass's; tests/emulator/test_cuda_pipelines.py runs it",
     "async_wait": "the GPU pipelining pass's; tests/emulator/test_cuda_pipelines.py runs it",
+    "tma_issue": "the GPU pipelining pass's on TMA targets; tests/emulator/test_hopper_tma.py "
+                 "runs it",
+    "tma_wait": "the GPU pipelining pass's on TMA targets; tests/emulator/test_hopper_tma.py "
+                "runs it",
 }
 """Operations this test does not run, and why."""
 _ALSO_IN = {"load": "every case", "store": "every case",

@@ -10,8 +10,8 @@ import pytest
 
 import jaxtile as jt
 from jaxtile import ops
-from jaxtile.compiler.cuda.emulated import grid_of
-from jaxtile.compiler.emulator import Buffer, EmulatedKernel, EmulatorError, LaunchConfig, Size
+from jaxtile.compiler.cuda.emulated import emulator_launch
+from jaxtile.compiler.emulator import EmulatedKernel, EmulatorError
 from jaxtile.compiler.gpu import gemm_plan
 from jaxtile.compiler.gpu.codegen.lower import generate
 from jaxtile.compiler.gpu.layout import mma_accumulator, wgmma_accumulator
@@ -228,10 +228,7 @@ def _run_source(low, mutate, a, b):
     code = generate(low._gpu_ir, SM90A)
     source = mutate(code.source)
     assert source != code.source
-    params = [Buffer(name, dtype) for name, dtype in code.params]
-    params += [Size(name, i, d) for name, i, d in code.size_params]
-    launch = LaunchConfig((max(code.num_blocks, 1), 1, 1), (code.threads, 1, 1),
-                          code.shared_bytes, grid_of=grid_of(code))
+    params, launch = emulator_launch(code)     # with the tensor maps of its TMA loads
     kern = EmulatedKernel.build(source, code.symbol, params, launch, file="mutant.cu")
     c = np.full((a.shape[0], b.shape[1]), np.nan, np.float16)
     report = kern.run(np.asarray(a), np.asarray(b), c)

@@ -47,11 +47,12 @@ static int get_function(const char* call, void** fn, void* module, const char* n
 }
 
 /* Appends the launch's parameters to `line` (of `cap` bytes, `at` used), each read with the
- * size the kernel declares (`sizes`, one digit per parameter), as the driver reads them. */
+ * size the kernel declares (`sizes`, one digit per parameter, or 'm' for a 128-byte tensor
+ * map, of which the first 8 bytes are logged), as the driver reads them. */
 static void append_params(char* line, size_t cap, int at, const char* sizes, void** params) {
-  for (const char* s = sizes; *s >= '1' && *s <= '8'; ++s) {
+  for (const char* s = sizes; (*s >= '1' && *s <= '8') || *s == 'm'; ++s) {
     uint64_t v = 0;
-    memcpy(&v, params[s - sizes], (size_t)(*s - '0'));
+    memcpy(&v, params[s - sizes], *s == 'm' ? 8 : (size_t)(*s - '0'));
     at += snprintf(line + at, cap - (size_t)at, "%s%#llx", s == sizes ? "" : ",",
                    (unsigned long long)v);
   }

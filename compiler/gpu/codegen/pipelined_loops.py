@@ -1,5 +1,5 @@
-"""``jt.pipelined(n, stages=s)`` loops as multi-buffered ``cp.async`` pipelines, printed from
-the schedule the pipelining pass wrote into the IR (:func:`..copy_schedule.schedule_async_copies`).
+"""``jt.pipelined(n, stages=s)`` loops as multi-buffered pipelines, printed from the schedule
+the pipelining pass wrote into the IR (:func:`..copy_schedule.schedule_async_copies`).
 
 Each staged buffer has ``stages`` copies (its ``stages`` attribute). An ``async_issue`` op
 prints the loop's :data:`..copy_schedule.ISSUED` ops (its staged copies, as ``cp.async``
@@ -9,52 +9,84 @@ origins, recomputed) for iteration ``k + tile`` into stage ``(k + tile) % stages
 header's ``cp_async_commit`` and ``cp_async_wait<count>``. The prologue ops stand right before
 the loop; the loop's body is its schedule then the compute, which is printed as written with
 its staged copies left out and the barriers the barrier pass put there.
+
+A TMA ring (:func:`..copy_schedule.is_ring`) prints the same way over ``stages`` mbarriers
+declared and initialised before its prologue (one arrival each; a block barrier before the
+initialisation, since a ring inside another loop is initialised again once every thread is
+past its last wait, and one after it): a ``tma_issue`` is thread 0 announcing ``bytes`` on the
+stage's barrier and issuing the TMA loads of the staged copies (:mod:`..tma`: one per column
+block of the tile, through the copy's tensor-map parameter), a ``tma_wait`` every thread
+waiting for the phase of tile ``k`` (stage ``k % stages``, parity ``(k / stages) & 1``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from ... import ir
-from ..copy_schedule import ISSUED, split_schedule
+from .. import tma
+from ..copy_schedule import ISSUED, is_ring, split_schedule
 from .context import Context
 
 
 def lower_pipelined(low, stmt: ir.For, prologue: Sequence[ir.Op]) -> None:
     """Print the scheduled loop ``stmt`` after its ``prologue`` ops. ``low`` is the kernel's
-    lowering (for its statement emitter)."""
+    lowering (for its statement emitter and tensor maps)."""
     cx: Context = low.cx
     stages = stmt.stages
     start, extent = cx.operand(stmt.start), cx.operand(stmt.extent)
     schedule, compute = split_schedule(stmt)
     head = [s for s in stmt.body if isinstance(s, ir.Op) and s.notes.get(ISSUED)]
     staged = sorted({op.attrs["dst"].buffer for op in head if op.kind == "copy"})
-    cx.w(f"// pipelined loop: {stages} stages of {', '.join(staged)}, cp.async")
+    ring = cx.tmp("ring") if is_ring(stmt) else None
+    if ring is None:
+        cx.w(f"// pipelined loop: {stages} stages of {', '.join(staged)}, cp.async")
+    else:
+        cx.w(f"// pipelined loop: {stages} stages of {', '.join(staged)}, TMA into an "
+             "mbarrier ring")
+        cx.w(f"JT_SHARED(uint64_t, {ring}, {stages});")
+        cx.w("fence_proxy_async();  // earlier generic writes of shared memory before TMA's")
+        cx.w("sync_threads();  // every thread is past its waits on an earlier run of the ring")
+        with cx.w.block("if (tid == 0)"):
+            cx.w(f"for (int s = 0; s < {stages}; ++s) mbarrier_init({ring} + s, 1);")
+            cx.w("fence_mbarrier_init();")
+        cx.w("sync_threads();  // the ring is initialised before any thread uses it")
 
-    def issue(tile: str) -> None:
+    def issue(tile: str, nbytes: int | None) -> None:
         """The staged copies of iteration ``tile`` (their scalars recomputed for it)."""
         saved = dict(cx.names)
-        with cx.w.block():
+        with cx.w.block("if (tid == 0)" if ring else ""):
+            if ring:
+                cx.w(f"mbarrier_arrive_expect_tx({ring} + ({tile}) % {stages}, {nbytes});")
             var = cx.define(stmt.var)
             cx.w(f"const int {var} = {start} + ({tile});")
             cx.stage_index = f"({tile}) % {stages}"
             cx.async_copies = True
             for op in head:
-                low.op(op)
+                if ring and op.kind == "copy":
+                    _tma_load(low, op, ring, f"({tile}) % {stages}", stages)
+                else:
+                    low.op(op)
             cx.async_copies = False
         cx.names = saved
 
     def step(op: ir.Op, k: str | None) -> None:
         """One schedule op, for iteration ``k`` (None in the prologue: ``k`` = 0)."""
-        if op.kind != "async_issue":
+        if op.kind == "tma_wait":
+            cx.w(f"mbarrier_wait_parity({ring} + {k} % {stages}, ({k} / {stages}) & 1);  "
+                 f"// tile {k} has landed")
+            return
+        if op.kind not in ("async_issue", "tma_issue"):
             low.op(op)
             return
         tile = str(op.attrs["tile"]) if k is None else f"{k} + {op.attrs['tile']}"
+        nbytes = op.attrs.get("bytes")
         if op.attrs["guard"]:
             with cx.w.block(f"if ({tile} < {extent})"):
-                issue(tile)
+                issue(tile, nbytes)
         else:
-            issue(tile)
+            issue(tile, nbytes)
 
     for op in prologue:
         step(op, None)
@@ -69,3 +101,24 @@ def lower_pipelined(low, stmt: ir.For, prologue: Sequence[ir.Op]) -> None:
         low.body(tuple(s for s in compute
                        if not (isinstance(s, ir.Op) and s.kind == "copy" and s.notes.get(ISSUED))))
         cx.loop_depth -= 1
+
+
+def _tma_load(low, op: ir.Op, ring: str, stage: str, stages: int) -> None:
+    """The TMA loads of staged copy ``op`` into stage ``stage`` of its buffer, completing on
+    that stage's barrier of ``ring``: one per column block of the tile, coordinates innermost
+    first."""
+    cx: Context = low.cx
+    src, dst = op.attrs["src"], op.attrs["dst"]
+    db = cx.bufs[dst.buffer]
+    box = op.notes[tma.BOX]
+    tmap = tma.map_of(low.tensor_maps, op, [b.name for b in low.kernel.params])
+    coords = [cx.operand(i.start) for i in reversed(src.index)]
+    elems = math.prod(db.shape)
+    block = box[0] * db.shape[0]        # elements of one column block (rows x span bytes)
+    cx.w(f"// {cx.bufs[src.buffer].name} -> {db.name}: TMA, box {list(box)}, swizzle "
+         f"{op.notes[tma.SWIZZLE]}")
+    for j in range(tma.loads(op)):
+        inner = coords[0] if j == 0 else f"{coords[0]} + {j * box[0]}"
+        at = f"{db.name} + ({stage}) * {elems}" + (f" + {j * block}" if j else "")
+        cx.w(f"tma_load_{len(coords)}d({at}, tensor_map_ref({tmap.name}), {ring} + {stage}, "
+             f"{', '.join([inner, *coords[1:]])});")

@@ -33,7 +33,8 @@
 //   cp_async<B>(dst, src, src_bytes)      cp.async.ca (B = 4, 8) / cp.async.cg (B = 16), zero-fill
 //   cp_async_commit()              cp.async.commit_group
 //   cp_async_wait<N>()             cp.async.wait_group N
-//   Hopper, sm_90a only (the async proxy; see docs/emulator.md "Hopper"):
+//   Hopper, sm_90 on (wgmma and setmaxnreg sm_90a only; the async proxy; see
+//   docs/emulator.md "Hopper"):
 //   smem_u32(p)                    cvta.to.shared: the shared-window address of p
 //   mbarrier_init(bar, count)      mbarrier.init.shared::cta.b64 (bar: ptr<uint64_t> in shared)
 //   mbarrier_arrive(bar)           mbarrier.arrive.shared::cta.b64
@@ -46,6 +47,9 @@
 //   fence_mbarrier_init()          fence.mbarrier_init.release.cluster
 //   tensor_map                     128 opaque bytes (a CUtensorMap on the GPU), read by TMA
 //                                  through a ptr<const tensor_map> to global memory
+//   JT_TENSOR_MAP(name)            a kernel parameter holding a tensor map (on the GPU a
+//                                  const __grid_constant__ tensor_map); tensor_map_ref(name)
+//                                  is what tma_* take for it
 //   tma_load_{2d,3d}(dst, map, bar, c0, c1[, c2])
 //                                  cp.async.bulk.tensor.{2,3}d.shared::cluster.global.tile
 //                                  .mbarrier::complete_tx::bytes (coordinates innermost first;

@@ -224,11 +224,11 @@ JT_DEVICE unsigned smem_u32(const T* p) {
   return smem_addr_(p);
 }
 
-// ---- Hopper (sm_90a): mbarriers, TMA, wgmma, setmaxnreg ----
-// Only for sm_90a device code (and nvcc's host pass, which parses but does not assemble it):
-// a kernel using them compiled for another architecture fails to compile, naming them.
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
-#define JT_HAS_WGMMA 1
+// ---- Hopper (sm_90 on): mbarriers, TMA; (sm_90a only) wgmma, setmaxnreg ----
+// For device code of the architectures that have them (and nvcc's host pass, which parses but
+// does not assemble them): a kernel using them compiled for another architecture fails to
+// compile, naming them.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 
 JT_DEVICE void mbarrier_init(uint64_t* bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr_(bar)), "r"(count)
@@ -262,6 +262,10 @@ JT_DEVICE void fence_mbarrier_init() {
 }
 
 // ---- TMA ----
+// A tensor map parameter: a CUtensorMap the handler builds, passed by value in the kernel's
+// parameter space (TMA reads it there through its generic address).
+#define JT_TENSOR_MAP(name) const __grid_constant__ ::jaxtile::tensor_map name
+JT_DEVICE const tensor_map* tensor_map_ref(const tensor_map& map) { return &map; }
 template <class T>
 JT_DEVICE void tma_load_2d(T* dst, const tensor_map* map, uint64_t* bar, int c0, int c1) {
   asm volatile(
@@ -300,6 +304,11 @@ template <int N>
 JT_DEVICE void bulk_wait_group() {
   asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
 }
+
+#endif  // sm_90 on
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
+#define JT_HAS_WGMMA 1
 
 // ---- wgmma ----
 // m64n64k16: 32 accumulator registers per thread.

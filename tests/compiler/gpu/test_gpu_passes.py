@@ -95,7 +95,7 @@ def test_pipelining_writes_the_cp_async_schedule_as_statements():
     """Two stages over 3 iterations: the prologue issues tile 0 unguarded (the trip count is
     known); each iteration waits for its tile, publishes it with a barrier, issues the next
     one (guarded) and commits; the staged copy and its origin's scalars are noted issued."""
-    _check(schedule_async_copies, """
+    _check(lambda k: schedule_async_copies(k, SM80.caps), """
         kernel k(grid=[2], threads=128) blocks(%0):
           input x: global float32[2, 96]
           output y: global float32[2, 32]

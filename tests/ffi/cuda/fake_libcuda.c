@@ -3,7 +3,8 @@
  *
  * Each call appends one line to the file named by $FAKE_CUDA_LOG. A "module image" is text:
  *   "FAKECUBIN params=<sizes>"   loads; <sizes> gives the kernel's parameter sizes in bytes,
- *                                e.g. "884" for two pointers and an int (what the launch logs)
+ *                                e.g. "884" for two pointers and an int (what the launch logs);
+ *                                "m" a 128-byte tensor map (the launch logs its first 8 bytes)
  *   "FAKECUBIN other-family"     fails with CUDA_ERROR_NO_BINARY_FOR_GPU (209)
  *   "FAKEPTX params=<sizes>"     loads (PTX the driver would compile)
  * A module must be loaded, and a kernel launched on a stream, while the context (of the stream)
@@ -11,7 +12,8 @@
  * or $FAKE_CUDA_CURRENT_CTX names the one the calling thread has current. The driver supports
  * CUDA $FAKE_CUDA_DRIVER_VERSION (as cuDriverGetVersion counts; 13000 if unset).
  * The function "missing" is not found; $FAKE_CUDA_LAUNCH_ERROR makes launches fail with that
- * code. A stream's context is the stream's value divided by 256 (stream 0x100 -> context 1);
+ * code. cuTensorMapEncodeTiled logs its arguments and writes the global address into the
+ * map's first 8 bytes; $FAKE_CUDA_TMAP_ERROR makes it fail with that code. A stream's context is the stream's value divided by 256 (stream 0x100 -> context 1);
  * stream 0xdead has none. */
 #define FAKE_LOG_ENV "FAKE_CUDA_LOG"
 #include "fake_driver_log.h"
@@ -107,6 +109,39 @@ CUresult cuModuleGetFunction(void** fn, void* module, const char* name) {
 CUresult cuFuncSetAttribute(void* fn, int attribute, int value) {
   logf_line("cuFuncSetAttribute %s attribute=%d value=%d", ((struct function*)fn)->name,
             attribute, value);
+  return 0;
+}
+
+CUresult cuTensorMapEncodeTiled(void* map, int type, unsigned rank, void* address,
+                                 const unsigned long long* dims,
+                                 const unsigned long long* strides, const unsigned* box,
+                                 const unsigned* element_strides, int interleave, int swizzle,
+                                 int l2, int oob) {
+  char line[1024];
+  int at = snprintf(line, sizeof line, "cuTensorMapEncodeTiled type=%d rank=%u address=%#lx "
+                    "aligned=%d dims=", type, rank, (unsigned long)(uintptr_t)address,
+                    (int)((uintptr_t)map % 64 == 0));
+  for (unsigned i = 0; i < rank; ++i) {
+    at += snprintf(line + at, sizeof line - (size_t)at, "%s%llu", i ? "," : "", dims[i]);
+  }
+  at += snprintf(line + at, sizeof line - (size_t)at, " strides=");
+  for (unsigned i = 0; i + 1 < rank; ++i) {
+    at += snprintf(line + at, sizeof line - (size_t)at, "%s%llu", i ? "," : "", strides[i]);
+  }
+  at += snprintf(line + at, sizeof line - (size_t)at, " box=");
+  for (unsigned i = 0; i < rank; ++i) {
+    at += snprintf(line + at, sizeof line - (size_t)at, "%s%u", i ? "," : "", box[i]);
+  }
+  at += snprintf(line + at, sizeof line - (size_t)at, " element_strides=");
+  for (unsigned i = 0; i < rank; ++i) {
+    at += snprintf(line + at, sizeof line - (size_t)at, "%s%u", i ? "," : "",
+                   element_strides[i]);
+  }
+  logf_line("%s interleave=%d swizzle=%d l2=%d oob=%d", line, interleave, swizzle, l2, oob);
+  const char* error = getenv("FAKE_CUDA_TMAP_ERROR");
+  if (error) return atoi(error);
+  memset(map, 0, 128);
+  memcpy(map, &address, sizeof address);
   return 0;
 }
 

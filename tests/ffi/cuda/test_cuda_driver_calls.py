@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import stand_ins
 
-from jaxtile.compiler.gpu.launch import Launch, buffer, scalar
+from jaxtile.compiler.gpu.launch import Launch, buffer, scalar, tensor_map
 from jaxtile.primitives import payload
 
 pytestmark = stand_ins.needs_c_compiler
@@ -24,6 +24,10 @@ CUBIN = b"FAKECUBIN params=8844"
 SCALE = Launch((3, 2, 1), (128, 1, 1), 0,
                (buffer(1), buffer(0), scalar("i32", -7), scalar("f32", 0.5))).encode()
 BIG_SMEM = Launch((1, 1, 1), (256, 1, 1), 96 * 1024, (buffer(0),)).encode()
+# Two buffers and a TMA tensor map of buffer 1 (f16, 100 rows of 72, boxes of 32 x 64
+# swizzled by 64 bytes), what a pipelined sm_90a kernel takes.
+TMAP = Launch((1, 1, 1), (128, 1, 1), 0,
+              (buffer(0), buffer(1), tensor_map(1, 2, (72, 100), (32, 64), 64))).encode()
 
 _SCRIPT = textwrap.dedent("""
     import json, os, sys
@@ -37,7 +41,7 @@ _SCRIPT = textwrap.dedent("""
         with open(log, "a") as f:
             f.write("== " + name + "\\n")
         for var in ("FAKE_CUDA_LAUNCH_ERROR", "FAKE_CUDA_CURRENT_CTX",
-                    "FAKE_CUDA_DRIVER_VERSION"):
+                    "FAKE_CUDA_DRIVER_VERSION", "FAKE_CUDA_TMAP_ERROR"):
             os.environ.pop(var, None)
         os.environ.update(env)
         try:
@@ -100,6 +104,12 @@ def _cases():
          _payload(key="a1" * 32, cubin=b"FAKECUBIN other-family",
                   ptx=PTX_13_0.replace(b"9.0", b"8.8")), 0x100, [0x10, 0x20],
          {"FAKE_CUDA_DRIVER_VERSION": "12040"}),
+        ("tensor-map", "launch", "7e" * 32,
+         _payload(key="7e" * 32, launch=TMAP, cubin=b"FAKECUBIN params=88m"), 0x100,
+         [0x1000, 0x2000]),
+        ("tensor-map-error", "launch", "7f" * 32,
+         _payload(key="7f" * 32, launch=TMAP, cubin=b"FAKECUBIN params=88m"), 0x100,
+         [0x1000, 0x2000], {"FAKE_CUDA_TMAP_ERROR": "1"}),
     ]
     return [case if len(case) == 7 else (*case, {}) for case in cases]
 
@@ -238,6 +248,25 @@ def test_driver_failures_are_errors_naming_the_kernel(driver_run, case, words):
     assert msg.startswith("error: jaxtile: CUDA kernel 'scale_shift'"), msg
     for w in words:
         assert w in msg, (w, msg)
+
+
+def test_tensor_maps_are_encoded_from_the_buffer_at_each_launch(driver_run):
+    """The handler builds the map from XLA's buffer address and the shape and box the launch
+    text records: dims and box innermost first, strides in bytes of the outer dimensions,
+    2-byte elements as UINT16 (1), 64-byte swizzle (2), 128-byte L2 promotion (2), zeros
+    out of bounds (0); the kernel gets the 128 bytes by value as its third parameter."""
+    results, log = driver_run
+    assert results["tensor-map"] == "ok"
+    encode = [line for line in log["tensor-map"] if line.startswith("cuTensorMapEncodeTiled")]
+    assert encode == [
+        "cuTensorMapEncodeTiled type=1 rank=2 address=0x2000 aligned=1 dims=72,100 "
+        "strides=144 box=32,64 element_strides=1,1 interleave=0 swizzle=2 l2=2 oob=0"]
+    assert "params=0x1000,0x2000,0x2000" in log["tensor-map"][-2]
+    msg = results["tensor-map-error"]
+    assert msg.startswith("error: jaxtile: CUDA kernel 'scale_shift'"), msg
+    for w in ("TMA tensor map of buffer 1", "cuTensorMapEncodeTiled", "CUDA_ERROR_INVALID_VALUE"):
+        assert w in msg, (w, msg)
+    assert not any("cuLaunchKernel" in line for line in log["tensor-map-error"])
 
 
 def test_every_context_push_is_popped(driver_run):

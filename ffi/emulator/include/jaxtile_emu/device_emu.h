@@ -465,6 +465,10 @@ inline void mbarrier_wait_parity(ptr<uint64_t> bar, unsigned parity,
 inline void fence_proxy_async(uint32_t = __builtin_LINE()) { emu::fence_proxy_async(); }
 inline void fence_mbarrier_init(uint32_t = __builtin_LINE()) { emu::fence_mbarrier_init(); }
 
+// A tensor map parameter: a checked pointer to the map the launch shim built for the launch.
+#define JT_TENSOR_MAP(name) ::jaxtile::ptr<const ::jaxtile::tensor_map> name
+inline ptr<const tensor_map> tensor_map_ref(ptr<const tensor_map> map) { return map; }
+
 template <class T>
 void tma_load_2d(ptr<T> dst, ptr<const tensor_map> map, ptr<uint64_t> bar, int c0, int c1,
                  uint32_t line = __builtin_LINE()) {

@@ -11,6 +11,9 @@ an empty ``$JAXTILE_CACHE_DIR``:
   (three kernels: forward, dq, dk/dv).
 - ``hit``: ``import jaxtile`` and the first call of a kernel the cache already holds; the
   process must end without having imported TVM or any module of the GPU tiers.
+- ``prebuilt``: the ``cold`` call of ``jt.ops.softmax`` under ``JAXTILE_CPU_ISA=x86-64-v3``,
+  with the kernel compiled beforehand by ``jaxtile prebuild`` into ``$JAXTILE_PREBUILT_DIR``
+  and without (the issue's first call with an empty cache, which must not import TVM).
 - ``warm``: one process, TVM imported and a kernel compiled before the clock starts; then
   every specialisation the library's kernels need (their calls, gradients and jvps) is
   built again as a *user* kernel (the same body under another name, so nothing is cached),
@@ -27,7 +30,7 @@ and LLVM's optimisation pipeline, TVM's ``codegen_build``), ``llvm_codegen`` (in
 selection to object code), ``link`` (``ld``) and ``load`` (``dlopen`` into the FFI
 registry).
 
-    python benchmarks/compile.py [--processes 3] [--max-ops 2000]
+    python benchmarks/compile.py [--processes 3] [--max-ops 2000] [--prebuilt-only]
 """
 
 from __future__ import annotations
@@ -306,14 +309,49 @@ def child_warm(max_ops: int) -> dict[str, Any]:
     return {"new_specialisations": rows, "growth": growth}
 
 
-def run_child(args: list[str], cache_dir: str) -> dict[str, Any]:
-    env = {**os.environ, "JAXTILE_CACHE_DIR": cache_dir}
+def run_child(args: list[str], cache_dir: str, **extra_env: str) -> dict[str, Any]:
+    env = {**os.environ, "JAXTILE_CACHE_DIR": cache_dir, **extra_env}
     env.pop("JAXTILE_INTERPRET", None)
     proc = subprocess.run([sys.executable, __file__, "--child", *args], env=env,
                           capture_output=True, text=True, check=False, timeout=900)
     if proc.returncode != 0:
         raise SystemExit(f"child {args} failed:\n{proc.stderr}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+PREBUILT_KERNEL = ("softmax", "jaxtile.ops:softmax", ("f32[512,1000]",))
+"""The library kernel of the ``prebuilt`` case and its operands' types (``_operands``')."""
+
+
+def prebuilt_case(processes: int, root: str) -> dict[str, Any] | None:
+    """The first call of a library kernel in fresh processes with an empty cache, once
+    with the kernel prebuilt for x86-64-v3 (``jaxtile prebuild``, ``$JAXTILE_PREBUILT_DIR``)
+    and once without, both under ``JAXTILE_CPU_ISA=x86-64-v3``; None where this CPU cannot
+    run that level."""
+    from jaxtile.compiler.target import check_isa_level
+
+    try:
+        check_isa_level("x86-64-v3")
+    except ValueError:
+        return None
+    name, ref, arg_types = PREBUILT_KERNEL
+    prebuilt = tempfile.mkdtemp(dir=root)
+    args = [a for t in arg_types for a in ("--arg", t)]
+    subprocess.run([sys.executable, "-m", "jaxtile", "prebuild", ref, *args, "--target",
+                    "cpu:x86-64-v3", "--out", prebuilt], check=True, capture_output=True,
+                   timeout=900)
+    isa = {"JAXTILE_CPU_ISA": "x86-64-v3"}
+    rows = {"prebuilt": [], "compiled": []}
+    for _ in range(processes):
+        rows["prebuilt"].append(run_child(["cold", name], tempfile.mkdtemp(dir=root),
+                                          JAXTILE_PREBUILT_DIR=prebuilt, **isa))
+        rows["compiled"].append(run_child(["cold", name], tempfile.mkdtemp(dir=root), **isa))
+    return {"kernel": name, **{case: {
+        "over_import_jax_s": _median([r["over_import_jax_s"] for r in found]),
+        "over_import_jax_cpu_s": _median([r["over_import_jax_cpu_s"] for r in found]),
+        "samples_over_import_jax_cpu_s": [r["over_import_jax_cpu_s"] for r in found],
+        "tvm_imported": any(r["tvm_imported"] for r in found),
+        "gpu_modules": max(r["gpu_modules"] for r in found)} for case, found in rows.items()}}
 
 
 def _median(values: list[float]) -> float:
@@ -329,12 +367,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=3, help="fresh processes per case")
     parser.add_argument("--max-ops", type=int, default=max(GROWTH))
+    parser.add_argument("--prebuilt-only", action="store_true",
+                        help="only the prebuilt case (first call with and without it)")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         mode, *rest = args.child
         result = (child_warm(int(rest[0])) if mode == "warm" else child_cold(rest[0]))
         print(json.dumps(result))
+        return
+    if args.prebuilt_only:
+        with tempfile.TemporaryDirectory(prefix="jaxtile-bench-") as root:
+            emit({"benchmark": "compile", "processes_per_case": args.processes,
+                  "prebuilt_first_call": prebuilt_case(args.processes, root),
+                  "targets": {"cold_over_import_jax_s": TARGET_COLD_OVER_JAX_S},
+                  "environment": environment()})
         return
 
     cold: dict[str, list[dict[str, Any]]] = {n: [] for n in (*COLD_KERNELS, "attention_grad")}
@@ -347,6 +394,8 @@ def main() -> None:
             run_child(["cold", "softmax"], warm_dir)
             hits.append(run_child(["cold", "softmax"], warm_dir))
             log(f"compile: cold round {i + 1}/{args.processes} done")
+        log("compile: prebuilt ...")
+        prebuilt = prebuilt_case(args.processes, root)
         log("compile: warm process ...")
         warm = run_child(["warm", str(args.max_ops)], tempfile.mkdtemp(dir=root))
 
@@ -378,6 +427,7 @@ def main() -> None:
                                                         for r in hits]),
                       "tvm_imported": any(r["tvm_imported"] for r in hits),
                       "gpu_modules": max(r["gpu_modules"] for r in hits)},
+        "prebuilt_first_call": prebuilt,
         "tvm_imported_by_import_jaxtile": any(r["tvm_imported_by_import"]
                                               for rows in cold.values() for r in rows),
         "gpu_modules_imported_by_import_jaxtile": max(

@@ -162,6 +162,8 @@ def content_key(*parts: str) -> str:
 
 
 _memory: dict[str, Entry] = {}
+_refused: set[str] = set()
+"""Keys whose prebuilt entry could not be loaded in this process (see :func:`discard`)."""
 _lock = threading.Lock()
 _warned = False
 _swept: set[Path] = set()
@@ -229,7 +231,7 @@ def find(key: str) -> tuple[Entry | None, str]:
         return entry, "memory"
     where = "disk"
     entry = _read_entry(cache_dir(), key)
-    if entry is None:
+    if entry is None and key not in _refused:
         where = "prebuilt"
         entry = next((e for root in prebuilt_dirs()
                       if (e := _read_entry(root, key)) is not None), None)
@@ -251,10 +253,14 @@ def discard(key: str) -> None:
     """Forget the entry for ``key`` and delete its files: it passed its checks but could
     not be loaded, so the next :func:`lookup` is a miss and the kernel is rebuilt. A
     prebuilt entry's files are left alone (they are read-only data of whoever shipped
-    them); the rebuilt entry, in the cache directory, is found first from then on."""
+    them) and no longer consulted by this process for ``key``; the rebuilt entry, in the
+    cache directory, is found first from then on."""
     entry = _memory.pop(key, None)
-    paths = ([Path(entry.library)] if entry is not None and not any(
-        Path(entry.library).is_relative_to(root) for root in prebuilt_dirs()) else [])
+    prebuilt = entry is not None and any(Path(entry.library).is_relative_to(root)
+                                         for root in prebuilt_dirs())
+    if prebuilt:
+        _refused.add(key)
+    paths = [Path(entry.library)] if entry is not None and not prebuilt else []
     lib, meta = _paths(cache_dir(), key)
     for path in [meta, lib, *paths]:
         with contextlib.suppress(OSError):

@@ -81,6 +81,31 @@ def test_corrupt_entry_is_rebuilt(fresh_cache, monkeypatch, damage):
     assert len(calls) == 2
 
 
+def test_prebuilt_entry_that_cannot_load_is_compiled_and_left_alone(fresh_cache,
+                                                                    monkeypatch):
+    """A prebuilt entry whose checksums pass but whose library cannot be loaded is a miss
+    for this process: the kernel compiles into the cache directory and the prebuilt
+    directory, read-only data, keeps its files."""
+    calls = _count_compiles(monkeypatch)
+    x = jnp.arange(8, dtype=jnp.float32)
+    # A factor no other test uses: a key this process has loaded before is not reloaded.
+    key = _scale_kernel().lower(x, factor=5.0).key
+    prebuilt = fresh_cache / "prebuilt"
+    monkeypatch.setenv("JAXTILE_CACHE_DIR", str(prebuilt))
+    cache.store(key, b"\0" * 4096, "scale", 1)     # consistent checksums, not a library
+    files = {p: p.read_bytes() for p in prebuilt.rglob("*") if p.is_file()}
+    monkeypatch.setenv("JAXTILE_CACHE_DIR", str(fresh_cache / "cache"))
+    monkeypatch.setenv("JAXTILE_PREBUILT_DIR", str(prebuilt))
+    cache.clear_memory()
+    assert cache.find(key)[1] == "prebuilt"
+    cache.clear_memory()
+    np.testing.assert_array_equal(_scale_kernel()(x, factor=5.0), np.arange(8) * 5.0)
+    assert calls == ["scale"]
+    assert {p: p.read_bytes() for p in prebuilt.rglob("*") if p.is_file()} == files
+    cache.clear_memory()
+    assert cache.find(key)[1] == "disk"
+
+
 def test_two_processes_compile_the_same_kernel(fresh_cache):
     script = textwrap.dedent("""
         import jax.numpy as jnp, numpy as np, jaxtile as jt

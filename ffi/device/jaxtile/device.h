@@ -88,7 +88,10 @@
 //                                                  XLA's per-element rules, plain C++)
 //   half, bf16, to_float, to_half, to_bf16, to_tf32, pack2   cvt.rn.f16.f32, cvt.rn.bf16.f32,
 //                                                  cvt.rna.tf32.f32, and packing two 16-bit values
-//                                                  into one .b32 register (first in the low half)
+//                                                  into one .b32 register (first in the low half);
+//                                                  to_half / to_bf16 of a double round once
+//                                                  (cvt.rn.f16.f64; bf16: through float32
+//                                                  rounded to odd)
 //   fp8e4m3, fp8e5m2, to_float, to_fp8e4m3, to_fp8e5m2   float8_e4m3fn / float8_e5m2 as
 //                                                  ml_dtypes and XLA convert them (from float
 //                                                  or double, rounded once; float8.h)

@@ -27,7 +27,8 @@ pipelining pass TMA loads in an mbarrier ring: registers, spills (0), HGMMA / HM
 UTMALDG / LDGSTS counts in the SASS, the emulator run (findings, error) and the cold
 compile, as above. ``sm90a_attention``: ``jt.ops.attention``'s forward kernel at D = 128 on
 ``cuda:sm_90a`` (wgmma for ``Q @ K^T`` and, with P in registers, ``P @ V``): registers, spills
-(0), HGMMA / HMMA counts.
+(0), HGMMA / HMMA counts. ``sm90a_fp8_gemm``: ``jt.ops.scaled_matmul``'s kernel on e4m3
+with ``transpose_b=True`` (FP8 ``wgmma.m64nNk32``): registers, spills (0), QGMMA counts.
 
     python benchmarks/ptxas_report.py [--repeats 3] [--cold-runs 5] [--emulate 256]
 """
@@ -302,6 +303,40 @@ def _sm90a_attention_figures() -> dict:
     }
 
 
+def _sm90a_fp8_figures() -> dict:
+    """``jt.ops.scaled_matmul``'s kernel on float8_e4m3fn (4096^3, B stored ``[N, K]``: the
+    K-major operands FP8 wgmma reads; its default 64x64x32 tiles) on ``cuda:sm_90a``."""
+    from jaxtile import ops
+
+    target = parse_target("cuda:sm_90a")
+    spec = jax.ShapeDtypeStruct((4096, 4096), jnp.float8_e4m3fn)
+    lowered = ops.scaled_matmul_kernel.lower(spec, spec, jax.ShapeDtypeStruct((2,), jnp.float32),
+                                             out_dtype=jnp.dtype(jnp.float32),
+                                             transpose_b=True, target=target.name)
+    compiled = cuda_compile.compile_to_library(build.lowered_ir(lowered.kernel, target), target)
+    ptxas = compiled.ptxas
+    counts = sass_counts(compiled.cubin)
+    # FP8 wgmma assembles to QGMMA (HGMMA is the 16-bit and tf32 one)
+    sass = None if counts is None else {k: counts.get(k, 0) for k in ("QGMMA", "HGMMA", "FFMA")}
+    instr = sorted({line.split("instr=")[1].split(",")[0] for line in
+                    lowered.lowered_ir.splitlines() if "instr='" in line})
+    return {
+        "kernel": "jt.ops.scaled_matmul_kernel (float8_e4m3fn 4096^3 -> f32, transpose_b=True, "
+                  "64x64x32 tiles, 128 threads = 1 warpgroup, sm_90a)",
+        "instr": instr,
+        "compiler": compiled.compiler,
+        "registers": ptxas.registers,
+        "spill_stores": ptxas.spill_stores,
+        "spill_loads": ptxas.spill_loads,
+        "shared_bytes": ptxas.shared_bytes + compiled.launch.dynamic_smem,
+        "sass": sass if sass is not None else "cuobjdump not installed (pip install jaxtile[cuda])",
+        "meets_targets": {
+            "no_spills": ptxas.spill_stores == ptxas.spill_loads == 0,
+            "qgmma": None if sass is None else sass["QGMMA"] > 0,
+        },
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3, help="nvcc compiles to time")
@@ -357,6 +392,7 @@ def main() -> None:
         "language_gemm": _language_figures(args),
         "sm90a_wgmma_gemm": _sm90a_figures(args),
         "sm90a_attention": _sm90a_attention_figures(),
+        "sm90a_fp8_gemm": _sm90a_fp8_figures(),
     })
 
 

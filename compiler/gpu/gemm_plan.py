@@ -15,8 +15,11 @@ scalar multiply-add fallback for everything else (and for shapes the atoms do no
 Where the caps have ``wgmma`` (sm_90a), f16/bf16 gemms into f32 with shared A and warpgroup-
 sized tiles (a whole number of 128-thread warpgroups, each owning whole ``m64nNk16`` steps with
 N 64, 128 or 256) use ``wgmma.mma_async`` instead, as do f32 gemms with both operands K-major
-(A ``[m, k]``, B stored ``[n, k]``: ``m64nNk8`` tf32): both operands in wgmma's canonical swizzled
-layout (:class:`SharedTile` with ``span``), the accumulator in ``wgmma_accumulator``'s layout.
+(A ``[m, k]``, B stored ``[n, k]``: ``m64nNk8`` tf32), and so do FP8 gemms (``m64nNk32``, e4m3
+or e5m2, K-major only): operands in wgmma's canonical swizzled layout (:class:`SharedTile`
+with ``span``), the accumulator in ``wgmma_accumulator``'s layout. A register A (f16/bf16,
+attention's ``P``) takes wgmma's register form over one column of warpgroups, its layout the
+accumulator layout of an ``[m, k]`` wgmma (:attr:`GemmPlan.a_layout`).
 Where the target lists AMD's MFMA shapes (``HipCaps``), f16 and bf16 into f32 use
 ``32x32x8`` or ``16x16x16`` over 64-lane waves (accumulator :func:`.layout.mfma_accumulator`),
 and f32 into f32 with shared operands ``32x32x4`` / ``16x16x8`` xf32 where listed (gfx942);
@@ -65,7 +68,8 @@ class GemmInstr(enum.IntEnum):
     MFMA16 = 4
     """AMD's ``v_mfma_f32_16x16x16`` f16 / bf16."""
     WGMMA = 5
-    """wgmma.mma_async m64nNk16 (sm_90a), f16 or bf16 into f32: tile_gemm.h's gemm_wgmma."""
+    """wgmma.mma_async (sm_90a) into f32: m64nNk16 f16/bf16 (A in shared memory or
+    registers), m64nNk8 tf32, m64nNk32 e4m3/e5m2: tile_gemm.h's gemm_wgmma, gemm_wgmma_rs."""
     MFMA32_XF32 = 6
     """AMD's ``v_mfma_f32_32x32x4_xf32`` (gfx942): float32 operands at reduced precision."""
     MFMA16_XF32 = 7
@@ -320,15 +324,20 @@ def _dtype(dtype: Any, what: str) -> np.dtype:
     return dt
 
 
-_WGMMA_K = {"float16": 16, "bfloat16": 16, "float32": 8}
-"""K of one wgmma (32 bytes of it) by operand type: m64nNk16, or m64nNk8 tf32 for float32."""
+_WGMMA_K = {"float16": 16, "bfloat16": 16, "float32": 8, "float8_e4m3fn": 32, "float8_e5m2": 32}
+"""K of one wgmma (32 bytes of it) by operand type: m64nNk16, m64nNk8 tf32 for float32,
+m64nNk32 for the 8-bit floats."""
+
+_K_MAJOR_ONLY = ("float32", "float8_e4m3fn", "float8_e5m2")
+"""Operand types wgmma reads K-major only (no imm-trans bits) and never from registers here."""
 
 
 def _wgmma_grid(m: int, n: int, k: int, a: np.dtype, b: np.dtype, acc: np.dtype,
                 threads: int, caps: GpuCaps, policy: str) -> tuple[int, int] | None:
     """The warpgroup grid of a wgmma plan, or None where wgmma does not apply: the target
-    has no wgmma, the types are not f16 x f16 / bf16 x bf16 / f32 (tf32) x f32 into f32, K is
-    not a multiple of the instruction's (16, 8 for tf32), or no grid of at most
+    has no wgmma, the types are not f16 x f16 / bf16 x bf16 / f32 (tf32) x f32 / e4m3 x e4m3 /
+    e5m2 x e5m2 into f32, K is not a multiple of the instruction's (16, 8 for tf32, 32 for
+    FP8), or no grid of at most
     ``threads / 128`` warpgroups gives each warpgroup whole m64nN steps (N 64, 128 or 256).
     ``rows`` keeps whole rows per warpgroup (one warpgroup column), ``cols`` whole columns.
     Most warpgroups first, then per-warpgroup tiles closest to square (the fewest
@@ -463,12 +472,12 @@ def plan_gemm(m: int, n: int, k: int, a_dtype: Any, b_dtype: Any, acc_dtype: Any
         return assemble_plan(m, n, k, a_dt, b_dt, acc_dt, threads, trans_a=trans_a,
                              trans_b=trans_b, policy=policy, instr=mfma[0], warps=mfma[1],
                              a_in_registers=a_in_registers)
-    # tf32 wgmma reads K-major operands only: A [m, k] and B stored [n, k]; a register A is
-    # 16-bit (the f16/bf16 fragment of m64nNk16).
+    # tf32 and FP8 wgmma read K-major operands only: A [m, k] and B stored [n, k]; a register
+    # A is 16-bit (the f16/bf16 fragment of m64nNk16).
     k_major = not trans_a and trans_b
-    grid = None if (not wgmma or (a_dt.name == "float32" and not (k_major and not a_in_registers))
-                    ) else _wgmma_grid(m, n, k, a_dt, b_dt, acc_dt, threads, caps,
-                                       "rows" if a_in_registers else policy)
+    takes = wgmma and not (a_dt.name in _K_MAJOR_ONLY and not (k_major and not a_in_registers))
+    grid = _wgmma_grid(m, n, k, a_dt, b_dt, acc_dt, threads, caps,
+                       "rows" if a_in_registers else policy) if takes else None
     if grid is not None:
         return assemble_plan(m, n, k, a_dt, b_dt, acc_dt, threads, trans_a=trans_a,
                              trans_b=trans_b, policy="warpgroups", instr=GemmInstr.WGMMA,

@@ -67,6 +67,7 @@ def test_register_a_layout_is_the_accumulator_of_the_gemm_before():
     assert o.a_layout == s.acc_layout
 
 
+@pytest.mark.slow   # float32 attention's lowering takes seconds
 def test_register_a_that_wgmma_cannot_take_keeps_the_kernel_on_mma_sync():
     # float32 has no register-A wgmma (tf32 A from registers is not planned): every gemm of
     # the kernel stays on mma.sync so that S and P share one layout.

@@ -64,6 +64,8 @@
 //                                  from shared memory; TA / TB true: that operand is MN-major,
 //                                  the imm-trans-a / imm-trans-b immediates)
 //   wgmma_{f16,bf16}_rs<N, TB>(d, a, desc_b, scale_d)   the same with A from 4 registers
+//   wgmma_{e4m3,e5m2}<N>(d, desc_a, desc_b, scale_d)   wgmma...m64nNk32.f32.{e4m3,e5m2} (K-major
+//                                  8-bit float operands)
 //   wgmma_tf32<N>(d, desc_a, desc_b, scale_d)   wgmma...m64nNk8.f32.tf32.tf32 (K-major f32
 //                                  words, read as tf32: the low 13 mantissa bits ignored)
 //   wgmma_fence() / wgmma_commit_group() / wgmma_wait_group<N>()

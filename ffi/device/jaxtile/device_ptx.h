@@ -452,6 +452,27 @@ JT_DEVICE void wgmma_tf32(wgmma_acc<N>& d, uint64_t desc_a, uint64_t desc_b, int
     JT_WGMMA_TF32_ASM(256, "128", "129", "130");
   }
 }
+// FP8 (m64nNk32, e4m3 or e5m2): both operands K-major, as for tf32.
+#define JT_WGMMA_FP8_ASM(N, T, IA, IB, IS)                                                     \
+  asm volatile("{ .reg .pred p; setp.ne.b32 p, %" IS ", 0;\n"                                 \
+               "wgmma.mma_async.sync.aligned.m64n" #N "k32.f32." T "." T " {" JT_WGMMA_D##N   \
+               "}, %" IA ", %" IB ", p, 1, 1; }"                                              \
+               : JT_WGMMA_OUT##N(d)                                                           \
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d)                                       \
+               : "memory")
+#define JT_WGMMA_FP8_FN(name, T)                                                              \
+  template <int N>                                                                            \
+  JT_DEVICE void name(wgmma_acc<N>& d, uint64_t desc_a, uint64_t desc_b, int scale_d) {       \
+    if constexpr (N == 64) {                                                                  \
+      JT_WGMMA_FP8_ASM(64, T, "32", "33", "34");                                              \
+    } else if constexpr (N == 128) {                                                          \
+      JT_WGMMA_FP8_ASM(128, T, "64", "65", "66");                                             \
+    } else {                                                                                  \
+      JT_WGMMA_FP8_ASM(256, T, "128", "129", "130");                                          \
+    }                                                                                         \
+  }
+JT_WGMMA_FP8_FN(wgmma_e4m3, "e4m3")
+JT_WGMMA_FP8_FN(wgmma_e5m2, "e5m2")
 JT_WGMMA_SS_FN(wgmma_f16, "f16")
 JT_WGMMA_SS_FN(wgmma_bf16, "bf16")
 JT_WGMMA_RS_FN(wgmma_f16_rs, "f16")

@@ -654,12 +654,15 @@ JT_DEVICE void gemm_wgmma(wgmma_acc<NW> (&d)[MI], ptr<TA> a, ptr<TB> b) {
   using A = gemm_detail::bare_t<TA>;
   constexpr bool kBf16 = gemm_detail::same<A, bf16>::value;
   constexpr bool kTf32 = gemm_detail::same<A, float>::value;
-  // One instruction covers 32 bytes of K: k16 for 16-bit types, k8 for tf32.
+  constexpr bool kE4m3 = gemm_detail::same<A, fp8e4m3>::value;
+  constexpr bool kE5m2 = gemm_detail::same<A, fp8e5m2>::value;
+  // One instruction covers 32 bytes of K: k16 for 16-bit types, k8 for tf32, k32 for FP8.
   constexpr int kStep = 32 / int(sizeof(A));
   static_assert(gemm_detail::same<A, gemm_detail::bare_t<TB>>::value &&
-                    (kBf16 || kTf32 || gemm_detail::same<A, half>::value),
-                "wgmma: f16 x f16, bf16 x bf16 or f32 (tf32) x f32 into f32");
-  static_assert(!kTf32 || (!TRANS_A && TRANS_B), "wgmma tf32 takes K-major operands only");
+                    (kBf16 || kTf32 || kE4m3 || kE5m2 || gemm_detail::same<A, half>::value),
+                "wgmma: f16, bf16, f32 (tf32), e4m3 or e5m2, both operands alike, into f32");
+  static_assert(!(kTf32 || kE4m3 || kE5m2) || (!TRANS_A && TRANS_B),
+                "wgmma tf32 and FP8 take K-major operands only");
   static_assert(NW * WG_N == N && MI * 64 * WG_M == M && K % kStep == 0,
                 "each warpgroup owns whole m64nNWk16 (k8 for tf32) steps");
   const int wg = int(warp_id()) / 4 % (WG_M * WG_N);
@@ -672,6 +675,10 @@ JT_DEVICE void gemm_wgmma(wgmma_acc<NW> (&d)[MI], ptr<TA> a, ptr<TB> b) {
       const uint64_t da = LA::template desc<TRANS_A>(a, row0 + 64 * mi, k0);
       if constexpr (kTf32) {
         wgmma_tf32<NW>(d[mi], da, db, 1);
+      } else if constexpr (kE4m3) {
+        wgmma_e4m3<NW>(d[mi], da, db, 1);
+      } else if constexpr (kE5m2) {
+        wgmma_e5m2<NW>(d[mi], da, db, 1);
       } else if constexpr (kBf16) {
         wgmma_bf16<NW, TRANS_A, !TRANS_B>(d[mi], da, db, 1);
       } else {

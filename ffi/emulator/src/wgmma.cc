@@ -20,6 +20,13 @@
 // unswizzled and swizzled MN-major forms.)
 // tf32 (m64nNk8, K-major only): the same K-major layouts over 32 bytes of K, 4-byte elements
 // (4 per 16-byte core-matrix row), each f32 word read with its low 13 mantissa bits dropped.
+// FP8 e4m3 / e5m2 (m64nNk32, K-major only): the same over 1-byte elements (16 per core-matrix
+// row). Every product of two 8-bit floats is exact in f32 (at most 4 x 4 significant bits,
+// exponents within f32's range); the emulator sums them in f32 in k order, as for the 16-bit
+// types. The ISA does not specify the tensor core's accumulation width: H100 measurements
+// (Khattak and Mikaitis, "Accurate Models of NVIDIA Tensor Cores", arXiv 2512.07004; the
+// DeepSeek-V3 report) find FP8 sums kept to about 13 mantissa bits, so the GPU may differ
+// from the emulator by more than f32 rounding over long K.
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -50,8 +57,10 @@ uint32_t swizzle_of(uint32_t addr, uint32_t span) {
 }
 
 // The bytes of one operand element, and the K of one instruction (32 bytes of K).
-uint32_t element_bytes(int type) { return type == kWgmmaTf32 ? 4u : 2u; }
-int k_of(int type) { return type == kWgmmaTf32 ? 8 : 16; }
+uint32_t element_bytes(int type) {
+  return type == kWgmmaTf32 ? 4u : (type == kWgmmaE4m3 || type == kWgmmaE5m2) ? 1u : 2u;
+}
+int k_of(int type) { return static_cast<int>(32u / element_bytes(type)); }
 
 float element(uint32_t bits, int type) {
   if (type == kWgmmaTf32) {
@@ -61,6 +70,8 @@ float element(uint32_t bits, int type) {
     std::memcpy(&f, &x, 4);
     return f;
   }
+  if (type == kWgmmaE4m3) return fp8_value(static_cast<uint8_t>(bits), kE4m3);
+  if (type == kWgmmaE5m2) return fp8_value(static_cast<uint8_t>(bits), kE5m2);
   if (type == kWgmmaBf16) {
     const uint32_t x = static_cast<uint32_t>(bits) << 16;
     float f;
@@ -123,8 +134,11 @@ bool read_operand(Block& b, Fiber& me, uint64_t desc, bool mn_major, int rows, i
       if (g_checks) {
         check_shared(me, region_at(b, addr), b.smem + addr, eb,
                      kRead | kNoBankLog | kAsyncProxy, line);
-        // The wait re-checks 2-byte pieces.
-        for (uint32_t piece = 0; piece < eb; piece += 2) offsets->push_back(addr + piece);
+        // The wait re-checks 2-byte pieces (an even and odd FP8 byte pair: one 16-byte chunk,
+        // both read).
+        for (uint32_t piece = 0; piece < eb || piece == 0; piece += 2) {
+          if ((addr + piece) % 2 == 0) offsets->push_back(addr + piece);
+        }
       }
       uint32_t bits = 0;
       std::memcpy(&bits, b.smem + addr, eb);
@@ -160,7 +174,7 @@ void run_wgmma(Block& b, Fiber& me, uint32_t wg, const WgmmaIn* const* in, uint3
   }
   const int n = w0.n;
   const int kk = k_of(w0.type);
-  std::vector<float> a(64 * 16), bm(static_cast<size_t>(n) * 16);
+  std::vector<float> a(static_cast<size_t>(64 * kk)), bm(static_cast<size_t>(n * kk));
   // Checked as read now, with this thread's clock, and again at its wait (see PendingRead).
   PendingRead reads{me.wgmma_group, line, {}};
   if (!read_operand(b, me, w0.desc_b, w0.trans_b, n, w0.type, bm.data(), line, "B",

@@ -536,6 +536,16 @@ void wgmma_tf32(wgmma_acc<N>& d, uint64_t desc_a, uint64_t desc_b, int scale_d,
                 uint32_t line = __builtin_LINE()) {
   wgmma_(d, emu::kWgmmaTf32, desc_a, nullptr, desc_b, scale_d, false, false, line);
 }
+template <int N>
+void wgmma_e4m3(wgmma_acc<N>& d, uint64_t desc_a, uint64_t desc_b, int scale_d,
+                uint32_t line = __builtin_LINE()) {
+  wgmma_(d, emu::kWgmmaE4m3, desc_a, nullptr, desc_b, scale_d, false, false, line);
+}
+template <int N>
+void wgmma_e5m2(wgmma_acc<N>& d, uint64_t desc_a, uint64_t desc_b, int scale_d,
+                uint32_t line = __builtin_LINE()) {
+  wgmma_(d, emu::kWgmmaE5m2, desc_a, nullptr, desc_b, scale_d, false, false, line);
+}
 template <int N, bool TB = false>
 void wgmma_f16_rs(wgmma_acc<N>& d, const unsigned (&a)[4], uint64_t desc_b, int scale_d,
                   uint32_t line = __builtin_LINE()) {

@@ -192,7 +192,7 @@ void tma_store(const Region* map_r, const void* map, const Region* src_r, const 
                const int32_t* coords, int rank, uint32_t line);
 void bulk_commit();
 void bulk_wait(int pending, uint32_t line);
-enum WgmmaType : int { kWgmmaF16, kWgmmaBf16, kWgmmaTf32 };
+enum WgmmaType : int { kWgmmaF16, kWgmmaBf16, kWgmmaTf32, kWgmmaE4m3, kWgmmaE5m2 };
 struct WgmmaIn {
   float* acc;             // the thread's N/2 accumulator registers
   uint32_t* in_flight;    // the accumulator's "result not retired" mark (the issuing line)

@@ -88,16 +88,32 @@ def _registers(arch, instruction, matrix, values):
     return out
 
 
+def _xf32(x):
+    """float32 values with 10-bit mantissas (what xf32 multiplies exactly)."""
+    return (x.astype(np.float32).view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
 @pytest.mark.parametrize("name,instruction,m,k,dtype", [
     ("mfma_16x16x16_f16", "v_mfma_f32_16x16x16_f16", 16, 16, np.float16),
-    ("mfma_32x32x8_bf16", "v_mfma_f32_32x32x8_bf16", 32, 8, ml_dtypes.bfloat16)])
+    ("mfma_32x32x8_bf16", "v_mfma_f32_32x32x8_bf16", 32, 8, ml_dtypes.bfloat16),
+    pytest.param("mfma_16x16x8_xf32", "v_mfma_f32_16x16x8_xf32", 16, 8, "xf32",
+                 marks=pytest.mark.slow),
+    pytest.param("mfma_32x32x4_xf32", "v_mfma_f32_32x32x4_xf32", 32, 4, "xf32",
+                 marks=pytest.mark.slow)])
 def test_mfma_matches_numpy_with_the_calculators_layouts(name, instruction, m, k, dtype):
     rng = np.random.default_rng(1)
-    a = rng.standard_normal((m, k)).astype(dtype)
-    b = rng.standard_normal((k, m)).astype(dtype)
+    if dtype == "xf32":
+        # Operands the instruction takes exactly, so the layouts alone decide the result;
+        # their bits go in as 32-bit registers.
+        a, b = _xf32(rng.standard_normal((m, k))), _xf32(rng.standard_normal((k, m)))
+        regs = [_registers("cdna3", instruction, x, v).view(np.uint32)
+                for x, v in (("A", a), ("B", b))]
+    else:
+        a = rng.standard_normal((m, k)).astype(dtype)
+        b = rng.standard_normal((k, m)).astype(dtype)
+        regs = [_registers("cdna3", instruction, x, v) for x, v in (("A", a), ("B", b))]
     c = rng.standard_normal((m, m)).astype(np.float32)
-    ab = np.concatenate([_registers("cdna3", instruction, "A", a).ravel(),
-                         _registers("cdna3", instruction, "B", b).ravel()])
+    ab = np.concatenate([r.ravel() for r in regs])
     creg = _registers("cdna3", instruction, "C", c)
     d = np.zeros_like(creg)
     kernel = _build(name, [Buffer("ab", "uint32"), Buffer("c", "float32"),

@@ -281,6 +281,38 @@ def test_xf32_mfma_takes_inputs_with_10_bit_mantissas(hip_emulator):
                   (16.0 if xf32 else 16 + 16 * 2.0 ** -11))
 
 
+@jt.kernel(threads=256)
+def _four_waves(a, b, *, transpose_a=False):
+    """A 32 x 32 x 64 tile over 4 waves: 16 x 16 MFMAs (the 32 x 32 ones would keep one wave
+    busy), B stored [K, N] (read with gemm_mfma's rotated order), A [M, K] or [K, M]."""
+    m = a.shape[1] if transpose_a else a.shape[0]
+    out = jt.empty((m, b.shape[1]), jnp.float32)
+    jt.grid(1)
+    sa = jt.shared(a.shape, a.dtype)
+    sb = jt.shared(b.shape, b.dtype)
+    acc = jt.fragment((m, b.shape[1]), jnp.float32)
+    jt.copy(a.at[0, 0], sa)
+    jt.copy(b.at[0, 0], sb)
+    acc[...] = jnp.zeros((m, b.shape[1]), jnp.float32)
+    jt.gemm(sa, sb, acc, transpose_a=transpose_a)
+    jt.copy(acc, out.at[0, 0])
+    return out
+
+
+@SLOW
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+@pytest.mark.parametrize("ta", [False, True], ids=["a", "aT"])
+def test_transposed_operands_on_16x16_mfma(hip_emulator, dtype, ta):
+    a = _data((64, 32) if ta else (32, 64), dtype)
+    b = _data((64, 32), dtype, 1)
+    assert "#mfma(16x16x16, warps 2x2)" in _four_waves.lower(
+        a, b, transpose_a=ta, target="hip:gfx942").lowered_ir
+    got = jax.jit(lambda x, y: _four_waves(x, y, transpose_a=ta))(a, b)
+    x = (a.T if ta else a).astype(jnp.float32)
+    _close(got, _four_waves.reference(a, b, transpose_a=ta), 1e-4)
+    _close(got, jnp.dot(x, b.astype(jnp.float32), precision="highest"), 1e-4)
+
+
 @SLOW
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
 def test_gemm_runs_on_mfma(hip_emulator, dtype):

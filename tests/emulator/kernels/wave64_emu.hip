@@ -51,6 +51,31 @@ JT_KERNEL JT_LAUNCH_BOUNDS(64) void mfma_32x32x8_bf16(ptr<const unsigned> ab, pt
   mfma_f32_32x32x8_bf16(acc, a, b, acc);
   for (int r = 0; r < 16; ++r) d[16 * l + r] = acc[r];
 }
+// gfx942's xf32: each lane's two float32 A and B operands (their bits in ab).
+JT_KERNEL JT_LAUNCH_BOUNDS(64) void mfma_16x16x8_xf32(ptr<const unsigned> ab, ptr<const float> c,
+                                                      ptr<float> d) {
+  const unsigned l = lane_id();
+  const float a[2] = {__builtin_bit_cast(float, unsigned(ab[2 * l])),
+                      __builtin_bit_cast(float, unsigned(ab[2 * l + 1]))};
+  const float b[2] = {__builtin_bit_cast(float, unsigned(ab[128 + 2 * l])),
+                      __builtin_bit_cast(float, unsigned(ab[129 + 2 * l]))};
+  float acc[4];
+  for (int r = 0; r < 4; ++r) acc[r] = c[4 * l + r];
+  mfma_f32_16x16x8_xf32(acc, a, b, acc);
+  for (int r = 0; r < 4; ++r) d[4 * l + r] = acc[r];
+}
+JT_KERNEL JT_LAUNCH_BOUNDS(64) void mfma_32x32x4_xf32(ptr<const unsigned> ab, ptr<const float> c,
+                                                      ptr<float> d) {
+  const unsigned l = lane_id();
+  const float a[2] = {__builtin_bit_cast(float, unsigned(ab[2 * l])),
+                      __builtin_bit_cast(float, unsigned(ab[2 * l + 1]))};
+  const float b[2] = {__builtin_bit_cast(float, unsigned(ab[128 + 2 * l])),
+                      __builtin_bit_cast(float, unsigned(ab[129 + 2 * l]))};
+  float acc[16];
+  for (int r = 0; r < 16; ++r) acc[r] = c[16 * l + r];
+  mfma_f32_32x32x4_xf32(acc, a, b, acc);
+  for (int r = 0; r < 16; ++r) d[16 * l + r] = acc[r];
+}
 
 // Two waves exchange data through LDS: out[t] = x[127 - t].
 JT_KERNEL JT_LAUNCH_BOUNDS(128) void lds_reverse(ptr<const float> x, ptr<float> out) {

@@ -77,34 +77,55 @@ class GemmInstr(enum.IntEnum):
 
     @property
     def cpp(self) -> str:
-        return ("jaxtile::kGemmFma", "jaxtile::kGemmMma16", "jaxtile::kGemmMmaTf32",
-                "jaxtile::kGemmMfma32", "jaxtile::kGemmMfma16", "", "jaxtile::kGemmMfma32Xf32",
-                "jaxtile::kGemmMfma16Xf32")[self]
+        """tile_gemm.h's constant for the instruction ("" where none: wgmma is printed by its
+        own template)."""
+        return _INSTRS[self].cpp
 
     @property
     def k_step(self) -> int:
         """The K a gemm_ss step consumes (the gemm's K must be a multiple): one instruction's
         for mma.sync and wgmma, two MFMAs' for AMD, whose lanes read both instructions'
         operands with one 16-byte LDS access (tile_gemm.h's gemm_mfma)."""
-        return (1, 16, 8, 16, 32, 16, 8, 16)[self]
+        return _INSTRS[self].k_step
 
     @property
     def label(self) -> str:
         """How the accumulator layout names the instruction (for MFMA, the shape as
         ``HipCaps.mma_shapes`` lists it)."""
-        return ("fma", "m16n8k16", "m16n8k8", "32x32x8", "16x16x16", "wgmma", "32x32x4",
-                "16x16x8")[self]
+        return _INSTRS[self].label
 
     @property
     def mfma_size(self) -> int:
         """S of an MFMA ``SxSxK`` instruction; 0 for the others."""
-        return {GemmInstr.MFMA32: 32, GemmInstr.MFMA16: 16, GemmInstr.MFMA32_XF32: 32,
-                GemmInstr.MFMA16_XF32: 16}.get(self, 0)
+        return _INSTRS[self].mfma_size
 
     @property
     def lanes(self) -> int:
         """Lanes of the warp (wave) the device templates split the tile over."""
         return 64 if self.mfma_size else 32
+
+
+@dataclasses.dataclass(frozen=True)
+class _InstrFacts:
+    """What the generator and the planner need of one instruction, in one record so that a
+    new instruction cannot be half-added."""
+    cpp: str
+    k_step: int
+    label: str
+    mfma_size: int = 0
+
+
+_INSTRS = {
+    GemmInstr.FMA: _InstrFacts("jaxtile::kGemmFma", 1, "fma"),
+    GemmInstr.MMA16: _InstrFacts("jaxtile::kGemmMma16", 16, "m16n8k16"),
+    GemmInstr.MMA_TF32: _InstrFacts("jaxtile::kGemmMmaTf32", 8, "m16n8k8"),
+    GemmInstr.MFMA32: _InstrFacts("jaxtile::kGemmMfma32", 16, "32x32x8", 32),
+    GemmInstr.MFMA16: _InstrFacts("jaxtile::kGemmMfma16", 32, "16x16x16", 16),
+    GemmInstr.WGMMA: _InstrFacts("", 16, "wgmma"),
+    GemmInstr.MFMA32_XF32: _InstrFacts("jaxtile::kGemmMfma32Xf32", 8, "32x32x4", 32),
+    GemmInstr.MFMA16_XF32: _InstrFacts("jaxtile::kGemmMfma16Xf32", 16, "16x16x8", 16),
+}
+assert set(_INSTRS) == set(GemmInstr)
 
 
 POLICIES = ("auto", "square", "rows", "cols")
@@ -119,7 +140,7 @@ def cpp_type(dtype: Any) -> str:
     """The device-code type of a numpy dtype (``jaxtile::half`` for float16)."""
     name = np.dtype(dtype).name
     if name not in _CPP_TYPES:
-        raise KernelError(f"gemm: no CUDA type for dtype {name}")
+        raise KernelError(f"gemm: no GPU device type for dtype {name}")
     return _CPP_TYPES[name]
 
 

@@ -89,7 +89,7 @@ def test_gemm_rs_takes_the_accumulator_of_a_previous_gemm():
     (dict(a="float32", a_in_registers=True), "A in registers"),
     (dict(k=8, a_in_registers=True), "K % 16"),
     (dict(target=parse_target("cpu")), "GPU targets, not cpu"),
-    (dict(a="complex64"), "no CUDA type"),
+    (dict(a="complex64"), "no GPU device type"),
     (dict(acc="float16"), "accumulate in float32"),
     (dict(acc="notatype"), "C has an unknown dtype"),
     (dict(a_in_registers=True, trans_a=True), "trans_a must be False"),

@@ -79,25 +79,25 @@ class GemmInstr(enum.IntEnum):
     def cpp(self) -> str:
         """tile_gemm.h's constant for the instruction ("" where none: wgmma is printed by its
         own template)."""
-        return _INSTRS[self].cpp
+        return _FACTS[self].cpp
 
     @property
     def k_step(self) -> int:
         """The K a gemm_ss step consumes (the gemm's K must be a multiple): one instruction's
         for mma.sync and wgmma, two MFMAs' for AMD, whose lanes read both instructions'
         operands with one 16-byte LDS access (tile_gemm.h's gemm_mfma)."""
-        return _INSTRS[self].k_step
+        return _FACTS[self].k_step
 
     @property
     def label(self) -> str:
         """How the accumulator layout names the instruction (for MFMA, the shape as
         ``HipCaps.mma_shapes`` lists it)."""
-        return _INSTRS[self].label
+        return _FACTS[self].label
 
     @property
     def mfma_size(self) -> int:
         """S of an MFMA ``SxSxK`` instruction; 0 for the others."""
-        return _INSTRS[self].mfma_size
+        return _FACTS[self].mfma_size
 
     @property
     def lanes(self) -> int:
@@ -115,7 +115,7 @@ class _InstrFacts:
     mfma_size: int = 0
 
 
-_INSTRS = {
+_FACTS = {
     GemmInstr.FMA: _InstrFacts("jaxtile::kGemmFma", 1, "fma"),
     GemmInstr.MMA16: _InstrFacts("jaxtile::kGemmMma16", 16, "m16n8k16"),
     GemmInstr.MMA_TF32: _InstrFacts("jaxtile::kGemmMmaTf32", 8, "m16n8k8"),
@@ -125,7 +125,7 @@ _INSTRS = {
     GemmInstr.MFMA32_XF32: _InstrFacts("jaxtile::kGemmMfma32Xf32", 8, "32x32x4", 32),
     GemmInstr.MFMA16_XF32: _InstrFacts("jaxtile::kGemmMfma16Xf32", 16, "16x16x8", 16),
 }
-assert set(_INSTRS) == set(GemmInstr)
+assert set(_FACTS) == set(GemmInstr)
 
 
 POLICIES = ("auto", "square", "rows", "cols")

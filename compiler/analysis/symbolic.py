@@ -132,6 +132,83 @@ def interval(e: Expr, ranges: dict[str, tuple[int, int]]) -> tuple[int, int] | N
     return min(corners), max(corners)
 
 
+Bound = tuple[int | None, int | None]
+"""A lower and an upper bound, either None where there is none."""
+
+_INF = float("inf")
+
+
+def _ends(b: Bound) -> tuple[Any, Any]:
+    return (-_INF if b[0] is None else b[0]), (_INF if b[1] is None else b[1])
+
+
+def _bound(lo: Any, hi: Any) -> Bound:
+    return (None if lo == -_INF else lo), (None if hi == _INF else hi)
+
+
+def _times(x: Any, y: Any) -> Any:
+    # An infinite end is not a value: 0 times it is 0, which keeps [0, inf) * [2, 2] at
+    # [0, inf).
+    return 0 if x == 0 or y == 0 else x * y
+
+
+def half_interval(e: Expr, ranges: dict[str, Bound]) -> Bound:
+    """Bounds of ``e`` (sound, not tight) where each may be missing: what :func:`interval`
+    gives, also for symbols known only from one side (a loop variable ``>= 0`` whose end is
+    read from memory). Finite ends stay Python ints."""
+    if e[0] == "int":
+        return e[1], e[1]
+    if e[0] == "sym":
+        return ranges.get(e[1], (None, None))
+    if e[0] == "neg":
+        lo, hi = _ends(half_interval(e[1], ranges))
+        return _bound(-hi, -lo)
+    if e[0] not in ("+", "-", "*", "max", "min", "floordiv"):
+        return None, None
+    (a0, a1), (b0, b1) = (_ends(half_interval(x, ranges)) for x in e[1:])
+    if e[0] == "+":
+        return _bound(a0 + b0, a1 + b1)
+    if e[0] == "-":
+        return _bound(a0 - b1, a1 - b0)
+    if e[0] == "max":
+        return _bound(max(a0, b0), max(a1, b1))
+    if e[0] == "min":
+        return _bound(min(a0, b0), min(a1, b1))
+    if e[0] == "*":
+        corners = [_times(x, y) for x in (a0, a1) for y in (b0, b1)]
+        return _bound(min(corners), max(corners))
+    # floordiv by a positive divisor with finite bounds: monotone in the dividend, and an
+    # infinite end stays infinite.
+    if b0 <= 0 or b1 == _INF:
+        return None, None
+    lo = a0 if a0 == -_INF else min(a0 // b0, a0 // b1)
+    hi = a1 if a1 == _INF else max(a1 // b0, a1 // b1)
+    return _bound(lo, hi)
+
+
+def known_bounds(conds: list[Expr], ranges: dict[str, tuple[int, int]]) -> dict[str, Bound]:
+    """``ranges`` tightened, and extended to more symbols, by the conditions that bound a
+    symbol directly (``e <= s``, ``e < s``, ``s <= e``, ``s < e`` with ``e`` bounded on the
+    side that matters); other conditions are left to the provers. Sound: every condition
+    holds where ``conds`` are known."""
+    out: dict[str, Bound] = dict(ranges)
+    for c in conds:
+        if c[0] not in ("<", "<=") or (c[1][0] != "sym" and c[2][0] != "sym"):
+            continue
+        strict = 1 if c[0] == "<" else 0
+        if c[2][0] == "sym":             # e <= s: s's lower bound
+            lo = half_interval(c[1], out)[0]
+            old = out.get(c[2][1], (None, None))
+            if lo is not None and (old[0] is None or lo + strict > old[0]):
+                out[c[2][1]] = (lo + strict, old[1])
+        if c[1][0] == "sym":             # s <= e: s's upper bound
+            hi = half_interval(c[2], out)[1]
+            old = out.get(c[1][1], (None, None))
+            if hi is not None and (old[1] is None or hi - strict < old[1]):
+                out[c[1][1]] = (old[0], hi - strict)
+    return out
+
+
 def symbols(e: Expr) -> set[str]:
     """The symbols ``e`` names."""
     if e[0] == "sym":

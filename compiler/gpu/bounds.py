@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import ir
+from ..analysis import symbolic
 from ..analysis.symbolic import Expr, Facts, define, interval, symbols, value
 
 _PROVERS = ("interval", "tvm", "z3")
@@ -50,14 +51,29 @@ class _Provers:
     def __init__(self) -> None:
         self._tvm: Any = None
         self._z3: Any = None
+        self._settled: dict[tuple, str | None] = {}
 
     def prove(self, goal: Expr, facts: Facts) -> str | None:
         """``"interval"``, ``"tvm"`` or ``"z3"``, what showed ``goal`` under ``facts``; None
-        if nothing did. Plain interval arithmetic goes first: it settles the common affine
-        accesses without importing TVM (a cold compile would pay about a second for it)."""
+        if nothing did. Interval arithmetic (with the bounds the conditions give symbols)
+        and a search for a counterexample go first: they settle the common accesses, and
+        the ragged or data-dependent ones, without importing TVM (a cold compile would pay
+        about a second for it). A query asked again (the same access of two buffers, as
+        attention's K and V) is answered from the first."""
+        key = (goal, tuple(facts.conds), tuple(sorted(facts.ranges.items())))
+        if key not in self._settled:
+            self._settled[key] = self._prove(goal, facts)
+        return self._settled[key]
+
+    def _prove(self, goal: Expr, facts: Facts) -> str | None:
         if goal[0] == "<=":
             lo, hi = interval(goal[1], facts.ranges), interval(goal[2], facts.ranges)
             if lo is not None and hi is not None and lo[1] <= hi[0]:
+                return "interval"
+            known = symbolic.known_bounds(facts.conds, facts.ranges)
+            upper = symbolic.half_interval(goal[1], known)[1]
+            lower = symbolic.half_interval(goal[2], known)[0]
+            if upper is not None and lower is not None and upper <= lower:
                 return "interval"
         if _refuted(goal, facts):
             return None
@@ -157,10 +173,17 @@ _CORNERS = 256
 def _refuted(goal: Expr, facts: Facts) -> bool:
     """Whether a corner of the variables' ranges satisfies every fact and breaks ``goal``:
     then no prover can succeed (they see the same facts), and the ragged edge of a grid is
-    found without importing TVM. Variables without a range try ``0`` and ``2**20``."""
+    found without importing TVM. Variables without a range try ``0``, ``2**20`` and
+    ``2**21`` (two large values, so that a loop variable below an end read from memory can
+    still be past a buffer's edge), or only the first two where that would be too many."""
     names = sorted(symbols(goal) | set().union(*map(symbols, facts.conds)))
-    choices = [sorted(set(facts.ranges.get(n, (0, 2**20)))) for n in names]
-    if not names or _product_len(choices) > _CORNERS:
+    if not names:
+        return False
+    for free in ((0, 2**20, 2**21), (0, 2**20)):
+        choices = [sorted(set(facts.ranges.get(n, free))) for n in names]
+        if _product_len(choices) <= _CORNERS:
+            break
+    else:
         return False
     for values in itertools.product(*choices):
         env = dict(zip(names, values))

@@ -669,7 +669,7 @@ def _tile_attrs(tile: SharedTile) -> dict[str, int]:
     return {"swizzle": tile.step if tile.swizzled else 0}
 
 
-_INSTRS = {i.label: i for i in GemmInstr}
+_BY_LABEL = {i.label: i for i in GemmInstr}
 
 
 def recorded(op: ir.Op, kernel: ir.Kernel) -> GemmPlan | None:
@@ -690,7 +690,7 @@ def recorded(op: ir.Op, kernel: ir.Kernel) -> GemmPlan | None:
     p = assemble_plan(m, n, k, bufs[a.buffer].dtype, bufs[b.buffer].dtype,
                       bufs[c.buffer].dtype, kernel.threads, trans_a=ta, trans_b=tb,
                       policy=op.notes["policy"],
-                      instr=GemmInstr.WGMMA if wgmma else _INSTRS[instr],
+                      instr=GemmInstr.WGMMA if wgmma else _BY_LABEL[instr],
                       warps=op.notes["warpgroups" if wgmma else "warps"],
                       a_in_registers=bufs[a.buffer].scope == "fragment")
     if p.note != instr:

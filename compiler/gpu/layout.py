@@ -170,17 +170,32 @@ class Layout:
         """``(thread, local)``: ``thread`` has shape ``shape + (replication,)`` (every thread
         holding the element, ascending), ``local`` has ``shape`` (the slot, the same in every
         replica)."""
-        thread = np.full(self.shape + (self.replication,), -1, np.int64)
-        local = np.full(self.shape, -1, np.int64)
-        seen = np.zeros(self.shape, np.int64)
-        for t in range(self.threads):
-            for k in range(self.num_local):
-                c = self.coords(t, k)
-                if all(x < n for x, n in zip(c, self.shape)):
-                    thread[c + (seen[c],)] = t
-                    seen[c] += 1
-                    local[c] = k
-        return thread, local
+        # :meth:`coords` for every (thread, slot) at once, in numpy: the barrier pass asks
+        # this of every fragment layout, 16 K elements for an attention tile.
+        t = np.arange(self.threads)[:, None]
+        k = np.arange(self.num_local)[None, :]
+        coords = []
+        for d, factors in enumerate(self.dims):
+            c = np.zeros((self.threads, self.num_local), np.int64)
+            for f, w in zip(factors, self._weights(d)):
+                c = c + ((t if f.kind == THREAD else k) // f.stride) % f.size * w
+            coords.append(c.ravel())
+        inside = np.ones(self.threads * self.num_local, bool)
+        for c, n in zip(coords, self.shape):
+            inside &= c < n
+        held = np.flatnonzero(inside)               # (thread, slot) pairs, thread-major
+        element = np.ravel_multi_index([c[held] for c in coords], self.shape) \
+            if self.shape else np.zeros(len(held), np.int64)
+        order = np.argsort(element, kind="stable")  # by element, each by ascending thread
+        element, held = element[order], held[order]
+        first = np.searchsorted(element, element, side="left")
+        replica = np.arange(len(element)) - first
+        size = math.prod(self.shape)
+        thread = np.full((size, self.replication), -1, np.int64)
+        thread[element, replica] = held // self.num_local
+        local = np.full(size, -1, np.int64)
+        local[element] = held % self.num_local      # the same slot in every replica
+        return thread.reshape(self.shape + (self.replication,)), local.reshape(self.shape)
 
     # -- C expressions for code generation ---------------------------------------------
 

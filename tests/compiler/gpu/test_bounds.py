@@ -319,3 +319,49 @@ def test_wrapping_conversions_keep_the_mask(dtype, kept):
                                      "dst": ir.whole("t", (8,)), "pad": None}))
     k = check_bounds(ir.Kernel("wrap", (8,), 128, bufs, (b,), body))
     assert _masks(k) == {("copy", "x"): kept}
+
+
+@jt.kernel
+def _keys(x, lengths, *, rows=32):
+    """Like attention's key loop: the trip count is read from memory, so the loop variable is
+    known only to be >= 0 (and below an unknown end)."""
+    out = jt.empty((rows, x.shape[1]), x.dtype)
+    jt.grid(1)
+    acc = jt.fragment((rows, x.shape[1]), x.dtype)
+    tile = jt.fragment((rows, x.shape[1]), x.dtype)
+    acc[...] = jnp.zeros((rows, x.shape[1]), x.dtype)
+
+    @jt.loop(jt.cdiv(lengths[0], rows))
+    def _(i):
+        jt.copy(x.at[i * rows, 0], tile)
+        acc[...] += tile[...]
+        jt.copy(x.at[i * rows, 0], tile)          # the same access again: answered once
+        acc[...] += tile[...]
+
+    jt.copy(acc, out.at[0, 0])
+    return out
+
+
+def test_a_data_dependent_trip_count_needs_no_prover(monkeypatch):
+    """``0 <= i * rows`` follows from the loop's ``0 <= i`` by interval arithmetic; the end
+    ``i * rows + rows <= n`` has a counterexample (an end of 2**21 with i = 2**20): neither
+    imports TVM or z3, which cost a cold compile about a second. Each distinct query is
+    decided once."""
+    def no_prover(*_):
+        raise AssertionError("intervals and the corner search decide this kernel")
+
+    monkeypatch.setattr(bounds._Provers, "_by_tvm", no_prover)
+    monkeypatch.setattr(bounds._Provers, "_by_z3", no_prover)
+    decided = []
+    prove = bounds._Provers._prove
+    monkeypatch.setattr(bounds._Provers, "_prove",
+                        lambda self, goal, facts: decided.append((goal, tuple(facts.conds)))
+                        or prove(self, goal, facts))
+    k = _ir(_keys, (256, 16), ((1,), jnp.int32))
+    copies = [s for s in ir.walk(k.body) if isinstance(s, ir.Op) and s.kind == "copy"
+              and s.attrs["src"].buffer == "x"]
+    assert len(copies) == 2
+    for copy in copies:
+        assert dict(copy.notes["masks"]) == {"src": (0,)}
+        assert set(copy.notes["bounds_proofs"]) == {("src", 1, "interval")}
+    assert decided and len(decided) == len(set(decided))

@@ -203,3 +203,23 @@ def test_the_transposed_operand_of_a_select_round_trips():
         text = low.lowered_ir
         assert "perm (1, 0))" in text and "np.int" not in text
         assert printer.format_kernel(parser.parse_kernel(text)) == text
+
+
+@pytest.mark.parametrize("lay", [L.mma_accumulator((16, 8), (1, 1), threads=64),
+                                 L.mma_accumulator((64, 32), (2, 2)),
+                                 L.blocked((4, 100), 128, 4), L.blocked((2, 3, 8), 16, 2)],
+                         ids=["replicated", "warp_grid", "padded", "rank3"])
+def test_owners_are_coords_per_thread_and_slot(lay):
+    """``owners`` (computed for every element at once) against :meth:`Layout.coords` asked
+    one (thread, slot) at a time: each element's threads in ascending order, its slot."""
+    thread, local = lay.owners()
+    held: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+    for t in range(lay.threads):
+        for k in range(lay.num_local):
+            c = lay.coords(t, k)
+            if all(x < n for x, n in zip(c, lay.shape)):
+                held.setdefault(c, []).append((t, k))
+    assert len(held) == thread[..., 0].size
+    for c, pairs in held.items():
+        assert list(thread[c]) == [t for t, _ in pairs]
+        assert {local[c]} == {k for _, k in pairs}

@@ -2,6 +2,7 @@
 errors (compiler/hip/toolchain.py)."""
 
 import re
+import struct
 
 import pytest
 from hip_kernels import compiled
@@ -121,3 +122,19 @@ def test_missing_compiler_and_unknown_arch_are_clear_errors(monkeypatch):
     with pytest.raises(ToolchainError, match="no clang for AMD GPUs.*apt-get install -y "
                                              "clang-19 lld-19"):
         toolchain.compile_hip("", "gfx942")
+
+
+@needs_clang
+@pytest.mark.parametrize("arch", ["gfx90a", "gfx942"])
+def test_code_object_is_the_assembly_linked(arch):
+    """The code object comes from the assembly the figures are read from (compiled to
+    assembly, then assembled and linked): an AMDGPU ELF shared object for the loader whose
+    symbols include the kernel and its descriptor."""
+    co = compiled("mfma_gemm", arch)
+    data = co.data
+    assert data[:4] == b"\x7fELF" and data[4] == 2              # 64-bit
+    e_type, e_machine = struct.unpack_from("<HH", data, 16)
+    assert (e_type, e_machine) == (3, 224)                       # ET_DYN, EM_AMDGPU
+    for symbol in (b"gemm_f16_mfma\0", b"gemm_f16_mfma.kd\0"):
+        assert symbol in data
+    assert ".amdhsa_kernel gemm_f16_mfma" in co.assembly

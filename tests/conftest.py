@@ -1,5 +1,5 @@
-"""Test setup: a fresh on-disk kernel cache per test session, the IR verified after every
-compiler pass, and shared helpers."""
+"""Test setup: a fresh on-disk kernel cache per test run (shared by its xdist workers), the IR
+verified after every compiler pass, and shared helpers."""
 
 import os
 import shutil
@@ -9,18 +9,25 @@ import tempfile
 import numpy as np
 import pytest
 
-_CACHE = tempfile.mkdtemp(prefix="jaxtile-test-cache-")
+# The xdist workers inherit the controller's environment: they share its cache, so that what
+# one worker built (the emulator runtimes take half a minute each) the other finds. The cache
+# is safe for concurrent processes (tests/compiler/test_cache.py).
+_OWNER = not ("PYTEST_XDIST_WORKER" in os.environ and "JAXTILE_TEST_CACHE" in os.environ)
+_CACHE = (tempfile.mkdtemp(prefix="jaxtile-test-cache-") if _OWNER
+          else os.environ["JAXTILE_TEST_CACHE"])
+os.environ["JAXTILE_TEST_CACHE"] = _CACHE
 os.environ["JAXTILE_CACHE_DIR"] = _CACHE
 os.environ["JAXTILE_VERIFY_IR"] = "1"
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Remove this process's cache: each pytest process (the xdist controller and every
-    worker imports this file) made its own, and /tmp would keep one per run otherwise."""
+    """Remove the run's cache, in the process that made it (the xdist controller finishes
+    after its workers); /tmp would keep one per run otherwise."""
     build = sys.modules.get("jaxtile.compiler.build")
     if build is not None:
         build.wait_idle()
-    shutil.rmtree(_CACHE, ignore_errors=True)
+    if _OWNER:
+        shutil.rmtree(_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

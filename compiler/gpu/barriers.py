@@ -71,6 +71,7 @@ import functools
 import numpy as np
 
 from .. import ir, op_defs
+from . import tma
 from .copy_mapping import copy_layout
 from .copy_schedule import ISSUE_KINDS, ISSUED, SCHEDULE_KINDS, issued_copies
 from .layout import Layout, blocked
@@ -155,7 +156,8 @@ class _Walker:
                                span, "async" if id(region) in asynchronous else "generic"))
             if write and attr in d.reads:
                 out.append(_Access(region.buffer, False, region, out[-1].owners, span))
-        if self.async_reads:
+        # A TMA copy writes through the async proxy itself: wgmma may read it with no fence.
+        if self.async_reads and tma.BOX not in op.notes:
             out += [dataclasses.replace(a, owners=None, proxy="unfenced") for a in out
                     if a.write and self.bufs[a.buffer].scope == "shared"]
         return out

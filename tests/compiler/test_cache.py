@@ -88,8 +88,9 @@ def test_prebuilt_entry_that_cannot_load_is_compiled_and_left_alone(fresh_cache,
     directory, read-only data, keeps its files."""
     calls = _count_compiles(monkeypatch)
     x = jnp.arange(8, dtype=jnp.float32)
-    # A factor no other test uses: a key this process has loaded before is not reloaded.
-    key = _scale_kernel().lower(x, factor=5.0).key
+    # A factor no other test uses (tests/reliability/test_cache_integrity.py has 5.0): a key
+    # this process has loaded before is not reloaded.
+    key = _scale_kernel().lower(x, factor=13.5).key
     prebuilt = fresh_cache / "prebuilt"
     monkeypatch.setenv("JAXTILE_CACHE_DIR", str(prebuilt))
     cache.store(key, b"\0" * 4096, "scale", 1)     # consistent checksums, not a library
@@ -99,7 +100,7 @@ def test_prebuilt_entry_that_cannot_load_is_compiled_and_left_alone(fresh_cache,
     cache.clear_memory()
     assert cache.find(key)[1] == "prebuilt"
     cache.clear_memory()
-    np.testing.assert_array_equal(_scale_kernel()(x, factor=5.0), np.arange(8) * 5.0)
+    np.testing.assert_array_equal(_scale_kernel()(x, factor=13.5), np.arange(8) * 13.5)
     assert calls == ["scale"]
     assert {p: p.read_bytes() for p in prebuilt.rglob("*") if p.is_file()} == files
     cache.clear_memory()

@@ -156,6 +156,14 @@ JT_DEVICE float bits_float(unsigned u) {
   x.u = u;
   return x.f;
 }
+JT_DEVICE unsigned float_bits(float f) {
+  union {
+    float f;
+    unsigned u;
+  } x;
+  x.f = f;
+  return x.u;
+}
 
 // The element (r, c) of a logical operand stored as Layout, transposed in storage when TRANS.
 template <class Layout, bool TRANS>
@@ -413,8 +421,8 @@ template <int INSTR, bool BF16>
 JT_DEVICE void mfma(float* acc, const unsigned (&a)[2], const unsigned (&b)[2]) {
   constexpr int S = Mfma<INSTR>::S;
   if constexpr (Mfma<INSTR>::kXf32) {
-    const float fa[2] = {__builtin_bit_cast(float, a[0]), __builtin_bit_cast(float, a[1])};
-    const float fb[2] = {__builtin_bit_cast(float, b[0]), __builtin_bit_cast(float, b[1])};
+    const float fa[2] = {bits_float(a[0]), bits_float(a[1])};
+    const float fb[2] = {bits_float(b[0]), bits_float(b[1])};
     if constexpr (S == 32) {
       mfma_f32_32x32x4_xf32(*reinterpret_cast<float(*)[16]>(acc), fa, fb,
                             *reinterpret_cast<float(*)[16]>(acc));
@@ -468,7 +476,7 @@ JT_DEVICE void read_k(unsigned (&w)[WORDS], ptr<T> x, int r, int k0, int rot = 0
 #pragma unroll
     for (int i = 0; i < WORDS; ++i) {
       const bare_t<T> v = x[L::offset(k0 + i, r)];
-      w[i] = __builtin_bit_cast(unsigned, v);
+      w[i] = float_bits(v);
     }
   } else if constexpr (TRANS) {
     constexpr int V = 2 * WORDS;

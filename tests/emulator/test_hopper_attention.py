@@ -13,22 +13,11 @@ import numpy as np
 import pytest
 from test_hopper_primitives import _tv_index
 
-import jaxtile as jt
 from jaxtile import ops
 from jaxtile.compiler.gpu import gemm_plan
 from jaxtile.compiler.target import parse_target
 
 SM90A = parse_target("cuda:sm_90a")
-
-
-@pytest.fixture
-def hopper():
-    before = jt.backend()
-    jax.clear_caches()   # jax.jit's caches do not know jaxtile's backend
-    jt.set_backend("cuda-emulator:sm_90a")
-    yield
-    jt.set_backend(before)
-    jax.clear_caches()
 
 
 def _data(shape, dtype, seed):
@@ -148,7 +137,6 @@ def test_attention_gqa_ragged_on_sm90a(hopper, d, causal):
 @pytest.mark.slow
 def test_attention_bf16_d128_on_sm90a(hopper):
     _attention_case(1, 2, 1, 70, 130, 128, jnp.bfloat16, False, [130], 9)
-
 
 
 @pytest.mark.slow

@@ -9,23 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import jaxtile as jt
 from jaxtile import ops
 from jaxtile.compiler.gpu import gemm_plan
 from jaxtile.compiler.target import parse_target
 
 SM90A = parse_target("cuda:sm_90a")
 _FP8 = [jnp.float8_e4m3fn, jnp.float8_e5m2]
-
-
-@pytest.fixture
-def hopper():
-    before = jt.backend()
-    jax.clear_caches()   # jax.jit's caches do not know jaxtile's backend
-    jt.set_backend("cuda-emulator:sm_90a")
-    yield
-    jt.set_backend(before)
-    jax.clear_caches()
 
 
 @pytest.mark.parametrize("dtype", _FP8, ids=["e4m3", "e5m2"])

@@ -22,25 +22,6 @@ from jaxtile.compiler.emulator import EmulatedKernel, EmulatorError
 from jaxtile.compiler.target import parse_target
 
 
-@pytest.fixture
-def hopper(monkeypatch):
-    """Kernels run as sm_90a code in the emulator; records the source of each library built."""
-    before = jt.backend()
-    jax.clear_caches()
-    jt.set_backend("cuda-emulator:sm_90a")
-    built = []
-    real = emulated.build_library
-
-    def spy(source, *args, **kwargs):
-        built.append(source)
-        return real(source, *args, **kwargs)
-
-    monkeypatch.setattr(emulated, "build_library", spy)
-    yield built
-    jt.set_backend(before)
-    jax.clear_caches()
-
-
 def _operands(m, k, n, dtype, seed=0):
     rng = np.random.default_rng(seed)
     a = jnp.asarray(rng.standard_normal((m, k)), dtype)

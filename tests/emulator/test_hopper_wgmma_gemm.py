@@ -21,16 +21,6 @@ from jaxtile.compiler.target import parse_target
 SM90A = parse_target("cuda:sm_90a")
 
 
-@pytest.fixture
-def hopper():
-    before = jt.backend()
-    jax.clear_caches()   # jax.jit's caches do not know jaxtile's backend
-    jt.set_backend("cuda-emulator:sm_90a")
-    yield
-    jt.set_backend(before)
-    jax.clear_caches()
-
-
 def _data(shape, dtype, seed):
     return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), dtype)
 
@@ -265,7 +255,6 @@ def test_descriptor_swizzle_other_than_the_copies_gives_wrong_numbers():
     np.testing.assert_allclose(c.astype(np.float32), expected, rtol=2e-2, atol=5e-2)
     c, report = _run_source(low, mutate, a, b)
     assert not np.allclose(c.astype(np.float32), expected, rtol=2e-2, atol=5e-2)
-
 
 
 # -- ptxas ------------------------------------------------------------------------------------

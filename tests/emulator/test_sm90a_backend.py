@@ -9,26 +9,6 @@ import pytest
 
 import jaxtile as jt
 from jaxtile import ops
-from jaxtile.compiler.cuda import emulated
-
-
-@pytest.fixture
-def hopper(monkeypatch):
-    """Kernels run as sm_90a code in the emulator; records the source of each library built."""
-    before = jt.backend()
-    jax.clear_caches()   # jax.jit's caches do not know jaxtile's backend
-    jt.set_backend("cuda-emulator:sm_90a")
-    built = []
-    real = emulated.build_library
-
-    def spy(source, *args, **kwargs):
-        built.append(source)
-        return real(source, *args, **kwargs)
-
-    monkeypatch.setattr(emulated, "build_library", spy)
-    yield built
-    jt.set_backend(before)
-    jax.clear_caches()
 
 
 def _data(shape, dtype, seed=0):

@@ -134,23 +134,28 @@ def _load_file(path: str) -> Any:
     return module
 
 
+def _lookup(ref: str, expected: str, prefix: str = "") -> tuple[str, str, Any]:
+    """``(where, name, value)`` for ``where:name``, where is ``path/to/file.py`` (run as a
+    module) or an importable module; ``expected`` says the form in the usage error."""
+    where, sep, name = ref.rpartition(":")
+    if not sep or not where or not name:
+        raise UsageError(f"{prefix}expected {expected}, got {ref!r}")
+    if where.endswith(".py"):
+        module = _load_file(where)
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ImportError as e:
+            raise UsageError(f"{prefix}cannot import {where}: {e}") from None
+    return where, name, getattr(module, name, None)
+
+
 def load_kernel(ref: str) -> Any:
     """The kernel ``path/to/file.py:name`` (the file is run as a module) or
     ``module:name`` (``jaxtile.ops:softmax``) names."""
     import jaxtile as jt
 
-    path, sep, name = ref.rpartition(":")
-    if not sep or not path or not name:
-        raise UsageError(f"expected path/to/file.py:kernel_name or module:kernel_name, got "
-                         f"{ref!r}")
-    if path.endswith(".py"):
-        module = _load_file(path)
-    else:
-        try:
-            module = importlib.import_module(path)
-        except ImportError as e:
-            raise UsageError(f"cannot import {path}: {e}") from None
-    found = getattr(module, name, None)
+    path, name, found = _lookup(ref, "path/to/file.py:kernel_name or module:kernel_name")
     if not isinstance(found, jt.Kernel):
         what = "not defined" if found is None else f"a {type(found).__name__}"
         raise UsageError(f"{path}: {name} is {what}, not a jaxtile kernel (@jt.kernel)")
@@ -273,17 +278,7 @@ def _prebuild(args: argparse.Namespace) -> int:
 # --- bench -----------------------------------------------------------------------------
 def load_function(ref: str) -> Any:
     """The function ``module:name`` or ``path/to/file.py:name`` names."""
-    where, sep, name = ref.rpartition(":")
-    if not sep or not where or not name:
-        raise UsageError(f"--against: expected module:function or file.py:function, got {ref!r}")
-    if where.endswith(".py"):
-        module = _load_file(where)
-    else:
-        try:
-            module = importlib.import_module(where)
-        except ImportError as e:
-            raise UsageError(f"--against: cannot import {where}: {e}") from None
-    found = getattr(module, name, None)
+    where, name, found = _lookup(ref, "module:function or file.py:function", "--against: ")
     if not callable(found):
         raise UsageError(f"--against: {where} has no function {name}")
     return found

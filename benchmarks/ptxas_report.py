@@ -66,6 +66,19 @@ from jaxtile.compiler.target import parse_target
 _NAME = "gemm_f16_128x128x32"
 
 
+def _ptxas_fields(ptxas, shared_bytes: int, sass: dict | None) -> dict:
+    """The figures every entry reports of ptxas and the SASS counts."""
+    return {"registers": ptxas.registers, "spill_stores": ptxas.spill_stores,
+            "spill_loads": ptxas.spill_loads, "shared_bytes": shared_bytes,
+            "sass": sass if sass is not None
+            else "cuobjdump not installed (pip install jaxtile[cuda])"}
+
+
+def _planned_instrs(lowered_ir: str) -> list[str]:
+    """The gemm instructions the planner recorded in a lowered IR (``instr='...'`` notes)."""
+    return sorted({line.split("instr=")[1].split(",")[0] for line in lowered_ir.splitlines()
+                   if "instr='" in line})
+
 def _bank_report(source: str, report: dict) -> list[dict]:
     """The emulator's bank statistics, each line named by what is on it (the line number is
     in the kernel text or, for the gemm's loads, in tile_gemm.h; the report does not say
@@ -200,12 +213,8 @@ def _language_figures(args: argparse.Namespace) -> dict:
         "kernel": "pipelined_gemm of tests/gemm_kernels.py (4096^3 fp16 -> f32, 128 threads, "
                   "jt.pipelined stages=3, sm_80)",
         "compiler": compiled.compiler,
-        "registers": ptxas.registers,
-        "spill_stores": ptxas.spill_stores,
-        "spill_loads": ptxas.spill_loads,
-        "shared_bytes": smem,
+        **_ptxas_fields(ptxas, smem, sass),
         "shared_bytes_dynamic": compiled.launch.dynamic_smem,
-        "sass": sass if sass is not None else "cuobjdump not installed (pip install jaxtile[cuda])",
         "cold_compile_trace_to_cubin": cold,
         "emulator": {"mnk": n, "max_abs_error": err, "findings": report["findings"],
                      "bank_conflicts": banks},
@@ -248,11 +257,7 @@ def _sm90a_figures(args: argparse.Namespace) -> dict:
                   "128 threads = 1 warpgroup, jt.pipelined stages=3, sm_90a)",
         "instr": instr,
         "compiler": compiled.compiler,
-        "registers": ptxas.registers,
-        "spill_stores": ptxas.spill_stores,
-        "spill_loads": ptxas.spill_loads,
-        "shared_bytes": ptxas.shared_bytes + compiled.launch.dynamic_smem,
-        "sass": sass if sass is not None else "cuobjdump not installed (pip install jaxtile[cuda])",
+        **_ptxas_fields(ptxas, ptxas.shared_bytes + compiled.launch.dynamic_smem, sass),
         "cold_compile_trace_to_cubin": cold,
         "emulator": {"mnk": n, "max_abs_error": err, "findings": report["findings"]},
         "meets_targets": {
@@ -283,19 +288,14 @@ def _sm90a_attention_figures() -> dict:
     ptxas = compiled.ptxas
     counts = sass_counts(compiled.cubin)
     sass = None if counts is None else {k: counts.get(k, 0) for k in ("HGMMA", "HMMA")}
-    instr = sorted({line.split("instr=")[1].split(",")[0] for line in
-                    lowered.lowered_ir.splitlines() if "instr='" in line})
+    instr = _planned_instrs(lowered.lowered_ir)
     return {
         "kernel": f"jt.ops.attention_fwd (fp16, D=128, T=S=4096, {bm}x{bn} tiles, 128 threads "
                   "= 1 warpgroup, sm_90a)",
         "instr": instr,
         "register_a": "gemm_wgmma_rs" in lowered.source,
         "compiler": compiled.compiler,
-        "registers": ptxas.registers,
-        "spill_stores": ptxas.spill_stores,
-        "spill_loads": ptxas.spill_loads,
-        "shared_bytes": ptxas.shared_bytes + compiled.launch.dynamic_smem,
-        "sass": sass if sass is not None else "cuobjdump not installed (pip install jaxtile[cuda])",
+        **_ptxas_fields(ptxas, ptxas.shared_bytes + compiled.launch.dynamic_smem, sass),
         "meets_targets": {
             "no_spills": ptxas.spill_stores == ptxas.spill_loads == 0,
             "hgmma_not_hmma": None if sass is None else sass["HGMMA"] > 0 and sass["HMMA"] == 0,
@@ -318,18 +318,13 @@ def _sm90a_fp8_figures() -> dict:
     counts = sass_counts(compiled.cubin)
     # FP8 wgmma assembles to QGMMA (HGMMA is the 16-bit and tf32 one)
     sass = None if counts is None else {k: counts.get(k, 0) for k in ("QGMMA", "HGMMA", "FFMA")}
-    instr = sorted({line.split("instr=")[1].split(",")[0] for line in
-                    lowered.lowered_ir.splitlines() if "instr='" in line})
+    instr = _planned_instrs(lowered.lowered_ir)
     return {
         "kernel": "jt.ops.scaled_matmul_kernel (float8_e4m3fn 4096^3 -> f32, transpose_b=True, "
                   "64x64x32 tiles, 128 threads = 1 warpgroup, sm_90a)",
         "instr": instr,
         "compiler": compiled.compiler,
-        "registers": ptxas.registers,
-        "spill_stores": ptxas.spill_stores,
-        "spill_loads": ptxas.spill_loads,
-        "shared_bytes": ptxas.shared_bytes + compiled.launch.dynamic_smem,
-        "sass": sass if sass is not None else "cuobjdump not installed (pip install jaxtile[cuda])",
+        **_ptxas_fields(ptxas, ptxas.shared_bytes + compiled.launch.dynamic_smem, sass),
         "meets_targets": {
             "no_spills": ptxas.spill_stores == ptxas.spill_loads == 0,
             "qgmma": None if sass is None else sass["QGMMA"] > 0,
@@ -378,11 +373,7 @@ def main() -> None:
         "kernel": f"{_NAME} (4096^3 fp16 -> f32, 128 threads, warps {plan.warps}, 3 stages, "
                   "sm_80)",
         "gemm_call": plan.call("As", "Bs", "acc"),
-        "registers": ptxas.registers,
-        "spill_stores": ptxas.spill_stores,
-        "spill_loads": ptxas.spill_loads,
-        "shared_bytes": ptxas.shared_bytes,
-        "sass": sass if sass is not None else "cuobjdump not installed (pip install jaxtile[cuda])",
+        **_ptxas_fields(ptxas, ptxas.shared_bytes, sass),
         "nvcc_compile_s_median": statistics.median(times),
         "nvcc_compile_s_all": times,
         "emulator": {"mnk": n, "max_abs_error": err, "findings": report["findings"],

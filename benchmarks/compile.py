@@ -17,8 +17,9 @@ an empty ``$JAXTILE_CACHE_DIR``:
 - ``warm``: one process, TVM imported and a kernel compiled before the clock starts; then
   every specialisation the library's kernels need (their calls, gradients and jvps) is
   built again as a *user* kernel (the same body under another name, so nothing is cached),
-  one at a time: the "new specialisation" of the issue. Also the growth series: a kernel of
-  N chained elementwise ops, N up to 2000.
+  one at a time: the "new specialisation" of the issue, with the size of the shared object
+  it produced (``artifact_bytes``: LLVM's time follows the amount of code). Also the growth
+  series: a kernel of N chained elementwise ops, N up to 2000.
 
 Each timed build is split into phases by wrapping the compiler's functions (they are
 disjoint; ``other`` is the rest of the call, e.g. JAX's jit of the call and XLA's compile):
@@ -291,7 +292,10 @@ def child_warm(max_ops: int) -> dict[str, Any]:
         user = jt.kernel(k.fn, threads=k.threads, name=f"user_{k.name}")
         row: dict[str, Any] = {"kernel": spec.label}
         with phases.measure(row):
-            user.specialisation(spec.specs, spec.params, ()).build(target, kernel_call.load)
+            entry = user.specialisation(spec.specs, spec.params, ()).build(
+                target, kernel_call.load)
+        # LLVM's share grows with the code it is given: the artifact's size shows how much.
+        row["artifact_bytes"] = os.path.getsize(entry.library)
         rows.append(row)
     growth = []
     x = jnp.linspace(0, 1, 4096, dtype=jnp.float32)
@@ -434,6 +438,8 @@ def main() -> None:
             r["gpu_modules_by_import"] for rows in cold.values() for r in rows),
         "warm_new_specialisation": {
             "median_s": new_median, "median_cpu_s": new_median_cpu,
+            "median_artifact_bytes": int(statistics.median(r["artifact_bytes"]
+                                                           for r in new_specs)),
             "phases_median_s": _median_phases(new_specs),
             "per_kernel": new_specs},
         "growth": {"rows": growth, "ms_per_op": dict(zip([r["ops"] for r in growth], per_op))},

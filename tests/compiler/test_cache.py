@@ -63,16 +63,31 @@ def test_key_depends_on_params_shapes_and_dtypes(fresh_cache):
     assert k.lower(jnp.ones(8)).key == _scale_kernel().lower(jnp.ones(8)).key
 
 
-@pytest.mark.parametrize("damage", ["truncate", "garbage", "delete-meta"])
+def _replace(path, data):
+    """Damage a file by putting another in its place: the library is mapped by this process,
+    and truncating that mapping in place would crash it (SIGBUS), not test the cache."""
+    tmp = path.with_name(path.name + ".damaged")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+# The empty files are what a power loss can leave of an entry renamed into place before
+# its data reached the disk (the cache does not fsync).
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "delete-meta", "empty-library",
+                                    "empty-meta"])
 def test_corrupt_entry_is_rebuilt(fresh_cache, monkeypatch, damage):
     calls = _count_compiles(monkeypatch)
     x = jnp.arange(8, dtype=jnp.float32)
     _scale_kernel()(x)
     (lib,) = fresh_cache.glob("*/*.so")
     if damage == "truncate":
-        lib.write_bytes(lib.read_bytes()[:100])
+        _replace(lib, lib.read_bytes()[:100])
     elif damage == "garbage":
-        lib.write_bytes(b"\0" * 4096)
+        _replace(lib, b"\0" * 4096)
+    elif damage == "empty-library":
+        _replace(lib, b"")
+    elif damage == "empty-meta":
+        _replace(lib.with_suffix(".json"), b"")
     else:
         lib.with_suffix(".json").unlink()
     cache.clear_memory()

@@ -9,9 +9,11 @@ round, so that the machine's slow phases fall on all of them alike. Per step: th
 time, and the process's CPU time (all its threads): CPU time above the wall time times the
 cores is work the threads did not need (spinning, or preempting each other).
 
-Configurations: ``jaxtile`` (the pool sized by the process's affinity mask),
-``jaxtile-1thread`` (``JAXTILE_NUM_THREADS=1``: every kernel on XLA's calling thread),
-``jaxtile-xla1`` (XLA's own intra-op work on one thread:
+Configurations: ``jaxtile`` (the default: a kernel's blocks spread over XLA's own intra-op
+threads, as many as the process's affinity mask allows), ``jaxtile-own-pool``
+(``JAXTILE_NUM_THREADS`` set to that same count: jaxtile's own worker threads beside XLA's,
+the default before issue 20), ``jaxtile-1thread`` (``JAXTILE_NUM_THREADS=1``: every kernel
+on XLA's calling thread), ``jaxtile-xla1`` (XLA's own intra-op work on one thread:
 ``--xla_cpu_multi_thread_eigen=false``) and ``jnp`` (the same block in plain jnp).
 """
 
@@ -31,8 +33,10 @@ import _timing
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = {"medium": dict(batch=16, seq=128, dim=256, heads=4, hidden=1024),
          "small": dict(batch=8, seq=64, dim=128, heads=4, hidden=512)}
+CORES = len(os.sched_getaffinity(0))
 CONFIGS = {
     "jaxtile": ("jaxtile", {}),
+    "jaxtile-own-pool": ("jaxtile", {"JAXTILE_NUM_THREADS": str(CORES)}),
     "jaxtile-1thread": ("jaxtile", {"JAXTILE_NUM_THREADS": "1"}),
     "jaxtile-xla1": ("jaxtile", {"XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false"}),
     "jnp": ("jnp", {}),
@@ -107,7 +111,7 @@ def main() -> None:
     for p in procs.values():
         p.stdin.close()
         p.wait()
-    cores = len(os.sched_getaffinity(0))
+    cores = CORES
     _timing.emit({
         "benchmark": "threads", "size": SIZES[args.size], "rounds": args.rounds,
         "steps_per_round": args.steps, "cores": cores, **_timing.environment(),

@@ -22,6 +22,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 from jax import lax, tree_util
+from jax._src import array as _array
 from jax._src import core as _core
 from jax._src import debugging as _debugging
 from jax._src import source_info_util as _source_info
@@ -47,6 +48,9 @@ JaxprEqn = _core.JaxprEqn
 # jax.extend.core.Primitive is this class; importing jax.extend also imports Pallas
 # (about 0.06 s of CPU time), which ``import jaxtile`` need not pay.
 Primitive = _core.Primitive
+# The type of a concrete jax.Array (never a tracer, which ``isinstance(x, jax.Array)`` also
+# accepts): an exact type check picks an eager call's arguments in a few nanoseconds.
+ArrayImpl = _array.ArrayImpl
 
 discharge_state = _discharge.discharge_state
 register_discharge_rule = _discharge.register_discharge_rule

@@ -303,6 +303,17 @@ NB_MODULE(_ffi, m) {
   m.def("set_num_threads", &set_num_threads, "n"_a,
         "Set the threads a kernel call is split across; only before the first kernel call "
         "(returns False, changing nothing, after it or for n < 1).");
+  m.def(
+      "plan_threads",
+      [](int own, bool requested, int64_t host_threads) {
+        const ThreadPlan p = plan_threads(own, requested, host_threads);
+        return nb::make_tuple(p.threads, p.on_host_pool);
+      },
+      "own"_a, "requested"_a, "host_threads"_a,
+      "(threads, on_host_pool): how a call with `own` = num_threads(), JAXTILE_NUM_THREADS "
+      "set or not and a host (XLA) pool of `host_threads` spreads its blocks. For tests.");
+  m.def("own_pool_started", &own_pool_started,
+        "Whether jaxtile's own worker threads have been started in this process.");
   m.def("keep_freed_memory", &keep_freed_memory,
         "Keep freed buffers of up to 32 MiB, and up to 256 MiB free at the heap's top, in the "
         "process instead of returning them to the OS (glibc only; returns whether applied).");

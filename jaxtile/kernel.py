@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxtile.compiler import build, printer
+from jaxtile.compiler import jax_internals as ji
 from jaxtile.compiler.errors import KernelError, kernel_error, user_line
 from jaxtile.compiler.ir import Kernel as TileKernel
 from jaxtile.compiler.target import Target, parse_target
@@ -403,18 +404,36 @@ class Kernel:
 
     # --- calling ---------------------------------------------------------
     def __call__(self, *args: KernelArg, **params: Any) -> Any:
-        interpret = self.interpret if self.interpret is not None else interpret_by_default()
+        interpret = self.interpret if self.interpret is not None else _interpret
         if not interpret:
-            # The eager hot path: concrete arguments of types seen before go straight to
-            # the cached jitted call.
-            key = _eager_key(args, params)
-            try:
-                run = self._eager.get(key) if key is not None else None
-            except TypeError:  # an array-like whose shape cannot be hashed
-                run = None
-            if run is not None:
-                return run(*args)
+            # The eager hot path: concrete arrays go to the jitted function of the call's
+            # parameters, whose own C++ cache tells argument types apart (and the x64 mode);
+            # the Python work left is this loop and a small key.
+            for a in args:
+                if type(a) is not _Array:
+                    break
+            else:
+                key = _eager_key(params)
+                if key is not None:
+                    run = self._eager.get(key)
+                    if run is None:
+                        run = self._eager[key] = self._eager_function(params)
+                    return run(*args)
         return self._call(args, params, interpret)
+
+    def _eager_function(self, params: dict[str, Any]) -> Callable[..., Any]:
+        """The kernel with these parameters as a jitted function of concrete arrays: its
+        trace (once per argument types) takes the checked path of a traced call, so bad
+        arguments fail with the same errors."""
+        params = dict(params)
+
+        def run(*args: Any) -> Any:
+            return self._call(args, params, False)
+
+        # The jitted function's name is what profiler traces call the eager call's program
+        # (``jit_softmax``, ``PjitFunction(softmax)``).
+        run.__name__ = run.__qualname__ = self.name
+        return jax.jit(run)
 
     def _call(self, args: tuple[Any, ...], params: dict[str, Any], interpret: bool) -> Any:
         spec = self._specialise(args, params)
@@ -423,11 +442,9 @@ class Kernel:
         if any(isinstance(a, jax.core.Tracer) for a in args):
             return flat_outputs(spec, kernel_call.kernel_call_p.bind(*args,
                                                                      kernel=spec.handle()))
-        run = kernel_call.eager_function(spec.handle(), spec.traced.out_tree)
-        key = _eager_key(args, params)
-        if key is not None and _hashable(key):
-            self._eager[key] = run
-        return run(*args)
+        # Array-likes the hot path does not take (Python lists are refused above by the
+        # argument checks): the cached jitted call of the kernel.
+        return kernel_call.eager_function(spec.handle(), spec.traced.out_tree)(*args)
 
     def reference(self, *args: KernelArg, **params: Any) -> Any:
         """Run the kernel's reference semantics (its body as plain JAX ops)."""
@@ -522,26 +539,23 @@ def _call_key(args: tuple[Any, ...], params: dict[str, Any]) -> Any:
     return key
 
 
-_Tracer = jax.core.Tracer
+# The arguments an eager call takes the hot path for: concrete JAX arrays. Anything else (a
+# NumPy array, whose dtype jax.jit might refuse in its own words; a Python scalar, which it
+# would make an array; a tracer) takes the checked path and its errors.
+_Array = ji.ArrayImpl
 
 
-def _eager_key(args: tuple[Any, ...], params: dict[str, Any]) -> tuple[Any, ...] | None:
-    """What an eager call's jitted function is cached under: as :func:`_call_key`, built in
-    one pass at a fraction of its cost (it is most of an eager call's Python work). None
-    (the checked path) when an argument is a tracer or has no shape, or a parameter is not
-    an int, str, bool or None: other values need :func:`_value_key` to tell apart values
-    that are equal yet trace differently (``0.0`` and ``-0.0``). Parameters are keyed in
-    the order given, so one set of parameters may get an entry per order."""
-    # JAX declares its flags at run time, so its Config type lacks them.
-    key: list[Any] = [jax.config.jax_enable_x64, _backend]  # type: ignore[attr-defined]
-    try:
-        for a in args:
-            if isinstance(a, _Tracer):
-                return None
-            key.append(a.shape)
-            key.append(a.dtype)
-    except AttributeError:
-        return None
+def _eager_key(params: dict[str, Any]) -> Any:
+    """What an eager call's jitted function is cached under: the backend and the parameters,
+    or None (the checked path) when a parameter is not an int, str, bool or None: other
+    values need :func:`_value_key` to tell apart values that are equal yet trace
+    differently (``0.0`` and ``-0.0``). Each value's type is part of the key (``1`` and
+    ``True`` are equal in Python). Parameters are keyed in the order given, so one set of
+    parameters may get an entry per order. The argument types and the x64 mode are not in
+    it: the jitted function keys its traces by them."""
+    if not params:
+        return _backend
+    key: list[Any] = [_backend]
     for name, v in params.items():
         t = type(v)
         if t not in _PLAIN:

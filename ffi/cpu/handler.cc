@@ -78,7 +78,17 @@ ffi::Error to_tensor(const Kernel& k, const ffi::AnyBuffer& buf, size_t index, D
   return ffi::Error::Success();
 }
 
-ffi::Error run(const Kernel& k, ffi::RemainingArgs args, ffi::RemainingRets rets) {
+// XLA's intra-op pool as the launch's HostPool.
+struct XlaPool {
+  ffi::ThreadPool& pool;
+
+  static void schedule(void* self, void (*fn)(void*), void* arg) {
+    static_cast<XlaPool*>(self)->pool.Schedule([fn, arg] { fn(arg); });
+  }
+};
+
+ffi::Error run(const Kernel& k, ffi::ThreadPool& xla_pool, ffi::RemainingArgs args,
+               ffi::RemainingRets rets) {
   const size_t num_buffers = args.size() + rets.size();
   DLTensor inline_tensors[kInlineBuffers];
   TVMFFIAny inline_packed[kInlineBuffers + 2];
@@ -112,8 +122,11 @@ ffi::Error run(const Kernel& k, ffi::RemainingArgs args, ffi::RemainingRets rets
     a.v_ptr = &tensors[i];
   }
 
+  // The pool's size is asked only for a call with blocks to share.
+  XlaPool xla{xla_pool};
+  const HostPool host{&xla, &XlaPool::schedule, k.num_blocks > 1 ? xla_pool.num_threads() : 0};
   std::string msg =
-      run_blocks(k, packed, static_cast<int32_t>(num_buffers + 2), 0, k.num_blocks);
+      run_blocks(k, packed, static_cast<int32_t>(num_buffers + 2), 0, k.num_blocks, &host);
   if (!msg.empty()) return ffi::Error::Internal(describe(k) + " failed: " + msg);
   return ffi::Error::Success();
 }
@@ -132,7 +145,8 @@ ffi::Error guarded(F&& body) {
   }
 }
 
-ffi::Error call(std::string_view key, ffi::RemainingArgs args, ffi::RemainingRets rets) {
+ffi::Error call(ffi::ThreadPool xla_pool, std::string_view key, ffi::RemainingArgs args,
+                ffi::RemainingRets rets) {
   return guarded([&] {
     const Kernel* k = find_kernel(key);
     if (k == nullptr) {
@@ -142,16 +156,17 @@ ffi::Error call(std::string_view key, ffi::RemainingArgs args, ffi::RemainingRet
           "the compiled computation, e.g. after deserialising a cached executable; a program "
           "made with jax.export carries its kernels instead)");
     }
-    return run(*k, args, rets);
+    return run(*k, xla_pool, args, rets);
   });
 }
 
 // The call of an exported program: the kernel comes with it, loaded on first use.
-ffi::Error call_exported(std::string_view key, std::string_view payload, ffi::RemainingArgs args,
+ffi::Error call_exported(ffi::ThreadPool xla_pool, std::string_view key,
+                         std::string_view payload, ffi::RemainingArgs args,
                          ffi::RemainingRets rets) {
   return guarded([&] {
     const Kernel* k = find_kernel(key);
-    return run(k != nullptr ? *k : load_exported_kernel(key, payload), args, rets);
+    return run(k != nullptr ? *k : load_exported_kernel(key, payload), xla_pool, args, rets);
   });
 }
 
@@ -159,12 +174,14 @@ ffi::Error call_exported(std::string_view key, std::string_view payload, ffi::Re
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxtileCpuCall, call,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Attr<std::string_view>("key")
                                   .RemainingArgs()
                                   .RemainingRets());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxtileCpuExportedCall, call_exported,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Attr<std::string_view>("key")
                                   .Attr<std::string_view>("payload")
                                   .RemainingArgs()

@@ -105,14 +105,24 @@ std::string check_alignment(const Kernel& kernel, const TVMFFIAny* args, int32_t
 }  // namespace
 
 std::string run_blocks(const Kernel& kernel, TVMFFIAny* args, int32_t num_args, int64_t begin,
-                       int64_t end) {
+                       int64_t end, const HostPool* host) {
   const int64_t num_blocks = end - begin;
   if (num_blocks <= 0) return {};
   if (std::string msg = check_alignment(kernel, args, num_args); !msg.empty()) return msg;
-  const int64_t num_chunks = std::min<int64_t>(num_blocks, num_threads() * kChunksPerThread);
+  const ThreadPlan plan =
+      plan_threads(num_threads(), threads_requested(), host ? host->num_threads : 0);
+  const int64_t num_chunks = std::min<int64_t>(num_blocks, plan.threads * kChunksPerThread);
   if (num_chunks > 1) {
     Split split{&kernel, args, num_args, begin, num_blocks, num_chunks};
-    if (parallel_run(num_chunks, run_chunk, &split)) {
+    bool ran = true;
+    if (plan.on_host_pool) {
+      // No more helpers than chunks past the caller's first.
+      const int helpers = static_cast<int>(std::min<int64_t>(plan.threads - 1, num_chunks - 1));
+      host_parallel_run(*host, helpers, num_chunks, run_chunk, &split);
+    } else {
+      ran = parallel_run(num_chunks, run_chunk, &split);
+    }
+    if (ran) {
       std::lock_guard<std::mutex> lock(split.error_mu);
       return std::move(split.error);
     }

@@ -5,13 +5,16 @@
 #include <string>
 
 #include "common/registry.h"
+#include "cpu/thread_pool.h"
 
 namespace jaxtile {
 
 // Runs blocks [begin, end) of `kernel`. `args` holds the full packed argument list; args[0]
-// and args[1] (the block range) are filled in here. Returns the error message of a failing
-// call or of a misaligned buffer, or an empty string.
+// and args[1] (the block range) are filled in here. `host`: the pool of the runtime calling
+// (XLA's intra-op pool), whose threads the call borrows unless JAXTILE_NUM_THREADS is set
+// (plan_threads); null: jaxtile's own pool. Returns the error message of a failing call or
+// of a misaligned buffer, or an empty string.
 std::string run_blocks(const Kernel& kernel, TVMFFIAny* args, int32_t num_args, int64_t begin,
-                       int64_t end);
+                       int64_t end, const HostPool* host = nullptr);
 
 }  // namespace jaxtile

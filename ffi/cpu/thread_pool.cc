@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cfenv>
 #include <cstdio>
@@ -66,7 +67,14 @@ struct Job {
   std::atomic<bool> caller_asleep{false};
   std::mutex done_mu{};
   std::condition_variable done_cv{};
+  // For a job on the host's pool, whose helpers may start after the call returned: the
+  // holders of the job (the caller and each helper not yet finished); the last frees it.
+  std::atomic<int> refs{0};
 };
+
+void release(Job* job) {
+  if (job->refs.fetch_sub(1) == 1) delete job;
+}
 
 void run_tasks(Job& job) {
   for (int64_t i = job.next.fetch_add(1, std::memory_order_relaxed); i < job.num_tasks;
@@ -226,5 +234,40 @@ bool parallel_run(int64_t num_tasks, void (*task)(void* ctx, int64_t i), void* c
   Job job{task, ctx, num_tasks, get_fp_state()};
   return pool().run(job);
 }
+
+bool threads_requested() {
+  num_threads();
+  return g_requested.load() > 0;
+}
+
+ThreadPlan plan_threads(int own, bool requested, int64_t host_threads) {
+  if (requested || host_threads <= 0) return ThreadPlan{own, false};
+  // The calling thread plus at most one task per host thread.
+  const int64_t threads = std::min<int64_t>(own, host_threads + 1);
+  return ThreadPlan{static_cast<int>(threads), true};
+}
+
+void host_parallel_run(const HostPool& host, int helpers, int64_t num_tasks,
+                       void (*task)(void* ctx, int64_t i), void* ctx) {
+  auto* job = new Job{task, ctx, num_tasks, get_fp_state()};
+  job->refs.store(helpers + 1);
+  for (int h = 0; h < helpers; ++h) {
+    host.schedule(host.pool, [](void* arg) {
+      auto* j = static_cast<Job*>(arg);
+      const FpState own = get_fp_state();
+      set_fp_state(j->fp_state);
+      run_tasks(*j);
+      set_fp_state(own);
+      release(j);
+    }, job);
+  }
+  // A helper that starts late finds no chunk left: `ctx` (the caller's) is only touched for
+  // a claimed chunk, and the caller returns once every claimed chunk is done.
+  run_tasks(*job);
+  wait_done(*job);
+  release(job);
+}
+
+bool own_pool_started() { return g_pool.load() != nullptr; }
 
 }  // namespace jaxtile

@@ -20,4 +20,40 @@ bool set_num_threads(int n);
 // waiting (XLA may execute independent custom calls concurrently).
 bool parallel_run(int64_t num_tasks, void (*task)(void* ctx, int64_t i), void* ctx);
 
+// Another runtime's pool that a call may lend threads from: XLA's intra-op pool, which XLA
+// gives a CPU custom call. `schedule(pool, fn, arg)` must run fn(arg) once, on any thread
+// and at any later time (possibly on the calling thread at once).
+struct HostPool {
+  void* pool;
+  void (*schedule)(void* pool, void (*fn)(void*), void* arg);
+  int64_t num_threads;  // threads in that pool; 0 when there is none
+};
+
+// How a kernel call spreads its blocks: over `threads` threads counting the calling one,
+// the others borrowed from the host's pool (`on_host_pool`) or jaxtile's own.
+struct ThreadPlan {
+  int threads;
+  bool on_host_pool;
+};
+
+// The plan for a call: `own` is num_threads(), `requested` whether set_num_threads chose it
+// (JAXTILE_NUM_THREADS), `host_threads` the host pool's size (0: none). A requested count
+// wins and runs on jaxtile's own pool, as before. Otherwise the call borrows the host's
+// threads, at most `own` in all: XLA's intra-op threads and jaxtile's own pool would each
+// size themselves to the cores and, under a jitted step that mixes jaxtile kernels with
+// XLA ops, take turns on them (issue 20); XLA's idle threads, spinning for work, also take
+// the chunks at once where a sleeping worker must be woken.
+ThreadPlan plan_threads(int own, bool requested, int64_t host_threads);
+
+// Whether set_num_threads chose the thread count (reads num_threads(), fixing it).
+bool threads_requested();
+
+// As parallel_run, with up to `helpers` tasks of the host's pool taking part. The calling
+// thread claims chunks too, so the call completes whether or not the host ever runs them.
+void host_parallel_run(const HostPool& host, int helpers, int64_t num_tasks,
+                       void (*task)(void* ctx, int64_t i), void* ctx);
+
+// Whether jaxtile's own worker threads have been started in this process.
+bool own_pool_started();
+
 }  // namespace jaxtile

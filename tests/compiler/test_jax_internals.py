@@ -176,3 +176,12 @@ def test_the_debug_effect_is_jax_debug_callbacks_and_survives_discharge_inside_l
     jaxpr = _jaxpr(body, ji.ref_aval((4,), jnp.float32))
     assert ji.debug_effect in jaxpr.effects
     assert ji.debug_effect in ji.discharge_state(jaxpr).effects
+
+
+def test_array_impl_is_the_type_of_concrete_arrays_only():
+    # The eager hot path (jaxtile/kernel.py) checks `type(a) is ji.ArrayImpl`.
+    assert type(jnp.zeros(3)) is ji.ArrayImpl
+    assert type(jax.device_put(1.0)) is ji.ArrayImpl
+    seen = []
+    jax.jit(lambda x: seen.append(type(x)) or x)(jnp.zeros(3))
+    assert seen and seen[0] is not ji.ArrayImpl

@@ -60,3 +60,51 @@ def test_pool_size_follows_the_affinity_mask_and_the_override():
     assert _threads(cpus) == everything
     # The override wins over the mask.
     assert _threads(cpus[:1], override="3") == 3
+
+
+def test_thread_plan_borrows_the_host_pool_unless_the_count_was_requested():
+    # No host pool (the call_kernel hook): jaxtile's own pool, its own count.
+    assert _ffi.plan_threads(4, False, 0) == (4, False)
+    # Under XLA: XLA's intra-op threads, never more than the CPUs jaxtile may use...
+    assert _ffi.plan_threads(2, False, 2) == (2, True)
+    assert _ffi.plan_threads(2, False, 16) == (2, True)
+    # ... nor more than the calling thread plus one task per host thread.
+    assert _ffi.plan_threads(8, False, 2) == (3, True)
+    assert _ffi.plan_threads(1, False, 4) == (1, True)
+    # JAXTILE_NUM_THREADS wins, on jaxtile's own pool, whatever XLA has.
+    assert _ffi.plan_threads(3, True, 16) == (3, False)
+    assert _ffi.plan_threads(1, True, 2) == (1, False)
+
+
+# A jitted multi-block kernel (98 blocks), checked against jnp, then which pool ran it.
+JITTED = textwrap.dedent(
+    """
+    import jax, jax.numpy as jnp, numpy as np
+    import jaxtile as jt
+    from jaxtile import _ffi
+    n = 100_000
+    x = jnp.arange(n, dtype=jnp.float32)
+    y = jnp.linspace(-1.0, 1.0, n, dtype=jnp.float32)
+    add = jax.jit(lambda x, y: jt.ops.add(x, y, block=1024))
+    for _ in range(20):  # enough calls for any helper to have run some chunks
+        np.testing.assert_array_equal(np.asarray(add(x, y)), np.asarray(x) + np.asarray(y))
+    print(_ffi.own_pool_started())
+    """
+)
+
+
+def _own_pool_started(num_threads):
+    env = {k: v for k, v in os.environ.items() if k != "JAXTILE_NUM_THREADS"}
+    if num_threads is not None:
+        env["JAXTILE_NUM_THREADS"] = num_threads
+    proc = subprocess.run([sys.executable, "-c", JITTED], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.split()[-1] == "True"
+
+
+def test_jitted_calls_run_on_xla_threads_unless_the_variable_is_set():
+    """Under jax.jit the blocks go to XLA's intra-op pool (jaxtile starts no threads of its
+    own); with JAXTILE_NUM_THREADS set, jaxtile's own pool runs them as before."""
+    assert not _own_pool_started(None)
+    assert _own_pool_started("2")

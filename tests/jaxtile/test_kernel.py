@@ -75,15 +75,16 @@ def test_repeated_eager_calls_reuse_the_compiled_call():
     x = jnp.arange(8.0)
     first = split_halves(x)
     assert len(split_halves._eager) == 1
+    (run,) = split_halves._eager.values()
+    assert run._cache_size() == 1
     again = split_halves(x + 1)                 # same types: the cached call, new values
-    assert len(split_halves._eager) == 1
+    assert len(split_halves._eager) == 1 and run._cache_size() == 1
     np.testing.assert_array_equal(first["hi"], x[4:] * 2)
     np.testing.assert_array_equal(again["lo"], x[:4] + 1)
     np.testing.assert_array_equal(again["hi"], (x[4:] + 1) * 2)
-    # numpy arguments of the same types, traced arguments and the interpret mode still
-    # take their own paths.
+    # numpy arguments, traced arguments and the interpret mode take their own paths.
     np.testing.assert_array_equal(split_halves(np.arange(8.0))["lo"], np.arange(4.0))
-    assert len(split_halves._eager) == 2        # float64 NumPy input: its own entry
+    assert len(split_halves._eager) == 1 and run._cache_size() == 1
     assert _primitives(lambda x: split_halves(x), x) == {"jaxtile_kernel_call"}
     np.testing.assert_array_equal(jax.jit(split_halves)(x)["hi"], x[4:] * 2)
     jt.set_interpret(True)
@@ -92,8 +93,15 @@ def test_repeated_eager_calls_reuse_the_compiled_call():
         np.testing.assert_array_equal(split_halves(x)["hi"], x[4:] * 2)
     finally:
         jt.set_interpret(False)
-    split_halves(x[:6])                          # another shape: another entry
-    assert len(split_halves._eager) == 3
+    # Another shape: the same jitted function, another trace of it, the right results.
+    short = split_halves(x[:6])
+    assert len(split_halves._eager) == 1 and run._cache_size() == 2
+    np.testing.assert_array_equal(short["lo"], x[:3])
+    np.testing.assert_array_equal(short["hi"], x[3:6] * 2)
+    # Another dtype: another trace, its own specialisation.
+    ints = split_halves(jnp.arange(4, dtype=jnp.int32))
+    assert ints["hi"].dtype == jnp.int32 and run._cache_size() == 3
+    np.testing.assert_array_equal(ints["hi"], np.arange(2, 4) * 2)
 
 
 def _cube_kernel():

@@ -86,7 +86,9 @@ PROXY_FENCE = "proxy_fence"
 
 def async_proxy_reads(op: ir.Op, bufs: dict[str, ir.Buffer]) -> list[ir.Region]:
     """The shared regions ``op`` reads through the async proxy: a wgmma gemm's shared
-    operands (a register A is not one)."""
+    operands (a register A is not one), a TMA store's source (:mod:`.tma_store`)."""
+    if op.kind == "tma_store":
+        return [op.attrs["src"]]
     if op.kind != "gemm" or not str(op.notes.get("instr", "")).startswith("wgmma."):
         return []
     return [op.attrs[r] for r in ("a", "b") if bufs[op.attrs[r].buffer].scope == "shared"]

@@ -50,6 +50,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from .. import ir, op_defs
+from ..errors import KernelError
 from ..sizes import is_static
 from ..target import GpuCaps
 from . import tma
@@ -178,7 +179,7 @@ def plan_tma_stores(kernel: ir.Kernel, caps: GpuCaps) -> ir.Kernel:
     Assumes: the shared-memory plan placed the buffers and scratch (so that bytes two of them
     share count as one); the barrier pass runs next. Guarantees: every ``tma_store`` is
     followed, on every path, by a ``tma_store_wait`` before any write of its source's bytes
-    and before the kernel ends."""
+    and before the kernel ends (:func:`verify_tma_stores`)."""
     if not caps.tma or kernel.dynamic:
         return kernel
     bufs = {b.name: b for b in kernel.buffers}
@@ -192,3 +193,45 @@ def plan_tma_stores(kernel: ir.Kernel, caps: GpuCaps) -> ir.Kernel:
     if pending:
         body.append(_Placer._wait(None))
     return dataclasses.replace(kernel, body=tuple(body))
+
+
+def verify_tma_stores(kernel: ir.Kernel) -> ir.Kernel:
+    """The TMA-store rule, checked after the pass and every later one (under
+    ``JAXTILE_VERIFY_IR``): on every path, no statement writes bytes of a ``tma_store``'s
+    source between the store and a ``tma_store_wait`` (a loop's next iteration included), and
+    no store is pending at the kernel's end. Returns ``kernel`` unchanged."""
+    if not any(isinstance(s, ir.Op) and s.kind == STORE for s in ir.walk(kernel.body)):
+        return kernel
+    placer = _Placer(kernel, {})
+
+    def fail(what: str, line: str | None) -> KernelError:
+        where = f" (at {line})" if line else ""
+        return KernelError(f"kernel '{kernel.name}': {what}{where}: a TMA store may still read "
+                           "its shared source there (no tma_store_wait since)")
+
+    def walk(body: tuple[ir.Stmt, ...], pending: list) -> list:
+        for stmt in body:
+            if isinstance(stmt, ir.Op):
+                if stmt.kind == WAIT:
+                    pending = []
+                elif pending and placer._writes(stmt, pending):
+                    raise fail(f"{stmt.kind} writes a TMA store's source", stmt.line)
+                elif stmt.kind == STORE:
+                    pending = _union(pending, [placer._span(stmt.attrs["src"].buffer)])
+            elif isinstance(stmt, (ir.For, ir.While)):
+                entry = pending
+                for _ in range(2):      # the second walk carries the first one's end
+                    end = entry
+                    for block in ir.blocks(stmt):
+                        end = walk(block, end)
+                    entry = _union(pending, end)
+                pending = entry
+            else:
+                ends = [walk(block, pending) for block in ir.blocks(stmt)]
+                for end in ends:
+                    pending = _union(pending, end)
+        return pending
+
+    if walk(kernel.body, []):
+        raise fail("the kernel ends with a TMA store pending", None)
+    return kernel

@@ -5,13 +5,11 @@ finding; seeded mistakes in the generated code (no proxy fence before the store,
 rewritten before the wait, no wait at all) reported by the emulator. The PTX side: NVRTC
 compiles it for sm_90a with ``cp.async.bulk.tensor`` stores and no spills."""
 
-import sys
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tma_store_kernels import gemm_tma_epilogue, two_tiles_through_one_buffer
 
 from jaxtile.compiler import build
 from jaxtile.compiler.cuda import emulated, nvrtc
@@ -20,9 +18,6 @@ from jaxtile.compiler.cuda.compile import source as cuda_source
 from jaxtile.compiler.emulator import EmulatedKernel, EmulatorError
 from jaxtile.compiler.emulator.build import DEVICE_INCLUDE
 from jaxtile.compiler.target import parse_target
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "compiler" / "gpu"))
-from test_tma_store import gemm_tma_epilogue, two_tiles_through_one_buffer  # noqa: E402
 
 SM90A = parse_target("cuda:sm_90a")
 

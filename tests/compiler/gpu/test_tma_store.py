@@ -2,58 +2,24 @@
 TMA stores on sm_90 on, their boxes and tensor maps, the proxy fence the barrier pass puts
 before them and the waits before their source is written again and at the kernel's end;
 copies that do not qualify, and targets without TMA, are unchanged. The generated GEMM with
-a TMA-store epilogue runs in the emulator (``tests/emulator/test_hopper_tma_store.py``)."""
+a TMA-store epilogue (``tests/tma_store_kernels.py``) runs in the emulator
+(``tests/emulator/test_hopper_tma_store.py``)."""
+
+import dataclasses
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tma_store_kernels import gemm_tma_epilogue, two_tiles_through_one_buffer
 
 import jaxtile as jt
 from jaxtile.compiler import build, ir, op_defs
+from jaxtile.compiler.errors import KernelError
 from jaxtile.compiler.gpu import tma
-from jaxtile.compiler.gpu.tma_store import STORE, WAIT, store_box
+from jaxtile.compiler.gpu.tma_store import STORE, WAIT, store_box, verify_tma_stores
 from jaxtile.compiler.target import parse_target
 
 SM90A = parse_target("cuda:sm_90a")
-
-
-@jt.kernel(threads=128)
-def gemm_tma_epilogue(a, b, *, bm=64, bn=64, bk=32, stages=2):
-    """``a @ b`` in float32, cast to ``a.dtype`` into a shared tile, then copied out whole:
-    the copy a TMA store makes on sm_90 on."""
-    m, k = a.shape
-    n = b.shape[1]
-    c = jt.empty((m, n), a.dtype)
-    bx, by = jt.grid(jt.cdiv(n, bn), jt.cdiv(m, bm))
-    a_s = jt.shared((bm, bk), a.dtype)
-    b_s = jt.shared((bk, bn), b.dtype)
-    acc = jt.fragment((bm, bn), jnp.float32)
-    acc[...] = jnp.zeros((bm, bn), jnp.float32)
-
-    @jt.pipelined(jt.cdiv(k, bk), stages=stages)
-    def _(kk):
-        jt.copy(a.at[by * bm, kk * bk], a_s)
-        jt.copy(b.at[kk * bk, bx * bn], b_s)
-        jt.gemm(a_s, b_s, acc)
-
-    c_s = jt.shared((bm, bn), a.dtype)
-    jt.copy(acc, c_s)
-    jt.copy(c_s, c.at[by * bm, bx * bn])
-    return c
-
-
-@jt.kernel(threads=128)
-def two_tiles_through_one_buffer(x):
-    """Two row blocks of ``x`` (negated) out through the same shared tile: the second fill
-    must wait until the first store has read it."""
-    n, m = x.shape
-    out = jt.empty((n, m), x.dtype)
-    s = jt.shared((16, m), x.dtype)
-    for t in range(2):
-        v = x[t * 16:(t + 1) * 16, :]
-        s[...] = -v
-        jt.copy(s, out.at[t * 16, 0])
-    return out
 
 
 @jt.kernel(threads=128)
@@ -179,3 +145,49 @@ def test_store_box_rules():
     assert store_box(copy("s", "f", two), bufs) is None
     assert store_box(copy("sw", "o2", two), bufs) is None
     assert store_box(copy("st", "o2", two), bufs) is None
+
+
+def _drop_wait(kernel: ir.Kernel, which: int) -> ir.Kernel:
+    """The kernel without its ``which``-th top-level tma_store_wait."""
+    waits = [i for i, s in enumerate(kernel.body) if isinstance(s, ir.Op) and s.kind == WAIT]
+    drop = waits[which]
+    return dataclasses.replace(kernel, body=kernel.body[:drop] + kernel.body[drop + 1:])
+
+
+def test_the_verifier_refuses_a_source_written_before_the_wait():
+    _, kernel = _lowered(two_tiles_through_one_buffer, _f16((32, 64)))
+    verify_tma_stores(kernel)       # the pass's output passes
+    with pytest.raises(KernelError, match="writes a TMA store's source"):
+        verify_tma_stores(_drop_wait(kernel, 0))
+    with pytest.raises(KernelError, match="ends with a TMA store pending"):
+        verify_tma_stores(_drop_wait(kernel, -1))
+
+
+@jt.kernel(threads=128)
+def _tiles_in_a_loop(x):
+    """Row blocks of ``x`` doubled, out through one shared tile in a loop: the next
+    iteration's fill is the source's next write."""
+    n, m = x.shape
+    out = jt.empty((n, m), x.dtype)
+    s = jt.shared((16, m), x.dtype)
+
+    @jt.loop(n // 16)
+    def _(t):
+        s[...] = x[jt.ds(t * 16, 16), :] * 2
+        jt.copy(s, out.at[t * 16, 0])
+
+    return out
+
+
+def test_a_store_in_a_loop_waits_before_the_next_iterations_fill():
+    _, kernel = _lowered(_tiles_in_a_loop, _f16((48, 64)))
+    loop = next(s for s in ir.walk(kernel.body) if isinstance(s, ir.For))
+    kinds = [s.kind for s in loop.body if isinstance(s, ir.Op) and s.kind in (STORE, WAIT)]
+    assert kinds[0] == STORE and WAIT in kinds
+    verify_tma_stores(kernel)
+    # without the loop's waits the next iteration's fill writes the source too early
+    bare = ir.with_blocks(loop, [[s for s in loop.body
+                                  if not (isinstance(s, ir.Op) and s.kind == WAIT)]])
+    body = tuple(bare if s is loop else s for s in kernel.body)
+    with pytest.raises(KernelError, match="writes a TMA store's source"):
+        verify_tma_stores(dataclasses.replace(kernel, body=body))

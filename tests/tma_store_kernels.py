@@ -1,0 +1,47 @@
+"""Kernels whose copies the TMA-store pass makes TMA stores on sm_90 on, shared by its tests
+(``tests/compiler/gpu/test_tma_store.py``) and the emulator's
+(``tests/emulator/test_hopper_tma_store.py``). (``tests/conftest.py`` puts this directory on
+``sys.path``.)"""
+
+import jax.numpy as jnp
+
+import jaxtile as jt
+
+
+@jt.kernel(threads=128)
+def gemm_tma_epilogue(a, b, *, bm=64, bn=64, bk=32, stages=2):
+    """``a @ b`` in float32, cast to ``a.dtype`` into a shared tile, then copied out whole:
+    the copy a TMA store makes on sm_90 on."""
+    m, k = a.shape
+    n = b.shape[1]
+    c = jt.empty((m, n), a.dtype)
+    bx, by = jt.grid(jt.cdiv(n, bn), jt.cdiv(m, bm))
+    a_s = jt.shared((bm, bk), a.dtype)
+    b_s = jt.shared((bk, bn), b.dtype)
+    acc = jt.fragment((bm, bn), jnp.float32)
+    acc[...] = jnp.zeros((bm, bn), jnp.float32)
+
+    @jt.pipelined(jt.cdiv(k, bk), stages=stages)
+    def _(kk):
+        jt.copy(a.at[by * bm, kk * bk], a_s)
+        jt.copy(b.at[kk * bk, bx * bn], b_s)
+        jt.gemm(a_s, b_s, acc)
+
+    c_s = jt.shared((bm, bn), a.dtype)
+    jt.copy(acc, c_s)
+    jt.copy(c_s, c.at[by * bm, bx * bn])
+    return c
+
+
+@jt.kernel(threads=128)
+def two_tiles_through_one_buffer(x):
+    """Two row blocks of ``x`` (negated) out through the same shared tile: the second fill
+    must wait until the first store has read it."""
+    n, m = x.shape
+    out = jt.empty((n, m), x.dtype)
+    s = jt.shared((16, m), x.dtype)
+    for t in range(2):
+        v = x[t * 16:(t + 1) * 16, :]
+        s[...] = -v
+        jt.copy(s, out.at[t * 16, 0])
+    return out

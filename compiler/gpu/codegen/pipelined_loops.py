@@ -43,8 +43,8 @@ def lower_pipelined(low, stmt: ir.For, prologue: Sequence[ir.Op]) -> None:
     if ring is None:
         cx.w(f"// pipelined loop: {stages} stages of {', '.join(staged)}, cp.async")
     else:
-        cx.w(f"// pipelined loop: {stages} stages of {', '.join(staged)}, TMA into the "
-             f"mbarrier ring {ring}")
+        cx.w(f"// pipelined loop: {stages} stages of {', '.join(staged)}, TMA into an "
+             f"mbarrier ring ({ring})")
 
     def issue(tile: str, nbytes: int | None) -> None:
         """The staged copies of iteration ``tile`` (their scalars recomputed for it)."""

@@ -45,3 +45,20 @@ def two_tiles_through_one_buffer(x):
         s[...] = -v
         jt.copy(s, out.at[t * 16, 0])
     return out
+
+
+@jt.kernel(threads=128)
+def batched_rows(x, *, rows=16):
+    """``x * 3`` for a 3-D ``x``, one (batch, row block) per block, out through a shared tile
+    of ``rows`` rows: a 3-D TMA store (box ``[m, rows, 1]``), ragged when ``rows`` does not
+    divide the rows."""
+    b, n, m = x.shape
+    out = jt.empty((b, n, m), x.dtype)
+    t, i = jt.grid(jt.cdiv(n, rows), b)
+    s = jt.shared((rows, m), x.dtype)
+    v = jt.fragment((rows, m), x.dtype)
+    jt.copy(x.at[i, t * rows, 0], v, pad=0)
+    v[...] = v[...] * 3
+    jt.copy(v, s)
+    jt.copy(s, out.at[i, t * rows, 0])
+    return out

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from tma_store_kernels import gemm_tma_epilogue, two_tiles_through_one_buffer
+from tma_store_kernels import batched_rows, gemm_tma_epilogue, two_tiles_through_one_buffer
 
 from jaxtile.compiler import build
 from jaxtile.compiler.cuda import emulated, nvrtc
@@ -156,3 +156,17 @@ def test_nvrtc_compiles_the_tma_store_epilogue_for_sm90a():
     ptx = result.ptx.decode()
     assert "cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group" in ptx
     assert "cp.async.bulk.commit_group" in ptx and "cp.async.bulk.wait_group 0" in ptx
+
+
+def test_a_3d_output_is_stored_by_3d_boxes_clipped_at_the_edge():
+    """Batch 3 of 40 rows by 32 in row blocks of 16: the last block of each batch has 8 rows
+    past the edge, which TMA clips (they would land in the next batch's first rows)."""
+    x = jnp.asarray(np.random.default_rng(4).standard_normal((3, 40, 32)), jnp.float16)
+    code = batched_rows.lower(x, target=SM90A.name)._gpu
+    assert "tma_store_3d(" in code.source
+    assert [(m.box, m.swizzle) for m in code.tensor_maps] == [((32, 16, 1), 0)]
+    out = np.full((3, 40, 32), np.nan, np.float16)
+    report = _build(code, code.source, "batched_rows").run(np.asarray(x), out)
+    assert report["findings"] == []
+    np.testing.assert_array_equal(out, (np.asarray(x, np.float32) * 3).astype(np.float16))
+    np.testing.assert_array_equal(np.asarray(batched_rows.reference(x)), out)

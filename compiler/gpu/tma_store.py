@@ -34,7 +34,7 @@ alike). Around it:
 - the source may be written again only once the store has read it (PTX ISA,
   ``cp.async.bulk.wait_group``: with ``.read``, the wait ends when the group's source reads
   are done). This pass places a ``tma_store_wait`` (the issuing thread's
-  ``bulk_wait_group<0>``) before the first later statement that writes bytes the source
+  ``bulk_wait_group_read<0>``) before the first later statement that writes bytes the source
   occupies (the buffer, another buffer the shared-memory plan puts on the same bytes, an op's
   scratch there); in a loop whose body writes them, at the end of the body too (the next
   iteration's write); and at the kernel's end if a store is still pending there, since the

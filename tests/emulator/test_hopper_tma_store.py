@@ -58,7 +58,7 @@ def test_gemm_epilogue_stores_by_tma_with_no_finding(shape):
     m, k, n = shape
     a, b = _operands(m, k, n, jnp.float16, seed=m + n)
     code = gemm_tma_epilogue.lower(a, b, target=SM90A.name)._gpu
-    assert "tma_store_2d(" in code.source and "bulk_wait_group<0>()" in code.source
+    assert "tma_store_2d(" in code.source and "bulk_wait_group_read<0>()" in code.source
     out = np.zeros((m, n), np.float16)
     report = _build(code, code.source, "tma_store_gemm").run(_raw(a), _raw(b), out)
     assert report["findings"] == []
@@ -117,8 +117,9 @@ def test_writing_the_source_before_the_wait_is_a_race():
     """The first wait dropped: the second tile's fill writes the shared source while the
     first store may still read it."""
     x, code = _two_tiles()
-    bad = code.source.replace("if (tid == 0) bulk_wait_group<0>();", "", 1)
-    assert bad.count("bulk_wait_group<0>()") == code.source.count("bulk_wait_group<0>()") - 1
+    bad = code.source.replace("if (tid == 0) bulk_wait_group_read<0>();", "", 1)
+    wait = "bulk_wait_group_read<0>()"
+    assert bad.count(wait) == code.source.count(wait) - 1
     kernel = _build(code, bad, "two_tiles_no_wait")
     with pytest.raises(EmulatorError) as err:
         kernel.run(np.asarray(x), np.zeros((32, 64), np.float16))
@@ -128,7 +129,7 @@ def test_writing_the_source_before_the_wait_is_a_race():
 
 def test_a_store_never_waited_for_is_reported_and_still_lands():
     x, code = _two_tiles()
-    bad = code.source.replace("if (tid == 0) bulk_wait_group<0>();", "")
+    bad = code.source.replace("if (tid == 0) bulk_wait_group_read<0>();", "")
     assert "bulk_wait_group" not in bad
     out = np.zeros((32, 64), np.float16)
     try:
@@ -155,7 +156,7 @@ def test_nvrtc_compiles_the_tma_store_epilogue_for_sm90a():
                                  ["-arch=sm_90a", "-std=c++17", f"-I{DEVICE_INCLUDE}"])
     ptx = result.ptx.decode()
     assert "cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group" in ptx
-    assert "cp.async.bulk.commit_group" in ptx and "cp.async.bulk.wait_group 0" in ptx
+    assert "cp.async.bulk.commit_group" in ptx and "cp.async.bulk.wait_group.read 0" in ptx
 
 
 def test_a_3d_output_is_stored_by_3d_boxes_clipped_at_the_edge():

@@ -325,7 +325,9 @@ def _tma_store(lw: _Lowering, op: ir.Op) -> None:
 
 @lowers("tma_store_wait")
 def _tma_store_wait(lw: _Lowering, op: ir.Op) -> None:
-    lw.cx.w(f"if (tid == 0) bulk_wait_group<{op.attrs['count']}>();  "
+    # The .read form: the source may be written again once read; nothing in the kernel
+    # reads the output (the pass's rule), so its global writes need not have completed.
+    lw.cx.w(f"if (tid == 0) bulk_wait_group_read<{op.attrs['count']}>();  "
             "// its TMA stores have read their shared source")
 
 

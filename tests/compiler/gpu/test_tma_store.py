@@ -76,7 +76,7 @@ def test_generated_source_issues_commits_and_waits_in_that_order():
     fence = src.rindex("fence_proxy_async();")
     store = src.index("tma_store_2d(tensor_map_ref(tmap_")
     commit = src.index("bulk_commit_group();")
-    wait = src.index("bulk_wait_group<0>();")
+    wait = src.index("bulk_wait_group_read<0>();")
     assert fence < store < commit < wait
     assert "if (tid == 0)" in src[store - 200:store]
 

@@ -62,3 +62,25 @@ def batched_rows(x, *, rows=16):
     jt.copy(v, s)
     jt.copy(s, out.at[i, t * rows, 0])
     return out
+
+
+@jt.kernel(threads=128)
+def store_then_pipeline(x, y):
+    """A tile stored, then a pipelined loop whose stages the plan may put on its bytes."""
+    n, m = y.shape
+    first = jt.empty((16, 64), x.dtype)
+    sums = jt.empty((1, m), jnp.float32)
+    s = jt.shared((16, 64), x.dtype)
+    s[...] = x[...] + 1
+    jt.copy(s, first.at[0, 0])
+    t = jt.shared((16, m), y.dtype)
+    acc = jt.fragment((1, m), jnp.float32)
+    acc[...] = jnp.zeros((1, m), jnp.float32)
+
+    @jt.pipelined(jt.cdiv(n, 16), stages=2)
+    def _(k):
+        jt.copy(y.at[k * 16, 0], t, pad=0)
+        acc[...] = acc[...] + jnp.sum(t[...].astype(jnp.float32), axis=0, keepdims=True)
+
+    jt.copy(acc, sums.at[0, 0])
+    return first, sums

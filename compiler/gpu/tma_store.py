@@ -36,9 +36,11 @@ alike). Around it:
   are done). This pass places a ``tma_store_wait`` (the issuing thread's
   ``bulk_wait_group_read<0>``) before the first later statement that writes bytes the source
   occupies (the buffer, another buffer the shared-memory plan puts on the same bytes, an op's
-  scratch there); in a loop whose body writes them, at the end of the body too (the next
-  iteration's write); and at the kernel's end if a store is still pending there, since the
-  block's shared memory must outlive the read. The barrier pass then orders the other
+  scratch there; a pipeline's prologue counts as writing, since its staged copies stand in
+  the loop after it, and the wait goes before a TMA ring's set-up); in a loop whose body
+  writes them, at the end of the body too (the next iteration's write); and at the kernel's
+  end if a store is still pending there, since the block's shared memory must outlive the
+  read. The barrier pass then orders the other
   threads' write after the wait (the store's read is "any thread's").
 """
 
@@ -54,6 +56,8 @@ from ..errors import KernelError
 from ..sizes import is_static
 from ..target import GpuCaps
 from . import tma
+from .copy_schedule import ISSUE_KINDS
+from .ring_setup import INIT
 from .smem_plan import recorded_bytes, scratch_bytes
 
 STORE = "tma_store"
@@ -112,6 +116,10 @@ class _Placer:
         for s in ir.walk((stmt,)):
             if not isinstance(s, ir.Op):
                 continue
+            if s.kind in ISSUE_KINDS and s.attrs["prologue"]:
+                # A pipeline's prologue fills stages the plan may put on the source's bytes;
+                # its copies stand in the loop after it: count it as writing them all.
+                return True
             written = [self._span(r.buffer) for r in op_defs.writes(s)
                        if self.bufs[r.buffer].scope == "shared"]
             written += [(f"{s.kind} {role}", (lo, hi)) for role, lo, hi in scratch_bytes(s)]
@@ -131,8 +139,8 @@ class _Placer:
         """The body with its stores and waits, and the sources still pending after it."""
         out: list[ir.Stmt] = []
         pending = list(pending)
-        for stmt in body:
-            if pending and self._writes(stmt, pending):
+        for i, stmt in enumerate(body):
+            if pending and (self._writes(stmt, pending) or _ring_setup_at(body, i)):
                 out.append(self._wait(getattr(stmt, "line", None)))
                 pending = []
             if isinstance(stmt, ir.Op):
@@ -163,6 +171,13 @@ class _Placer:
                 for end in ends:
                     pending = _union(pending, end)
         return out, pending
+
+
+def _ring_setup_at(body: tuple[ir.Stmt, ...], i: int) -> bool:
+    """Whether a TMA ring's set-up (:mod:`.ring_setup`) starts at ``body[i]``: a wait for its
+    prologue goes before it, which stays adjacent to the prologue."""
+    return (i + 1 < len(body) and isinstance(body[i], ir.Op) and body[i].kind == "barrier"
+            and isinstance(body[i + 1], ir.Op) and body[i + 1].kind == INIT)
 
 
 def _union(a: list, b: list) -> list:

@@ -9,7 +9,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from tma_store_kernels import batched_rows, gemm_tma_epilogue, two_tiles_through_one_buffer
+from tma_store_kernels import (
+    batched_rows,
+    gemm_tma_epilogue,
+    store_then_pipeline,
+    two_tiles_through_one_buffer,
+)
 
 from jaxtile.compiler import build
 from jaxtile.compiler.cuda import emulated, nvrtc
@@ -171,3 +176,20 @@ def test_a_3d_output_is_stored_by_3d_boxes_clipped_at_the_edge():
     assert report["findings"] == []
     np.testing.assert_array_equal(out, (np.asarray(x, np.float32) * 3).astype(np.float16))
     np.testing.assert_array_equal(np.asarray(batched_rows.reference(x)), out)
+
+
+def test_a_store_then_a_tma_ring_runs_clean():
+    """The ring's stages may take the stored tile's bytes: the wait before its set-up keeps
+    the TMA loads off the source until the store has read it."""
+    rng = np.random.default_rng(6)
+    x = jnp.asarray(rng.standard_normal((16, 64)), jnp.float16)
+    y = jnp.asarray(rng.standard_normal((72, 64)), jnp.float16)
+    code = store_then_pipeline.lower(x, y, target=SM90A.name)._gpu
+    assert "tma_store_2d(" in code.source and "tma_load_2d(" in code.source
+    first, sums = np.zeros((16, 64), np.float16), np.zeros((1, 64), np.float32)
+    report = _build(code, code.source, "store_then_ring").run(np.asarray(x), np.asarray(y),
+                                                              first, sums)
+    assert report["findings"] == []
+    np.testing.assert_array_equal(first, np.asarray(x) + np.float16(1))
+    np.testing.assert_allclose(sums, np.asarray(y, np.float64).sum(0, keepdims=True),
+                               rtol=1e-3, atol=1e-3)

@@ -10,7 +10,11 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from tma_store_kernels import gemm_tma_epilogue, two_tiles_through_one_buffer
+from tma_store_kernels import (
+    gemm_tma_epilogue,
+    store_then_pipeline,
+    two_tiles_through_one_buffer,
+)
 
 import jaxtile as jt
 from jaxtile.compiler import build, ir, op_defs
@@ -191,3 +195,11 @@ def test_a_store_in_a_loop_waits_before_the_next_iterations_fill():
     body = tuple(bare if s is loop else s for s in kernel.body)
     with pytest.raises(KernelError, match="writes a TMA store's source"):
         verify_tma_stores(dataclasses.replace(kernel, body=body))
+
+
+def test_a_pipeline_prologue_after_a_store_waits_first():
+    _, kernel = _lowered(store_then_pipeline, _f16((16, 64)), _f16((64, 64), 1))
+    flat = [s.kind for s in ir.walk(kernel.body) if isinstance(s, ir.Op)]
+    store, issue = flat.index(STORE), flat.index("tma_issue")
+    assert WAIT in flat[store:issue]
+    verify_tma_stores(kernel)

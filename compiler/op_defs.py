@@ -63,6 +63,13 @@ Each backend lowers ops through its own :class:`Lowerings` registry (``@lowers("
                and issues the loads, which complete on it
 ``tma_wait``   wait until the TMA loads of the iteration's stage have landed (its mbarrier's
                phase for this use completed)
+``mbarrier_init``  ``stages``, ``count``: declares a TMA ring's ``stages`` mbarriers; one
+               thread initialises each to expect ``count`` arrivals, then
+               ``fence.mbarrier_init``
+``tma_store``  ``src``, ``dst``: a copy from a shared tile to a global output made a TMA
+               store: one thread issues it and commits it as a bulk async-group
+``tma_store_wait``  ``count``: the issuing thread waits until at most ``count`` of its bulk
+               async-groups are in flight (their source reads done)
 ``load_acquire``   ``src``: one element of a global buffer, read with acquire ordering
 ``store_release``  ``dst``: one element of a global output; operand: the scalar, written
                with release ordering (after all the block's earlier writes)
@@ -630,6 +637,15 @@ _DEFS = (
                                    "bytes": "int"},
           arity=(0,), has_result=False, pure=False, per_element=False),
     OpDef(kind="tma_wait", arity=(0,), has_result=False, pure=False, per_element=False),
+    # A TMA ring's mbarriers, initialised by one thread and fenced (the pipelining pass).
+    OpDef(kind="mbarrier_init", attrs={"stages": "int", "count": "int"}, arity=(0,),
+          has_result=False, pure=False, per_element=False),
+    # TMA stores and their wait (the TMA-store pass makes them from copies).
+    OpDef(kind="tma_store", attrs={"src": "region", "dst": "region", "pad": "pad"},
+          arity=(0,), has_result=False, pure=False, per_element=False, indexed=True,
+          reads=("src",), writes=("dst",), check=_check_copy),
+    OpDef(kind="tma_store_wait", attrs={"count": "int"}, arity=(0,), has_result=False,
+          pure=False, per_element=False),
     OpDef(kind="gemm", attrs={"a": "region", "b": "region", "c": "region",
                               "transpose_a": "bool", "transpose_b": "bool"},
           arity=(0,), has_result=False, pure=False, per_element=False,

@@ -214,6 +214,17 @@ DESCRIPTIONS: dict[str, str] = {
                   "(`cp.async.bulk.tensor`) completing on it."),
     "tma_wait": ("Inserted by the GPU pipelining pass, never written: waits until the TMA "
                  "loads of the iteration's stage have landed (`mbarrier.try_wait.parity`)."),
+    "mbarrier_init": ("Inserted by the GPU pipelining pass, never written: declares a TMA "
+                      "ring's mbarriers, one per stage; one thread initialises them "
+                      "(`mbarrier.init`) and fences that (`fence.mbarrier_init`), between two "
+                      "block barriers."),
+    "tma_store": ("Inserted by the GPU TMA-store pass, never written: on a GPU with TMA, a "
+                  "`jt.copy` of a shared tile to a global output made a TMA store "
+                  "(`cp.async.bulk.tensor`, global from shared) that one thread issues and "
+                  "commits as a bulk async-group; TMA clips the box at the output's edges."),
+    "tma_store_wait": ("Inserted by the GPU TMA-store pass, never written: the issuing thread "
+                       "waits for its TMA stores (`cp.async.bulk.wait_group`) before their "
+                       "shared source is written again and before the kernel ends."),
 }
 """Operation name (op kind, or ``kind.fn``) -> markdown: what it computes, its dtypes and
 limits."""

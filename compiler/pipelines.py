@@ -97,6 +97,10 @@ def gpu(target: Target) -> tuple[Pass, ...]:
       buffers, staged fragments; op note ``scratch``);
     - ``smem_plan`` (:func:`.gpu.smem_plan.place_shared_buffers`): each shared buffer's
       byte offset and pipeline stages (buffer attributes), each scratch request's offset;
+    - ``tma_store`` (:func:`.gpu.tma_store.plan_tma_stores`): on a target with TMA, copies
+      of a shared tile to a global output become ``tma_store`` ops (their boxes as notes),
+      with the issuing thread's ``tma_store_wait`` before their source is written again and
+      at the kernel's end;
     - ``barriers``: ``barrier`` ops wherever threads of a block would race (after layouts,
       which say which thread touches which shared element, treating buffers and scratch the
       plan puts on the same bytes as one).
@@ -105,9 +109,10 @@ def gpu(target: Target) -> tuple[Pass, ...]:
     barriers in uniform control flow, offsets), and after ``barriers`` that every reuse of
     scratch bytes has its barrier and every async-proxy read its proxy fence
     (:func:`.gpu.verify.verify_barrier_pass`), with the
-    others under ``JAXTILE_VERIFY_IR``. Code generation then prints the IR
-    (:mod:`.gpu.codegen.lower`). The GPU tier is imported here, not with this module: a
-    process that compiles for the CPU alone never loads it."""
+    others under ``JAXTILE_VERIFY_IR``; after ``tma_store``, that no TMA store's source is
+    written before its wait (:func:`.gpu.tma_store.verify_tma_stores`). Code generation
+    then prints the IR (:mod:`.gpu.codegen.lower`). The GPU tier is imported here, not with
+    this module: a process that compiles for the CPU alone never loads it."""
     from .gpu.barriers import insert_barriers
     from .gpu.bounds import check_bounds
     from .gpu.codegen.scratch import record_scratch
@@ -116,6 +121,7 @@ def gpu(target: Target) -> tuple[Pass, ...]:
     from .gpu.gemm_plan import anchors, plan_gemms
     from .gpu.layout_inference import infer_layouts
     from .gpu.smem_plan import place_shared_buffers
+    from .gpu.tma_store import plan_tma_stores, verify_tma_stores
     from .gpu.verify import verify_barrier_pass, verify_gpu
 
     return (Pass("gemm_plan", lambda k: plan_gemms(k, target)),
@@ -125,6 +131,7 @@ def gpu(target: Target) -> tuple[Pass, ...]:
             Pass("pipelining", lambda k: schedule_async_copies(k, target.caps), verify_gpu),
             Pass("scratch", lambda k: record_scratch(k, target.caps)),
             Pass("smem_plan", lambda k: place_shared_buffers(k, target.caps), verify_gpu),
+            Pass("tma_store", lambda k: plan_tma_stores(k, target.caps), verify_tma_stores),
             Pass("barriers", insert_barriers, verify_barrier_pass))
 
 

@@ -44,10 +44,11 @@ stage no thread reads in that iteration, so it and the staged copies it runs (``
 make no access inside the loop. Barriers the compute still needs (e.g. between a fragment staged
 through shared memory and its readers) are ordinary barrier ops of the body.
 
-The async proxy (sm_90a's wgmma gemms, the ``wgmma.`` plans of :mod:`.gemm_plan`) reads its
-shared operands through another proxy than the ordinary stores and ``cp.async`` copies that
-wrote them: those writes become visible to it only through ``fence.proxy.async`` by the
-writing threads, then a barrier before the (other) threads' wgmma. So the pass also keeps the
+The async proxy (sm_90a's wgmma gemms, the ``wgmma.`` plans of :mod:`.gemm_plan`; TMA stores,
+:mod:`.tma_store`, whose source it reads) reads its shared operands through another proxy
+than the ordinary stores and ``cp.async`` copies that wrote them: those writes become visible
+to it only through ``fence.proxy.async`` by the writing threads, then a barrier before the
+(other) threads' wgmma or store. So the pass also keeps the
 generic writes to shared memory made since the last fence -- a barrier only clears them when
 it carries the ``proxy_fence`` note; a pipeline's staged copies write at its ``async_wait``,
 where their data lands -- and before an async read of bytes one of them wrote
@@ -86,7 +87,9 @@ PROXY_FENCE = "proxy_fence"
 
 def async_proxy_reads(op: ir.Op, bufs: dict[str, ir.Buffer]) -> list[ir.Region]:
     """The shared regions ``op`` reads through the async proxy: a wgmma gemm's shared
-    operands (a register A is not one)."""
+    operands (a register A is not one), a TMA store's source (:mod:`.tma_store`)."""
+    if op.kind == "tma_store":
+        return [op.attrs["src"]]
     if op.kind != "gemm" or not str(op.notes.get("instr", "")).startswith("wgmma."):
         return []
     return [op.attrs[r] for r in ("a", "b") if bufs[op.attrs[r].buffer].scope == "shared"]

@@ -72,6 +72,7 @@ from .. import ir, op_defs
 from ..errors import KernelError
 from ..target import GpuCaps
 from . import tma
+from .ring_setup import ring_setup
 
 
 @dataclasses.dataclass(frozen=True)
@@ -355,7 +356,9 @@ def schedule_async_copies(kernel: ir.Kernel, caps: GpuCaps) -> ir.Kernel:
     the loop's schedule is its mbarrier ring instead (module docstring): ``tma_issue``
     (``bytes``: the iteration's tiles) for each issue, ``tma_wait`` for the wait, no commits
     and no wait after the loop; its staged copies carry the notes ``tma_box`` and
-    ``tma_swizzle`` (:mod:`.tma`). Other loops are unchanged.
+    ``tma_swizzle`` (:mod:`.tma`), and its prologue follows the ring's set-up
+    (:func:`.ring_setup.ring_setup`: barriers around ``mbarrier_init``). Other loops are
+    unchanged.
 
     Assumes: the loops' shapes are final (layouts, bounds and buffers do not change them).
     Guarantees: the shape is decided here once; shared-memory planning
@@ -398,6 +401,8 @@ def schedule_async_copies(kernel: ir.Kernel, caps: GpuCaps) -> ir.Kernel:
                 ops = [_schedule_op(step, s.line, True, tma_bytes) for step in plan.prologue]
                 head = [_schedule_op(step, s.line, False, tma_bytes) for step in plan.body
                         if step.kind != "compute"]
+                if tma_bytes is not None:   # the ring's mbarriers, set up (ring_setup.py)
+                    out += ring_setup(shape.stages, s.line)
                 out += [op for op in ops if op is not None]
                 out.append(dataclasses.replace(
                     s, body=(*[op for op in head if op is not None], *inner)))

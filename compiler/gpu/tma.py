@@ -22,7 +22,8 @@ every one of them can be (:func:`tma_box`); one that cannot keeps the whole loop
 The decision is two notes on the copy: ``tma_box``, the box, innermost dimension first (as
 ``cuTensorMapEncodeTiled`` takes it), and ``tma_swizzle`` (bytes, 0 for none). A copy whose
 tile is wider than its box (a wgmma tile of several column blocks) is one load per block.
-The kernel takes one tensor map per distinct (buffer, box, swizzle) (:func:`tensor_maps`),
+The kernel takes one tensor map per distinct (buffer, box, swizzle) (:func:`tensor_maps`;
+TMA stores, :mod:`.tma_store`, take theirs from the same list),
 built at launch from the buffer's address and shape: by the emulator's launch shim, or by
 the CUDA handler with ``cuTensorMapEncodeTiled``.
 """
@@ -94,14 +95,20 @@ class TensorMap:
     swizzle: int
 
 
+def global_side(op: ir.Op) -> ir.Region:
+    """The global region of a TMA copy: a load's source, a store's (:mod:`.tma_store`)
+    destination."""
+    return op.attrs["dst" if op.kind == "tma_store" else "src"]
+
+
 def tensor_maps(kernel: ir.Kernel) -> tuple[TensorMap, ...]:
     """The tensor maps the TMA copies of ``kernel`` need, in the order of first use."""
     params = [b.name for b in kernel.params]
     seen: dict[tuple[str, tuple[int, ...], int], TensorMap] = {}
     per_buffer: dict[str, int] = {}
     for s in ir.walk(kernel.body):
-        if isinstance(s, ir.Op) and s.kind == "copy" and BOX in s.notes:
-            buf = s.attrs["src"].buffer
+        if isinstance(s, ir.Op) and s.kind in ("copy", "tma_store") and BOX in s.notes:
+            buf = global_side(s).buffer
             key = (buf, tuple(s.notes[BOX]), s.notes[SWIZZLE])
             if key not in seen:
                 n = per_buffer.get(buf, 0)
@@ -112,7 +119,7 @@ def tensor_maps(kernel: ir.Kernel) -> tuple[TensorMap, ...]:
 
 
 def map_of(kernel_maps: tuple[TensorMap, ...], op: ir.Op, params: list[str]) -> TensorMap:
-    """The tensor map a noted copy loads through."""
-    index = params.index(op.attrs["src"].buffer)
+    """The tensor map a noted copy loads or stores through."""
+    index = params.index(global_side(op).buffer)
     return next(m for m in kernel_maps if m.buffer == index and m.box == tuple(op.notes[BOX])
                 and m.swizzle == op.notes[SWIZZLE])

@@ -14,7 +14,8 @@ test's, or a pass's output -- cannot hold a schedule, barrier or plan a GPU woul
   second arrival in one phase); a ring's issues announce exactly the bytes its loads complete
   (the sum of its TMA copies' tiles, else the phase never completes or completes early); its
   staged copies are all TMA copies whose box tiles their destination, and a cp.async loop has
-  none.
+  none; its prologue follows its set-up (:func:`.ring_setup.verify_ring_setup`: a
+  proxy-fence barrier, ``mbarrier_init`` of its stages, a barrier).
 - **Barriers in uniform control flow**: no ``barrier`` or ``async_*`` op inside a branch or
   loop whose condition may differ between the threads of a block (it reads global memory
   the kernel writes: :func:`.codegen.control.thread_varying`): some threads would wait at a
@@ -64,6 +65,7 @@ from .copy_schedule import (
     scheduled,
     split_schedule,
 )
+from .ring_setup import verify_ring_setup
 from .smem_plan import ALIGN, lifetimes, recorded_bytes, scratch_bytes
 
 _SYNC = ("barrier", *SCHEDULE_KINDS)
@@ -130,6 +132,9 @@ def _ring(kernel: ir.Kernel, loop: ir.For, before: Sequence[ir.Stmt]) -> None:
         if not (isinstance(t, ir.Op) and t.kind in ISSUE_KINDS and t.attrs["prologue"]):
             break
         prologue.insert(0, t)
+    why = verify_ring_setup(list(before[:len(before) - len(prologue)]), loop.stages)
+    if why is not None:
+        raise _fail(kernel, loop, why)
     head, _ = split_schedule(loop)
     issues = [t for t in head if isinstance(t, ir.Op) and t.kind in ISSUE_KINDS]
     waits = [t for t in head if isinstance(t, ir.Op) and t.kind == "tma_wait"]

@@ -19,8 +19,9 @@
 //                                                       the payload's code loaded there;
 //                                                       throws std::runtime_error with the
 //                                                       whole message;
-//   static const TensorMapEncoder* tensor_maps(const Api&)   builds `tmap` parameters
-//                                                       (null: the vendor has no TMA);
+//   static TensorMapEncoder tensor_maps(const Api&, Where)   builds `tmap` parameters for
+//                                                       that context or device (empty: the
+//                                                       vendor has no TMA);
 //   static Status launch(const Api&, Function, const std::array<unsigned, 3>& grid,
 //                        const LaunchSpec&, Stream, void** params).
 #pragma once
@@ -194,7 +195,8 @@ class Handler {
     }
     std::optional<LaunchArgs> args;
     try {
-      args.emplace(s, buffers, dims, num_buffers, T::tensor_maps(api));
+      const TensorMapEncoder encode = T::tensor_maps(api, where);
+      args.emplace(s, buffers, dims, num_buffers, encode ? &encode : nullptr);
     } catch (const std::invalid_argument& e) {
       return name + ": " + e.what();
     }

@@ -2,8 +2,13 @@
 
 #include <array>
 #include <cstdio>
+#include <list>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
+#include <tuple>
+#include <utility>
 
 #include "common/gpu_kernels.h"
 #include "common/launch_spec.h"
@@ -74,6 +79,50 @@ std::string encode_tensor_map(const Driver& d, const TensorMapDesc& m, void* add
   return r == kCudaSuccess ? std::string() : "cuTensorMapEncodeTiled: " + d.describe(r);
 }
 
+// Encoded tensor maps, so that launches on the same buffers do not encode again: XLA hands a
+// kernel the same addresses call after call (its buffer assignment is static per executable),
+// and cuTensorMapEncodeTiled costs microseconds on every launch. A map's bytes are a function
+// of the key alone (the address, the shape and the box, the swizzle and the element size: the
+// other arguments are constants of encode_tensor_map), plus the context, so that two devices'
+// maps never mix. Least recently used entries go past kCapacity; failures are not kept (the
+// next launch reports them again). Thread-safe: XLA may launch from several threads.
+class TensorMapCache {
+ public:
+  static constexpr size_t kCapacity = 256;
+
+  std::string get(const Driver& d, CUcontext ctx, const TensorMapDesc& m, void* address,
+                  TensorMapBytes* out) {
+    Key key{ctx, address, m.elem_bytes, m.rank, m.dims, m.box, m.swizzle};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (auto it = index_.find(key); it != index_.end()) {
+        order_.splice(order_.begin(), order_, it->second);  // now the most recent
+        *out = it->second->second;
+        return "";
+      }
+    }
+    // Encoded outside the lock: two threads racing on one key both encode the same bytes.
+    if (std::string why = encode_tensor_map(d, m, address, out); !why.empty()) return why;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (index_.count(key) == 0) {
+      order_.emplace_front(key, *out);
+      index_.emplace(key, order_.begin());
+      if (order_.size() > kCapacity) {
+        index_.erase(order_.back().first);
+        order_.pop_back();
+      }
+    }
+    return "";
+  }
+
+ private:
+  using Key = std::tuple<CUcontext, void*, uint32_t, uint32_t, std::array<uint64_t, 5>,
+                         std::array<uint32_t, 5>, uint32_t>;
+  std::mutex mu_;
+  std::list<std::pair<Key, TensorMapBytes>> order_;  // most recently used first
+  std::map<Key, std::list<std::pair<Key, TensorMapBytes>>::iterator> index_;
+};
+
 // The handler's skeleton over CUDA's driver API: a module per context.
 struct Cuda {
   static constexpr const char* kVendor = "CUDA";
@@ -104,13 +153,13 @@ struct Cuda {
   // The payload's cubin loaded into `ctx`; throws std::runtime_error with the whole message.
   static std::unique_ptr<Kernel> load(const Driver& d, CUcontext ctx, std::string_view key,
                                       std::string_view payload);
-  // The handler's tensor-map builder (cuTensorMapEncodeTiled), for `tmap` parameters.
-  static const TensorMapEncoder* tensor_maps(const Driver& d) {
-    static const TensorMapEncoder encode = [&d](const TensorMapDesc& m, void* address,
-                                                TensorMapBytes* out) {
-      return encode_tensor_map(d, m, address, out);
+  // The handler's tensor-map builder for `tmap` parameters in `ctx`: cuTensorMapEncodeTiled
+  // through the process's cache.
+  static TensorMapEncoder tensor_maps(const Driver& d, CUcontext ctx) {
+    static TensorMapCache cache;
+    return [&d, ctx](const TensorMapDesc& m, void* address, TensorMapBytes* out) {
+      return cache.get(d, ctx, m, address, out);
     };
-    return &encode;
   }
   static CUresult launch(const Driver& d, CUfunction fn, const std::array<unsigned, 3>& grid,
                          const LaunchSpec& s, CUstream stream, void** params) {

@@ -49,7 +49,7 @@ struct Hip {
   static std::unique_ptr<Kernel> load(const Runtime& r, hipDevice_t device,
                                       std::string_view key, std::string_view payload);
   // AMD GPUs have no TMA: no kernel for them takes a tensor map.
-  static const TensorMapEncoder* tensor_maps(const Runtime&) { return nullptr; }
+  static TensorMapEncoder tensor_maps(const Runtime&, hipDevice_t) { return {}; }
   static hipError_t launch(const Runtime& r, hipFunction_t fn,
                            const std::array<unsigned, 3>& grid, const LaunchSpec& s,
                            hipStream_t stream, void** params) {

@@ -225,6 +225,11 @@ _NOT_RUN = {
                  "runs it",
     "tma_wait": "the GPU pipelining pass's on TMA targets; tests/emulator/test_hopper_tma.py "
                 "runs it",
+    "mbarrier_init": "the GPU pipelining pass's on TMA targets; "
+                     "tests/compiler/gpu/test_ring_setup.py runs it",
+    "tma_store": "the GPU TMA-store pass's; tests/emulator/test_hopper_tma_store.py runs it",
+    "tma_store_wait": "the GPU TMA-store pass's; tests/emulator/test_hopper_tma_store.py "
+                      "runs it",
 }
 """Operations this test does not run, and why."""
 _ALSO_IN = {"load": "every case", "store": "every case",

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from ... import ir, op_defs, parser, printer, sizes, verify
 from ...errors import KernelError
 from ...target import Target
+from .. import tma
 from ..barriers import PROXY_FENCE
 from ..copy_schedule import ISSUE_KINDS, scheduled
 from ..device_rule import device_rule_violations
@@ -110,6 +111,8 @@ class _Lowering:
         self.cx = Context(kernel, target.caps.warp_size, target.caps.dialect, swizzles(kernel))
         self.conversions: list[str] = []
         self.tensor_maps = tensor_maps(kernel)
+        self.ring: str | None = None
+        """The mbarrier ring the last ``mbarrier_init`` declared, until its loop takes it."""
 
     def run(self) -> GpuKernel:
         cx, k = self.cx, self.kernel
@@ -191,6 +194,14 @@ class _Lowering:
             raise KernelError(f"{op.kind} is not lowered for {self.target.caps.dialect} yet "
                               f"(at {source_line(op.line)})")
         lower(self, op)
+
+    def take_ring(self) -> str:
+        """The ring a TMA-ring loop runs over: the one its set-up declared just before."""
+        ring, self.ring = self.ring, None
+        if ring is None:
+            raise KernelError(f"internal error: kernel '{self.kernel.name}' has a TMA ring "
+                              "with no mbarrier_init before its prologue")
+        return ring
 
     def comment(self, op: ir.Op) -> None:
         """A comment naming the op and its source line (not for uniform values, which are
@@ -281,6 +292,43 @@ def _async_issue(lw: _Lowering, op: ir.Op) -> None:
 def _tma_schedule(lw: _Lowering, op: ir.Op) -> None:
     raise KernelError(f"internal error: {op.kind} at {source_line(op.line)} outside the "
                       "schedule of a TMA ring")
+
+
+@lowers("mbarrier_init")
+def _mbarrier_init(lw: _Lowering, op: ir.Op) -> None:
+    """A ring's barriers, declared; one thread initialises them and fences the
+    initialisation (the pipelining pass put the block barriers around this op)."""
+    cx, stages = lw.cx, op.attrs["stages"]
+    ring = cx.tmp("ring")
+    cx.w(f"JT_SHARED(uint64_t, {ring}, {stages});")
+    with cx.w.block("if (tid == 0)"):
+        cx.w(f"for (int s = 0; s < {stages}; ++s) mbarrier_init({ring} + s, "
+             f"{op.attrs['count']});")
+        cx.w("fence_mbarrier_init();")
+    lw.ring = ring
+
+
+@lowers("tma_store")
+def _tma_store(lw: _Lowering, op: ir.Op) -> None:
+    """One thread issues the store (coordinates innermost first) and commits it as a bulk
+    async-group; the TMA-store pass placed the fence before it and the wait after it."""
+    lw.comment(op)
+    cx = lw.cx
+    src, dst = op.attrs["src"], op.attrs["dst"]
+    tmap = tma.map_of(lw.tensor_maps, op, [b.name for b in lw.kernel.params])
+    coords = [cx.operand(i.start) for i in reversed(dst.index)]
+    with cx.w.block("if (tid == 0)"):
+        cx.w(f"tma_store_{len(coords)}d(tensor_map_ref({tmap.name}), "
+             f"{cx.bufs[src.buffer].name}, {', '.join(coords)});")
+        cx.w("bulk_commit_group();")
+
+
+@lowers("tma_store_wait")
+def _tma_store_wait(lw: _Lowering, op: ir.Op) -> None:
+    # The .read form: the source may be written again once read; nothing in the kernel
+    # reads the output (the pass's rule), so its global writes need not have completed.
+    lw.cx.w(f"if (tid == 0) bulk_wait_group_read<{op.attrs['count']}>();  "
+            "// its TMA stores have read their shared source")
 
 
 @lowers("async_commit")

@@ -10,12 +10,12 @@ header's ``cp_async_commit`` and ``cp_async_wait<count>``. The prologue ops stan
 the loop; the loop's body is its schedule then the compute, which is printed as written with
 its staged copies left out and the barriers the barrier pass put there.
 
-A TMA ring (:func:`..copy_schedule.is_ring`) prints the same way over ``stages`` mbarriers
-declared and initialised before its prologue (one arrival each; a block barrier before the
-initialisation, since a ring inside another loop is initialised again once every thread is
-past its last wait, and one after it): a ``tma_issue`` is thread 0 announcing ``bytes`` on the
-stage's barrier and issuing the TMA loads of the staged copies (:mod:`..tma`: one per column
-block of the tile, through the copy's tensor-map parameter), a ``tma_wait`` every thread
+A TMA ring (:func:`..copy_schedule.is_ring`) prints the same way over the ``stages``
+mbarriers its ``mbarrier_init`` op declared and initialised before its prologue (the
+pipelining pass placed it between two barriers, :mod:`..ring_setup`): a ``tma_issue`` is
+thread 0 announcing ``bytes`` on the stage's barrier and issuing the TMA loads of the staged
+copies (:mod:`..tma`: one per column block of the tile, through the copy's tensor-map
+parameter), a ``tma_wait`` every thread
 waiting for the phase of tile ``k`` (stage ``k % stages``, parity ``(k / stages) & 1``).
 """
 
@@ -39,19 +39,12 @@ def lower_pipelined(low, stmt: ir.For, prologue: Sequence[ir.Op]) -> None:
     schedule, compute = split_schedule(stmt)
     head = [s for s in stmt.body if isinstance(s, ir.Op) and s.notes.get(ISSUED)]
     staged = sorted({op.attrs["dst"].buffer for op in head if op.kind == "copy"})
-    ring = cx.tmp("ring") if is_ring(stmt) else None
+    ring = low.take_ring() if is_ring(stmt) else None   # its mbarrier_init declared it
     if ring is None:
         cx.w(f"// pipelined loop: {stages} stages of {', '.join(staged)}, cp.async")
     else:
         cx.w(f"// pipelined loop: {stages} stages of {', '.join(staged)}, TMA into an "
-             "mbarrier ring")
-        cx.w(f"JT_SHARED(uint64_t, {ring}, {stages});")
-        cx.w("fence_proxy_async();  // earlier generic writes of shared memory before TMA's")
-        cx.w("sync_threads();  // every thread is past its waits on an earlier run of the ring")
-        with cx.w.block("if (tid == 0)"):
-            cx.w(f"for (int s = 0; s < {stages}; ++s) mbarrier_init({ring} + s, 1);")
-            cx.w("fence_mbarrier_init();")
-        cx.w("sync_threads();  // the ring is initialised before any thread uses it")
+             f"mbarrier ring ({ring})")
 
     def issue(tile: str, nbytes: int | None) -> None:
         """The staged copies of iteration ``tile`` (their scalars recomputed for it)."""

@@ -57,6 +57,7 @@
 //   tma_store_{2d,3d}(map, src, c0, c1[, c2])
 //                                  cp.async.bulk.tensor.{2,3}d.global.shared::cta.tile.bulk_group
 //   bulk_commit_group() / bulk_wait_group<N>()   cp.async.bulk.commit_group / .wait_group N
+//   bulk_wait_group_read<N>()      cp.async.bulk.wait_group.read N (the source reads only)
 //   wgmma_desc(p, lbo, sbo, swizzle)   a shared-memory matrix descriptor (64 bits)
 //   wgmma_acc<N>                   the m64nN f32 accumulator fragment (N/2 floats per thread)
 //   wgmma_{f16,bf16}<N, TA, TB>(d, desc_a, desc_b, scale_d)

@@ -304,6 +304,12 @@ template <int N>
 JT_DEVICE void bulk_wait_group() {
   asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
 }
+// Only the groups' source reads: their shared memory may be written again (PTX ISA,
+// cp.async.bulk.wait_group's .read), their global writes may still be in flight.
+template <int N>
+JT_DEVICE void bulk_wait_group_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
 
 #endif  // sm_90 on
 

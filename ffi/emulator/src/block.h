@@ -54,6 +54,7 @@ struct PendingRead {
 struct PendingStore {
   uint64_t group;
   uint32_t line;
+  uint64_t smem_offset, smem_bytes;  // the shared tile it reads until its group retires
   std::vector<std::pair<char*, std::vector<char>>> rows;  // global destination, bytes
 };
 
@@ -152,6 +153,7 @@ struct Cell {
   uint16_t gtid;           // its last generic-proxy writer in this block (kNoThread if none)
   uint32_t gline;          // that write's line
   uint32_t gfences;        // the writer's fence.proxy.async count at the write
+  uint16_t store_reads;    // TMA stores reading it that no bulk_wait_group has retired yet
   uint16_t rtid[kReadSlots];
   uint32_t rclk[kReadSlots];
   uint32_t rline[kReadSlots];

@@ -407,7 +407,14 @@ void tma_store(const Region* map_r, const void* map, const Region* src_r, const 
     check_shared(me, src_r, b.smem + off, static_cast<uint32_t>(bytes),
                  kRead | kNoBankLog | kAsyncProxy, line);
   }
-  PendingStore store{me.bulk_group, line, {}};
+  // PTX ISA, cp.async.bulk.wait_group: the source of a bulk async-group's copies may be
+  // written only once the group completed (its .read form waits for just the source reads).
+  // The data is taken at the issue; the tile stays marked read until the wait retires it, and
+  // a write to it before then is a race (memory.cc, check_shared).
+  if (g_checks) {
+    for (uint64_t i = 0; i < bytes; ++i) ++b.shadow[off + i].store_reads;
+  }
+  PendingStore store{me.bulk_group, line, off, bytes, {}};
   const Region& dst = b.buffers[t.buffer];
   for_each_run(t, coords, [&](uint64_t goff, uint64_t boff, uint64_t n) {
     if (!access(&dst, dst.base + goff, static_cast<uint32_t>(n), kWrite, line)) return;
@@ -426,6 +433,12 @@ void tma_store(const Region* map_r, const void* map, const Region* src_r, const 
 
 void bulk_commit() { ++t_fiber->bulk_group; }
 
+// The store's source tile is free to be written again.
+static void release_source(Block& b, const PendingStore& s) {
+  if (!g_checks) return;
+  for (uint64_t i = 0; i < s.smem_bytes; ++i) --b.shadow[s.smem_offset + i].store_reads;
+}
+
 void bulk_wait(int pending, uint32_t) {
   Fiber& me = *t_fiber;
   const uint64_t limit = me.bulk_group > static_cast<uint64_t>(pending)
@@ -435,6 +448,7 @@ void bulk_wait(int pending, uint32_t) {
     PendingStore& s = me.stores[i];
     if (s.group < limit) {
       for (auto& row : s.rows) std::memcpy(row.first, row.second.data(), row.second.size());
+      release_source(*me.block, s);
     } else {
       me.stores[kept++] = std::move(s);
     }
@@ -479,6 +493,7 @@ void finish_stores(Fiber& f) {
              where(b, f.stores.front().line) + "; bulk_wait_group)");
   for (auto& s : f.stores) {
     for (auto& row : s.rows) std::memcpy(row.first, row.second.data(), row.second.size());
+    release_source(b, s);
   }
   f.stores.clear();
 }

@@ -120,6 +120,14 @@ bool check_shared(Fiber& f, const Region* r, const char* addr, uint32_t bytes, i
                  " while a cp.async copy to it is still in flight (not yet retired by a "
                  "cp_async_wait)");
     }
+    if ((kind & (kWrite | kAtomic)) && c.store_reads != 0) {
+      report(kError, "tma-store-source:" + std::to_string(line),
+             std::string("TMA store source overwritten: ") + thread_name(b, me) + " " +
+                 kind_name(kind) + "s " + region_name(r) + " at byte offset " +
+                 std::to_string(addr + i - r->base) + " at " + where(b, line) +
+                 " while a TMA store reading it is in flight (no bulk_wait_group of the "
+                 "issuing thread has retired its bulk async-group yet)");
+    }
     // The async proxy (TMA, wgmma) sees a generic-proxy write only after the writer's
     // fence.proxy.async (and whatever orders that fence before the async operation).
     if ((kind & kAsyncProxy) && (kind & kRead) && c.written == b.serial &&

@@ -51,9 +51,10 @@ def _loop(dtype: str, cols: int) -> str:
 
 
 def test_a_staged_copy_with_aligned_rows_becomes_a_tma_ring():
-    """Three stages over 3 iterations: the prologue issues tiles 0 and 1 (128 bytes each:
-    one f16 row of 64), each iteration waits for its tile's phase, frees the stage to refill
-    with the block barrier and issues tile k + 2; the copy carries its TMA box (64 x 1,
+    """Three stages over 3 iterations: after the ring's set-up (barrier, mbarrier_init,
+    barrier) the prologue issues tiles 0 and 1 (128 bytes each: one f16 row of 64), each
+    iteration waits for its tile's phase, frees the stage to refill with the block barrier
+    and issues tile k + 2; the copy carries its TMA box (64 x 1,
     innermost first) and no swizzle; no wait follows the loop."""
     _, text = _run(_loop("float16", 192))
     assert text == _text("""
@@ -61,6 +62,9 @@ def test_a_staged_copy_with_aligned_rows_becomes_a_tma_ring():
           input x: global float16[2, 192]
           output y: global float16[2, 64]
           scratch s: shared float16[64]
+          barrier() !{proxy_fence=True, reason='every thread is past its waits on an earlier run of the ring'}  # user.py:5
+          mbarrier_init() {count=1, stages=3}  # user.py:5
+          barrier() !{reason='the ring is initialised before any thread uses it'}  # user.py:5
           tma_issue() {bytes=128, guard=False, prologue=True, tile=0}  # user.py:5
           tma_issue() {bytes=128, guard=False, prologue=True, tile=1}  # user.py:5
           for %1 in pipelined(0, +3, stages=3):  # user.py:5

@@ -47,6 +47,10 @@ _SCRIPT = textwrap.dedent("""
         try:
             if how == "load":
                 _ffi.cuda_load(key, text, stream)
+            elif how.startswith("fill"):
+                # `fill<n>`: n launches, buffer 1 moved by 0x1000 each time
+                for i in range(int(how[4:])):
+                    _ffi.cuda_launch(key, text, stream, [buffers[0], buffers[1] + 0x1000 * i])
             else:
                 _ffi.cuda_launch(key, text, stream, buffers)
             results[name] = "ok"
@@ -60,6 +64,9 @@ def _payload(key=KEY, launch=SCALE, cubin=CUBIN, ptx=b"", symbol="scale_shift"):
     return payload.pack_cuda(key=key, name="scale_shift", symbol=symbol, arch="sm_80",
                              launch=launch, cubin=cubin, ptx=ptx)
 
+
+TMAP_CACHE = 256
+"""The handler's tensor-map cache holds this many maps (kernels.cc's TensorMapCache)."""
 
 PTX_13_0 = b"FAKEPTX params=8844\n.version 9.0\n.target sm_80\n"
 
@@ -107,9 +114,32 @@ def _cases():
         ("tensor-map", "launch", "7e" * 32,
          _payload(key="7e" * 32, launch=TMAP, cubin=b"FAKECUBIN params=88m"), 0x100,
          [0x1000, 0x2000]),
+        # The same buffers again: the map comes from the handler's cache.
+        ("tensor-map-again", "launch", "7e" * 32,
+         _payload(key="7e" * 32, launch=TMAP, cubin=b"FAKECUBIN params=88m"), 0x100,
+         [0x1000, 0x2000]),
+        # Buffer 1 elsewhere (buffer 0 has no map): encoded again.
+        ("tensor-map-moved", "launch", "7e" * 32,
+         _payload(key="7e" * 32, launch=TMAP, cubin=b"FAKECUBIN params=88m"), 0x100,
+         [0x1000, 0x5000]),
+        # The first address on another device (context 2): its own map.
+        ("tensor-map-other-context", "launch", "7e" * 32,
+         _payload(key="7e" * 32, launch=TMAP, cubin=b"FAKECUBIN params=88m"), 0x200,
+         [0x1000, 0x2000]),
         ("tensor-map-error", "launch", "7f" * 32,
          _payload(key="7f" * 32, launch=TMAP, cubin=b"FAKECUBIN params=88m"), 0x100,
-         [0x1000, 0x2000], {"FAKE_CUDA_TMAP_ERROR": "1"}),
+         [0x1000, 0x6000], {"FAKE_CUDA_TMAP_ERROR": "1"}),
+        # A failure is not cached: the same launch without the error encodes.
+        ("tensor-map-after-error", "launch", "7f" * 32,
+         _payload(key="7f" * 32, launch=TMAP, cubin=b"FAKECUBIN params=88m"), 0x100,
+         [0x1000, 0x6000]),
+        # 256 other addresses push the first map out of the cache (least recently used).
+        ("tensor-map-fill", f"fill{TMAP_CACHE}", "7e" * 32,
+         _payload(key="7e" * 32, launch=TMAP, cubin=b"FAKECUBIN params=88m"), 0x100,
+         [0x1000, 0x100000]),
+        ("tensor-map-evicted", "launch", "7e" * 32,
+         _payload(key="7e" * 32, launch=TMAP, cubin=b"FAKECUBIN params=88m"), 0x100,
+         [0x1000, 0x2000]),
     ]
     return [case if len(case) == 7 else (*case, {}) for case in cases]
 
@@ -250,7 +280,7 @@ def test_driver_failures_are_errors_naming_the_kernel(driver_run, case, words):
         assert w in msg, (w, msg)
 
 
-def test_tensor_maps_are_encoded_from_the_buffer_at_each_launch(driver_run):
+def test_tensor_maps_are_encoded_from_the_buffer_at_launch(driver_run):
     """The handler builds the map from XLA's buffer address and the shape and box the launch
     text records: dims and box innermost first, strides in bytes of the outer dimensions,
     2-byte elements as UINT16 (1), 64-byte swizzle (2), 128-byte L2 promotion (2), zeros
@@ -267,6 +297,31 @@ def test_tensor_maps_are_encoded_from_the_buffer_at_each_launch(driver_run):
     for w in ("TMA tensor map of buffer 1", "cuTensorMapEncodeTiled", "CUDA_ERROR_INVALID_VALUE"):
         assert w in msg, (w, msg)
     assert not any("cuLaunchKernel" in line for line in log["tensor-map-error"])
+
+
+def _encodes(lines):
+    return [line for line in lines if line.startswith("cuTensorMapEncodeTiled")]
+
+
+def test_tensor_maps_are_cached_per_context_address_and_shape(driver_run):
+    """A launch on the buffers an earlier launch had passes the same 128 bytes without
+    encoding; another address, another context, or a map pushed out by 256 newer ones is
+    encoded again; a failed encoding is not remembered."""
+    results, log = driver_run
+    for case in ("tensor-map-again", "tensor-map-moved", "tensor-map-other-context",
+                 "tensor-map-after-error", "tensor-map-evicted"):
+        assert results[case] == "ok", (case, results[case])
+    assert _encodes(log["tensor-map-again"]) == []
+    assert "params=0x1000,0x2000,0x2000" in log["tensor-map-again"][-2]
+    assert [line.split()[3] for line in _encodes(log["tensor-map-moved"])] == ["address=0x5000"]
+    assert "params=0x1000,0x5000,0x5000" in log["tensor-map-moved"][-2]
+    assert len(_encodes(log["tensor-map-other-context"])) == 1
+    assert len(_encodes(log["tensor-map-after-error"])) == 1
+    assert results["tensor-map-fill"] == "ok"
+    assert len(_encodes(log["tensor-map-fill"])) == TMAP_CACHE
+    assert [line.split()[3] for line in _encodes(log["tensor-map-evicted"])] == [
+        "address=0x2000"]
+    assert "params=0x1000,0x2000,0x2000" in log["tensor-map-evicted"][-2]
 
 
 def test_every_context_push_is_popped(driver_run):

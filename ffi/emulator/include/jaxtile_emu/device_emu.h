@@ -500,6 +500,12 @@ template <int N>
 void bulk_wait_group(uint32_t line = __builtin_LINE()) {
   emu::bulk_wait(N, line);
 }
+// The .read form: the model's stores land at the wait all the same (one of the outcomes the
+// ISA allows: their global writes may complete any time before the kernel ends).
+template <int N>
+void bulk_wait_group_read(uint32_t line = __builtin_LINE()) {
+  emu::bulk_wait(N, line);
+}
 
 // A warpgroup's m64nN f32 accumulator: N/2 registers per thread. Every access is checked:
 // while a wgmma writing it is not retired by wgmma_wait_group it is reported, and one not

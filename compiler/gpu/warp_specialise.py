@@ -34,15 +34,18 @@ The consumers' block barriers become *named* barriers over the consumers only
 barriers now free the stages, unless its compute touches shared memory other than the
 stages' (then it stays, named, for whatever else it orders).
 
-**Registers.** ``setmaxnreg`` moves registers between warpgroups within the 64K 32-bit
-register file of an SM (one block per SM: ``JT_LAUNCH_BOUNDS(C + 128, 1)``). The launch gives
-every warpgroup ``R0 = min(256, 65536 / (C + 128))`` rounded down to 8 registers per thread;
-the producer keeps ``P = 40`` (a loop issuing TMA needs few) and the consumers get the rest,
-``Q = min(256, (65536 - 128 P) / C)`` rounded down to 8. Two consumer warpgroups:
-``R0 = 65536 / 384 = 170 -> 168``, ``Q = (65536 - 5120) / 256 = 236 -> 232``, and
-``128 * 40 + 256 * 232 = 64512 <= 65536``. :func:`check_budget` (the pass's rule, and code
-generation's) checks ``P <= R0 <= Q``, counts that are multiples of 8 in ``[24, 256]`` (the
-PTX ISA's range for ``setmaxnreg``) and ``128 P + C Q <= 65536``.
+**Registers.** ``setmaxnreg`` moves registers between the warpgroups of a block through a
+pool of its CTA (PTX ISA: ``dec`` releases into it, ``inc`` waits until it can take from
+it), so the block never holds more than it launched with. ``JT_LAUNCH_BOUNDS(C + 128, 1)``
+lets ptxas give every thread ``R0 = min(256, 65536 / (C + 128))`` rounded down to 8 (the 64K
+32-bit registers of an SM for one block); the pool is ``(C + 128) R0``. The producer keeps
+``P = 40`` (a loop issuing TMA needs few) and the consumers get the rest,
+``Q = min(256, ((C + 128) R0 - 128 P) / C)`` rounded down to 8. Two consumer warpgroups:
+``R0 = 65536 / 384 = 170 -> 168``, a pool of ``384 * 168 = 64512``,
+``Q = (64512 - 5120) / 256 = 232``, and ``128 * 40 + 256 * 232 = 64512``; one:
+``R0 = 256``, ``Q = min(256, (65536 - 5120) / 128) = 256``. :func:`check_budget` (the pass's
+rule, and code generation's) checks ``P <= R0 <= Q``, counts that are multiples of 8 in
+``[24, 256]`` (the PTX ISA's range for ``setmaxnreg``) and ``128 P + C Q`` within the pool.
 
 **The IR.** The pass writes its decisions as ops and notes: a ``warp_specialise`` op first in
 the body (``consumers``, ``producers``, ``consumer_regs``, ``producer_regs``, ``barrier``: the
@@ -110,7 +113,8 @@ def launch_regs(threads: int) -> int:
 def plan_registers(consumers: int) -> tuple[int, int]:
     """The ``(producer, consumer)`` registers per thread for ``consumers`` consumer threads
     and one producer warpgroup (module docstring)."""
-    rest = (REGISTER_FILE - PRODUCERS * PRODUCER_REGS) // consumers // 8 * 8
+    pool = (consumers + PRODUCERS) * launch_regs(consumers + PRODUCERS)
+    rest = (pool - PRODUCERS * PRODUCER_REGS) // consumers // 8 * 8
     return PRODUCER_REGS, min(MAX_REGS, rest)
 
 
@@ -129,9 +133,10 @@ def check_budget(consumers: int, producers: int, producer_regs: int,
         return (f"setmaxnreg.inc to {consumer_regs} would lower the consumers' {start} "
                 "registers per thread")
     total = producers * producer_regs + consumers * consumer_regs
-    if total > REGISTER_FILE:
+    pool = (consumers + producers) * start
+    if total > pool:
         return (f"{producers} x {producer_regs} + {consumers} x {consumer_regs} = {total} "
-                f"registers exceed the register file's {REGISTER_FILE}")
+                f"registers exceed the block's {consumers + producers} x {start} = {pool}")
     return None
 
 

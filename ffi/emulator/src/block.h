@@ -237,6 +237,7 @@ struct Block {
   std::vector<Mbarrier> mbarriers;
   std::vector<WarpgroupSync> warpgroups;
   std::vector<uint32_t> regs;  // setmaxnreg: registers per thread of each warpgroup
+  uint32_t reg_pool = 0;       // the block's registers (what it launched with): the CTA pool
   std::vector<uint32_t> pending_inc;  // a setmaxnreg.inc waiting for registers (0: none)
   std::vector<Collective> collectives;  // kCollectivesPerWarp per warp
 

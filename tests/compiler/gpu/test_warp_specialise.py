@@ -31,20 +31,26 @@ def _lower(m=128, k=256, n=256, target="cuda:sm_90a", **kw):
 # -- registers --------------------------------------------------------------------------------
 
 def test_register_budget_arithmetic():
-    """By hand: 64K registers; the producer warpgroup keeps 40 per thread (5120); two
-    consumer warpgroups share 60416: 236 per thread, 232 as a multiple of 8; one consumer
-    warpgroup could have 472, capped at setmaxnreg's 256. A 384-thread block starts at
-    65536 / 384 = 170 -> 168 per thread, a 256-thread one at 256."""
+    """By hand: a 384-thread block starts at 65536 / 384 = 170 -> 168 per thread, a pool of
+    64512 (PTX: setmaxnreg moves registers within the CTA's); the producer warpgroup keeps 40
+    per thread (5120); two consumer warpgroups share 59392: 232 per thread. One consumer
+    warpgroup: a 256-thread block starts at 256, a pool of 65536, and the consumers could
+    have 472, capped at setmaxnreg's 256. Four: 640 threads start at 102 -> 96, a pool of
+    61440, 56320 for 512 consumers: 110 -> 104."""
     assert ws.plan_registers(256) == (40, 232)
     assert ws.plan_registers(128) == (40, 256)
+    assert ws.plan_registers(512) == (40, 104)
     assert ws.launch_regs(384) == 168 and ws.launch_regs(256) == 256
-    assert 128 * 40 + 256 * 232 == 64512 <= 65536
+    assert ws.launch_regs(640) == 96
+    assert 128 * 40 + 256 * 232 == 64512 == 384 * 168
     assert ws.check_budget(256, 128, 40, 232) is None
     assert ws.check_budget(128, 128, 40, 256) is None
+    assert ws.check_budget(512, 128, 40, 104) is None
 
 
 @pytest.mark.parametrize("regs, why", [
-    ((40, 240), "exceed the register file"),        # 5120 + 61440 = 66560
+    ((40, 240), "exceed the block's 384 x 168 = 64512"),   # 5120 + 61440 = 66560
+    ((48, 232), "= 65536 registers exceed the block's"),    # within 64K, not the pool
     ((40, 236), "not a multiple of 8"),
     ((16, 232), "not a multiple of 8 in [24, 256]"),
     ((176, 232), "would raise the producer's 168"),
@@ -155,7 +161,7 @@ def _replace(kernel, fn):
 @pytest.mark.parametrize("break_it, why", [
     (lambda op: [dataclasses.replace(op, attrs={**op.attrs, "consumer_regs": 240})]
      if op.kind == ws.KIND else [op],
-     "exceed the register file's 65536"),
+     "exceed the block's 384 x 168 = 64512"),
     (lambda op: [] if op.kind == "tma_release" else [op], "must end with the consumers'"),
     (lambda op: [dataclasses.replace(op, notes={})] if op.kind == "tma_issue" else [op],
      "is not the producer's"),

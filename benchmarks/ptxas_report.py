@@ -257,7 +257,8 @@ def _sm90a_figures(args: argparse.Namespace) -> dict:
     cold = _cold_compiles(args.cold_runs, "sm_90a")
     return {
         "kernel": "_gemm of tests/compiler/cuda/test_language_gemm_figures.py (4096^3 fp16 -> f32, "
-                  "128 threads = 1 warpgroup, jt.pipelined stages=3, sm_90a)",
+                  "128 threads = 1 warpgroup, jt.pipelined stages=3, sm_90a; warp-specialised: "
+                  "the compiler adds a producer warpgroup)",
         "instr": instr,
         "compiler": compiled.compiler,
         **_ptxas_fields(ptxas, ptxas.shared_bytes + compiled.launch.dynamic_smem, sass),

@@ -53,8 +53,9 @@ def lower_pipelined(low, stmt: ir.For, prologue: Sequence[ir.Op]) -> None:
     split = getattr(low, "split_ring", None) if is_ring(stmt) else None
     ring = split[0] if split else cx.tmp("ring") if is_ring(stmt) else None
     if split:
-        cx.w(f"// pipelined loop: {stages} stages of {', '.join(staged)}, TMA by the producer "
-             "warpgroup; the consumers wait on full, compute, release empty")
+        cx.w(f"// pipelined loop: {stages} stages of {', '.join(staged)}, TMA into an "
+             "mbarrier ring the producer warpgroup fills; the consumers wait on full, "
+             "compute, release empty")
     elif ring is None:
         cx.w(f"// pipelined loop: {stages} stages of {', '.join(staged)}, cp.async")
     else:

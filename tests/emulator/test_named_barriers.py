@@ -64,3 +64,14 @@ def test_seeded_named_barrier_mistakes_are_reported(tag, old, new, finding):
         kernel.run(x, y)
     text = str(err.value) + str(err.value.report)
     assert finding in text, text[:2000]
+
+
+def test_named_barriers_assemble():
+    """The PTX side of the header: ``bar.arrive`` and ``bar.sync`` with a thread count."""
+    from jaxtile.compiler.cuda.toolchain import compile_cubin, nvcc_path
+
+    if nvcc_path() is None:
+        pytest.skip("nvcc not found (PATH, $NVCC, $CUDA_HOME): cannot check the PTX side")
+    cubin = compile_cubin(kernel_source("named_barriers"), "sm_80", file="named_barriers.cu")
+    ptx = cubin.ptx.decode()
+    assert "bar.arrive" in ptx and "bar.sync" in ptx, ptx

@@ -173,3 +173,23 @@ def test_the_rules_bite(break_it, why):
     assert ws.check_split(kernel) is kernel
     with pytest.raises(KernelError, match=why):
         ws.check_split(_replace(kernel, break_it))
+
+
+# -- ptxas ------------------------------------------------------------------------------------
+
+def test_the_split_compiles_with_the_launch_register_count_and_no_spills():
+    """NVRTC (here without a GPU): ptxas gives the 384-thread block the 168 registers per
+    thread setmaxnreg then moves between the roles, and does not ignore setmaxnreg (it would
+    where it cannot tell the count at entry)."""
+    from jaxtile.compiler.cuda import compile as cuda_compile
+    from jaxtile.compiler.cuda import nvrtc
+
+    if not nvrtc.available():
+        pytest.skip("NVRTC is not installed (jaxtile[cuda])")
+    target = parse_target("cuda:sm_90a")
+    low = _lower(m=512, k=512, n=512)
+    compiled = cuda_compile.compile_to_library(build.lowered_ir(low.kernel, target), target)
+    assert compiled.launch.threads == 384
+    assert compiled.ptxas.registers == 168, compiled.log
+    assert compiled.ptxas.spill_stores == compiled.ptxas.spill_loads == 0, compiled.log
+    assert "ignored" not in compiled.log

@@ -11,7 +11,8 @@ the loop; the loop's body is its schedule then the compute, which is printed as 
 its staged copies left out and the barriers the barrier pass put there.
 
 A TMA ring (:func:`..copy_schedule.is_ring`) prints the same way over ``stages`` mbarriers
-declared and initialised before its prologue (one arrival each; a block barrier before the
+(a view of the dynamic shared memory at the offset the smem_plan pass gave the ring)
+initialised before its prologue (one arrival each; a block barrier before the
 initialisation, since a ring inside another loop is initialised again once every thread is
 past its last wait, and one after it): a ``tma_issue`` is thread 0 announcing ``bytes`` on the
 stage's barrier and issuing the TMA loads of the staged copies (:mod:`..tma`: one per column
@@ -37,6 +38,7 @@ from ... import ir
 from ...errors import KernelError
 from .. import tma
 from ..copy_schedule import ISSUE_KINDS, ISSUED, is_ring, split_schedule
+from ..smem_plan import MBARRIER_BYTES, RING_OFFSET
 from ..warp_specialise import ROLE, check_budget, ring_loop
 from .context import Context
 
@@ -50,8 +52,8 @@ def lower_pipelined(low, stmt: ir.For, prologue: Sequence[ir.Op]) -> None:
     schedule, compute = split_schedule(stmt)
     head = [s for s in stmt.body if isinstance(s, ir.Op) and s.notes.get(ISSUED)]
     staged = sorted({op.attrs["dst"].buffer for op in head if op.kind == "copy"})
-    split = getattr(low, "split_ring", None) if is_ring(stmt) else None
-    ring = split[0] if split else cx.tmp("ring") if is_ring(stmt) else None
+    split = low.split_ring if is_ring(stmt) else None
+    ring = split[0] if split else _ring_array(cx, stmt, "ring") if is_ring(stmt) else None
     if split:
         cx.w(f"// pipelined loop: {stages} stages of {', '.join(staged)}, TMA into an "
              "mbarrier ring the producer warpgroup fills; the consumers wait on full, "
@@ -61,7 +63,6 @@ def lower_pipelined(low, stmt: ir.For, prologue: Sequence[ir.Op]) -> None:
     else:
         cx.w(f"// pipelined loop: {stages} stages of {', '.join(staged)}, TMA into an "
              "mbarrier ring")
-        cx.w(f"JT_SHARED(uint64_t, {ring}, {stages});")
         cx.w("fence_proxy_async();  // earlier generic writes of shared memory before TMA's")
         cx.w("sync_threads();  // every thread is past its waits on an earlier run of the ring")
         with cx.w.block("if (tid == 0)"):
@@ -143,6 +144,16 @@ def _tma_load(low, op: ir.Op, ring: str, stage: str, stages: int) -> None:
              f"{', '.join([inner, *coords[1:]])});")
 
 
+def _ring_array(cx: Context, loop: ir.For, hint: str, skip: int = 0) -> str:
+    """A shared array of ``loop.stages`` mbarriers at the ring's planned offset (the note
+    :data:`..smem_plan.RING_OFFSET` of its ``tma_wait``), ``skip`` barriers in."""
+    wait = loop.body[0]
+    name = cx.tmp(hint)
+    at = wait.notes[RING_OFFSET] + skip * MBARRIER_BYTES
+    cx.shared.append(("uint64_t", name, loop.stages, wait, at))
+    return name
+
+
 def lower_split(low, op: ir.Op) -> None:
     """A ``warp_specialise`` op (first in the kernel): the ring's barriers, then the producer
     warpgroup's branch, then the consumers' register increase (module docstring). ``low``
@@ -155,13 +166,13 @@ def lower_split(low, op: ir.Op) -> None:
         raise KernelError(f"internal error: warp specialisation's register budget: {bad}")
     loop = ring_loop(low.kernel)
     stages, consumers = loop.stages, a["consumers"]
-    full, empty = cx.tmp("full"), cx.tmp("empty")
+    full, empty = _ring_array(cx, loop, "full"), _ring_array(cx, loop, "empty", stages)
     low.split_ring = (full, empty)
     cx.w(f"// warp specialisation: threads 0..{consumers - 1} consume ({a['consumer_regs']} "
          f"registers each), {consumers}..{consumers + a['producers'] - 1} produce "
          f"({a['producer_regs']} registers each; thread {consumers} issues the TMA loads)")
-    cx.w(f"JT_SHARED(uint64_t, {full}, {stages});   // tile landed (1 arrival + bytes)")
-    cx.w(f"JT_SHARED(uint64_t, {empty}, {stages});  // stage free (1 arrival per consumer warp)")
+    cx.w(f"// {full}: a tile landed (1 arrival + its bytes); {empty}: its stage is free (1 "
+         "arrival per consumer warp)")
     with cx.w.block("if (tid == 0)"):
         with cx.w.block(f"for (int s = 0; s < {stages}; ++s)"):
             cx.w(f"mbarrier_init({full} + s, 1);")

@@ -6,12 +6,15 @@ emulator reports: the producer waiting on the wrong parity of "empty", consumers
 release a stage or release it before reading it, a missing ``setmaxnreg.dec``, a consumer
 budget past the block's registers (the CTA pool setmaxnreg moves them in)."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from ws_gemm import ws_gemm
 
+from jaxtile import ops
 from jaxtile.compiler.cuda import emulated
 from jaxtile.compiler.emulator import EmulatedKernel, EmulatorError
 
@@ -117,3 +120,30 @@ def test_seeded_split_mistakes_are_reported(mutate, finding):
         kernel.run(*arrays)
     text = str(err.value) + str(err.value.report)
     assert finding in text, text[:2000]
+
+
+def test_a_stuck_split_leaves_no_stale_tma_marks_for_the_next_launch():
+    """A split block that deadlocks with TMA loads in flight after its producer warpgroup
+    exited (128 threads done), then, in the same thread, a 128-thread cp.async kernel: it
+    starts on fresh shadow memory. (The emulator took "threads done == the new launch's
+    threads" for a clean end and kept the stale in-flight marks: a TMA hazard in a kernel
+    with no TMA.)"""
+    # K = 128: two k-tiles in two stages, so the producer issues both and exits
+    a, b = _operands(128, 128, 256, jnp.float16, seed=5)
+    code = ws_gemm.lower(a, b, target="cuda:sm_90a")._gpu
+    arrays = [np.asarray(a).view(np.float16), np.asarray(b).view(np.float16),
+              np.zeros((128, 256), np.float16)]
+    bad = re.sub(r"(mbarrier_arrive_expect_tx\([^,]+, )(\d+)\)",
+                 lambda m: f"{m.group(1)}{int(m.group(2)) - 16})", code.source, count=1)
+    assert bad != code.source
+    with pytest.raises(EmulatorError, match="16 transaction bytes more"):
+        _build(bad, code, "ws_stuck").run(*arrays)     # in this process: no timeout set
+    a, b = _operands(70, 40, 90, jnp.float16, seed=4)
+    plain = ops.matmul.lower(a, b, target="cuda:sm_90a")._gpu
+    assert "cp_async<" in plain.source and plain.threads == 128
+    out = np.zeros((70, 90), np.float16)
+    report = _build(plain.source, plain, "after_stuck").run(
+        np.asarray(a).view(np.float16), np.asarray(b).view(np.float16), out)
+    assert report["findings"] == []
+    want = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
+    np.testing.assert_allclose(out.astype(np.float64), want, rtol=1e-3, atol=4e-3)

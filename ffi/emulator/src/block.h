@@ -205,6 +205,7 @@ struct Block {
   void* main_sp = nullptr;
   uint32_t done = 0;
   bool aborted = false;
+  bool ended_clean = false;  // the last block run had every thread exit (set by run_block)
   size_t stack_bytes = 0;     // per fiber, for this launch
 
   // The watchdog: the launch's time limit, checked every so many accesses and barriers.

@@ -269,7 +269,7 @@ void reset_block_memory(Block& b, uint64_t static_capacity) {
   for (Fiber& f : b.fibers) f.relaxed_flag = nullptr;
   if (g_checks) {
     // A block that was abandoned (fatal error, deadlock) may leave copies marked in flight.
-    const bool clean = b.serial != 0 && !b.aborted && b.done == b.nthreads;
+    const bool clean = b.serial != 0 && b.ended_clean;
     if (!clean || b.serial == UINT32_MAX || b.gen > UINT32_MAX - (1u << 24)) {
       b.shadow.clear();
       b.serial = 0;

@@ -233,6 +233,7 @@ void run_block(Block& b) {
   b.ready_count = 0;
   b.done = 0;
   b.aborted = false;
+  b.ended_clean = false;
   for (auto& bar : b.barriers) {
     bar.arrived.clear();
     bar.arrive_only.clear();
@@ -274,6 +275,9 @@ void run_block(Block& b) {
   t_fiber = nullptr;
   if (!b.aborted && b.done < b.nthreads) report_deadlock(b);
   if (!b.aborted && b.done == b.nthreads) finish_hopper(b);
+  // Read by the next run's reset (whose launch may have another thread count, so `done`
+  // alone cannot tell it).
+  b.ended_clean = !b.aborted && b.done == b.nthreads;
   if (g_checks) {
     for (uint32_t w = 0; w < b.nwarps; ++w) flush_bank_log(b, w);
   }

@@ -174,6 +174,9 @@ class For:
     stages: int
     body: tuple[Stmt, ...]
     line: str | None = None
+    warp_specialize: bool | None = None
+    """A pipelined loop's override of warp specialisation (``jt.pipelined``'s flag; None:
+    the compiler decides, :mod:`.gpu.warp_specialise`)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "body", tuple(self.body))

@@ -70,6 +70,12 @@ Each backend lowers ops through its own :class:`Lowerings` registry (``@lowers("
                store: one thread issues it and commits it as a bulk async-group
 ``tma_store_wait``  ``count``: the issuing thread waits until at most ``count`` of its bulk
                async-groups are in flight (their source reads done)
+``tma_release``  a warp-specialised ring's consumers are done with the iteration's stage
+               (one arrival per warp on its "empty" mbarrier)
+``warp_specialise``  ``consumers``, ``producers``, ``consumer_regs``, ``producer_regs``,
+               ``barrier``: the block splits into the kernel's threads (consumers) and a
+               producer warpgroup that runs the TMA ring's issues; each role's registers
+               per thread (``setmaxnreg``), the consumers' named barrier
 ``load_acquire``   ``src``: one element of a global buffer, read with acquire ordering
 ``store_release``  ``dst``: one element of a global output; operand: the scalar, written
                with release ordering (after all the block's earlier writes)
@@ -646,6 +652,12 @@ _DEFS = (
           reads=("src",), writes=("dst",), check=_check_copy),
     OpDef(kind="tma_store_wait", attrs={"count": "int"}, arity=(0,), has_result=False,
           pure=False, per_element=False),
+    # Warp specialisation of a TMA ring (sm_90a; GPU only): never removed or moved.
+    OpDef(kind="tma_release", arity=(0,), has_result=False, pure=False, per_element=False),
+    OpDef(kind="warp_specialise", attrs={"consumers": "int", "producers": "int",
+                                         "consumer_regs": "int", "producer_regs": "int",
+                                         "barrier": "int"},
+          arity=(0,), has_result=False, pure=False, per_element=False),
     OpDef(kind="gemm", attrs={"a": "region", "b": "region", "c": "region",
                               "transpose_a": "bool", "transpose_b": "bool"},
           arity=(0,), has_result=False, pure=False, per_element=False,

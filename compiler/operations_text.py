@@ -225,6 +225,16 @@ DESCRIPTIONS: dict[str, str] = {
     "tma_store_wait": ("Inserted by the GPU TMA-store pass, never written: the issuing thread "
                        "waits for its TMA stores (`cp.async.bulk.wait_group`) before their "
                        "shared source is written again and before the kernel ends."),
+    "tma_release": ("Inserted by the GPU warp-specialisation pass, never written: the "
+                    "consumer warps are done with the iteration's stage of a TMA ring; each "
+                    "warp's lane 0 arrives on the stage's empty mbarrier, which the producer "
+                    "waits on before refilling it."),
+    "warp_specialise": ("Inserted by the GPU warp-specialisation pass, never written (sm_90a): "
+                        "the block is the kernel's `consumers` threads plus `producers` (one "
+                        "warpgroup) whose elected thread issues the TMA ring's loads; "
+                        "`setmaxnreg` gives each role `producer_regs` / `consumer_regs` "
+                        "registers per thread, the consumers synchronise on named barrier "
+                        "`barrier`."),
 }
 """Operation name (op kind, or ``kind.fn``) -> markdown: what it computes, its dtypes and
 limits."""

@@ -103,7 +103,10 @@ def gpu(target: Target) -> tuple[Pass, ...]:
       at the kernel's end;
     - ``barriers``: ``barrier`` ops wherever threads of a block would race (after layouts,
       which say which thread touches which shared element, treating buffers and scratch the
-      plan puts on the same bytes as one).
+      plan puts on the same bytes as one);
+    - ``warp_specialise`` (:func:`.gpu.warp_specialise.warp_specialise`): on sm_90a, a TMA
+      ring's issues move to a producer warpgroup added to the block (op
+      ``warp_specialise`` with each role's registers, ``tma_release``, named barriers).
 
     After ``pipelining`` the GPU rules (:func:`.gpu.verify.verify_gpu`: wait counts,
     barriers in uniform control flow, offsets), and after ``barriers`` that every reuse of
@@ -123,6 +126,7 @@ def gpu(target: Target) -> tuple[Pass, ...]:
     from .gpu.smem_plan import place_shared_buffers
     from .gpu.tma_store import plan_tma_stores, verify_tma_stores
     from .gpu.verify import verify_barrier_pass, verify_gpu
+    from .gpu.warp_specialise import check_split, warp_specialise
 
     return (Pass("gemm_plan", lambda k: plan_gemms(k, target)),
             Pass("layout_inference", lambda k: infer_layouts(k, anchors)),
@@ -132,7 +136,8 @@ def gpu(target: Target) -> tuple[Pass, ...]:
             Pass("scratch", lambda k: record_scratch(k, target.caps)),
             Pass("smem_plan", lambda k: place_shared_buffers(k, target.caps), verify_gpu),
             Pass("tma_store", lambda k: plan_tma_stores(k, target.caps), verify_tma_stores),
-            Pass("barriers", insert_barriers, verify_barrier_pass))
+            Pass("barriers", insert_barriers, verify_barrier_pass),
+            Pass("warp_specialise", lambda k: warp_specialise(k, target.caps), check_split))
 
 
 TARGET_PIPELINES: dict[str, Callable[[Target], tuple[Pass, ...]]] = {

@@ -100,6 +100,8 @@ class _Printer:
                 start, extent = self.names(stmt.start), self.names(stmt.extent)
                 var = self.names.define(stmt.var)
                 stages = f", stages={stmt.stages}" if stmt.kind == "pipelined" else ""
+                if stmt.warp_specialize is not None:
+                    stages += f", warp_specialize={stmt.warp_specialize}"
                 self.out.append(f"{pad}for {var} in {stmt.kind}({start}, +{extent}"
                                 f"{stages}):{where}")
                 self.stmts(stmt.body, depth + 1)

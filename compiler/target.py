@@ -122,6 +122,12 @@ class GpuCaps(Protocol):
         completing on mbarriers (:mod:`.gpu.tma`)."""
         ...
 
+    @property
+    def setmaxnreg(self) -> bool:
+        """Whether warpgroups may move registers between them (``setmaxnreg``), which warp
+        specialisation needs (:mod:`.gpu.warp_specialise`)."""
+        ...
+
 
 @dataclasses.dataclass(frozen=True)
 class CudaCaps:
@@ -153,6 +159,9 @@ class CudaCaps:
     tma: bool
     """Tensor memory accelerator copies (sm_90 on): the pipelining pass makes a pipelined
     loop's staged copies TMA loads where their shapes allow (:mod:`.gpu.tma`)."""
+    setmaxnreg: bool = False
+    """``setmaxnreg.{inc,dec}`` (sm_90a): a TMA ring may be warp-specialised
+    (:mod:`.gpu.warp_specialise`)."""
 
     @property
     def arch(self) -> str:
@@ -255,6 +264,11 @@ class HipCaps:
     @property
     def tma(self) -> bool:
         """CDNA has no tensor memory accelerator: pipelines copy with the threads."""
+        return False
+
+    @property
+    def setmaxnreg(self) -> bool:
+        """CDNA allocates registers per kernel: no warpgroup moves them at run time."""
         return False
 
 
@@ -378,7 +392,7 @@ _CUDA: dict[str, dict] = {
     "sm_87": dict(max_smem_bytes=163 * _KIB),  # Jetson Orin
     "sm_89": dict(max_smem_bytes=99 * _KIB),  # RTX 40xx, L4, L40
     "sm_90": dict(max_smem_bytes=227 * _KIB, tma=True),  # H100, H200
-    "sm_90a": dict(max_smem_bytes=227 * _KIB, tma=True, wgmma=True),
+    "sm_90a": dict(max_smem_bytes=227 * _KIB, tma=True, wgmma=True, setmaxnreg=True),
     "sm_100": dict(max_smem_bytes=227 * _KIB, tma=True),  # B200
     "sm_100a": dict(max_smem_bytes=227 * _KIB, tma=True, tcgen05=True),
     "sm_103": dict(max_smem_bytes=227 * _KIB, tma=True),  # B300

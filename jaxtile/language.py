@@ -583,14 +583,15 @@ def _bound(state: Any, b: Any) -> Any:
 
 
 def _run_loop(start: Any, stop: Any, body: Callable[[Any], Any], kind: str,
-              stages: int) -> None:
+              stages: int, warp_specialize: bool | None = None) -> None:
     state = _trace.current(f"jt.{'pipelined' if kind == 'pipelined' else 'loop'}")
     start, stop = _bound(state, start), _bound(state, stop)
     if kind == "unrolled" and not (isinstance(start, int) and isinstance(stop, int)):
         raise state.error("jt.loop(..., unroll=True) needs static (Python int) bounds")
 
     def step(i: jax.Array, carry: int) -> int:
-        result = body(tile_ops.loop_info_p.bind(i, kind=kind, stages=stages))
+        result = body(tile_ops.loop_info_p.bind(i, kind=kind, stages=stages,
+                                                warp_specialize=warp_specialize))
         if result is not None:
             raise state.error("a loop body must not return a value; write results to refs")
         return carry
@@ -622,14 +623,25 @@ def loop(start: Index, stop: Index | None = None, *,
     return lambda body: _run_loop(start, stop, body, "unrolled" if unroll else "serial", 1)
 
 
-def pipelined(n: Index, *, stages: int = 2) -> Callable[[LoopBody], None]:
+def pipelined(n: Index, *, stages: int = 2,
+              warp_specialize: bool | None = None) -> Callable[[LoopBody], None]:
     """Decorator: a loop over ``range(n)`` whose copies the compiler may software-pipeline
     ``stages`` deep (on the CPU it is a plain loop). ``n`` may be traced, and smaller than
-    ``stages``."""
+    ``stages``.
+
+    ``warp_specialize`` (sm_90a): where the loop's copies are all TMA loads, the compiler
+    adds a producer warpgroup that issues them while the kernel's ``threads`` compute
+    (docs/design.md, "Warp specialisation"). None (the default) lets it decide; False keeps
+    every thread on both; True asks for the split and is an error where the loop cannot
+    have it. Other targets ignore it."""
     if not isinstance(stages, int) or stages < 1:
         raise _trace.current("jt.pipelined").error(
             f"jt.pipelined: stages must be a positive int, got {stages!r}")
-    return lambda body: _run_loop(0, n, body, "pipelined", stages)
+    if warp_specialize not in (None, True, False):
+        raise _trace.current("jt.pipelined").error(
+            f"jt.pipelined: warp_specialize must be True, False or None, got "
+            f"{warp_specialize!r}")
+    return lambda body: _run_loop(0, n, body, "pipelined", stages, warp_specialize)
 
 
 def while_(cond: Callable[[], ArrayLike]) -> Callable[[Body], None]:

@@ -20,7 +20,14 @@ offset.
 
 The ``smem_plan`` pass (:func:`place_shared_buffers`) writes the plan into the IR as buffer
 attributes (``offset``, ``stages``) and, for the per-op scratch the ``scratch`` pass recorded,
-as each request's byte offset (placed around the buffers' fixed offsets); barrier insertion,
+as each request's byte offset (placed around the buffers' fixed offsets), and, for each TMA
+ring (:func:`.copy_schedule.is_ring`), the offset of its mbarriers as the note
+``ring_offset`` on the ring's ``tma_wait`` and on its set-up's ``mbarrier_init``:
+``2 * stages`` of 8 bytes ("full", then
+"empty", which only a warp-specialised ring uses: :mod:`.warp_specialise` decides later,
+and 8 bytes a stage is not worth a second plan), placed after every buffer and scratch
+request, since they live from the ring's set-up to its end (the whole kernel once split)
+and so share bytes with nothing; barrier insertion,
 the GPU verifier and code generation read it from there (:func:`recorded_bytes`,
 :func:`scratch_bytes`, :func:`recorded_plan`): the barriers that bytes reused by scratch
 need are barrier insertion's, like those of buffers.
@@ -41,12 +48,13 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ..errors import KernelError
-from ..ir import Kernel, Op, Region, Stmt, map_ops, regions, walk
+from ..ir import For, Kernel, Op, Region, Stmt, map_ops, regions, walk
 from ..passes.liveness import buffer_lifetimes
 from ..target import GpuCaps
 from .codegen.types import sizeof
-from .copy_schedule import issued_stages, staged_buffers
+from .copy_schedule import is_ring, issued_stages, staged_buffers
 from .gemm_plan import WGMMA_ALIGN
+from .ring_setup import INIT as RING_INIT
 
 ALIGN = 128
 
@@ -204,7 +212,45 @@ def place_shared_buffers(kernel: Kernel, caps: GpuCaps) -> Kernel:
             extra = {"stages": stages[b.name]} if b.name in stages else {}
             b = b.with_attrs(offset=plan.offsets[b.name], **extra)
         buffers.append(b)
-    return dataclasses.replace(kernel, buffers=tuple(buffers))
+    return _place_rings(dataclasses.replace(kernel, buffers=tuple(buffers)), caps)
+
+
+RING_OFFSET = "ring_offset"
+MBARRIER_BYTES = 8
+
+
+def ring_bytes(stages: int) -> int:
+    """Bytes of a TMA ring's mbarriers: a full and an empty one per stage."""
+    return 2 * stages * MBARRIER_BYTES
+
+
+def _place_rings(kernel: Kernel, caps: GpuCaps) -> Kernel:
+    """``kernel`` with each TMA ring's mbarriers placed after everything else (module
+    docstring), their offset the note ``ring_offset`` of the ring's ``tma_wait``."""
+    offsets, sizes = recorded_bytes(kernel)
+    end = max([at + sizes[n] for n, at in offsets.items()] +
+              [hi for s in walk(kernel.body) if isinstance(s, Op)
+               for _, _, hi in scratch_bytes(s)] + [0])
+    placed: dict[int, int] = {}
+    # Each ring's set-up (its mbarrier_init, which the pipelining pass put before the ring's
+    # prologue, so one per ring and in the same order) declares the ring at the same offset.
+    inits = iter([s for s in walk(kernel.body) if isinstance(s, Op) and s.kind == RING_INIT])
+    for loop in walk(kernel.body):
+        if isinstance(loop, For) and is_ring(loop):
+            at = -(-end // MBARRIER_BYTES) * MBARRIER_BYTES
+            placed[id(loop.body[0])] = at
+            init = next(inits, None)
+            if init is not None:
+                placed[id(init)] = at
+            end = at + ring_bytes(loop.stages)
+    if not placed:
+        return kernel
+    if end > caps.max_smem_bytes:
+        raise KernelError(f"kernel {kernel.name!r} needs {end} bytes of shared memory with its "
+                          f"TMA rings' mbarriers, more than the {caps.max_smem_bytes} an "
+                          f"{caps.arch} block can have (fewer pipeline stages reduce it)")
+    return dataclasses.replace(kernel, body=map_ops(kernel.body, lambda op: [
+        op.with_notes(**{RING_OFFSET: placed[id(op)]}) if id(op) in placed else op]))
 
 
 def _place_recorded_scratch(kernel: Kernel, plan: SmemPlan, caps: GpuCaps) -> Kernel:

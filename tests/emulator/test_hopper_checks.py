@@ -86,11 +86,11 @@ def test_missing_wgmma_fence_is_reported():
 
 
 def test_setmaxnreg_over_budget_is_reported():
-    # 40 + 2 x 256 registers per thread of 3 warpgroups exceed the 64K register file: the
+    # 40 + 2 x 256 registers per thread of 3 warpgroups exceed the block's 384 x 168: the
     # second consumer waits for registers forever.
     errors = _errors(mutate(SOURCE, "inc", "setmaxnreg_inc<232>", "setmaxnreg_inc<256>"))
     assert any("setmaxnreg_inc<256> for registers other warpgroups never free" in m
-               and "of the register file's 65536" in m for m in errors), errors
+               and "of the block's pool of 64512" in m for m in errors), errors
 
 
 @pytest.mark.slow

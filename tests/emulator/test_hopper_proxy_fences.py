@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from test_hopper_wgmma_gemm import _gemm_two_warpgroups, _run_source
+from ws_gemm import ws_gemm
 
 from jaxtile import ops
 from jaxtile.compiler import parser, printer
@@ -56,9 +57,10 @@ def test_pipelined_wgmma_gemm_has_one_fenced_barrier_per_iteration():
 
 def test_tma_filled_tiles_need_no_fence():
     # TMA writes through the async proxy itself: the ring's barrier (the refilled stage must
-    # be free) carries no fence
-    a, b = jnp.ones((128, 96), jnp.float16), jnp.ones((96, 64), jnp.float16)
-    low = ops.matmul.lower(a, b, target="cuda:sm_90a")
+    # be free) carries no fence. (The plain ring: warp specialisation would replace that
+    # barrier by the consumers' release, test_warp_split_has_no_fence.)
+    a, b = jnp.ones((128, 96), jnp.float16), jnp.ones((96, 256), jnp.float16)
+    low = ws_gemm.lower(a, b, warp_specialize=False, target="cuda:sm_90a")
     body = _loop_ops(low.lowered_ir)
     assert "tma_wait" in body and [k for k in body if k.startswith("barrier")] == ["barrier"]
     # the one fence left is the ring's set-up (ring_setup.py), before its first TMA write
@@ -66,6 +68,18 @@ def test_tma_filled_tiles_need_no_fence():
     fenced = [ln for ln in low.lowered_ir.splitlines() if PROXY_FENCE in ln]
     assert len(fenced) == 1 and "earlier run of the ring" in fenced[0], fenced
     assert low.source.count("fence_proxy_async();") == 1
+
+
+def test_warp_split_has_no_fence():
+    # jt.ops.matmul's ring, split on sm_90a: no barrier in the consumers' loop, no fence at
+    # all (no generic write of shared memory precedes the TMA loads or the wgmma)
+    a, b = jnp.ones((128, 96), jnp.float16), jnp.ones((96, 64), jnp.float16)
+    low = ops.matmul.lower(a, b, target="cuda:sm_90a")
+    assert "warp_specialise() {" in low.lowered_ir
+    body = _loop_ops(low.lowered_ir)
+    assert "tma_wait" in body and "tma_release" in body
+    assert not [k for k in body if k.startswith("barrier")], body
+    assert PROXY_FENCE not in low.lowered_ir and "fence_proxy_async" not in low.source
 
 
 def test_copies_then_a_gemm_fence_the_barrier_the_hazard_needs():

@@ -11,12 +11,22 @@ the loop; the loop's body is its schedule then the compute, which is printed as 
 its staged copies left out and the barriers the barrier pass put there.
 
 A TMA ring (:func:`..copy_schedule.is_ring`) prints the same way over the ``stages``
-mbarriers its ``mbarrier_init`` op declared and initialised before its prologue (the
+mbarriers its ``mbarrier_init`` op declared (a view of the dynamic shared memory at the
+offset the smem_plan pass gave the ring) and initialised before its prologue (the
 pipelining pass placed it between two barriers, :mod:`..ring_setup`): a ``tma_issue`` is
 thread 0 announcing ``bytes`` on the stage's barrier and issuing the TMA loads of the staged
 copies (:mod:`..tma`: one per column block of the tile, through the copy's tensor-map
 parameter), a ``tma_wait`` every thread
 waiting for the phase of tile ``k`` (stage ``k % stages``, parity ``(k / stages) & 1``).
+
+A warp-specialised ring (:mod:`..warp_specialise`) prints its ``warp_specialise`` op first in
+the kernel: the ring's ``full`` and ``empty`` barriers declared and initialised by thread 0
+before a block barrier (every thread is still there), then the producer warpgroup's branch
+(``setmaxnreg_dec``; thread ``consumers`` recomputes the scalars noted ``role =
+"producer"`` and runs the ring's issues: the prologue's, then per iteration a wait on the
+empty barrier of the stage it refills before its issue; then the producer returns), then
+``setmaxnreg_inc`` for the consumers, whose code follows: the ring loop prints its waits and
+compute only, and ``tma_release`` as each warp's arrival on the stage's empty barrier.
 """
 
 from __future__ import annotations
@@ -25,8 +35,11 @@ import math
 from collections.abc import Sequence
 
 from ... import ir
+from ...errors import KernelError
 from .. import tma
-from ..copy_schedule import ISSUED, is_ring, split_schedule
+from ..copy_schedule import ISSUE_KINDS, ISSUED, is_ring, split_schedule
+from ..smem_plan import MBARRIER_BYTES, RING_OFFSET
+from ..warp_specialise import ROLE, check_budget, ring_loop
 from .context import Context
 
 
@@ -39,8 +52,13 @@ def lower_pipelined(low, stmt: ir.For, prologue: Sequence[ir.Op]) -> None:
     schedule, compute = split_schedule(stmt)
     head = [s for s in stmt.body if isinstance(s, ir.Op) and s.notes.get(ISSUED)]
     staged = sorted({op.attrs["dst"].buffer for op in head if op.kind == "copy"})
-    ring = low.take_ring() if is_ring(stmt) else None   # its mbarrier_init declared it
-    if ring is None:
+    split = low.split_ring if is_ring(stmt) else None
+    ring = split[0] if split else low.take_ring() if is_ring(stmt) else None
+    if split:
+        cx.w(f"// pipelined loop: {stages} stages of {', '.join(staged)}, TMA into an "
+             "mbarrier ring the producer warpgroup fills; the consumers wait on full, "
+             "compute, release empty")
+    elif ring is None:
         cx.w(f"// pipelined loop: {stages} stages of {', '.join(staged)}, cp.async")
     else:
         cx.w(f"// pipelined loop: {stages} stages of {', '.join(staged)}, TMA into an "
@@ -73,6 +91,8 @@ def lower_pipelined(low, stmt: ir.For, prologue: Sequence[ir.Op]) -> None:
         if op.kind not in ("async_issue", "tma_issue"):
             low.op(op)
             return
+        if split:
+            return      # the producer's (printed in its branch)
         tile = str(op.attrs["tile"]) if k is None else f"{k} + {op.attrs['tile']}"
         nbytes = op.attrs.get("bytes")
         if op.attrs["guard"]:
@@ -84,6 +104,7 @@ def lower_pipelined(low, stmt: ir.For, prologue: Sequence[ir.Op]) -> None:
     for op in prologue:
         step(op, None)
     it = cx.tmp("it")
+    low.split_stage = f"{it} % {stages}"
     with cx.w.block(f"for (int {it} = 0; {it} < {extent}; ++{it})"):
         cx.loop_depth += 1
         for op in schedule:
@@ -115,3 +136,101 @@ def _tma_load(low, op: ir.Op, ring: str, stage: str, stages: int) -> None:
         at = f"{db.name} + ({stage}) * {elems}" + (f" + {j * block}" if j else "")
         cx.w(f"tma_load_{len(coords)}d({at}, tensor_map_ref({tmap.name}), {ring} + {stage}, "
              f"{', '.join([inner, *coords[1:]])});")
+
+
+def _ring_array(cx: Context, loop: ir.For, hint: str, skip: int = 0) -> str:
+    """A shared array of ``loop.stages`` mbarriers at the ring's planned offset (the note
+    :data:`..smem_plan.RING_OFFSET` of its ``tma_wait``), ``skip`` barriers in."""
+    wait = loop.body[0]
+    name = cx.tmp(hint)
+    at = wait.notes[RING_OFFSET] + skip * MBARRIER_BYTES
+    cx.shared.append(("uint64_t", name, loop.stages, wait, at))
+    return name
+
+
+def lower_split(low, op: ir.Op) -> None:
+    """A ``warp_specialise`` op (first in the kernel): the ring's barriers, then the producer
+    warpgroup's branch, then the consumers' register increase (module docstring). ``low``
+    gets ``split_ring`` (the full and empty barriers' names) for the ring loop and its
+    ``tma_release``."""
+    cx: Context = low.cx
+    a = op.attrs
+    bad = check_budget(a["consumers"], a["producers"], a["producer_regs"], a["consumer_regs"])
+    if bad is not None:
+        raise KernelError(f"internal error: warp specialisation's register budget: {bad}")
+    loop = ring_loop(low.kernel)
+    stages, consumers = loop.stages, a["consumers"]
+    full, empty = _ring_array(cx, loop, "full"), _ring_array(cx, loop, "empty", stages)
+    low.split_ring = (full, empty)
+    cx.w(f"// warp specialisation: threads 0..{consumers - 1} consume ({a['consumer_regs']} "
+         f"registers each), {consumers}..{consumers + a['producers'] - 1} produce "
+         f"({a['producer_regs']} registers each; thread {consumers} issues the TMA loads)")
+    cx.w(f"// {full}: a tile landed (1 arrival + its bytes); {empty}: its stage is free (1 "
+         "arrival per consumer warp)")
+    with cx.w.block("if (tid == 0)"):
+        with cx.w.block(f"for (int s = 0; s < {stages}; ++s)"):
+            cx.w(f"mbarrier_init({full} + s, 1);")
+            cx.w(f"mbarrier_init({empty} + s, {consumers // cx.warp_size});")
+        cx.w("fence_mbarrier_init();")
+    cx.w("sync_threads();  // the ring is initialised before either role uses it")
+    with cx.w.block(f"if (tid >= {consumers})"):
+        cx.w(f"setmaxnreg_dec<{a['producer_regs']}>();")
+        with cx.w.block(f"if (tid == {consumers})"):
+            _producer(low, loop, full, empty)
+        cx.w("return;")
+    cx.w(f"setmaxnreg_inc<{a['consumer_regs']}>();")
+
+
+def _producer(low, loop: ir.For, full: str, empty: str) -> None:
+    """The elected producer thread: the noted scalars, the prologue's issues, then one
+    issue per iteration after the wait for its stage's release."""
+    cx: Context = low.cx
+    saved = dict(cx.names)
+    stages = loop.stages
+    at = next(i for i, s in enumerate(low.kernel.body) if s is loop)
+    prologue = [s for s in low.kernel.body[:at] if isinstance(s, ir.Op)
+                and s.kind in ISSUE_KINDS]
+    for s in low.kernel.body[:at]:
+        if isinstance(s, ir.Op) and s.notes.get(ROLE) == "producer" and s.kind not in ISSUE_KINDS:
+            low.op(s)
+    start, extent = cx.operand(loop.start), cx.operand(loop.extent)
+    head = [s for s in loop.body if isinstance(s, ir.Op) and s.notes.get(ISSUED)]
+
+    def issue(tile: str, nbytes: int) -> None:
+        names = dict(cx.names)
+        cx.w(f"mbarrier_arrive_expect_tx({full} + ({tile}) % {stages}, {nbytes});")
+        var = cx.define(loop.var)
+        cx.w(f"const int {var} = {start} + ({tile});")
+        cx.stage_index = f"({tile}) % {stages}"
+        cx.async_copies = True
+        for op in head:
+            if op.kind == "copy":
+                _tma_load(low, op, full, f"({tile}) % {stages}", stages)
+            else:
+                low.op(op)
+        cx.async_copies = False
+        cx.names = names
+
+    for op in prologue:
+        tile = str(op.attrs["tile"])
+        with cx.w.block(f"if ({tile} < {extent})" if op.attrs["guard"] else ""):
+            issue(tile, op.attrs["bytes"])
+    it = cx.tmp("it")
+    for op in (s for s in loop.body if isinstance(s, ir.Op) and s.kind in ISSUE_KINDS):
+        tile = f"{it} + {op.attrs['tile']}"
+        with cx.w.block(f"for (int {it} = 0; {it} < {extent}; ++{it})"):
+            with cx.w.block(f"if ({tile} < {extent})" if op.attrs["guard"] else ""):
+                cx.w(f"mbarrier_wait_parity({empty} + ({tile}) % {stages}, "
+                     f"((({tile}) / {stages}) & 1) ^ 1);  // its last tile was released")
+                issue(tile, op.attrs["bytes"])
+    cx.names = saved
+
+
+def lower_release(low, op: ir.Op) -> None:
+    """``tma_release``: each consumer warp's lane 0 arrives on the iteration's stage's empty
+    barrier once the warp is past its reads of the stage."""
+    cx: Context = low.cx
+    _, empty = low.split_ring
+    cx.w("sync_warp();  // the warp's reads of the stage are done")
+    cx.w(f"if (lane_id() == 0) mbarrier_arrive({empty} + {low.split_stage});  "
+         "// the producer may refill it")

@@ -24,6 +24,8 @@
 //   thread_idx() block_idx() block_dim() grid_dim() lane_id() warp_id()
 //   sync_threads()                 bar.sync 0
 //   barrier_sync(id, n)            bar.sync id, n            (named barrier, n % 32 == 0)
+//   barrier_arrive(id, n)          bar.arrive id, n          (counts toward the named barrier's
+//                                  n without waiting for it; n % 32 == 0, n > 0)
 //   sync_warp(mask)                bar.warp.sync mask
 //   shfl_{xor,down,up,idx}(mask, v, x)   shfl.sync.{bfly,down,up,idx}.b32  (4-byte values)
 //   vote_all / vote_any / ballot   vote.sync.{all,any,ballot}

@@ -46,6 +46,9 @@ JT_DEVICE void sync_threads() { asm volatile("bar.sync 0;" ::: "memory"); }
 JT_DEVICE void barrier_sync(unsigned id, unsigned nthreads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(nthreads) : "memory");
 }
+JT_DEVICE void barrier_arrive(unsigned id, unsigned nthreads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(nthreads) : "memory");
+}
 JT_DEVICE void sync_warp(unsigned mask = kFullMask) {
   asm volatile("bar.warp.sync %0;" ::"r"(mask) : "memory");
 }

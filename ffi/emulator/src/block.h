@@ -165,7 +165,9 @@ struct Barrier {
   uint32_t expected = 0;
   uint32_t line = 0;
   bool whole_block = false;
-  std::vector<uint32_t> arrived;
+  std::vector<uint32_t> arrived;      // every arrival of the open instance, in order
+  std::vector<uint32_t> arrive_only;  // those by bar.arrive (they do not wait)
+  std::vector<uint32_t> arrive_clock; // the arrive-only threads' clocks when they arrived
 };
 
 // Sized for the widest warp (AMD's 64-lane waves); a CUDA warp uses the first 32 lanes.
@@ -205,6 +207,7 @@ struct Block {
   void* main_sp = nullptr;
   uint32_t done = 0;
   bool aborted = false;
+  bool ended_clean = false;  // the last block run had every thread exit (set by run_block)
   size_t stack_bytes = 0;     // per fiber, for this launch
 
   // The watchdog: the launch's time limit, checked every so many accesses and barriers.
@@ -237,6 +240,7 @@ struct Block {
   std::vector<Mbarrier> mbarriers;
   std::vector<WarpgroupSync> warpgroups;
   std::vector<uint32_t> regs;  // setmaxnreg: registers per thread of each warpgroup
+  uint32_t reg_pool = 0;       // the block's registers (what it launched with): the CTA pool
   std::vector<uint32_t> pending_inc;  // a setmaxnreg.inc waiting for registers (0: none)
   std::vector<Collective> collectives;  // kCollectivesPerWarp per warp
 
@@ -281,7 +285,13 @@ inline uint64_t full_mask(uint32_t warp_size) {
 void reset_block_memory(Block& b, uint64_t static_capacity);
 // Lands the copies of `f` in groups below `before_group` (in issue order).
 void land_copies(Fiber& f, uint64_t before_group);
-void sync_clocks(Block& b, const uint32_t* tids, size_t n);
+// The participants `tids` of a completed barrier see each other's accesses before it, and
+// those of `arrivals` (the clocks of threads that only arrived, see `arrive_clock`).
+void sync_clocks(Block& b, const uint32_t* tids, size_t n,
+                 const std::vector<uint32_t>* arrivals = nullptr);
+// A `bar.arrive` by `tid`: its accesses so far join `into`; its later ones are not ordered
+// before anything the barrier's waiters do.
+void arrive_clock(Block& b, uint32_t tid, std::vector<uint32_t>& into);
 void reset_clocks(Block& b);
 bool check_shared(Fiber& f, const Region* r, const char* addr, uint32_t bytes, int kind,
                   uint32_t line);

@@ -234,9 +234,17 @@ void reset_clocks(Block& b) {
   spread_relaxed_flag(b, nullptr, b.nthreads);
 }
 
-void sync_clocks(Block& b, const uint32_t* tids, size_t n) {
+void arrive_clock(Block& b, uint32_t tid, std::vector<uint32_t>& into) {
+  if (into.size() != b.nthreads) into.assign(b.nthreads, 0);
+  uint32_t* c = b.clock_of(tid);
+  for (uint32_t k = 0; k < b.nthreads; ++k) into[k] = std::max(into[k], c[k]);
+  ++c[tid];
+}
+
+void sync_clocks(Block& b, const uint32_t* tids, size_t n, const std::vector<uint32_t>* arrivals) {
   spread_relaxed_flag(b, tids, n);
   std::vector<uint32_t> joined(b.nthreads, 0);
+  if (arrivals != nullptr && arrivals->size() == b.nthreads) joined = *arrivals;
   for (size_t i = 0; i < n; ++i) {
     const uint32_t* c = b.clock_of(tids[i]);
     for (uint32_t k = 0; k < b.nthreads; ++k) joined[k] = std::max(joined[k], c[k]);
@@ -269,7 +277,7 @@ void reset_block_memory(Block& b, uint64_t static_capacity) {
   for (Fiber& f : b.fibers) f.relaxed_flag = nullptr;
   if (g_checks) {
     // A block that was abandoned (fatal error, deadlock) may leave copies marked in flight.
-    const bool clean = b.serial != 0 && !b.aborted && b.done == b.nthreads;
+    const bool clean = b.serial != 0 && b.ended_clean;
     if (!clean || b.serial == UINT32_MAX || b.gen > UINT32_MAX - (1u << 24)) {
       b.shadow.clear();
       b.serial = 0;

@@ -2,6 +2,7 @@
 // deadlock report when no thread can run but some have not finished.
 #include <time.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -232,8 +233,11 @@ void run_block(Block& b) {
   b.ready_count = 0;
   b.done = 0;
   b.aborted = false;
+  b.ended_clean = false;
   for (auto& bar : b.barriers) {
     bar.arrived.clear();
+    bar.arrive_only.clear();
+    bar.arrive_clock.clear();
   }
   for (auto& c : b.collectives) c.open = false;
   reset_hopper(b);
@@ -271,6 +275,9 @@ void run_block(Block& b) {
   t_fiber = nullptr;
   if (!b.aborted && b.done < b.nthreads) report_deadlock(b);
   if (!b.aborted && b.done == b.nthreads) finish_hopper(b);
+  // Read by the next run's reset (whose launch may have another thread count, so `done`
+  // alone cannot tell it).
+  b.ended_clean = !b.aborted && b.done == b.nthreads;
   if (g_checks) {
     for (uint32_t w = 0; w < b.nwarps; ++w) flush_bank_log(b, w);
   }
@@ -287,6 +294,36 @@ idx3 cur_grid_dim() {
 }
 unsigned cur_lane() { return t_fiber->tid % t_fiber->block->warp_size; }
 unsigned cur_warp() { return t_fiber->tid / t_fiber->block->warp_size; }
+
+namespace {
+
+// Completes barrier `id`'s instance: wakes the threads waiting in it (not those that only
+// arrived: they went on and may be waiting elsewhere) and opens the next instance.
+void release_barrier(Block& b, unsigned id, uint32_t caller) {
+  Barrier& bar = b.barriers[id];
+  for (uint32_t t : bar.arrived) {
+    Fiber& f = b.fibers[t];
+    if (t != caller && f.state == kBlocked && f.wait_kind == kWaitBarrier && f.wait_id == id) {
+      wake(&f);
+    }
+  }
+  bar.arrived.clear();
+  bar.arrive_only.clear();
+  bar.arrive_clock.clear();
+}
+
+// The threads of an open barrier instance that wait in it (arrived, not only by bar.arrive).
+std::vector<uint32_t> waiters_of(const Barrier& bar) {
+  std::vector<uint32_t> out;
+  for (uint32_t t : bar.arrived) {
+    if (std::find(bar.arrive_only.begin(), bar.arrive_only.end(), t) == bar.arrive_only.end()) {
+      out.push_back(t);
+    }
+  }
+  return out;
+}
+
+}  // namespace
 
 void barrier(unsigned id, unsigned nthreads, bool whole_block, uint32_t line) {
   Fiber* me = t_fiber;
@@ -315,24 +352,76 @@ void barrier(unsigned id, unsigned nthreads, bool whole_block, uint32_t line) {
     park(me);
     return;
   }
+  if (std::find(bar.arrive_only.begin(), bar.arrive_only.end(), me->tid) !=
+      bar.arrive_only.end()) {
+    report(kError, "barrier-twice@" + std::to_string(line),
+           thread_name(b, me->tid) + " waits at barrier " + std::to_string(id) + " at " +
+               where(b, line) + " after its own barrier_arrive on it (the instance opened at " + where(b, bar.line) +
+               ") before the barrier completed");
+    abort_block(me);
+  }
   bar.arrived.push_back(me->tid);
   if (bar.arrived.size() < bar.expected) {
     park(me);
     return;
   }
   if (g_checks) {
-    if (bar.expected == b.nthreads) {
+    if (bar.expected == b.nthreads && bar.arrive_only.empty()) {
       for (uint32_t w = 0; w < b.nwarps; ++w) flush_bank_log(b, w);
       reset_clocks(b);
     } else {
-      sync_clocks(b, bar.arrived.data(), bar.arrived.size());
+      const std::vector<uint32_t> waiters = waiters_of(bar);
+      sync_clocks(b, waiters.data(), waiters.size(), &bar.arrive_clock);
     }
   }
-  for (uint32_t t : bar.arrived) {
-    if (t != me->tid) wake(&b.fibers[t]);
-  }
+  release_barrier(b, id, me->tid);
   me->wait_kind = kNoWait;
-  bar.arrived.clear();
+}
+
+void barrier_arrive(unsigned id, unsigned nthreads, uint32_t line) {
+  Fiber* me = t_fiber;
+  Block& b = *me->block;
+  if ((++b.sync_ops & 0xfff) == 0) poll_watchdog(line);
+  // PTX: bar.arrive needs an explicit, non-zero count that is a multiple of the warp size.
+  if (id >= 16 || nthreads == 0 || nthreads > b.nthreads || nthreads % 32 != 0) {
+    report(kError, "bad-barrier@" + std::to_string(line),
+           "barrier_arrive " + std::to_string(id) + " with " + std::to_string(nthreads) +
+               " threads at " + where(b, line) +
+               ": the id must be below 16 and the count a non-zero multiple of 32 within the "
+               "block");
+    abort_block(me);
+  }
+  Barrier& bar = b.barriers[id];
+  if (bar.arrived.empty()) {
+    bar.expected = nthreads;
+    bar.line = line;
+    bar.whole_block = false;
+  } else if (bar.expected != nthreads || bar.whole_block) {
+    report(kError, "barrier-count@" + std::to_string(line),
+           "barrier_arrive " + std::to_string(id) + " with " + std::to_string(nthreads) +
+               " threads at " + where(b, line) + " meets an open instance of barrier " +
+               std::to_string(id) + " counting " + std::to_string(bar.expected) + " (from " +
+               where(b, bar.line) + ")");
+    abort_block(me);
+  }
+  for (uint32_t t : bar.arrived) {
+    if (t == me->tid) {
+      report(kError, "barrier-twice@" + std::to_string(line),
+             thread_name(b, me->tid) + " arrives at barrier " + std::to_string(id) + " at " +
+                 where(b, line) + " twice before the barrier completed");
+      abort_block(me);
+    }
+  }
+  bar.arrived.push_back(me->tid);
+  bar.arrive_only.push_back(me->tid);
+  if (g_checks) arrive_clock(b, me->tid, bar.arrive_clock);
+  if (bar.arrived.size() == bar.expected) {
+    if (g_checks) {
+      const std::vector<uint32_t> waiters = waiters_of(bar);
+      sync_clocks(b, waiters.data(), waiters.size(), &bar.arrive_clock);
+    }
+    release_barrier(b, id, me->tid);
+  }
 }
 
 void collective(int kind, uint64_t mask, const void* in, void* out, int arg, uint32_t line) {

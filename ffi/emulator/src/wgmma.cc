@@ -250,15 +250,15 @@ std::string register_state(const Block& b) {
     s += std::to_string(b.regs[w]);
   }
   return "the warpgroups hold " + s + " registers per thread (" +
-         std::to_string(registers_in_use(b)) + " of the register file's " +
-         std::to_string(kRegisterFile) + ")";
+         std::to_string(registers_in_use(b)) + " of the block's pool of " +
+         std::to_string(b.reg_pool) + ")";
 }
 
 void grant_pending(Block& b) {
   for (uint32_t wg = 0; wg < b.pending_inc.size(); ++wg) {
     const uint32_t want = b.pending_inc[wg];
     if (want == 0) continue;
-    if (registers_in_use(b) - b.regs[wg] * 128 + want * 128 > kRegisterFile) continue;
+    if (registers_in_use(b) - b.regs[wg] * 128 + want * 128 > b.reg_pool) continue;
     b.regs[wg] = want;
     b.pending_inc[wg] = 0;
     for (uint32_t t = wg * 128; t < wg * 128 + 128; ++t) wake(&b.fibers[t]);
@@ -300,7 +300,7 @@ bool run_setmaxnreg(Block& b, Fiber& me, uint32_t wg, const SetmaxnregIn* const*
     grant_pending(b);
     return true;
   }
-  if (registers_in_use(b) - cur * 128 + s.regs * 128 <= kRegisterFile) {
+  if (registers_in_use(b) - cur * 128 + s.regs * 128 <= b.reg_pool) {
     b.regs[wg] = s.regs;
     return true;
   }
@@ -441,6 +441,10 @@ void reset_hopper(Block& b) {
   // most the block can hold.
   const uint32_t per_thread = std::min(256u, kRegisterFile / (groups * 128) / 8 * 8);
   b.regs.assign(groups, per_thread);
+  // PTX ISA, setmaxnreg: the registers a warpgroup releases go to a pool of its CTA, from
+  // which another's setmaxnreg.inc takes them; the block never holds more than it launched
+  // with (64512 for 384 threads, not the 65536 of the register file).
+  b.reg_pool = groups * 128 * per_thread;
   b.pending_inc.assign(groups, 0);
 }
 

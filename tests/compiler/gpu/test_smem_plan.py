@@ -178,3 +178,33 @@ def test_random_programs_never_overlap_live_buffers():
             for b in plan.offsets:
                 if a < b and when[a][0] <= when[b][1] and when[b][0] <= when[a][1]:
                     assert _disjoint(plan, a, b), (lines, plan)
+
+
+def test_a_tma_rings_mbarriers_are_planned_after_everything():
+    """The ring's full and empty mbarriers (8 bytes each per stage) sit in the dynamic buffer
+    at the ring_offset note, past every buffer (they live for the whole ring, the whole
+    kernel once warp-specialised): no static shared array is left, for the plain ring
+    (warp_specialize=False) and the split one."""
+    import re
+
+    from ws_gemm import ws_gemm
+
+    from jaxtile.compiler import build
+    from jaxtile.compiler.gpu.smem_plan import recorded_bytes, ring_bytes
+
+    target = parse_target("cuda:sm_90a")
+    a, b = jnp.zeros((128, 192), jnp.float16), jnp.zeros((192, 256), jnp.float16)
+    for flag in (False, None):
+        low = ws_gemm.lower(a, b, stages=3, warp_specialize=flag, target=target.name)
+        kernel = build.lowered_ir(low.kernel, target)
+        offsets, sizes = recorded_bytes(kernel)
+        end = max(offsets[n] + sizes[n] for n in offsets)
+        wait = next(s for s in ir.walk(kernel.body) if isinstance(s, ir.Op)
+                    and s.kind == "tma_wait")
+        at = wait.notes["ring_offset"]
+        assert at >= end and at % 8 == 0 and ring_bytes(3) == 48
+        src = low.source
+        assert "JT_SHARED(" not in src
+        views = re.findall(r"JT_SHARED_AT\(uint64_t, \w+, 3, (\d+)\);", src)
+        assert [int(v) for v in views] == ([at] if flag is False else [at, at + 24])
+        assert low._gpu.shared_bytes >= at + (24 if flag is False else 48)

@@ -379,6 +379,9 @@ inline lane_mask ballot(lane_mask mask, bool pred, uint32_t line = __builtin_LIN
 inline void barrier_sync(unsigned id, unsigned nthreads, uint32_t line = __builtin_LINE()) {
   emu::barrier(id, nthreads, false, line);
 }
+inline void barrier_arrive(unsigned id, unsigned nthreads, uint32_t line = __builtin_LINE()) {
+  emu::barrier_arrive(id, nthreads, line);
+}
 
 // ---- ldmatrix ----
 template <class T>

@@ -80,6 +80,9 @@ unsigned cur_warp();
 // Barriers: `sync_threads` is barrier 0 over the whole block, whose arrivals must all come
 // from the same source line.
 void barrier(unsigned id, unsigned nthreads, bool whole_block, uint32_t line);
+// `bar.arrive`: counts the calling thread toward named barrier `id`'s `nthreads` without
+// waiting; the arrival that completes the count releases the threads waiting in `barrier`.
+void barrier_arrive(unsigned id, unsigned nthreads, uint32_t line);
 
 // Warp collectives: every lane named in `mask` must arrive with the same op; the last arrival
 // computes every lane's result from all lanes' inputs. Masks have a bit per lane of the

@@ -62,10 +62,6 @@ KERNEL_TESTS = ("tests/jaxtile/test_ops.py", "tests/jaxtile/test_language_attent
                 "tests/jaxtile/test_language_atomics.py")
 EMULATOR_EXPECTED_FAILURES: dict[str, str] = {}
 """Checks known to fail only in the SIMT emulator (name: why); on a GPU they must pass."""
-ROCM_ATTENTION_LDS = ("jt.ops.attention's backward and JVP kernels (attention_dq, "
-                      "attention_jvp) take default_tiles chosen for CUDA (the differentiation "
-                      "rules get no target) and need 68-96 KiB of shared memory, more than the "
-                      "64 KiB of LDS an AMD workgroup has")
 ROCM_FLASH_LDS = ("the float32 flash-attention check's tiles need 72 KiB of shared memory with "
                   "their reduction scratch, more than the 64 KiB of LDS an AMD workgroup has")
 
@@ -78,8 +74,6 @@ def rocm_expected_failures(names: list[str]) -> dict[str, str]:
     for name in names:
         if name.startswith("flash_attention_float32"):
             expected[name] = ROCM_FLASH_LDS
-        elif name.startswith(("attention_dq_dkdv", "attention_jvp")):
-            expected[name] = ROCM_ATTENTION_LDS
     return expected
 
 # The flash-attention forward's (query, key) tiles, in the correctness check and the timing:

@@ -16,8 +16,10 @@ time; median of ``--repeats``).
 same figures, read the same way): ``jt.ops.matmul`` fp16 4096^3 with its default tiles for
 the target (the MFMA count of the disassembly against the tile math of each ``gemm_ss`` call
 the source makes: ``bm bn bk / (S S K)`` per wave) and ``jt.ops.attention``'s forward kernel
-at D = 128 fp16 with the tiles its rule picks for 64 KiB of LDS (no spills). LDS here is the
-launch's dynamic shared memory, which the kernels use instead of static LDS.
+at D = 128 fp16 with the tiles its rule picks for 64 KiB of LDS (no spills); the row
+kernels' backward ``jt.ops.softmax_bwd`` and ``jt.ops.layer_norm_bwd`` at 64 x 512 float32
+(rows of 128 threads, which once spilled: no scratch). LDS here is the launch's dynamic shared
+memory, which the kernels use instead of static LDS.
 
 ``cold``: the **cold compile, trace -> code object** (target <= 1.5 s) for gfx942 of a
 tile-language row-sum reduction (``tests/compiler/hip/test_hip_lower.py``'s ``row_sums``, 4096 x
@@ -150,7 +152,13 @@ def generated(arch: str = "gfx942") -> dict:
     q = jax.ShapeDtypeStruct((1, 8, 1024, 128), jnp.float16)
     lengths = jax.ShapeDtypeStruct((1,), jnp.int32)
     attention = _generated_figures(ops.attention_fwd, (q, q, q, lengths), target)
-    return {"matmul_fp16_4096": gemm, "attention_fwd_fp16_d128": attention}
+    x = jax.ShapeDtypeStruct((64, 512), jnp.float32)
+    w = jax.ShapeDtypeStruct((512,), jnp.float32)
+    stats = jax.ShapeDtypeStruct((64,), jnp.float32)
+    return {"matmul_fp16_4096": gemm, "attention_fwd_fp16_d128": attention,
+            "softmax_bwd_f32_512": _generated_figures(ops.softmax_bwd, (x, x), target),
+            "layer_norm_bwd_f32_512": _generated_figures(ops.layer_norm_bwd,
+                                                         (x, w, stats, stats, x), target)}
 
 
 COLD_KERNELS = {

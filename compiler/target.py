@@ -227,10 +227,11 @@ class HipCaps:
     vgpr_granule: int
     """A wave's VGPRs are allocated in blocks of this many (8)."""
     sgprs: int
-    """Scalar registers per SIMD (800), shared by its waves."""
+    """Scalar registers per SIMD (800), shared by its waves: ``sgprs // n`` waves of ``n``
+    each, with no rounding up (LLVM's occupancy rule for GFX8 and GFX9, see
+    :meth:`.hip.resources.KernelResources.waves_per_simd`)."""
     max_sgprs: int
     """Scalar registers one wave may address (102, plus VCC)."""
-    sgpr_granule: int
     max_waves_per_simd: int
     simds_per_cu: int
     buffer_loads_zero_out_of_range: bool
@@ -482,7 +483,7 @@ def _hip_caps(gfx: str) -> HipCaps:
     return HipCaps(gfx, warp_size=64, max_threads_per_block=1024, lds_bytes=64 * _KIB,
                    lds_banks=32, lds_bank_bytes=4, mfma=_cdna_mfma(gfx == "gfx942"),
                    vgprs=512, arch_vgprs=256, agprs=256, vgpr_granule=8, sgprs=800,
-                   max_sgprs=102, sgpr_granule=16, max_waves_per_simd=8, simds_per_cu=4,
+                   max_sgprs=102, max_waves_per_simd=8, simds_per_cu=4,
                    buffer_loads_zero_out_of_range=True)
 
 

@@ -143,7 +143,7 @@ def test_the_rocm_mode_expects_the_failures_it_names_only(monkeypatch, capsys):
 
     monkeypatch.setattr(gpu_check, "devices", lambda platform: [FakeRocmDevice()])
     monkeypatch.setattr(gpu_check, "kernel_tests", lambda *a: {"status": "passed"})
-    checks = _checks() + [gpu_check.Check("attention_jvp", _checks()[1].ours,
+    checks = _checks() + [gpu_check.Check("flash_attention_float32", _checks()[1].ours,
                                           _checks()[1].want, 1e-6)]
     status, report = _main(monkeypatch, capsys, checks, ["--platform", "rocm"])
     assert report["gpu"]["platform"] == "rocm"
@@ -151,8 +151,8 @@ def test_the_rocm_mode_expects_the_failures_it_names_only(monkeypatch, capsys):
     assert list(report).index("correctness") < list(report).index("softmax")
     assert report["gpu"]["compute_capability"] == "gfx942"
     results = report["correctness"]["checks"]
-    assert results["attention_jvp"]["status"] == "expected failure"
-    assert "LDS" in results["attention_jvp"]["expected_failure"]
+    assert results["flash_attention_float32"]["status"] == "expected failure"
+    assert "LDS" in results["flash_attention_float32"]["expected_failure"]
     # wrong_add is no known ROCm limitation: its mismatch fails the run.
     assert status == 1 and report["correctness"]["failed"] == ["wrong_add"]
 

@@ -41,3 +41,5 @@ def test_generated_kernels_meet_the_targets():
     assert all(g["instr"] == "32x32x8" for g in gemm["gemms"])
     assert attention["no_spills"] and attention["lds_within_64k"]
     assert attention["mfma_in_disassembly"] == sum(g["mfma_per_wave"] for g in attention["gemms"])
+    for rows in ("softmax_bwd_f32_512", "layer_norm_bwd_f32_512"):
+        assert out[rows]["no_spills"] and out[rows]["scratch_bytes"] == 0, out[rows]

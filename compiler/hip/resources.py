@@ -55,14 +55,18 @@ class KernelResources:
     def waves_per_simd(self, caps: HipCaps, workgroup_size: int | None = None,
                        dynamic_lds: int = 0) -> int:
         """How many waves of this kernel one SIMD holds at once: the least of the limit of
-        the architecture and those of the vector registers, the scalar registers and LDS
+        the architecture and those of the vector registers (in blocks of ``vgpr_granule``),
+        the scalar registers and LDS
         (a compute unit's LDS shared by the workgroups on it, whose waves spread over its
         SIMDs)."""
         limits = [caps.max_waves_per_simd]
         if self.vgprs:
             limits.append(caps.vgprs // _round_up(self.vgprs, caps.vgpr_granule))
         if self.sgprs:
-            limits.append(caps.sgprs // _round_up(self.sgprs, caps.sgpr_granule))
+            # LLVM's GCNSubtarget::getOccupancyWithNumSGPRs for GFX8 and GFX9 (CDNA
+            # included): at most 80 SGPRs give 10 waves, 88 give 9, 100 give 8, more give
+            # 7, which is 800 // n without rounding n up to an allocation block.
+            limits.append(caps.sgprs // self.sgprs)
         lds = self.lds_bytes + dynamic_lds
         if lds:
             waves_per_group = math.ceil((workgroup_size or self.max_workgroup_size)

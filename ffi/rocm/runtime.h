@@ -24,6 +24,8 @@ constexpr hipError_t kHipErrorNoBinaryForGpu = 209;
 // hipDeviceProp_tR0600, the device properties' layout since ROCm 6 (hip_runtime_api.h; the
 // versioned name keeps it fixed), of which only the ISA's name is read: `char
 // gcnArchName[256]` after name[256], the UUID, the LUID and the limits up to hipReserved[32].
+// The same in ROCm 6.3's and ROCm 7's headers (LP64); tests/ffi/rocm/
+// test_hip_device_prop_layout.py lays the struct out member by member and checks these.
 constexpr size_t kDevicePropBytes = 1472;
 constexpr size_t kGcnArchNameOffset = 1160;
 constexpr size_t kGcnArchNameBytes = 256;

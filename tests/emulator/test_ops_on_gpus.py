@@ -353,8 +353,9 @@ def test_every_kernel_compiles_for_sm80(case):
                                   for i, c in enumerate(_compile_cases())])
 def test_every_kernel_compiles_for_hip(case, gfx):
     """Every jt.ops kernel, with the tiles its rule chooses for the target, compiled by clang
-    to a code object for gfx90a and gfx942, within the target's LDS. No register spills,
-    except where :data:`_HIP_SPILLS` says (asserted, so that a fix shows)."""
+    to a code object for gfx90a and gfx942, within the target's LDS, with no register spills
+    (attention_dkdv, attention_jvp and decode_partial keep a 32-byte array on the stack,
+    scratch that is not a spill)."""
     name, kernel, args, params = _compile_cases()[case]
     target = parse_target(f"hip:{gfx}")
     low = kernel.lower(*args, target=target.name, **params)
@@ -362,10 +363,4 @@ def test_every_kernel_compiles_for_hip(case, gfx):
     r = compiled.resources
     assert compiled.arch == gfx and r.vgprs > 0, name
     assert compiled.launch.dynamic_smem + r.lds_bytes <= target.caps.lds_bytes, name
-    assert r.sgpr_spills == 0 and (r.vgpr_spills > 0) == (name in _HIP_SPILLS), (name, r)
-
-
-_HIP_SPILLS = {"softmax_bwd", "layer_norm_bwd"}
-"""Kernels whose HIP code spills VGPRs (to scratch) at the compile cases' shapes: the row
-kernels' backward at 512 float32 columns keep whole rows per lane (84 to 166 spilled VGPRs
-with clang 19), an issue of their tiling on 64-lane waves, not of correctness."""
+    assert r.sgpr_spills == r.vgpr_spills == 0, (name, r)

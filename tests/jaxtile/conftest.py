@@ -3,6 +3,10 @@ Pallas reruns its tests in interpret mode, id ``emu``) and HIP for gfx942 in the
 wave64 mode (id ``hip``). Each ``test_language_*`` test is parametrised over
 ``kernel_backend``; the emulator runs are marked slow (a g++ build per kernel).
 
+The id ``hipcc`` (slow too) is the AMD compile sweep: the test runs on the CPU while every
+kernel it builds is recorded, and afterwards each is compiled by clang for gfx90a and for
+gfx942 (no emulator) and its resource figures read back from the assembly.
+
 Where the GPU's semantics knowingly differ from XLA:CPU's, or a feature is not lowered for
 the target yet, the emulator run is a strict xfail that names the reason, so that a fix shows.
 """
@@ -13,6 +17,9 @@ import jax
 import pytest
 
 import jaxtile as jt
+from jaxtile.compiler import build, ir
+from jaxtile.compiler.hip import toolchain as hip_toolchain
+from jaxtile.compiler.target import parse_target
 
 _LANGUAGE = re.compile(r"test_language_")
 _SUBNORMALS = "the GPU keeps float32 subnormals that XLA:CPU flushes to zero"
@@ -40,14 +47,56 @@ def pytest_generate_tests(metafunc):
     if "kernel_backend" in metafunc.fixturenames and _LANGUAGE.match(metafunc.module.__name__):
         metafunc.parametrize("kernel_backend", [
             "cpu", pytest.param("cuda-emulator", marks=pytest.mark.slow, id="emu"),
-            pytest.param("hip-emulator", marks=pytest.mark.slow, id="hip")],
+            pytest.param("hip-emulator", marks=pytest.mark.slow, id="hip"),
+            pytest.param("hip-compile", marks=[pytest.mark.slow, _NEEDS_CLANG], id="hipcc")],
             indirect=True)
+
+
+_NEEDS_CLANG = pytest.mark.skipif(hip_toolchain.clang_path() is None,
+                                  reason=f"no clang for AMD GPUs: {hip_toolchain.INSTALL_HINT}")
+_SWEPT: set[str] = set()
+"""Content keys of the kernels the ``hipcc`` runs compiled already (tests share some)."""
+
+
+def _compile_for_amd(kernels) -> None:
+    """Compile each (target-neutral) kernel for gfx90a and gfx942 with clang and check that
+    its resource figures were read: registers, waves per SIMD (jaxtile's, and LLVM's own
+    figure, which must agree), LDS within the target's. A kernel using ``jt.print`` must be
+    refused, naming it (AMD's printf needs the device library)."""
+    from jaxtile.compiler.gpu.codegen.lower import generate
+    from jaxtile.compiler.hip import lower as hip_lower
+
+    for kernel in kernels:
+        for gfx in hip_toolchain.ARCHS:
+            target = parse_target(f"hip:{gfx}")
+            key = build.kernel_key(kernel, target)
+            if key in _SWEPT:
+                continue
+            lowered = build.lowered_ir(kernel, target)
+            if any(isinstance(s, ir.Op) and s.kind == "print" for s in ir.walk(lowered.body)):
+                with pytest.raises(jt.KernelError, match="jt.print is not supported"):
+                    hip_lower.source(lowered, target)
+                _SWEPT.add(key)
+                continue
+            code = generate(lowered, target)
+            co = hip_toolchain.compile_hip(code.source, gfx, file=f"{code.symbol}.hip")
+            r = co.kernels[code.symbol]
+            what = f"{kernel.name} on {gfx}: {r}"
+            assert r.wave_size == 64 and r.vgprs > 0 and r.sgprs > 0, what
+            assert r.max_workgroup_size == code.threads, what
+            assert r.llvm_occupancy is not None, what
+            assert r.waves_per_simd(target.caps) == r.llvm_occupancy >= 1, what
+            assert code.shared_bytes + r.lds_bytes <= target.caps.lds_bytes, what
+            _SWEPT.add(key)
 
 
 @pytest.fixture(autouse=True)
 def kernel_backend(request):
     """The backend kernels of the test compile for."""
     name = getattr(request, "param", "cpu")
+    if name == "hip-compile":
+        yield from _sweep()
+        return
     if name != "cpu":
         node = request.node.nodeid.split("/")[-1]
         for pattern, reason in _GPU_DIFFERS.items():
@@ -63,3 +112,24 @@ def kernel_backend(request):
     jt.set_backend(before)
     if name != "cpu":
         jax.clear_caches()
+
+
+def _sweep():
+    """The ``hipcc`` run: the test on the CPU, recording the kernels it builds, which are
+    then compiled for AMD (:func:`_compile_for_amd`)."""
+    built = []
+    mp = pytest.MonkeyPatch()
+    for fn in ("build", "submit"):
+        real = getattr(build, fn)
+
+        def spy(kernel, target, *args, _real=real, **kwargs):
+            built.append(kernel)
+            return _real(kernel, target, *args, **kwargs)
+
+        mp.setattr(build, fn, spy)
+    try:
+        yield "cpu"
+    finally:
+        mp.undo()
+    build.wait_idle()
+    _compile_for_amd(built)

@@ -88,13 +88,27 @@ def reduce_folds(cx: Context, op: ir.Op) -> ReduceFolds | None:
     if lay is None:
         return None
     out = cx.result_layout(op.result, lay.drop(axes))
-    factors = [f for d in axes for f in lay.dims[d] if f.kind == THREAD]
     ws = cx.warp_size
     shuffles = T.reg(np.dtype(op.result.dtype)) in SHUFFLE_TYPES and cx.threads % ws == 0
+    factors = [part for d in axes for f in lay.dims[d] if f.kind == THREAD
+               for part in (_at_warp_edge(f, ws) if shuffles else (f,))]
     in_warp = tuple(f for f in factors if shuffles and f.stride * f.size <= ws
                     and f.size & (f.size - 1) == 0)
     across = tuple(f for f in factors if f not in in_warp)
     return ReduceFolds(lay, out, in_warp, across)
+
+
+def _at_warp_edge(f: Factor, ws: int) -> tuple[Factor, ...]:
+    """``f`` split where it crosses from one warp into the next: a thread digit of stride
+    ``s`` and size ``n`` with ``s < ws < s n`` (powers of two) is the digit of the lanes
+    (size ``ws / s``) and that of the warps above it (stride ``ws``), so that the lanes fold
+    by shuffles and only one partial per warp goes through shared memory (a row of 128
+    threads: 2 or 4 partials instead of 128, which each thread read back)."""
+    pow2 = f.size & (f.size - 1) == 0 and f.stride & (f.stride - 1) == 0
+    if not pow2 or not f.stride < ws < f.stride * f.size:
+        return (f,)
+    return (Factor(ws // f.stride, THREAD, f.stride),
+            Factor(f.stride * f.size // ws, THREAD, ws))
 
 
 @_needs("reduce")

@@ -81,6 +81,15 @@ def test_occupancy_limits():
                                      None).waves_per_simd(CAPS) == 4
 
 
+@pytest.mark.parametrize("sgprs, waves", [(96, 8), (97, 8), (100, 8), (101, 7), (102, 7)])
+def test_scalar_registers_limit_waves_as_llvm_counts_them(sgprs, waves):
+    # LLVM's rule for GFX9 (<= 100 SGPRs: 8 waves, more: 7), not 800 over a count rounded
+    # up to 16 (97 -> 112 -> 7 waves, which LLVM's occupancy comment contradicts: the
+    # tile-language compile sweep found it on gfx90a).
+    k = resources.KernelResources("k", 32, 32, 0, sgprs, 0, 0, 0, 0, 256, 64, None)
+    assert k.waves_per_simd(CAPS) == waves
+
+
 @needs_clang
 @pytest.mark.parametrize("arch", ["gfx90a", "gfx942"])
 @pytest.mark.parametrize("name", ["device_groups", "mfma_ops", "mfma_gemm"])

@@ -74,6 +74,22 @@ def test_a_reduction_within_one_warp_records_no_scratch():
     assert "partials" not in lower.generate(kernel, SM80).source
 
 
+@pytest.mark.parametrize("target, lanes, warps", [("cuda:sm_80", 32, 4), ("hip:gfx942", 64, 2)])
+def test_a_thread_digit_spanning_warps_folds_its_lanes_by_shuffles(target, lanes, warps):
+    # A row's 512 columns over all 128 threads are one thread digit (stride 1, size 128);
+    # its in-warp part folds by shuffles, so one partial per warp and row goes through
+    # shared memory, written by lane 0 and read back by each thread, not 128 of them.
+    t = parse_target(target)
+    spec = jax.ShapeDtypeStruct((4, 512), F32)
+    kernel = build.lowered_ir(_row_sums(128).lower(spec, target=target).kernel, t)
+    source = lower.generate(kernel, t).source
+    offsets = [int(o) for o in re.findall(r"shfl_xor\(kFullMask, \w+\[k\], (\d+)\)", source)]
+    assert offsets == [1 << i for i in range(lanes.bit_length() - 1)]
+    assert f"// fold {warps} partials across warps" in source
+    assert f"if ((tid & {lanes - 1}) == 0)" in source
+    assert re.search(rf"for \(int d = 0; d < {warps}; \+\+d\)", source)
+
+
 def test_code_generation_refuses_a_reduction_without_its_recorded_scratch():
     kernel = _lowered(128)
 

@@ -631,7 +631,8 @@ def pipelined(n: Index, *, stages: int = 2,
 
     ``warp_specialize`` (sm_90a): where the loop's copies are all TMA loads, the compiler
     adds a producer warpgroup that issues them while the kernel's ``threads`` compute
-    (docs/design.md, "Warp specialisation"). None (the default) lets it decide; False keeps
+    (docs/design.md, "Warp specialisation"). None (the default) splits kernels of two or
+    more warpgroups where it can; False keeps
     every thread on both; True asks for the split and is an error where the loop cannot
     have it. Other targets ignore it."""
     if not isinstance(stages, int) or stages < 1:

@@ -71,6 +71,13 @@ the split of a TMA ring and is an error naming the reason when one of the condit
 Every other loop is left unchanged, and so is every kernel on a target without
 ``setmaxnreg`` and TMA (the flag is ignored there, so that one kernel serves every GPU).
 
+Inferred (None) only for two or more consumer warpgroups, the shape Hopper GEMMs and
+FlashAttention-3 split (two consumer warpgroups and a producer, 384 threads): with one, the
+split doubles the block to 256 threads that ``JT_LAUNCH_BOUNDS(256, 1)`` gives 255 registers
+each, one block per SM, where the unsplit 128-thread ring (``jt.ops.matmul``'s 64x64 tiles)
+keeps three; whether the producer pays for that is a measurement on an H100/H200 no session
+has had yet, so a one-warpgroup kernel splits only when it asks (``warp_specialize=True``).
+
 Assumes: the pipelining, scratch, shared-memory planning and barrier passes ran (the ring's
 schedule, the placed bytes and the barriers are final). Guarantees: a kernel with a
 ``warp_specialise`` op has exactly one ring loop, its issues carry ``role = "producer"``, its
@@ -100,6 +107,8 @@ REGISTER_FILE = 65536
 """32-bit registers of an SM (H100, H200)."""
 MIN_REGS, MAX_REGS = 24, 256
 """The PTX ISA's range of a ``setmaxnreg`` count (a multiple of 8)."""
+INFER_MIN_CONSUMERS = 2 * WARPGROUP
+"""Consumer threads from which the split is inferred (``warp_specialize=None``)."""
 CONSUMER_BARRIER = 1
 """The consumers' named barrier (0 is the whole block's, ``sync_threads``)."""
 ROLE = "role"
@@ -221,6 +230,8 @@ def warp_specialise(kernel: ir.Kernel, caps: GpuCaps) -> ir.Kernel:
         return kernel
     if not rings:
         return kernel   # (a loop asked for whose copies TMA cannot make stays on cp.async)
+    if not asked and kernel.threads < INFER_MIN_CONSUMERS:
+        return kernel   # (one consumer warpgroup: split only when asked, module docstring)
     if len(rings) != 1 or (asked and asked != rings):
         why = "it is not the kernel's one pipelined loop whose staged copies are TMA loads"
     elif not any(s is rings[0] for s in kernel.body):

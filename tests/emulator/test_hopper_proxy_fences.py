@@ -71,10 +71,12 @@ def test_tma_filled_tiles_need_no_fence():
 
 
 def test_warp_split_has_no_fence():
-    # jt.ops.matmul's ring, split on sm_90a: no barrier in the consumers' loop, no fence at
-    # all (no generic write of shared memory precedes the TMA loads or the wgmma)
+    # the ring split on sm_90a: no barrier in the consumers' loop, no fence at all (no
+    # generic write of shared memory precedes the TMA loads or the wgmma)
     a, b = jnp.ones((128, 96), jnp.float16), jnp.ones((96, 64), jnp.float16)
     low = ops.matmul.lower(a, b, target="cuda:sm_90a")
+    assert "warp_specialise() {" not in low.lowered_ir   # one warpgroup: not inferred
+    low = ws_gemm.lower(a, b, bn=64, target="cuda:sm_90a")
     assert "warp_specialise() {" in low.lowered_ir
     body = _loop_ops(low.lowered_ir)
     assert "tma_wait" in body and "tma_release" in body

@@ -3,9 +3,9 @@ lowering in ``lower.py``: its builder, buffers and values, and a few helpers."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import Protocol
+from typing import Any, Protocol
 
 from tvm import tirx
 from tvm.ir import Expr
@@ -36,6 +36,9 @@ class Lowering(Protocol):
     """Materialised tile values by id."""
     gemm_sources: dict[str, ir.Region]
     """Gemm operands read from the global region they would be copied from."""
+    edges: Any
+    """The masked edges of the forwarded statements being lowered (a
+    :class:`.forwarding.Edges`), or ``None``."""
 
     def name(self, prefix: str) -> str: ...
     def dtype(self, buf: tirx.Buffer) -> str: ...
@@ -49,5 +52,7 @@ class Lowering(Protocol):
              vectorize: bool = True) -> AbstractContextManager[list[Expr]]: ...
     def value_nest(self, shape: Sequence[int],
                    vectorize: bool = True) -> AbstractContextManager[list[Expr]]: ...
+    def value_nests(self, shape: Sequence[int], vectorize: bool = True,
+                    past: bool = True) -> Iterator[list[Expr]]: ...
     def snapshot(self, region: ir.Region, transpose: bool = False) -> str: ...
     def write_back(self, name: str, region: ir.Region) -> None: ...

@@ -25,6 +25,7 @@ def extent(n: Expr) -> int | Expr:
 
 
 class Lowering(Protocol):
+    kernel: ir.Kernel
     kb: tir_emit.KernelBuilder
     target: Target
     bufs: dict[str, tirx.Buffer]

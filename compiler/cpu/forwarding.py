@@ -180,12 +180,15 @@ def gemm_operands(kernel: ir.Kernel) -> dict[str, ir.Region]:
 def _always_inside(region: ir.Region, buf: ir.Buffer,
                    ranges: dict[ir.Value, scalars.Range]) -> bool:
     """Whether ``region`` lies inside ``buf`` for every start the ranges allow."""
-    for i, n in zip(region.index, buf.shape):
-        start = (i.start, i.start) if isinstance(i.start, int) else ranges.get(i.start)
-        if start is None or not isinstance(n, int) \
-                or start[0] < 0 or start[1] + (1 if i.size is None else i.size) > n:
-            return False
-    return True
+    return all(_dim_inside(i, n, ranges) for i, n in zip(region.index, buf.shape))
+
+
+def _dim_inside(i: ir.Index, n: int | str, ranges: dict[ir.Value, scalars.Range]) -> bool:
+    """Whether index ``i`` lies inside a dimension of ``n`` for every start the ranges
+    allow."""
+    start = (i.start, i.start) if isinstance(i.start, int) else ranges.get(i.start)
+    return start is not None and isinstance(n, int) and start[0] >= 0 \
+        and start[1] + (1 if i.size is None else i.size) <= n
 
 
 def gemm_operand(low: Lowering, src: ir.Region, idx: Sequence[Expr]) -> Expr:
@@ -255,7 +258,14 @@ def _hoistable(op: ir.Op) -> bool:
 
 
 def inside(low: Lowering, segment: Segment) -> Expr | bool:
-    """Whether every forwarded global region lies inside its buffer."""
+    """Whether every forwarded global region lies inside its buffer: ``True`` where the
+    kernel's scalar ranges prove it for every block (so the statements as written need not
+    be emitted), else the test."""
+    regions = [r for f in segment.forwards for r in (f.src, f.dst) if r is not None]
+    ranges = scalars.scalar_ranges(low.kernel)
+    buffers = {b.name: b for b in low.kernel.buffers}
+    if all(_always_inside(r, buffers[r.buffer], ranges) for r in regions):
+        return True
     conds = []
     for f in segment.forwards:
         for region in (f.src, f.dst):
@@ -427,6 +437,9 @@ def masked_edges(low: Lowering, kernel: ir.Kernel, segment: Segment) -> Edges | 
     distinct = [v for pos, v in enumerate(valids)
                 if not any(tvm_ffi.structural_equal(v, w) for w in valids[:pos])]
     conds += [v == distinct[0] for v in distinct[1:]]
+    # Where the ranges prove the test, the statements as written are not emitted at all.
+    proven = len(distinct) == 1 and all(_inside_but_the_end(r, kernel, ranges)
+                                        for r in regions)
     valid = low.bind(valids[0])
     whole = low.bind(tirx.floordiv(tirx.max(valid, 0), lanes))
     ins = {f.fragment: low.alloc_like(low.name("edge_in"), _edge_shape(low, f, lanes),
@@ -435,7 +448,7 @@ def masked_edges(low: Lowering, kernel: ir.Kernel, segment: Segment) -> Edges | 
     outs = {f.fragment: low.alloc_like(low.name("edge_out"), _edge_shape(low, f, lanes),
                                        low.bufs[f.fragment])
             for f in segment.forwards if f.dst is not None}
-    return Edges(width, lanes, valid, whole, all_of(conds), ins, outs)
+    return Edges(width, lanes, valid, whole, True if proven else all_of(conds), ins, outs)
 
 
 def _edge_shape(low: Lowering, fwd: Forward, lanes: int) -> list[int]:
@@ -450,6 +463,19 @@ def _may_overhang(region: ir.Region, kernel: ir.Kernel,
     last, n = region.index[-1], buf.shape[-1]
     start = (last.start, last.start) if isinstance(last.start, int) else ranges.get(last.start)
     return start is None or not isinstance(n, int) or start[1] + last.size > n
+
+
+def _inside_but_the_end(region: ir.Region, kernel: ir.Kernel,
+                        ranges: dict[ir.Value, scalars.Range]) -> bool:
+    """Whether the ranges prove ``region`` inside its buffer but for the end of its last
+    axis, where it starts inside."""
+    buf = next(b for b in kernel.buffers if b.name == region.buffer)
+    *lead, last = region.index
+    if not all(_dim_inside(i, n, ranges) for i, n in zip(lead, buf.shape)):
+        return False
+    n = buf.shape[-1]
+    start = (last.start, last.start) if isinstance(last.start, int) else ranges.get(last.start)
+    return start is not None and isinstance(n, int) and start[0] >= 0 and start[1] < n
 
 
 def fill_edges(low: Lowering, segment: Segment, edges: Edges) -> None:

@@ -3,9 +3,9 @@ lowering in ``lower.py``: its builder, buffers and values, and a few helpers."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import Protocol
+from typing import Any, Protocol
 
 from tvm import tirx
 from tvm.ir import Expr
@@ -25,6 +25,7 @@ def extent(n: Expr) -> int | Expr:
 
 
 class Lowering(Protocol):
+    kernel: ir.Kernel
     kb: tir_emit.KernelBuilder
     target: Target
     bufs: dict[str, tirx.Buffer]
@@ -36,6 +37,9 @@ class Lowering(Protocol):
     """Materialised tile values by id."""
     gemm_sources: dict[str, ir.Region]
     """Gemm operands read from the global region they would be copied from."""
+    edges: Any
+    """The masked edges of the forwarded statements being lowered (a
+    :class:`.forwarding.Edges`), or ``None``."""
 
     def name(self, prefix: str) -> str: ...
     def dtype(self, buf: tirx.Buffer) -> str: ...
@@ -49,5 +53,7 @@ class Lowering(Protocol):
              vectorize: bool = True) -> AbstractContextManager[list[Expr]]: ...
     def value_nest(self, shape: Sequence[int],
                    vectorize: bool = True) -> AbstractContextManager[list[Expr]]: ...
+    def value_nests(self, shape: Sequence[int], vectorize: bool = True,
+                    past: bool = True) -> Iterator[list[Expr]]: ...
     def snapshot(self, region: ir.Region, transpose: bool = False) -> str: ...
     def write_back(self, name: str, region: ir.Region) -> None: ...

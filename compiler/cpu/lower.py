@@ -107,6 +107,9 @@ class _Lowering:
         self.forwards: dict[str, forwarding.Forward] = {}
         """Fragments whose copies the statements being lowered forward (see
         :mod:`.forwarding`)."""
+        self.edges: forwarding.Edges | None = None
+        """The masked edges of the forwarded statements being lowered, if they have them
+        (:class:`.forwarding.Edges`)."""
         self._row: tuple[int, Expr] | None = None
         """``(R, r)`` while statements run one row at a time (see :mod:`.rows`)."""
         self._row_local: set[int] = set()
@@ -249,6 +252,24 @@ class _Lowering:
             with self.nest(shape, vectorize) as idx:
                 yield idx
 
+    def value_nests(self, shape: Sequence[int], vectorize: bool = True,
+                    past: bool = True) -> Iterator[list[Expr]]:
+        """Loops over a tile value's own shape (see :meth:`value_nest`), yielding the index
+        inside each; while forwarded statements run with masked edges, a last axis of
+        their width runs in parts (:meth:`.forwarding.Edges.columns`, which ``past``
+        passes on), so the caller's body is emitted once per part."""
+        edges = self.edges
+        row = self._row is not None and bool(shape) and shape[0] == self._row[0]
+        lead = list(shape[1:] if row else shape)
+        if edges is None or not vectorize or not lead or not edges.splits(lead[-1]):
+            with self.value_nest(shape, vectorize) as idx:
+                yield idx
+            return
+        with self.nest(lead[:-1], vectorize=False) as outer:
+            prefix = [self._row[1], *outer] if row else outer
+            for column in edges.columns(self, past=past):
+                yield [*prefix, column]
+
     def while_loop(self, stmt: ir.While) -> None:
         """``test = cond; while test: body; test = cond``: the condition block is emitted
         twice, before the loop and at the end of its body, storing the test in a flag."""
@@ -276,10 +297,18 @@ class _Lowering:
         self._statements(scalars)
         rest = [(pos, s) for pos, s in part if s.result is None or s.result.shape != ()]
         inside = forwarding.inside(self, segment)
+        # Regions that may run past their buffers' ends along the last axis are forwarded
+        # with masked edges (which also covers blocks inside), else under the plain test.
+        edges = None if inside is True else forwarding.masked_edges(self, self.kernel,
+                                                                    segment)
+        test = inside if edges is None else edges.cond
         with contextlib.ExitStack() as branch:
-            if inside is not True:
-                branch.enter_context(self.kb.if_(inside))
+            if test is not True:
+                branch.enter_context(self.kb.if_(test))
             self.forwards = {f.fragment: f for f in segment.forwards}
+            if edges is not None:
+                forwarding.fill_edges(self, segment, edges)
+            self.edges = edges
             forwarded = [s for pos, s in rest if pos not in segment.skip]
             n_rows = rows.rows(forwarded)
             if n_rows is None:
@@ -287,8 +316,11 @@ class _Lowering:
             else:
                 with self.kb.loop(self.name("row"), n_rows) as r:
                     self._rows(segment, forwarded, n_rows, r)
+            self.edges = None
+            if edges is not None:
+                forwarding.flush_edges(self, segment, edges)
             self.forwards = {}
-        if inside is not True:
+        if test is not True:
             with self.kb.else_():
                 self._statements([s for _, s in rest])
         self.body(stmts[segment.last + 1:])
@@ -332,19 +364,21 @@ class _Lowering:
                                           else self.kb.let(self.name("s"), value))
         else:
             arr = self.value_array(op.result)
-            with self.value_nest(op.result.shape) as idx:
+            for idx in self.value_nests(op.result.shape):
                 self.kb.store(arr, self.array_index(arr, idx), self.expr(op, idx))
 
     @lowers("store")
     def store(self, op: ir.Op) -> None:
         value, dst = op.operands[0], op.attrs["dst"]
         buf = self.bufs[dst.buffer]
-        with self.value_nest(value.shape) as idx:
+        forwarded = self.forwards.get(dst.buffer)
+        # A forwarded store drops what lies past the end of its region (masked edges).
+        for idx in self.value_nests(value.shape, past=forwarded is None):
             coords = self.element(dst, idx, clamp=True)
             v = ew.convert(self.at(value, idx), ew.name(value.dtype), self.dtype(buf),
                            self.bind)
-            if dst.buffer in self.forwards:
-                self.kb.store(*forwarding.store_target(self, self.forwards[dst.buffer], idx, v))
+            if forwarded is not None:
+                forwarding.store(self, forwarded, idx, v)
             else:
                 self.kb.store(buf, coords, v)
 

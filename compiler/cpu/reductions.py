@@ -8,7 +8,7 @@ reduced index.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from tvm import tirx
 from tvm.ir import Expr
@@ -16,6 +16,7 @@ from tvm.ir import Expr
 from .. import ir
 from . import elementwise as ew
 from .context import FALLBACK_LANES, Lowering
+from .forwarding import EDGE, INSIDE, PAST
 
 
 def _lanes(low: Lowering, extent: int) -> int:
@@ -46,14 +47,14 @@ def _reduce_leading(low: Lowering, op: ir.Op, keep: list[int], red: list[int]) -
     src, res, fn = op.operands[0], op.result, op.attrs["fn"]
     dtype, src_dtype = ew.tvm_dtype(res.dtype), ew.tvm_dtype(src.dtype)
     arr = low.value_array(res)
-    with low.value_nest(res.shape) as out_idx:
+    for out_idx in low.value_nests(res.shape):
         low.kb.store(arr, low.array_index(arr, out_idx), ew.reduce_init(fn, dtype))
-    with low.nest([src.shape[d] for d in red], vectorize=False) as red_idx, \
-            low.value_nest(res.shape) as out_idx:
-        full = _source_index(len(src.shape), keep, out_idx, red, red_idx)
-        x = ew.convert(low.at(src, full), src_dtype, dtype, low.bind)
-        at = low.array_index(arr, out_idx)
-        low.kb.store(arr, at, ew.reduce_combine(fn, arr[tuple(at)], x, dtype, low.bind))
+    with low.nest([src.shape[d] for d in red], vectorize=False) as red_idx:
+        for out_idx in low.value_nests(res.shape):
+            full = _source_index(len(src.shape), keep, out_idx, red, red_idx)
+            x = ew.convert(low.at(src, full), src_dtype, dtype, low.bind)
+            at = low.array_index(arr, out_idx)
+            low.kb.store(arr, at, ew.reduce_combine(fn, arr[tuple(at)], x, dtype, low.bind))
 
 
 def lower_reduce(low: Lowering, op: ir.Op) -> None:
@@ -87,10 +88,15 @@ def lower_reduce(low: Lowering, op: ir.Op) -> None:
                           "serial") as lane:
             low.kb.store(acc, [lane], ew.reduce_init(fn, dtype))
         with low.nest([src.shape[d] for d in red[:-1]], vectorize=False) as red_idx:
-            with low.kb.loop(low.name("c"), n_last // lanes) as chunk:
-                with low.kb.loop(low.name("l"), lanes,
-                                  kind="vectorized" if lanes > 1 else "serial") as lane:
-                    accumulate(lane, red_idx, chunk * lanes + lane)
+            edges = low.edges
+            if edges is not None and edges.splits(n_last) and lanes % edges.lanes == 0:
+                _edge_chunks(low, n_last, lanes, lambda *a: accumulate(*a[:1], red_idx,
+                                                                        *a[1:]))
+            else:
+                with low.kb.loop(low.name("c"), n_last // lanes) as chunk:
+                    with low.kb.loop(low.name("l"), lanes,
+                                      kind="vectorized" if lanes > 1 else "serial") as lane:
+                        accumulate(lane, red_idx, chunk * lanes + lane)
             tail = n_last % lanes
             if tail:
                 with low.kb.loop(low.name("t"), tail, start=n_last - tail) as last:
@@ -106,3 +112,30 @@ def lower_reduce(low: Lowering, op: ir.Op) -> None:
             low.kb.store(arr, low.array_index(arr, out_idx), acc[0])
     if arr is None:
         low.scalars[res.id] = low.kb.let(low.name("s"), acc[0])
+
+
+def _edge_chunks(low: Lowering, n_last: int, lanes: int,
+                 accumulate: Callable[[Expr, Expr], None]) -> None:
+    """The whole chunks of a contiguous reduction over a last axis forwarded with masked
+    edges (:class:`.forwarding.Edges`): element ``c`` still goes to partial result
+    ``c % lanes``, in the same order, so the result is the same bit for bit. The chunks
+    before the straddling vector run as usual; the vectors from the chunk that holds it
+    run one by one, each in its part (inside, straddling, past the end)."""
+    edges = low.edges
+    width = edges.lanes
+    group = lanes // width          # vectors per chunk
+    chunks = tirx.floordiv(edges.whole, group)
+    n_vectors = (n_last - n_last % lanes) // width
+    with low.kb.loop(low.name("c"), chunks) as chunk, \
+            low.kb.loop(low.name("l"), lanes, kind="vectorized") as lane:
+        for column in edges.mark(chunk * lanes + lane, INSIDE):
+            accumulate(lane, column)
+    whole = tirx.min(edges.whole, n_vectors)
+    spans = [(chunks * group, whole, INSIDE), (whole, tirx.min(whole + 1, n_vectors), EDGE),
+             (whole + 1, n_vectors, PAST)]
+    for begin, end, part in spans:
+        with low.kb.loop(low.name("c"), tirx.max(end - begin, 0), start=begin) as vector, \
+                low.kb.loop(low.name("l"), width, kind="vectorized") as lane:
+            slot = tirx.floormod(vector, group) * width + lane
+            for column in edges.mark(vector * width + lane, part, lane):
+                accumulate(slot, column)

@@ -15,7 +15,9 @@ from language_helpers import BF16, F16, F32, aligned, check, data
 import jaxtile as jt
 from jaxtile import _ffi
 
-GROUP_LOOP = re.compile(r"for q\d+ in range\((\d+)\)")
+GROUP_LOOP = re.compile(r"for (?:q\d+ in range\((\d+)\)|row\d+, q\d+ in T\.grid\(\d+, (\d+)\))")
+"""The loop over a group's blocks (printed with the row loop around it as one ``T.grid``
+where no test for the group's edges separates them)."""
 TOL = {F32: {"rtol": 2e-6, "atol": 1e-6}, BF16: {"rtol": 2 ** -7, "atol": 1e-2},
        F16: {"rtol": 2 ** -10, "atol": 1e-3}}
 
@@ -80,7 +82,7 @@ def _np_bias_tanh(x, b):
 
 
 def _groups(lowered):
-    return [int(n) for n in GROUP_LOOP.findall(lowered.source)]
+    return [int(a or b) for a, b in GROUP_LOOP.findall(lowered.source)]
 
 
 def test_narrow_tiles_are_grouped_up_to_a_page():

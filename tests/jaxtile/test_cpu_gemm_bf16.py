@@ -15,6 +15,8 @@ the rounding of products, so only the next check applies there. On the ``vdpbf16
 the result is bitwise that of the instruction's definition (see ``_vdpbf16ps``).
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -202,3 +204,23 @@ def test_the_dot_path_uses_vdpbf16ps():
     kernel = build.lowered_ir(matmul.lower(x, x).kernel, cpu)
     module = bf16_dot.resolve(tir_emit.build(lower.to_tir(kernel, cpu), "x86-64-v4"))
     assert "vdpbf16ps" in module.inspect_source("asm")
+
+
+def test_the_dot_path_is_checked_on_any_x86_host(monkeypatch):
+    """Structurally, where the host lacks AVX512-BF16 too (a Zen 3): a CPU described with
+    it (AVX-512 and AVX512-BF16 flags) compiles a bfloat16 gemm to ``vdpbf16ps`` on zmm
+    registers, for LLVM's generic x86-64-v4 CPU (the rewrite adds the feature)."""
+    from jaxtile.compiler.cpu import lower, tir_emit
+
+    info = dict(target._cpuinfo())
+    flags = set(info.get("flags", "").split())
+    flags |= set(target.ISA_LEVELS["x86-64-v4"]) | {"avx512_bf16"}
+    info["flags"] = " ".join(sorted(flags))
+    monkeypatch.setattr(target, "_cpuinfo", lambda: info)
+    described = parse_target("cpu")
+    assert described.caps.bf16_dot
+    x = jnp.zeros((40, 40), BF16)
+    kernel = build.lowered_ir(matmul.lower(x, x).kernel, described)
+    asm = bf16_dot.resolve(tir_emit.build(lower.to_tir(kernel, described),
+                                          "x86-64-v4")).inspect_source("asm")
+    assert re.search(r"vdpbf16ps\s+.*%zmm", asm)

@@ -230,6 +230,10 @@ _NOT_RUN = {
     "tma_store": "the GPU TMA-store pass's; tests/emulator/test_hopper_tma_store.py runs it",
     "tma_store_wait": "the GPU TMA-store pass's; tests/emulator/test_hopper_tma_store.py "
                       "runs it",
+    "warp_specialise": "the GPU warp-specialisation pass's (sm_90a); "
+                       "tests/emulator/test_hopper_ws_gemm.py runs it",
+    "tma_release": "the GPU warp-specialisation pass's (sm_90a); "
+                   "tests/emulator/test_hopper_ws_gemm.py runs it",
 }
 """Operations this test does not run, and why."""
 _ALSO_IN = {"load": "every case", "store": "every case",

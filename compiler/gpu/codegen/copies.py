@@ -53,6 +53,12 @@ def buffer_resources(kernel: ir.Kernel) -> list[str]:
             f"{math.prod(bufs[n].shape) * np.dtype(bufs[n].dtype).itemsize});" for n in names]
 
 
+def _source_checks(cx: Context, op: ir.Op) -> tuple[int, ...]:
+    """The source's checked dimensions; none for a copy read by buffer loads, whose mask
+    the resource replaces (so the kept-mask report leaves it out)."""
+    return () if op.notes.get(BUFFER_LOAD) else cx.region_checks(op, "src")
+
+
 def _buffer_load(cx: Context, op: ir.Op, coords: list[str], vtype: str) -> str:
     """The vector at ``coords`` of a copy noted ``buffer_load``, read through its source's
     resource. Only the first dimension may be out of range, so a vector is wholly inside the
@@ -113,7 +119,7 @@ def lower_copy(cx: Context, op: ir.Op) -> None:
         lay = copy_layout(op, cx.threads)
         if _vector_copy(cx, op, lay):
             return
-    s_checked, d_checked = cx.region_checks(op, "src"), cx.region_checks(op, "dst")
+    s_checked, d_checked = _source_checks(cx, op), cx.region_checks(op, "dst")
     if _fragment_vectors(cx, op, s_checked, d_checked):
         return
     if op.notes.get(BUFFER_LOAD):
@@ -231,7 +237,7 @@ def _vector_copy(cx: Context, op: ir.Op, lay: Layout) -> bool:
     if (vtype is None or sb.dtype != db.dtype or np.dtype(sb.dtype) == np.bool_
             or not (_aligned(cx, src, vec) and _aligned(cx, dst, vec))):
         return False
-    s_checked, d_checked = cx.region_checks(op, "src"), cx.region_checks(op, "dst")
+    s_checked, d_checked = _source_checks(cx, op), cx.region_checks(op, "dst")
     if s_checked and not zero_pad(op.attrs["pad"]):
         return False  # a masked vector reads zeros, not the pad value
     primary = cx.primary(lay)

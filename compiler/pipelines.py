@@ -92,6 +92,9 @@ def gpu(target: Target) -> tuple[Pass, ...]:
       iteration's ``barrier``), its staged copies noted ``issued``; on a target with TMA,
       where the staged copies allow, the same over an mbarrier ring (``tma_issue`` with the
       tile's bytes, ``tma_wait``; the copies' TMA boxes as notes, :mod:`.gpu.tma`);
+    - ``buffer_loads`` (:func:`.gpu.copy_mapping.note_buffer_loads`): on a target whose
+      buffer loads read zero past the end, global reads masked only at a buffer's end are
+      noted ``buffer_load`` (printed as buffer loads without the mask);
     - ``scratch`` (:func:`.gpu.codegen.scratch.record_scratch`): the shared scratch arrays
       an op's lowering needs (a reduction's partials across warps, staging arrays, sort
       buffers, staged fragments; op note ``scratch``);
@@ -119,7 +122,7 @@ def gpu(target: Target) -> tuple[Pass, ...]:
     from .gpu.barriers import insert_barriers
     from .gpu.bounds import check_bounds
     from .gpu.codegen.scratch import record_scratch
-    from .gpu.copy_mapping import map_copies
+    from .gpu.copy_mapping import map_copies, note_buffer_loads
     from .gpu.copy_schedule import schedule_async_copies
     from .gpu.gemm_plan import anchors, plan_gemms
     from .gpu.layout_inference import infer_layouts
@@ -133,6 +136,7 @@ def gpu(target: Target) -> tuple[Pass, ...]:
             Pass("copy_mapping", map_copies, verify_gpu),
             Pass("bounds", check_bounds),
             Pass("pipelining", lambda k: schedule_async_copies(k, target.caps), verify_gpu),
+            Pass("buffer_loads", lambda k: note_buffer_loads(k, target.caps)),
             Pass("scratch", lambda k: record_scratch(k, target.caps)),
             Pass("smem_plan", lambda k: place_shared_buffers(k, target.caps), verify_gpu),
             Pass("tma_store", lambda k: plan_tma_stores(k, target.caps), verify_tma_stores),

@@ -7,7 +7,10 @@ allows, ``gpu/copy_mapping.py``). Reads past a global edge give ``pad`` and writ
 are dropped, checked only in the dimensions the bounds pass could not prove. Where a
 thread's ``vec`` contiguous elements are all in bounds or all out (the checked dimensions
 exclude the last one, or the last dimension's extent is a multiple of the vector), and the
-addresses are aligned, the elements move as one 8- or 16-byte access.
+addresses are aligned, the elements move as one 8- or 16-byte access. A copy the
+``buffer_loads`` pass noted ``buffer_load`` reads its vectors through its source's buffer
+resource (made once at the kernel's top, :func:`buffer_resources`) without the mask: past
+the buffer's end the load reads zero.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import numpy as np
 
 from ... import ir
 from ...errors import KernelError
-from ..copy_mapping import copy_layout
+from ..copy_mapping import BUFFER_LOAD, aligned, copy_layout, zero_pad
 from ..layout import Layout, blocked
 from . import scalar_math as M
 from . import types as T
@@ -33,6 +36,42 @@ _VECTOR = {(4, 4): "f32x4", (4, 2): "f32x2", (2, 8): "u32x4", (2, 4): "u32x2"}
 def _pad(op: ir.Op, dtype: np.dtype) -> str:
     pad = op.attrs["pad"]
     return T.literal(0 if pad is None else pad, dtype)
+
+
+def resource_name(buffer: str) -> str:
+    """The C name of a global buffer's buffer resource."""
+    return f"jt_rsrc_{buffer}"
+
+
+def buffer_resources(kernel: ir.Kernel) -> list[str]:
+    """The declarations, at the kernel's top, of the buffer resources the copies noted
+    ``buffer_load`` read through: one per source buffer, its size the buffer's bytes."""
+    bufs = {b.name: b for b in kernel.buffers}
+    names = dict.fromkeys(s.attrs["src"].buffer for s in ir.walk(kernel.body)
+                          if isinstance(s, ir.Op) and s.notes.get(BUFFER_LOAD))
+    return [f"  const buffer_rsrc {resource_name(n)} = buffer_resource({n}, "
+            f"{math.prod(bufs[n].shape) * np.dtype(bufs[n].dtype).itemsize});" for n in names]
+
+
+def _source_checks(cx: Context, op: ir.Op) -> tuple[int, ...]:
+    """The source's checked dimensions; none for a copy read by buffer loads, whose mask
+    the resource replaces (so the kept-mask report leaves it out)."""
+    return () if op.notes.get(BUFFER_LOAD) else cx.region_checks(op, "src")
+
+
+def _buffer_load(cx: Context, op: ir.Op, coords: list[str], vtype: str) -> str:
+    """The vector at ``coords`` of a copy noted ``buffer_load``, read through its source's
+    resource. Only the first dimension may be out of range, so a vector is wholly inside the
+    buffer or wholly past its end; the flat index is clamped to the element count, which
+    puts every vector past the end (or before the start) at the resource's size: zeros."""
+    region = op.attrs["src"]
+    buf = cx.bufs[region.buffer]
+    index, _ = cx.address(region, coords, clamp=False, checked=())
+    count = math.prod(buf.shape)
+    at = cx.tmp("at")
+    cx.w(f"const unsigned {at} = unsigned({index});")
+    return (f"buffer_load<{vtype}>({resource_name(buf.name)}, "
+            f"int({at} < {count}u ? {at} : {count}u) * {np.dtype(buf.dtype).itemsize})")
 
 
 def _read(cx: Context, op: ir.Op, coords: list[str], dtype: np.dtype,
@@ -80,9 +119,12 @@ def lower_copy(cx: Context, op: ir.Op) -> None:
         lay = copy_layout(op, cx.threads)
         if _vector_copy(cx, op, lay):
             return
-    s_checked, d_checked = cx.region_checks(op, "src"), cx.region_checks(op, "dst")
+    s_checked, d_checked = _source_checks(cx, op), cx.region_checks(op, "dst")
     if _fragment_vectors(cx, op, s_checked, d_checked):
         return
+    if op.notes.get(BUFFER_LOAD):
+        raise KernelError(f"internal error: the copy at {source_line(op.line)} is noted "
+                          f"'{BUFFER_LOAD}' but is not read as vectors")
     if db.scope == "fragment":
         # Each thread fills the slots it holds that the region covers.
         with cx.slots(db.layout, guard=True) as coords:
@@ -139,7 +181,9 @@ def _fragment_vectors(cx: Context, op: ir.Op, s_checked: tuple[int, ...],
             v = cx.tmp("vec")
             cx.w(f"{vtype} {v};")
             load = f"{v} = ptr_cast<{vtype}>({mem.name} + {index})[0];"
-            if conds:
+            if op.notes.get(BUFFER_LOAD):
+                cx.w(f"{v} = {_buffer_load(cx, op, coords, vtype)};")
+            elif conds:
                 fill = " ".join(f"{v}.{ln} = {pad};" for ln in lanes)
                 cx.w(f"if ({' && '.join(conds)}) {load} else {{ {fill} }}")
             else:
@@ -180,17 +224,7 @@ def _from_staged_fragment(cx: Context, op: ir.Op) -> None:
 
 
 def _aligned(cx: Context, region: ir.Region, vec: int) -> bool:
-    """The region's rows start on a multiple of ``vec`` elements (static starts, rows whose
-    length is a multiple of ``vec``, and a buffer the runtime aligns to 16 bytes)."""
-    buf = cx.bufs[region.buffer]
-    if buf.scope in ("local", "fragment") or not isinstance(buf.shape[-1], int) or \
-            buf.shape[-1] % vec:
-        return False
-    last = region.index[-1].start
-    # Starts of other dimensions move whole rows; the last one must be a known multiple.
-    factor = last if isinstance(last, int) else cx.factors.get(last.id, 1)
-    return factor % vec == 0 and not any(
-        isinstance(i.start, ir.Value) and i.start.shape != () for i in region.index)
+    return aligned(region, cx.bufs[region.buffer], cx.factors, vec)
 
 
 def _vector_copy(cx: Context, op: ir.Op, lay: Layout) -> bool:
@@ -203,12 +237,12 @@ def _vector_copy(cx: Context, op: ir.Op, lay: Layout) -> bool:
     if (vtype is None or sb.dtype != db.dtype or np.dtype(sb.dtype) == np.bool_
             or not (_aligned(cx, src, vec) and _aligned(cx, dst, vec))):
         return False
-    s_checked, d_checked = cx.region_checks(op, "src"), cx.region_checks(op, "dst")
-    if s_checked and op.attrs["pad"] not in (None, 0, 0.0, False):
+    s_checked, d_checked = _source_checks(cx, op), cx.region_checks(op, "dst")
+    if s_checked and not zero_pad(op.attrs["pad"]):
         return False  # a masked vector reads zeros, not the pad value
     primary = cx.primary(lay)
     how = "cp.async" if cx.async_copies and sb.scope == "global" and db.scope == "shared" \
-        else vtype
+        else f"{vtype}, buffer loads" if op.notes.get(BUFFER_LOAD) else vtype
     cx.w(f"// {vec}-element vectors ({how}): each lies wholly inside or outside the edges")
     with cx.slots(lay, guard=True) as coords:
         cx.w(f"if (k % {vec} != 0) continue;")
@@ -225,6 +259,11 @@ def _vector_copy(cx: Context, op: ir.Op, lay: Layout) -> bool:
             call = f"cp_async<{vec * np.dtype(sb.dtype).itemsize}>({db.name} + {d_index}, " \
                    f"{src_at}, {size});"
             cx.w(f"if ({' && '.join(d_conds)}) {call}" if d_conds else call)
+        elif op.notes.get(BUFFER_LOAD):
+            v = cx.tmp("vec")
+            cx.w(f"const {vtype} {v} = {_buffer_load(cx, op, coords, vtype)};")
+            store = f"ptr_cast<{vtype}>({db.name} + {d_index})[0] = {v};"
+            cx.w(f"if ({' && '.join(d_conds)}) {store}" if d_conds else store)
         else:
             v = cx.tmp("vec")
             cx.w(f"{vtype} {v} = {{}};")

@@ -30,7 +30,7 @@ from ..warp_specialise import NAMED, split_of
 from . import types as T
 from .context import SIZE_PREFIX, Context, source_line
 from .control import lower_while
-from .copies import lower_atomic, lower_copy
+from .copies import buffer_resources, lower_atomic, lower_copy
 from .dynamic import dynamic_block_indices, size_bindings
 from .gemm import lower_gemm
 from .ordering import lower_fence, lower_load_acquire, lower_store_release
@@ -241,6 +241,7 @@ class _Lowering:
             "",
             f"JT_KERNEL JT_LAUNCH_BOUNDS({bounds}) void {symbol}({sig}) {{",
             *shared,
+            *buffer_resources(k),
             *cx.w.lines,
             "}",
             "",

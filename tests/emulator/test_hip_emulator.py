@@ -229,9 +229,80 @@ def test_buffer_resource_past_the_allocation_is_reported():
         k.run(np.ones(40, np.float32), np.zeros(64, np.float32))
 
 
+def _lds_direct(n, grid, source=SOURCE):
+    k = _build("lds_direct", [Buffer("x", "float32"), Buffer("out", "float32"),
+                              Scalar("n", n)], grid=grid, threads=256, source=source)
+    x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+    if n > 2:  # non-finite values move through LDS bit for bit
+        x[0], x[-1] = np.inf, np.nan
+    out = np.full(n, -7.0, np.float32)
+    return k, x, out
+
+
+def _lds_direct_want(x):
+    # An independent formula: out[i] = 2 x[j] with j = 256 b + 255 - t, where both are < n.
+    n = x.size
+    want = np.full(n, -7.0, np.float32)
+    for i in range(n):
+        j = 256 * (i // 256) + 255 - i % 256
+        if j < n:
+            want[i] = 2 * x[j]
+    return want
+
+
+@pytest.mark.parametrize("n, grid", [(512, 2), (300, 2)])
+def test_lds_direct_loads_fill_the_lanes_slots(n, grid):
+    # 4 waves of 64 lanes per block fill a 256-float LDS tile by LDS-direct loads and read
+    # slots other waves filled; n = 300 leaves lanes of the last block without a load.
+    k, x, out = _lds_direct(n, grid)
+    assert k.run(x, out)["findings"] == []
+    np.testing.assert_array_equal(out, _lds_direct_want(x))
+
+
+# No wait, or a wait leaving the lane's newest load in flight (vmcnt 1 after one load).
+@pytest.mark.parametrize("wait", ["", "wait_vmcnt<1>();"])
+def test_lds_direct_read_before_the_wait_is_reported(wait):
+    source, line = _mutate("lds_wait", "wait_vmcnt<0>();", wait)
+    k, x, out = _lds_direct(512, 2, source)
+    with pytest.raises(EmulatorError, match="cp.async hazard") as e:
+        k.run(x, out)
+    # The read of the tile (after the barrier) finds the loads still in flight.
+    assert any("LDS-direct load" in m and "shared array 'tile'" in m and
+               f"wave64_emu.hip:{line + 3}" in m for m in _errors(e.value.report))
+
+
+def test_lds_direct_wrong_slot_is_reported():
+    # Each wave's slots shifted by one float: the last wave's 64th slot is past the tile.
+    source, line = _mutate("lds_slot", "warp_id() * kWarpSize)", "warp_id() * kWarpSize + 1)")
+    k, x, out = _lds_direct(512, 2, source)
+    with pytest.raises(EmulatorError, match=f"out-of-bounds write.*wave64_emu.hip:{line}.*'tile'"):
+        k.run(x, out)
+
+
+def test_lds_direct_overlapping_waves_are_a_race():
+    # Waves given overlapping slots (32 floats apart): two lanes' loads write one slot.
+    source, line = _mutate("lds_slot", "warp_id() * kWarpSize", "warp_id() * 32")
+    k, x, out = _lds_direct(512, 2, source)
+    with pytest.raises(EmulatorError, match="data race") as e:
+        k.run(x, out)
+    assert any("shared array 'tile'" in m and f"wave64_emu.hip:{line}" in m
+               for m in _errors(e.value.report))
+
+
+def test_lds_direct_source_past_the_end_is_reported():
+    source, line = _mutate("lds_slot", "if (i < n) ", "")
+    k, x, out = _lds_direct(300, 2, source)
+    with pytest.raises(EmulatorError, match=f"out-of-bounds read.*wave64_emu.hip:{line}.*'x'"):
+        k.run(x, out)
+
+
 @pytest.mark.skipif(toolchain.clang_path() is None,
                     reason=f"no clang for AMD GPUs: {toolchain.INSTALL_HINT}")
 def test_the_same_text_compiles_for_gfx942():
     code = toolchain.compile_hip(SOURCE, "gfx942", file="wave64_emu.hip")
     assert re.search(r"v_mfma_f32_16x16x16_?f16", code.assembly)
-    assert {"wave_sums", "wave_ballot", "lds_reverse", "buffer_tail"} <= set(code.kernels)
+    assert {"wave_sums", "wave_ballot", "lds_reverse", "buffer_tail",
+            "lds_direct"} <= set(code.kernels)
+    # lds_direct: the wave's LDS base goes to M0 and the load is global_load_lds_dword.
+    assert re.search(r"s_mov_b32 m0, s\d+", code.assembly)
+    assert "global_load_lds_dword" in code.assembly

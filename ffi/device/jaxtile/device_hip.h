@@ -28,6 +28,8 @@
 //                                      or past `bytes` reads zero
 //   wait_vmcnt<N>(), wait_lgkmcnt<N>()                       s_waitcnt: at most N vector
 //                                      memory / LDS-scalar memory operations still in flight
+//   lds_direct_load<4>(src, lds_base) (gfx942: JT_HAS_LDS_DIRECT_LOAD)  global -> LDS without
+//                                      VGPRs: lane l's 4 bytes land at lds_base + 4 l
 #pragma once
 
 #define JT_KERNEL extern "C" __attribute__((global))
@@ -379,6 +381,39 @@ template <int N>
 JT_DEVICE void wait_lgkmcnt() {
   static_assert(0 <= N && N < 16, "lgkmcnt is 0..15");
   __builtin_amdgcn_s_waitcnt(0xF | (0x3 << 14) | (0x7 << 4) | (N << 8));
+}
+
+
+// ---- LDS-direct loads: global_load_lds_dword (AMD "MI300 Instruction Set Architecture"
+// (CDNA3), the global instructions' LDS-load form). Each active lane reads 4 bytes at its own
+// global address; the data goes to LDS, not to a VGPR, at M0's wave-uniform LDS address plus
+// 4 x the lane's id in the wave. Like every vector memory load it counts in vmcnt until its
+// data is in LDS: s_waitcnt vmcnt(0) (wait_vmcnt<0>) before this wave reads the slots, and
+// that wait and then a barrier before another wave does (clang's own waitcnt insertion puts
+// vmcnt(0) before the issuing wave's LDS reads, after the barrier, which leaves the other
+// waves' reads unordered). The LDS base must be the same in every lane (M0 takes the first
+// active lane's). clang-19's
+// __builtin_amdgcn_global_load_lds(global src, LDS dst, size, offset, aux) needs the
+// gfx940-insts feature (gfx940..942); it sets M0 from dst. Sizes 1 and 2 (ubyte/ushort) exist
+// too and 12/16 only on gfx950 (and newer clang): only the dword form is offered here.
+// gfx90a (CDNA2) has the same DMA only as buffer_load_dword ... lds, for which clang-19 has
+// no builtin, so there the function is a compile error naming the target. ----
+#if defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__)
+#define JT_HAS_LDS_DIRECT_LOAD 1
+#endif
+template <int Bytes, class T, class S>
+JT_DEVICE void lds_direct_load(const S* global_src, T* lds_base) {
+  static_assert(Bytes == 4, "lds_direct_load moves 4 bytes per lane (global_load_lds_dword)");
+#if defined(JT_HAS_LDS_DIRECT_LOAD)
+  using global_void = __attribute__((address_space(1))) void*;
+  using lds_void = __attribute__((address_space(3))) void*;
+  __builtin_amdgcn_global_load_lds((global_void)const_cast<S*>(global_src), (lds_void)lds_base, 4,
+                                   0, 0);
+#else
+  static_assert(sizeof(T) == 0,
+                "lds_direct_load needs global_load_lds_dword (gfx940, gfx941, gfx942); this "
+                "target (e.g. gfx90a) has no LDS-direct load clang-19 can emit");
+#endif
 }
 
 }  // namespace jaxtile

@@ -118,6 +118,11 @@ struct Fiber {
   uint64_t open_group = 0;  // id of the cp.async group not yet committed
   std::vector<PendingCopy> copies;  // in issue order, hence in group order
   size_t copies_head = 0;
+  // LDS-direct loads (wave64) in flight, in issue order; `group` is the load's number among
+  // this lane's LDS-direct loads, of which `lds_loads_issued` were issued.
+  std::vector<PendingCopy> lds_loads;
+  size_t lds_loads_head = 0;
+  uint64_t lds_loads_issued = 0;
   // The last flag read of global memory, while it was relaxed (volatile) and no fence has
   // followed: reads of other blocks' data are not ordered after it (null otherwise).
   const Region* relaxed_flag = nullptr;
@@ -285,6 +290,8 @@ inline uint64_t full_mask(uint32_t warp_size) {
 void reset_block_memory(Block& b, uint64_t static_capacity);
 // Lands the copies of `f` in groups below `before_group` (in issue order).
 void land_copies(Fiber& f, uint64_t before_group);
+// Lands the LDS-direct loads of `f` numbered below `before` (in issue order).
+void land_lds_loads(Fiber& f, uint64_t before);
 // The participants `tids` of a completed barrier see each other's accesses before it, and
 // those of `arrivals` (the clocks of threads that only arrived, see `arrive_clock`).
 void sync_clocks(Block& b, const uint32_t* tids, size_t n,

@@ -117,8 +117,8 @@ bool check_shared(Fiber& f, const Region* r, const char* addr, uint32_t bytes, i
              std::string("cp.async hazard: ") + thread_name(b, me) + " " + kind_name(kind) +
                  "s " + region_name(r) + " at byte offset " +
                  std::to_string(addr + i - r->base) + " at " + where(b, line) +
-                 " while a cp.async copy to it is still in flight (not yet retired by a "
-                 "cp_async_wait)");
+                 " while a cp.async copy (or LDS-direct load) to it is still in flight (not "
+                 "yet retired by a cp_async_wait, or a wait_vmcnt for the LDS-direct load)");
     }
     if ((kind & (kWrite | kAtomic)) && c.store_reads != 0) {
       report(kError, "tma-store-source:" + std::to_string(line),
@@ -374,10 +374,72 @@ void* dynamic_shared(const Region** region) {
 
 // ---- cp.async ----
 
+namespace {
+
+// Lands the copies of `queue` (from `head`, in issue order) whose group is below `before`.
+void land_queue(Fiber& f, std::vector<PendingCopy>& queue, size_t& head, uint64_t before) {
+  Block& b = *f.block;
+  while (head < queue.size() && queue[head].group < before) {
+    const PendingCopy& c = queue[head++];
+    if (g_checks) {
+      const uint64_t first = static_cast<uint64_t>(c.dst - b.smem);
+      for (uint32_t i = 0; i < c.bytes; ++i) --b.shadow[first + i].pending;
+      // The copy has written by the time it is retired: checked again with this thread's
+      // clock at the wait, so a later access must be ordered after the wait; reports name
+      // the cp.async or LDS-direct load that issued it.
+      check_shared(f, c.region, c.dst, c.bytes, kWrite | kNoBankLog, c.line);
+    }
+    std::memcpy(c.dst, c.data, c.bytes);
+  }
+  if (head == queue.size()) {
+    queue.clear();
+    head = 0;
+  }
+}
+
+// Checks a copy into shared memory before it is queued: `problem` is reported (and false
+// returned) when not empty; the source is read (bounds-checked) and the destination must lie
+// in its shared region.
+bool check_copy(const char* what, const std::string& problem, const Region* dst_r, void* dst,
+                const Region* src_r, const void* src, uint32_t src_bytes, uint32_t bytes,
+                uint32_t line) {
+  Fiber* f = t_fiber;
+  Block& b = *f->block;
+  if (!problem.empty()) {
+    report(kError, std::string(what) + "-bad@" + std::to_string(line),
+           std::string(what) + " at " + where(b, line) + " by " + thread_name(b, f->tid) +
+               ": " + problem);
+    return false;
+  }
+  // The source must be a valid address even when nothing is read from it.
+  if (!access(src_r, src, std::max(src_bytes, 1u), kRead, line)) return false;
+  const uintptr_t doff = reinterpret_cast<uintptr_t>(dst) - reinterpret_cast<uintptr_t>(dst_r->base);
+  if (doff > dst_r->size || static_cast<uint64_t>(bytes) > dst_r->size - doff) {
+    access_out_of_bounds(dst_r, dst, bytes, kWrite, line);
+    return false;
+  }
+  return true;
+}
+
+// Marks copy `c` in flight: the destination is written at some moment between its issue and
+// the wait that retires it. Checked here as a write with the issuing thread's clock: an access
+// by another thread not ordered before the issue races with it (a stage refilled while slower
+// warps still read it). Accesses after the issue are checked at the wait (and, while the copy
+// is in flight, by the hazard check).
+void issue_copy(Fiber& f, const PendingCopy& c, uint32_t line) {
+  if (!g_checks) return;
+  Block& b = *f.block;
+  check_shared(f, c.region, c.dst, c.bytes, kWrite | kNoBankLog, line);
+  const uint64_t first = static_cast<uint64_t>(c.dst - b.smem);
+  for (uint32_t i = 0; i < c.bytes; ++i) ++b.shadow[first + i].pending;
+  log_bank_access(f, c.dst, c.bytes, line);
+}
+
+}  // namespace
+
 void cp_async(const Region* dst_r, void* dst, const Region* src_r, const void* src, int bytes,
               int src_bytes, uint32_t line) {
   Fiber* f = t_fiber;
-  Block& b = *f->block;
   const auto ualign = static_cast<uintptr_t>(bytes - 1);
   std::string problem;
   if (dst_r->space != kShared) {
@@ -391,56 +453,27 @@ void cp_async(const Region* dst_r, void* dst, const Region* src_r, const void* s
              (reinterpret_cast<uintptr_t>(src) & ualign) != 0) {
     problem = "an address is not " + std::to_string(bytes) + "-byte aligned";
   }
-  if (!problem.empty()) {
-    report(kError, "cp.async-bad@" + std::to_string(line),
-           "cp.async at " + where(b, line) + " by " + thread_name(b, f->tid) + ": " + problem);
-    return;
-  }
-  // The source must be a valid address even when nothing is read from it.
-  if (!access(src_r, src, static_cast<uint32_t>(std::max(src_bytes, 1)), kRead, line)) return;
-  const uintptr_t doff = reinterpret_cast<uintptr_t>(dst) - reinterpret_cast<uintptr_t>(dst_r->base);
-  if (doff > dst_r->size || static_cast<uint64_t>(bytes) > dst_r->size - doff) {
-    access_out_of_bounds(dst_r, dst, static_cast<uint32_t>(bytes), kWrite, line);
+  if (!check_copy("cp.async", problem, dst_r, dst, src_r, src,
+                  static_cast<uint32_t>(std::max(src_bytes, 0)), static_cast<uint32_t>(bytes),
+                  line)) {
     return;
   }
   PendingCopy c{static_cast<char*>(dst), dst_r, static_cast<uint32_t>(bytes), line,
                 f->open_group, {}};
   std::memcpy(c.data, src, static_cast<size_t>(src_bytes));
   std::memset(c.data + src_bytes, 0, static_cast<size_t>(bytes - src_bytes));
-  if (g_checks) {
-    // The destination is written at some moment between this issue and the wait that
-    // retires the copy. Checked here as a write with the issuing thread's clock: an access
-    // by another thread not ordered before the issue races with it (a stage refilled while
-    // slower warps still read it). Accesses after the issue are checked at the wait (and, while
-    // the copy is in flight, by the hazard check).
-    check_shared(*f, dst_r, c.dst, c.bytes, kWrite | kNoBankLog, line);
-    const uint64_t first = static_cast<uint64_t>(c.dst - b.smem);
-    for (uint32_t i = 0; i < c.bytes; ++i) ++b.shadow[first + i].pending;
-    log_bank_access(*f, c.dst, c.bytes, line);
-  }
+  issue_copy(*f, c, line);
   f->copies.push_back(c);
 }
 
 void cp_async_commit() { ++t_fiber->open_group; }
 
 void land_copies(Fiber& f, uint64_t before_group) {
-  Block& b = *f.block;
-  while (f.copies_head < f.copies.size() && f.copies[f.copies_head].group < before_group) {
-    const PendingCopy& c = f.copies[f.copies_head++];
-    if (g_checks) {
-      const uint64_t first = static_cast<uint64_t>(c.dst - b.smem);
-      for (uint32_t i = 0; i < c.bytes; ++i) --b.shadow[first + i].pending;
-      // The copy has written by the time it is retired: checked again with this thread's
-      // clock at the wait, so a later access must be ordered after the wait; reports name
-      // the cp.async that issued it.
-      check_shared(f, c.region, c.dst, c.bytes, kWrite | kNoBankLog, c.line);
-    }
-    std::memcpy(c.dst, c.data, c.bytes);
-  }
-  if (f.copies_head == f.copies.size()) {
-    f.copies.clear();
-    f.copies_head = 0;
-  }
+  land_queue(f, f.copies, f.copies_head, before_group);
+}
+
+void land_lds_loads(Fiber& f, uint64_t before) {
+  land_queue(f, f.lds_loads, f.lds_loads_head, before);
 }
 
 void cp_async_wait(int pending, uint32_t) {
@@ -452,6 +485,43 @@ void cp_async_wait(int pending, uint32_t) {
       committed > static_cast<uint64_t>(pending) ? committed - static_cast<uint64_t>(pending) : 0;
   land_copies(*f, limit);
 }
+
+// ---- LDS-direct loads (wave64: global_load_lds_dword). The same in-flight model as
+// cp.async's, counted as vmcnt counts: wait_vmcnt<N> leaves at most the newest N of the lane's
+// LDS-direct loads in flight. The emulator's other vector loads complete at once and are not
+// counted, so it may keep a load in flight that the hardware has retired (a report where a
+// kernel relies on later loads to push it out of the count), never the other way round. ----
+
+void lds_direct_load(const Region* dst_r, void* dst, const Region* src_r, const void* src,
+                     int bytes, uint32_t line) {
+  Fiber* f = t_fiber;
+  std::string problem;
+  if (dst_r->space != kShared) {
+    problem = "the LDS slot is not in LDS (shared memory)";
+  } else if (src_r->space != kGlobal) {
+    problem = "the source is not global memory";
+  } else if ((reinterpret_cast<uintptr_t>(dst) & 3u) != 0 ||
+             (reinterpret_cast<uintptr_t>(src) & static_cast<uintptr_t>(bytes - 1)) != 0) {
+    problem = "the LDS slot is not 4-byte aligned or the source not " +
+              std::to_string(bytes) + "-byte aligned";
+  }
+  if (!check_copy("lds_direct_load", problem, dst_r, dst, src_r, src,
+                  static_cast<uint32_t>(bytes), static_cast<uint32_t>(bytes), line)) {
+    return;
+  }
+  PendingCopy c{static_cast<char*>(dst), dst_r, static_cast<uint32_t>(bytes), line,
+                f->lds_loads_issued++, {}};
+  std::memcpy(c.data, src, static_cast<size_t>(bytes));
+  issue_copy(*f, c, line);
+  f->lds_loads.push_back(c);
+}
+
+void lds_vm_wait(int pending, uint32_t) {
+  Fiber* f = t_fiber;
+  const uint64_t n = f->lds_loads_issued, keep = static_cast<uint64_t>(pending);
+  land_lds_loads(*f, n > keep ? n - keep : 0);
+}
+
 
 // ---- ordering between blocks ----
 

@@ -220,6 +220,12 @@ void fiber_main(Fiber* f) {
                where(b, f->copies[f->copies_head].line) + ")");
     land_copies(*f, UINT64_MAX);
   }
+  if (f->lds_loads_head < f->lds_loads.size()) {
+    report(kWarning, "lds-direct-unwaited",
+           thread_name(b, f->tid) + " exited with LDS-direct loads it never waited for (" +
+               where(b, f->lds_loads[f->lds_loads_head].line) + ")");
+    land_lds_loads(*f, UINT64_MAX);
+  }
   finish_hopper_thread(*f);
   f->state = kDone;
   ++b.done;
@@ -252,6 +258,9 @@ void run_block(Block& b) {
     f.open_group = 0;
     f.copies.clear();
     f.copies_head = 0;
+    f.lds_loads.clear();
+    f.lds_loads_head = 0;
+    f.lds_loads_issued = 0;
     f.proxy_fences = 0;
     f.acc_access_line = 0;
     f.wgmma_group = 0;

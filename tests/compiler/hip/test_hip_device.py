@@ -94,3 +94,36 @@ def test_the_toolchain_identity_covers_every_header_a_compile_reads(tmp_path):
             if "/jaxtile/" in p and p.endswith(".h")}
     assert "tile_gemm.h" in read and read <= set(toolchain.HEADERS)
     assert "device_ptx.h" not in toolchain.HEADERS
+
+
+LDS_DIRECT = """#include <jaxtile/device.h>
+using namespace jaxtile;
+JT_KERNEL JT_LAUNCH_BOUNDS(256) void fill(ptr<const float> x, ptr<float> out) {
+  JT_SHARED(float, tile, 256);
+  const unsigned t = thread_idx().x;
+  lds_direct_load<4>(x + t, tile + warp_id() * kWarpSize);
+  wait_vmcnt<0>();
+  sync_threads();
+  out[t] = tile[255 - t];
+}
+"""
+
+
+def test_lds_direct_load_is_global_load_lds_dword_on_gfx942():
+    co = toolchain.compile_hip(LDS_DIRECT, "gfx942")
+    asm = co.assembly
+    ops = _opcodes(asm)
+    # The data goes to LDS, not to a VGPR: no ds_write, and the load is the LDS form, its
+    # wave-uniform LDS base in M0 (set before the load), waited for with vmcnt(0) before the
+    # barrier and the LDS read.
+    assert "global_load_lds_dword" in ops and "ds_write_b32" not in ops
+    m0 = asm.index("s_mov_b32 m0,")
+    load = asm.index("global_load_lds_dword")
+    wait = asm.index("s_waitcnt vmcnt(0)", load)
+    assert m0 < load < wait < asm.index("s_barrier", load) < asm.index("ds_read_b32", load)
+
+
+def test_lds_direct_load_is_a_clear_compile_error_on_gfx90a():
+    with pytest.raises(ToolchainError,
+                       match="lds_direct_load needs global_load_lds_dword .*gfx90a"):
+        toolchain.compile_hip(LDS_DIRECT, "gfx90a")

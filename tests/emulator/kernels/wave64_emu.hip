@@ -105,3 +105,18 @@ JT_KERNEL JT_LAUNCH_BOUNDS(64) void buffer_tail(ptr<const float> x, ptr<float> o
   out[lane_id()] = buffer_load<float>(r, static_cast<int>(lane_id()) * 4);  // MUTATE:buffer
   wait_vmcnt<0>();
 }
+
+// LDS-direct loads (gfx942's global_load_lds_dword): each wave of the block fills its 64
+// slots of the LDS tile straight from global memory, waits for them (vmcnt), and after the
+// barrier every lane reads a slot another wave filled: out[i] = 2 x[base + 255 - t] where
+// both indices are below n (the other outputs are left as they were).
+JT_KERNEL JT_LAUNCH_BOUNDS(256) void lds_direct(ptr<const float> x, ptr<float> out, int n) {
+  JT_SHARED(float, tile, 256);
+  const unsigned t = thread_idx().x;
+  const int base = static_cast<int>(block_idx().x) * 256, i = base + static_cast<int>(t);
+  if (i < n) lds_direct_load<4>(x + i, tile + warp_id() * kWarpSize);  // MUTATE:lds_slot
+  wait_vmcnt<0>();  // MUTATE:lds_wait
+  sync_threads();
+  const int j = base + 255 - static_cast<int>(t);
+  if (i < n && j < n) out[i] = 2.0f * tile[255 - t];
+}

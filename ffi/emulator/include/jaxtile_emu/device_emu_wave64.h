@@ -82,10 +82,28 @@ T buffer_load(buffer_rsrc r, int byte_offset, uint32_t line = __builtin_LINE()) 
   return emu::Ref<const T>(reinterpret_cast<const T*>(at), r.region, line);
 }
 
-// ---- s_waitcnt: the emulator's memory operations complete when issued ----
+// ---- LDS-direct loads (device_hip.h's global_load_lds_dword): lane l's 4 bytes at its own
+// `global_src` land at lds_base + 4 l when a wait_vmcnt retires the load. Until then a read
+// (or write) of the slot by any lane is a hazard report; the slot's write is the lane's (races
+// with accesses not ordered by the wait and a barrier are reported); an out-of-bounds slot or
+// source is reported. The hardware takes the LDS base from the wave's first active lane
+// (M0 is scalar): the base must be the same for every lane of the wave. ----
+#define JT_HAS_LDS_DIRECT_LOAD 1
+template <int Bytes, class T, class S>
+void lds_direct_load(ptr<S> global_src, ptr<T> lds_base, uint32_t line = __builtin_LINE()) {
+  static_assert(Bytes == 4, "lds_direct_load moves 4 bytes per lane (global_load_lds_dword)");
+  char* slot = reinterpret_cast<char*>(const_cast<std::remove_const_t<T>*>(lds_base.raw())) +
+               static_cast<size_t>(Bytes) * emu::cur_lane();
+  emu::lds_direct_load(lds_base.region(), slot, global_src.region(), global_src.raw(), Bytes,
+                       line);
+}
+
+// ---- s_waitcnt: the emulator's other memory operations complete when issued; vmcnt retires
+// LDS-direct loads (all but the lane's newest N) ----
 template <int N>
-void wait_vmcnt() {
+void wait_vmcnt(uint32_t line = __builtin_LINE()) {
   static_assert(0 <= N && N < 64, "vmcnt is 0..63");
+  emu::lds_vm_wait(N, line);
 }
 template <int N>
 void wait_lgkmcnt() {

@@ -289,6 +289,28 @@ def test_lds_direct_overlapping_waves_are_a_race():
                for m in _errors(e.value.report))
 
 
+@pytest.mark.parametrize("n", [512, 300])
+def test_lds_direct_buffer_loads_land_zeros_past_the_resource(n):
+    k = _build("lds_direct_buffer", [Buffer("x", "float32"), Buffer("out", "float32"),
+                                     Scalar("n", n)], grid=2, threads=256)
+    x, out = _lds_direct(n, 2)[1:]
+    assert k.run(x, out)["findings"] == []
+    # out[i] = x[j], j = 256 b + 255 - t, or 0 where j is past the n floats
+    i = np.arange(n)
+    j = 256 * (i // 256) + 255 - i % 256
+    want = np.where(j < n, x[np.minimum(j, n - 1)], np.float32(0))
+    np.testing.assert_array_equal(out, want)
+
+
+def test_lds_direct_buffer_resource_past_the_allocation_is_reported():
+    source, line = _mutate("lds_rsrc", "n * 4)", "n * 4 + 4)")
+    k = _build("lds_direct_buffer", [Buffer("x", "float32"), Buffer("out", "float32"),
+                                     Scalar("n", 300)], grid=2, threads=256, source=source)
+    x, out = _lds_direct(300, 2)[1:]
+    with pytest.raises(EmulatorError, match="out-of-bounds read.*'x'"):
+        k.run(x, out)
+
+
 def test_lds_direct_source_past_the_end_is_reported():
     source, line = _mutate("lds_slot", "if (i < n) ", "")
     k, x, out = _lds_direct(300, 2, source)

@@ -30,6 +30,8 @@
 //                                      memory / LDS-scalar memory operations still in flight
 //   lds_direct_load<4>(src, lds_base) (gfx942: JT_HAS_LDS_DIRECT_LOAD)  global -> LDS without
 //                                      VGPRs: lane l's 4 bytes land at lds_base + 4 l
+//   lds_direct_buffer_load<4>(r, offset, lds_base)          the same through a buffer
+//                                      resource (gfx90a and gfx942): past `bytes`, zeros land
 #pragma once
 
 #define JT_KERNEL extern "C" __attribute__((global))
@@ -414,6 +416,23 @@ JT_DEVICE void lds_direct_load(const S* global_src, T* lds_base) {
                 "lds_direct_load needs global_load_lds_dword (gfx940, gfx941, gfx942); this "
                 "target (e.g. gfx90a) has no LDS-direct load clang-19 can emit");
 #endif
+}
+
+// ---- LDS-direct loads through a buffer resource (`buffer_load_dword ... offen lds`, every
+// GFX9 target, gfx90a included): lane l's 4 bytes at `byte_offset` in the buffer land at
+// lds_base + 4 l, and, as for buffer_load, an offset at or past the resource's `bytes` lands
+// zeros. clang-19 has no builtin for it, but the LLVM intrinsic
+// (llvm.amdgcn.raw.ptr.buffer.load.lds: resource, LDS base, size, voffset, soffset, offset,
+// aux) can be called by its name; the backend puts the wave-uniform LDS base in M0 as for
+// global_load_lds_dword. The same wait and barrier rules as lds_direct_load apply. ----
+extern "C" __attribute__((device)) void jaxtile_raw_buffer_load_lds(
+    buffer_rsrc r, __attribute__((address_space(3))) void* lds, int size, int voffset,
+    int soffset, int offset, int aux) __asm("llvm.amdgcn.raw.ptr.buffer.load.lds");
+template <int Bytes, class T>
+JT_DEVICE void lds_direct_buffer_load(buffer_rsrc r, int byte_offset, T* lds_base) {
+  static_assert(Bytes == 4, "lds_direct_buffer_load moves 4 bytes per lane (buffer_load_dword)");
+  using lds_void = __attribute__((address_space(3))) void*;
+  jaxtile_raw_buffer_load_lds(r, (lds_void)lds_base, 4, byte_offset, 0, 0, 0);
 }
 
 }  // namespace jaxtile

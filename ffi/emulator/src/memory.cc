@@ -493,8 +493,9 @@ void cp_async_wait(int pending, uint32_t) {
 // kernel relies on later loads to push it out of the count), never the other way round. ----
 
 void lds_direct_load(const Region* dst_r, void* dst, const Region* src_r, const void* src,
-                     int bytes, uint32_t line) {
+                     int bytes, uint32_t line, int src_bytes) {
   Fiber* f = t_fiber;
+  if (src_bytes < 0) src_bytes = bytes;
   std::string problem;
   if (dst_r->space != kShared) {
     problem = "the LDS slot is not in LDS (shared memory)";
@@ -506,12 +507,12 @@ void lds_direct_load(const Region* dst_r, void* dst, const Region* src_r, const 
               std::to_string(bytes) + "-byte aligned";
   }
   if (!check_copy("lds_direct_load", problem, dst_r, dst, src_r, src,
-                  static_cast<uint32_t>(bytes), static_cast<uint32_t>(bytes), line)) {
+                  static_cast<uint32_t>(src_bytes), static_cast<uint32_t>(bytes), line)) {
     return;
   }
   PendingCopy c{static_cast<char*>(dst), dst_r, static_cast<uint32_t>(bytes), line,
                 f->lds_loads_issued++, {}};
-  std::memcpy(c.data, src, static_cast<size_t>(bytes));
+  std::memcpy(c.data, src, static_cast<size_t>(src_bytes));
   issue_copy(*f, c, line);
   f->lds_loads.push_back(c);
 }

@@ -123,6 +123,31 @@ def test_lds_direct_load_is_global_load_lds_dword_on_gfx942():
     assert m0 < load < wait < asm.index("s_barrier", load) < asm.index("ds_read_b32", load)
 
 
+LDS_DIRECT_BUFFER = """#include <jaxtile/device.h>
+using namespace jaxtile;
+JT_KERNEL JT_LAUNCH_BOUNDS(256) void fill(ptr<const float> x, ptr<float> out, int n) {
+  JT_SHARED(float, tile, 256);
+  const unsigned t = thread_idx().x;
+  lds_direct_buffer_load<4>(buffer_resource(x, n * 4), t * 4, tile + warp_id() * kWarpSize);
+  wait_vmcnt<0>();
+  sync_threads();
+  out[t] = tile[255 - t];
+}
+"""
+
+
+@pytest.mark.parametrize("arch", ["gfx90a", "gfx942"])
+def test_lds_direct_buffer_load_is_buffer_load_dword_lds(arch):
+    asm = toolchain.compile_hip(LDS_DIRECT_BUFFER, arch).assembly
+    # the buffer form with the lds bit, its LDS base in M0, waited for before the barrier
+    load = next(ln for ln in asm.splitlines() if "buffer_load_dword" in ln)
+    assert load.split()[-1] == "lds" and "offen" in load, load
+    at = asm.index(load)
+    assert asm.index("s_mov_b32 m0,") < at < asm.index("s_waitcnt vmcnt(0)", at) < asm.index(
+        "s_barrier", at) < asm.index("ds_read_b32", at)
+    assert "ds_write_b32" not in _opcodes(asm)
+
+
 def test_lds_direct_load_is_a_clear_compile_error_on_gfx90a():
     with pytest.raises(ToolchainError,
                        match="lds_direct_load needs global_load_lds_dword .*gfx90a"):

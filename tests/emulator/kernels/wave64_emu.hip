@@ -120,3 +120,15 @@ JT_KERNEL JT_LAUNCH_BOUNDS(256) void lds_direct(ptr<const float> x, ptr<float> o
   const int j = base + 255 - static_cast<int>(t);
   if (i < n && j < n) out[i] = 2.0f * tile[255 - t];
 }
+
+// The same through a buffer resource of the n floats: lanes past n load no guard, zeros land.
+JT_KERNEL JT_LAUNCH_BOUNDS(256) void lds_direct_buffer(ptr<const float> x, ptr<float> out, int n) {
+  JT_SHARED(float, tile, 256);
+  const unsigned t = thread_idx().x;
+  const int i = static_cast<int>(block_idx().x) * 256 + static_cast<int>(t);
+  const buffer_rsrc r = buffer_resource(x, n * 4);  // MUTATE:lds_rsrc
+  lds_direct_buffer_load<4>(r, i * 4, tile + warp_id() * kWarpSize);
+  wait_vmcnt<0>();
+  sync_threads();
+  if (i < n) out[i] = tile[255 - t];
+}

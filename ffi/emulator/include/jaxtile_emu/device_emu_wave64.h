@@ -98,6 +98,28 @@ void lds_direct_load(ptr<S> global_src, ptr<T> lds_base, uint32_t line = __built
                        line);
 }
 
+// ---- LDS-direct loads through a buffer resource (device_hip.h's buffer_load_dword ... lds):
+// as lds_direct_load, from `byte_offset` in the resource; an offset at or past its `bytes`
+// (unsigned, as for buffer_load) lands zeros and reads nothing. ----
+template <int Bytes, class T>
+void lds_direct_buffer_load(buffer_rsrc r, int byte_offset, ptr<T> lds_base,
+                            uint32_t line = __builtin_LINE()) {
+  static_assert(Bytes == 4, "lds_direct_buffer_load moves 4 bytes per lane (buffer_load_dword)");
+  char* slot = reinterpret_cast<char*>(const_cast<std::remove_const_t<T>*>(lds_base.raw())) +
+               static_cast<size_t>(Bytes) * emu::cur_lane();
+  const uint64_t off = static_cast<uint32_t>(byte_offset);
+  const bool inside = off + Bytes <= r.bytes;
+  if (off < r.bytes && !inside) {   // a dword straddling the end: not made by jaxtile
+    emu::Region view = *r.region;
+    view.base = const_cast<char*>(r.base);
+    view.size = r.bytes;
+    emu::access_out_of_bounds(&view, r.base + off, Bytes, emu::kRead, line);
+    return;
+  }
+  emu::lds_direct_load(lds_base.region(), slot, r.region, inside ? r.base + off : r.base,
+                       Bytes, line, inside ? Bytes : 0);
+}
+
 // ---- s_waitcnt: the emulator's other memory operations complete when issued; vmcnt retires
 // LDS-direct loads (all but the lane's newest N) ----
 template <int N>

@@ -126,8 +126,9 @@ void cp_async_commit();
 void cp_async_wait(int pending, uint32_t line);
 // LDS-direct load (wave64): `bytes` read now at `src` land at `dst` when a wait_vmcnt retires
 // the load; lds_vm_wait(N) retires all of this lane's but its newest N.
+// `src_bytes` of the `bytes` come from `src`, the rest are zeros (a buffer load past its end).
 void lds_direct_load(const Region* dst_r, void* dst, const Region* src_r, const void* src,
-                     int bytes, uint32_t line);
+                     int bytes, uint32_t line, int src_bytes = -1);
 void lds_vm_wait(int pending, uint32_t line);
 
 // Ordering between blocks. A block's global writes are remembered (global_write); a thread

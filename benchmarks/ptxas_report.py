@@ -225,6 +225,23 @@ def _language_figures(args: argparse.Namespace) -> dict:
     }
 
 
+def _emulated_gemm(lower, target, n: int, out_dtype, file: str):
+    """``(code, report, max_abs_error)``: the fp16 GEMM ``lower(spec)`` gives for n x n
+    operands, generated for ``target`` and run in the emulator (with the tensor maps of its
+    TMA loads) on random operands, its result against a float64 product."""
+    small = jax.ShapeDtypeStruct((n, n), jnp.float16)
+    code = cuda_lower.generate(build.lowered_ir(lower(small).kernel, target), target)
+    params, launch = emulator_launch(code)
+    kernel = EmulatedKernel.build(code.source, code.symbol, params, launch, file=file)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n)).astype(np.float16)
+    b = rng.standard_normal((n, n)).astype(np.float16)
+    c = np.zeros((n, n), out_dtype)
+    report = kernel.run(a, b, c)
+    err = float(np.abs(c.astype(np.float64) - a.astype(np.float64) @ b.astype(np.float64)).max())
+    return code, report, err
+
+
 def _sm90a_figures(args: argparse.Namespace) -> dict:
     """The language GEMM on ``cuda:sm_90a``: wgmma from the gemm planner."""
     target = parse_target("cuda:sm_90a")
@@ -241,24 +258,13 @@ def _sm90a_figures(args: argparse.Namespace) -> dict:
                     lowered.lowered_ir.splitlines() if "instr='wgmma" in line})
 
     n = args.emulate
-    small = jax.ShapeDtypeStruct((n, n), jnp.float16)
-    code = cuda_lower.generate(
-        build.lowered_ir(_language_gemm().lower(small, small, target=target.name).kernel,
-                         target), target)
-    params, launch = emulator_launch(code)   # with the tensor maps of its TMA loads
-    kernel = EmulatedKernel.build(code.source, code.symbol, params, launch,
-                                  file="gemm_language_sm90a.cu")
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((n, n)).astype(np.float16)
-    b = rng.standard_normal((n, n)).astype(np.float16)
-    c = np.zeros((n, n), np.float32)
-    report = kernel.run(a, b, c)
-    err = float(np.abs(c - a.astype(np.float64) @ b.astype(np.float64)).max())
+    _, report, err = _emulated_gemm(lambda x: _language_gemm().lower(x, x, target=target.name),
+                                    target, n, np.float32, "gemm_language_sm90a.cu")
     cold = _cold_compiles(args.cold_runs, "sm_90a")
     return {
         "kernel": "_gemm of tests/compiler/cuda/test_language_gemm_figures.py (4096^3 fp16 -> f32, "
-                  "128 threads = 1 warpgroup, jt.pipelined stages=3, sm_90a; warp-specialised: "
-                  "the compiler adds a producer warpgroup)",
+                  "128 threads = 1 warpgroup, jt.pipelined stages=3, sm_90a; one warpgroup: the "
+                  "plain TMA ring, not warp-specialised)",
         "instr": instr,
         "compiler": compiled.compiler,
         **_ptxas_fields(ptxas, ptxas.shared_bytes + compiled.launch.dynamic_smem, sass),
@@ -297,19 +303,9 @@ def _sm90a_ws_figures(args: argparse.Namespace) -> dict:
     sass = None if counts is None else {k: counts.get(k, 0) for k in ("HGMMA", "HMMA",
                                                                       "UTMALDG", "LDGSTS")}
     n = args.emulate
-    small = jax.ShapeDtypeStruct((n, n), jnp.float16)
-    code = cuda_lower.generate(
-        build.lowered_ir(ws_gemm.lower(small, small, stages=3, target=target.name).kernel,
-                         target), target)
-    params, launch = emulator_launch(code)
-    kernel = EmulatedKernel.build(code.source, code.symbol, params, launch,
-                                  file="ws_gemm_sm90a.cu")
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((n, n)).astype(np.float16)
-    b = rng.standard_normal((n, n)).astype(np.float16)
-    c = np.zeros((n, n), np.float16)
-    report = kernel.run(a, b, c)
-    err = float(np.abs(c.astype(np.float64) - a.astype(np.float64) @ b.astype(np.float64)).max())
+    code, report, err = _emulated_gemm(
+        lambda x: ws_gemm.lower(x, x, stages=3, target=target.name), target, n, np.float16,
+        "ws_gemm_sm90a.cu")
     roles = None if split is None else {
         "consumers": {"threads": split.attrs["consumers"],
                       "registers": split.attrs["consumer_regs"]},

@@ -31,6 +31,13 @@ def emulator():
 
 
 @pytest.fixture
+def hip_emulator():
+    """Kernels compile for gfx942 and run in the emulator's wave64 mode for the test."""
+    with _backend("hip-emulator"):
+        yield
+
+
+@pytest.fixture
 def hopper(monkeypatch):
     """Kernels run as sm_90a code in the emulator; records the source of each library built."""
     built = []

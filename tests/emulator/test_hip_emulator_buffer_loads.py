@@ -13,7 +13,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import jaxtile as jt
 from jaxtile.compiler import build
 from jaxtile.compiler.emulator import Buffer, EmulatedKernel, EmulatorError, LaunchConfig
 from jaxtile.compiler.emulator.shim import grid_of
@@ -30,18 +29,6 @@ from hip_buffer_kernels import (  # noqa: E402
 )
 
 TARGET = parse_target("hip:gfx942")
-
-
-@pytest.fixture
-def hip_emulator():
-    """Kernel calls compile for gfx942 and run in the wave64 emulator for the test."""
-    before = jt.backend()
-    # jax.jit's caches do not know jaxtile's backend (see tests/emulator/conftest.py).
-    jax.clear_caches()
-    jt.set_backend("hip-emulator")
-    yield
-    jt.set_backend(before)
-    jax.clear_caches()
 
 
 def _data(shape, dtype, seed=0):

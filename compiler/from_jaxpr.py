@@ -680,15 +680,15 @@ def _scan(c: _Converter, eqn: Any, out: list) -> None:
     counted = n_carry > 0 and not p["reverse"] and _steps_by_one(body, carries)
     first = int(counted)
     start: int | ir.Value = 0
-    kind, stages, ws = "serial", 1, None
+    kind, stages, ws, pp = "serial", 1, None, None
     if counted:
         start = c.scalar(inits[0], out)
         c.env[carries[0]] = var
-        kind, stages, ws = _loop_kind(body, carries[0])
+        kind, stages, ws, pp = _loop_kind(body, carries[0])
     slots = _carry_slots(c, carries[first:], inits[first:], body.outvars[first:], out)
     stmts = _carried_block(c, body, closed.consts, eqn.invars[:n_consts], carries[first:],
                            slots, inits[first:], out, body.outvars[first:])
-    out.append(ir.For(var, start, length, kind, stages, stmts, c.line, ws))
+    out.append(ir.For(var, start, length, kind, stages, stmts, c.line, ws, pp))
     _carried_results(c, eqn.outvars[first:], slots, inits[first:], out)
     if counted:
         _index_result(c, eqn.outvars[0], c.binary(out, "add", c.scalar_value(inits[0], out),
@@ -724,13 +724,14 @@ def _cond(c: _Converter, eqn: Any, out: list) -> None:
         c.take(slot, var, out)
 
 
-def _loop_kind(body: Any, index: Any) -> tuple[str, int, bool | None]:
-    """The kind, stages and warp-specialisation flag jt.loop/jt.pipelined recorded on a
-    loop's index."""
+def _loop_kind(body: Any, index: Any) -> tuple[str, int, bool | None, bool | None]:
+    """The kind, stages, warp-specialisation and ping-pong flags jt.loop/jt.pipelined
+    recorded on a loop's index."""
     for e in body.eqns:
         if e.primitive.name == tp.LOOP_INFO and e.invars[0] is index:
-            return e.params["kind"], e.params["stages"], e.params.get("warp_specialize")
-    return "serial", 1, None
+            return (e.params["kind"], e.params["stages"], e.params.get("warp_specialize"),
+                    e.params.get("pingpong"))
+    return "serial", 1, None, None
 
 
 def _counted(cond: Any, body: Any, n_consts: int) -> bool:
@@ -794,7 +795,7 @@ def _while(c: _Converter, eqn: Any, out: list) -> None:
     carries = body.jaxpr.invars[nb:]
     if not nc and _counted(cond.jaxpr, body.jaxpr, nb):
         start = c.scalar(inits[0], out)
-        kind, stages, ws = _loop_kind(body.jaxpr, carries[0])
+        kind, stages, ws, pp = _loop_kind(body.jaxpr, carries[0])
         first, stop = c.scalar_value(inits[0], out), c.scalar_value(inits[1], out)
         var = ir.Value((), np.int32)
         c.env[carries[0]] = var
@@ -807,7 +808,7 @@ def _while(c: _Converter, eqn: Any, out: list) -> None:
             extent = max(last - start, 0)   # static: an unrolled loop needs it to be
         else:
             extent = c.binary(out, "sub", stop, first)
-        out.append(ir.For(var, start, extent, kind, stages, stmts, c.line, ws))
+        out.append(ir.For(var, start, extent, kind, stages, stmts, c.line, ws, pp))
         _carried_results(c, eqn.outvars[2:], slots, inits[2:], out)
         _index_result(c, eqn.outvars[0], c.binary(out, "max", first, stop), out)
         c.env[eqn.outvars[1]] = c.read(inits[1], out)

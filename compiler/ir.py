@@ -177,6 +177,9 @@ class For:
     warp_specialize: bool | None = None
     """A pipelined loop's override of warp specialisation (``jt.pipelined``'s flag; None:
     the compiler decides, :mod:`.gpu.warp_specialise`)."""
+    pingpong: bool | None = None
+    """A pipelined loop's override of ping-pong scheduling between its consumer warpgroups
+    (``jt.pipelined``'s flag; None: the compiler decides, :mod:`.gpu.pingpong`)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "body", tuple(self.body))

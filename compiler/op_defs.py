@@ -76,6 +76,15 @@ Each backend lowers ops through its own :class:`Lowerings` registry (``@lowers("
                ``barrier``: the block splits into the kernel's threads (consumers) and a
                producer warpgroup that runs the TMA ring's issues; each role's registers
                per thread (``setmaxnreg``), the consumers' named barrier
+``pingpong``   ``warpgroups``, ``barrier``, ``count``: the consumer warpgroups of a split
+               kernel take turns at its ring loop's gemms on named barriers ``barrier ..
+               barrier + warpgroups - 1`` of ``count`` threads each
+``turn_wait``  ``warpgroups``, ``barrier``, ``count``, ``first``; operand: the ring loop's
+               variable: the warpgroup waits for its turn (warpgroup 0 not in iteration 0
+               where ``first``)
+``turn_pass``  the same with ``last``; operands: the loop variable and extent: the
+               warpgroup hands the turn to the next (the last not in the last iteration
+               where ``last``)
 ``load_acquire``   ``src``: one element of a global buffer, read with acquire ordering
 ``store_release``  ``dst``: one element of a global output; operand: the scalar, written
                with release ordering (after all the block's earlier writes)
@@ -658,6 +667,15 @@ _DEFS = (
                                          "consumer_regs": "int", "producer_regs": "int",
                                          "barrier": "int"},
           arity=(0,), has_result=False, pure=False, per_element=False),
+    # Ping-pong scheduling of a split kernel's consumer warpgroups (sm_90a; GPU only).
+    OpDef(kind="pingpong", attrs={"warpgroups": "int", "barrier": "int", "count": "int"},
+          arity=(0,), has_result=False, pure=False, per_element=False),
+    OpDef(kind="turn_wait", attrs={"warpgroups": "int", "barrier": "int", "count": "int",
+                                   "first": "bool"},
+          arity=(1,), has_result=False, pure=False, per_element=False),
+    OpDef(kind="turn_pass", attrs={"warpgroups": "int", "barrier": "int", "count": "int",
+                                   "last": "bool"},
+          arity=(2,), has_result=False, pure=False, per_element=False),
     OpDef(kind="gemm", attrs={"a": "region", "b": "region", "c": "region",
                               "transpose_a": "bool", "transpose_b": "bool"},
           arity=(0,), has_result=False, pure=False, per_element=False,

@@ -235,6 +235,16 @@ DESCRIPTIONS: dict[str, str] = {
                         "`setmaxnreg` gives each role `producer_regs` / `consumer_regs` "
                         "registers per thread, the consumers synchronise on named barrier "
                         "`barrier`."),
+    "pingpong": ("Inserted by the GPU ping-pong pass, never written (sm_90a): the consumer "
+                 "warpgroups of a warp-specialised kernel take turns at its ring loop's "
+                 "gemms, warpgroup `w`'s turn on named barrier `barrier + w` of `count` "
+                 "threads (the waiting warpgroup's and the handing one's)."),
+    "turn_wait": ("Inserted by the GPU ping-pong pass, never written: before a run of gemms, "
+                  "the warpgroup waits for its turn (`bar.sync`); where `first`, warpgroup 0 "
+                  "does not in the loop's first iteration."),
+    "turn_pass": ("Inserted by the GPU ping-pong pass, never written: after a run of gemms, "
+                  "the warpgroup hands the turn to the next one (`bar.arrive`); where "
+                  "`last`, the last warpgroup does not in the loop's last iteration."),
 }
 """Operation name (op kind, or ``kind.fn``) -> markdown: what it computes, its dtypes and
 limits."""

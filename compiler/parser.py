@@ -231,15 +231,16 @@ class _Parser:
 
     def stmt(self, code: str, where: str | None, depth: int) -> ir.Stmt:
         m = re.match(r"for (%\d+) in (\w+)\((\S+), \+(\S+?)(?:, stages=(\d+))?"
-                     r"(?:, warp_specialize=(True|False))?\):$", code)
+                     r"(?:, warp_specialize=(True|False))?(?:, pingpong=(True|False))?\):$", code)
         if m is not None:
             start = _Tokens(m.group(3), self.values).start()
             extent = _Tokens(m.group(4), self.values).start()
             var = self.define(m.group(1), (), np.int32)
             self.pos += 1
             body = self.body(depth + 1)
-            ws = None if m.group(6) is None else m.group(6) == "True"
-            return ir.For(var, start, extent, m.group(2), int(m.group(5) or 1), body, where, ws)
+            ws, pp = (None if g is None else g == "True" for g in m.group(6, 7))
+            return ir.For(var, start, extent, m.group(2), int(m.group(5) or 1), body, where,
+                          ws, pp)
         if code == "while:":
             self.pos += 1
             cond = self.body(depth + 1)

@@ -109,7 +109,10 @@ def gpu(target: Target) -> tuple[Pass, ...]:
       plan puts on the same bytes as one);
     - ``warp_specialise`` (:func:`.gpu.warp_specialise.warp_specialise`): on sm_90a, a TMA
       ring's issues move to a producer warpgroup added to the block (op
-      ``warp_specialise`` with each role's registers, ``tma_release``, named barriers).
+      ``warp_specialise`` with each role's registers, ``tma_release``, named barriers);
+    - ``pingpong`` (:func:`.gpu.pingpong.pingpong`): in a split kernel of two or more
+      consumer warpgroups whose ring loop has GEMMs on both sides of other work, the
+      warpgroups take turns at the GEMMs (ops ``pingpong``, ``turn_wait``, ``turn_pass``).
 
     After ``pipelining`` the GPU rules (:func:`.gpu.verify.verify_gpu`: wait counts,
     barriers in uniform control flow, offsets), and after ``barriers`` that every reuse of
@@ -129,6 +132,7 @@ def gpu(target: Target) -> tuple[Pass, ...]:
     from .gpu.smem_plan import place_shared_buffers
     from .gpu.tma_store import plan_tma_stores, verify_tma_stores
     from .gpu.verify import verify_barrier_pass, verify_gpu
+    from .gpu.pingpong import check_pingpong, pingpong
     from .gpu.warp_specialise import check_split, warp_specialise
 
     return (Pass("gemm_plan", lambda k: plan_gemms(k, target)),
@@ -141,7 +145,8 @@ def gpu(target: Target) -> tuple[Pass, ...]:
             Pass("smem_plan", lambda k: place_shared_buffers(k, target.caps), verify_gpu),
             Pass("tma_store", lambda k: plan_tma_stores(k, target.caps), verify_tma_stores),
             Pass("barriers", insert_barriers, verify_barrier_pass),
-            Pass("warp_specialise", lambda k: warp_specialise(k, target.caps), check_split))
+            Pass("warp_specialise", lambda k: warp_specialise(k, target.caps), check_split),
+            Pass("pingpong", pingpong, check_pingpong))
 
 
 TARGET_PIPELINES: dict[str, Callable[[Target], tuple[Pass, ...]]] = {

@@ -102,6 +102,8 @@ class _Printer:
                 stages = f", stages={stmt.stages}" if stmt.kind == "pipelined" else ""
                 if stmt.warp_specialize is not None:
                     stages += f", warp_specialize={stmt.warp_specialize}"
+                if stmt.pingpong is not None:
+                    stages += f", pingpong={stmt.pingpong}"
                 self.out.append(f"{pad}for {var} in {stmt.kind}({start}, +{extent}"
                                 f"{stages}):{where}")
                 self.stmts(stmt.body, depth + 1)

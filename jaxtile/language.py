@@ -583,7 +583,8 @@ def _bound(state: Any, b: Any) -> Any:
 
 
 def _run_loop(start: Any, stop: Any, body: Callable[[Any], Any], kind: str,
-              stages: int, warp_specialize: bool | None = None) -> None:
+              stages: int, warp_specialize: bool | None = None,
+              pingpong: bool | None = None) -> None:
     state = _trace.current(f"jt.{'pipelined' if kind == 'pipelined' else 'loop'}")
     start, stop = _bound(state, start), _bound(state, stop)
     if kind == "unrolled" and not (isinstance(start, int) and isinstance(stop, int)):
@@ -591,7 +592,8 @@ def _run_loop(start: Any, stop: Any, body: Callable[[Any], Any], kind: str,
 
     def step(i: jax.Array, carry: int) -> int:
         result = body(tile_ops.loop_info_p.bind(i, kind=kind, stages=stages,
-                                                warp_specialize=warp_specialize))
+                                                warp_specialize=warp_specialize,
+                                                pingpong=pingpong))
         if result is not None:
             raise state.error("a loop body must not return a value; write results to refs")
         return carry
@@ -623,8 +625,8 @@ def loop(start: Index, stop: Index | None = None, *,
     return lambda body: _run_loop(start, stop, body, "unrolled" if unroll else "serial", 1)
 
 
-def pipelined(n: Index, *, stages: int = 2,
-              warp_specialize: bool | None = None) -> Callable[[LoopBody], None]:
+def pipelined(n: Index, *, stages: int = 2, warp_specialize: bool | None = None,
+              pingpong: bool | None = None) -> Callable[[LoopBody], None]:
     """Decorator: a loop over ``range(n)`` whose copies the compiler may software-pipeline
     ``stages`` deep (on the CPU it is a plain loop). ``n`` may be traced, and smaller than
     ``stages``.
@@ -634,7 +636,14 @@ def pipelined(n: Index, *, stages: int = 2,
     (docs/design.md, "Warp specialisation"). None (the default) splits kernels of two or
     more warpgroups where it can; False keeps
     every thread on both; True asks for the split and is an error where the loop cannot
-    have it. Other targets ignore it."""
+    have it. Other targets ignore it.
+
+    ``pingpong`` (sm_90a, a warp-specialised loop): the consumer warpgroups take turns at
+    the tensor cores, so that one's non-GEMM work between two GEMMs (attention's softmax)
+    overlaps another's GEMMs (docs/design.md, "Ping-pong scheduling"). None (the default)
+    turns it on where the loop body has GEMMs on both sides of other work and two or more
+    consumer warpgroups; False keeps it off; True asks for it and is an error naming why
+    where the loop cannot have it. Other targets ignore it."""
     if not isinstance(stages, int) or stages < 1:
         raise _trace.current("jt.pipelined").error(
             f"jt.pipelined: stages must be a positive int, got {stages!r}")
@@ -642,7 +651,11 @@ def pipelined(n: Index, *, stages: int = 2,
         raise _trace.current("jt.pipelined").error(
             f"jt.pipelined: warp_specialize must be True, False or None, got "
             f"{warp_specialize!r}")
-    return lambda body: _run_loop(0, n, body, "pipelined", stages, warp_specialize)
+    if pingpong not in (None, True, False):
+        raise _trace.current("jt.pipelined").error(
+            f"jt.pipelined: pingpong must be True, False or None, got {pingpong!r}")
+    return lambda body: _run_loop(0, n, body, "pipelined", stages, warp_specialize,
+                                  pingpong)
 
 
 def while_(cond: Callable[[], ArrayLike]) -> Callable[[Body], None]:

@@ -93,6 +93,7 @@ import dataclasses
 from .. import ir
 from ..errors import KernelError, kernel_error
 from ..target import GpuCaps
+from .barriers import PROXY_FENCE
 from .copy_schedule import ISSUE_KINDS, ISSUED, PUBLISH, is_ring, issued_copies
 from .ring_setup import INIT as RING_INIT
 from .ring_setup import READY as RING_READY
@@ -260,9 +261,12 @@ def _split(kernel: ir.Kernel, loop: ir.For) -> ir.Kernel:
 
     def setup(s: ir.Stmt) -> bool:
         """Whether ``s`` is of the ring's set-up (:mod:`.ring_setup`), which the split's
-        own initialisation of its full and empty barriers replaces."""
+        own initialisation of its full and empty barriers replaces; not a barrier that also
+        fences generic writes before it for wgmma's reads (attention's ``Q`` tile): that
+        one stays, over the consumers."""
         return isinstance(s, ir.Op) and (s.kind == RING_INIT or s.kind == "barrier" and (
-            s.notes.get("reason") in (RING_REUSE, RING_READY)))
+            s.notes.get("reason") in (RING_REUSE, RING_READY))
+            and not s.notes.get(PROXY_FENCE))
 
     def op(s: ir.Op) -> ir.Op:
         if s.kind in ISSUE_KINDS or id(s) in preamble:

@@ -234,6 +234,12 @@ _NOT_RUN = {
                        "tests/emulator/test_hopper_ws_gemm.py runs it",
     "tma_release": "the GPU warp-specialisation pass's (sm_90a); "
                    "tests/emulator/test_hopper_ws_gemm.py runs it",
+    "pingpong": "the GPU ping-pong pass's (sm_90a); tests/compiler/gpu/test_pingpong.py "
+                "runs it",
+    "turn_wait": "the GPU ping-pong pass's (sm_90a); tests/compiler/gpu/test_pingpong.py "
+                 "runs it",
+    "turn_pass": "the GPU ping-pong pass's (sm_90a); tests/compiler/gpu/test_pingpong.py "
+                 "runs it",
 }
 """Operations this test does not run, and why."""
 _ALSO_IN = {"load": "every case", "store": "every case",

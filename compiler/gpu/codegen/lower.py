@@ -19,7 +19,7 @@ from collections.abc import Callable
 from ... import ir, op_defs, parser, printer, sizes, verify
 from ...errors import KernelError
 from ...target import Target
-from .. import tma
+from .. import pingpong, tma
 from ..barriers import PROXY_FENCE
 from ..copy_schedule import ISSUE_KINDS, scheduled
 from ..device_rule import device_rule_violations
@@ -306,6 +306,33 @@ def _warp_specialise(lw: _Lowering, op: ir.Op) -> None:
 @lowers("tma_release")
 def _tma_release(lw: _Lowering, op: ir.Op) -> None:
     lower_release(lw, op)
+
+
+@lowers("pingpong")
+def _pingpong(lw: _Lowering, op: ir.Op) -> None:
+    a = op.attrs
+    lw.cx.w(f"// ping-pong (compiler/gpu/pingpong.py): consumer warpgroup w takes its turns "
+            f"at the gemms on named barrier {a['barrier']} + w, {a['count']} threads: w "
+            "waiting, w - 1 handing over")
+
+
+@lowers("turn_wait", "turn_pass")
+def _turn(lw: _Lowering, op: ir.Op) -> None:
+    """``barrier_sync`` on the warpgroup's own turn barrier (``turn_wait``) or
+    ``barrier_arrive`` on the next warpgroup's (``turn_pass``), except warpgroup 0's first
+    wait and the last warpgroup's last hand-over where the op says so."""
+    cx, a = lw.cx, op.attrs
+    wg, n = f"(tid / {pingpong.WARPGROUP})", a["warpgroups"]
+    k = cx.operand(op.operands[0])
+    if op.kind == pingpong.WAIT:
+        skip = f"{wg} == 0 && {k} == 0" if a["first"] else ""
+        call = f"barrier_sync({a['barrier']} + {wg}, {a['count']});  // this warpgroup's turn"
+    else:
+        last = f"{cx.operand(op.operands[1])} - 1"
+        skip = f"{wg} == {n - 1} && {k} == {last}" if a["last"] else ""
+        call = (f"barrier_arrive({a['barrier']} + ({wg} + 1) % {n}, {a['count']});  "
+                "// the next warpgroup's turn")
+    cx.w(f"if (!({skip})) {call}" if skip else call)
 
 
 @lowers("async_issue")

@@ -227,11 +227,11 @@ def test_pipelines_name_their_passes_in_order():
         "gemm_panels", "gemm_edges", "fusion"]
     assert [p.name for p in pipelines.for_target(parse_target("cuda:sm_80"))] == [
         "gemm_plan", "layout_inference", "copy_mapping", "bounds", "pipelining", "buffer_loads",
-        "scratch", "smem_plan", "tma_store", "barriers", "warp_specialise"]
+        "scratch", "smem_plan", "tma_store", "barriers", "warp_specialise", "pingpong"]
     # AMD GPUs run the same GPU passes (their differences are capabilities).
     assert [p.name for p in pipelines.for_target(parse_target("hip:gfx90a"))] == [
         "gemm_plan", "layout_inference", "copy_mapping", "bounds", "pipelining", "buffer_loads",
-        "scratch", "smem_plan", "tma_store", "barriers", "warp_specialise"]
+        "scratch", "smem_plan", "tma_store", "barriers", "warp_specialise", "pingpong"]
 
 
 def test_dump_prints_the_ir_after_the_named_pass(monkeypatch, capsys):

@@ -67,7 +67,7 @@ import numpy as np
 
 from .. import ir, op_defs
 from ..errors import KernelError, kernel_error
-from .copy_schedule import ISSUED, PUBLISH, issued_copies
+from .copy_schedule import ISSUE_KINDS, ISSUED, PUBLISH, issued_copies
 from .gemm_plan import GemmInstr, recorded
 from .warp_specialise import CONSUMER_BARRIER, WARPGROUP, ring_loop, split_of
 
@@ -193,7 +193,10 @@ def _apply(kernel: ir.Kernel) -> ir.Kernel:
     head = ir.Op(KIND, (), None, attrs, loop.line)
     split, *rest = kernel.body
     at = next(i for i, s in enumerate(rest) if s is loop)
-    rest = [*rest[:at], *([hoisted] if hoisted is not None else []), new_loop, *rest[at + 1:]]
+    rest[at] = new_loop
+    while at and isinstance(rest[at - 1], ir.Op) and rest[at - 1].kind in ISSUE_KINDS:
+        at -= 1   # (before the prologue's issues, which stand right before their loop)
+    rest[at:at] = [hoisted] if hoisted is not None else []
     return dataclasses.replace(kernel, body=(split, head, *rest))
 
 

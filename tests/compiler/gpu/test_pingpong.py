@@ -1,0 +1,289 @@
+"""The ping-pong pass (compiler/gpu/pingpong.py) on the 2-D flash-attention forward of
+tests/pingpong_kernels.py: the IR it writes and the code printed from it, when it applies and
+its flag, its rule biting on broken IR; the kernel run as sm_90a code in the emulator against
+a float64 formula (f16 and bf16, ragged and dividing shapes, trip counts 0, 1 and many) with
+no finding; the order in which the warpgroups issue their wgmmas, shown by a log line the
+test adds to the generated source; seeded protocol mistakes reported by the emulator."""
+
+import dataclasses
+import re
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from pingpong_kernels import flash_formula, flash_fwd
+from ws_gemm import ws_gemm
+
+from jaxtile.compiler import build, ir, parser, printer
+from jaxtile.compiler.cuda import emulated
+from jaxtile.compiler.emulator import EmulatedKernel, EmulatorError
+from jaxtile.compiler.errors import KernelError
+from jaxtile.compiler.gpu import pingpong as pp
+from jaxtile.compiler.target import parse_target
+
+SM90A = parse_target("cuda:sm_90a")
+
+
+def _qkv(t, s, d, dtype=jnp.float16, seed=0):
+    rng = np.random.default_rng(seed)
+    return tuple(jnp.asarray(rng.standard_normal(shape), dtype)
+                 for shape in ((t, d), (s, d), (s, d)))
+
+
+def _lower(t=256, s=192, d=64, target="cuda:sm_90a", **kw):
+    return flash_fwd.lower(*_qkv(t, s, d), target=target, **kw)
+
+
+# -- the IR and the code ----------------------------------------------------------------------
+
+def test_the_pass_writes_the_protocol_into_the_ir():
+    text = _lower().lowered_ir
+    head = text.index("warp_specialise() {")
+    assert text.index("pingpong() {barrier=2, count=256, warpgroups=2}") > head
+    loop = text[text.index("for %"):]
+    # each gemm stands between its turn's wait and pass: S = Q K^T first, then P V
+    waits = [m.start() for m in re.finditer(r"turn_wait\(%\d+\)", loop)]
+    passes = [m.start() for m in re.finditer(r"turn_pass\(%\d+, %\d+\)", loop)]
+    gemms = [m.start() for m in re.finditer(r"gemm\(\)", loop)]
+    assert len(waits) == len(passes) == len(gemms) == 2
+    assert waits[0] < gemms[0] < passes[0] < waits[1] < gemms[1] < passes[1]
+    assert "first=True" in loop[waits[0]:gemms[0]] and "first=False" in loop[waits[1]:]
+    assert "last=False" in loop[passes[0]:waits[1]] and "last=True" in loop[passes[1]:]
+    # the loop's top barrier moved before it (the body only reads Q's shared tile)
+    before = text[:text.index("for %")]
+    assert "tile it is visible" in before and "barrier()" not in loop
+
+
+def test_the_code_prints_the_barriers():
+    src = _lower()._gpu.source
+    assert re.search(r"if \(!\(\(tid / 128\) == 0 && \w+ == 0\)\) barrier_sync\(2 \+ "
+                     r"\(tid / 128\), 256\);", src)
+    assert re.search(r"if \(!\(\(tid / 128\) == 1 && (\w+) == \w+ - 1\)\) barrier_arrive\(2 \+ "
+                     r"\(\(tid / 128\) \+ 1\) % 2, 256\);", src)
+    assert src.count("barrier_sync(2 + (tid / 128), 256);") == 2
+    assert src.count("barrier_arrive(2 + ((tid / 128) + 1) % 2, 256);") == 2
+    producer = src.split("setmaxnreg_dec<40>();")[1].split("return;")[0]
+    assert "barrier_sync" not in producer and "barrier_arrive(" not in producer
+
+
+def test_the_ir_prints_and_parses_back():
+    kernel = build.lowered_ir(_lower().kernel, SM90A)
+    back = parser.parse_kernel(printer.format_kernel(kernel))
+    assert printer.format_kernel(back) == printer.format_kernel(kernel)
+    assert pp.check_pingpong(back) is back
+    var = ir.Value((), np.int32)
+    loop = ir.For(var, 0, 4, "pipelined", 2, (), None, None, False)
+    text = printer.format_kernel(ir.Kernel("k", (1,), 128, (), (), (loop,)))
+    assert "pipelined(0, +4, stages=2, pingpong=False)" in text
+    assert parser.parse_kernel(text).body[0].pingpong is False
+
+
+# -- when -------------------------------------------------------------------------------------
+
+def test_the_flag_false_and_other_targets_leave_it_off():
+    for target, kw in (("cuda:sm_90a", {"pingpong": False}), ("cuda:sm_90", {}),
+                       ("cuda:sm_80", {})):
+        low = _lower(target=target, **kw)
+        assert "pingpong()" not in low.lowered_ir and "turn_wait" not in low.lowered_ir
+
+
+@pytest.mark.parametrize("kw, why", [
+    ({"warp_specialize": False}, "the kernel is not warp-specialised"),
+])
+def test_asking_where_it_cannot_apply_names_why(kw, why):
+    with pytest.raises(KernelError, match=f"pingpong=True\\): cannot schedule .*{why}"):
+        _ = _lower(pingpong=True, **kw).lowered_ir
+
+
+def test_a_gemm_loop_without_work_between_gemms_is_left_alone_or_refused():
+    a = jnp.zeros((128, 256), jnp.float16)
+    b = jnp.zeros((256, 256), jnp.float16)
+    low = ws_gemm.lower(a, b, target="cuda:sm_90a")
+    assert "warp_specialise() {" in low.lowered_ir and "pingpong()" not in low.lowered_ir
+    kernel = build.lowered_ir(low.kernel, SM90A)
+    loop = next(s for s in kernel.body if isinstance(s, ir.For))
+    asked = dataclasses.replace(kernel, body=tuple(
+        dataclasses.replace(s, pingpong=True) if s is loop else s for s in kernel.body))
+    with pytest.raises(KernelError, match="no work between two GEMMs"):
+        pp.pingpong(asked)
+
+
+def test_the_flag_is_checked():
+    with pytest.raises(Exception, match="pingpong must be True, False or None"):
+        _ = _lower(pingpong="yes").lowered_ir
+
+
+# -- the rule ---------------------------------------------------------------------------------
+
+def _kernel():
+    return build.lowered_ir(_lower().kernel, SM90A)
+
+
+def _map(kernel, fn):
+    return dataclasses.replace(kernel, body=tuple(ir.map_ops(kernel.body, fn)))
+
+
+def _attr(kind, **attrs):
+    return lambda op: ([dataclasses.replace(op, attrs={**op.attrs, **attrs})]
+                       if op.kind == kind else [op])
+
+
+def _drop_first(kind):
+    seen = []
+
+    def fn(op):
+        if op.kind == kind and not seen:
+            seen.append(op)
+            return []
+        return [op]
+    return fn
+
+
+@pytest.mark.parametrize("break_it, why", [
+    (_drop_first(pp.PASS), "stands inside a turn"),
+    (lambda op: [] if op.kind == pp.WAIT else [op], "is outside a turn"),
+    (_attr(pp.KIND, count=128), "counts 128 threads, not the 256"),
+    (_attr(pp.KIND, barrier=1), "must lie above the block's"),
+    (_attr(pp.KIND, barrier=15), "below 16"),
+    (_attr(pp.WAIT, count=192), "not the pingpong op's"),
+    (_attr(pp.WAIT, first=True), "only the body's first may have first=True"),
+    (_attr(pp.PASS, last=True), "last turn_pass alone has last=True"),
+    (lambda op: [op, ir.Op("barrier", (), None, {}, None, {"named": (1, 256)})]
+     if op.kind == pp.WAIT else [op], "stands inside a turn"),
+])
+def test_the_rule_bites(break_it, why):
+    kernel = _kernel()
+    assert pp.check_pingpong(kernel) is kernel
+    with pytest.raises(KernelError, match=why):
+        pp.check_pingpong(_map(kernel, break_it))
+
+
+# -- the emulator -----------------------------------------------------------------------------
+
+def _run(hopper, q, k, v, **kw):
+    got = flash_fwd(q, k, v, **kw)
+    assert "barrier_arrive(2 + ((tid / 128) + 1) % 2, 256)" in hopper[-1]
+    want = flash_formula(q, k, v, **kw)
+    # P is rounded to the 16-bit type before P V: 2^-8 (bf16) or 2^-11 (f16) of each weight
+    tol = 2e-2 if q.dtype == jnp.bfloat16 else 3e-3
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol)
+    np.testing.assert_allclose(np.asarray(flash_fwd.reference(q, k, v, **kw), np.float64),
+                               want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype, t, s, kw", [
+    (jnp.float16, 256, 192, {}),                           # dividing; 3 iterations a block
+    (jnp.bfloat16, 200, 40, {}),                           # ragged T and S; 1 iteration
+    (jnp.float16, 200, 130, {"causal": True, "shift": -128}),   # block 0: 0 iterations,
+])                                                               # block 1: 2
+def test_the_kernel_runs_in_the_emulator(hopper, dtype, t, s, kw):
+    _run(hopper, *_qkv(t, s, 64, dtype), **kw)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype, t, s, d, kw", [
+    (jnp.bfloat16, 384, 320, 128, {}),                         # D = 128, 5 iterations
+    (jnp.float16, 300, 333, 64, {"causal": True, "shift": -64}),   # trip 1, 3 and 5
+    (jnp.bfloat16, 256, 257, 64, {"causal": True, "shift": 70}),
+])
+def test_the_kernel_runs_in_the_emulator_larger(hopper, dtype, t, s, d, kw):
+    _run(hopper, *_qkv(t, s, d, dtype, seed=1), **kw)
+
+
+def _emulated(t=128, s=256, d=64, **kw):
+    """The sm_90a code of one block (4 iterations), its arrays and the float64 result."""
+    q, k, v = _qkv(t, s, d, seed=2)
+    code = flash_fwd.lower(q, k, v, target="cuda:sm_90a", **kw)._gpu
+    arrays = [np.asarray(x).view(np.float16) for x in (q, k, v)]
+    return code, [*arrays, np.zeros((t, d), np.float16)], flash_formula(q, k, v)
+
+
+def _build(source, code, name):
+    params, launch = emulated.emulator_launch(code)
+    kernel = EmulatedKernel.build(source, code.symbol, params, launch, file=f"{name}.cu")
+    kernel.set_timeout(60)
+    return kernel
+
+
+def _logged(source):
+    """``source`` with a line before and after every wgmma gemm in which each warpgroup's
+    first thread prints its index: the order the emulator ran them in."""
+    out = []
+    for line in source.splitlines():
+        if re.search(r"\bgemm_wgmma(_rs)?<", line):
+            pad = line[:len(line) - len(line.lstrip())]
+            log = (f'{pad}if (tid % 128 == 0) device_printf("wgmma %s %d\\n", "{{}}", '
+                   "tid / 128);")
+            out += [log.format("issue"), line, log.format("done")]
+        else:
+            out.append(line)
+    return "\n".join(out)
+
+
+def _order(capfd, kernel, arrays):
+    capfd.readouterr()
+    report = kernel.run(*arrays)
+    assert report["findings"] == []
+    lines = [ln.split() for ln in capfd.readouterr().out.splitlines() if ln.startswith("wgmma")]
+    return [(what, int(wg)) for _, what, wg in lines]
+
+
+def test_the_warpgroups_take_turns_at_the_tensor_cores(capfd):
+    """Each warpgroup's wgmmas (2 a iteration, 4 iterations) issue alternately, and no
+    warpgroup issues while the other's are in flight; without the pass the emulator runs
+    one warpgroup's several gemms back to back."""
+    code, arrays, want = _emulated()
+    logged = _logged(code.source)
+    assert logged.count('device_printf("wgmma') == 4
+    events = _order(capfd, _build(logged, code, "pp_order"), arrays)
+    np.testing.assert_allclose(arrays[3].astype(np.float64), want, rtol=3e-3, atol=3e-3)
+    issues = [wg for what, wg in events if what == "issue"]
+    assert issues == [0, 1] * 8, events
+    for i in range(0, len(events), 2):      # issue, done of one warpgroup, then the next
+        assert events[i][0] == "issue" and events[i + 1] == ("done", events[i][1]), events
+
+    plain, arrays, _ = _emulated(pingpong=False)
+    events = _order(capfd, _build(_logged(plain.source), plain, "pp_off"), arrays)
+    issues = [wg for what, wg in events if what == "issue"]
+    assert sorted(issues) == [0] * 8 + [1] * 8 and issues != [0, 1] * 8, events
+
+
+def test_the_unmutated_kernel_runs_clean():
+    code, arrays, want = _emulated()
+    report = _build(code.source, code, "pp_ok").run(*arrays)
+    assert report["findings"] == []
+    np.testing.assert_allclose(arrays[3].astype(np.float64), want, rtol=3e-3, atol=3e-3)
+
+
+_PASS = "barrier_arrive(2 + ((tid / 128) + 1) % 2, 256);"
+_WAIT = "barrier_sync(2 + (tid / 128), 256);"
+
+
+def _first_pass_dropped(source):
+    at = source.index(_PASS)
+    return source[:at] + "/* dropped */;" + source[at + len(_PASS):]
+
+
+@pytest.mark.parametrize("mutate, finding", [
+    # no hand-over after S = Q K^T: warpgroup 1 waits for its first turn forever
+    (_first_pass_dropped, "barrier 3"),
+    # warpgroup 0 waits for its first turn too: nobody hands it over
+    (lambda s: re.sub(r"if \(!\(\(tid / 128\) == 0 && \w+ == 0\)\) ", "", s, count=1),
+     "barrier 2"),
+    # the hand-over counts only its own 128 threads: it completes alone, and the wait it
+    # was for never does
+    (lambda s: s.replace(_PASS, _PASS.replace("256", "128")), "deadlock"),
+    # the wait counts 192 threads against the hand-over's 256: one instance, two counts
+    (lambda s: s.replace(_WAIT, _WAIT.replace("256", "192")), "deadlock"),
+    # the last warpgroup hands over in the last iteration too: an arrival nobody takes
+    (lambda s: re.sub(r"if \(!\(\(tid / 128\) == 1 && \w+ == \w+ - 1\)\) ", "", s, count=1),
+     "barrier 2"),
+])
+def test_seeded_protocol_mistakes_are_reported(mutate, finding):
+    code, arrays, _ = _emulated()
+    bad = mutate(code.source)
+    assert bad != code.source
+    with pytest.raises(EmulatorError) as err:
+        _build(bad, code, "pp_mutated").run(*arrays)
+    text = str(err.value) + str(err.value.report)
+    assert finding in text, text[:2000]

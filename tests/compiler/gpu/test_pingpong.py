@@ -8,12 +8,14 @@ test adds to the generated source; seeded protocol mistakes reported by the emul
 import dataclasses
 import re
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from pingpong_kernels import flash_formula, flash_fwd
 from ws_gemm import ws_gemm
 
+import jaxtile as jt
 from jaxtile.compiler import build, ir, parser, printer
 from jaxtile.compiler.cuda import emulated
 from jaxtile.compiler.emulator import EmulatedKernel, EmulatorError
@@ -160,8 +162,30 @@ def test_the_rule_bites(break_it, why):
 
 # -- the emulator -----------------------------------------------------------------------------
 
+@pytest.fixture
+def hopper(monkeypatch):
+    """Kernels run as sm_90a code in the emulator; records the source of each library built
+    (as tests/emulator/conftest.py's fixture of that name)."""
+    built = []
+    real = emulated.build_library
+
+    def spy(source, *args, **kwargs):
+        built.append(source)
+        return real(source, *args, **kwargs)
+
+    monkeypatch.setattr(emulated, "build_library", spy)
+    before = jt.backend()
+    jax.clear_caches()   # (jit's caches do not know jaxtile's backend)
+    jt.set_backend("cuda-emulator:sm_90a")
+    try:
+        yield built
+    finally:
+        jt.set_backend(before)
+        jax.clear_caches()
+
+
 def _run(hopper, q, k, v, **kw):
-    got = flash_fwd(q, k, v, **kw)
+    got = jax.jit(lambda *a: flash_fwd(*a, **kw))(q, k, v)
     assert "barrier_arrive(2 + ((tid / 128) + 1) % 2, 256)" in hopper[-1]
     want = flash_formula(q, k, v, **kw)
     # P is rounded to the 16-bit type before P V: 2^-8 (bf16) or 2^-11 (f16) of each weight
@@ -230,8 +254,8 @@ def _order(capfd, kernel, arrays):
 
 def test_the_warpgroups_take_turns_at_the_tensor_cores(capfd):
     """Each warpgroup's wgmmas (2 a iteration, 4 iterations) issue alternately, and no
-    warpgroup issues while the other's are in flight; without the pass the emulator runs
-    one warpgroup's several gemms back to back."""
+    warpgroup issues while the other's are in flight; without the pass the emulator's
+    scheduler runs the warpgroups' gemms at the same time."""
     code, arrays, want = _emulated()
     logged = _logged(code.source)
     assert logged.count('device_printf("wgmma') == 4
@@ -244,8 +268,8 @@ def test_the_warpgroups_take_turns_at_the_tensor_cores(capfd):
 
     plain, arrays, _ = _emulated(pingpong=False)
     events = _order(capfd, _build(_logged(plain.source), plain, "pp_off"), arrays)
-    issues = [wg for what, wg in events if what == "issue"]
-    assert sorted(issues) == [0] * 8 + [1] * 8 and issues != [0, 1] * 8, events
+    assert sorted(wg for what, wg in events if what == "issue") == [0] * 8 + [1] * 8
+    assert any(events[i][0] == events[i + 1][0] == "issue" for i in range(len(events) - 1))
 
 
 def test_the_unmutated_kernel_runs_clean():
@@ -270,14 +294,12 @@ def _first_pass_dropped(source):
     # warpgroup 0 waits for its first turn too: nobody hands it over
     (lambda s: re.sub(r"if \(!\(\(tid / 128\) == 0 && \w+ == 0\)\) ", "", s, count=1),
      "barrier 2"),
-    # the hand-over counts only its own 128 threads: it completes alone, and the wait it
-    # was for never does
-    (lambda s: s.replace(_PASS, _PASS.replace("256", "128")), "deadlock"),
+    # the hand-over counts only its own 128 threads against the wait's 256
+    (lambda s: s.replace(_PASS, _PASS.replace("256", "128")),
+     "barrier_arrive 3 with 128 threads at pp_mutated.cu:"),
     # the wait counts 192 threads against the hand-over's 256: one instance, two counts
-    (lambda s: s.replace(_WAIT, _WAIT.replace("256", "192")), "deadlock"),
-    # the last warpgroup hands over in the last iteration too: an arrival nobody takes
-    (lambda s: re.sub(r"if \(!\(\(tid / 128\) == 1 && \w+ == \w+ - 1\)\) ", "", s, count=1),
-     "barrier 2"),
+    (lambda s: s.replace(_WAIT, _WAIT.replace("256", "192")),
+     "meets an open instance of barrier 3 counting 192"),
 ])
 def test_seeded_protocol_mistakes_are_reported(mutate, finding):
     code, arrays, _ = _emulated()

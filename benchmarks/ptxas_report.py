@@ -362,6 +362,40 @@ def _sm90a_attention_figures() -> dict:
     }
 
 
+def _sm90a_pingpong_figures() -> dict:
+    """The ping-pong test kernel (``tests/pingpong_kernels.py``: a 2-D flash-attention
+    forward, fp16, D = 128, T = S = 4096, 128-query blocks over 256 threads = two consumer
+    warpgroups, 64-key tiles through a 2-stage TMA ring) on ``cuda:sm_90a``: split by the
+    ws pass, its warpgroups taking turns at the wgmmas (``compiler/gpu/pingpong.py``)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from pingpong_kernels import flash_fwd
+
+    from jaxtile.compiler.gpu.pingpong import pingpong_of
+    from jaxtile.compiler.gpu.warp_specialise import split_of
+
+    target = parse_target("cuda:sm_90a")
+    spec = jax.ShapeDtypeStruct((4096, 128), jnp.float16)
+    lowered = flash_fwd.lower(spec, spec, spec, target=target.name)
+    ir = build.lowered_ir(lowered.kernel, target)
+    split, turns = split_of(ir), pingpong_of(ir)
+    compiled = cuda_compile.compile_to_library(ir, target)
+    ptxas = compiled.ptxas
+    counts = sass_counts(compiled.cubin)
+    sass = None if counts is None else {k: counts.get(k, 0) for k in ("HGMMA", "HMMA", "BAR")}
+    return {
+        "kernel": "tests/pingpong_kernels.py flash_fwd (fp16, D=128, T=S=4096, 128x64 tiles, "
+                  "256 consumer threads + 128 producer, sm_90a)",
+        "pingpong": None if turns is None else dict(turns.attrs),
+        "registers_per_role": None if split is None else {
+            "producer": split.attrs["producer_regs"], "consumer": split.attrs["consumer_regs"]},
+        "threads": compiled.launch.threads,
+        "compiler": compiled.compiler,
+        **_ptxas_fields(ptxas, ptxas.shared_bytes + compiled.launch.dynamic_smem, sass),
+        "meets_targets": {"no_spills": ptxas.spill_stores == ptxas.spill_loads == 0,
+                          "pingpong_applied": turns is not None},
+    }
+
+
 def _sm90a_fp8_figures() -> dict:
     """``jt.ops.scaled_matmul``'s kernel on float8_e4m3fn (4096^3, B stored ``[N, K]``: the
     K-major operands FP8 wgmma reads; its default 64x64x32 tiles) on ``cuda:sm_90a``."""
@@ -444,6 +478,7 @@ def main() -> None:
         "sm90a_ws_gemm": _sm90a_ws_figures(args),
         "sm90a_attention": _sm90a_attention_figures(),
         "sm90a_fp8_gemm": _sm90a_fp8_figures(),
+        "sm90a_pingpong_attention": _sm90a_pingpong_figures(),
     })
 
 

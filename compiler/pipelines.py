@@ -129,10 +129,10 @@ def gpu(target: Target) -> tuple[Pass, ...]:
     from .gpu.copy_schedule import schedule_async_copies
     from .gpu.gemm_plan import anchors, plan_gemms
     from .gpu.layout_inference import infer_layouts
+    from .gpu.pingpong import check_pingpong, pingpong
     from .gpu.smem_plan import place_shared_buffers
     from .gpu.tma_store import plan_tma_stores, verify_tma_stores
     from .gpu.verify import verify_barrier_pass, verify_gpu
-    from .gpu.pingpong import check_pingpong, pingpong
     from .gpu.warp_specialise import check_split, warp_specialise
 
     return (Pass("gemm_plan", lambda k: plan_gemms(k, target)),

@@ -180,12 +180,12 @@ def _apply(kernel: ir.Kernel) -> ir.Kernel:
     for i, s in enumerate(loop.body):
         if s is hoisted:
             continue
-        for r, (lo, hi) in enumerate(runs):
+        for r, (lo, _) in enumerate(runs):
             if i == lo:
-                body += [*(extent if r == 0 else ()), ir.Op(WAIT, (loop.var,), None, {**attrs, "first": r == 0},
-                                  s.line)]
+                body += [*(extent if r == 0 else ()),
+                         ir.Op(WAIT, (loop.var,), None, {**attrs, "first": r == 0}, s.line)]
         body.append(s)
-        for r, (lo, hi) in enumerate(runs):
+        for r, (_, hi) in enumerate(runs):
             if i == hi:
                 last = r == len(runs) - 1
                 body.append(ir.Op(PASS, (loop.var, n), None, {**attrs, "last": last}, s.line))

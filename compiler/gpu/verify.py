@@ -17,8 +17,12 @@ test's, or a pass's output -- cannot hold a schedule, barrier or plan a GPU woul
   none; its prologue follows its set-up (:func:`.ring_setup.verify_ring_setup`: a
   proxy-fence barrier, ``mbarrier_init`` of its stages, a barrier), except in a
   warp-specialised kernel, whose ``warp_specialise`` op initialises the ring itself.
-- **Barriers in uniform control flow**: no ``barrier`` or ``async_*`` op inside a branch or
-  loop whose condition may differ between the threads of a block (it reads global memory
+- **Ping-pong turns** (:func:`.pingpong.check_pingpong`): turn barriers within the PTX ISA's
+  ids and counts and apart from the block's and the consumers' barrier, every gemm of the ring
+  loop inside one turn (a ``turn_wait`` before, a ``turn_pass`` after, nothing else between),
+  warpgroup 0's first wait and the last warpgroup's last hand-over the only ones skipped.
+- **Barriers in uniform control flow**: no ``barrier``, ``turn_*`` or ``async_*`` op inside a
+  branch or loop whose condition may differ between the threads of a block (it reads global memory
   the kernel writes: :func:`.codegen.control.thread_varying`): some threads would wait at a
   barrier others never reach.
 - **Copy thread mappings**: a copy's ``vec`` (:mod:`.copy_mapping`) is a positive integer
@@ -66,11 +70,12 @@ from .copy_schedule import (
     scheduled,
     split_schedule,
 )
+from .pingpong import PASS, WAIT, check_pingpong
 from .ring_setup import verify_ring_setup
 from .smem_plan import ALIGN, lifetimes, recorded_bytes, scratch_bytes
 from .warp_specialise import split_of
 
-_SYNC = ("barrier", *SCHEDULE_KINDS)
+_SYNC = ("barrier", WAIT, PASS, *SCHEDULE_KINDS)
 
 
 def _fail(kernel: ir.Kernel, where: ir.Stmt | ir.Buffer, message: str) -> KernelError:
@@ -234,6 +239,7 @@ def verify_gpu(kernel: ir.Kernel) -> ir.Kernel:
     _uniform(kernel, kernel.body, thread_varying(kernel), None)
     _copy_mappings(kernel)
     _offsets(kernel)
+    check_pingpong(kernel)
     return kernel
 
 

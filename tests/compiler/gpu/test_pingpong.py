@@ -160,6 +160,21 @@ def test_the_rule_bites(break_it, why):
         pp.check_pingpong(_map(kernel, break_it))
 
 
+def test_the_kernel_compiles_with_no_spills():
+    """NVRTC (no GPU needed), D = 128: the split's launch count (65536 / 384 -> 168, which
+    setmaxnreg then moves: 232 a consumer thread) and no spills."""
+    from jaxtile.compiler.cuda import compile as cuda_compile
+    from jaxtile.compiler.cuda import nvrtc
+
+    if not nvrtc.available():
+        pytest.skip("NVRTC is not installed (jaxtile[cuda])")
+    low = _lower(t=512, s=512, d=128)
+    compiled = cuda_compile.compile_to_library(build.lowered_ir(low.kernel, SM90A), SM90A)
+    assert compiled.launch.threads == 384
+    assert compiled.ptxas.registers == 168, compiled.log
+    assert compiled.ptxas.spill_stores == compiled.ptxas.spill_loads == 0, compiled.log
+
+
 # -- the emulator -----------------------------------------------------------------------------
 
 @pytest.fixture

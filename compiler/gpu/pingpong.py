@@ -26,15 +26,16 @@ then resets for its next use. So the 128 threads of ``w - 1``'s hand-over and th
 ``w``'s wait complete one instance of ``X_w``.
 
 **First turn, last iteration, any trip count.** With ``n`` iterations and ``t`` turns per
-iteration each warpgroup takes ``n t`` turns in the same order. Warpgroup 0's first turn
-(the body's first run in iteration 0, ``first`` on the wait) does not wait: nobody handed
-it over; warpgroup ``W - 1``'s last hand-over (the body's last run in iteration ``n - 1``,
-``last`` on the pass) is not made: nobody would take it. Then each ``X_w`` sees as many
-hand-overs as waits (``n t`` each, or ``n t - 1`` for ``X_0``), so no instance stays open
-at the kernel's end, and ``n = 0`` runs no barrier at all. No hand-over can meet an earlier
-one's open instance: between two of ``w - 1``'s hand-overs on ``X_w`` the turn goes round
-every warpgroup, so ``w`` has waited on the first. Both conditions and the warpgroup index
-are warp-uniform, as a ``bar`` instruction needs.
+iteration each warpgroup takes ``n t`` turns in the same order (``n`` is the block's: the ws
+pass computes the loop's bounds from block indices, the same for every warpgroup). Warpgroup
+0's first turn (the body's first run in iteration 0, ``first`` on the wait) does not wait:
+nobody handed it over; warpgroup ``W - 1``'s last hand-over (the body's last run in
+iteration ``n - 1``, ``last`` on the pass) is not made: nobody would take it. Then for ``n
+>= 1`` each ``X_w`` sees as many hand-overs as waits (``n t`` each, or ``n t - 1`` for
+``X_0``), so no instance stays open at the kernel's end, and ``n = 0`` runs no barrier at
+all. No hand-over can meet an earlier one's open instance: between two of ``w - 1``'s hand-
+overs on ``X_w`` the turn goes round every warpgroup, so ``w`` has waited on the first. Both
+conditions and the warpgroup index are warp-uniform, as a ``bar`` instruction needs.
 
 **The IR.** A ``pingpong`` op second in the body (after ``warp_specialise``:
 ``warpgroups``, ``barrier`` = ``B``, ``count``); in the ring loop's body a ``turn_wait``

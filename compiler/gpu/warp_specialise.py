@@ -90,7 +90,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .. import ir
+from .. import ir, op_defs
 from ..errors import KernelError, kernel_error
 from ..target import GpuCaps
 from .barriers import PROXY_FENCE
@@ -252,6 +252,10 @@ def _split(kernel: ir.Kernel, loop: ir.For) -> ir.Kernel:
     preamble = _preamble(kernel, loop) or set()
     staged = {op.attrs["dst"].buffer for op in issued_copies(loop)}
     named = {NAMED: (CONSUMER_BARRIER, c)}
+    at = next(i for i, s in enumerate(kernel.body) if s is loop)
+    shared = {b.name for b in kernel.buffers if b.scope == "shared"}
+    written_before = any(r.buffer in shared for s in ir.walk(kernel.body[:at])
+                         if isinstance(s, ir.Op) for r in op_defs.writes(s))
 
     def other_shared(stmts: tuple[ir.Stmt, ...]) -> bool:
         bufs = {b.name: b for b in kernel.buffers}
@@ -261,12 +265,12 @@ def _split(kernel: ir.Kernel, loop: ir.For) -> ir.Kernel:
 
     def setup(s: ir.Stmt) -> bool:
         """Whether ``s`` is of the ring's set-up (:mod:`.ring_setup`), which the split's
-        own initialisation of its full and empty barriers replaces; not a barrier that also
-        fences generic writes before it for wgmma's reads (attention's ``Q`` tile): that
-        one stays, over the consumers."""
+        own initialisation of its full and empty barriers replaces; not its proxy-fence
+        barrier where shared memory is written before the loop (attention's ``Q`` tile,
+        which the loop's wgmmas read): that one stays, over the consumers, for the fence."""
         return isinstance(s, ir.Op) and (s.kind == RING_INIT or s.kind == "barrier" and (
             s.notes.get("reason") in (RING_REUSE, RING_READY))
-            and not s.notes.get(PROXY_FENCE))
+            and not (s.notes.get(PROXY_FENCE) and written_before))
 
     def op(s: ir.Op) -> ir.Op:
         if s.kind in ISSUE_KINDS or id(s) in preamble:

@@ -233,6 +233,22 @@ void fiber_main(Fiber* f) {
   __builtin_unreachable();
 }
 
+// Named barriers whose open instance outlives the block: bar.arrive arrivals that no
+// bar.sync took (a hand-over nobody waits for). The CTA's exit discards them, but a protocol
+// whose arrivals and waits do not match is wrong for any longer run (another round of the
+// same barrier would complete early), so it is reported.
+static void report_open_barriers(Block& b) {
+  for (unsigned id = 0; id < 16; ++id) {
+    const Barrier& bar = b.barriers[id];
+    if (bar.arrived.empty()) continue;
+    report(kWarning, "barrier-left-open@" + std::to_string(bar.line),
+           "barrier " + std::to_string(id) + " ended the block open: " +
+               std::to_string(bar.arrived.size()) + " of its " + std::to_string(bar.expected) +
+               " threads arrived (the first, " + thread_name(b, bar.arrived.front()) + ", at " +
+               where(b, bar.line) + ") and no barrier_sync took them");
+  }
+}
+
 void run_block(Block& b) {
   b.ready.assign(b.nthreads, 0);
   b.ready_head = 0;
@@ -283,7 +299,10 @@ void run_block(Block& b) {
   fiber_switch(&b.main_sp, first->sp);
   t_fiber = nullptr;
   if (!b.aborted && b.done < b.nthreads) report_deadlock(b);
-  if (!b.aborted && b.done == b.nthreads) finish_hopper(b);
+  if (!b.aborted && b.done == b.nthreads) {
+    finish_hopper(b);
+    report_open_barriers(b);
+  }
   // Read by the next run's reset (whose launch may have another thread count, so `done`
   // alone cannot tell it).
   b.ended_clean = !b.aborted && b.done == b.nthreads;

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from pingpong_kernels import flash_formula, flash_fwd
+from pingpong_kernels import flash_formula, flash_fwd, flash_fwd_3wg
 from ws_gemm import ws_gemm
 
 import jaxtile as jt
@@ -81,6 +81,20 @@ def test_the_ir_prints_and_parses_back():
 
 
 # -- when -------------------------------------------------------------------------------------
+
+def test_the_split_keeps_the_fence_for_q():
+    """The ws pass drops the ring's set-up, but not its proxy-fence barrier when shared
+    memory (Q's tile) is written before the loop: the loop's wgmmas read it through the async
+    proxy (without it the emulator reports the missing fence.proxy.async)."""
+    for flag in (None, False):
+        low = _lower(pingpong=flag)
+        assert "warp_specialise() {" in low.lowered_ir
+        src = low._gpu.source
+        consumers = src.split("setmaxnreg_inc<232>();")[1]
+        loop = consumers.index("mbarrier_wait_parity(")
+        assert consumers.index("fence_proxy_async();") < consumers.index("barrier_sync(1, 256)")\
+            < loop
+
 
 def test_the_flag_false_and_other_targets_leave_it_off():
     for target, kw in (("cuda:sm_90a", {"pingpong": False}), ("cuda:sm_90", {}),
@@ -219,6 +233,19 @@ def test_the_kernel_runs_in_the_emulator(hopper, dtype, t, s, kw):
     _run(hopper, *_qkv(t, s, 64, dtype), **kw)
 
 
+def test_three_warpgroups_take_turns_round_robin(hopper):
+    """W = 3 (384 consumer threads, 192 queries a block): barriers 2, 3, 4, each warpgroup
+    handing over to (w + 1) % 3; ragged T and S, 3 iterations."""
+    q, k, v = _qkv(250, 130, 64, jnp.bfloat16, seed=4)
+    low = flash_fwd_3wg.lower(q, k, v, bm=192, target="cuda:sm_90a")
+    assert "pingpong() {barrier=2, count=256, warpgroups=3}" in low.lowered_ir
+    got = jax.jit(lambda *a: flash_fwd_3wg(*a, bm=192))(q, k, v)
+    assert "barrier_arrive(2 + ((tid / 128) + 1) % 3, 256)" in hopper[-1]
+    assert "(tid / 128) == 2 && " in hopper[-1]
+    np.testing.assert_allclose(np.asarray(got, np.float64), flash_formula(q, k, v),
+                               rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype, t, s, d, kw", [
     (jnp.bfloat16, 384, 320, 128, {}),                         # D = 128, 5 iterations
@@ -324,3 +351,15 @@ def test_seeded_protocol_mistakes_are_reported(mutate, finding):
         _build(bad, code, "pp_mutated").run(*arrays)
     text = str(err.value) + str(err.value.report)
     assert finding in text, text[:2000]
+
+
+def test_a_hand_over_nobody_takes_is_reported():
+    """The last warpgroup hands over in the last iteration too: an arrival on barrier 2 that
+    no wait takes. The block's exit discards it (no deadlock), the emulator reports the
+    instance left open."""
+    code, arrays, _ = _emulated()
+    bad = re.sub(r"if \(!\(\(tid / 128\) == 1 && \w+ == \w+ - 1\)\) ", "", code.source, count=1)
+    assert bad != code.source
+    report = _build(bad, code, "pp_left_open").run(*arrays)
+    assert any("barrier 2 ended the block open: 128 of its 256 threads arrived" in f["message"]
+               for f in report["findings"]), report["findings"]

@@ -30,11 +30,11 @@ iteration each warpgroup takes ``n t`` turns in the same order (``n`` is the blo
 pass computes the loop's bounds from block indices, the same for every warpgroup). Warpgroup
 0's first turn (the body's first run in iteration 0, ``first`` on the wait) does not wait:
 nobody handed it over; warpgroup ``W - 1``'s last hand-over (the body's last run in
-iteration ``n - 1``, ``last`` on the pass) is not made: nobody would take it. Then for ``n
->= 1`` each ``X_w`` sees as many hand-overs as waits (``n t`` each, or ``n t - 1`` for
+iteration ``n - 1``, ``last`` on the pass) is not made: nobody would take it. Then for
+``n >= 1`` each ``X_w`` sees as many hand-overs as waits (``n t`` each, or ``n t - 1`` for
 ``X_0``), so no instance stays open at the kernel's end, and ``n = 0`` runs no barrier at
-all. No hand-over can meet an earlier one's open instance: between two of ``w - 1``'s hand-
-overs on ``X_w`` the turn goes round every warpgroup, so ``w`` has waited on the first. Both
+all. No hand-over can meet an earlier one's open instance: between two of ``w - 1``'s
+hand-overs on ``X_w`` the turn goes round every warpgroup, so ``w`` has waited on the first. Both
 conditions and the warpgroup index are warp-uniform, as a ``bar`` instruction needs.
 
 **The IR.** A ``pingpong`` op second in the body (after ``warp_specialise``:

@@ -31,8 +31,11 @@ acquires before TMA refills the stage. Tile ``t`` uses stage ``t % S`` for the
 
 The consumers' block barriers become *named* barriers over the consumers only
 (``bar.sync 1, C``: the producer has left); the ring loop's top barrier goes, since the empty
-barriers now free the stages, unless its compute touches shared memory other than the
-stages' (then it stays, named, for whatever else it orders).
+barriers now free the stages, unless its compute writes shared memory other than the
+stages' (then it stays, named, for whatever else it orders). Shared memory the loop only
+reads (attention's Q tile) was written before it, and the ring set-up's first barrier
+(:data:`.ring_setup.REUSE`), which may be what orders those writes with the loop's reads
+(with ``fence.proxy.async`` for wgmma's), stays, named, in a kernel with such buffers.
 
 **Registers.** ``setmaxnreg`` moves registers between the warpgroups of a block through a
 pool of its CTA (PTX ISA: ``dec`` releases into it, ``inc`` waits until it can take from
@@ -55,7 +58,8 @@ ops before the loop whose scalars the producer recomputes (what its copies' orig
 loop's bounds need); a ``tma_release`` op ending the ring loop's body (the consumers'
 arrivals on ``empty``); note ``named = (id, C)`` on every remaining ``barrier``. The
 ring's set-up that the pipelining pass wrote before its prologue (:mod:`.ring_setup`: two
-block barriers around ``mbarrier_init``) goes, since the split initialises both rings itself.
+block barriers around ``mbarrier_init``) goes, since the split initialises both rings itself
+(but for its first barrier where other shared buffers need it, above).
 
 **When.** On a target with ``setmaxnreg`` and TMA, for the one ``jt.pipelined`` loop of a
 kernel that the pipelining pass made a TMA ring, standing at the top level of the body; with
@@ -63,11 +67,13 @@ kernel that the pipelining pass made a TMA ring, standing at the top level of th
 synchronises the block inside it (scratch, ``store_release``, ``fence``); the stages' bytes
 shared with no other buffer (the producer fills them while the consumers run the code before
 the loop); and every value the producer needs computable from block indices, constants and
-scalar arithmetic before the loop. The loop's ``warp_specialize`` flag (``jt.pipelined(...,
-warp_specialize=...)``) overrides the inference: False keeps the plain ring, True asks for
-the split of a TMA ring and is an error naming the reason when one of the conditions fails
-(a loop whose copies TMA cannot make, known only from the call's shapes, stays on
-``cp.async`` under every flag); None (the default) splits where the conditions hold.
+scalar arithmetic before the loop, or from scalar loads of a kernel input (which nothing in
+the kernel writes: attention's key count ``lengths[b]`` bounds its ring). The loop's
+``warp_specialize`` flag (``jt.pipelined(..., warp_specialize=...)``) overrides the
+inference: False keeps the plain ring, True asks for the split of a TMA ring and is an error
+naming the reason when one of the conditions fails (a loop whose copies TMA cannot make,
+known only from the call's shapes, stays on ``cp.async`` under every flag); None (the
+default) splits where the conditions hold.
 Every other loop is left unchanged, and so is every kernel on a target without
 ``setmaxnreg`` and TMA (the flag is ignored there, so that one kernel serves every GPU).
 
@@ -90,7 +96,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .. import ir
+from .. import ir, op_defs
 from ..errors import KernelError, kernel_error
 from ..target import GpuCaps
 from .copy_schedule import ISSUE_KINDS, ISSUED, PUBLISH, is_ring, issued_copies
@@ -111,6 +117,8 @@ INFER_MIN_CONSUMERS = 2 * WARPGROUP
 """Consumer threads from which the split is inferred (``warp_specialize=None``)."""
 CONSUMER_BARRIER = 1
 """The consumers' named barrier (0 is the whole block's, ``sync_threads``)."""
+BEFORE_LOOP = "the consumers' shared writes before the ring loop are visible in it"
+"""The reason a kept set-up barrier gives (:func:`_split`)."""
 ROLE = "role"
 NAMED = "named"
 KIND = "warp_specialise"
@@ -188,7 +196,7 @@ def _refusal(kernel: ir.Kernel, loop: ir.For, caps: GpuCaps) -> str | None:
             return f"the bytes of stage buffer {name} are shared with {others[0]}"
     if _preamble(kernel, loop) is None:
         return ("a value its copies' origins or its bounds need is not computable from "
-                "block indices and scalar arithmetic before the loop")
+                "block indices, scalar arithmetic and scalar loads of inputs before the loop")
     return None
 
 
@@ -202,6 +210,10 @@ def _preamble(kernel: ir.Kernel, loop: ir.For) -> set[int] | None:
     inside = {s.result.id for s in ir.walk(loop.body)
               if isinstance(s, ir.Op) and s.result is not None}
     indices = {v.id for v in kernel.block_indices}
+    # A scalar read of a kernel input (attention's key count lengths[b], which bounds its
+    # ring): nothing in the kernel writes an input, so the producer reads what the
+    # consumers read.
+    inputs = {b.name for b in kernel.params if getattr(b, "role", None) == "input"}
     issued = [s for s in loop.body if isinstance(s, ir.Op) and s.notes.get(ISSUED)]
     todo = [v for s in issued for v in (*s.operands, *(v for r in ir.regions(s)
                                                         for v in r.values()))]
@@ -212,10 +224,12 @@ def _preamble(kernel: ir.Kernel, loop: ir.For) -> set[int] | None:
         if v.id in indices or v.id in inside or v.id == loop.var.id or v.id in needed:
             continue
         op = before.get(v.id)
-        if op is None or op.kind not in _SCALAR_KINDS or op.result.shape != ():
+        if op is None or op.result.shape != () or not (
+                op.kind in _SCALAR_KINDS or op.kind == "load" and op.attrs["src"].buffer
+                in inputs):
             return None
         needed.add(v.id)
-        todo += list(op.operands)
+        todo += [*op.operands, *(u for r in ir.regions(op) for u in r.values())]
     return {id(before[v]) for v in needed}
 
 
@@ -252,11 +266,17 @@ def _split(kernel: ir.Kernel, loop: ir.For) -> ir.Kernel:
     staged = {op.attrs["dst"].buffer for op in issued_copies(loop)}
     named = {NAMED: (CONSUMER_BARRIER, c)}
 
-    def other_shared(stmts: tuple[ir.Stmt, ...]) -> bool:
-        bufs = {b.name: b for b in kernel.buffers}
+    bufs = {b.name: b for b in kernel.buffers}
+
+    def other_shared(stmts: tuple[ir.Stmt, ...], regions=ir.regions) -> bool:
         return any(bufs[r.buffer].scope == "shared" and r.buffer not in staged
                    for s in ir.walk(stmts) if isinstance(s, ir.Op) and not s.notes.get(ISSUED)
-                   for r in ir.regions(s))
+                   for r in regions(s))
+
+    # The set-up's first barrier may be what orders generic writes of other shared buffers
+    # before the loop (attention's Q tile) with their reads in it, fence.proxy.async
+    # included for wgmma's reads: it stays, named, where the kernel has such buffers.
+    reuse_orders = other_shared(kernel.body)
 
     def setup(s: ir.Stmt) -> bool:
         """Whether ``s`` is of the ring's set-up (:mod:`.ring_setup`), which the split's
@@ -267,6 +287,8 @@ def _split(kernel: ir.Kernel, loop: ir.For) -> ir.Kernel:
     def op(s: ir.Op) -> ir.Op:
         if s.kind in ISSUE_KINDS or id(s) in preamble:
             return s.with_notes(**{ROLE: "producer"})
+        if s.kind == "barrier" and s.notes.get("reason") == RING_REUSE:
+            return s.with_notes(reason=BEFORE_LOOP, **named)
         if s.kind == "barrier":
             return s.with_notes(**named)
         return s
@@ -274,12 +296,15 @@ def _split(kernel: ir.Kernel, loop: ir.For) -> ir.Kernel:
     def block(stmts: tuple[ir.Stmt, ...]) -> tuple[ir.Stmt, ...]:
         out: list[ir.Stmt] = []
         for s in stmts:
-            if stmts is kernel.body and setup(s):
+            if stmts is kernel.body and setup(s) and not (
+                    reuse_orders and s.notes.get("reason") == RING_REUSE):
                 continue
             if isinstance(s, ir.Op):
                 out.append(op(s))
             elif s is loop:
-                keep = other_shared(s.body)
+                # Only writes of other shared memory in the loop need its top barrier
+                # across iterations; what the loop only reads was ordered before it.
+                keep = other_shared(s.body, op_defs.writes)
                 body = [t for t in block(s.body) if keep or not (
                     isinstance(t, ir.Op) and t.kind == "barrier"
                     and t.notes.get("reason") == PUBLISH)]

@@ -163,12 +163,36 @@ def test_bf16_d128_empty_rows_and_nan(hopper):
     assert np.isnan(got[0, 1, 5]).all() and np.isnan(got).sum() == 128
 
 
-@pytest.mark.slow   # 3 query tiles x 4 heads x 2 batches of 384 emulated threads: about a minute
+@pytest.mark.slow   # 3 query tiles x 4 heads x 2 batches of 384 emulated threads: 10-80 s
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
 @pytest.mark.parametrize("causal", [False, True])
 def test_d128_larger_on_sm90a(hopper, dtype, causal):
     # 300 queries (3 tiles, the last ragged), 333 keys (3 ring tiles wrapping 2 stages)
     _check(2, 4, 2, 300, 333, 128, dtype, causal, [333, 150], seed=3)
+
+
+# -- ptxas ------------------------------------------------------------------------------------
+
+@pytest.mark.slow   # NVRTC of the D = 128 kernel: a few seconds
+def test_d128_compiles_without_spills_on_hgmma_and_tma():
+    from jaxtile.compiler import build
+    from jaxtile.compiler.cuda import nvrtc, toolchain
+    from jaxtile.compiler.cuda.compile import compile_to_library
+    from jaxtile.compiler.cuda.sass import sass_counts
+
+    if not nvrtc.available() and toolchain.nvcc_path() is None:
+        pytest.skip("no CUDA compiler: neither NVRTC (pip install 'jaxtile[cuda]') nor nvcc")
+    sm90a = parse_target("cuda:sm_90a")
+    q = jax.ShapeDtypeStruct((1, 16, 4096, 128), jnp.float16)
+    low = ops.attention_fwd_ws.lower(q, q, q, jax.ShapeDtypeStruct((1,), jnp.int32),
+                                     causal=True, target="cuda:sm_90a")
+    compiled = compile_to_library(build.lowered_ir(low.kernel, sm90a), sm90a)
+    p = compiled.ptxas
+    assert p.spill_stores == p.spill_loads == 0 and p.stack_frame == 0, p
+    counts = sass_counts(compiled.cubin)
+    if counts is not None:   # both products on HGMMA, K/V by TMA, nothing on mma.sync
+        assert counts.get("HGMMA", 0) > 0 and counts.get("UTMALDG", 0) > 0, counts
+        assert counts.get("HMMA", 0) == 0 and counts.get("LDGSTS", 0) == 0, counts
 
 
 # -- a seeded mistake -------------------------------------------------------------------------

@@ -103,9 +103,9 @@ def test_rows_tma_cannot_load_keep_cp_async():
 
 # -- emulator runs ----------------------------------------------------------------------------
 
-def _f64(q, k, v, causal, lengths):
+def _f64(q, k, v, causal, lengths, window=None):
     """softmax(q k^T / sqrt(d) + mask) v in float64 numpy; a row that sees no key is 0; NaN
-    scores propagate."""
+    scores propagate; ``window=(left, right)``: query i sees keys i - left .. i + right."""
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     group = q.shape[1] // k.shape[1]
     k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
@@ -114,6 +114,9 @@ def _f64(q, k, v, causal, lengths):
     keep = np.arange(n)[None, None, None, :] < np.asarray(lengths)[:, None, None, None]
     if causal:
         keep = keep & (np.arange(n)[None, :] <= np.arange(t)[:, None])[None, None]
+    if window is not None:
+        offset = np.arange(n)[None, :] - np.arange(t)[:, None]
+        keep = keep & ((-window[0] <= offset) & (offset <= window[1]))[None, None]
     s = np.where(keep, s, -np.inf)
     with np.errstate(invalid="ignore"):
         m = np.max(s, axis=-1, keepdims=True)
@@ -169,6 +172,19 @@ def test_bf16_d128_empty_rows_and_nan(hopper):
 def test_d128_larger_on_sm90a(hopper, dtype, causal):
     # 300 queries (3 tiles, the last ragged), 333 keys (3 ring tiles wrapping 2 stages)
     _check(2, 4, 2, 300, 333, 128, dtype, causal, [333, 150], seed=3)
+
+
+@pytest.mark.slow   # 3 query tiles whose rings start past key 0: about half a minute
+@pytest.mark.parametrize("window, causal", [((40, 0), True), ((100, 30), False)])
+def test_sliding_window_on_sm90a(hopper, window, causal):
+    # the ring starts at the window's first key tile (the producer computes it too)
+    q, k, v = _operands(1, 2, 1, 300, 300, 64, jnp.float16, 5)
+    lens = jnp.asarray([280], jnp.int32)
+    got = jax.jit(lambda *a: ops.attention(*a[:3], causal=causal, window=window,
+                                           lengths=a[3]))(q, k, v, lens)
+    assert "setmaxnreg_dec<40>" in hopper[-1]
+    want, _ = _f64(q, k, v, causal, [280], window)
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2e-2, atol=2e-2)
 
 
 # -- ptxas ------------------------------------------------------------------------------------

@@ -31,11 +31,8 @@ acquires before TMA refills the stage. Tile ``t`` uses stage ``t % S`` for the
 
 The consumers' block barriers become *named* barriers over the consumers only
 (``bar.sync 1, C``: the producer has left); the ring loop's top barrier goes, since the empty
-barriers now free the stages, unless its compute writes shared memory other than the
-stages' (then it stays, named, for whatever else it orders). Shared memory the loop only
-reads (attention's Q tile) was written before it, and the ring set-up's first barrier
-(:data:`.ring_setup.REUSE`), which may be what orders those writes with the loop's reads
-(with ``fence.proxy.async`` for wgmma's), stays, named, in a kernel with such buffers.
+barriers now free the stages, unless its compute touches shared memory other than the
+stages' (then it stays, named, for whatever else it orders).
 
 **Registers.** ``setmaxnreg`` moves registers between the warpgroups of a block through a
 pool of its CTA (PTX ISA: ``dec`` releases into it, ``inc`` waits until it can take from
@@ -58,8 +55,7 @@ ops before the loop whose scalars the producer recomputes (what its copies' orig
 loop's bounds need); a ``tma_release`` op ending the ring loop's body (the consumers'
 arrivals on ``empty``); note ``named = (id, C)`` on every remaining ``barrier``. The
 ring's set-up that the pipelining pass wrote before its prologue (:mod:`.ring_setup`: two
-block barriers around ``mbarrier_init``) goes, since the split initialises both rings itself
-(but for its first barrier where other shared buffers need it, above).
+block barriers around ``mbarrier_init``) goes, since the split initialises both rings itself.
 
 **When.** On a target with ``setmaxnreg`` and TMA, for the one ``jt.pipelined`` loop of a
 kernel that the pipelining pass made a TMA ring, standing at the top level of the body; with
@@ -99,6 +95,7 @@ import dataclasses
 from .. import ir, op_defs
 from ..errors import KernelError, kernel_error
 from ..target import GpuCaps
+from .barriers import PROXY_FENCE
 from .copy_schedule import ISSUE_KINDS, ISSUED, PUBLISH, is_ring, issued_copies
 from .ring_setup import INIT as RING_INIT
 from .ring_setup import READY as RING_READY
@@ -117,8 +114,6 @@ INFER_MIN_CONSUMERS = 2 * WARPGROUP
 """Consumer threads from which the split is inferred (``warp_specialize=None``)."""
 CONSUMER_BARRIER = 1
 """The consumers' named barrier (0 is the whole block's, ``sync_threads``)."""
-BEFORE_LOOP = "the consumers' shared writes before the ring loop are visible in it"
-"""The reason a kept set-up barrier gives (:func:`_split`)."""
 ROLE = "role"
 NAMED = "named"
 KIND = "warp_specialise"
@@ -265,30 +260,29 @@ def _split(kernel: ir.Kernel, loop: ir.For) -> ir.Kernel:
     preamble = _preamble(kernel, loop) or set()
     staged = {op.attrs["dst"].buffer for op in issued_copies(loop)}
     named = {NAMED: (CONSUMER_BARRIER, c)}
+    at = next(i for i, s in enumerate(kernel.body) if s is loop)
+    shared = {b.name for b in kernel.buffers if b.scope == "shared"}
+    written_before = any(r.buffer in shared for s in ir.walk(kernel.body[:at])
+                         if isinstance(s, ir.Op) for r in op_defs.writes(s))
 
-    bufs = {b.name: b for b in kernel.buffers}
-
-    def other_shared(stmts: tuple[ir.Stmt, ...], regions=ir.regions) -> bool:
+    def other_shared(stmts: tuple[ir.Stmt, ...]) -> bool:
+        bufs = {b.name: b for b in kernel.buffers}
         return any(bufs[r.buffer].scope == "shared" and r.buffer not in staged
                    for s in ir.walk(stmts) if isinstance(s, ir.Op) and not s.notes.get(ISSUED)
-                   for r in regions(s))
-
-    # The set-up's first barrier may be what orders generic writes of other shared buffers
-    # before the loop (attention's Q tile) with their reads in it, fence.proxy.async
-    # included for wgmma's reads: it stays, named, where the kernel has such buffers.
-    reuse_orders = other_shared(kernel.body)
+                   for r in ir.regions(s))
 
     def setup(s: ir.Stmt) -> bool:
         """Whether ``s`` is of the ring's set-up (:mod:`.ring_setup`), which the split's
-        own initialisation of its full and empty barriers replaces."""
+        own initialisation of its full and empty barriers replaces; not its proxy-fence
+        barrier where shared memory is written before the loop (attention's ``Q`` tile,
+        which the loop's wgmmas read): that one stays, over the consumers, for the fence."""
         return isinstance(s, ir.Op) and (s.kind == RING_INIT or s.kind == "barrier" and (
-            s.notes.get("reason") in (RING_REUSE, RING_READY)))
+            s.notes.get("reason") in (RING_REUSE, RING_READY))
+            and not (s.notes.get(PROXY_FENCE) and written_before))
 
     def op(s: ir.Op) -> ir.Op:
         if s.kind in ISSUE_KINDS or id(s) in preamble:
             return s.with_notes(**{ROLE: "producer"})
-        if s.kind == "barrier" and s.notes.get("reason") == RING_REUSE:
-            return s.with_notes(reason=BEFORE_LOOP, **named)
         if s.kind == "barrier":
             return s.with_notes(**named)
         return s
@@ -296,15 +290,12 @@ def _split(kernel: ir.Kernel, loop: ir.For) -> ir.Kernel:
     def block(stmts: tuple[ir.Stmt, ...]) -> tuple[ir.Stmt, ...]:
         out: list[ir.Stmt] = []
         for s in stmts:
-            if stmts is kernel.body and setup(s) and not (
-                    reuse_orders and s.notes.get("reason") == RING_REUSE):
+            if stmts is kernel.body and setup(s):
                 continue
             if isinstance(s, ir.Op):
                 out.append(op(s))
             elif s is loop:
-                # Only writes of other shared memory in the loop need its top barrier
-                # across iterations; what the loop only reads was ordered before it.
-                keep = other_shared(s.body, op_defs.writes)
+                keep = other_shared(s.body)
                 body = [t for t in block(s.body) if keep or not (
                     isinstance(t, ir.Op) and t.kind == "barrier"
                     and t.notes.get("reason") == PUBLISH)]

@@ -83,10 +83,11 @@ def test_lowered_ir_shows_the_split_and_the_4d_tma_ring():
     assert any("src=lengths[" in line and "role='producer'" in line
                for line in text.splitlines())
     assert "tma_release()" in text and "mbarrier_init" not in text
-    # the loop only reads Q: no consumer barrier inside it, one before it (with the fence)
-    loop = text[text.index("for %"):]
-    assert "barrier()" not in loop
-    assert "proxy_fence=True, reason=\"the consumers' shared writes" in text
+    # Q's generic writes before the loop reach the loop's wgmma reads through the ring
+    # set-up's barrier, kept over the consumers with its fence.proxy.async
+    head = text[:text.index("for %")]
+    assert ("barrier() !{named=(1, 256), proxy_fence=True, reason='every thread is past its "
+            "waits") in head
     src = low.source
     assert "JT_LAUNCH_BOUNDS(384, 1)" in src and "setmaxnreg_inc<232>" in src
     assert "tma_load_4d(" in src and "gemm_wgmma_rs" in src
@@ -214,9 +215,9 @@ def test_d128_compiles_without_spills_on_hgmma_and_tma():
 # -- a seeded mistake -------------------------------------------------------------------------
 
 def test_dropping_the_barrier_before_the_loop_is_reported():
-    """The split keeps the ring set-up's first barrier, with its ``fence.proxy.async``, where
-    the kernel has other shared buffers: without it Q's generic writes reach wgmma's
-    async-proxy reads unfenced (what the pass did before it kept it)."""
+    """The split keeps the ring set-up's proxy-fence barrier where shared memory is written
+    before the loop: without it Q's generic writes reach wgmma's async-proxy reads unfenced
+    (what the pass did before it kept it)."""
     q, k, v = _operands(1, 1, 1, 64, 64, 64, jnp.float16, 4)
     lens = jnp.asarray([64], jnp.int32)
     code = ops.attention_fwd_ws.lower(q, k, v, lens, target="cuda:sm_90a")._gpu
@@ -233,7 +234,8 @@ def test_dropping_the_barrier_before_the_loop_is_reported():
     assert report["findings"] == []
     want, _ = _f64(q, k, v, False, [64])
     np.testing.assert_allclose(arrays[4].astype(np.float64), want, rtol=2e-2, atol=2e-2)
-    kept = "fence_proxy_async();\n  barrier_sync(1, 256);  // the consumers' shared writes"
+    kept = ("fence_proxy_async();\n  barrier_sync(1, 256);  // every thread is past its "
+            "waits")
     assert kept in code.source
     bad = code.source.replace(kept, "//")
     with pytest.raises(EmulatorError) as err:

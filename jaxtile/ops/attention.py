@@ -131,17 +131,23 @@ Hopper's 227 KiB of shared memory up to D = 128 (160 KiB there; D = 256 would ne
 tiles, left to the 128-thread kernel for now)."""
 
 
-def uses_warp_specialised(target: Any, dtype: Any, head_dim: int) -> bool:
+def uses_warp_specialised(target: Any, dtype: Any, head_dim: int, *, block_k: int = 128,
+                          stages: int = 2) -> bool:
     """Whether :func:`attention` runs :func:`attention_fwd_ws` for ``target`` (a compiler
     :class:`~jaxtile.compiler.target.Target`): by capabilities, a CUDA target with TMA,
     wgmma and ``setmaxnreg``, 16-bit operands (float32's ``P @ V`` has no register-A wgmma)
-    with ``head_dim`` in :data:`WS_HEAD_DIMS` whose rows TMA can load (16-byte multiples).
-    Every other target and shape keeps :func:`attention_fwd`."""
+    with ``head_dim`` in :data:`WS_HEAD_DIMS` whose rows TMA can load (16-byte multiples),
+    ``block_k`` keys per tile that ``S = Q K^T``'s wgmma takes as its N (64 or 128), and Q
+    with ``stages`` K/V tiles within the target's shared memory. Every other target and
+    shape keeps :func:`attention_fwd`."""
     caps = target.caps
+    size = jnp.dtype(dtype).itemsize
     return (target.kind == "cuda" and bool(getattr(caps, "tma", False))
             and bool(getattr(caps, "wgmma", False)) and bool(getattr(caps, "setmaxnreg", False))
-            and jnp.dtype(dtype).itemsize == 2 and head_dim in WS_HEAD_DIMS
-            and head_dim * jnp.dtype(dtype).itemsize % 16 == 0)
+            and size == 2 and head_dim in WS_HEAD_DIMS and head_dim * size % 16 == 0
+            and block_k in (64, 128)
+            # (1 KiB left for the ring's mbarriers and the tiles' alignment)
+            and (128 + 2 * stages * block_k) * head_dim * size <= caps.max_smem_bytes - 1024)
 
 
 def default_tiles(dtype: Any, head_dim: int, smem_bytes: int | None = None, *,
@@ -241,7 +247,8 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | No
 
         # Chosen at trace time for the target the call compiles for (the kernel's threads
         # are fixed: docs/design.md, "FlashAttention-3-style forward").
-        if uses_warp_specialised(active_target(), q.dtype, q.shape[-1]):
+        if uses_warp_specialised(active_target(), q.dtype, q.shape[-1],
+                                 block_k=block_k or 128, stages=stages):
             kernel = attention_fwd_ws
     out, lse = kernel(q, k, v, lengths, causal=bool(causal), scale=scale, window=window,
                       stages=stages, **tiles)

@@ -50,6 +50,16 @@ def test_the_warp_specialised_kernel_is_chosen_by_capabilities(target, dtype, d,
     assert attention_mod.uses_warp_specialised(parse_target(target), dtype, d) is want
 
 
+@pytest.mark.parametrize("kw, want", [
+    (dict(block_k=64), True), (dict(block_k=32), False),   # S's wgmma N: 64 or 128
+    (dict(stages=3), True),     # 32 KiB of Q + 3 x 64 KiB of K and V: 224 KiB
+    (dict(stages=4), False),    # 288 KiB: more than an sm_90a block has
+])
+def test_the_tiles_asked_for_must_fit_the_warp_specialised_kernel(kw, want):
+    sm90a = parse_target("cuda:sm_90a")
+    assert attention_mod.uses_warp_specialised(sm90a, jnp.float16, 128, **kw) is want
+
+
 def test_attention_traces_the_ws_kernel_on_the_sm90a_backend(hopper, monkeypatch):
     called = []
     for name in ("attention_fwd", "attention_fwd_ws"):

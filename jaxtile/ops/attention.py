@@ -4,7 +4,9 @@
 tiles a block of queries can see with an online softmax and also returns each row's
 log-sum-exp, from which the backward kernels (:mod:`.attention_bwd`) and the forward-mode
 rule recompute the probabilities tile by tile. Grouped-query attention indexes the K/V head
-``h // (H // Hkv)`` from the query head ``h``: K and V are never repeated in memory.
+``h // (H // Hkv)`` from the query head ``h``: K and V are never repeated in memory. On a
+target with TMA, wgmma and ``setmaxnreg`` (``cuda:sm_90a``) :func:`attention` runs the same
+body as :func:`attention_fwd_ws`, FlashAttention-3 style (:func:`uses_warp_specialised`).
 """
 
 from __future__ import annotations
@@ -85,8 +87,6 @@ def _forward(q, k, v, lengths, *, causal, scale, window, bm, bn, stages):
     l_i[...] = jnp.where(lv == 0, -jnp.inf, m_i[...] + jnp.log(lv))
     jt.copy(l_i, lse.at[b, h, bx * bm])
     return out, lse
-
-
 
 
 @jt.kernel(threads=128)
@@ -225,7 +225,12 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | No
       block_q, block_k: the query and key tile sizes (default: the stored tile table's
         for these shapes, else :func:`default_tiles`; passing one passes over the table).
       stages: how many K/V tiles the CUDA kernel keeps in flight (its ``cp.async``
-        pipeline; the backward kernels do not use it).
+        pipeline or TMA ring; the backward kernels do not use it).
+
+    On ``cuda:sm_90a`` (by capabilities: TMA, wgmma, ``setmaxnreg``) 16-bit operands with
+    head_dim 64 or 128 run :func:`attention_fwd_ws` (two consumer warpgroups, K/V through a
+    TMA ring a producer warpgroup fills) unless the tiles asked for do not fit it
+    (:func:`uses_warp_specialised`); everything else runs :func:`attention_fwd`.
 
     Returns ``out`` (batch, heads, T, head_dim) in q's dtype, or ``(out, lse)``. A NaN or
     infinite score (from q, k or scale) makes its row NaN, as in

@@ -5,9 +5,10 @@ a block's 128 query rows, and the producer warpgroup the warp-specialisation pas
 What ``jt.ops.attention`` picks on which target; the split as the lowered IR shows it; emulator
 runs (no finding) against an independent float64 numpy formula and
 ``jax.nn.dot_product_attention``: f16 and bf16, causal and not, grouped-query heads (H=4,
-Hkv=2), ragged T and S, per-batch lengths, a row that sees no key, NaN in q; and the
-emulator reporting the missing ``fence.proxy.async`` the split would leave if it dropped the
-barrier that orders Q's generic writes before the loop's wgmma reads."""
+Hkv=2), ragged T and S, per-batch lengths, a row that sees no key, NaN in q, sliding windows,
+``jax.vmap`` (5-D TMA boxes); and the emulator reporting the missing ``fence.proxy.async`` the
+split would leave if it dropped the barrier that orders Q's generic writes before the loop's
+wgmma reads."""
 
 import importlib
 
@@ -175,6 +176,17 @@ def test_bf16_d128_empty_rows_and_nan(hopper):
                        nan_at=(0, 1, 5, 3))
     assert not sees[1].any() and np.all(got[1] == 0)
     assert np.isnan(got[0, 1, 5]).all() and np.isnan(got).sum() == 128
+
+
+def test_vmap_makes_the_operands_5d_tma_loads(hopper):
+    # jax.vmap adds a leading axis to q, k and v: the ring loads 5-D boxes
+    q = _data((2, 1, 2, 40, 64), jnp.float16, 6)
+    k, v = _data((2, 1, 1, 72, 64), jnp.float16, 7), _data((2, 1, 1, 72, 64), jnp.float16, 8)
+    got = jax.jit(jax.vmap(lambda *a: ops.attention(*a, causal=True)))(q, k, v)
+    assert "tma_load_5d(" in hopper[-1] and "setmaxnreg_dec<40>" in hopper[-1]
+    for i in range(2):
+        want, _ = _f64(q[i], k[i], v[i], True, [72])
+        np.testing.assert_allclose(np.asarray(got[i], np.float64), want, rtol=2e-2, atol=2e-2)
 
 
 @pytest.mark.slow   # 3 query tiles x 4 heads x 2 batches of 384 emulated threads: 10-80 s

@@ -234,6 +234,38 @@ def test_d128_compiles_without_spills_on_hgmma_and_tma():
         assert counts.get("HMMA", 0) == 0 and counts.get("LDGSTS", 0) == 0, counts
 
 
+_TMA_4D_5D = r"""
+#include <jaxtile/device.h>
+using jaxtile::ptr;
+JT_KERNEL JT_LAUNCH_BOUNDS(128) void probe(ptr<const uint8_t> map, ptr<const int> c,
+                                           ptr<unsigned> out) {
+  JT_SHARED(uint64_t, bar, 1);
+  JT_SHARED_AT(jaxtile::u32x4, tile, 1024, 0);
+  const auto* m = jaxtile::ptr_cast<const jaxtile::tensor_map>(map);
+  if (jaxtile::thread_idx().x == 0) {
+    jaxtile::mbarrier_init(bar, 1);
+    jaxtile::fence_mbarrier_init();
+    jaxtile::mbarrier_arrive_expect_tx(bar, 2 * c[5]);
+    jaxtile::tma_load_4d(tile, m, bar, c[0], c[1], c[2], c[3]);
+    jaxtile::tma_load_5d(tile + 512, m, bar, c[0], c[1], c[2], c[3], c[4]);
+  }
+  jaxtile::mbarrier_wait_parity(bar, 0);
+  out[jaxtile::thread_idx().x] = tile[jaxtile::thread_idx().x].x;
+}
+"""
+
+
+def test_the_4d_and_5d_tma_loads_assemble_for_sm90a():
+    """device_ptx.h's ``cp.async.bulk.tensor.{4,5}d`` forms (coordinates as the PTX ISA's
+    ``.dim``-element vector) through nvcc and ptxas."""
+    from jaxtile.compiler.cuda import toolchain
+
+    if toolchain.nvcc_path() is None:
+        pytest.skip("nvcc not installed")
+    cubin = toolchain.compile_cubin(_TMA_4D_5D, "sm_90a", file="tma_4d_5d.cu")
+    assert cubin.kernels["probe"].spill_stores == 0
+
+
 # -- a seeded mistake -------------------------------------------------------------------------
 
 def test_dropping_the_barrier_before_the_loop_is_reported():

@@ -12,7 +12,10 @@ For a machine with a GPU (finishes in under 8 minutes; ``--budget`` seconds in a
   (GB/s); GEMM 8192^3 in float16 and bfloat16 (float32 accumulation):
   ``jt.ops.matmul`` against ``jnp.dot`` (cuBLAS, or rocBLAS / hipBLASLt on ROCm), TFLOP/s
   of both and their ratio; the flash-attention forward against
-  ``jax.nn.dot_product_attention`` (cuDNN where XLA picks it), causal and not;
+  ``jax.nn.dot_product_attention`` (cuDNN where XLA picks it), causal and not; and
+  ``jt.ops.attention``'s forward (``ops_attention``: the FlashAttention-3-style kernel where
+  the device's target has TMA, wgmma and setmaxnreg, which kernel ran is reported) against
+  ``jax.nn.dot_product_attention(..., implementation="cudnn")``;
 - last, the kernel tests (``--tests``) under pytest with JAX's default device the GPU.
 
 What cannot run is reported with the reason (no GPU, out of time) and the rest still runs.
@@ -287,6 +290,12 @@ def correctness_checks(small: bool) -> list[Check]:
 
         checks.append(Check(f"attention_fwd{tag}", functools.partial(ours, q, kk, vv),
                             functools.partial(formula, q, kk, vv), 4e-3))
+        # 16-bit operands: on a target with TMA, wgmma and setmaxnreg, the
+        # FlashAttention-3-style kernel (jt.ops.attention picks it for f16/bf16 only)
+        q16, k16, v16 = (z.astype(jnp.float16) for z in (q, kk, vv))
+        checks.append(Check(f"attention_fwd_f16{tag}", functools.partial(ours, q16, k16, v16),
+                            functools.partial(formula, *(z.astype(jnp.float32)
+                                                         for z in (q16, k16, v16))), 1e-2))
         checks.append(Check(
             f"attention_dq_dkdv{tag}",
             functools.partial(jax.grad(lambda *a, f=ours: jnp.sum(f(*a) * go), (0, 1, 2)),
@@ -425,6 +434,44 @@ def flash_attention(dtype: Any, causal: bool, rounds: int, seq: int, *, bh: int 
             **_throughput(samples, flops), "max_rel_error": error}
 
 
+def ops_attention(dtype: Any, causal: bool, rounds: int, seq: int, *, b: int = 2,
+                  h: int = 16, d: int = 128) -> dict[str, Any]:
+    """``jt.ops.attention``'s forward (the FlashAttention-3-style ``attention_fwd_ws`` where
+    the device's target has TMA, wgmma and setmaxnreg, else ``attention_fwd``) against
+    ``jax.nn.dot_product_attention(..., implementation="cudnn")`` (XLA's choice where cuDNN
+    refuses the call, said in ``reference``), (b, h, seq, d) operands; the error first."""
+    from jaxtile.autotune import tuning_target
+    from jaxtile.ops.attention import uses_warp_specialised
+
+    target = tuning_target()
+    ws = uses_warp_specialised(target, dtype, d)
+    keys = jax.random.split(jax.random.key(2), 3)
+    q, k, v = (jax.random.normal(key, (b, h, seq, d), jnp.float32).astype(dtype)
+               for key in keys)
+    ours = jax.jit(functools.partial(jt.ops.attention, causal=causal))
+
+    def reference(implementation):
+        def run(q, k, v):
+            t = [x.transpose(0, 2, 1, 3) for x in (q, k, v)]   # jax.nn's (B, T, N, D)
+            return jax.nn.dot_product_attention(*t, is_causal=causal,
+                                                implementation=implementation
+                                                ).transpose(0, 2, 1, 3)
+        return jax.jit(run)
+
+    try:
+        theirs, which = reference("cudnn"), "cudnn"
+        want = theirs(q, k, v)
+    except Exception as e:  # noqa: BLE001 - cuDNN refuses some shapes and devices: say so
+        theirs, which = reference(None), f"xla's choice (cudnn: {_why(e)})"
+        want = theirs(q, k, v)
+    error = _max_rel_error(ours(q, k, v), want)
+    samples = _timed(ours, theirs, (q, k, v), rounds)
+    flops = 4.0 * b * h * seq * seq * d * (0.5 if causal else 1.0)
+    return {"shape": {"b": b, "h": h, "seq": seq, "d": d}, "target": target.name,
+            "kernel": "attention_fwd_ws" if ws else "attention_fwd", "reference": which,
+            **_throughput(samples, flops), "max_rel_error": error}
+
+
 def _attempt(clock: Clock, need: float, what: str, fn) -> dict[str, Any]:
     """``fn()``, or why it did not run (out of time, or the error it raised)."""
     if clock.left() < need:
@@ -500,6 +547,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{jnp.dtype(t)}{'_causal' if c else ''}": _attempt(
                 clock, 45, "flash attention",
                 functools.partial(flash_attention, t, c, args.rounds, args.seq))
+            for t in (jnp.float16, jnp.bfloat16) for c in (False, True)}
+        result["ops_attention"] = {
+            f"{jnp.dtype(t)}{'_causal' if c else ''}": _attempt(
+                clock, 45, "jt.ops.attention",
+                functools.partial(ops_attention, t, c, args.rounds, args.seq))
             for t in (jnp.float16, jnp.bfloat16) for c in (False, True)}
     if args.backend == "gpu":
         result["kernel_tests"] = _attempt(clock, 30, "kernel tests",

@@ -5,12 +5,16 @@ library runs it: 128 threads, the K/V loop a cp.async pipeline, the tiles of
 fragments take twice the registers, 64 x 32 for D <= 64 and 32 x 32 for D = 128). Also the
 flash kernel ``benchmarks/gpu_check.py`` times (``_flash_fwd`` of
 ``tests/jaxtile/test_language_attention.py``, D = 128) at its 128 x 64 tiles, which spill,
-and at 64 x 32, which do not.
+and at 64 x 32, which do not. And ``sm90a_ws``: the FlashAttention-3-style
+``jt.ops.attention_fwd_ws`` that ``jt.ops.attention`` runs on ``cuda:sm_90a`` (128 x 128 tiles,
+two consumer warpgroups and the producer the warp-specialisation pass adds; HGMMA / UTMALDG
+counts), f16 and bf16, causal and not, D = 128 (and 64 with ``--all``).
 
 Prints one JSON object: per configuration (kernel, dtype, head dim, causal, tiles, stages,
 architecture) ptxas' registers, spill stores / loads, stack frame, the static shared memory
 ptxas reports (0: every array is a view of the dynamic buffer) and the dynamic shared memory
-the kernel launches with, SASS counts of HMMA / LDSM / LDGSTS (cuobjdump, where installed),
+the kernel launches with, SASS counts of HMMA / LDSM / LDGSTS / HGMMA / UTMALDG (cuobjdump,
+where installed),
 and the compile time (NVRTC in process, else nvcc). No GPU needed.
 """
 
@@ -44,7 +48,12 @@ def _figures(kernel: str, d: int, causal: bool, stages: int, arch: str, dtype,
              tiles: tuple[int, int]) -> dict:
     target = parse_target(arch)
     bm, bn = tiles
-    if kernel == "gpu_check_flash":
+    if kernel == "jt.ops.attention_fwd_ws":
+        q = jax.ShapeDtypeStruct((4, 16, 4096, d), dtype)
+        low = ops.attention_fwd_ws.lower(q, q, q, jax.ShapeDtypeStruct((4,), jnp.int32),
+                                         causal=causal, stages=stages, bm=bm, bn=bn,
+                                         target=arch)
+    elif kernel == "gpu_check_flash":
         q = jax.ShapeDtypeStruct((32, 4096, d), dtype)
         low = _flash_kernel().lower(q, q, q, causal=causal, bm=bm, bn=bn, target=arch)
     else:
@@ -67,7 +76,8 @@ def _figures(kernel: str, d: int, causal: bool, stages: int, arch: str, dtype,
         "stack_frame": r.stack_frame, "static_shared_bytes": r.shared_bytes,
         "dynamic_shared_bytes": compiled.launch.dynamic_smem,
         "sass": None if counts is None else {k: counts.get(k, 0)
-                                             for k in ("HMMA", "LDSM", "LDGSTS")},
+                                             for k in ("HMMA", "LDSM", "LDGSTS", "HGMMA",
+                                                       "UTMALDG")},
         "compiler": compiled.compiler, "compile_s": round(seconds, 3),
     }
 
@@ -86,6 +96,10 @@ def main() -> None:
                     for d in (64, 128) for c in (False, True) for s in (2, 3)
                     for a in ("cuda:sm_80", "cuda:sm_90a") if (d, s, a) != (128, 2, "cuda:sm_80")]
     rows = [_figures(k, d, c, s, a, t, default_tiles(t, d)) for k, d, c, s, a, t in configs]
+    # the FlashAttention-3-style kernel jt.ops.attention runs on sm_90a (16-bit, D 64/128)
+    ws = [_figures("jt.ops.attention_fwd_ws", d, c, 2, "cuda:sm_90a", t, (128, 128))
+          for t in (jnp.float16, jnp.bfloat16) for d in ((64, 128) if args.all else (128,))
+          for c in (False, True)]
     flash = [_figures("gpu_check_flash", 128, c, 2, "cuda:sm_80", t, tiles)
              for tiles in ((128, 64), (64, 32)) for t in (jnp.float16, jnp.bfloat16)
              for c in (False, True)]
@@ -96,8 +110,12 @@ def main() -> None:
     emit({
         "kernel": f"{lib} (128 threads, cp.async K/V, jt.ops.attention's default tiles)",
         "configs": rows,
+        "sm90a_ws": ws,
         "gpu_check_flash": flash,
         "meets_targets": {
+            "sm90a_ws_no_spills_hgmma_tma": all(
+                clean(r) and (r["sass"] is None or r["sass"]["HGMMA"] > 0 and
+                              r["sass"]["UTMALDG"] > 0 and r["sass"]["HMMA"] == 0) for r in ws),
             "d128_sm80_no_spills": all(clean(r) for r in rows
                                        if r["head_dim"] == 128 and r["arch"] == "cuda:sm_80"),
             "float32_no_spills": all(clean(r) for r in rows if r["dtype"] == "float32"),

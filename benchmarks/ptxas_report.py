@@ -25,9 +25,12 @@ passes, code generation and NVRTC; the median is reported.
 where the gemm planner picks wgmma (one warpgroup, two m64n128k16 accumulators) and the
 pipelining pass TMA loads in an mbarrier ring: registers, spills (0), HGMMA / HMMA /
 UTMALDG / LDGSTS counts in the SASS, the emulator run (findings, error) and the cold
-compile, as above. ``sm90a_attention``: ``jt.ops.attention``'s forward kernel at D = 128 on
-``cuda:sm_90a`` (wgmma for ``Q @ K^T`` and, with P in registers, ``P @ V``): registers, spills
-(0), HGMMA / HMMA counts. ``sm90a_ws_gemm``: the warp-specialised GEMM (``tests/ws_gemm.py``,
+compile, as above. ``sm90a_attention``: ``jt.ops.attention``'s FlashAttention-3-style forward
+kernel at D = 128 fp16 on ``cuda:sm_90a`` (``attention_fwd_ws``: two consumer warpgroups with
+wgmma for ``Q @ K^T`` and, with P in registers, ``P @ V``; K/V through a 4-D TMA ring the
+added producer warpgroup fills): each role's ``setmaxnreg`` registers, spills (0), HGMMA /
+UTMALDG > 0 and HMMA == 0, the cold compile (target <= 1.5 s). ``sm90a_ws_gemm``: the
+warp-specialised GEMM (``tests/ws_gemm.py``,
 128x256x64 tiles, two consumer warpgroups and the producer the compiler adds): each role's
 ``setmaxnreg`` registers, ptxas' one count and spills (0), HGMMA / UTMALDG counts, an
 emulator run. ``sm90a_fp8_gemm``: ``jt.ops.scaled_matmul``'s kernel on e4m3
@@ -144,22 +147,35 @@ def _language_gemm():
     return pipelined_gemm
 
 
+def _cpu_seconds() -> float:
+    """CPU seconds of this process, its threads and any compiler process it waited for."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 def _cold_child(arch: str) -> None:
     """One cold compile in this (fresh) process: trace -> Tile IR -> CUDA passes -> CUDA
-    source -> NVRTC cubin, with an empty cache; prints the phases' seconds as JSON."""
-    target = parse_target(f"cuda:{arch}")
-    spec = jax.ShapeDtypeStruct((4096, 4096), jnp.float16)
-    t0 = time.perf_counter()
-    lowered = _language_gemm().lower(spec, spec, target=target.name)
+    source -> NVRTC cubin, with an empty cache; prints the phases' seconds as JSON. ``arch``:
+    the language GEMM's architecture, or ``attention`` (the sm_90a attention forward)."""
+    t0, c0 = time.perf_counter(), _cpu_seconds()
+    if arch == "attention":     # the sm_90a attention forward (_attention_ws_lowered)
+        target = parse_target("cuda:sm_90a")
+        lowered = _attention_ws_lowered(target)
+    else:
+        target = parse_target(f"cuda:{arch}")
+        spec = jax.ShapeDtypeStruct((4096, 4096), jnp.float16)
+        lowered = _language_gemm().lower(spec, spec, target=target.name)
     kernel = lowered.kernel
     t1 = time.perf_counter()
     ir = build.lowered_ir(kernel, target)
     t2 = time.perf_counter()
     compiled = cuda_compile.compile_to_library(ir, target)
-    t3 = time.perf_counter()
+    t3, c3 = time.perf_counter(), _cpu_seconds()
+    # cpu_s: CPU time, which other processes on a loaded machine do not inflate as they do
+    # the wall time
     print(json.dumps({"trace_s": t1 - t0, "passes_s": t2 - t1, "codegen_and_compile_s": t3 - t2,
                       "compiler_s": compiled.seconds, "compiler": compiled.compiler,
-                      "total_s": t3 - t0}))
+                      "total_s": t3 - t0, "cpu_s": c3 - c0}))
 
 
 def _cold_compiles(runs: int, arch: str = "sm_80") -> dict:
@@ -276,7 +292,7 @@ def _sm90a_figures(args: argparse.Namespace) -> dict:
             "tma_not_cp_async": None if sass is None else (sass["UTMALDG"] > 0
                                                            and sass["LDGSTS"] == 0),
             "no_findings": report["findings"] == [],
-            "cold_compile<=1.5s": cold["median"]["total_s"] <= 1.5,
+            "cold_compile_cpu<=1.5s": cold["median"]["cpu_s"] <= 1.5,
         },
     }
 
@@ -330,34 +346,58 @@ def _sm90a_ws_figures(args: argparse.Namespace) -> dict:
     }
 
 
-def _sm90a_attention_figures() -> dict:
-    """``jt.ops.attention``'s forward kernel (fp16, D = 128, 4096 queries and keys, the
-    tiles ``jt.ops.attention`` picks) on ``cuda:sm_90a``: both products on wgmma, ``P @ V``
-    with P in registers."""
+def _attention_ws_lowered(target):
+    """``jt.ops.attention``'s sm_90a forward kernel (:func:`~jaxtile.ops.attention.
+    attention_fwd_ws`, the one ``jt.ops.attention`` picks there for fp16 at D = 128) for 16
+    heads of 4096 queries and keys, lowered for ``target``."""
     from jaxtile import ops
-    from jaxtile.ops.attention import default_tiles
 
-    target = parse_target("cuda:sm_90a")
     spec = jax.ShapeDtypeStruct((1, 16, 4096, 128), jnp.float16)
     lengths = jax.ShapeDtypeStruct((1,), jnp.int32)
-    bm, bn = default_tiles(jnp.float16, 128, target.caps.max_smem_bytes)
-    lowered = ops.attention_fwd.lower(spec, spec, spec, lengths, bm=bm, bn=bn,
-                                      target=target.name)
-    compiled = cuda_compile.compile_to_library(build.lowered_ir(lowered.kernel, target), target)
+    return ops.attention_fwd_ws.lower(spec, spec, spec, lengths, target=target.name)
+
+
+def _sm90a_attention_figures(args: argparse.Namespace) -> dict:
+    """The FlashAttention-3-style forward on ``cuda:sm_90a`` (fp16, D = 128, T = S = 4096,
+    128 x 128 tiles): two consumer warpgroups of 64 query rows each (both products on wgmma,
+    ``P @ V`` with P in registers), K and V through a 4-D TMA ring that the producer warpgroup
+    the warp-specialisation pass adds fills. Each role's registers after ``setmaxnreg`` from
+    the split the IR records (ptxas reports one count: the launch's), spills, the SASS counts
+    and the cold compile (trace -> cubin, fresh processes)."""
+    from jaxtile.compiler.gpu.warp_specialise import split_of
+    from jaxtile.ops.attention import uses_warp_specialised
+
+    target = parse_target("cuda:sm_90a")
+    lowered = _attention_ws_lowered(target)
+    ir = build.lowered_ir(lowered.kernel, target)
+    split = split_of(ir)
+    compiled = cuda_compile.compile_to_library(ir, target)
     ptxas = compiled.ptxas
     counts = sass_counts(compiled.cubin)
-    sass = None if counts is None else {k: counts.get(k, 0) for k in ("HGMMA", "HMMA")}
-    instr = _planned_instrs(lowered.lowered_ir)
+    sass = None if counts is None else {k: counts.get(k, 0) for k in ("HGMMA", "HMMA",
+                                                                      "UTMALDG", "LDGSTS")}
+    roles = None if split is None else {
+        "consumers": {"threads": split.attrs["consumers"],
+                      "registers": split.attrs["consumer_regs"]},
+        "producer": {"threads": split.attrs["producers"],
+                     "registers": split.attrs["producer_regs"]}}
+    cold = _cold_compiles(args.cold_runs, "attention")
     return {
-        "kernel": f"jt.ops.attention_fwd (fp16, D=128, T=S=4096, {bm}x{bn} tiles, 128 threads "
-                  "= 1 warpgroup, sm_90a)",
-        "instr": instr,
+        "kernel": "jt.ops.attention_fwd_ws (fp16, D=128, T=S=4096, 128x128 tiles, 256 threads "
+                  "= 2 consumer warpgroups + 1 producer, 2 stages, sm_90a)",
+        "picked_by_attention": uses_warp_specialised(target, jnp.float16, 128),
+        "instr": _planned_instrs(lowered.lowered_ir),
         "register_a": "gemm_wgmma_rs" in lowered.source,
+        "roles_setmaxnreg": roles,
         "compiler": compiled.compiler,
         **_ptxas_fields(ptxas, ptxas.shared_bytes + compiled.launch.dynamic_smem, sass),
+        "cold_compile_trace_to_cubin": cold,
         "meets_targets": {
+            "split": roles is not None,
             "no_spills": ptxas.spill_stores == ptxas.spill_loads == 0,
-            "hgmma_not_hmma": None if sass is None else sass["HGMMA"] > 0 and sass["HMMA"] == 0,
+            "hgmma_tma_not_hmma": None if sass is None else (
+                sass["HGMMA"] > 0 and sass["UTMALDG"] > 0 and sass["HMMA"] == 0),
+            "cold_compile_cpu<=1.5s": cold["median"]["cpu_s"] <= 1.5,
         },
     }
 
@@ -476,7 +516,7 @@ def main() -> None:
         "language_gemm": _language_figures(args),
         "sm90a_wgmma_gemm": _sm90a_figures(args),
         "sm90a_ws_gemm": _sm90a_ws_figures(args),
-        "sm90a_attention": _sm90a_attention_figures(),
+        "sm90a_attention": _sm90a_attention_figures(args),
         "sm90a_fp8_gemm": _sm90a_fp8_figures(),
         "sm90a_pingpong_attention": _sm90a_pingpong_figures(),
     })

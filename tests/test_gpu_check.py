@@ -74,7 +74,7 @@ def test_a_check_that_raises_fails():
 def _main(monkeypatch, capsys, checks, argv):
     """gpu_check's exit status and report for ``checks``, the timings left out."""
     monkeypatch.setattr(gpu_check, "correctness_checks", lambda small: checks)
-    for name in ("gemm", "softmax", "flash_attention"):
+    for name in ("gemm", "softmax", "flash_attention", "ops_attention"):
         monkeypatch.setattr(gpu_check, name, lambda *a: {"not_run": "left out by the test"})
     before = jt.backend()
     try:

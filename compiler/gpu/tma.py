@@ -6,9 +6,10 @@ On a target with TMA (``GpuCaps.tma``: sm_90 on), the pipelining pass
 every one of them can be (:func:`tma_box`); one that cannot keeps the whole loop on
 ``cp.async``. A copy can be a TMA load when
 
-- its source is a 2-D or 3-D global buffer of static shape whose rows are a multiple of 16
-  bytes (TMA takes 16-byte-aligned strides; an f16 row of 999 elements is not), and the
-  tile's last dimension is a contiguous run of it;
+- its source is a 2-D to 5-D global buffer (TMA's ranks; attention's K and V are 4-D,
+  ``(B, Hkv, S, D)``) of static shape whose rows are a multiple of 16 bytes (TMA takes
+  16-byte-aligned strides; an f16 row of 999 elements is not), and the tile's last
+  dimension is a contiguous run of it;
 - it converts nothing, and pads with zeros (TMA reads elements past the tensor's edges as
   zeros, so a zero-padded edge needs no mask);
 - its destination is plain row-major, or in wgmma's canonical layout (``wgmma_swizzle``:
@@ -43,6 +44,9 @@ BOX = "tma_box"
 SWIZZLE = "tma_swizzle"
 MAX_BOX = 256
 """TMA moves boxes of at most 256 elements in each dimension."""
+MIN_RANK, MAX_RANK = 2, 5
+"""The source ranks a TMA load takes here: ``cp.async.bulk.tensor`` has 1-D to 5-D forms
+(a 1-D tile is left to ``cp.async``); the device headers' ``tma_load_{2..5}d``."""
 SMEM_ALIGN = 128
 """A TMA load's shared-memory destination is 128-byte aligned."""
 
@@ -54,7 +58,7 @@ def tma_box(op: ir.Op, bufs: Mapping[str, ir.Buffer]) -> tuple[tuple[int, ...], 
     sb, db = bufs[src.buffer], bufs[dst.buffer]
     size = np.dtype(sb.dtype).itemsize
     if (sb.dtype != db.dtype or op.attrs["pad"] not in (None, 0, 0.0, False)
-            or size not in (1, 2, 4, 8) or len(sb.shape) not in (2, 3)
+            or size not in (1, 2, 4, 8) or not MIN_RANK <= len(sb.shape) <= MAX_RANK
             or not is_static(sb.shape) or src.index[-1].size is None
             or sb.shape[-1] * size % 16 or db.attrs.get("swizzle")
             or any(isinstance(i.start, ir.Value) and i.start.shape != () for i in src.index)):

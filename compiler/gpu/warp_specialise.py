@@ -63,11 +63,13 @@ kernel that the pipelining pass made a TMA ring, standing at the top level of th
 synchronises the block inside it (scratch, ``store_release``, ``fence``); the stages' bytes
 shared with no other buffer (the producer fills them while the consumers run the code before
 the loop); and every value the producer needs computable from block indices, constants and
-scalar arithmetic before the loop. The loop's ``warp_specialize`` flag (``jt.pipelined(...,
-warp_specialize=...)``) overrides the inference: False keeps the plain ring, True asks for
-the split of a TMA ring and is an error naming the reason when one of the conditions fails
-(a loop whose copies TMA cannot make, known only from the call's shapes, stays on
-``cp.async`` under every flag); None (the default) splits where the conditions hold.
+scalar arithmetic before the loop, or from scalar loads of a kernel input (which nothing in
+the kernel writes: attention's key count ``lengths[b]`` bounds its ring). The loop's
+``warp_specialize`` flag (``jt.pipelined(..., warp_specialize=...)``) overrides the
+inference: False keeps the plain ring, True asks for the split of a TMA ring and is an error
+naming the reason when one of the conditions fails (a loop whose copies TMA cannot make,
+known only from the call's shapes, stays on ``cp.async`` under every flag); None (the
+default) splits where the conditions hold.
 Every other loop is left unchanged, and so is every kernel on a target without
 ``setmaxnreg`` and TMA (the flag is ignored there, so that one kernel serves every GPU).
 
@@ -189,7 +191,7 @@ def _refusal(kernel: ir.Kernel, loop: ir.For, caps: GpuCaps) -> str | None:
             return f"the bytes of stage buffer {name} are shared with {others[0]}"
     if _preamble(kernel, loop) is None:
         return ("a value its copies' origins or its bounds need is not computable from "
-                "block indices and scalar arithmetic before the loop")
+                "block indices, scalar arithmetic and scalar loads of inputs before the loop")
     return None
 
 
@@ -203,6 +205,10 @@ def _preamble(kernel: ir.Kernel, loop: ir.For) -> set[int] | None:
     inside = {s.result.id for s in ir.walk(loop.body)
               if isinstance(s, ir.Op) and s.result is not None}
     indices = {v.id for v in kernel.block_indices}
+    # A scalar read of a kernel input (attention's key count lengths[b], which bounds its
+    # ring): nothing in the kernel writes an input, so the producer reads what the
+    # consumers read.
+    inputs = {b.name for b in kernel.params if getattr(b, "role", None) == "input"}
     issued = [s for s in loop.body if isinstance(s, ir.Op) and s.notes.get(ISSUED)]
     todo = [v for s in issued for v in (*s.operands, *(v for r in ir.regions(s)
                                                         for v in r.values()))]
@@ -213,10 +219,12 @@ def _preamble(kernel: ir.Kernel, loop: ir.For) -> set[int] | None:
         if v.id in indices or v.id in inside or v.id == loop.var.id or v.id in needed:
             continue
         op = before.get(v.id)
-        if op is None or op.kind not in _SCALAR_KINDS or op.result.shape != ():
+        if op is None or op.result.shape != () or not (
+                op.kind in _SCALAR_KINDS or op.kind == "load" and op.attrs["src"].buffer
+                in inputs):
             return None
         needed.add(v.id)
-        todo += list(op.operands)
+        todo += [*op.operands, *(u for r in ir.regions(op) for u in r.values())]
     return {id(before[v]) for v in needed}
 
 

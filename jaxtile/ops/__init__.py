@@ -7,7 +7,8 @@ are kernels too (``matmul``, ``softmax``) or a jnp formula of the tangent (the n
 take 2-D operands (and 1-D weights); batch them with ``jax.vmap``.
 
 ``attention`` is flash attention on (batch, heads, seq, head_dim) operands (grouped-query,
-causal, per-sequence lengths, sliding windows), differentiated in both modes by kernels
+causal, per-sequence lengths, sliding windows; on Hopper, sm_90a, the FlashAttention-3-style
+``attention_fwd_ws``), differentiated in both modes by kernels
 (``attention_dq``, ``attention_dkdv``, ``attention_jvp``); ``attention_decode`` attends one
 query token per sequence to a paged KV cache, split over the sequence.
 
@@ -19,7 +20,7 @@ Tile parameters a call leaves out come from tables stored per target (``_tiles.p
 
 from . import _tiles
 from .add import add
-from .attention import attention, attention_fwd
+from .attention import attention, attention_fwd, attention_fwd_ws
 from .attention_bwd import attention_dkdv, attention_dq, attention_jvp
 from .attention_decode import attention_decode, decode_combine, decode_partial
 from .layer_norm import layer_norm, layer_norm_bwd, layer_norm_fwd
@@ -34,7 +35,7 @@ _tiles.install({k.name: k for k in (attention_dkdv, attention_dq, attention_fwd,
                                     softmax, softmax_bwd)})
 
 __all__ = ["add", "attention", "attention_decode", "attention_dkdv", "attention_dq",
-           "attention_fwd", "attention_jvp", "decode_combine", "decode_partial", "layer_norm",
-           "layer_norm_bwd", "layer_norm_fwd", "matmul", "matmul_relu", "rms_norm",
-           "rms_norm_bwd", "rms_norm_fwd", "scaled_matmul", "scaled_matmul_kernel", "softmax",
-           "softmax_bwd"]
+           "attention_fwd", "attention_fwd_ws", "attention_jvp", "decode_combine",
+           "decode_partial", "layer_norm", "layer_norm_bwd", "layer_norm_fwd", "matmul",
+           "matmul_relu", "rms_norm", "rms_norm_bwd", "rms_norm_fwd", "scaled_matmul",
+           "scaled_matmul_kernel", "softmax", "softmax_bwd"]

@@ -4,7 +4,9 @@
 tiles a block of queries can see with an online softmax and also returns each row's
 log-sum-exp, from which the backward kernels (:mod:`.attention_bwd`) and the forward-mode
 rule recompute the probabilities tile by tile. Grouped-query attention indexes the K/V head
-``h // (H // Hkv)`` from the query head ``h``: K and V are never repeated in memory.
+``h // (H // Hkv)`` from the query head ``h``: K and V are never repeated in memory. On a
+target with TMA, wgmma and ``setmaxnreg`` (``cuda:sm_90a``) :func:`attention` runs the same
+body as :func:`attention_fwd_ws`, FlashAttention-3 style (:func:`uses_warp_specialised`).
 """
 
 from __future__ import annotations
@@ -27,20 +29,10 @@ from .attention_mask import (
 )
 
 
-@jt.kernel(threads=128)
-def attention_fwd(q, k, v, lengths, *, causal=False, scale=None, window=None, bm=64, bn=64,
-                  stages=2):
-    """``(out, lse)`` of attention for ``q`` (B, H, T, D), ``k`` and ``v`` (B, Hkv, S, D)
-    and the key counts ``lengths`` (B,) int32; ``window`` is None, ``(left, right)`` or an
-    int ``w`` for ``(w, w)``.
-
-    ``out`` (B, H, T, D) in ``q.dtype``; ``lse`` (B, H, T) float32, the log-sum-exp of each
-    row's scaled scores (``-inf`` for a row that sees no key, whose ``out`` is 0; NaN and
-    inf scores propagate to ``out`` and ``lse`` as NaN). A block
-    handles ``bm`` queries of one head against tiles of ``bn`` keys; scores and the softmax
-    are float32, probabilities are cast to ``v.dtype`` for the product with ``v``. On CUDA
-    the K/V tiles come through a ``stages``-deep ``cp.async`` pipeline.
-    """
+def _forward(q, k, v, lengths, *, causal, scale, window, bm, bn, stages):
+    """The body both forward kernels trace (:func:`attention_fwd`, :func:`attention_fwd_ws`):
+    ``bm`` queries of one head against the ``bn``-key tiles they can see, with an online
+    softmax; ``(out, lse)``."""
     group, seq = check_qkv("attention", q, k, v, lengths)
     window = window_pair(window)
     batch, heads, t_len, d = q.shape
@@ -95,6 +87,67 @@ def attention_fwd(q, k, v, lengths, *, causal=False, scale=None, window=None, bm
     l_i[...] = jnp.where(lv == 0, -jnp.inf, m_i[...] + jnp.log(lv))
     jt.copy(l_i, lse.at[b, h, bx * bm])
     return out, lse
+
+
+@jt.kernel(threads=128)
+def attention_fwd(q, k, v, lengths, *, causal=False, scale=None, window=None, bm=64, bn=64,
+                  stages=2):
+    """``(out, lse)`` of attention for ``q`` (B, H, T, D), ``k`` and ``v`` (B, Hkv, S, D)
+    and the key counts ``lengths`` (B,) int32; ``window`` is None, ``(left, right)`` or an
+    int ``w`` for ``(w, w)``.
+
+    ``out`` (B, H, T, D) in ``q.dtype``; ``lse`` (B, H, T) float32, the log-sum-exp of each
+    row's scaled scores (``-inf`` for a row that sees no key, whose ``out`` is 0; NaN and
+    inf scores propagate to ``out`` and ``lse`` as NaN). A block
+    handles ``bm`` queries of one head against tiles of ``bn`` keys; scores and the softmax
+    are float32, probabilities are cast to ``v.dtype`` for the product with ``v``. On CUDA
+    the K/V tiles come through a ``stages``-deep ``cp.async`` pipeline (a TMA ring where the
+    target has TMA and the shapes allow).
+    """
+    return _forward(q, k, v, lengths, causal=causal, scale=scale, window=window, bm=bm,
+                    bn=bn, stages=stages)
+
+
+@jt.kernel(threads=256)
+def attention_fwd_ws(q, k, v, lengths, *, causal=False, scale=None, window=None, bm=128,
+                     bn=128, stages=2):
+    """:func:`attention_fwd` as FlashAttention-3 runs it on Hopper: the same body over
+    256 threads, two consumer warpgroups that each own 64 of the block's 128 query rows
+    (the gemm planner splits ``S = Q K^T`` and ``P V`` by rows, so each row's max and sum
+    stay inside one warpgroup). Where the target has TMA, wgmma and ``setmaxnreg``
+    (``cuda:sm_90a``), K and V come through a TMA ring of their 4-D operands and the
+    warp-specialisation pass adds the producer warpgroup that issues it (384 threads);
+    shapes TMA cannot take (rows that are not 16-byte multiples) keep the ``cp.async``
+    ring. :func:`attention` picks this kernel where :func:`uses_warp_specialised` says so.
+    """
+    return _forward(q, k, v, lengths, causal=causal, scale=scale, window=window, bm=bm,
+                    bn=bn, stages=stages)
+
+
+WS_HEAD_DIMS = (64, 128)
+"""Head dims :func:`attention_fwd_ws` takes with its 128 x 128 tiles: ``P @ V``'s wgmma over
+one column of warpgroups has N = D (64, 128 or 256), and Q with two stages of K and V fit
+Hopper's 227 KiB of shared memory up to D = 128 (160 KiB there; D = 256 would need 64-key
+tiles, left to the 128-thread kernel for now)."""
+
+
+def uses_warp_specialised(target: Any, dtype: Any, head_dim: int, *, block_k: int = 128,
+                          stages: int = 2) -> bool:
+    """Whether :func:`attention` runs :func:`attention_fwd_ws` for ``target`` (a compiler
+    :class:`~jaxtile.compiler.target.Target`): by capabilities, a CUDA target with TMA,
+    wgmma and ``setmaxnreg``, 16-bit operands (float32's ``P @ V`` has no register-A wgmma)
+    with ``head_dim`` in :data:`WS_HEAD_DIMS` whose rows TMA can load (16-byte multiples),
+    ``block_k`` keys per tile that ``S = Q K^T``'s wgmma takes as its N (64 or 128), and Q
+    with ``stages`` K/V tiles within the target's shared memory. Every other target and
+    shape keeps :func:`attention_fwd`."""
+    caps = target.caps
+    size = jnp.dtype(dtype).itemsize
+    return (target.kind == "cuda" and bool(getattr(caps, "tma", False))
+            and bool(getattr(caps, "wgmma", False)) and bool(getattr(caps, "setmaxnreg", False))
+            and size == 2 and head_dim in WS_HEAD_DIMS and head_dim * size % 16 == 0
+            and block_k in (64, 128)
+            # (1 KiB left for the ring's mbarriers and the tiles' alignment)
+            and (128 + 2 * stages * block_k) * head_dim * size <= caps.max_smem_bytes - 1024)
 
 
 def default_tiles(dtype: Any, head_dim: int, smem_bytes: int | None = None, *,
@@ -172,7 +225,12 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | No
       block_q, block_k: the query and key tile sizes (default: the stored tile table's
         for these shapes, else :func:`default_tiles`; passing one passes over the table).
       stages: how many K/V tiles the CUDA kernel keeps in flight (its ``cp.async``
-        pipeline; the backward kernels do not use it).
+        pipeline or TMA ring; the backward kernels do not use it).
+
+    On ``cuda:sm_90a`` (by capabilities: TMA, wgmma, ``setmaxnreg``) 16-bit operands with
+    head_dim 64 or 128 run :func:`attention_fwd_ws` (two consumer warpgroups, K/V through a
+    TMA ring a producer warpgroup fills) unless the tiles asked for do not fit it
+    (:func:`uses_warp_specialised`); everything else runs :func:`attention_fwd`.
 
     Returns ``out`` (batch, heads, T, head_dim) in q's dtype, or ``(out, lse)``. A NaN or
     infinite score (from q, k or scale) makes its row NaN, as in
@@ -188,14 +246,27 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | No
     # come from the stored tile table, else default_tiles (jaxtile/ops/_tiles.py).
     tiles = {name: size for name, size in (("bm", block_q), ("bn", block_k))
              if size is not None}
-    out, lse = attention_fwd(q, k, v, lengths, causal=bool(causal), scale=scale,
-                             window=window, stages=stages, **tiles)
+    kernel = attention_fwd
+    if block_q in (None, 128) and jnp.ndim(q) == 4 and hasattr(q, "dtype"):
+        from ._tiles import active_target
+
+        # Chosen at trace time for the target the call compiles for (the kernel's threads
+        # are fixed: docs/design.md, "FlashAttention-3-style forward").
+        if uses_warp_specialised(active_target(), q.dtype, q.shape[-1],
+                                 block_k=block_k or 128, stages=stages):
+            kernel = attention_fwd_ws
+    out, lse = kernel(q, k, v, lengths, causal=bool(causal), scale=scale, window=window,
+                      stages=stages, **tiles)
     return (out, lse) if return_lse else out
 
 
-def _fwd(q, k, v, lengths, **params):
-    out, lse = attention_fwd(q, k, v, lengths, **params)
-    return (out, lse), (q, k, v, lengths, out, lse)
+def _forward_rule(kernel):
+    """The reverse-mode rule's forward half for either forward kernel: the outputs, and
+    what the backward kernels need."""
+    def fwd(q, k, v, lengths, **params):
+        out, lse = kernel(q, k, v, lengths, **params)
+        return (out, lse), (q, k, v, lengths, out, lse)
+    return fwd
 
 
 def _backward_params(params):
@@ -226,5 +297,7 @@ def _jvp(args, outs, tangents, **params):
                                        **_backward_params(params))
 
 
-attention_fwd.defvjp(_fwd, _bwd)
+attention_fwd.defvjp(_forward_rule(attention_fwd), _bwd)
 attention_fwd.defjvp(_jvp)
+attention_fwd_ws.defvjp(_forward_rule(attention_fwd_ws), _bwd)
+attention_fwd_ws.defjvp(_jvp)

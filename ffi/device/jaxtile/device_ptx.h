@@ -287,6 +287,24 @@ JT_DEVICE void tma_load_3d(T* dst, const tensor_map* map, uint64_t* bar, int c0,
       : "memory");
 }
 template <class T>
+JT_DEVICE void tma_load_4d(T* dst, const tensor_map* map, uint64_t* bar, int c0, int c1,
+                           int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], "
+      "[%1, {%2, %3, %4, %5}], [%6];" ::"r"(smem_addr_(dst)),
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr_(bar))
+      : "memory");
+}
+template <class T>
+JT_DEVICE void tma_load_5d(T* dst, const tensor_map* map, uint64_t* bar, int c0, int c1,
+                           int c2, int c3, int c4) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], "
+      "[%1, {%2, %3, %4, %5, %6}], [%7];" ::"r"(smem_addr_(dst)),
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(smem_addr_(bar))
+      : "memory");
+}
+template <class T>
 JT_DEVICE void tma_store_2d(const tensor_map* map, const T* src, int c0, int c1) {
   asm volatile(
       "cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group [%0, {%1, %2}], [%3];" ::"l"(

@@ -193,3 +193,40 @@ def test_the_split_compiles_with_the_launch_register_count_and_no_spills():
     assert compiled.ptxas.registers == 168, compiled.log
     assert compiled.ptxas.spill_stores == compiled.ptxas.spill_loads == 0, compiled.log
     assert "ignored" not in compiled.log
+
+
+@jt.kernel(threads=256)
+def _bounded_gemm(a, b, tiles, *, bm=128, bn=128, bk=64):
+    """``a[:, :K'] @ b[:K']`` for ``K' = tiles[0] * bk`` with A's first K tile loaded before
+    the ring and read in it (as attention's Q)."""
+    m, k = a.shape
+    n = b.shape[1]
+    c = jt.empty((m, n), jnp.float32)
+    bx, by = jt.grid(jt.cdiv(n, bn), jt.cdiv(m, bm))
+    a0 = jt.shared((bm, bk), a.dtype)
+    b_s = jt.shared((bk, bn), b.dtype)
+    acc = jt.fragment((bm, bn), jnp.float32)
+    acc[...] = jnp.zeros((bm, bn), jnp.float32)
+    jt.copy(a.at[by * bm, 0], a0)
+    count = jnp.minimum(jt.cdiv(k, bk), tiles[0])
+
+    @jt.pipelined(count, stages=2)
+    def _(kk):
+        jt.copy(b.at[kk * bk, bx * bn], b_s)
+        jt.gemm(a0, b_s, acc)
+
+    jt.copy(acc, c.at[by * bm, bx * bn])
+    return c
+
+
+def test_the_producer_reads_an_input_scalar_that_bounds_the_ring():
+    a, b = _ab(128, 256, 128)
+    text = _bounded_gemm.lower(a, b, jnp.asarray([3], jnp.int32),
+                               target="cuda:sm_90a").lowered_ir
+    assert "warp_specialise() {" in text
+    load = next(line for line in text.splitlines() if "src=tiles[" in line)
+    assert "role='producer'" in load
+    # its bound reaches the producer's loop: the producer's code reads tiles[0] too
+    src = _bounded_gemm.lower(a, b, jnp.asarray([3], jnp.int32), target="cuda:sm_90a").source
+    producer = src[src.index("setmaxnreg_dec"):src.index("setmaxnreg_inc")]
+    assert "tiles[0]" in producer

@@ -487,6 +487,20 @@ void tma_load_3d(ptr<T> dst, ptr<const tensor_map> map, ptr<uint64_t> bar, int c
                 map.raw(), bar.region(), bar.raw(), c, 3, line);
 }
 template <class T>
+void tma_load_4d(ptr<T> dst, ptr<const tensor_map> map, ptr<uint64_t> bar, int c0, int c1,
+                 int c2, int c3, uint32_t line = __builtin_LINE()) {
+  const int32_t c[4] = {c0, c1, c2, c3};
+  emu::tma_load(dst.region(), const_cast<std::remove_const_t<T>*>(dst.raw()), map.region(),
+                map.raw(), bar.region(), bar.raw(), c, 4, line);
+}
+template <class T>
+void tma_load_5d(ptr<T> dst, ptr<const tensor_map> map, ptr<uint64_t> bar, int c0, int c1,
+                 int c2, int c3, int c4, uint32_t line = __builtin_LINE()) {
+  const int32_t c[5] = {c0, c1, c2, c3, c4};
+  emu::tma_load(dst.region(), const_cast<std::remove_const_t<T>*>(dst.raw()), map.region(),
+                map.raw(), bar.region(), bar.raw(), c, 5, line);
+}
+template <class T>
 void tma_store_2d(ptr<const tensor_map> map, ptr<T> src, int c0, int c1,
                   uint32_t line = __builtin_LINE()) {
   const int32_t c[2] = {c0, c1};

@@ -2,7 +2,8 @@
 
 The CPU lowering builds one ``PrimFunc`` per kernel with :class:`KernelBuilder` (TIR AST
 nodes, no TVMScript text), compiles it with :func:`build` and writes a shared object with
-:func:`export`. Everything here was checked against apache-tvm 0.27 (``tvm.tirx``) with its
+:func:`export` (after :func:`reload_ir`, which leaves out the debug info TVM emits).
+Everything here was checked against apache-tvm 0.27 (``tvm.tirx``) with its
 LLVM backend.
 
 Kernel ABI
@@ -57,9 +58,10 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import subprocess
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import tvm
 import tvm_ffi
@@ -397,6 +399,41 @@ def build(
     target = tvm.target.Target({"kind": "llvm", "mcpu": cpu, "opt-level": opt_level})
     with tvm.transform.PassContext(config={"tirx.disable_assert": not checks}):
         return tirx.build(func, target, pipeline=tir_passes.NAME)
+
+
+_DEBUG_REF = re.compile(r",? !dbg !\d+")
+
+
+def without_debug_info(text: str) -> str:
+    """LLVM IR text with its debug info detached: no ``!dbg`` attachments, no debug
+    records or ``llvm.dbg`` intrinsic calls, no ``llvm.dbg.cu`` (the debug metadata nodes
+    stay, unreferenced, so nothing else can lose an operand). TVM's LLVM code generator
+    always emits debug info, and LLVM then spends time on it in code generation (debug-value
+    tracking, DWARF emission) without changing the machine code."""
+    out = []
+    for line in text.splitlines():
+        body = line.lstrip()
+        if (body.startswith(("#dbg_", "!llvm.dbg.cu", "declare void @llvm.dbg."))
+                or "call void @llvm.dbg." in body):
+            continue
+        out.append(_DEBUG_REF.sub("", line) if "!dbg" in line else line)
+    return "\n".join(out) + "\n"
+
+
+def reload_ir(module: tvm.runtime.Module,
+              rewrite: Callable[[str], str] | None = None) -> tvm.runtime.Module:
+    """``module`` (from :func:`build`, optimised, no machine code yet) as a new module
+    parsed from its LLVM IR, rewritten by ``rewrite`` if given and without debug info
+    (see :func:`without_debug_info`): the same machine code for :func:`export`, emitted
+    in less time into an object about half the size."""
+    text = module.inspect_source("ll")
+    if rewrite is not None:
+        text = rewrite(text)
+    with tempfile.TemporaryDirectory(prefix="jaxtile-ir-") as tmp:
+        path = os.path.join(tmp, "kernel.ll")
+        with open(path, "w") as f:
+            f.write(without_debug_info(text))
+        return tvm.runtime.load_module(path)
 
 
 def export(module: tvm.runtime.Module, path: str) -> None:

@@ -137,23 +137,50 @@ def _index_dtype(*values: ExprLike) -> str:
     return "int64" if wide else "int32"
 
 
+_NODE_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _fields(cls: type) -> tuple[str, ...]:
+    """The reflected fields of a node class that may hold nodes (not its type or span),
+    looked up once per class: the walk below visits every node of a kernel."""
+    names = _NODE_FIELDS.get(cls)
+    if names is None:
+        found, info = [], cls.__tvm_ffi_type_info__
+        while info is not None:
+            found += [f.name for f in info.fields if f.name not in ("ty", "span")]
+            info = info.parent_type_info
+        names = _NODE_FIELDS[cls] = tuple(found)
+    return names
+
+
+_NODE, _SEQUENCE, _OTHER = 0, 1, 2
+_KINDS: dict[type, int] = {}
+
+
+def _kind(cls: type) -> int:
+    """Whether a field's value of class ``cls`` is a node, a sequence or neither (the
+    ``isinstance`` tests go through ABC checks, so they are made once per class)."""
+    kind = _KINDS.get(cls)
+    if kind is None:
+        kind = _KINDS[cls] = (_NODE if issubclass(cls, tirx.Stmt | Expr) else
+                              _SEQUENCE if issubclass(cls, list | tuple | tvm_ffi.Array)
+                              else _OTHER)
+    return kind
+
+
 def _nodes(root: tirx.Stmt | Expr) -> Iterator[tirx.Stmt | Expr]:
     """All statement and expression nodes under ``root`` (found through FFI reflection)."""
     pending = [root]
     while pending:
         node = pending.pop()
         yield node
-        info = type(node).__tvm_ffi_type_info__
-        while info is not None:
-            for field in info.fields:
-                if field.name in ("ty", "span"):
-                    continue
-                value = getattr(node, field.name)
-                if isinstance(value, tirx.Stmt | Expr):
-                    pending.append(value)
-                elif isinstance(value, list | tuple | tvm_ffi.Array):
-                    pending.extend(v for v in value if isinstance(v, tirx.Stmt | Expr))
-            info = info.parent_type_info
+        for name in _fields(type(node)):
+            value = getattr(node, name)
+            kind = _kind(type(value))
+            if kind == _NODE:
+                pending.append(value)
+            elif kind == _SEQUENCE:
+                pending.extend(v for v in value if _kind(type(v)) == _NODE)
 
 
 def involves_bfloat16(value: Expr) -> bool:
@@ -173,8 +200,13 @@ def _check_bindings(func: tirx.PrimFunc) -> None:
     ``Let`` expressions: a bfloat16 load there reads garbage (parameters) or an undefined
     variable (local arrays), and a bfloat16 cast there fails to compile.
     """
+    binds: dict[type, bool] = {}
     for node in _nodes(func.body):
-        if isinstance(node, tirx.Bind | tirx.Let) and involves_bfloat16(node.value):
+        cls = type(node)
+        is_binding = binds.get(cls)
+        if is_binding is None:
+            is_binding = binds[cls] = issubclass(cls, tirx.Bind | tirx.Let)
+        if is_binding and involves_bfloat16(node.value):
             raise ValueError(
                 f"binding of {node.var} involves bfloat16, which TVM miscompiles; "
                 "bind such values with KernelBuilder.let"

@@ -30,9 +30,9 @@ lowering passes, :mod:`jaxtile.compiler.cpu.tir_passes`), ``llvm_opt`` (LLVM IR 
 and LLVM's optimisation pipeline, TVM's ``codegen_build``), ``ir_reload`` (the optimised
 LLVM IR printed, rewritten without debug info and parsed again, ``tir_emit.reload_ir``),
 ``llvm_codegen`` (instruction selection to object code), ``link`` (``ld``) and ``load``
-(``dlopen`` into the FFI registry). ``phases_cpu_s`` has the same phases in CPU time of the building thread (``ld``
-runs in a child process, so its CPU time is not counted): on a loaded machine the figures
-to compare.
+(``dlopen`` into the FFI registry). ``phases_cpu_s`` has the same phases in CPU time of
+the building thread (``ld`` runs in a child process, so its CPU time is not counted): on a
+loaded machine the figures to compare.
 
     python benchmarks/compile.py [--processes 3] [--max-ops 2000] [--prebuilt-only | --warm-only]
 """

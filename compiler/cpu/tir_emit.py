@@ -433,23 +433,22 @@ def build(
         return tirx.build(func, target, pipeline=tir_passes.NAME)
 
 
+_DEBUG_RECORD = re.compile(r"^[ \t]*(?:#dbg_|!llvm\.dbg\.cu ).*\n", re.MULTILINE)
+_DEBUG_CALL = re.compile(r"^.*(?:call|declare) void @llvm\.dbg\..*\n", re.MULTILINE)
 _DEBUG_REF = re.compile(r",? !dbg !\d+")
 
 
 def without_debug_info(text: str) -> str:
     """LLVM IR text with its debug info detached: no ``!dbg`` attachments, no debug
-    records or ``llvm.dbg`` intrinsic calls, no ``llvm.dbg.cu`` (the debug metadata nodes
-    stay, unreferenced, so nothing else can lose an operand). TVM's LLVM code generator
-    always emits debug info, and LLVM then spends time on it in code generation (debug-value
-    tracking, DWARF emission) without changing the machine code."""
-    out = []
-    for line in text.splitlines():
-        body = line.lstrip()
-        if (body.startswith(("#dbg_", "!llvm.dbg.cu", "declare void @llvm.dbg."))
-                or "call void @llvm.dbg." in body):
-            continue
-        out.append(_DEBUG_REF.sub("", line) if "!dbg" in line else line)
-    return "\n".join(out) + "\n"
+    records or ``llvm.dbg`` intrinsic calls (the form before LLVM 19), no ``llvm.dbg.cu``
+    (the debug metadata nodes stay, unreferenced, so nothing else can lose an operand).
+    TVM's LLVM code generator always emits debug info, and LLVM then spends time on it in
+    code generation (debug-value tracking, DWARF emission) without changing the machine
+    code."""
+    text = _DEBUG_RECORD.sub("", text if text.endswith("\n") else text + "\n")
+    if "@llvm.dbg." in text:
+        text = _DEBUG_CALL.sub("", text)
+    return _DEBUG_REF.sub("", text)
 
 
 def reload_ir(module: tvm.runtime.Module,

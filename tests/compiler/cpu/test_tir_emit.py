@@ -94,8 +94,10 @@ def test_without_debug_info_text():
         "define i32 @f(i32 %a) #0 !dbg !5 {\n"
         "  #dbg_value(i32 %a, !9, !DIExpression(), !10)\n"
         "  %b = add i32 %a, 1, !dbg !10\n"
+        "  call void @llvm.dbg.value(metadata i32 %b, metadata !9, metadata !DIExpression())\n"
         "  ret i32 %b, !dbg !11\n"
         "}\n"
+        "declare void @llvm.dbg.value(metadata, metadata, metadata)\n"
         "!llvm.dbg.cu = !{!0}\n"
         "!llvm.module.flags = !{!2}\n"
     )

@@ -27,11 +27,14 @@ disjoint; ``other`` is the rest of the call, e.g. JAX's jit of the call and XLA'
 ``key`` (content keys), ``cache`` (lookup and store), ``tvm_import`` (the CPU backend's
 first import), ``target_passes``, ``tir_build`` (Tile IR to TIR), ``tir_passes`` (TVM's TIR
 lowering passes, :mod:`jaxtile.compiler.cpu.tir_passes`), ``llvm_opt`` (LLVM IR generation
-and LLVM's optimisation pipeline, TVM's ``codegen_build``), ``llvm_codegen`` (instruction
-selection to object code), ``link`` (``ld``) and ``load`` (``dlopen`` into the FFI
-registry).
+and LLVM's optimisation pipeline, TVM's ``codegen_build``), ``ir_reload`` (the optimised
+LLVM IR printed, rewritten without debug info and parsed again, ``tir_emit.reload_ir``),
+``llvm_codegen`` (instruction selection to object code), ``link`` (``ld``) and ``load``
+(``dlopen`` into the FFI registry). ``phases_cpu_s`` has the same phases in CPU time of
+the building thread (``ld`` runs in a child process, so its CPU time is not counted): on a
+loaded machine the figures to compare.
 
-    python benchmarks/compile.py [--processes 3] [--max-ops 2000] [--prebuilt-only]
+    python benchmarks/compile.py [--processes 3] [--max-ops 2000] [--prebuilt-only | --warm-only]
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ COLD_KERNELS = ("add", "matmul", "matmul_relu", "softmax", "rms_norm", "layer_no
                 "attention")
 GROWTH = (1, 10, 100, 500, 1000, 2000)
 PHASES = ("trace", "convert", "neutral_passes", "key", "cache", "tvm_import", "target_passes",
-          "tir_build", "tir_passes", "llvm_opt", "llvm_codegen", "link", "load")
+          "tir_build", "tir_passes", "llvm_opt", "ir_reload", "llvm_codegen", "link", "load")
 
 
 class Phases:
@@ -66,19 +69,27 @@ class Phases:
 
     def __init__(self) -> None:
         self.seconds = dict.fromkeys(PHASES, 0.0)
+        self.cpu_seconds = dict.fromkeys(PHASES, 0.0)
         self._backend_wrapped = False
 
     def reset(self) -> None:
         self.seconds = dict.fromkeys(PHASES, 0.0)
+        self.cpu_seconds = dict.fromkeys(PHASES, 0.0)
+
+    def add(self, phase: str, wall: float, cpu: float) -> None:
+        self.seconds[phase] += wall
+        self.cpu_seconds[phase] += cpu
 
     def timed(self, phase: str | Callable[..., str], fn: Callable[..., Any]) -> Callable:
+        # The calling thread's CPU time: a build runs in its caller's thread (LLVM too), and
+        # on a loaded machine it is the figure that other processes inflate least.
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             try:
                 return fn(*args, **kwargs)
             finally:
                 name = phase(*args, **kwargs) if callable(phase) else phase
-                self.seconds[name] += time.perf_counter() - t0
+                self.add(name, time.perf_counter() - t0, time.thread_time() - c0)
         return wrapper
 
     def install(self) -> None:
@@ -113,19 +124,20 @@ class Phases:
         tir_emit = lower.tir_emit
         lower.to_tir = self.timed("tir_build", lower.to_tir)
         tir_emit.build = self.timed("tir_passes", tir_emit.build)
+        tir_emit.reload_ir = self.timed("ir_reload", tir_emit.reload_ir)
         # tirx.build runs the TIR passes, then hands the module to LLVM through this
         # module-level function; its time moves from tir_passes to llvm_opt.
         tvm_build = sys.modules["tvm.tirx.build"]
         codegen_build = tvm_build.codegen_build
 
         def codegen_timed(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             try:
                 return codegen_build(*args, **kwargs)
             finally:
-                spent = time.perf_counter() - t0
-                self.seconds["llvm_opt"] += spent
-                self.seconds["tir_passes"] -= spent
+                wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+                self.add("llvm_opt", wall, cpu)
+                self.add("tir_passes", -wall, -cpu)
 
         tvm_build.codegen_build = codegen_timed
         run = subprocess.run
@@ -137,14 +149,16 @@ class Phases:
         export = tir_emit.export
 
         def export_timed(module: Any, path: str) -> None:
-            t0, link0 = time.perf_counter(), self.seconds["link"]
+            t0, c0 = time.perf_counter(), time.thread_time()
+            link0, link_cpu0 = self.seconds["link"], self.cpu_seconds["link"]
             subprocess.run = run_timed
             try:
                 export(module, path)
             finally:
                 subprocess.run = run
-                self.seconds["llvm_codegen"] += (time.perf_counter() - t0
-                                                 - (self.seconds["link"] - link0))
+                self.add("llvm_codegen",
+                         time.perf_counter() - t0 - (self.seconds["link"] - link0),
+                         time.thread_time() - c0 - (self.cpu_seconds["link"] - link_cpu0))
 
         tir_emit.export = export_timed
 
@@ -161,6 +175,7 @@ class Phases:
         into["cpu_s"] = round(time.process_time() - c0, 4)
         into["phases_s"] = {k: round(v, 4) for k, v in self.seconds.items()}
         into["phases_s"]["other"] = round(total - sum(self.seconds.values()), 4)
+        into["phases_cpu_s"] = {k: round(v, 4) for k, v in self.cpu_seconds.items()}
 
 
 def _operands(name: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
@@ -362,9 +377,28 @@ def _median(values: list[float]) -> float:
     return round(statistics.median(values), 4)
 
 
-def _median_phases(rows: list[dict[str, Any]]) -> dict[str, float]:
-    names = rows[0]["phases_s"]
-    return {p: _median([r["phases_s"][p] for r in rows]) for p in names}
+def _median_phases(rows: list[dict[str, Any]], key: str = "phases_s") -> dict[str, float]:
+    names = rows[0][key]
+    return {p: _median([r[key][p] for r in rows]) for p in names}
+
+
+def _warm_summary(warm: dict[str, Any]) -> dict[str, Any]:
+    new_specs = warm["new_specialisations"]
+    return {"median_s": _median([r["total_s"] for r in new_specs]),
+            "median_cpu_s": _median([r["cpu_s"] for r in new_specs]),
+            "median_artifact_bytes": int(statistics.median(r["artifact_bytes"]
+                                                           for r in new_specs)),
+            "phases_median_s": _median_phases(new_specs),
+            "phases_cpu_median_s": _median_phases(new_specs, "phases_cpu_s"),
+            "per_kernel": new_specs}
+
+
+def _growth_summary(warm: dict[str, Any]) -> dict[str, Any]:
+    growth = warm["growth"]
+    return {"rows": growth,
+            "ms_per_op": {r["ops"]: round(r["total_s"] / r["ops"] * 1e3, 3) for r in growth},
+            "cpu_ms_per_op": {r["ops"]: round(r["cpu_s"] / r["ops"] * 1e3, 3)
+                              for r in growth}}
 
 
 def main() -> None:
@@ -373,6 +407,8 @@ def main() -> None:
     parser.add_argument("--max-ops", type=int, default=max(GROWTH))
     parser.add_argument("--prebuilt-only", action="store_true",
                         help="only the prebuilt case (first call with and without it)")
+    parser.add_argument("--warm-only", action="store_true",
+                        help="only the warm process (new specialisations, growth)")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -386,6 +422,15 @@ def main() -> None:
                   "prebuilt_first_call": prebuilt_case(args.processes, root),
                   "targets": {"cold_over_import_jax_s": TARGET_COLD_OVER_JAX_S},
                   "environment": environment()})
+        return
+
+    if args.warm_only:
+        with tempfile.TemporaryDirectory(prefix="jaxtile-bench-") as root:
+            warm = run_child(["warm", str(args.max_ops)], tempfile.mkdtemp(dir=root))
+        emit({"benchmark": "compile", "warm_new_specialisation": _warm_summary(warm),
+              "growth": _growth_summary(warm),
+              "targets": {"new_specialisation_s": TARGET_NEW_SPECIALISATION_S},
+              "environment": environment()})
         return
 
     cold: dict[str, list[dict[str, Any]]] = {n: [] for n in (*COLD_KERNELS, "attention_grad")}
@@ -415,12 +460,8 @@ def main() -> None:
         for name, rows in cold.items()}
     library = [v for k, v in cold_summary.items() if k != "attention_grad"]
     cold_median = _median([c["over_import_jax_s"] for c in library])
-    new_specs = warm["new_specialisations"]
-    new_median = _median([r["total_s"] for r in new_specs])
-    new_median_cpu = _median([r["cpu_s"] for r in new_specs])
+    new_median = _median([r["total_s"] for r in warm["new_specialisations"]])
     grad_s = cold_summary["attention_grad"]["over_import_jax_s"]
-    growth = warm["growth"]
-    per_op = [round(r["total_s"] / r["ops"] * 1e3, 3) for r in growth]
     emit({
         "benchmark": "compile",
         "processes_per_case": args.processes,
@@ -436,13 +477,8 @@ def main() -> None:
                                               for rows in cold.values() for r in rows),
         "gpu_modules_imported_by_import_jaxtile": max(
             r["gpu_modules_by_import"] for rows in cold.values() for r in rows),
-        "warm_new_specialisation": {
-            "median_s": new_median, "median_cpu_s": new_median_cpu,
-            "median_artifact_bytes": int(statistics.median(r["artifact_bytes"]
-                                                           for r in new_specs)),
-            "phases_median_s": _median_phases(new_specs),
-            "per_kernel": new_specs},
-        "growth": {"rows": growth, "ms_per_op": dict(zip([r["ops"] for r in growth], per_op))},
+        "warm_new_specialisation": _warm_summary(warm),
+        "growth": _growth_summary(warm),
         "targets": {"new_specialisation_s": TARGET_NEW_SPECIALISATION_S,
                     "cold_over_import_jax_s": TARGET_COLD_OVER_JAX_S,
                     "cold_value_and_grad_attention_s": TARGET_COLD_GRAD_S},

@@ -25,13 +25,13 @@ whatever MXCSR says, as XLA:CPU's float32 arithmetic has them.
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 
 import tvm
 from tvm import tirx
 from tvm.ir import Expr
+
+from . import tir_emit
 
 PLACEHOLDER = "jaxtile_dpbf16ps_512"
 INTRINSIC = "llvm.x86.avx512bf16.dpbf16ps.512"
@@ -51,18 +51,16 @@ def dot_pairs(acc: Expr, a: Expr, b: Expr) -> Expr:
 
 
 def resolve(module: tvm.runtime.Module) -> tvm.runtime.Module:
-    """``module`` with every call of :data:`PLACEHOLDER` made a ``vdpbf16ps``; ``module``
-    itself if it has none. Raises ``RuntimeError`` if a call is left in a form not
+    """``module`` (from :func:`.tir_emit.build`) ready for :func:`.tir_emit.export`: every
+    call of :data:`PLACEHOLDER` made a ``vdpbf16ps``, and no debug info (the module is
+    parsed again from its LLVM IR, which is printed for that anyway: see
+    :func:`.tir_emit.reload_ir`). Raises ``RuntimeError`` if a call is left in a form not
     rewritten (so no kernel links against a function that does not exist)."""
-    text = module.inspect_source("ll")
-    if "@" + PLACEHOLDER not in text:
-        return module
-    patched = _patch(text)
-    with tempfile.TemporaryDirectory(prefix="jaxtile-bf16-") as tmp:
-        path = os.path.join(tmp, "kernel.ll")
-        with open(path, "w") as f:
-            f.write(patched)
-        return tvm.runtime.load_module(path)
+    return tir_emit.reload_ir(module, _resolve_text)
+
+
+def _resolve_text(text: str) -> str:
+    return _patch(text) if "@" + PLACEHOLDER in text else text
 
 
 def _patch(text: str) -> str:

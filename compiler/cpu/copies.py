@@ -25,11 +25,20 @@ def _is_true(cond: Expr | bool) -> bool:
     return isinstance(cond, tirx.IntImm) and bool(cond.value)
 
 
+def _is_false(cond: Expr | bool) -> bool:
+    if isinstance(cond, bool):
+        return not cond
+    return isinstance(cond, tirx.IntImm) and not cond.value
+
+
 def all_of(conds: Sequence[Expr | bool]) -> Expr | bool:
     """The conjunction of ``conds``, leaving out those known to be true (``True`` if all
-    are)."""
+    are, ``False`` if one is known to be false: no guard then, so no dead code for TVM
+    and LLVM to compile)."""
     out: Expr | bool = True
     for c in conds:
+        if _is_false(c):
+            return False
         if _is_true(c):
             continue
         out = c if out is True else tirx.And(out, c)
@@ -63,8 +72,8 @@ def lower_copy(low: Lowering, op: ir.Op) -> None:
     def fits(buf, name, index, starts):
         if low.scopes[name] != "global":
             return True
-        return all_of([tirx.And(s >= 0, s + (1 if i.size is None else i.size) <= extent(n))
-                     for s, i, n in zip(starts, index, buf.shape)])
+        return all_of([all_of([s >= 0, s + (1 if i.size is None else i.size) <= extent(n)])
+                       for s, i, n in zip(starts, index, buf.shape)])
 
     def emit(masked: bool) -> None:
         if masked:
@@ -77,8 +86,8 @@ def lower_copy(low: Lowering, op: ir.Op) -> None:
 
     inside = all_of([fits(src, a["src"].buffer, a["src"].index, s_starts),
                    fits(dst, a["dst"].buffer, a["dst"].index, d_starts)])
-    if _is_true(inside):
-        emit(False)
+    if _is_true(inside) or _is_false(inside):
+        emit(_is_false(inside))
         return
     with low.kb.if_(inside):
         emit(False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import subprocess
 
 import ml_dtypes
 import numpy as np
@@ -21,7 +22,7 @@ CPU = tir_emit.host_cpu()
 
 def _compile_and_load(kb: tir_emit.KernelBuilder, tmp_path, **build_kwargs):
     """Build, export and load a kernel; return (runtime module, function)."""
-    lib = tir_emit.build(kb.finish(), CPU, **build_kwargs)
+    lib = tir_emit.reload_ir(tir_emit.build(kb.finish(), CPU, **build_kwargs))
     path = str(tmp_path / f"{kb.name}.so")
     tir_emit.export(lib, path)
     mod = tvm.runtime.load_module(path)
@@ -65,6 +66,48 @@ def test_blocked_vector_add_with_tail(dtype, tmp_path):
     got = out.numpy().astype(np.float32)
     np.testing.assert_array_equal(got[192:320], expected[192:320].astype(np.float32))
     assert not got[:192].any() and not got[320:].any()
+
+
+def test_exported_object_has_no_debug_info(tmp_path):
+    """reload_ir drops the debug info TVM always emits; the machine code stays the same
+    (the same kernel exported straight from build still has it: the check bites)."""
+    built = tir_emit.build(_vector_add(1000, "float32").finish(), CPU)
+    plain, lean = str(tmp_path / "plain.o"), str(tmp_path / "lean.o")
+    built.write_to_file(plain)
+    tir_emit.reload_ir(built).write_to_file(lean)
+    with open(plain, "rb") as f:
+        assert b".debug_info" in f.read()
+    with open(lean, "rb") as f:
+        assert b".debug_info" not in f.read()
+
+    def instructions(path):
+        text = subprocess.run(["objdump", "-d", "--no-show-raw-insn", path], check=True,
+                              capture_output=True, text=True).stdout
+        return [line.split("\t", 1)[1] for line in text.splitlines() if "\t" in line]
+
+    assert instructions(plain) == instructions(lean)
+    assert len(instructions(lean)) > 50
+
+
+def test_without_debug_info_text():
+    text = (
+        "define i32 @f(i32 %a) #0 !dbg !5 {\n"
+        "  #dbg_value(i32 %a, !9, !DIExpression(), !10)\n"
+        "  %b = add i32 %a, 1, !dbg !10\n"
+        "  call void @llvm.dbg.value(metadata i32 %b, metadata !9, metadata !DIExpression())\n"
+        "  ret i32 %b, !dbg !11\n"
+        "}\n"
+        "declare void @llvm.dbg.value(metadata, metadata, metadata)\n"
+        "!llvm.dbg.cu = !{!0}\n"
+        "!llvm.module.flags = !{!2}\n"
+    )
+    assert tir_emit.without_debug_info(text) == (
+        "define i32 @f(i32 %a) #0 {\n"
+        "  %b = add i32 %a, 1\n"
+        "  ret i32 %b\n"
+        "}\n"
+        "!llvm.module.flags = !{!2}\n"
+    )
 
 
 def test_vector_add_on_16_byte_aligned_data(tmp_path):

@@ -39,10 +39,10 @@ elements); rows past the end along M are read clamped to the last row, which is 
 because they feed accumulator rows that reach no output, proven block by block from the
 gemm's ``live`` note. In the quickstart's 1000 x 700 x 900 (64 x 64 x 64 tiles) neither
 edge divides: copied, every block's A panel goes through the masked copy for the K tail,
-14.5-16.0 ms a call against 13.1 forwarded (one Zen 4 core, thread CPU time, AVX-512). B's panels are not forwarded:
-their rows are the source's rows cut to ``bn`` columns, so a register tile's strip of B
-would stride a whole source row per ``k`` (and :mod:`.copy_reuse` already copies each of
-them once per call).
+14.5-16.0 ms a call against 13.1 forwarded (one Zen 4 core, thread CPU time, AVX-512).
+B's panels are not forwarded: their rows are the source's rows cut to ``bn`` columns, so a
+register tile's strip of B would stride a whole source row per ``k`` (and
+:mod:`.copy_reuse` already copies each of them once per call).
 """
 
 from __future__ import annotations

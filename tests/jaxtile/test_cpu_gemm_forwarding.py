@@ -289,3 +289,27 @@ def test_matmul_relu_on_ragged_sizes(monkeypatch, rng, level, dtype):
         with np.errstate(invalid="ignore"):
             bound = k * 2.0 ** -23 * (np.abs(a64) @ np.abs(b64)) + ulp * np.abs(want) + 1e-30
             assert (np.abs(got - want)[finite] <= bound[finite]).all(), (m, k, n)
+
+
+@pytest.mark.slow   # 4 shapes, about a second each to compile
+@pytest.mark.parametrize("level", ["x86-64-v3", "host"])
+def test_transposed_a_on_ragged_sizes(monkeypatch, rng, level):
+    """``jt.ops.matmul(a, b, transpose_a=True)`` where ``a`` is (K, M): the forwarded panel's
+    rows axis is its second, clamped past M, and its K tail runs along its first."""
+    _use(monkeypatch, level)
+    for m, k, n in ((65, 999, 7), (1000, 63, 64), (7, 1000, 999), (999, 65, 1)):
+        at = np.array(data(rng, (k, m), F32, edges=False))
+        b = np.asarray(data(rng, (k, n), F32, edges=False))
+        at[0, m // 2] = np.nan
+        a64 = np.asarray(at, np.float64).T
+        (op,) = _operands(jt.ops.matmul, jnp.asarray(at), jnp.asarray(b), transpose_a=True,
+                          **TILES)
+        assert op.rows_axis == 1
+        got = np.asarray(jax.jit(lambda x, y: jt.ops.matmul(x, y, transpose_a=True, **TILES))(
+            at, b), np.float64)
+        with np.errstate(invalid="ignore"):
+            want = a64 @ np.asarray(b, np.float64)
+            bound = k * 2.0 ** -23 * (np.abs(a64) @ np.abs(b)) + 2.0 ** -23 * np.abs(want)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=f"{m, k, n}")
+        finite = np.isfinite(want)
+        assert (np.abs(got - want)[finite] <= bound[finite] + 1e-30).all(), (m, k, n)

@@ -313,3 +313,39 @@ def test_transposed_a_on_ragged_sizes(monkeypatch, rng, level):
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=f"{m, k, n}")
         finite = np.isfinite(want)
         assert (np.abs(got - want)[finite] <= bound[finite] + 1e-30).all(), (m, k, n)
+
+
+def _before_nans(x):
+    """``x`` as a jax array whose buffer is followed by NaN: a 64-byte aligned numpy view
+    of a NaN-filled block, which ``jax.device_put`` takes without a copy on the CPU."""
+    raw = np.full(x.size + 4096, np.nan, x.dtype)
+    start = (-raw.ctypes.data % 64) // x.itemsize
+    view = raw[start:start + x.size].reshape(x.shape)
+    view[...] = x
+    out = jax.device_put(view)
+    assert out.unsafe_buffer_pointer() == view.ctypes.data, "jax copied the view"
+    return out
+
+
+def test_nothing_past_the_sources_end_is_read(monkeypatch, tmp_path, rng):
+    """A's and B's buffers followed by NaN: the K tail of A's last row lies past its
+    buffer, where the pad is taken, and the result has no NaN; with the K tail mutated into
+    a read, the last row is NaN."""
+    a, b, want = _padded_case(rng, 90)
+    a[5, 0] = a[33, 0] = 1.0
+    want = np.asarray(a, np.float64) @ b + 38 * 0.75
+    _fresh_build(monkeypatch, tmp_path / "plain")
+    got = np.asarray(jax.jit(padded_matmul)(_before_nans(a), _before_nans(b)))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    # The quickstart's kernel, both edges ragged (its bucket's tiles)
+    a2 = np.asarray(data(rng, (130, 100), F32, edges=False))
+    b2 = np.asarray(data(rng, (100, 70), F32, edges=False))
+    got = np.asarray(jax.jit(jt.ops.matmul_relu)(_before_nans(a2), _before_nans(b2)))
+    np.testing.assert_allclose(got, np.maximum(np.asarray(a2, np.float64) @ b2, 0),
+                               rtol=1e-5, atol=1e-4)
+    a, b, _ = _padded_case(rng, 91)
+    a[5, 0] = a[33, 0] = 1.0
+    _fresh_build(monkeypatch, tmp_path / "mutant")
+    monkeypatch.setattr(forwarding, "gemm_k_parts", lambda low, operand, k: [(0, k, True)])
+    mutant = np.asarray(jax.jit(padded_matmul)(_before_nans(a), _before_nans(b)))
+    assert np.isnan(mutant[-1]).all() and not np.isnan(mutant[:-1]).any()

@@ -1,8 +1,10 @@
 """The first operand of a CPU gemm read from global memory instead of its copy
-(``forwarding.gemm_operands``): which panels qualify (a float32 copy whose region stays
-inside the source in every block, read only as the gemm's ``a``), that their copies are
-left out of the code, and the products with it, plain and transposed, with edge values,
-for AVX2 code and the host's, against the reference semantics and numpy."""
+(``forwarding.gemm_operands``): which panels qualify (a float32 copy of a region that starts
+inside the source in every block, read only as the gemm's ``a``; rows past the source's end
+only where they feed no output), that their copies are left out of the code, and the
+products with it, plain and transposed, on ragged sizes, with edge values and with sources
+followed by NaN in memory, for AVX2 code and the host's, against the reference semantics and
+numpy; mutation tests show the row proof and the K tail's pad are what keep them right."""
 
 import re
 import warnings

@@ -35,8 +35,9 @@ class Lowering(Protocol):
     """Scalar Tile IR values by id."""
     arrays: dict[int, tirx.Buffer]
     """Materialised tile values by id."""
-    gemm_sources: dict[str, ir.Region]
-    """Gemm operands read from the global region they would be copied from."""
+    gemm_sources: dict[str, Any]
+    """Gemm operands read from the global region they would be copied from
+    (:class:`.forwarding.GemmOperand`)."""
     edges: Any
     """The masked edges of the forwarded statements being lowered (a
     :class:`.forwarding.Edges`), or ``None``."""

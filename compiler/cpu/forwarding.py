@@ -27,14 +27,22 @@ past the end. Nothing is read or written outside the regions' valid columns, so 
 end never reads the next row, and the last row never reads past the buffer.
 
 The first operand of a gemm is forwarded too (:func:`gemm_operands`), without the test:
-when its panel is filled by a float32 copy of a region that every block's starts keep inside
-the source (a static proof over the grid), the gemm broadcasts ``A``'s elements from the
+when its panel is filled by a float32 copy of a region that starts inside the source in
+every block (a static proof over the grid), the gemm broadcasts ``A``'s elements from the
 source where it would from the panel. The panel of a plain matmul is ``bm`` rows of the
 source, so the gemm reads the same addresses in the same order, one block's copy of them
 less: 64 x 1024 float32 (256 KiB) in every block of a 1024^3 product with 64 x 64 tiles,
-about 15% of its time on a Zen 3. B's panels are not forwarded: their rows are the source's
-rows cut to ``bn`` columns, so a register tile's strip of B would stride a whole source row
-per ``k`` (and :mod:`.copy_reuse` already copies each of them once per call).
+about 15% of its time on a Zen 3. Its edges are masked too (:class:`GemmOperand`): columns
+past the source's end along K (the last, partial K step) are the copy's pad, a constant the
+gemm multiplies in over a loop of its own (read, they would be the next row's first
+elements); rows past the end along M are read clamped to the last row, which is exact only
+because they feed accumulator rows that reach no output, proven block by block from the
+gemm's ``live`` note. In the quickstart's 1000 x 700 x 900 (64 x 64 x 64 tiles) neither
+edge divides: copied, every block's A panel goes through the masked copy for the K tail,
+14.5-16.0 ms a call against 13.1 forwarded (one Zen 4 core, thread CPU time, AVX-512).
+B's panels are not forwarded: their rows are the source's rows cut to ``bn`` columns, so a
+register tile's strip of B would stride a whole source row per ``k`` (and
+:mod:`.copy_reuse` already copies each of them once per call).
 """
 
 from __future__ import annotations
@@ -134,17 +142,46 @@ def plan(kernel: ir.Kernel, body: Sequence[ir.Stmt]) -> Segment | None:
     return Segment(first, last, tuple(forwards), frozenset(skip))
 
 
-def gemm_operands(kernel: ir.Kernel) -> dict[str, ir.Region]:
+@dataclasses.dataclass(frozen=True)
+class GemmOperand:
+    """A gemm's ``a`` panel read from the global region its copy fills it from
+    (:func:`gemm_operands`)."""
+
+    src: ir.Region
+    pad: float | int | bool
+    """What the copy reads past the end of its source (its ``pad``)."""
+    rows_axis: int
+    """The axis of ``src`` that runs along the gemm's M (1 when ``a`` is transposed)."""
+    clamp_rows: bool
+    """Some block's region may run past the source's end along M: reads there are
+    clamped to its last row, which changes only accumulator rows that reach no output."""
+    k_tail: bool
+    """Some block's region may run past the source's end along K: the panel's columns
+    there hold ``pad``, and the gemm multiplies that constant in instead of a read."""
+
+
+MAX_BLOCKS_CHECKED = 1 << 16
+"""The most block index combinations :func:`_dead_past_end` evaluates, per gemm."""
+
+
+def gemm_operands(kernel: ir.Kernel) -> dict[str, GemmOperand]:
     """Scratch buffers whose gemm reads are forwarded to global memory: buffer name -> the
-    global region its copy reads.
+    operand (:class:`GemmOperand`: the global region its copy reads, and how its edges are
+    masked).
 
     A buffer qualifies when its accesses are, all in one statement list, one ``copy`` into
-    all of it from a region of a global input that no op writes, of the same dtype, float32,
-    and after it only gemms that read all of it as their ``a`` operand (and nothing else of
-    theirs); and the region lies inside the source for every value the analysis bounds its
-    starts to (:func:`..analysis.scalars.scalar_ranges`: over the grid and loops), so no
-    block's copy pads. Guarantees: reading the region where the gemms read the buffer reads
-    the same values; the copy can be left out.
+    all of it from a 2-D region of a 2-D global input that no op writes, of the same dtype,
+    float32, and after it only gemms that read all of it as their ``a`` operand (and
+    nothing else of theirs), all with one transpose; and the region starts inside the
+    source for every value the analysis bounds its starts to
+    (:func:`..analysis.scalars.scalar_ranges`: over the grid and loops). It may run past
+    the source's end along K (the gemm then multiplies ``pad`` in there, as the panel
+    holds) and along M where every block's gemms compute only accumulator rows inside the
+    source: each gemm has a ``live`` rows note (:mod:`..passes.gemm_edges`) and, evaluated
+    in every block, ``live rows <= source rows - region start``. Guarantees: the gemm,
+    reading the region where it reads the buffer (rows past the end clamped, the K tail
+    taken as ``pad``), computes every live accumulator element from the same values in the
+    same order; the copy can be left out.
     """
     accesses = _accesses(kernel)
     roles = {b.name: b for b in kernel.buffers}
@@ -153,7 +190,7 @@ def gemm_operands(kernel: ir.Kernel) -> dict[str, ir.Region]:
     ranges = scalars.scalar_ranges(kernel)
     lists: list[Sequence[ir.Stmt]] = [kernel.body]
     lists += [blk for s in ir.walk(kernel.body) for blk in ir.blocks(s)]
-    out: dict[str, ir.Region] = {}
+    out: dict[str, GemmOperand] = {}
     for stmts in lists:
         where = {id(s): pos for pos, s in enumerate(stmts) if isinstance(s, ir.Op)}
         for b in kernel.buffers:
@@ -166,15 +203,93 @@ def gemm_operands(kernel: ir.Kernel) -> dict[str, ir.Region]:
             if first.kind != "copy" or first.attrs["dst"] != whole or not readers:
                 continue
             src = first.attrs["src"]
+            source = roles[src.buffer]
             if not _plain_global(src, roles, "input") or src.buffer in writers \
-                    or roles[src.buffer].dtype != b.dtype \
-                    or not _always_inside(src, roles[src.buffer], ranges):
+                    or source.dtype != b.dtype or len(source.shape) != 2 \
+                    or len(b.shape) != 2 or any(i.size is None for i in src.index):
                 continue
-            if all(op.kind == "gemm" and op.attrs["a"] == whole
-                   and b.name not in (op.attrs["b"].buffer, op.attrs["c"].buffer)
-                   for op in readers):
-                out[b.name] = src
+            if not all(op.kind == "gemm" and op.attrs["a"] == whole
+                       and b.name not in (op.attrs["b"].buffer, op.attrs["c"].buffer)
+                       for op in readers):
+                continue
+            transposed = {bool(op.attrs["transpose_a"]) for op in readers}
+            if len(transposed) != 1:
+                continue
+            rows_axis = 1 if transposed.pop() else 0
+            if not all(_starts_inside(i, n, ranges) for i, n in zip(src.index, source.shape)):
+                continue
+            rows, n_rows = src.index[rows_axis], source.shape[rows_axis]
+            clamp_rows = not _dim_inside(rows, n_rows, ranges)
+            if clamp_rows and not all(_dead_past_end(kernel, op, rows.start, n_rows)
+                                      for op in readers):
+                continue
+            k_tail = not _dim_inside(src.index[1 - rows_axis], source.shape[1 - rows_axis],
+                                     ranges)
+            pad = 0 if first.attrs["pad"] is None else first.attrs["pad"]
+            out[b.name] = GemmOperand(src, pad, rows_axis, clamp_rows, k_tail)
     return out
+
+
+def _starts_inside(i: ir.Index, n: int | str, ranges: dict[ir.Value, scalars.Range]) -> bool:
+    """Whether index ``i`` starts inside a dimension of ``n`` for every start the ranges
+    allow."""
+    start = (i.start, i.start) if isinstance(i.start, int) else ranges.get(i.start)
+    return start is not None and isinstance(n, int) and 0 <= start[0] and start[1] < n
+
+
+def _dead_past_end(kernel: ir.Kernel, gemm: ir.Op, start: int | ir.Value, n: int) -> bool:
+    """Whether ``gemm`` computes, in every block, only accumulator rows whose row of ``a``
+    (from ``start`` on) lies inside its ``n`` rows: its ``live`` rows note is at most
+    ``n - start``, both evaluated block by block (they must depend on block indices and
+    constants only; at most :data:`MAX_BLOCKS_CHECKED` combinations of the axes they
+    use)."""
+    live = gemm.notes.get("live", (None, None))[0]
+    if live is None or not all(isinstance(g, int) for g in kernel.grid):
+        return False
+    defs = {s.result.id: s for s in ir.walk(kernel.body)
+            if isinstance(s, ir.Op) and s.result is not None}
+    axes = {v.id: a for a, v in enumerate(kernel.block_indices)}
+    used = _block_axes(live, defs, axes)
+    if isinstance(start, ir.Value):
+        found = _block_axes(start, defs, axes)
+        used = None if used is None or found is None else used | found
+    if used is None or int(np.prod([kernel.grid[a] for a in used])) > MAX_BLOCKS_CHECKED:
+        return False
+    order = sorted(used)
+    for point in np.ndindex(*(kernel.grid[a] for a in order)):
+        env = {kernel.block_indices[a].id: int(p) for a, p in zip(order, point)}
+        rows = _evaluate(live, defs, env)
+        first = start if isinstance(start, int) else _evaluate(start, defs, env)
+        if rows is None or first is None or rows > n - first:
+            return False
+    return True
+
+
+def _block_axes(v: ir.Value, defs: dict[int, ir.Op], axes: dict[int, int]) -> set[int] | None:
+    """The grid axes scalar ``v`` is computed from, or ``None`` if it depends on anything
+    but block indices and constants (a loop variable, a load)."""
+    if v.id in axes:
+        return {axes[v.id]}
+    op = defs.get(v.id)
+    if op is None or ir.regions(op) or v.shape != ():
+        return None
+    out: set[int] = set()
+    for o in op.operands:
+        found = _block_axes(o, defs, axes)
+        if found is None:
+            return None
+        out |= found
+    return out
+
+
+def _evaluate(v: ir.Value, defs: dict[int, ir.Op], env: dict[int, int | None]) -> int | None:
+    """The value scalar ``v`` holds in the block whose indices ``env`` gives (memoised in
+    ``env``), or ``None`` where the op's definition cannot tell."""
+    if v.id not in env:
+        op = defs[v.id]
+        values = [_evaluate(o, defs, env) for o in op.operands]
+        env[v.id] = None if None in values else op_defs.evaluate(op, values)
+    return env[v.id]
 
 
 def _always_inside(region: ir.Region, buf: ir.Buffer,
@@ -191,10 +306,33 @@ def _dim_inside(i: ir.Index, n: int | str, ranges: dict[ir.Value, scalars.Range]
         and start[1] + (1 if i.size is None else i.size) <= n
 
 
-def gemm_operand(low: Lowering, src: ir.Region, idx: Sequence[Expr]) -> Expr:
+def gemm_operand(low: Lowering, operand: GemmOperand, idx: Sequence[Expr]) -> Expr:
     """Element ``idx`` of a forwarded gemm operand (:func:`gemm_operands`), read from the
-    global region ``src`` it would have been copied from."""
-    return low.bufs[src.buffer][tuple(_coords(low, src, idx))]
+    global region it would have been copied from; a row past the source's end reads its
+    last row instead. The caller reads only the columns of :func:`gemm_k_parts`' first
+    part."""
+    src = operand.src
+    coords = _coords(low, src, idx)
+    if operand.clamp_rows:
+        axis = operand.rows_axis
+        coords[axis] = tirx.min(coords[axis], extent(low.bufs[src.buffer].shape[axis]) - 1)
+    return low.bufs[src.buffer][tuple(coords)]
+
+
+def gemm_k_parts(low: Lowering, operand: GemmOperand | None,
+                 k: int) -> list[tuple[int | Expr, int | Expr, bool]]:
+    """The gemm's K loop over ``k`` panel columns in parts ``(start, stop, read)``: where
+    ``read``, the operand is read (:func:`gemm_operand`); elsewhere (past the source's end
+    along K) each of its elements is the copy's ``pad``. One part unless the operand has a
+    K tail."""
+    if operand is None or not operand.k_tail:
+        return [(0, k, True)]
+    axis = 1 - operand.rows_axis
+    n = extent(low.bufs[operand.src.buffer].shape[axis])
+    start = low.start(operand.src.index[axis], n, clamp=False)
+    inside = low.bind(tirx.max(tirx.min(n - start, tirx.const(k, "int32")),
+                               tirx.const(0, "int32")))
+    return [(0, inside, True), (inside, k, False)]
 
 
 def _accesses(kernel: ir.Kernel) -> dict[str, list[ir.Op]]:

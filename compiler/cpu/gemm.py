@@ -109,9 +109,12 @@ def _lower_fma(low: Lowering, a: dict, lanes: int, live: Live) -> None:
     acc = str(C.dtype)
 
     source = low.gemm_sources.get(a["a"])   # A forwarded to global memory
+    k_parts = forwarding.gemm_k_parts(low, source, k)
 
-    def a_at(i: Expr, kk: Expr) -> Expr:
+    def a_at(i: Expr, kk: Expr, read: bool = True) -> Expr:
         idx = (kk, i) if a["transpose_a"] else (i, kk)
+        if not read:    # a forwarded A's K tail: the pad its panel would hold
+            return ew.const(source.pad, acc)
         value = A[idx] if source is None else forwarding.gemm_operand(low, source, idx)
         return ew.convert(value, low.dtype(A), acc, low.bind)
 
@@ -133,24 +136,26 @@ def _lower_fma(low: Lowering, a: dict, lanes: int, live: Live) -> None:
         end = n_main + (n - n_main) // (width * count) * (width * count)
         if end > n_main:
             for band in bands:
-                _register_tiles(low, C, a_at, b_at, (band, (n_main, end), k), (width, count),
-                                live)
+                _register_tiles(low, C, a_at, b_at, (band, (n_main, end), k_parts),
+                                (width, count), live)
         n_main = end
     if m_main < m:
         with when(low, live.reaches(0, m_main)):
-            _plain(low, C, a_at, b_at, (m_main, live.end(0, m_main, m)), (0, n), k, lanes)
+            _plain(low, C, a_at, b_at, (m_main, live.end(0, m_main, m)), (0, n), k_parts,
+                   lanes)
     if m_main and n_main < n:
         with when(low, live.reaches(1, n_main)):
-            _plain(low, C, a_at, b_at, (0, live.end(0, 0, m_main)), (n_main, n), k, lanes)
+            _plain(low, C, a_at, b_at, (0, live.end(0, 0, m_main)), (n_main, n), k_parts,
+                   lanes)
 
 
 def _register_tiles(low: Lowering, C: tirx.Buffer, a_at: Callable, b_at: Callable,
-                    mnk: tuple[tuple[int, int, int], tuple[int, int], int],
+                    mnk: tuple[tuple[int, int, int], tuple[int, int], list],
                     shape: tuple[int, int], live: Live) -> None:
     """Rows ``first..last`` and columns ``start..stop`` of ``C`` in tiles of ``rows`` rows
     by ``vectors`` vectors of ``lanes`` (``shape``)."""
     kb, acc = low.kb, str(C.dtype)
-    (first, last, rows), (start, stop), k = mnk
+    (first, last, rows), (start, stop), k_parts = mnk
     lanes, vectors = shape
     width = lanes * vectors
     tile = kb.alloc_local(low.name("ctile"), (rows, width), acc)
@@ -170,28 +175,32 @@ def _register_tiles(low: Lowering, C: tirx.Buffer, a_at: Callable, b_at: Callabl
             kb.loop(low.name("mt"), live.tiles(0, (last - first) // rows, rows, first)) as it:
         i0, j0 = first + it * rows, start + jt * width
         each_vector(lambda r, c: kb.store(tile, [r, c], C[i0 + r, j0 + c]))
-        with kb.loop(low.name("k"), k) as kk:
-            for q in range(vectors):
-                with kb.loop(low.name("v"), lanes, kind="vectorized") as v:
-                    c = q * lanes + v if q else v
-                    kb.store(b_row, [c], b_at(kk, j0 + c))
-            # One load of each A element, broadcast for every vector of its row (LLVM merges
-            # the loads; on AVX-512 it folds a broadcast used once into the FMA).
-            a_vals = [a_at(i0 + r, kk) for r in range(rows)]
-            each_vector(lambda r, c: kb.store(
-                tile, [r, c], tirx.Add(tile[r, c], tirx.Mul(a_vals[r], b_row[c]))))
+        for k0, k1, read in k_parts:
+            with kb.loop(low.name("k"), k1 - k0, start=k0) as kk:
+                for q in range(vectors):
+                    with kb.loop(low.name("v"), lanes, kind="vectorized") as v:
+                        c = q * lanes + v if q else v
+                        kb.store(b_row, [c], b_at(kk, j0 + c))
+                # One load of each A element, broadcast for every vector of its row (LLVM
+                # merges the loads; on AVX-512 it folds a broadcast used once into the FMA).
+                a_vals = [a_at(i0 + r, kk, read) for r in range(rows)]
+                each_vector(lambda r, c, a_vals=a_vals: kb.store(
+                    tile, [r, c], tirx.Add(tile[r, c], tirx.Mul(a_vals[r], b_row[c]))))
         each_vector(lambda r, c: kb.store(C, [i0 + r, j0 + c], tile[r, c]))
 
 
 def _plain(low: Lowering, C: tirx.Buffer, a_at: Callable, b_at: Callable,
-           rows: tuple[int, int | Expr], cols: tuple[int, int], k: int, lanes: int) -> None:
+           rows: tuple[int, int | Expr], cols: tuple[int, int], k_parts: list,
+           lanes: int) -> None:
     kb = low.kb
     width = cols[1] - cols[0]
-    with kb.loop(low.name("m"), rows[1] - rows[0], start=rows[0]) as i, \
-            kb.loop(low.name("k"), k) as kk:
-        a_val = kb.let(low.name("a"), a_at(i, kk))
-        step = lanes if width % lanes == 0 else 1
-        with kb.loop(low.name("j"), width // step) as jo, \
-                kb.loop(low.name("v"), step, kind="vectorized" if step > 1 else "serial") as v:
-            j = cols[0] + jo * step + v
-            kb.store(C, [i, j], tirx.Add(C[i, j], tirx.Mul(a_val, b_at(kk, j))))
+    with kb.loop(low.name("m"), rows[1] - rows[0], start=rows[0]) as i:
+        for k0, k1, read in k_parts:
+            with kb.loop(low.name("k"), k1 - k0, start=k0) as kk:
+                a_val = kb.let(low.name("a"), a_at(i, kk, read))
+                step = lanes if width % lanes == 0 else 1
+                with kb.loop(low.name("j"), width // step) as jo, \
+                        kb.loop(low.name("v"), step,
+                                kind="vectorized" if step > 1 else "serial") as v:
+                    j = cols[0] + jo * step + v
+                    kb.store(C, [i, j], tirx.Add(C[i, j], tirx.Mul(a_val, b_at(kk, j))))

@@ -53,7 +53,7 @@ def test_the_panel_of_b_is_shared_with_the_row_blocks_fastest():
     # rows where they are (forwarding.gemm_operands), so no copy stays for a block to share.
     plan, lowered = _plan(matmul, jnp.zeros((16, 96), F32), b)
     assert plan is None
-    assert [r.buffer for r in forwarding.gemm_operands(lowered).values()] == ["a"]
+    assert [r.src.buffer for r in forwarding.gemm_operands(lowered).values()] == ["a"]
     # bfloat16 A is widened by its copy: that copy stays, and is shared.
     plan, lowered = _plan(matmul, jnp.zeros((16, 96), BF16), b.astype(BF16))
     assert plan.fastest == 0 and _shared_sources(plan, lowered) == ["a"]

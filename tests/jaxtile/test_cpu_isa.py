@@ -318,10 +318,14 @@ def test_matmul_relu_follows_the_gemm(monkeypatch, rng, level):
 @pytest.mark.parametrize("level", LEVELS)
 def test_bf16_gemm(monkeypatch, rng, level):
     """bfloat16 operands: widened to float32 FMAs on AVX2 (6 x 2 and 4 x 2 tiles of a 64 x
-    16 accumulator), ``vdpbf16ps`` on a host with it."""
+    16 accumulator), ``vdpbf16ps`` on a host with it; then NaN, infinities, huge and
+    subnormal values among the operands (``language_helpers.edge_values``), ragged."""
     tgt = _use(monkeypatch, level)
-    check_bf16_gemm("dot" if tgt.caps.bf16_dot else "fma",
-                    *bf16_operands(rng, 70, 300, 33), bm=64, bn=16, bk=32)
+    path = "dot" if tgt.caps.bf16_dot else "fma"
+    check_bf16_gemm(path, *bf16_operands(rng, 70, 300, 33), bm=64, bn=16, bk=32)
+    got = check_bf16_gemm(path, *bf16_operands(rng, 45, 40, 37, edges=True), bm=32, bn=32,
+                          bk=16)
+    assert np.isnan(got).any() and np.isinf(got).any()
 
 
 @pytest.mark.parametrize("level", LEVELS)

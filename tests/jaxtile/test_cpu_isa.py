@@ -248,10 +248,10 @@ def test_f32_gemm_on_avx2(monkeypatch, rng, mkn):
 @pytest.mark.parametrize("mkn", [(128, 128, 128), (70, 90, 100)], ids=["tiles", "ragged"])
 def test_f32_gemm_nan_and_inf_propagate(monkeypatch, rng, level, mkn):
     """NaN and infinities in A and in B reach exactly the outputs they reach in a float64
-    product, in the register tiles and at the ragged edges (the last row and column go
-    through the rows and columns left over): a NaN poisons its row of A's (column of B's)
-    output, inf times a positive, negative and zero element gives +inf, -inf and NaN, and
-    +inf meeting -inf in one sum gives NaN."""
+    product, in whole blocks and in blocks that straddle the ragged edges (70 x 100 leaves
+    the last blocks 6 live rows and 36 live columns): a NaN poisons its row of A's (column
+    of B's) output, inf times a positive, negative and zero element gives +inf, -inf and
+    NaN, and +inf meeting -inf in one sum gives NaN."""
     _use(monkeypatch, level)
     m, k, n = mkn
     a = rng.standard_normal((m, k)).astype(np.float32)

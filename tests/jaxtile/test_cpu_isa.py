@@ -1,10 +1,12 @@
 """CPU kernels compiled for an ISA level narrower than the host (``JAXTILE_CPU_ISA``,
 targets ``cpu:x86-64-v3`` and ``cpu:x86-64-v4``): the variable's checks, the target's
 capabilities and key, the instructions in the object code (AVX2 code has no AVX-512
-instruction; the GEMM reuses each broadcast of A for two vectors of B on both levels), and
-the GEMM, bfloat16 GEMM, attention and ragged row tiles run under the override and on the
-host, checked against their reference semantics and independent formulas."""
+instruction; the GEMM's k loop is the register tile chosen for each level, instruction by
+instruction), and the GEMM (edge values, transposes, ``matmul_relu``), bfloat16 GEMM,
+attention and ragged row tiles run under the override and on the host, checked against
+their reference semantics and independent formulas."""
 
+import collections
 import re
 import shutil
 import subprocess
@@ -19,6 +21,7 @@ from attention_helpers import TOL, np_attention, qkv
 from gemm_kernels import matmul
 from test_cpu_gemm_bf16 import _check as check_bf16_gemm
 from test_cpu_gemm_bf16 import _operands as bf16_operands
+from test_cpu_gemm_bf16 import matmul as bf16_matmul
 
 import jaxtile as jt
 from jaxtile import _config, _ffi
@@ -145,6 +148,62 @@ def test_avx512_code_uses_zmm_registers():
     assert _two_fmas_per_broadcast(code, "zmm") >= 8
 
 
+def _innermost_loops(code):
+    """The instruction counts (mnemonic -> count) and the text of every innermost loop of
+    ``objdump -d`` output: a backward jump and what lies from its target to it, with no
+    other backward jump inside."""
+    rows = [(int(m[1], 16), m[2]) for m in re.finditer(r"^\s*([0-9a-f]+):\t(.*)$", code,
+                                                       re.MULTILINE)]
+    back = [(int(m[1], 16), at) for at, ins in rows
+            if (m := re.match(r"j\w+\s+([0-9a-f]+) <", ins)) and int(m[1], 16) < at]
+    out = []
+    for start, end in back:
+        if any(start <= s and e < end for s, e in back if (s, e) != (start, end)):
+            continue
+        body = [ins for at, ins in rows if start <= at <= end]
+        out.append((collections.Counter(ins.split()[0] for ins in body), "\n".join(body)))
+    return out
+
+
+_STORE = re.compile(r"^v?mov\w*\s+%[xyz]mm\d+,\s*[-\w]*\(", re.MULTILINE)
+"""A vector register stored to memory (AT&T syntax: the destination comes last)."""
+
+_CONVERSION = re.compile(r"^(vpmovzxwd|vpslld|vcvt\w*|vpunpck\w*)\s", re.MULTILINE)
+"""Instructions that widen bfloat16 to float32 (a zero-extend and a shift, or a convert)."""
+
+
+def _fma_loops(code, register):
+    """The innermost loops with FMAs on ``register`` (ymm, zmm) registers."""
+    return [(counts, text) for counts, text in _innermost_loops(code)
+            if re.search(rf"^vfmadd\d+ps\s+.*%{register}", text, re.MULTILINE)]
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_the_avx2_micro_kernel(dtype):
+    """The AVX2 GEMM's k loop, exactly: per k step two loads of B, six broadcasts of A and
+    12 FMAs (6 x 2 register tiles; LLVM unrolls the 4 x 2 tiles of the rows left over by
+    two, 16 FMAs per 8 broadcasts), with the accumulators in registers (no store in the
+    loop) and, for bfloat16 operands, no conversion in it (the copies into the panels widen
+    each element once, :mod:`jaxtile.compiler.passes.gemm_panels`)."""
+    loops = _fma_loops(_disassembly("x86-64-v3", dtype), "ymm")
+    main = {"vmovups": 2, "vbroadcastss": 6, "vfmadd231ps": 12}
+    assert any({k: v for k, v in counts.items() if k in main} == main for counts, _ in loops)
+    for counts, text in loops:
+        fmas = sum(v for k, v in counts.items() if k.startswith("vfmadd"))
+        assert fmas == 2 * counts["vbroadcastss"] and fmas <= 16, dict(counts)
+        assert not _STORE.search(text), _STORE.search(text).group(0)
+        assert not _CONVERSION.search(text), _CONVERSION.search(text).group(0)
+
+
+def test_the_avx512_micro_kernel():
+    """The 8 x 2 register tile on AVX-512: 16 FMAs per 8 broadcasts and 2 loads of B per
+    k step, the accumulators in registers."""
+    loops = _fma_loops(_disassembly("x86-64-v4"), "zmm")
+    main = {"vmovups": 2, "vbroadcastss": 8, "vfmadd231ps": 16}
+    assert any({k: v for k, v in counts.items() if k in main} == main for counts, _ in loops)
+    assert not any(_STORE.search(text) for _, text in loops)
+
+
 def test_register_tiles_follow_the_vector_registers():
     v3, v4 = (parse_target(n).caps for n in ("cpu:x86-64-v3", "cpu:x86-64-v4"))
     assert gemm.tile_shape(v3) == ((6, 4), 2) and gemm.tile_shape(v4) == ((8, 4), 2)
@@ -185,6 +244,73 @@ def test_f32_gemm_on_avx2(monkeypatch, rng, mkn):
                                atol=1e-4)
 
 
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("mkn", [(128, 128, 128), (70, 90, 100)], ids=["tiles", "ragged"])
+def test_f32_gemm_nan_and_inf_propagate(monkeypatch, rng, level, mkn):
+    """NaN and infinities in A and in B reach exactly the outputs they reach in a float64
+    product, in whole blocks and in blocks that straddle the ragged edges (70 x 100 leaves
+    the last blocks 6 live rows and 36 live columns): a NaN poisons its row of A's (column
+    of B's) output, inf times a positive, negative and zero element gives +inf, -inf and
+    NaN, and +inf meeting -inf in one sum gives NaN."""
+    _use(monkeypatch, level)
+    m, k, n = mkn
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    a[0, 3] = np.nan                      # row 0: NaN
+    b[4, n - 1] = np.nan                  # last column: NaN
+    b[5, :] = 0.0
+    b[5, 7] = np.inf                      # column 7: sign(a[i, 5]) * inf
+    a[1:4, 5] = (2.0, -1.0, 0.0)          # ... +inf, -inf and NaN (0 * inf) in rows 1-3
+    a[m - 1, :] = 0.0
+    a[m - 1, 9:11] = (np.inf, -np.inf)    # last row: b[9, j] * inf - b[10, j] * inf
+    b[9:11, :] = 1.0
+    b[9:11, 1] = (1.0, -1.0)              # ... +inf in column 1, NaN elsewhere
+    got = np.asarray(jax.jit(lambda x, y: matmul(x, y, **TILES))(a, b))
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    with np.errstate(invalid="ignore"):   # 0 x inf, inf - inf
+        want = (a64[:, :, None] * b64[None, :, :]).sum(axis=1)
+        bound = k * 2.0 ** -23 * (np.abs(a64) @ np.abs(b64))
+    special = ~np.isfinite(want)
+    assert np.isnan(got[0]).all() and np.isnan(got[:, n - 1]).all()
+    assert got[1, 7] == np.inf and got[2, 7] == -np.inf and np.isnan(got[3, 7])
+    assert got[m - 1, 1] == np.inf and np.isnan(np.delete(got[m - 1], [1])).all()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(got[special & ~np.isnan(want)],
+                                  want[special & ~np.isnan(want)])
+    assert (np.abs(got[~special] - want[~special]) <= bound[~special]).all()
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("ta, tb", [(True, False), (False, True), (True, True)],
+                         ids=["ta", "tb", "ta_tb"])
+def test_f32_gemm_transposed_operands(monkeypatch, rng, level, ta, tb):
+    """Transposed operands in float32 (a transposed B is copied once into [k, j] layout
+    before the register tiles), ragged: 70 x 90 x 100 in 64 x 64 x 32 tiles."""
+    _use(monkeypatch, level)
+    m, k, n = 70, 90, 100
+    a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
+    b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
+    got = np.asarray(jax.jit(lambda x, y: bf16_matmul(x, y, bm=64, bn=64, bk=32, ta=ta,
+                                                      tb=tb))(a, b))
+    a64, b64 = (a.T if ta else a).astype(np.float64), (b.T if tb else b).astype(np.float64)
+    bound = k * 2.0 ** -23 * (np.abs(a64) @ np.abs(b64))
+    assert (np.abs(got - a64 @ b64) <= bound).all()
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_matmul_relu_follows_the_gemm(monkeypatch, rng, level):
+    """The library's ``matmul_relu`` at a ragged shape and its default tiles (128 x 128 x
+    32: the register tiles, then the rows and columns left over)."""
+    _use(monkeypatch, level)
+    a = rng.standard_normal((150, 70)).astype(np.float32)
+    b = rng.standard_normal((70, 140)).astype(np.float32)
+    got = np.asarray(jax.jit(jt.ops.matmul_relu)(a, b))
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    bound = 70 * 2.0 ** -23 * (np.abs(a64) @ np.abs(b64))
+    assert (np.abs(got - np.maximum(a64 @ b64, 0)) <= bound).all()
+    assert (got == 0).any() and (got > 0).any()
+
+
 # The bfloat16 GEMM and attention cases are those of test_cpu_gemm_bf16.py ("panels") and
 # test_ops_attention.py (test_forward_gqa_ragged, causal, d = 64), which cover the host:
 # the same shapes, so that the host runs here reuse their compiled kernels in a whole run.
@@ -192,10 +318,14 @@ def test_f32_gemm_on_avx2(monkeypatch, rng, mkn):
 @pytest.mark.parametrize("level", LEVELS)
 def test_bf16_gemm(monkeypatch, rng, level):
     """bfloat16 operands: widened to float32 FMAs on AVX2 (6 x 2 and 4 x 2 tiles of a 64 x
-    16 accumulator), ``vdpbf16ps`` on a host with it."""
+    16 accumulator), ``vdpbf16ps`` on a host with it; then NaN, infinities, huge and
+    subnormal values among the operands (``language_helpers.edge_values``), ragged."""
     tgt = _use(monkeypatch, level)
-    check_bf16_gemm("dot" if tgt.caps.bf16_dot else "fma",
-                    *bf16_operands(rng, 70, 300, 33), bm=64, bn=16, bk=32)
+    path = "dot" if tgt.caps.bf16_dot else "fma"
+    check_bf16_gemm(path, *bf16_operands(rng, 70, 300, 33), bm=64, bn=16, bk=32)
+    got = check_bf16_gemm(path, *bf16_operands(rng, 45, 40, 37, edges=True), bm=32, bn=32,
+                          bk=16)
+    assert np.isnan(got).any() and np.isinf(got).any()
 
 
 @pytest.mark.parametrize("level", LEVELS)

@@ -243,6 +243,34 @@ def find(key: str) -> tuple[Entry | None, str]:
     return entry, where
 
 
+def cached(key: str) -> bool:
+    """Whether :func:`lookup` would find ``key`` (in memory, the cache directory or a
+    prebuilt directory), without counting a lookup: to choose between an entry of this
+    very target and a prebuilt one of an ISA level before either is loaded."""
+    if key in _memory or _read_entry(cache_dir(), key) is not None:
+        return True
+    return key not in _refused and any(_read_entry(root, key) is not None
+                                       for root in prebuilt_dirs())
+
+
+def find_prebuilt(key: str) -> Entry | None:
+    """The entry for ``key`` from memory or a prebuilt directory only (a hit counts as
+    ``prebuilt_hits``; a miss counts nothing, since the caller then looks elsewhere): how
+    the host CPU finds the code prebuilt for its ISA level (``Specialisation``)."""
+    entry = _memory.get(key)
+    if entry is not None:
+        _stats["memory_hits"] += 1
+        return entry
+    if key in _refused:
+        return None
+    entry = next((e for root in prebuilt_dirs() if (e := _read_entry(root, key)) is not None),
+                 None)
+    if entry is not None:
+        _memory[key] = entry
+        _stats["prebuilt_hits"] += 1
+    return entry
+
+
 def read_entry(root: Path, key: str) -> Entry | None:
     """The entry for ``key`` under the cache directory ``root`` if its record and artifact
     pass the checks a lookup makes, else None (for inspecting a cache)."""

@@ -20,7 +20,9 @@ the same layout, read-only, that a lookup consults after the cache directory: th
 this package where a build step filled one. Their keys are content keys like any other, so
 an entry there is found only for the very kernel, target and compiler version it was built
 for; anything else (another ISA, jaxtile version, dtype or shape) misses and is compiled as
-without them. A hit there loads the artifact and imports no compiler backend.
+without them. A hit there loads the artifact and imports no compiler backend. The host CPU
+target, whose key holds its CPU model, finds code prebuilt for an x86-64 level through
+:func:`cached` and :func:`find_prebuilt` (``jaxtile/_specialisation.py`` chooses the level).
 
 A cache directory that cannot be written (read-only, full, not a directory) costs the
 cache, not the kernel: entries then go to a temporary directory of this process, with one

@@ -256,11 +256,15 @@ def cached(key: str) -> bool:
 
 
 def find_prebuilt(key: str) -> Entry | None:
-    """The entry for ``key`` from memory or a prebuilt directory only (a hit counts as
-    ``prebuilt_hits``; a miss counts nothing, since the caller then looks elsewhere): how
-    the host CPU finds the code prebuilt for its ISA level (``Specialisation``)."""
+    """The entry for ``key`` from a prebuilt directory only, or from memory where it was
+    loaded from one (a hit counts as ``prebuilt_hits`` or ``memory_hits``; a miss counts
+    nothing, since the caller then looks elsewhere): how the host CPU finds the code
+    prebuilt for its ISA level (``Specialisation``). An entry this process compiled for the
+    level is not one: the host compiles its own code instead."""
     entry = _memory.get(key)
     if entry is not None:
+        if not _is_prebuilt(entry):
+            return None
         _stats["memory_hits"] += 1
         return entry
     if key in _refused:
@@ -286,8 +290,7 @@ def discard(key: str) -> None:
     them) and no longer consulted by this process for ``key``; the rebuilt entry, in the
     cache directory, is found first from then on."""
     entry = _memory.pop(key, None)
-    prebuilt = entry is not None and any(Path(entry.library).is_relative_to(root)
-                                         for root in prebuilt_dirs())
+    prebuilt = entry is not None and _is_prebuilt(entry)
     if prebuilt:
         _refused.add(key)
     paths = [Path(entry.library)] if entry is not None and not prebuilt else []
@@ -295,6 +298,11 @@ def discard(key: str) -> None:
     for path in [meta, lib, *paths]:
         with contextlib.suppress(OSError):
             path.unlink()
+
+
+def _is_prebuilt(entry: Entry) -> bool:
+    """Whether ``entry`` was read from a prebuilt directory."""
+    return any(Path(entry.library).is_relative_to(root) for root in prebuilt_dirs())
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

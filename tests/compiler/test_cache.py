@@ -165,3 +165,12 @@ def test_cached_and_find_prebuilt(fresh_cache, monkeypatch):
     cache.discard(in_prebuilt)
     assert cache.find_prebuilt(in_prebuilt) is None and not cache.cached(in_prebuilt)
     assert (prebuilt / in_prebuilt[:2] / f"{in_prebuilt}.so").is_file()    # left alone
+
+
+def test_find_prebuilt_ignores_what_this_process_compiled(fresh_cache, monkeypatch):
+    """An entry this process stored (compiled for a level, say) is not a prebuilt one: the
+    host compiles its own code rather than take it."""
+    key = cache.content_key("compiled here")
+    monkeypatch.setenv("JAXTILE_PREBUILT_DIR", str(fresh_cache / "prebuilt"))
+    cache.store(key, b"c" * 64, "f", 1)
+    assert cache.lookup(key) is not None and cache.find_prebuilt(key) is None

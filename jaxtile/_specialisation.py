@@ -172,6 +172,9 @@ class Specialisation:
         caps = target.caps
         if target.kind != "cpu" or caps.level != "host" or caps.arch not in ("x86_64", "AMD64"):
             return None
+        # Without any prebuilt directory, a compile pays no keys for levels.
+        if not any(root.is_dir() for root in cache.prebuilt_dirs()):
+            return None
         kernel = self.compiled_ir
         if cache.cached(build.kernel_key(kernel, target)):
             return None

@@ -93,3 +93,18 @@ def test_the_host_runs_a_level_prebuilt_entry_and_compiles_nothing(dirs):
     after = cache.stats()
     assert after["stored"] == before["stored"]
     assert after["prebuilt_hits"] == before["prebuilt_hits"] + 1
+
+
+def test_no_prebuilt_directory_costs_no_level_keys(tmp_path, monkeypatch):
+    """Without a prebuilt directory, the compile path computes no key for any level."""
+    monkeypatch.setenv("JAXTILE_PREBUILT_DIR", str(tmp_path / "absent"))
+    monkeypatch.setattr(cache, "PACKAGE_PREBUILT", tmp_path / "absent-too")
+    spec = _level_scale._specialise((jax.ShapeDtypeStruct((16,), jnp.float32),),
+                                    {"factor": 5.5})
+    spec.compiled_ir  # noqa: B018 - traced before key computations are refused
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a key was computed")
+
+    monkeypatch.setattr(build, "kernel_key", refuse)
+    assert spec._level_prebuilt(_host_with(ISA_LEVELS["x86-64-v4"])) is None

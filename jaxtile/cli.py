@@ -266,6 +266,15 @@ def _prebuild(args: argparse.Namespace) -> int:
         targets = [parse_target(name) for name in args.target or default]
     except ValueError as e:
         raise UsageError(f"--target: {e}") from None
+    # The cache would fall back to a temporary directory (with a warning) where ``out``
+    # cannot be written, and the entries would be lost: say so instead.
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot create {out} ({e.strerror or e}); pass --out DIR") from None
+    if not os.access(out, os.W_OK):
+        raise UsageError(f"cannot write {out}; pass --out DIR and name DIR in "
+                         "JAXTILE_PREBUILT_DIR")
     # The entries are written where the cache is: the output directory, while this runs.
     before = os.environ.get("JAXTILE_CACHE_DIR")
     os.environ["JAXTILE_CACHE_DIR"] = str(Path(out).resolve())

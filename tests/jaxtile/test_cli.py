@@ -325,13 +325,16 @@ def test_prebuild_library_names_and_errors(tmp_path, monkeypatch, capsys):
     key = rest.split()[0]
     assert name == "cpu:x86-64-v4" and "attention_fwd(f32[1,2,128,64]" in rest
     assert (out / key[:2] / f"{key}.so").is_file()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
     for argv, message in (
             (["--out", str(out)], "name a kernel"),
             (["jaxtile.ops:softmax", "--library", "--out", str(out)], "not both"),
             (["--library", "sofmax"], "no library call named sofmax"),
             (["--library", "--arg", "f32[4]"], "go with a kernel"),
             (["--library", "softmax", "--target", "cuda:sm_80"], "CPU targets"),
-            (["jaxtile.ops:softmax", "--arg", "f32[4,4]"], "--out DIR is required")):
+            (["jaxtile.ops:softmax", "--arg", "f32[4,4]"], "--out DIR is required"),
+            (["--library", "softmax", "--out", str(blocker / "sub")], "cannot create")):
         status, _, err = _run(capsys, "prebuild", *argv)
         assert status == 2 and message in err, (argv, err)
 

@@ -255,26 +255,28 @@ def cached(key: str) -> bool:
                                        for root in prebuilt_dirs())
 
 
-def find_prebuilt(key: str) -> Entry | None:
+def find_prebuilt(key: str) -> tuple[Entry | None, str]:
     """The entry for ``key`` from a prebuilt directory only, or from memory where it was
-    loaded from one (a hit counts as ``prebuilt_hits`` or ``memory_hits``; a miss counts
-    nothing, since the caller then looks elsewhere): how the host CPU finds the code
-    prebuilt for its ISA level (``Specialisation``). An entry this process compiled for the
-    level is not one: the host compiles its own code instead."""
+    loaded from one, and where it came from (``"prebuilt"``, ``"memory"`` or ``"miss"``;
+    a hit counts as :func:`find`'s do, a miss counts nothing, since the caller then looks
+    elsewhere): how the host CPU finds the code prebuilt for its ISA level
+    (``Specialisation``). An entry this process compiled for the level is not one: the
+    host compiles its own code instead."""
     entry = _memory.get(key)
     if entry is not None:
         if not _is_prebuilt(entry):
-            return None
+            return None, "miss"
         _stats["memory_hits"] += 1
-        return entry
+        return entry, "memory"
     if key in _refused:
-        return None
+        return None, "miss"
     entry = next((e for root in prebuilt_dirs() if (e := _read_entry(root, key)) is not None),
                  None)
-    if entry is not None:
-        _memory[key] = entry
-        _stats["prebuilt_hits"] += 1
-    return entry
+    if entry is None:
+        return None, "miss"
+    _memory[key] = entry
+    _stats["prebuilt_hits"] += 1
+    return entry, "prebuilt"
 
 
 def read_entry(root: Path, key: str) -> Entry | None:

@@ -182,9 +182,10 @@ class Specialisation:
         for level in sorted(ISA_LEVELS, key=lambda name: len(ISA_LEVELS[name]), reverse=True):
             if not host.issuperset(ISA_LEVELS[level]):
                 continue
-            entry = cache.find_prebuilt(build.kernel_key(kernel, parse_target(f"cpu:{level}")))
+            key = build.kernel_key(kernel, parse_target(f"cpu:{level}"))
+            entry, where = cache.find_prebuilt(key)
             if entry is not None:
-                compile_log.record(kernel.name, "prebuilt")
+                compile_log.record(kernel.name, where)
                 return entry
         return None
 

@@ -157,13 +157,15 @@ def test_cached_and_find_prebuilt(fresh_cache, monkeypatch):
     assert cache.cached(in_prebuilt) and cache.cached(in_cache)
     assert not cache.cached(cache.content_key("neither"))
     assert cache.stats() == before
-    assert cache.find_prebuilt(in_cache) is None     # the cache directory is not consulted
-    entry = cache.find_prebuilt(in_prebuilt)
-    assert entry is not None and entry.library.startswith(str(prebuilt))
+    assert cache.find_prebuilt(in_cache) == (None, "miss")   # the cache directory is not read
+    entry, where = cache.find_prebuilt(in_prebuilt)
+    assert where == "prebuilt" and entry.library.startswith(str(prebuilt))
     assert cache.stats()["prebuilt_hits"] == before["prebuilt_hits"] + 1
     assert cache.stats()["misses"] == before["misses"]
+    assert cache.find_prebuilt(in_prebuilt) == (entry, "memory")
     cache.discard(in_prebuilt)
-    assert cache.find_prebuilt(in_prebuilt) is None and not cache.cached(in_prebuilt)
+    assert cache.find_prebuilt(in_prebuilt) == (None, "miss")
+    assert not cache.cached(in_prebuilt)
     assert (prebuilt / in_prebuilt[:2] / f"{in_prebuilt}.so").is_file()    # left alone
 
 
@@ -173,4 +175,4 @@ def test_find_prebuilt_ignores_what_this_process_compiled(fresh_cache, monkeypat
     key = cache.content_key("compiled here")
     monkeypatch.setenv("JAXTILE_PREBUILT_DIR", str(fresh_cache / "prebuilt"))
     cache.store(key, b"c" * 64, "f", 1)
-    assert cache.lookup(key) is not None and cache.find_prebuilt(key) is None
+    assert cache.lookup(key) is not None and cache.find_prebuilt(key) == (None, "miss")

@@ -34,7 +34,11 @@ LLVM IR printed, rewritten without debug info and parsed again, ``tir_emit.reloa
 the building thread (``ld`` runs in a child process, so its CPU time is not counted): on a
 loaded machine the figures to compare.
 
-    python benchmarks/compile.py [--processes 3] [--max-ops 2000] [--prebuilt-only | --warm-only]
+- ``prebuilt_library`` (``--prebuilt-library`` only): ``jaxtile prebuild --library`` into a
+  fresh directory, then the ``cold`` calls on the host target with it and without.
+
+    python benchmarks/compile.py [--processes 3] [--max-ops 2000]
+                                 [--prebuilt-only | --warm-only | --prebuilt-library]
 """
 
 from __future__ import annotations
@@ -373,6 +377,52 @@ def prebuilt_case(processes: int, root: str) -> dict[str, Any] | None:
         "gpu_modules": max(r["gpu_modules"] for r in found)} for case, found in rows.items()}}
 
 
+def prebuilt_library_case(processes: int, root: str) -> dict[str, Any]:
+    """``--prebuilt-library``: ``jaxtile prebuild --library`` (every x86-64 level) into a
+    fresh directory, then the ``cold`` first call of each library kernel (and the
+    ``value_and_grad`` of attention) on the host target, ``processes`` fresh processes
+    each, with that directory in ``$JAXTILE_PREBUILT_DIR`` and an empty cache, beside the
+    same calls compiling (no prebuilt directory), interleaved."""
+    prebuilt = tempfile.mkdtemp(dir=root)
+    env = {k: v for k, v in os.environ.items() if k != "JAXTILE_CPU_ISA"}
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "jaxtile", "prebuild", "--library", "--out",
+                           prebuilt], check=True, capture_output=True, text=True, timeout=3600,
+                          env={**env, "JAXTILE_CACHE_DIR": tempfile.mkdtemp(dir=root)})
+    entries = proc.stdout.strip().splitlines()
+    wall = time.perf_counter() - t0
+    rows: dict[str, dict[str, list[dict[str, Any]]]] = {
+        n: {"prebuilt": [], "compiled": []} for n in (*COLD_KERNELS, "attention_grad")}
+    with _without_isa_override():
+        for i in range(processes):
+            for name, found in rows.items():
+                found["prebuilt"].append(run_child(["cold", name], tempfile.mkdtemp(dir=root),
+                                                   JAXTILE_PREBUILT_DIR=prebuilt))
+                found["compiled"].append(run_child(["cold", name], tempfile.mkdtemp(dir=root)))
+            log(f"compile: prebuilt library round {i + 1}/{processes} done")
+    return {"prebuild": {"entries": len(entries), "wall_s": round(wall, 1),
+                         "bytes": sum(int(e.split("(")[1].split()[0]) for e in entries)},
+            "first_calls": {name: {case: {
+                "over_import_jax_cpu_s": _median([r["over_import_jax_cpu_s"] for r in found]),
+                "min_over_import_jax_cpu_s": min(r["over_import_jax_cpu_s"] for r in found),
+                "over_import_jax_s": _median([r["over_import_jax_s"] for r in found]),
+                "samples_over_import_jax_cpu_s": [r["over_import_jax_cpu_s"] for r in found],
+                "tvm_imported": any(r["tvm_imported"] for r in found),
+                "gpu_modules": max(r["gpu_modules"] for r in found)}
+                for case, found in cases.items()} for name, cases in rows.items()}}
+
+
+@contextlib.contextmanager
+def _without_isa_override() -> Iterator[None]:
+    """The children run on the host target: the prebuilt entries are found by its level."""
+    before = os.environ.pop("JAXTILE_CPU_ISA", None)
+    try:
+        yield
+    finally:
+        if before is not None:
+            os.environ["JAXTILE_CPU_ISA"] = before
+
+
 def _median(values: list[float]) -> float:
     return round(statistics.median(values), 4)
 
@@ -409,12 +459,31 @@ def main() -> None:
                         help="only the prebuilt case (first call with and without it)")
     parser.add_argument("--warm-only", action="store_true",
                         help="only the warm process (new specialisations, growth)")
+    parser.add_argument("--prebuilt-library", action="store_true",
+                        help="only the first calls with the library prebuilt per x86-64 "
+                        "level (jaxtile prebuild --library) and without")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         mode, *rest = args.child
         result = (child_warm(int(rest[0])) if mode == "warm" else child_cold(rest[0]))
         print(json.dumps(result))
+        return
+    if args.prebuilt_library:
+        with tempfile.TemporaryDirectory(prefix="jaxtile-bench-") as root:
+            case = prebuilt_library_case(args.processes, root)
+            calls = case["first_calls"]
+            library = [calls[n]["prebuilt"]["over_import_jax_cpu_s"] for n in COLD_KERNELS]
+            emit({"benchmark": "compile", "processes_per_case": args.processes,
+                  "prebuilt_library": case,
+                  "targets": {"cold_over_import_jax_s": TARGET_COLD_OVER_JAX_S,
+                              "cold_value_and_grad_attention_s": TARGET_COLD_GRAD_S},
+                  "meets_target": {
+                      "cold_prebuilt_max": max(library) <= TARGET_COLD_OVER_JAX_S,
+                      "cold_value_and_grad_attention_prebuilt":
+                          calls["attention_grad"]["prebuilt"]["over_import_jax_cpu_s"]
+                          <= TARGET_COLD_GRAD_S},
+                  "environment": environment()})
         return
     if args.prebuilt_only:
         with tempfile.TemporaryDirectory(prefix="jaxtile-bench-") as root:

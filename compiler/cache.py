@@ -20,7 +20,9 @@ the same layout, read-only, that a lookup consults after the cache directory: th
 this package where a build step filled one. Their keys are content keys like any other, so
 an entry there is found only for the very kernel, target and compiler version it was built
 for; anything else (another ISA, jaxtile version, dtype or shape) misses and is compiled as
-without them. A hit there loads the artifact and imports no compiler backend.
+without them. A hit there loads the artifact and imports no compiler backend. The host CPU
+target, whose key holds its CPU model, finds code prebuilt for an x86-64 level through
+:func:`cached` and :func:`find_prebuilt` (``jaxtile/_specialisation.py`` chooses the level).
 
 A cache directory that cannot be written (read-only, full, not a directory) costs the
 cache, not the kernel: entries then go to a temporary directory of this process, with one
@@ -243,6 +245,40 @@ def find(key: str) -> tuple[Entry | None, str]:
     return entry, where
 
 
+def cached(key: str) -> bool:
+    """Whether :func:`lookup` would find ``key`` (in memory, the cache directory or a
+    prebuilt directory), without counting a lookup: to choose between an entry of this
+    very target and a prebuilt one of an ISA level before either is loaded."""
+    if key in _memory or _read_entry(cache_dir(), key) is not None:
+        return True
+    return key not in _refused and any(_read_entry(root, key) is not None
+                                       for root in prebuilt_dirs())
+
+
+def find_prebuilt(key: str) -> tuple[Entry | None, str]:
+    """The entry for ``key`` from a prebuilt directory only, or from memory where it was
+    loaded from one, and where it came from (``"prebuilt"``, ``"memory"`` or ``"miss"``;
+    a hit counts as :func:`find`'s do, a miss counts nothing, since the caller then looks
+    elsewhere): how the host CPU finds the code prebuilt for its ISA level
+    (``Specialisation``). An entry this process compiled for the level is not one: the
+    host compiles its own code instead."""
+    entry = _memory.get(key)
+    if entry is not None:
+        if not _is_prebuilt(entry):
+            return None, "miss"
+        _stats["memory_hits"] += 1
+        return entry, "memory"
+    if key in _refused:
+        return None, "miss"
+    entry = next((e for root in prebuilt_dirs() if (e := _read_entry(root, key)) is not None),
+                 None)
+    if entry is None:
+        return None, "miss"
+    _memory[key] = entry
+    _stats["prebuilt_hits"] += 1
+    return entry, "prebuilt"
+
+
 def read_entry(root: Path, key: str) -> Entry | None:
     """The entry for ``key`` under the cache directory ``root`` if its record and artifact
     pass the checks a lookup makes, else None (for inspecting a cache)."""
@@ -256,8 +292,7 @@ def discard(key: str) -> None:
     them) and no longer consulted by this process for ``key``; the rebuilt entry, in the
     cache directory, is found first from then on."""
     entry = _memory.pop(key, None)
-    prebuilt = entry is not None and any(Path(entry.library).is_relative_to(root)
-                                         for root in prebuilt_dirs())
+    prebuilt = entry is not None and _is_prebuilt(entry)
     if prebuilt:
         _refused.add(key)
     paths = [Path(entry.library)] if entry is not None and not prebuilt else []
@@ -265,6 +300,11 @@ def discard(key: str) -> None:
     for path in [meta, lib, *paths]:
         with contextlib.suppress(OSError):
             path.unlink()
+
+
+def _is_prebuilt(entry: Entry) -> bool:
+    """Whether ``entry`` was read from a prebuilt directory."""
+    return any(Path(entry.library).is_relative_to(root) for root in prebuilt_dirs())
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

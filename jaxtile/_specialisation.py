@@ -8,23 +8,40 @@ primitive's rules can ask for a batched kernel or for the rule the user gave wit
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from jaxtile.compiler import build, cache
+from jaxtile.compiler import build, cache, compile_log
 from jaxtile.compiler import ir as tile_ir
 from jaxtile.compiler import jax_internals as ji
 from jaxtile.compiler.errors import KernelError, kernel_error
-from jaxtile.compiler.target import HIP_ARCHS, Target, parse_target
+from jaxtile.compiler.target import HIP_ARCHS, ISA_LEVELS, Target, parse_target
 from jaxtile.primitives import kernel_call, reference
 from jaxtile.primitives.sharding import ShardRule, infer_rule
 
 from . import _config, _trace
+
+_early_builds = True
+"""Whether making a handle starts its CPU build (:meth:`Specialisation._start_build`)."""
+
+
+@contextlib.contextmanager
+def no_early_builds() -> Iterator[None]:
+    """Trace kernel calls without starting their builds for this host: for ``jaxtile
+    prebuild --library``, which traces the library's calls to find their kernels and
+    compiles them for other targets (ISA levels) only."""
+    global _early_builds
+    before, _early_builds = _early_builds, False
+    try:
+        yield
+    finally:
+        _early_builds = before
 
 
 class Tiles(NamedTuple):
@@ -130,12 +147,47 @@ class Specialisation:
         kernel runs natively there (the emulator's builds stay in the lowering), and not
         for a kernel with a sharding rule on several devices, whose lowering may run
         per-shard kernels instead."""
-        if jax.default_backend() != "cpu" or (jax.device_count() > 1
-                                              and self.shard_rule is not None):
+        if not _early_builds or jax.default_backend() != "cpu" or (
+                jax.device_count() > 1 and self.shard_rule is not None):
             return
         target = self.cpu_platform_target
         if target.kind == "cpu":
-            self._started[target] = build.submit(self.compiled_ir, target)
+            prebuilt = self._level_prebuilt(target)
+            if prebuilt is not None:
+                self._started[target] = done = Future()
+                done.set_result(prebuilt)
+            else:
+                self._started[target] = build.submit(self.compiled_ir, target)
+
+    def _level_prebuilt(self, target: Target) -> cache.Entry | None:
+        """For the host CPU target: the prebuilt entry of this kernel compiled for the
+        highest x86-64 level (:data:`ISA_LEVELS`) whose extensions the host has, when no
+        entry for the host itself is cached. A host's own key holds its CPU model and every
+        ISA flag, so code shipped for many machines (``jaxtile prebuild --library``) is
+        built per level instead; a level's code runs on every CPU with its extensions, and
+        only levels the host's flags cover are looked up, so code for an ISA the host lacks
+        is never loaded. None where the host's entry is cached (it is as fast or faster:
+        e.g. AVX512-BF16's ``vdpbf16ps``), where nothing was prebuilt, or for any other
+        target (a level target's own key already is a level's)."""
+        caps = target.caps
+        if target.kind != "cpu" or caps.level != "host" or caps.arch not in ("x86_64", "AMD64"):
+            return None
+        # Without any prebuilt directory, a compile pays no keys for levels.
+        if not any(root.is_dir() for root in cache.prebuilt_dirs()):
+            return None
+        kernel = self.compiled_ir
+        if cache.cached(build.kernel_key(kernel, target)):
+            return None
+        host = set(caps.isa)
+        for level in sorted(ISA_LEVELS, key=lambda name: len(ISA_LEVELS[name]), reverse=True):
+            if not host.issuperset(ISA_LEVELS[level]):
+                continue
+            key = build.kernel_key(kernel, parse_target(f"cpu:{level}"))
+            entry, where = cache.find_prebuilt(key)
+            if entry is not None:
+                compile_log.record(kernel.name, where)
+                return entry
+        return None
 
     def start_vjp_builds(self, primals: Sequence[Any]) -> None:
         """Start compiling the kernels of the ``defvjp`` rule, once: evaluating ``fwd``
@@ -259,6 +311,9 @@ class Specialisation:
         try:
             if started is not None:
                 return started.result()
+            prebuilt = None if emulated else self._level_prebuilt(target)
+            if prebuilt is not None:
+                return prebuilt
             return build.build(self.compiled_ir, target, emulated=emulated)
         except KernelError:
             raise

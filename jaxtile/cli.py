@@ -245,25 +245,50 @@ def _inspect(args: argparse.Namespace) -> int:
 def _prebuild(args: argparse.Namespace) -> int:
     """Compile without running, for each ``--target``, into ``--out`` as cache entries: a
     prebuilt directory (``$JAXTILE_PREBUILT_DIR``, or the package's ``compiler/prebuilt``)
-    whose entries later calls on any machine of that target load instead of compiling."""
+    whose entries later calls on any machine of that target load instead of compiling.
+    ``--library``: the kernels of the library's common calls (``jaxtile/ops/_library.py``),
+    by default for every x86-64 level, into the package's own prebuilt folder."""
     import os
 
     import jaxtile as jt
-    from jaxtile.compiler import build, cache
-    from jaxtile.compiler.target import parse_target
+    from jaxtile.compiler import cache
+    from jaxtile.compiler.target import ISA_LEVELS, parse_target
 
-    kernel = load_kernel(args.kernel)
-    specs = [parse_arg(a) for a in args.arg]
-    params = dict(parse_param(p) for p in args.param)
+    if (args.kernel is None) == (args.library is None):
+        raise UsageError("name a kernel (path/to/file.py:kernel) or --library, not both")
+    if args.library is not None and (args.arg or args.param):
+        raise UsageError("--arg and --param go with a kernel, not with --library")
+    out = args.out or (str(cache.PACKAGE_PREBUILT) if args.library is not None else None)
+    if out is None:
+        raise UsageError("--out DIR is required with a kernel")
+    default = [f"cpu:{level}" for level in ISA_LEVELS] if args.library is not None else ["cpu"]
+    try:
+        targets = [parse_target(name) for name in args.target or default]
+    except ValueError as e:
+        raise UsageError(f"--target: {e}") from None
+    # The cache would fall back to a temporary directory (with a warning) where ``out``
+    # cannot be written, and the entries would be lost: say so instead.
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot create {out} ({e.strerror or e}); pass --out DIR") from None
+    if not os.access(out, os.W_OK):
+        raise UsageError(f"cannot write {out}; pass --out DIR and name DIR in "
+                         "JAXTILE_PREBUILT_DIR")
     # The entries are written where the cache is: the output directory, while this runs.
     before = os.environ.get("JAXTILE_CACHE_DIR")
-    os.environ["JAXTILE_CACHE_DIR"] = str(Path(args.out).resolve())
+    os.environ["JAXTILE_CACHE_DIR"] = str(Path(out).resolve())
     cache.clear_memory()
     try:
-        for name in args.target or ["cpu"]:
-            lowered = kernel.lower(*specs, target=name, **params)
-            entry = build.build(lowered.kernel, parse_target(lowered.target))
-            print(f"{lowered.target}: {entry.key} ({Path(entry.library).stat().st_size} B)")
+        if args.library is not None:
+            _prebuild_library(args.library, targets)
+        else:
+            kernel = load_kernel(args.kernel)
+            specs = [parse_arg(a) for a in args.arg]
+            params = dict(parse_param(p) for p in args.param)
+            for target in targets:
+                lowered = kernel.lower(*specs, target=target.name, **params)
+                _built(lowered.target, lowered.kernel)
     except jt.KernelError as e:
         raise UsageError(str(e)) from None
     finally:
@@ -273,6 +298,33 @@ def _prebuild(args: argparse.Namespace) -> int:
         else:
             os.environ["JAXTILE_CACHE_DIR"] = before
     return 0
+
+
+def _built(target_name: str, kernel: Any, label: str = "") -> None:
+    """Build ``kernel`` (Tile IR) for the target named and print its entry."""
+    from jaxtile.compiler import build
+    from jaxtile.compiler.target import parse_target
+
+    entry = build.build(kernel, parse_target(target_name))
+    size = Path(entry.library).stat().st_size
+    print(f"{target_name}: {entry.key} ({size} B){' ' + label if label else ''}")
+
+
+def _prebuild_library(only: Sequence[str], targets: Sequence[Any]) -> None:
+    """The library's calls (``only`` those named) compiled for ``targets``, each kernel
+    specialisation with the tiles its target's table chooses."""
+    from jaxtile.ops import _library
+
+    try:
+        specs = _library.specialisations(only)
+    except ValueError as e:
+        raise UsageError(f"--library: {e}") from None
+    for target in targets:
+        if target.kind != "cpu":
+            raise UsageError(f"--library prebuilds for CPU targets; got {target.name}")
+        for spec in specs:
+            mine = spec.for_target(target)
+            _built(target.name, mine.compiled_ir, mine.label)
 
 
 # --- bench -----------------------------------------------------------------------------
@@ -384,17 +436,24 @@ def _parser() -> argparse.ArgumentParser:
     prebuild = sub.add_parser("prebuild", help="compile a kernel ahead of time into a "
                               "directory of entries that calls load instead of compiling "
                               "($JAXTILE_PREBUILT_DIR)")
-    prebuild.add_argument("kernel", help="path/to/file.py:kernel_name or module:kernel_name "
-                          "(jaxtile.ops:softmax)")
+    prebuild.add_argument("kernel", nargs="?", help="path/to/file.py:kernel_name or "
+                          "module:kernel_name (jaxtile.ops:softmax)")
+    prebuild.add_argument("--library", nargs="*", metavar="CALL",
+                          help="instead of a kernel: the kernels of the library's common "
+                          "calls (all, or those named: softmax, attention_grad...), by "
+                          "default for every x86-64 level into the package's prebuilt "
+                          "folder")
     prebuild.add_argument("--arg", action="append", default=[], metavar="DTYPE[DIMS]",
                           help="an argument's type, in order, e.g. f32[1024,1024]")
     prebuild.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                           help="a compile-time parameter, e.g. bm=64")
     prebuild.add_argument("--target", action="append", metavar="TARGET",
                           help="cpu:x86-64-v3, cpu:x86-64-v4 (code for every CPU of that "
-                          "level) or cpu (this CPU only); repeatable, default cpu")
-    prebuild.add_argument("--out", required=True, metavar="DIR",
-                          help="the directory to write the entries to")
+                          "level) or cpu (this CPU only); repeatable, default cpu (with "
+                          "--library: every x86-64 level)")
+    prebuild.add_argument("--out", metavar="DIR",
+                          help="the directory to write the entries to (with --library, "
+                          "default: the package's compiler/prebuilt)")
     prebuild.set_defaults(run=_prebuild)
 
     bench = sub.add_parser("bench", help="time a kernel against a JAX function on random "

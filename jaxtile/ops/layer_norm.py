@@ -47,7 +47,8 @@ def _normalise(x, w, b, eps, rows, block_cols):
     return y, mean_t, rstd_t, r
 
 
-@jt.kernel(threads=128, sharding=jt.ShardRule("r c, c, c -> r c", parallel="r"))
+@jt.kernel(threads=128, sharding=jt.ShardRule("r c, c, c -> r c", parallel="r"),
+           dynamic={"x": 0})
 def layer_norm(x, w, b, *, eps=1e-5, rows=4, block_cols=None):
     """``(x - mean) / sqrt(var + eps) * w + b`` over the last axis of ``x`` (rows, features)
     with ``w`` and ``b`` of shape (features,), computed in float32 and returned in
@@ -59,7 +60,7 @@ def layer_norm(x, w, b, *, eps=1e-5, rows=4, block_cols=None):
 
 
 @jt.kernel(threads=128,
-           sharding=jt.ShardRule("r c, c, c -> r c, r, r", parallel="r"))
+           sharding=jt.ShardRule("r c, c, c -> r c, r, r", parallel="r"), dynamic={"x": 0})
 def layer_norm_fwd(x, w, b, *, eps=1e-5, rows=4, block_cols=None):
     """``(layer_norm(x, w, b), mean, rstd)``: also each row's mean and
     ``1 / sqrt(var + eps)`` in float32, shape (rows,), for the backward pass."""

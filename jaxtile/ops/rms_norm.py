@@ -36,7 +36,8 @@ def _normalise(x, w, eps, rows, block_cols):
     return y, s_t, r
 
 
-@jt.kernel(threads=128, sharding=jt.ShardRule("r c, c -> r c", parallel="r"))
+@jt.kernel(threads=128, sharding=jt.ShardRule("r c, c -> r c", parallel="r"),
+           dynamic={"x": 0})
 def rms_norm(x, w, *, eps=1e-6, rows=4, block_cols=None):
     """``x / sqrt(mean(x**2, axis=-1, keepdims=True) + eps) * w`` for ``x`` of shape
     (rows, features) and ``w`` of shape (features,), computed in float32 and returned in
@@ -50,7 +51,8 @@ def rms_norm(x, w, *, eps=1e-6, rows=4, block_cols=None):
     return y
 
 
-@jt.kernel(threads=128, sharding=jt.ShardRule("r c, c -> r c, r", parallel="r"))
+@jt.kernel(threads=128, sharding=jt.ShardRule("r c, c -> r c, r", parallel="r"),
+           dynamic={"x": 0})
 def rms_norm_fwd(x, w, *, eps=1e-6, rows=4, block_cols=None):
     """``(rms_norm(x, w), rstd)``: also each row's ``1 / sqrt(mean(x**2) + eps)`` in
     float32, shape (rows,), for the backward pass."""

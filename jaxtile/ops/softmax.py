@@ -10,7 +10,8 @@ from . import _checks
 from ._rows import row_tile
 
 
-@jt.kernel(threads=128, sharding=jt.ShardRule("r c -> r c", parallel="r"))
+@jt.kernel(threads=128, sharding=jt.ShardRule("r c -> r c", parallel="r"),
+           dynamic={"x": 0})
 def softmax(x, *, rows=4, block_cols=None):
     """Numerically stable softmax over the last axis of a 2-D array.
 

@@ -138,3 +138,41 @@ def test_two_processes_compile_the_same_kernel(fresh_cache):
         assert "ok" in out
     assert len(list(fresh_cache.glob("*/*.so"))) == 1
     assert not list(fresh_cache.glob("*/.*")), "temporary files must not be left behind"
+
+
+def test_cached_and_find_prebuilt(fresh_cache, monkeypatch):
+    """``cached`` answers for memory, the cache directory and prebuilt directories without
+    counting a lookup; ``find_prebuilt`` reads prebuilt directories only, and not a key
+    this process refused (``discard``)."""
+    prebuilt, own = fresh_cache / "prebuilt", fresh_cache / "cache"
+    in_prebuilt, in_cache = cache.content_key("prebuilt"), cache.content_key("cache")
+    monkeypatch.setenv("JAXTILE_CACHE_DIR", str(prebuilt))
+    cache.store(in_prebuilt, b"p" * 64, "f", 1)
+    monkeypatch.setenv("JAXTILE_CACHE_DIR", str(own))
+    cache.store(in_cache, b"c" * 64, "f", 1)
+    cache.clear_memory()
+    before = cache.stats()
+    assert not cache.cached(in_prebuilt)             # no prebuilt directory named yet
+    monkeypatch.setenv("JAXTILE_PREBUILT_DIR", str(prebuilt))
+    assert cache.cached(in_prebuilt) and cache.cached(in_cache)
+    assert not cache.cached(cache.content_key("neither"))
+    assert cache.stats() == before
+    assert cache.find_prebuilt(in_cache) == (None, "miss")   # the cache directory is not read
+    entry, where = cache.find_prebuilt(in_prebuilt)
+    assert where == "prebuilt" and entry.library.startswith(str(prebuilt))
+    assert cache.stats()["prebuilt_hits"] == before["prebuilt_hits"] + 1
+    assert cache.stats()["misses"] == before["misses"]
+    assert cache.find_prebuilt(in_prebuilt) == (entry, "memory")
+    cache.discard(in_prebuilt)
+    assert cache.find_prebuilt(in_prebuilt) == (None, "miss")
+    assert not cache.cached(in_prebuilt)
+    assert (prebuilt / in_prebuilt[:2] / f"{in_prebuilt}.so").is_file()    # left alone
+
+
+def test_find_prebuilt_ignores_what_this_process_compiled(fresh_cache, monkeypatch):
+    """An entry this process stored (compiled for a level, say) is not a prebuilt one: the
+    host compiles its own code rather than take it."""
+    key = cache.content_key("compiled here")
+    monkeypatch.setenv("JAXTILE_PREBUILT_DIR", str(fresh_cache / "prebuilt"))
+    cache.store(key, b"c" * 64, "f", 1)
+    assert cache.lookup(key) is not None and cache.find_prebuilt(key) == (None, "miss")

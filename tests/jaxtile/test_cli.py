@@ -246,3 +246,109 @@ def test_prebuilt_entries_are_loaded_instead_of_compiled(kernel_file, tmp_path, 
     cache.clear_memory()
     monkeypatch.delenv("JAXTILE_PREBUILT_DIR")
     assert cache.find(key) == (None, "miss")
+
+
+_LIBRARY_CALL = textwrap.dedent("""
+    import json, sys
+    import jax, jax.numpy as jnp
+    import numpy as np
+    import jaxtile as jt
+    from jaxtile.compiler import cache
+
+    x = np.asarray(jax.random.normal(jax.random.key(1), (300, 1000), jnp.float32)) * 30
+    x[0, :7] = -np.inf          # masked entries
+    x[1] = 1e30                 # huge, all equal
+    y = jt.ops.softmax(jnp.asarray(x))       # 300 rows: prebuilt for 64, dynamic in rows
+    np.save(sys.argv[1], np.asarray(y))
+    print(json.dumps({"tvm": "tvm" in sys.modules, "stats": cache.stats()}))
+""")
+
+
+def test_library_kernel_prebuilt_for_a_level_loads_on_the_host(tmp_path, monkeypatch, capsys):
+    """``jt.ops.softmax`` prebuilt for x86-64-v3 on 64 rows: a fresh process on the host
+    target (no ISA override), with an empty cache, loads it for 300 rows (the kernel is
+    dynamic in rows) without importing TVM, with the compiled kernel's results; a width
+    never prebuilt still compiles."""
+    try:
+        target.check_isa_level("x86-64-v3")
+    except ValueError as e:
+        pytest.skip(f"this CPU cannot run x86-64-v3 code: {e}")
+    prebuilt, empty = tmp_path / "prebuilt", tmp_path / "cache"
+    monkeypatch.setenv("JAXTILE_CACHE_DIR", str(empty))
+    status, _, err = _run(capsys, "prebuild", "jaxtile.ops:softmax", "--arg", "f32[64,1000]",
+                          "--target", "cpu:x86-64-v3", "--out", str(prebuilt))
+    assert status == 0, err
+    env = {**{k: v for k, v in os.environ.items()
+              if k not in ("JAXTILE_INTERPRET", "JAXTILE_BACKEND", "JAXTILE_CPU_ISA")},
+           "JAXTILE_CACHE_DIR": str(empty), "JAXTILE_PREBUILT_DIR": str(prebuilt)}
+    saved = tmp_path / "out.npy"
+    proc = subprocess.run([sys.executable, "-c", _LIBRARY_CALL, str(saved)], env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert not result["tvm"]
+    assert result["stats"]["prebuilt_hits"] == 1 and result["stats"]["stored"] == 0
+
+    import jax
+
+    import jaxtile as jt
+
+    x = np.asarray(jax.random.normal(jax.random.key(1), (300, 1000), jnp.float32)) * 30
+    x[0, :7] = -np.inf
+    x[1] = 1e30
+    got = np.load(saved)
+    # The same kernel compiled in this process for the host (no prebuilt directory named
+    # here), and jnp's formula.
+    cache.clear_memory()
+    np.testing.assert_allclose(got, jt.ops.softmax(jnp.asarray(x)), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(got, jax.nn.softmax(jnp.asarray(x), axis=-1), rtol=2e-6,
+                               atol=1e-7)
+    assert np.all(got[0, :7] == 0) and np.all(np.isfinite(got))
+    # A width never prebuilt compiles, with the prebuilt directory named.
+    monkeypatch.setenv("JAXTILE_PREBUILT_DIR", str(prebuilt))
+    before = cache.stats()
+    np.testing.assert_allclose(jt.ops.softmax(jnp.asarray(x[:, :300])),
+                               jax.nn.softmax(jnp.asarray(x[:, :300]), axis=-1),
+                               rtol=2e-6, atol=1e-7)
+    assert cache.stats()["stored"] == before["stored"] + 1
+    assert cache.stats()["prebuilt_hits"] == before["prebuilt_hits"]
+
+
+def test_prebuild_library_names_and_errors(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("JAXTILE_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "library"
+    status, printed, err = _run(capsys, "prebuild", "--library", "attention", "--target",
+                                "cpu:x86-64-v4", "--out", str(out))
+    assert status == 0, err
+    (line,) = printed.splitlines()
+    name, _, rest = line.partition(": ")
+    key = rest.split()[0]
+    assert name == "cpu:x86-64-v4" and "attention_fwd(f32[1,2,128,64]" in rest
+    assert (out / key[:2] / f"{key}.so").is_file()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for argv, message in (
+            (["--out", str(out)], "name a kernel"),
+            (["jaxtile.ops:softmax", "--library", "--out", str(out)], "not both"),
+            (["--library", "sofmax"], "no library call named sofmax"),
+            (["--library", "--arg", "f32[4]"], "go with a kernel"),
+            (["--library", "softmax", "--target", "cuda:sm_80"], "CPU targets"),
+            (["jaxtile.ops:softmax", "--arg", "f32[4,4]"], "--out DIR is required"),
+            (["--library", "softmax", "--out", str(blocker / "sub")], "cannot create")):
+        status, _, err = _run(capsys, "prebuild", *argv)
+        assert status == 2 and message in err, (argv, err)
+
+
+def test_library_specialisations_of_a_gradient_compile_nothing(monkeypatch, tmp_path):
+    """Tracing the library's ``value_and_grad`` of attention finds its three kernels and
+    starts no build."""
+    from jaxtile.compiler import build
+    from jaxtile.ops import _library
+
+    monkeypatch.setenv("JAXTILE_CACHE_DIR", str(tmp_path))
+    before = cache.stats()
+    specs = _library.specialisations(["attention_grad"])
+    build.wait_idle()
+    assert sorted(s.owner.name for s in specs) == ["attention_dkdv", "attention_dq",
+                                                   "attention_fwd"]
+    assert cache.stats() == before and not any(tmp_path.iterdir())

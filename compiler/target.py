@@ -517,17 +517,24 @@ def parse_target(name: str = "cpu") -> Target:
     raise KernelError(f"unknown target {name!r}; known targets: {', '.join(KNOWN)}")
 
 
-def cuda_target_for(compute_capability: str) -> Target:
+def cuda_target_for(compute_capability: str, *, present: bool = False) -> Target:
     """The target for a GPU of ``compute_capability`` (``"9.0"``): its plain ``sm_XY``,
     which the cubin is compiled for and whose PTX runs on every later GPU. A GPU newer than
     every known architecture gets the highest plain one at or below it: the driver compiles
-    that target's PTX for it (the CUDA handler's fallback). The ``a`` targets are only
-    chosen by name: their PTX runs on that architecture alone."""
+    that target's PTX for it (the CUDA handler's fallback).
+
+    ``present``: the code runs on this very GPU (a lowering for the devices at hand, not an
+    export), so its architecture-specific target, where jaxtile has one for exactly this
+    compute capability (``sm_90a`` for 9.0: wgmma, ``setmaxnreg``), is chosen instead. Its
+    code runs on that architecture alone, which is why an export, whose program may meet any
+    later GPU, keeps the plain target."""
     major, _, minor = compute_capability.partition(".")
     try:
         sm = int(major) * 10 + int(minor or 0)
     except ValueError:
         raise KernelError(f"bad CUDA compute capability {compute_capability!r}") from None
+    if present and f"sm_{sm}a" in _CUDA:
+        return _cuda(f"sm_{sm}a")
     plain = [a for a in _CUDA if not a.endswith("a") and int(a[3:]) <= sm]
     if not plain:
         raise KernelError(f"a GPU of compute capability {compute_capability} is older than "
@@ -535,14 +542,16 @@ def cuda_target_for(compute_capability: str) -> Target:
     return _cuda(max(plain, key=lambda a: int(a[3:])))
 
 
-def for_platform(platform_name: str, compute_capability: str | None = None) -> Target:
+def for_platform(platform_name: str, compute_capability: str | None = None, *,
+                 present: bool = False) -> Target:
     """The target a JAX platform compiles for: ``cpu`` is the host; ``cuda`` needs the
-    device's compute capability (e.g. ``"9.0"``, see :func:`cuda_target_for`); ``rocm``
-    the device's gfx name."""
+    device's compute capability (e.g. ``"9.0"``, see :func:`cuda_target_for`, which also
+    says what ``present`` changes); ``rocm`` the device's gfx name."""
     if platform_name == "cpu":
         return parse_target("cpu")
     if platform_name == "cuda":
-        return cuda_target_for(compute_capability or "8.0")
+        return cuda_target_for(compute_capability or "8.0",
+                               present=present and compute_capability is not None)
     if platform_name == "rocm":
         # JAX's ROCm devices name their ISA with its features ("gfx942:sramecc+:xnack-").
         return parse_target(f"hip:{(compute_capability or 'gfx90a').split(':')[0]}")

@@ -439,14 +439,16 @@ def _check_configs(kernel: _kernel.Kernel,
 
 
 def tuning_target() -> Target:
-    """The target timings are measured on: JAX's default device (a GPU's architecture), or
-    for the CPU platform what the active backend compiles for."""
+    """The target timings are measured on: JAX's default device (a GPU's architecture, its
+    architecture-specific one such as ``sm_90a`` where jaxtile has it, as a call on that
+    device compiles for), or for the CPU platform what the active backend compiles for."""
     device = jax.devices()[0]
     if device.platform == "cpu":
         name = _config.BACKENDS[_kernel.backend()]
         # The CPU backend compiles for the ISA level JAXTILE_CPU_ISA names, if any.
         return parse_target(_config.cpu_target_name() if name == "cpu" else name)
-    return for_platform(device.platform, getattr(device, "compute_capability", None))
+    return for_platform(device.platform, getattr(device, "compute_capability", None),
+                        present=True)
 
 
 def _check_timing_backend(name: str) -> None:

@@ -119,7 +119,9 @@ def _cuda_lowering(ctx: Any, *args: Any, kernel: KernelHandle) -> Any:
     if (sharded := _sharded(ctx, args, kernel)) is not None:
         return sharded
     try:
-        target = for_platform("cuda", ji.compute_capability(ctx))
+        # A lowering for the devices at hand runs on them: a Hopper gets sm_90a's code.
+        target = for_platform("cuda", ji.compute_capability(ctx),
+                              present=not ji.lowering_for_export(ctx))
     except KernelError as e:
         # A GPU older than every target the lowering can compile for (sm_75: no cp.async).
         raise kernel_error(kernel.name, f"cannot be compiled for this GPU: {e}",

@@ -117,6 +117,23 @@ def test_the_target_of_a_gpu(cc, name):
     assert target.for_platform("cuda", cc).name == name
 
 
+@pytest.mark.parametrize("cc,name", [("9.0", "cuda:sm_90a"), ("10.0", "cuda:sm_100a"),
+                                     # No architecture-specific target of exactly these:
+                                     # the plain rule.
+                                     ("8.0", "cuda:sm_80"), ("10.3", "cuda:sm_103"),
+                                     ("11.0", "cuda:sm_103"), ("9.1", "cuda:sm_90")])
+def test_a_present_gpu_gets_its_architecture_specific_target(cc, name):
+    # Code lowered for the GPU at hand runs on it alone; an export keeps the plain target.
+    assert target.for_platform("cuda", cc, present=True).name == name
+    plain = target.for_platform("cuda", cc)
+    assert not plain.name.endswith("a")
+    if cc == "9.0":
+        caps = target.for_platform("cuda", cc, present=True).caps
+        assert caps.wgmma and caps.setmaxnreg and not plain.caps.wgmma
+    # Without a compute capability there is no device to be specific to.
+    assert target.for_platform("cuda", None, present=True).name == "cuda:sm_80"
+
+
 def test_gpus_older_than_the_lowering_are_clear_errors():
     with pytest.raises(KernelError, match="cuda:sm_75 lacks .*cp.async"):
         target.for_platform("cuda", "7.5")

@@ -129,6 +129,25 @@ def test_a_gpu_newer_than_every_target_gets_the_highest_plain_one(stand_in_backe
     assert int(header["ptx_size"]) > 0 and b".target sm_103" in compiled.ptx
 
 
+def test_a_hopper_at_hand_gets_sm_90a_and_an_export_for_it_plain_sm_90(stand_in_backend,
+                                                                          monkeypatch):
+    # The program lowered for the devices at hand runs on them: sm_90a's code (wgmma, TMA
+    # rings, setmaxnreg), which runs on compute capability 9.0 alone. An export may meet any
+    # later GPU, so it keeps plain sm_90, whose PTX the driver compiles for them.
+    from jaxtile.primitives import lowering
+    monkeypatch.setattr(lowering.ji, "compute_capability", lambda ctx: "9.0")
+    spec = jax.ShapeDtypeStruct((64,), jnp.float32)
+    lowered = jax.jit(_scale_shift_kernel()).trace(spec).lower(lowering_platforms=("cuda",))
+    (text,) = _payloads(lowered.as_text())
+    assert payload.unpack(text)[0]["arch"] == stand_in_backend[-1].arch == "sm_90a"
+    # Its PTX would run on no other GPU either: the call carries the cubin alone.
+    assert payload.unpack(text)[0]["ptx_size"] == "0" and not stand_in_backend[-1].ptx
+    exported = jax.export.export(jax.jit(_scale_shift_kernel()), platforms=["cuda"],
+                                 disabled_checks=jt.export_checks())(spec)
+    (text,) = _payloads(exported.mlir_module())
+    assert payload.unpack(text)[0]["arch"] == stand_in_backend[-1].arch == "sm_90"
+
+
 def test_a_gpu_older_than_the_lowering_is_a_kernel_error_naming_the_kernel(stand_in_backend,
                                                                             monkeypatch):
     from jaxtile.primitives import lowering

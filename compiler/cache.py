@@ -2,10 +2,11 @@
 
 An entry is a compiled artifact ``<key>.so`` (a cubin too keeps that name) plus
 ``<key>.json``, its record: the artifact's kind (see :data:`KINDS`), its metadata (entry
-symbol, number of blocks, buffer alignment, a cubin's launch configuration) and checksums,
-under ``$JAXTILE_CACHE_DIR`` (default ``~/.cache/jaxtile``). Files are written to a
-temporary name and renamed into place, so readers never see a half-written entry and two
-processes building the same kernel both succeed (the contents are identical).
+symbol, number of blocks, buffer alignment, a cubin's launch configuration, a CPU library's
+signature) and checksums, under ``$JAXTILE_CACHE_DIR`` (default ``~/.cache/jaxtile``).
+Files are written to a temporary name and renamed into place, so readers never see a
+half-written entry and two processes building the same kernel both succeed (the contents
+are identical).
 
 Integrity: the record's checksum covers every field of the record, the key included, and
 the record holds the artifact's sha256. An entry whose record or artifact is missing,
@@ -88,7 +89,7 @@ class Metadata:
     signature: str = ""
     """A CPU library's: the buffers its kernel was compiled for (``ffi/cpu/signature.h``),
     which the handler checks every call against, since the library checks nothing itself;
-    empty for the other kinds."""
+    empty for the other kinds, and for a library that checks its arguments itself."""
 
     def check(self) -> None:
         """Raise ValueError unless every field has a usable type and value."""

@@ -39,6 +39,10 @@ loaded machine the figures to compare.
 
     python benchmarks/compile.py [--processes 3] [--max-ops 2000]
                                  [--prebuilt-only | --warm-only | --prebuilt-library]
+                                 [--tvm-entry-checks]
+
+``--tvm-entry-checks`` (with ``--warm-only``) builds with TVM's entry assertions, which the
+kernels no longer have (the FFI handler checks each call instead), to measure what they cost.
 """
 
 from __future__ import annotations
@@ -64,6 +68,10 @@ TARGET_COLD_GRAD_S = 1.5
 COLD_KERNELS = ("add", "matmul", "matmul_relu", "softmax", "rms_norm", "layer_norm",
                 "attention")
 GROWTH = (1, 10, 100, 500, 1000, 2000)
+ENTRY_CHECKS_ENV = "JAXTILE_BENCH_TVM_ENTRY_CHECKS"
+"""Set in a child by ``--tvm-entry-checks``: its CPU kernels are built with TVM's entry
+assertions, as before the FFI handler checked the calls (the comparison of
+``benchmarks/README.md``'s "entrychecks" section)."""
 PHASES = ("trace", "convert", "neutral_passes", "key", "cache", "tvm_import", "target_passes",
           "tir_build", "tir_passes", "llvm_opt", "ir_reload", "llvm_codegen", "link", "load")
 
@@ -127,7 +135,12 @@ class Phases:
         self._backend_wrapped = True
         tir_emit = lower.tir_emit
         lower.to_tir = self.timed("tir_build", lower.to_tir)
-        tir_emit.build = self.timed("tir_passes", tir_emit.build)
+        build_fn = tir_emit.build
+        if os.environ.get(ENTRY_CHECKS_ENV):
+            def build_fn(func: Any, cpu: str, *, _build: Any = tir_emit.build,
+                         **kwargs: Any) -> Any:
+                return _build(func, cpu, **{**kwargs, "checks": True})
+        tir_emit.build = self.timed("tir_passes", build_fn)
         tir_emit.reload_ir = self.timed("ir_reload", tir_emit.reload_ir)
         # tirx.build runs the TIR passes, then hands the module to LLVM through this
         # module-level function; its time moves from tir_passes to llvm_opt.
@@ -462,6 +475,9 @@ def main() -> None:
     parser.add_argument("--prebuilt-library", action="store_true",
                         help="only the first calls with the library prebuilt per x86-64 "
                         "level (jaxtile prebuild --library) and without")
+    parser.add_argument("--tvm-entry-checks", action="store_true",
+                        help="build the CPU kernels with TVM's entry assertions (the "
+                        "compile time before the FFI handler checked calls)")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -495,8 +511,10 @@ def main() -> None:
 
     if args.warm_only:
         with tempfile.TemporaryDirectory(prefix="jaxtile-bench-") as root:
-            warm = run_child(["warm", str(args.max_ops)], tempfile.mkdtemp(dir=root))
-        emit({"benchmark": "compile", "warm_new_specialisation": _warm_summary(warm),
+            checks = {ENTRY_CHECKS_ENV: "1"} if args.tvm_entry_checks else {}
+            warm = run_child(["warm", str(args.max_ops)], tempfile.mkdtemp(dir=root), **checks)
+        emit({"benchmark": "compile", "tvm_entry_checks": args.tvm_entry_checks,
+              "warm_new_specialisation": _warm_summary(warm),
               "growth": _growth_summary(warm),
               "targets": {"new_specialisation_s": TARGET_NEW_SPECIALISATION_S},
               "environment": environment()})

@@ -33,9 +33,9 @@ _FORMAT = "jaxtile-compiler-1"
 _BACKENDS = {"cpu": ".cpu.lower", "cuda": ".cuda.compile", "hip": ".hip.lower"}
 """Target kind -> the module that lowers and compiles for it, imported on first use: it
 provides ``source(kernel, target)`` and ``compile_to_library(kernel, target)``, returning
-``(library bytes, symbol)`` or a GPU artifact with its launch configuration that stores
-itself (``store(key) -> cache.Entry``: ``cuda.compile.CompiledCuda``, a cubin;
-``hip.lower.CompiledHip``, a code object)."""
+an artifact that stores itself (``store(key) -> cache.Entry``: ``cpu.lower.CompiledCpu``, a
+shared library and the signature its calls are checked against;
+``cuda.compile.CompiledCuda``, a cubin; ``hip.lower.CompiledHip``, a code object)."""
 _EMULATORS = {"cuda": ".cuda.emulated", "hip": ".hip.emulated"}
 """Target kind -> the runner of its GPU code on JAX's CPU platform (the ``cuda-emulator`` and
 ``hip-emulator`` backends): the same source, compiled for the SIMT emulator (wave64 for
@@ -224,11 +224,4 @@ def _compile(kernel: ir.Kernel, target: Target, key: str, emulated: bool) -> cac
         blocks = kernel.num_blocks if sizes.is_static(kernel.grid) else 1
         return cache.store(key, library, symbol, blocks,
                            alignment=emu.ALIGNMENT, kind=cache.EMULATOR_LIBRARY)
-    be = backend(target)
-    compiled = be.compile_to_library(lowered_ir(kernel, target), target)
-    if not isinstance(compiled, tuple):     # a GPU artifact (see _BACKENDS)
-        return compiled.store(key)
-    library, symbol = compiled
-    # A dynamic grid's size is set when the artifact is loaded (Entry.launched_with).
-    blocks = kernel.num_blocks if sizes.is_static(kernel.grid) else 1
-    return cache.store(key, library, symbol, blocks)
+    return backend(target).compile_to_library(lowered_ir(kernel, target), target).store(key)

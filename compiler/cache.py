@@ -2,10 +2,11 @@
 
 An entry is a compiled artifact ``<key>.so`` (a cubin too keeps that name) plus
 ``<key>.json``, its record: the artifact's kind (see :data:`KINDS`), its metadata (entry
-symbol, number of blocks, buffer alignment, a cubin's launch configuration) and checksums,
-under ``$JAXTILE_CACHE_DIR`` (default ``~/.cache/jaxtile``). Files are written to a
-temporary name and renamed into place, so readers never see a half-written entry and two
-processes building the same kernel both succeed (the contents are identical).
+symbol, number of blocks, buffer alignment, a cubin's launch configuration, a CPU library's
+signature) and checksums, under ``$JAXTILE_CACHE_DIR`` (default ``~/.cache/jaxtile``).
+Files are written to a temporary name and renamed into place, so readers never see a
+half-written entry and two processes building the same kernel both succeed (the contents
+are identical).
 
 Integrity: the record's checksum covers every field of the record, the key included, and
 the record holds the artifact's sha256. An entry whose record or artifact is missing,
@@ -46,7 +47,7 @@ from pathlib import Path
 
 from .cpu_abi import DATA_ALIGNMENT
 
-FORMAT = 2
+FORMAT = 3
 
 CPU_SHARED_LIBRARY = "cpu-shared-library"
 EMULATOR_LIBRARY = "cuda-emulator-library"
@@ -85,6 +86,10 @@ class Metadata:
     form); empty for the other kinds."""
     ptx_bytes: int = 0
     """How many bytes at the end of a cubin entry's artifact are the PTX it came from."""
+    signature: str = ""
+    """A CPU library's: the buffers its kernel was compiled for (``ffi/cpu/signature.h``),
+    which the handler checks every call against, since the library checks nothing itself;
+    empty for the other kinds, and for a library that checks its arguments itself."""
 
     def check(self) -> None:
         """Raise ValueError unless every field has a usable type and value."""
@@ -100,6 +105,8 @@ class Metadata:
             raise ValueError(f"bad launch {self.launch!r}")
         if type(self.ptx_bytes) is not int or self.ptx_bytes < 0:
             raise ValueError(f"bad ptx_bytes {self.ptx_bytes!r}")
+        if not isinstance(self.signature, str) or "\n" in self.signature:
+            raise ValueError(f"bad signature {self.signature!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,7 +206,8 @@ def _read_entry(root: Path, key: str) -> Entry | None:
                 or record.get("key") != key or record.get("kind") not in KINDS):
             return None
         meta = Metadata(record["symbol"], record["num_blocks"], record["alignment"],
-                        record.get("launch", ""), record.get("ptx_bytes", 0))
+                        record.get("launch", ""), record.get("ptx_bytes", 0),
+                        record.get("signature", ""))
         meta.check()
         if hashlib.sha256(lib.read_bytes()).hexdigest() != record["sha256"]:
             return None
@@ -368,22 +376,25 @@ def _warn_unusable(root: Path, error: OSError) -> None:
 
 def store(key: str, library_bytes: bytes, symbol: str, num_blocks: int, *,
           alignment: int | None = None, kind: str = CPU_SHARED_LIBRARY,
-          launch: str = "", ptx_bytes: int = 0) -> Entry:
+          launch: str = "", ptx_bytes: int = 0, signature: str = "") -> Entry:
     """Write a compiled artifact for ``key`` atomically and return its entry.
 
     ``alignment`` defaults to what the CPU lowering assumes (``cpu_abi.DATA_ALIGNMENT``);
     ``launch`` is a GPU artifact's launch configuration, required for those kinds only, and
-    ``ptx_bytes`` how much of its artifact's end is PTX.
+    ``ptx_bytes`` how much of its artifact's end is PTX; ``signature`` a CPU library's
+    buffers (see :attr:`Metadata.signature`).
     If the cache directory cannot be written, the entry goes to a temporary directory of
     this process instead, with one :class:`CacheWarning`.
     """
     meta = Metadata(symbol, num_blocks, DATA_ALIGNMENT if alignment is None else alignment,
-                    launch, ptx_bytes)
+                    launch, ptx_bytes, signature)
     meta.check()
     if ptx_bytes > len(library_bytes):
         raise ValueError(f"ptx_bytes {ptx_bytes} exceed the artifact's {len(library_bytes)}")
     if kind not in KINDS:
         raise ValueError(f"unknown artifact kind {kind!r}; expected one of {sorted(KINDS)}")
+    if signature and kind != CPU_SHARED_LIBRARY:
+        raise ValueError("a signature goes with a CPU shared library only")
     if (kind in GPU_KINDS) != bool(launch):
         raise ValueError("a launch configuration goes with a cubin or a code object, and "
                          "only with them")

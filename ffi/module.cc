@@ -215,6 +215,7 @@ NB_MODULE(_ffi, m) {
       "XLA FFI handler for 'jaxtile_cpu_exported_call', the kernel call of an exported program "
       "(attributes `key` and `payload`, the kernel library it carries).");
   m.attr("PAYLOAD_FORMAT") = kPayloadFormat;
+  m.attr("CUDA_PAYLOAD_FORMAT") = kCudaPayloadFormat;
   m.attr("HIP_PAYLOAD_FORMAT") = kHipPayloadFormat;
   m.def(
       "load_exported_kernel",
@@ -229,13 +230,15 @@ NB_MODULE(_ffi, m) {
   m.def(
       "load_kernel",
       [](const std::string& key, const std::string& library_path, const std::string& symbol,
-         int64_t num_blocks, int64_t alignment) {
-        load_kernel(key, library_path, symbol, num_blocks, alignment);
+         int64_t num_blocks, int64_t alignment, const std::string& signature) {
+        load_kernel(key, library_path, symbol, num_blocks, alignment, signature);
       },
       "key"_a, "library_path"_a, "symbol"_a, "num_blocks"_a, "alignment"_a,
-      nb::call_guard<nb::gil_scoped_release>(),
+      "signature"_a = "", nb::call_guard<nb::gil_scoped_release>(),
       "Load kernel `symbol` from a TVM-exported library under `key` (a no-op if `key` is "
-      "already loaded). `alignment` is the buffer alignment the kernel was compiled to assume.");
+      "already loaded). `alignment` is the buffer alignment the kernel was compiled to assume; "
+      "`signature` the buffers it was compiled for (ffi/cpu/signature.h), which every call is "
+      "checked against, or empty for a library that checks its arguments itself.");
 
   m.def(
       "cuda_handler", [] { return nb::capsule(cuda::handler()); },

@@ -63,7 +63,8 @@ class KernelHandle:
 
 def load(entry: cache.Entry) -> None:
     """Load a cached library into the FFI registry (a no-op if its key is loaded)."""
-    _ffi.load_kernel(entry.key, entry.library, entry.symbol, entry.num_blocks, entry.alignment)
+    _ffi.load_kernel(entry.key, entry.library, entry.symbol, entry.num_blocks, entry.alignment,
+                     entry.meta.signature)
 
 
 def _abstract_eval(*avals: Any, kernel: KernelHandle) -> tuple[ji.ShapedArray, ...]:

@@ -3,11 +3,11 @@
 ``jax.export`` lowers a kernel call to the custom call ``jaxtile_cpu_exported_call`` with two
 string attributes, ``key`` and ``payload``, so that the exported program runs in a process
 that never compiled (or cached) the kernel. The C++ handler decodes and verifies the payload
-on the first call there (``ffi/common/payload.cc``, which documents the same format). Format 1 is
+on the first call there (``ffi/common/payload.cc``, which documents the same format). Format 2 is
 text: a header of ``field=value`` lines, then the library in base64::
 
     jaxtile-kernel-payload
-    format=1
+    format=2
     jaxtile=<version of the writer>
     key=<content key>
     name=<kernel name>
@@ -16,22 +16,29 @@ text: a header of ``field=value`` lines, then the library in base64::
     alignment=<bytes>
     arch=<platform.machine()>
     isa=<comma-separated /proc/cpuinfo flags the code may use>
+    signature=<the buffers the kernel was compiled for>
     size=<library bytes>
     sha256=<hex digest of every byte above, then of the library>
     <base64 library>
+
+``signature`` (``compiler/cpu/lower.py``'s ``entry_signature``, ``ffi/cpu/signature.h``) is
+what the handler checks every call's buffers against: the library is built without TVM's
+entry assertions. Format 1 lacks it; its libraries check their arguments themselves, and
+they are still read.
 
 The first three lines keep their meaning in every format, so that an older jaxtile can say
 which version a newer payload needs, and so does the last header line: the checksum, which
 the reader verifies first (a damaged ``format`` digit is damage, not a newer format).
 
-A CUDA kernel's call (``jaxtile_cuda_call``, :func:`encode_cuda`) always carries its payload,
-under jit as under export, so that a persistent-compilation-cache hit needs no compiler
-either. Its fields after the first three lines are ``platform=cuda``, ``key``, ``name``,
-``symbol`` (the kernel's name in the cubin), ``arch`` (``sm_80``...), ``launch`` (grid,
-block, dynamic shared memory and parameters: ``compiler/gpu/launch.py``), ``ptx_size``,
-``size`` and ``sha256``, then in base64 the cubin followed by the PTX it was assembled from
-(``ptx_size`` bytes, possibly none), which the driver compiles on a GPU the cubin does not
-run on (``decode_cuda_payload`` in ``payload.cc``).
+A CUDA kernel's call (``jaxtile_cuda_call``, :func:`encode_cuda`) always carries its payload
+(format 1, :data:`CUDA_FORMAT`), under jit as under export, so that a
+persistent-compilation-cache hit needs no compiler either. Its fields after the first
+three lines are ``platform=cuda``, ``key``, ``name``, ``symbol`` (the kernel's name in the
+cubin), ``arch`` (``sm_80``...), ``launch`` (grid, block, dynamic shared memory and
+parameters: ``compiler/gpu/launch.py``), ``ptx_size``, ``size`` and ``sha256``, then in
+base64 the cubin followed by the PTX it was assembled from (``ptx_size`` bytes, possibly
+none), which the driver compiles on a GPU the cubin does not run on
+(``decode_cuda_payload`` in ``payload.cc``).
 
 A ROCm kernel's call (``jaxtile_rocm_call``, :func:`encode_hip`) likewise always carries its
 payload, in format 2 (:data:`HIP_FORMAT`; format 1's single code object is no longer read):
@@ -44,8 +51,9 @@ GPU it will meet; the ROCm handler loads the one for the device's architecture w
 
 Only the library that was compiled is ever embedded: :func:`encode` checks the bytes it reads
 from the cache against the checksum recorded when the kernel was compiled. Bump ``FORMAT``
-(and ``kPayloadFormat`` in ``ffi/common/payload.h``) whenever the format changes, and
-``HIP_FORMAT`` (``kHipPayloadFormat``) when the ROCm payload's does.
+(and ``kPayloadFormat`` in ``ffi/common/payload.h``) whenever the format changes,
+``CUDA_FORMAT`` (``kCudaPayloadFormat``) when the CUDA payload's does and ``HIP_FORMAT``
+(``kHipPayloadFormat``) when the ROCm payload's does.
 """
 
 from __future__ import annotations
@@ -64,7 +72,8 @@ from jaxtile.compiler.errors import kernel_error
 from jaxtile.compiler.target import host_isa
 
 MAGIC = "jaxtile-kernel-payload"
-FORMAT = 1
+FORMAT = 2
+CUDA_FORMAT = 1
 HIP_FORMAT = 2
 
 def _version() -> str:
@@ -75,19 +84,26 @@ def _version() -> str:
 
 
 def pack(*, key: str, name: str, symbol: str, num_blocks: int, library: bytes,
-         alignment: int = DATA_ALIGNMENT, arch: str | None = None,
+         signature: str = "", alignment: int = DATA_ALIGNMENT, arch: str | None = None,
          isa: tuple[str, ...] | None = None,
          format: int = FORMAT, version: str | None = None) -> str:
     """The payload text for a library; the keyword defaults describe this machine and jaxtile.
 
-    ``format`` and ``version`` exist so that tests can write what another jaxtile would.
+    ``signature`` (required from format 2 on) is the buffers the library's kernel was
+    compiled for. ``format`` and ``version`` exist so that tests can write what another
+    jaxtile would.
     """
     fields = {
         "format": format, "jaxtile": version or _version(), "key": key, "name": name,
         "symbol": symbol, "num_blocks": num_blocks, "alignment": alignment,
         "arch": platform.machine() if arch is None else arch,
-        "isa": ",".join(host_isa() if isa is None else isa), "size": len(library),
+        "isa": ",".join(host_isa() if isa is None else isa),
     }
+    if format >= 2:
+        if not signature:
+            raise ValueError("a CPU payload of format 2 or later needs the kernel's signature")
+        fields["signature"] = signature
+    fields["size"] = len(library)
     return _seal(fields.items(), library)
 
 
@@ -106,7 +122,7 @@ def _seal(fields: Iterable[tuple[str, object]], artifact: bytes) -> str:
 def pack_cuda(*, key: str, name: str, symbol: str, arch: str, launch: str, cubin: bytes,
               ptx: bytes = b"", version: str | None = None) -> str:
     """The payload text of a CUDA kernel call: its cubin (and PTX) and how to launch it."""
-    fields = {"format": FORMAT, "jaxtile": version or _version(), "platform": "cuda",
+    fields = {"format": CUDA_FORMAT, "jaxtile": version or _version(), "platform": "cuda",
               "key": key, "name": name, "symbol": symbol, "arch": arch, "launch": launch,
               "ptx_size": len(ptx), "size": len(cubin) + len(ptx)}
     return _seal(fields.items(), cubin + ptx)
@@ -158,7 +174,7 @@ def encode(kernel_name: str, entry: cache.Entry, isa: tuple[str, ...]) -> str:
     library = _read_checked(kernel_name, entry)
     return pack(key=entry.key, name=_one_line(kernel_name), symbol=entry.symbol,
                 num_blocks=entry.num_blocks, alignment=entry.alignment, isa=isa,
-                library=library)
+                signature=entry.meta.signature, library=library)
 
 
 def _one_line(kernel_name: str) -> str:

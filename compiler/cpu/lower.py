@@ -12,6 +12,7 @@ copies take an unmasked fast path when the tile lies inside both buffers and a m
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import re
@@ -22,8 +23,8 @@ from typing import Any
 from tvm import tirx
 from tvm.ir import Expr
 
+from .. import cache, ir, op_defs, sizes
 from .. import cpu_abi as abi
-from .. import ir, op_defs, sizes
 from ..errors import kernel_error
 from ..passes.liveness import live_intervals, share_storage
 from ..target import Target
@@ -76,7 +77,8 @@ class _Lowering:
         self.target = target
         params = kernel.params
         # One int32 variable per dynamic size, bound from the shapes the kernel is called with
-        # (the packed-call entry checks that every buffer agrees with them).
+        # (by the packed-call entry, from the first dimension of that size; the FFI handler
+        # checks that every buffer agrees with them: see entry_signature).
         self._size_vars: dict[str, tirx.Var] = {}
         self.kb = tir_emit.KernelBuilder(
             symbol_name(kernel), data_alignment=abi.DATA_ALIGNMENT,
@@ -683,16 +685,78 @@ def source(kernel: ir.Kernel, target: Target) -> str:
     return to_tir(kernel, target).script()
 
 
-def compile_to_library(kernel: ir.Kernel, target: Target) -> tuple[bytes, str]:
+@dataclasses.dataclass(frozen=True)
+class CompiledCpu:
+    """A kernel compiled to a CPU shared library, as :func:`compile_to_library` returns it."""
+
+    library: bytes
+    symbol: str
+    """The exported symbol of its entry point."""
+    num_blocks: int
+    """Its grid's blocks; 1 for a grid computed from the shapes (``Entry.launched_with``
+    sets one per size when it is loaded)."""
+    signature: str
+    """The buffers it was compiled for (:func:`entry_signature`)."""
+
+    def store(self, key: str) -> cache.Entry:
+        """Put the library into the build cache under ``key`` (kind ``cpu-shared-library``)."""
+        return cache.store(key, self.library, self.symbol, self.num_blocks,
+                           signature=self.signature)
+
+
+def compile_to_library(kernel: ir.Kernel, target: Target) -> CompiledCpu:
     """Compile a kernel for the CPU ``target`` describes (the host, or an ISA level, which
-    is also LLVM's name for the generic CPU of that level); returns the shared library's
-    bytes and the exported symbol of its entry point."""
+    is also LLVM's name for the generic CPU of that level) into a shared library.
+
+    The library has no entry assertions (``tir_emit.build(checks=False)``): they cost a
+    sixth of the compile time, and the FFI handler checks every call against the
+    signature instead (``ffi/cpu/signature.h``)."""
     level = target.caps.level
     cpu = tir_emit.host_cpu() if level == "host" else level
-    module = bf16_dot.resolve(tir_emit.build(to_tir(kernel, target), cpu))
+    module = bf16_dot.resolve(tir_emit.build(to_tir(kernel, target), cpu, checks=False))
     with tempfile.TemporaryDirectory(prefix="jaxtile-build-") as tmp:
         path = os.path.join(tmp, "kernel.so")
         tir_emit.export(module, path)
         with open(path, "rb") as f:
             data = f.read()
-    return data, tir_emit.ffi_symbol(symbol_name(kernel))
+    blocks = kernel.num_blocks if sizes.is_static(kernel.grid) else 1
+    return CompiledCpu(data, tir_emit.ffi_symbol(symbol_name(kernel)), blocks,
+                       entry_signature(kernel))
+
+
+def entry_signature(kernel: ir.Kernel) -> str:
+    """The buffers a kernel's library expects, operands then results, as the FFI handler
+    reads them (``ffi/cpu/signature.h``): ``x:float32[?,128];out:float32[dim0_0,128]``.
+    A dynamic size's first plain occurrence is ``?`` (the entry binds the size from that
+    dimension, as :meth:`_Lowering.size` arranges); every other dimension that involves
+    dynamic sizes is their expression over those dimensions (``dim<i>_<j>``), which the
+    handler checks the call against."""
+    params = kernel.params
+    where: dict[str, str] = {}
+    for i, b in enumerate(params):
+        for j, d in enumerate(b.shape):
+            if isinstance(d, str) and sizes.parse(d)[0] == "sym":
+                where.setdefault(d, f"dim{i}_{j}")
+
+    def dim(i: int, j: int, d: sizes.Size) -> str:
+        if isinstance(d, int):
+            return str(d)
+        if where.get(d) == f"dim{i}_{j}" or not sizes.symbols(d) <= where.keys():
+            # The binding occurrence, or sizes the entry binds from no dimension (which the
+            # kernel then cannot use): nothing to compare with.
+            return "?"
+        return str(sizes.fold(d, where.__getitem__, _SIZE_TEXT))
+
+    return ";".join(
+        f"{re.sub(r'[^A-Za-z0-9_]', '_', b.name)}:{b.dtype.name}"
+        f"[{','.join(dim(i, j, d) for j, d in enumerate(b.shape))}]"
+        for i, b in enumerate(params))
+
+
+_SIZE_TEXT = {
+    "+": lambda a, b: f"({a}+{b})", "-": lambda a, b: f"({a}-{b})",
+    "*": lambda a, b: f"({a}*{b})", "neg": lambda a: f"(-{a})",
+    "floordiv": lambda a, b: f"floordiv({a},{b})", "mod": lambda a, b: f"mod({a},{b})",
+    "max": lambda a, b: f"max({a},{b})", "min": lambda a, b: f"min({a},{b})",
+}
+"""Size operators as the text of ``ffi/common/launch_spec.h``'s expression grammar."""

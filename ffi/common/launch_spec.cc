@@ -219,7 +219,16 @@ Param scalar(std::string_view whole, std::string_view p) {
 }  // namespace
 
 int64_t SizeExpr::eval(const BufferDims* buffers, size_t num_buffers) const {
-  std::vector<int64_t> v(nodes.size());
+  // The values on the stack for the usual small expression: the CPU handler evaluates its
+  // kernels' shape checks on every call.
+  constexpr size_t kInline = 16;
+  int64_t inline_values[kInline];
+  std::vector<int64_t> heap;
+  int64_t* v = inline_values;
+  if (nodes.size() > kInline) {
+    heap.resize(nodes.size());
+    v = heap.data();
+  }
   for (size_t i = 0; i < nodes.size(); ++i) {
     const Node& n = nodes[i];
     const int64_t a = n.op >= kAdd ? v[n.a] : 0;
@@ -240,7 +249,7 @@ int64_t SizeExpr::eval(const BufferDims* buffers, size_t num_buffers) const {
       case kMin: v[i] = std::min(a, b); break;
     }
   }
-  return v.back();
+  return v[nodes.size() - 1];
 }
 
 std::array<unsigned, 3> resolve_grid(const LaunchSpec& spec, const BufferDims* dims,
@@ -311,6 +320,8 @@ std::string misaligned(const LaunchSpec& spec, void* const* buffers) {
   }
   return "";
 }
+
+SizeExpr parse_size_expr(std::string_view text) { return ExprParser(text, text).parse(); }
 
 LaunchSpec parse_launch(std::string_view text) {
   const auto parts = split(text, ';');

@@ -65,10 +65,14 @@ struct SizeExpr {
     Op op;
     int64_t a = 0, b = 0;  // kInt: a = value; kDim: a = buffer, b = dimension; else children
   };
-  std::vector<Node> nodes;
+  std::vector<Node> nodes;  // never empty
   // Throws std::invalid_argument for a dimension the buffers lack or a division by zero.
   int64_t eval(const BufferDims* buffers, size_t num_buffers) const;
 };
+
+// One size expression over buffer dimensions (`dim<i>_<j>`), as a grid extent is written;
+// throws std::invalid_argument naming `text` if it is not one.
+SizeExpr parse_size_expr(std::string_view text);
 
 struct LaunchSpec {
   std::array<unsigned, 3> grid;

@@ -169,6 +169,10 @@ Payload decode_payload(std::string_view key, std::string_view text) {
   p.alignment = r.integer("alignment");
   p.arch = std::string(r.field("arch"));
   p.isa = split_commas(r.field("isa"));
+  if (p.format >= 2) {
+    p.signature = std::string(r.field("signature"));
+    if (p.signature.empty()) r.fail("is malformed: its kernel signature is empty");
+  }
   const int64_t size = r.integer("size");
   close_payload(r, text, key, p.key, p.library.size(), size);
   if (p.num_blocks < 1 || p.alignment < 1 || (p.alignment & (p.alignment - 1)) != 0) {
@@ -180,7 +184,7 @@ Payload decode_payload(std::string_view key, std::string_view text) {
 CudaPayload decode_cuda_payload(std::string_view key, std::string_view text) {
   Reader r(key, text);
   CudaPayload p;
-  p.cubin = open_payload(r, text, "cuda", kPayloadFormat, &p.format, &p.jaxtile_version);
+  p.cubin = open_payload(r, text, "cuda", kCudaPayloadFormat, &p.format, &p.jaxtile_version);
   p.key = std::string(r.field("key"));
   p.name = std::string(r.field("name"));
   r.set_name(p.name);

@@ -1,10 +1,10 @@
 // The kernel library an exported program carries: decoding and verifying its payload.
 //
 // jax.export lowers each kernel call to a "jaxtile_cpu_exported_call" custom call whose string
-// attribute `payload` holds the compiled library (primitives/payload.py writes it). Format 1:
+// attribute `payload` holds the compiled library (primitives/payload.py writes it). Format 2:
 //
 //   jaxtile-kernel-payload\n        magic          } these three lines keep their meaning in
-//   format=1\n                      format         } every format, so that an old jaxtile can
+//   format=2\n                      format         } every format, so that an old jaxtile can
 //   jaxtile=<version>\n             writer         } name the version a newer payload needs
 //   key=<content key>\n
 //   name=<kernel name>\n
@@ -13,9 +13,13 @@
 //   alignment=<bytes>\n             buffer alignment the code assumes
 //   arch=<uname -m>\n
 //   isa=<flag>,<flag>,...\n         /proc/cpuinfo flags the code may use
+//   signature=<buffers>\n           what the kernel was compiled for (cpu/signature.h)
 //   size=<library bytes>\n
 //   sha256=<hex>\n                  over every byte above and the library itself
 //   <base64 of the library>
+//
+// Format 1 is format 2 without `signature`: its library checks its arguments itself (it was
+// built with TVM's entry assertions), so it is still read.
 //
 // In every format the header ends with the sha256 line, which covers every byte before it and
 // the decoded library: integrity is checked first, so that a damaged `format` digit reads as
@@ -32,8 +36,10 @@
 
 namespace jaxtile {
 
-// The newest payload format this jaxtile reads (CPU and CUDA payloads).
-constexpr int kPayloadFormat = 1;
+// The newest CPU payload format this jaxtile reads.
+constexpr int kPayloadFormat = 2;
+// The newest CUDA payload format this jaxtile reads.
+constexpr int kCudaPayloadFormat = 1;
 // The one format of ROCm payloads this jaxtile reads: format 2 carries a code object per gfx
 // architecture, and format 1 (a single code object) is no longer read.
 constexpr int kHipPayloadFormat = 2;
@@ -54,7 +60,8 @@ struct Payload {
   int64_t alignment = 0;
   std::string arch;
   std::vector<std::string> isa;
-  std::string library;  // the decoded shared library
+  std::string signature;  // empty in format 1
+  std::string library;    // the decoded shared library
 };
 
 // The payload of a CUDA kernel call ("jaxtile_cuda_call"), format 1: after the three lines

@@ -16,6 +16,9 @@ namespace jaxtile {
 // The tvm-ffi packed calling convention of an exported `__tvm_ffi_<name>` symbol.
 using KernelFn = int (*)(void* self, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result);
 
+// The buffers a kernel was compiled for (a CPU kernel's: cpu/signature.h).
+struct Signature;
+
 struct Kernel {
   std::string key;
   // Where the library came from, for messages: its path, or what else held it.
@@ -25,6 +28,9 @@ struct Kernel {
   int64_t num_blocks;
   // Byte alignment the generated code assumes for every buffer's data pointer.
   int64_t alignment;
+  // Checked by the handler before every call; null: the kernel checks its arguments itself
+  // (a library built with TVM's entry assertions, e.g. from an older export's payload).
+  std::shared_ptr<const Signature> signature;
 };
 
 // The kernel registered under `key`, or the one `load()` makes and registers if there is

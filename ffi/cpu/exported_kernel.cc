@@ -60,7 +60,8 @@ const Kernel& load_exported_kernel(std::string_view key, std::string_view payloa
     try {
       LibraryFile file(p.library, p.key, kind);
       // The file is closed on leaving this scope; the loaded library stays mapped.
-      return load_kernel(p.key, file.path(), p.symbol, p.num_blocks, p.alignment, origin);
+      return load_kernel(p.key, file.path(), p.symbol, p.num_blocks, p.alignment,
+                         p.signature, origin);
     } catch (const std::exception& e) {
       errors += errors.empty() ? "" : "; then ";
       errors += e.what();

@@ -13,6 +13,7 @@
 #include "cpu/exported_kernel.h"
 #include "cpu/heap.h"
 #include "cpu/launch.h"
+#include "cpu/signature.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -92,15 +93,26 @@ ffi::Error run(const Kernel& k, ffi::ThreadPool& xla_pool, ffi::RemainingArgs ar
   const size_t num_buffers = args.size() + rets.size();
   DLTensor inline_tensors[kInlineBuffers];
   TVMFFIAny inline_packed[kInlineBuffers + 2];
+  // What the signature check reads: each buffer's XLA element type and dimensions.
+  ffi::DataType inline_types[kInlineBuffers];
+  BufferDims inline_dims[kInlineBuffers];
   std::vector<DLTensor> heap_tensors;
   std::vector<TVMFFIAny> heap_packed;
+  std::vector<ffi::DataType> heap_types;
+  std::vector<BufferDims> heap_dims;
   DLTensor* tensors = inline_tensors;
   TVMFFIAny* packed = inline_packed;
+  ffi::DataType* types = inline_types;
+  BufferDims* dims = inline_dims;
   if (num_buffers > kInlineBuffers) {
     heap_tensors.resize(num_buffers);
     heap_packed.resize(num_buffers + 2);
+    heap_types.resize(num_buffers);
+    heap_dims.resize(num_buffers);
     tensors = heap_tensors.data();
     packed = heap_packed.data();
+    types = heap_types.data();
+    dims = heap_dims.data();
   }
 
   for (size_t i = 0; i < num_buffers; ++i) {
@@ -108,18 +120,27 @@ ffi::Error run(const Kernel& k, ffi::ThreadPool& xla_pool, ffi::RemainingArgs ar
     if (i < args.size()) {
       auto buf = args.get<ffi::AnyBuffer>(i);
       if (!buf.has_value()) return buf.error();
+      types[i] = buf->element_type();
       err = to_tensor(k, *buf, i, &tensors[i]);
     } else {
       auto buf = rets.get<ffi::AnyBuffer>(i - args.size());
       if (!buf.has_value()) return buf.error();
+      types[i] = (*buf)->element_type();
       err = to_tensor(k, **buf, i, &tensors[i]);
       prefer_huge_pages((*buf)->untyped_data(), (*buf)->size_bytes());
     }
     if (err.failure()) return err;
+    dims[i] = BufferDims{tensors[i].shape, static_cast<size_t>(tensors[i].ndim)};
     TVMFFIAny& a = packed[i + 2];
     a.type_index = kTVMFFIDLTensorPtr;
     a.zero_padding = 0;
     a.v_ptr = &tensors[i];
+  }
+  // The kernel itself checks nothing (it is built without TVM's entry assertions): a call
+  // that does not match what it was compiled for must stop here.
+  if (k.signature != nullptr) {
+    std::string msg = check_call(*k.signature, types, dims, num_buffers);
+    if (!msg.empty()) return ffi::Error::InvalidArgument(describe(k) + ": " + msg);
   }
 
   // The pool's size is asked only for a call with blocks to share.

@@ -176,3 +176,20 @@ def test_find_prebuilt_ignores_what_this_process_compiled(fresh_cache, monkeypat
     monkeypatch.setenv("JAXTILE_PREBUILT_DIR", str(fresh_cache / "prebuilt"))
     cache.store(key, b"c" * 64, "f", 1)
     assert cache.lookup(key) is not None and cache.find_prebuilt(key) == (None, "miss")
+
+
+def test_the_signature_is_recorded_and_checksummed(fresh_cache):
+    sig = "x:float32[?,4];out0:float32[dim0_0,4]"
+    entry = cache.store("ab" * 32, b"library", "f", 1, signature=sig)
+    cache.clear_memory()
+    assert cache.lookup(entry.key).meta.signature == sig
+    # The record's checksum covers it: an edited signature is a miss.
+    record = fresh_cache / entry.key[:2] / f"{entry.key}.json"
+    record.write_text(record.read_text().replace("[?,4]", "[?,5]"))
+    cache.clear_memory()
+    assert cache.lookup(entry.key) is None
+    with pytest.raises(ValueError, match="CPU shared library only"):
+        cache.store("cd" * 32, b"code", "f", 1, kind=cache.HIP_CODE_OBJECT, launch="x",
+                    signature=sig)
+    with pytest.raises(ValueError, match="bad signature"):
+        cache.store("ef" * 32, b"library", "f", 1, signature="x:float32[1]\nmore")

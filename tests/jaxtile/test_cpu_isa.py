@@ -361,7 +361,8 @@ def test_an_export_requires_the_level_not_the_host(monkeypatch, rng):
     key = f"test-cpu-isa-{uuid.uuid4().hex}"
     _ffi.load_exported_kernel(key, payload.pack(
         key=key, name="matmul", symbol=entry.symbol, num_blocks=entry.num_blocks,
-        alignment=entry.alignment, isa=ISA_LEVELS["x86-64-v3"], library=library))
+        alignment=entry.alignment, isa=ISA_LEVELS["x86-64-v3"], library=library,
+        signature=entry.meta.signature))
     assert _ffi.is_loaded(key)
 
 

@@ -122,7 +122,7 @@ def fresh_run(tmp_path_factory):
             library = f.read()
         return payload.pack(key=e.key, name=name, symbol=e.symbol,
                             num_blocks=e.num_blocks, library=library, isa=isa,
-                            format=payload.FORMAT + 1,
+                            signature=e.meta.signature, format=payload.FORMAT + 1,
                             version="99.0.0")
 
     with pytest.MonkeyPatch.context() as mp:
@@ -238,7 +238,8 @@ def _load(key, text):
 
 
 def _fake(key, library=b"\x7fELF not really", **fields):
-    fields = {"name": "fake", "symbol": "fake", "num_blocks": 1, **fields}
+    fields = {"name": "fake", "symbol": "fake", "num_blocks": 1,
+              "signature": "x:float32[1]", **fields}
     return payload.pack(key=key, library=library, **fields)
 
 
@@ -251,7 +252,7 @@ def test_the_first_exported_call_loads_the_payload():
     handle, entry, library = _handle_of(jt.ops.add, x, x, block=16)
     key = _fake_key()
     text = payload.pack(key=key, name="add", symbol=entry.symbol, num_blocks=entry.num_blocks,
-                        library=library)
+                        library=library, signature=entry.meta.signature)
     call = jax.ffi.ffi_call(CPU_EXPORTED_TARGET_NAME, jax.ShapeDtypeStruct(x.shape, x.dtype))
     assert not _ffi.is_loaded(key)
     np.testing.assert_array_equal(call(x, x, key=key, payload=text), 2 * x)
@@ -259,6 +260,50 @@ def test_the_first_exported_call_loads_the_payload():
     # Once loaded, the payload is not read again.
     np.testing.assert_array_equal(call(x, x + 1, key=key, payload="junk"), 2 * x + 1)
     _ffi.load_exported_kernel(key, "junk")  # a no-op too
+
+
+def test_an_exported_call_is_checked_against_the_signature():
+    # The library has no entry assertions: the handler checks the buffers before the call.
+    x = jnp.arange(40, dtype=jnp.float32)
+    _, entry, library = _handle_of(jt.ops.add, x, x, block=16)
+    assert entry.meta.signature
+    key = _fake_key()
+    text = payload.pack(key=key, name="add", symbol=entry.symbol, num_blocks=entry.num_blocks,
+                        library=library, signature=entry.meta.signature)
+
+    def call(a, b, out=x):
+        return jax.ffi.ffi_call(CPU_EXPORTED_TARGET_NAME, jax.ShapeDtypeStruct(
+            out.shape, out.dtype))(a, b, key=key, payload=text)
+
+    np.testing.assert_array_equal(call(x, x), 2 * x)
+    for a, b, out, words in [
+            (x, x[:39], x, r"is float32\[39\] but the kernel was compiled for float32\[40\]"),
+            (x, x.astype(jnp.int32), x, r"is int32\[40\] .*the element type differs"),
+            (x.reshape(4, 10), x, x, r"is float32\[4,10\] .*the rank differs"),
+            (x, x, x[:20], r"is float32\[20\] but the kernel was compiled for float32\[40\]")]:
+        with pytest.raises(Exception, match=r"INVALID_ARGUMENT: jaxtile: kernel '" + key +
+                           r"' \(.*in the library of kernel 'add' in an exported program\): "
+                           r"argument '\w+' \(buffer #\d\) " + words):
+            call(a, b, out).block_until_ready()
+
+
+def test_a_payload_of_format_1_is_still_read():
+    # Format 1 has no signature; its libraries were built with TVM's entry assertions.
+    key = _fake_key()
+    text = _fake(key, format=1)
+    assert "signature=" not in text
+    msg = _load(key, text)
+    assert "cannot load the exported kernel 'fake'" in msg and "malformed" not in msg, msg
+
+
+def test_a_payload_of_format_2_needs_a_signature():
+    key = _fake_key()
+    with pytest.raises(ValueError, match="signature"):
+        _fake(key, signature="")
+    text = _reseal(_fake(key), "signature=x:float32[1]\n", "signature=\n")
+    assert "its kernel signature is empty" in _load(key, text)
+    bad = _reseal(_fake(key), "signature=x:float32[1]\n", "signature=x:float32[\n")
+    assert "bad kernel signature" in _load(key, bad)
 
 
 def _sealed(header: str, library: bytes = b"") -> str:

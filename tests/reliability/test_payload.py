@@ -22,19 +22,19 @@ def library():
     triple(x)
     entry = triple._specialise((x,), {}).build(parse_target("cpu"), kernel_call.load)
     with open(entry.library, "rb") as f:
-        return entry.symbol, f.read()
+        return entry.symbol, f.read(), entry.meta.signature
 
 
 def _pack(library, key, **kwargs):
-    symbol, lib = library
+    symbol, lib, signature = library
     return payload.pack(key=key, name="triple", symbol=symbol, num_blocks=1, library=lib,
-                        **kwargs)
+                        signature=signature, **kwargs)
 
 
 @pytest.mark.parametrize("digit", ["7", "0", "9"])
 def test_damaged_format_digit_is_damage(library, digit):
     key = "d" * 63 + digit
-    text = _pack(library, key).replace("format=1\n", f"format={digit}\n", 1)
+    text = _pack(library, key).replace(f"format={payload.FORMAT}\n", f"format={digit}\n", 1)
     with pytest.raises(RuntimeError, match="corrupted: checksum mismatch") as e:
         _ffi.load_exported_kernel(key, text)
     assert "newer" not in str(e.value)
@@ -42,6 +42,6 @@ def test_damaged_format_digit_is_damage(library, digit):
 
 def test_intact_newer_format_asks_for_an_upgrade(library):
     key = "e" * 64
-    text = _pack(library, key, format=2, version="9.9")
+    text = _pack(library, key, format=payload.FORMAT + 1, version="9.9")
     with pytest.raises(RuntimeError, match="newer jaxtile.*upgrade"):
         _ffi.load_exported_kernel(key, text)

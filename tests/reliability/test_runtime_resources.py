@@ -46,7 +46,8 @@ for i in range(300):
     factor, entry, lib = libs[i % 2]
     key = f"{i:064x}"
     _ffi.load_exported_kernel(key, payload.pack(key=key, name=f"k{i}", symbol=entry.symbol,
-                                                num_blocks=1, library=lib))
+                                                num_blocks=1, library=lib,
+                                                signature=entry.meta.signature))
     # The library loaded under a reused descriptor number is the new one, not the last.
     a = aligned(np.arange(8, dtype=np.float32))
     out = aligned(np.zeros(8, np.float32))

@@ -443,3 +443,18 @@ def test_builder_rejects_misuse():
             pass
     with pytest.raises(ValueError):
         tir_emit.KernelBuilder("not-an-identifier", [])
+
+
+@pytest.mark.parametrize("n", [37, 1000])
+def test_dynamic_sizes_are_bound_without_checks(n, tmp_path):
+    # jaxtile builds its kernels without TVM's entry assertions (the FFI handler checks the
+    # calls); the packed entry must still bind a dynamic size from the buffers' shapes.
+    kb = _vector_add(tirx.Var("n", "int32"), "float32")
+    lib, fn = _compile_and_load(kb, tmp_path, checks=False)
+    checked = tir_emit.build(_vector_add(tirx.Var("n", "int32"), "float32").finish(), CPU)
+    assert "Mismatched" in checked.inspect_source("ll")
+    assert "Mismatched" not in lib.inspect_source("ll")
+    x, y = np.arange(n, dtype=np.float32), np.full(n, 0.25, np.float32)
+    out = tvm.runtime.tensor(np.zeros(n, np.float32))
+    fn(0, -(-n // 64), tvm.runtime.tensor(x), tvm.runtime.tensor(y), out)
+    np.testing.assert_array_equal(out.numpy(), x + y)

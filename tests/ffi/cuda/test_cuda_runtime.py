@@ -62,7 +62,7 @@ def test_the_handler_decodes_what_python_packs():
     assert fields["cubin"] == CUBIN and fields["ptx"] == b""
     assert (fields["name"], fields["symbol"], fields["arch"], fields["launch"]) == (
         "scale_shift", "scale_shift", "sm_80", LAUNCH)
-    assert fields["key"] == KEY and fields["format"] == payload.FORMAT
+    assert fields["key"] == KEY and fields["format"] == payload.CUDA_FORMAT
     header, cubin = payload.unpack(_payload())
     assert cubin == CUBIN and header["platform"] == "cuda" and header["launch"] == LAUNCH
     # With PTX after the cubin, the two come apart where the header says.
@@ -81,7 +81,8 @@ def test_damaged_or_foreign_payloads_are_refused():
         _ffi.decode_cuda_payload(KEY, damaged)
     with pytest.raises(RuntimeError, match="belongs to another kernel"):
         _ffi.decode_cuda_payload("f" * 64, text)
-    cpu = payload.pack(key=KEY, name="k", symbol="s", num_blocks=1, library=b"lib")
+    cpu = payload.pack(key=KEY, name="k", symbol="s", num_blocks=1, library=b"lib",
+                       signature="x:float32[1]")
     with pytest.raises(RuntimeError, match="expected the field 'platform'"):
         _ffi.decode_cuda_payload(KEY, cpu)
     newer = payload.pack_cuda(key=KEY, name="k", symbol="k", arch="sm_80", launch=LAUNCH,

@@ -38,7 +38,7 @@ from .atomics import (
     written_globals,
 )
 from .context import FALLBACK_LANES, extent
-from .gemm import lower_gemm
+from .gemm import lower_gemm, strip_panels
 from .printing import lower_print
 from .reductions import lower_reduce
 from .scans import lower_argreduce, lower_scan
@@ -102,6 +102,8 @@ class _Lowering:
         self._slots: dict[int, tirx.Buffer] = {}
         self.inline: dict[int, ir.Op] = {}
         self.gemm_sources = forwarding.gemm_operands(kernel)
+        self.panel_strips = strip_panels(kernel, target.caps)
+        """On-chip B operands held strip-major, and their strips' width (:mod:`.gemm`)."""
         """Buffers the gemms read from global memory instead (:func:`.forwarding.gemm_operands`):
         their copies are left out."""
         self.forwards: dict[str, forwarding.Forward] = {}

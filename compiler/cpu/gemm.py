@@ -64,7 +64,12 @@ FMAs: 64 columns leave 16 for 4 x 1 tiles, and it reads 1.5x the bytes of B per 
 25.6-27.7 ms; a k-major copy of each strip of B per call, so that a strip stays in L1 in
 blocks of 128 or 256 ``k`` (its rows are 256 bytes apart in the panel and map to a
 quarter of L1's sets), 22.2-26.5 ms; blocks of 256 ``k`` without the copy, 32 ms; rows
-of tiles outermost, the same as columns outermost."""
+of tiles outermost, the same as columns outermost. What was kept: the panel copy itself
+writes B strip-major (:func:`strip_panels`), which costs no extra pass: on two threads,
+process CPU time per call in one process against two row-major kernels of the same IR
+(the A/A control, 0-2% apart), 30-60 rounds in shuffled order, 3-6% less (AVX2), 2.3%
+for bfloat16 widened into float32 panels, 3.3-3.5% on one thread, none on AVX-512
+(``benchmarks/README.md``, "Issue 20, point 1 (2026-12-03, avx2panel)")."""
 
 
 def tile_shape(caps: CpuCaps) -> tuple[tuple[int, int], int]:
@@ -79,17 +84,19 @@ def strip_panels(kernel: ir.Kernel, caps: CpuCaps) -> dict[str, int]:
     """The on-chip buffers to hold strip-major, with the width of their strips: buffer name
     -> ``w``, the columns of a main register tile (:func:`tile_shape`) on ``caps``.
 
-    A ``K x N`` buffer held strip-major keeps element ``(k, j)`` at offset ``(j // w) * K * w
-    + k * w + j % w`` of its storage (:func:`.copies.strip_index`): a register tile's strip of B is
-    then one contiguous run of ``K * w`` elements, read at unit stride k after k, rather
-    than ``w`` elements every ``N`` (whose rows, ``N * 4`` bytes apart, fall in a fraction
-    of L1's sets). Assumes: the lowering of copies and gemms consults the result for every
-    access to these buffers (``Lowering.panel_strips``). A scratch buffer qualifies when it
-    is 2-D and static, ``N`` a multiple of ``w`` and more than ``w``, and every op that
-    names it is either a copy into a region of it from another buffer at scalar starts, or
-    a float32-FMA gemm (:func:`_lower_fma`) reading all of it as its untransposed ``b``
-    and not as its ``a`` or ``c``. Guarantees: nothing else reads or writes such a buffer,
-    so the layout is invisible outside those copies and gemms.
+    A ``K x N`` buffer held strip-major keeps element ``(k, j)`` at offset
+    ``(j // w) * K * w + k * w + j % w`` of its storage (:func:`.copies.strip_index`): a
+    register tile's strip of B is then one contiguous run of ``K * w`` elements, read at
+    unit stride k after k, rather than ``w`` elements every ``N`` (rows ``N * 4`` bytes
+    apart, which fall in a fraction of L1's sets).
+
+    Assumes: the lowering of copies and gemms consults the result for every access to
+    these buffers (``Lowering.panel_strips``). A scratch buffer qualifies when it is 2-D and
+    static, ``N`` a multiple of ``w`` and more than ``w``, and every op that names it is
+    either a copy into a region of it from another buffer at scalar starts, or a
+    float32-FMA gemm (:func:`_lower_fma`) reading all of it as its untransposed ``b`` and
+    not as its ``a`` or ``c``. Guarantees: nothing else reads or writes such a buffer, so
+    the layout is invisible outside those copies and gemms.
     """
     lanes = caps.vector_bits // 32
     width = lanes * tile_shape(caps)[1]

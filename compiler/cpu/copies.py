@@ -53,7 +53,7 @@ def _coords(starts: Sequence[Expr], index: Sequence[ir.Index], idx: Sequence[Exp
 
 def strip_index(shape: tuple[int, int], width: int, k: Expr, j: Expr) -> list[Expr]:
     """The ``[row, column]`` of a ``shape`` buffer held strip-major (strips of ``width``
-    columns, :func:`strip_panels`) where element ``(k, j)`` lies."""
+    columns, :func:`.gemm.strip_panels`) where element ``(k, j)`` lies."""
     rows, cols = shape
     per_row = cols // width          # strips' rows of `width` per buffer row
     at = (j // width) * rows + k     # which row of `width` elements, counted over the strips
@@ -100,7 +100,7 @@ def lower_copy(low: Lowering, op: ir.Op) -> None:
         with low.nest(tile) as idx:
             v = src[tuple(_coords(s_starts, a["src"].index, idx))]
             _store(low, dst, _coords(d_starts, a["dst"].index, idx),
-                          ew.convert(v, low.dtype(src), low.dtype(dst), low.bind))
+                   ew.convert(v, low.dtype(src), low.dtype(dst), low.bind))
 
     inside = all_of([fits(src, a["src"].buffer, a["src"].index, s_starts),
                    fits(dst, a["dst"].buffer, a["dst"].index, d_starts)])
@@ -199,7 +199,7 @@ def _masked_copy(low: Lowering, op, src, dst, tile, s_starts, d_starts) -> None:
         if not _is_true(in_bounds):
             value = tirx.Select(in_bounds, value, ew.const(pad, low.dtype(src)))
         _store(low, dst, _coords(d_starts, a["dst"].index, idx),
-                      ew.convert(value, low.dtype(src), low.dtype(dst), low.bind))
+               ew.convert(value, low.dtype(src), low.dtype(dst), low.bind))
 
     with contextlib.ExitStack() as stack:
         ok = all_of(point_ok)
@@ -224,7 +224,7 @@ def _masked_copy(low: Lowering, op, src, dst, tile, s_starts, d_starts) -> None:
                 at = [*idx, j0 + v]
                 value = src[tuple(_coords(s_starts, a["src"].index, at))]
                 _store(low, dst, _coords(d_starts, a["dst"].index, at),
-                              ew.convert(value, low.dtype(src), low.dtype(dst), low.bind))
+                       ew.convert(value, low.dtype(src), low.dtype(dst), low.bind))
         with low.kb.else_(), low.kb.loop(low.name("v"), lanes) as v:
             with low.kb.if_(tirx.And(j0 + v >= lows[-1], j0 + v < highs[-1])):
                 masked_element([*idx, j0 + v])

@@ -102,10 +102,10 @@ class _Lowering:
         self._slots: dict[int, tirx.Buffer] = {}
         self.inline: dict[int, ir.Op] = {}
         self.gemm_sources = forwarding.gemm_operands(kernel)
-        self.panel_strips = strip_panels(kernel, target.caps)
-        """On-chip B operands held strip-major, and their strips' width (:mod:`.gemm`)."""
         """Buffers the gemms read from global memory instead (:func:`.forwarding.gemm_operands`):
         their copies are left out."""
+        self.panel_strips = strip_panels(kernel, target.caps)
+        """On-chip B operands held strip-major, and their strips' width (:mod:`.gemm`)."""
         self.forwards: dict[str, forwarding.Forward] = {}
         """Fragments whose copies the statements being lowered forward (see
         :mod:`.forwarding`)."""

@@ -38,6 +38,8 @@ class Lowering(Protocol):
     gemm_sources: dict[str, Any]
     """Gemm operands read from the global region they would be copied from
     (:class:`.forwarding.GemmOperand`)."""
+    panel_strips: dict[str, int]
+    """On-chip B operands held strip-major: name -> strip width (:func:`.gemm.strip_panels`)."""
     edges: Any
     """The masked edges of the forwarded statements being lowered (a
     :class:`.forwarding.Edges`), or ``None``."""

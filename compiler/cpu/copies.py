@@ -51,6 +51,24 @@ def _coords(starts: Sequence[Expr], index: Sequence[ir.Index], idx: Sequence[Exp
     return [s if i.size is None else s + next(it) for s, i in zip(starts, index)]
 
 
+def strip_index(shape: tuple[int, int], width: int, k: Expr, j: Expr) -> list[Expr]:
+    """The ``[row, column]`` of a ``shape`` buffer held strip-major (strips of ``width``
+    columns, :func:`.gemm.strip_panels`) where element ``(k, j)`` lies."""
+    rows, cols = shape
+    per_row = cols // width          # strips' rows of `width` per buffer row
+    at = (j // width) * rows + k     # which row of `width` elements, counted over the strips
+    return [at // per_row, at % per_row * width + j % width]
+
+
+def _store(low: Lowering, dst: tirx.Buffer, coords: list[Expr], value: Expr) -> None:
+    """``dst[coords] = value``, where ``dst`` may be a GEMM panel held strip-major
+    (:func:`.gemm.strip_panels`)."""
+    width = low.panel_strips.get(dst.name)
+    if width is not None:
+        coords = strip_index((int(dst.shape[0]), int(dst.shape[1])), width, *coords)
+    low.kb.store(dst, coords, value)
+
+
 def lower_copy(low: Lowering, op: ir.Op) -> None:
     """Emit ``jt.copy``: the fast path when the tile lies inside both buffers, else the
     masked path (see :func:`_masked_copy`); copies within one buffer go through a
@@ -81,8 +99,8 @@ def lower_copy(low: Lowering, op: ir.Op) -> None:
             return
         with low.nest(tile) as idx:
             v = src[tuple(_coords(s_starts, a["src"].index, idx))]
-            low.kb.store(dst, _coords(d_starts, a["dst"].index, idx),
-                          ew.convert(v, low.dtype(src), low.dtype(dst), low.bind))
+            _store(low, dst, _coords(d_starts, a["dst"].index, idx),
+                   ew.convert(v, low.dtype(src), low.dtype(dst), low.bind))
 
     inside = all_of([fits(src, a["src"].buffer, a["src"].index, s_starts),
                    fits(dst, a["dst"].buffer, a["dst"].index, d_starts)])
@@ -180,8 +198,8 @@ def _masked_copy(low: Lowering, op, src, dst, tile, s_starts, d_starts) -> None:
         in_bounds = all_of(conds)
         if not _is_true(in_bounds):
             value = tirx.Select(in_bounds, value, ew.const(pad, low.dtype(src)))
-        low.kb.store(dst, _coords(d_starts, a["dst"].index, idx),
-                      ew.convert(value, low.dtype(src), low.dtype(dst), low.bind))
+        _store(low, dst, _coords(d_starts, a["dst"].index, idx),
+               ew.convert(value, low.dtype(src), low.dtype(dst), low.bind))
 
     with contextlib.ExitStack() as stack:
         ok = all_of(point_ok)
@@ -205,8 +223,8 @@ def _masked_copy(low: Lowering, op, src, dst, tile, s_starts, d_starts) -> None:
             with low.kb.loop(low.name("v"), lanes, kind="vectorized") as v:
                 at = [*idx, j0 + v]
                 value = src[tuple(_coords(s_starts, a["src"].index, at))]
-                low.kb.store(dst, _coords(d_starts, a["dst"].index, at),
-                              ew.convert(value, low.dtype(src), low.dtype(dst), low.bind))
+                _store(low, dst, _coords(d_starts, a["dst"].index, at),
+                       ew.convert(value, low.dtype(src), low.dtype(dst), low.bind))
         with low.kb.else_(), low.kb.loop(low.name("v"), lanes) as v:
             with low.kb.if_(tirx.And(j0 + v >= lows[-1], j0 + v < highs[-1])):
                 masked_element([*idx, j0 + v])

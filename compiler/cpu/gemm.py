@@ -13,7 +13,9 @@ vectorised. bfloat16 operands on a target with the bfloat16 dot go to :mod:`.gem
 both skip the tiles past the bounds :mod:`..passes.gemm_edges` notes (:mod:`.gemm_live`).
 
 ``A`` is read as ``A[i, k]`` (or ``A[k, i]`` when transposed); a transposed ``B`` is first
-copied once into a local tile in ``[k, j]`` layout, so the j loop has unit stride.
+copied once into a local tile in ``[k, j]`` layout, so the j loop has unit stride. An
+on-chip ``B`` that only copies fill and only such gemms read is held strip-major
+(:func:`strip_panels`): the columns of one register tile, all of K, lie contiguously.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from ..target import CpuCaps
 from . import elementwise as ew
 from . import forwarding
 from .context import FALLBACK_LANES, Lowering, extent
+from .copies import strip_index
 from .gemm_bf16 import lower_gemm_bf16
 from .gemm_live import Live, when
 
@@ -61,7 +64,12 @@ FMAs: 64 columns leave 16 for 4 x 1 tiles, and it reads 1.5x the bytes of B per 
 25.6-27.7 ms; a k-major copy of each strip of B per call, so that a strip stays in L1 in
 blocks of 128 or 256 ``k`` (its rows are 256 bytes apart in the panel and map to a
 quarter of L1's sets), 22.2-26.5 ms; blocks of 256 ``k`` without the copy, 32 ms; rows
-of tiles outermost, the same as columns outermost."""
+of tiles outermost, the same as columns outermost. What was kept: the panel copy itself
+writes B strip-major (:func:`strip_panels`), which costs no extra pass: on two threads,
+process CPU time per call in one process against two row-major kernels of the same IR
+(the A/A control, 0-2% apart), 30-60 rounds in shuffled order, 3-6% less (AVX2), 2.3%
+for bfloat16 widened into float32 panels, 3.3-3.5% on one thread, none on AVX-512
+(``benchmarks/README.md``, "Issue 20, point 1 (2026-12-03, avx2panel)")."""
 
 
 def tile_shape(caps: CpuCaps) -> tuple[tuple[int, int], int]:
@@ -70,6 +78,63 @@ def tile_shape(caps: CpuCaps) -> tuple[tuple[int, int], int]:
     if caps.vector_registers >= 32:
         return ROWS, VECTORS
     return ROWS_16_REGISTERS, VECTORS_16_REGISTERS
+
+
+def strip_panels(kernel: ir.Kernel, caps: CpuCaps) -> dict[str, int]:
+    """The on-chip buffers to hold strip-major, with the width of their strips: buffer name
+    -> ``w``, the columns of a main register tile (:func:`tile_shape`) on ``caps``.
+
+    A ``K x N`` buffer held strip-major keeps element ``(k, j)`` at offset
+    ``(j // w) * K * w + k * w + j % w`` of its storage (:func:`.copies.strip_index`): a
+    register tile's strip of B is then one contiguous run of ``K * w`` elements, read at
+    unit stride k after k, rather than ``w`` elements every ``N`` (rows ``N * 4`` bytes
+    apart, which fall in a fraction of L1's sets).
+
+    Assumes: the lowering of copies and gemms consults the result for every access to
+    these buffers (``Lowering.panel_strips``). A scratch buffer qualifies when it is 2-D and
+    static, ``N`` a multiple of ``w`` and more than ``w``, and every op that names it is
+    either a copy into a region of it from another buffer at scalar starts, or a
+    float32-FMA gemm (:func:`_lower_fma`) reading all of it as its untransposed ``b`` and
+    not as its ``a`` or ``c``. Guarantees: nothing else reads or writes such a buffer, so
+    the layout is invisible outside those copies and gemms.
+    """
+    lanes = caps.vector_bits // 32
+    width = lanes * tile_shape(caps)[1]
+    bufs = {b.name: b for b in kernel.buffers}
+    fits: dict[str, bool] = {}
+    for stmt in ir.walk(kernel.body):
+        if not isinstance(stmt, ir.Op):
+            continue
+        for region in ir.regions(stmt):
+            if bufs[region.buffer].role != "scratch":
+                continue
+            fits[region.buffer] = fits.get(region.buffer, True) and _strip_use(
+                stmt, region, bufs, caps)
+    out = {}
+    for name, ok in fits.items():
+        shape = bufs[name].shape
+        if ok and len(shape) == 2 and all(isinstance(d, int) for d in shape) \
+                and shape[1] % width == 0 and shape[1] > width:
+            out[name] = width
+    return out
+
+
+def _strip_use(op: ir.Op, region: ir.Region, bufs: dict, caps: CpuCaps) -> bool:
+    """Whether ``op``'s access to ``region`` may see a strip-major buffer (see
+    :func:`strip_panels`)."""
+    a = op.attrs
+    if op.kind == "copy":
+        return (region is a["dst"] and a["src"].buffer != region.buffer
+                and not any(isinstance(i.start, ir.Value) and i.start.shape != ()
+                            for r in (a["src"], a["dst"]) for i in r.index))
+    if op.kind != "gemm" or region is not a["b"] or a["transpose_b"] \
+            or region.buffer in (a["a"].buffer, a["c"].buffer) \
+            or not region.is_whole(bufs[region.buffer].shape):
+        return False
+    dtypes = [bufs[a[role].buffer].dtype.name for role in ("a", "b", "c")]
+    # The bfloat16-dot gemm (gemm_bf16.py) has a layout of its own for B.
+    return not (getattr(caps, "bf16_dot", False) and dtypes[:2] == ["bfloat16"] * 2
+                and dtypes[2] == "float32")
 
 
 def lower_gemm(low: Lowering, op: ir.Op, *, lanes: int) -> None:
@@ -129,8 +194,12 @@ def _lower_fma(low: Lowering, a: dict, lanes: int, live: Live) -> None:
         value = A[idx] if source is None else forwarding.gemm_operand(low, source, idx)
         return ew.convert(value, low.dtype(A), acc, low.bind)
 
+    strips = low.panel_strips.get(a["b"])
+    shape = (int(B.shape[0]), int(B.shape[1]))
+
     def b_at(kk: Expr, j: Expr) -> Expr:
-        return ew.convert(B[kk, j], low.dtype(B), acc, low.bind)
+        idx = [kk, j] if strips is None else strip_index(shape, strips, kk, j)
+        return ew.convert(B[tuple(idx)], low.dtype(B), acc, low.bind)
 
     # Rows in bands of row_tiles[0] then row_tiles[1] rows, each band's columns in register
     # tiles of `vectors` vectors, then of one, then of one 8-lane vector (a 64 x 56 tile on

@@ -39,7 +39,7 @@ from .atomics import (
     written_globals,
 )
 from .context import FALLBACK_LANES, extent
-from .gemm import lower_gemm
+from .gemm import lower_gemm, strip_panels
 from .printing import lower_print
 from .reductions import lower_reduce
 from .scans import lower_argreduce, lower_scan
@@ -106,6 +106,8 @@ class _Lowering:
         self.gemm_sources = forwarding.gemm_operands(kernel)
         """Buffers the gemms read from global memory instead (:func:`.forwarding.gemm_operands`):
         their copies are left out."""
+        self.panel_strips = strip_panels(kernel, target.caps)
+        """On-chip B operands held strip-major, and their strips' width (:mod:`.gemm`)."""
         self.forwards: dict[str, forwarding.Forward] = {}
         """Fragments whose copies the statements being lowered forward (see
         :mod:`.forwarding`)."""

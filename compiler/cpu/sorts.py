@@ -8,7 +8,10 @@ compares mirrored positions (``i`` with ``2w - 1 - i`` in a block of ``2w``), so
 comparator puts the smaller element first; positions ``n..N`` then behave as +infinity,
 never move, and comparators that reach them are skipped. A compare-and-swap is written as
 selects and unconditional stores: whether a pair swaps depends on the data, and as a
-branch it was mispredicted often enough to cost 8-10% of a 65536-element sort.
+branch it was mispredicted often enough to cost 8-10% of a 65536-element sort. Each step
+runs as blocks, then a run of positions in a block, whose pairs are contiguous (ascending
+``lo``, ``hi`` ascending or, in a merge's first step, descending): LLVM vectorises that
+inner loop, which halves the sort's time on AVX-512.
 
 A network is not stable, so each element carries its position and ties go to the lower one:
 the order is then total, and the network's result is the stable sort. Keys are compared as
@@ -17,6 +20,8 @@ end, so the values themselves (NaN payloads, -0.0 next to 0.0) are never recompu
 """
 
 from __future__ import annotations
+
+import contextlib
 
 from tvm import tirx
 from tvm.ir import Expr
@@ -77,23 +82,34 @@ def lower_sort(low: Lowering, op: ir.Op) -> None:
                 x = low.bind(ew.convert(low.at(v, at(idx, k)), ew.tvm_dtype(v.dtype),
                                         compute, low.bind))
                 low.kb.store(key, [k], _key(x, compute, op.attrs["total_order"]))
+
+        def compare_and_swap(lo: Expr, hi: Expr) -> None:
+            # Selects, not a branch (see the module docstring). Positions past n exist
+            # only when n is not a power of two; without them the stores are unconditional,
+            # which AVX2 (no masked integer stores) needs to vectorise the loop.
+            with contextlib.ExitStack() as guard:
+                if n != 1 << stages:
+                    guard.enter_context(low.kb.if_(hi < n))
+                swap = low.bind(precedes(hi, lo))
+                for buf in (pos, *(key for _, _, key in keys)):
+                    a, b = low.bind(buf[lo]), low.bind(buf[hi])
+                    low.kb.store(buf, [lo], tirx.Select(swap, b, a))
+                    low.kb.store(buf, [hi], tirx.Select(swap, a, b))
+
         with low.kb.loop(low.name("stage"), stages) as s:
-            with low.kb.loop(low.name("step"), s + 1) as t:
-                d = s - t                        # compare elements 2**d apart (t > 0)
-                with low.kb.loop(low.name("m"), (1 << stages) // 2) as m:
-                    block = tirx.shift_left(tirx.shift_right(m, d), d + 1)
-                    r = tirx.bitwise_and(m, tirx.shift_left(1, d) - 1)
-                    lo = low.bind(block + r)
-                    hi = low.bind(tirx.Select(t == 0, block + tirx.shift_left(2, d) - 1 - r,
-                                              lo + tirx.shift_left(1, d)))
-                    with low.kb.if_(hi < n):
-                        # Selects, not a branch: whether a pair swaps is data-dependent
-                        # and about as often mispredicted as not on unsorted data.
-                        swap = low.bind(precedes(hi, lo))
-                        for buf in (pos, *(key for _, _, key in keys)):
-                            a, b = low.bind(buf[lo]), low.bind(buf[hi])
-                            low.kb.store(buf, [lo], tirx.Select(swap, b, a))
-                            low.kb.store(buf, [hi], tirx.Select(swap, a, b))
+            # The first step of a merge compares mirrored positions in blocks of 2**(s+1);
+            # the others positions 2**d apart.
+            with low.kb.loop(low.name("block"), (1 << stages) >> (s + 1)) as blk:
+                with low.kb.loop(low.name("r"), tirx.shift_left(1, s)) as r:
+                    base = tirx.shift_left(blk, s + 1)
+                    compare_and_swap(low.bind(base + r),
+                                     low.bind(base + tirx.shift_left(2, s) - 1 - r))
+            with low.kb.loop(low.name("step"), s, start=1) as t:
+                d = s - t                        # compare elements 2**d apart
+                with low.kb.loop(low.name("block"), (1 << stages) >> (d + 1)) as blk:
+                    with low.kb.loop(low.name("r"), tirx.shift_left(1, d)) as r:
+                        lo = low.bind(tirx.shift_left(blk, d + 1) + r)
+                        compare_and_swap(lo, low.bind(lo + tirx.shift_left(1, d)))
         src = op.operands[op.attrs["take"]]
         with low.kb.loop(low.name("k"), n) as k:
             low.kb.store(arr, at(idx, k), low.at(src, at(idx, pos[k])))

@@ -3,7 +3,8 @@ selects, not branches) compiled for AVX2 (``JAXTILE_CPU_ISA=x86-64-v3``) and for
 on one tile of ragged and power-of-two lengths, against numpy's stable sort: NaNs (with
 payloads, of both signs) last, -0.0 and 0.0 equal and kept in their order, infinities,
 huge values and many ties; ascending and descending ``argsort`` (the positions the network
-carries)."""
+carries) and ``lax.top_k`` (the network's descending order, whose padding past a ragged
+length must sort after -NaN)."""
 
 import warnings
 
@@ -94,3 +95,35 @@ def test_argsort_is_stable(monkeypatch, rng, level, descending, n):
         jnp.asarray(x)))
     want = np.asarray(jnp.argsort(jnp.asarray(x), descending=descending, stable=True))
     np.testing.assert_array_equal(got, want)
+
+
+@jt.kernel
+def _top_k_tile(x, *, k):
+    values = jt.empty((k,), x.dtype)
+    indices = jt.empty((k,), jnp.int32)
+    jt.grid(1)
+    t = jt.fragment(x.shape, x.dtype)
+    v = jt.fragment((k,), x.dtype)
+    i = jt.fragment((k,), jnp.int32)
+    jt.copy(x.at[0], t)
+    v[...], i[...] = jax.lax.top_k(t[...], k)
+    jt.copy(v, values.at[0])
+    jt.copy(i, indices.at[0])
+    return values, indices
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("n, k", [(7, 7), (1000, 1000), (1000, 5), (4096, 9)])
+def test_top_k_sorts_descending(monkeypatch, rng, level, n, k):
+    """``lax.top_k`` is the network's descending sort (in the IEEE total order, NaN above
+    inf): all of a ragged row (where the padding must sort after every element, -NaN
+    included), and its first few, against XLA's."""
+    _use(monkeypatch, level)
+    x = _values(rng, n)
+    x[rng.choice(n, min(n, 2), replace=False)] = np.array(
+        [0xFFFFFFFF, 0xFF800001], np.uint32).view(np.float32)[:min(n, 2)]  # -NaNs
+    got = jax.jit(lambda v: _top_k_tile(v, k=k))(jnp.asarray(x))
+    want = jax.jit(lambda v: jax.lax.top_k(v, k))(jnp.asarray(x))
+    np.testing.assert_array_equal(np.asarray(got[0]).view(np.uint32),
+                                  np.asarray(want[0]).view(np.uint32))
+    np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))

@@ -557,7 +557,8 @@ def main() -> None:
         cases = {n: c for n, c in cases.items() if n in args.only.split(",")}
     results = {name: run_case(name, case, args.rounds) for name, case in cases.items()}
     speedups = [r["speedup"] for n, r in results.items() if n not in OUTSIDE_GEOMEAN]
-    geomean = math.exp(sum(map(math.log, speedups)) / len(speedups))
+    # ``--only`` may pick only cases outside the geometric mean: then there is none to give.
+    geomean = math.exp(sum(map(math.log, speedups)) / len(speedups)) if speedups else None
     report = {
         "benchmark": "plain_kernels",
         "description": "kernels written plainly vs the jnp formula, both under jax.jit; "
@@ -566,9 +567,10 @@ def main() -> None:
         "bf16_dot_peak_tflops": round(_bf16_dot_peak_tflops(), 4),
         "cpu_target": _config.cpu_target_name(),
         **results,
-        "geomean_speedup": round(geomean, 3),
-        "min_speedup": min(speedups),
-        "meets_target": _meets_targets(results, geomean, min(speedups)),
+        "geomean_speedup": None if geomean is None else round(geomean, 3),
+        "min_speedup": min(speedups, default=None),
+        "meets_target": None if geomean is None else _meets_targets(results, geomean,
+                                                                     min(speedups)),
     }
     if args.sweep:
         report["sweep"] = sweep(args.rounds, clock)

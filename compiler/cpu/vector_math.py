@@ -48,17 +48,35 @@ _EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
 # the clamp only saturates results that are 0 or inf anyway.
 _EXP_LO = -104.0
 _EXP_HI = 89.0
+# Adding 1.5 * 2**23 rounds x / ln 2 (|x / ln 2| < 2**22) to the nearest integer n, which
+# the sum's low mantissa bits then hold: n = bits(t) - bits(_EXP_SHIFT). One add gives n as
+# a float and as an integer, where floor and a conversion took three ops.
+_EXP_SHIFT = 12582912.0
+_EXP_SHIFT_BITS = 0x4B400000
+
+
+def _exp_expm1(r: Expr, r2: Expr) -> Expr:
+    """``exp(r) - 1 = r + r^2 P(r)`` for Cephes' degree-5 ``P``, as
+    ``(r + r^2 (q0 + q1 r)) + r^4 ((q2 + q3 r) + r^2 (q4 + q5 r))``: three multiply-adds
+    deep after ``r2`` where Horner's scheme is seven. A loop of exps is limited by this
+    latency, not by its op count (each exp is one long dependency chain, and the
+    out-of-order window holds only a few), so on AVX2, where a vector holds 8 lanes, the
+    shorter chain is what makes it faster. The large terms are still added last."""
+    q = _EXP_POLY[::-1]  # q[k] multiplies r**(k + 2)
+    low = r2 * (r * _f32(q[1]) + _f32(q[0])) + r
+    high = r2 * (r * _f32(q[5]) + _f32(q[4])) + (r * _f32(q[3]) + _f32(q[2]))
+    return (r2 * r2) * high + low
 
 
 def exp_f32(x: Expr) -> Expr:
     """Vectorisable float32 ``exp(x)``, within 1 ulp (checked on 2**28 inputs spanning all
     of float32, subnormal results included).
 
-    Built only from arithmetic, ``floor``, casts, shifts and bit reinterprets, so it
-    vectorises inside ``"vectorized"`` loops, unlike ``tirx.exp`` which LLVM turns into one
-    scalar ``expf`` call per lane. Gives +inf for x > 88.72, 0 for x < -103.98 (and -inf),
-    NaN for NaN. ``x`` is evaluated once, through ``Let`` bindings, so it must not involve
-    bfloat16 (see :func:`build`): pass such a value through :meth:`KernelBuilder.let` first.
+    Built only from arithmetic, integer ops and bit reinterprets, so it vectorises inside
+    ``"vectorized"`` loops, unlike ``tirx.exp`` which LLVM turns into one scalar ``expf``
+    call per lane. Gives +inf for x > 88.72, 0 for x < -103.98 (and -inf), NaN for NaN.
+    ``x`` is evaluated once, through ``Let`` bindings, so it must not involve bfloat16 (see
+    :func:`build`): pass such a value through :meth:`KernelBuilder.let` first.
     """
     if dtype_of(x) != "float32":
         raise TypeError(f"exp_f32 needs a float32 operand, got {dtype_of(x)}")
@@ -66,24 +84,30 @@ def exp_f32(x: Expr) -> Expr:
         raise ValueError("exp_f32 operand involves bfloat16; bind it with KernelBuilder.let")
 
     def from_clamped(xc: Expr) -> Expr:
-        def from_n(n: Expr) -> Expr:
-            # NaN-free copy of n for the int conversion (fptosi of NaN is poison in LLVM);
-            # a NaN x still yields NaN through r.
-            ni = tirx.Cast("int32", tirx.max(n, _f32(-150.0)))
-            half = ni >> 1
+        def from_shifted(t: Expr) -> Expr:
+            def from_n(n: Expr) -> Expr:
+                # n in [-151, 129] (NaN for a NaN x, whose integer bits below are then
+                # garbage: the result is NaN through r anyway).
+                ni = tirx.reinterpret("int32", t) - tirx.const(_EXP_SHIFT_BITS, "int32")
+                half = ni >> 1
 
-            def from_r(r: Expr) -> Expr:
-                p = _f32(_EXP_POLY[0])
-                for coeff in _EXP_POLY[1:]:
-                    p = p * r + _f32(coeff)
-                y = p * (r * r) + r + _f32(1.0)
-                # Two exact power-of-two scalings reach 2**-150 .. 2**128 without overflow
-                # in the exponent field; the final multiply rounds subnormals correctly.
-                return y * _pow2(half) * _pow2(ni - half)
+                def from_r(r: Expr) -> Expr:
+                    def from_r2(r2: Expr) -> Expr:
+                        # Two power-of-two scalings reach 2**-151 .. 2**129 without overflow
+                        # in the exponent field. The first, by s = 2**half, is exact
+                        # (2**-76 .. 2**64 times y in [0.7, 1.5] stays normal), so
+                        # (1 + expm1) * s is one multiply-add, rounded as 1 + expm1 would
+                        # be; the final multiply rounds subnormals correctly.
+                        s = _pow2(half)
+                        return (_exp_expm1(r, r2) * s + s) * _pow2(ni - half)
 
-            return _bind("exp_r", xc - n * _f32(_LN2_HI) - n * _f32(_LN2_LO), from_r)
+                    return _bind("exp_r2", r * r, from_r2)
 
-        return _bind("exp_n", tirx.floor(xc * _f32(_LOG2E) + _f32(0.5)), from_n)
+                return _bind("exp_r", xc - n * _f32(_LN2_HI) - n * _f32(_LN2_LO), from_r)
+
+            return _bind("exp_n", t - _f32(_EXP_SHIFT), from_n)
+
+        return _bind("exp_t", xc * _f32(_LOG2E) + _f32(_EXP_SHIFT), from_shifted)
 
     # Selects written so that a NaN x falls through both (TIR's max/min would replace it).
     def clamp_hi(xl: Expr) -> Expr:

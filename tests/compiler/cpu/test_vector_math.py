@@ -1,5 +1,6 @@
-"""The CPU backend's float32 tanh and erfc (``compiler/cpu/vector_math.py``: ``tanh_f32``, an
-odd rational approximation, and ``erfc_f32``, exp(-x^2) times a rational function) against
+"""The CPU backend's float32 exp, tanh and erfc (``compiler/cpu/vector_math.py``: ``exp_f32``,
+Cephes' reduction and polynomial, ``tanh_f32``, an odd rational approximation, and
+``erfc_f32``, exp(-x^2) times a rational function) against
 float64 references and against XLA:CPU's own functions, which are the semantic reference: on
 millions of inputs spanning all of float32, and exactly at the edges (signed zeros,
 subnormals, saturation, infinities, NaN), both compiled alone and inside a kernel under
@@ -45,13 +46,15 @@ def _inputs() -> np.ndarray:
         ]).astype(np.float32)  # fmt: skip
 
 
-def _compile(fn, name, tmp_path_factory):
+def _compile(fn, name, tmp_path_factory, cpu=None):
+    """``y = fn(x)`` over ``N`` elements in vectors of ``LANES``, compiled for the LLVM CPU
+    ``cpu`` (the host's by default)."""
     kb = tir_emit.KernelBuilder(name, [("x", (N,), "float32"), ("y", (N,), "float32")])
     x, y = kb.buffers
     with kb.block_loop() as b:
         with kb.loop("i", LANES, kind="vectorized") as i:
             kb.store(y, [b * LANES + i], fn(x[b * LANES + i]))
-    lib = tir_emit.build(kb.finish(), tir_emit.host_cpu())
+    lib = tir_emit.build(kb.finish(), cpu or tir_emit.host_cpu())
     path = str(tmp_path_factory.mktemp(name) / f"{name}.so")
     tir_emit.export(lib, path)
     return lib, tvm.runtime.load_module(path)[name]
@@ -71,6 +74,52 @@ def _run(fn, xs: np.ndarray) -> np.ndarray:
     out = tvm.runtime.tensor(np.zeros(len(xs), np.float32))
     fn(0, len(xs) // LANES, tvm.runtime.tensor(xs), out)
     return out.numpy()
+
+
+# exp's own edges: the clamps, where exp overflows (88.72284) and leaves the normal
+# (-87.33655) and subnormal (-103.97208) range, NaNs with payloads of either sign.
+EXP_EDGES = np.array(
+    [88.0, 88.72283, 88.72284, 88.7229, 89.0, 89.01, 100.0, -87.33654, -87.33655, -100.0,
+     -103.27893, -103.97207, -103.97208, -103.9721, -104.0, -104.01, -1e30],
+    np.float32,
+)  # fmt: skip
+NAN_PAYLOADS = np.array([0x7F800001, 0x7FC12345, 0x7FFFFFFF, 0xFF800001, 0xFFC00000,
+                         0xFFFFFFFF], np.uint32).view(np.float32)
+
+
+def _exp_inputs() -> np.ndarray:
+    """Every 1024th float32 of [-104.0, 89.0] (both signs, subnormal results included), the
+    points halfway between multiples of ln 2 (where the reduction's n changes) and just
+    beside them, and the edges."""
+    pos = np.arange(0, 0x42B20000, 1024, dtype=np.uint32)
+    neg = np.arange(0x80000000, 0xC2D00000, 1024, dtype=np.uint32)
+    ties = (np.arange(-151, 130) + 0.5) * np.log(2.0)
+    ties = np.concatenate([ties, np.nextafter(ties, -np.inf), np.nextafter(ties, np.inf)])
+    xs = np.concatenate([EDGES, EXP_EDGES, NAN_PAYLOADS, ties.astype(np.float32),
+                         pos.view(np.float32), neg.view(np.float32)]).astype(np.float32)
+    return np.concatenate([xs, np.zeros(-len(xs) % N, np.float32)])  # whole runs
+
+
+@pytest.mark.parametrize("cpu", ["x86-64-v3", "host"])
+def test_exp_f32_within_one_ulp_on_both_isas(tmp_path_factory, cpu):
+    """exp_f32 compiled for AVX2 (8 lanes a vector, 16 registers) and for the host: within
+    1 ulp of the float64 exp everywhere, subnormal results included; inf past 88.72284, 0
+    below -103.97208 and for -inf, NaN for every NaN (a payload must not reach the result's
+    exponent bits), and nothing else NaN."""
+    _, fn = _compile(vm.exp_f32, f"exp_{cpu.replace('-', '_')}", tmp_path_factory,
+                     None if cpu == "host" else cpu)
+    xs = _exp_inputs()
+    got = np.concatenate([_run(fn, xs[i:i + N]) for i in range(0, len(xs), N)])
+    with np.errstate(over="ignore", invalid="ignore"):  # to inf; NaN cast to float32
+        want = np.exp(xs.astype(np.float64)).astype(np.float32)
+    nan = np.isnan(xs)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    ok = ~nan
+    np.testing.assert_array_equal(got[np.isinf(want)], want[np.isinf(want)])
+    np.testing.assert_array_equal(got[ok & (want == 0)], 0.0)
+    err = np.abs(_ordered(got[ok]) - _ordered(want[ok]))
+    assert err.max() <= 1, (err.max(), xs[ok][err.argmax()])
+    assert np.count_nonzero(err) < 0.01 * len(err)  # about 0.8% of them
 
 
 def test_tanh_f32_is_one_division_and_no_exp(tanh_kernel):

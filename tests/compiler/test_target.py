@@ -130,7 +130,9 @@ def test_a_present_gpu_gets_its_architecture_specific_target(cc, name):
     if cc == "9.0":
         caps = target.for_platform("cuda", cc, present=True).caps
         assert caps.wgmma and caps.setmaxnreg and not plain.caps.wgmma
-    # Without a compute capability there is no device to be specific to.
+
+
+def test_without_a_compute_capability_there_is_no_device_to_be_specific_to():
     assert target.for_platform("cuda", None, present=True).name == "cuda:sm_80"
 
 

@@ -305,14 +305,31 @@ def _built(target_name: str, kernel: Any, label: str = "") -> None:
     from jaxtile.compiler import build
     from jaxtile.compiler.target import parse_target
 
-    entry = build.build(kernel, parse_target(target_name))
+    _written(target_name, build.build(kernel, parse_target(target_name)), label)
+
+
+def _written(target_name: str, entry: Any, label: str) -> None:
+    """Make sure the built ``entry`` is in the output directory (the cache directory while
+    ``prebuild`` runs), and print it. A lookup that finds the key in a prebuilt directory
+    (``$JAXTILE_PREBUILT_DIR``, the package's own) returns that entry without writing one:
+    it is copied, so the output directory holds every entry asked for."""
+    from jaxtile.compiler import cache
+
+    if not Path(entry.library).resolve().is_relative_to(cache.cache_dir().resolve()):
+        meta = entry.meta
+        entry = cache.store(entry.key, Path(entry.library).read_bytes(), meta.symbol,
+                            meta.num_blocks, alignment=meta.alignment, kind=entry.kind,
+                            launch=meta.launch, ptx_bytes=meta.ptx_bytes,
+                            signature=meta.signature)
     size = Path(entry.library).stat().st_size
     print(f"{target_name}: {entry.key} ({size} B){' ' + label if label else ''}")
 
 
 def _prebuild_library(only: Sequence[str], targets: Sequence[Any]) -> None:
     """The library's calls (``only`` those named) compiled for ``targets``, each kernel
-    specialisation with the tiles its target's table chooses."""
+    specialisation with the tiles its target's table chooses, on the compile threads (one
+    per CPU: the wheel build runs this)."""
+    from jaxtile.compiler import build
     from jaxtile.ops import _library
 
     try:
@@ -322,9 +339,13 @@ def _prebuild_library(only: Sequence[str], targets: Sequence[Any]) -> None:
     for target in targets:
         if target.kind != "cpu":
             raise UsageError(f"--library prebuilds for CPU targets; got {target.name}")
+    builds = []
+    for target in targets:
         for spec in specs:
             mine = spec.for_target(target)
-            _built(target.name, mine.compiled_ir, mine.label)
+            builds.append((target.name, build.submit(mine.compiled_ir, target), mine.label))
+    for name, future, label in builds:
+        _written(name, future.result(), label)
 
 
 # --- bench -----------------------------------------------------------------------------

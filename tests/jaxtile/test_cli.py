@@ -339,6 +339,27 @@ def test_prebuild_library_names_and_errors(tmp_path, monkeypatch, capsys):
         assert status == 2 and message in err, (argv, err)
 
 
+def test_prebuild_writes_entries_another_prebuilt_directory_holds(kernel_file, tmp_path,
+                                                                    monkeypatch, capsys):
+    """A kernel whose entry a prebuilt directory already holds (``$JAXTILE_PREBUILT_DIR``,
+    the package's own) is found there by the build, which then writes nothing: the entry
+    is copied, so ``--out`` holds every entry asked for."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    monkeypatch.setenv("JAXTILE_CACHE_DIR", str(tmp_path / "cache"))
+    argv = ["prebuild", f"{kernel_file}:cli_scale", "--arg", "f32[32]", "--target",
+            "cpu:x86-64-v3"]
+    status, printed, err = _run(capsys, *argv, "--out", str(first))
+    assert status == 0, err
+    key = printed.split(": ")[1].split()[0]
+    monkeypatch.setenv("JAXTILE_PREBUILT_DIR", str(first))
+    cache.clear_memory()
+    status, again, err = _run(capsys, *argv, "--out", str(second))
+    assert status == 0 and again == printed, err
+    entry = cache.read_entry(second, key)
+    assert entry is not None and entry.meta == cache.read_entry(first, key).meta
+    cache.clear_memory()
+
+
 def test_library_specialisations_of_a_gradient_compile_nothing(monkeypatch, tmp_path):
     """Tracing the library's ``value_and_grad`` of attention finds its three kernels and
     starts no build."""

@@ -5,6 +5,7 @@ case runs on any x86-64 machine: nothing prebuilt is run, only looked up."""
 
 import dataclasses
 import platform
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -108,3 +109,42 @@ def test_no_prebuilt_directory_costs_no_level_keys(tmp_path, monkeypatch):
 
     monkeypatch.setattr(build, "kernel_key", refuse)
     assert spec._level_prebuilt(_host_with(ISA_LEVELS["x86-64-v4"])) is None
+
+
+@pytest.mark.parametrize("built_by", ["this compiler", "another compiler", "another TVM"])
+def test_only_entries_of_this_compiler_and_tvm_are_found(built_by, tmp_path, monkeypatch):
+    """What a wheel ships in the package's prebuilt folder was compiled by the compiler and
+    TVM of its build: an entry keyed for another compiler digest or TVM version (a package
+    whose files or TVM differ) is never found; the call compiles, with the kernel's result.
+    ``this compiler`` is the control: the same setup does find its entry."""
+    host = parse_target("cpu")
+    levels = [lv for lv in ISA_LEVELS if set(ISA_LEVELS[lv]) <= set(host.caps.isa)]
+    if not levels or host.caps.level != "host":
+        pytest.skip("this CPU runs no x86-64 level, or JAXTILE_CPU_ISA narrows it")
+    level = max(levels, key=lambda lv: len(ISA_LEVELS[lv]))
+    factor = {"this compiler": 6.25, "another compiler": 6.5, "another TVM": 6.75}[built_by]
+    package = tmp_path / "package-prebuilt"
+    monkeypatch.setattr(cache, "PACKAGE_PREBUILT", package)
+    monkeypatch.delenv("JAXTILE_PREBUILT_DIR", raising=False)
+    spec = _level_scale._specialise((jax.ShapeDtypeStruct((16,), jnp.float32),),
+                                    {"factor": factor})
+    target = parse_target(f"cpu:{level}")
+    with monkeypatch.context() as m:
+        m.setenv("JAXTILE_CACHE_DIR", str(package))
+        cache.clear_memory()
+        if built_by == "another compiler":
+            m.setattr(build, "compiler_version", lambda: "0123456789abcdef")
+        elif built_by == "another TVM":
+            target = dataclasses.replace(target, toolchain="apache-tvm 0.26.0")
+        built = build.build(spec.compiled_ir, target)
+    assert Path(built.library).is_relative_to(package)
+    monkeypatch.setenv("JAXTILE_CACHE_DIR", str(tmp_path / "cache"))
+    cache.clear_memory()
+    before = cache.stats()
+    x = jnp.arange(16, dtype=jnp.float32)
+    np.testing.assert_array_equal(_level_scale(x, factor=factor), np.arange(16) * factor)
+    after = cache.stats()
+    found = built_by == "this compiler"
+    assert after["prebuilt_hits"] - before["prebuilt_hits"] == int(found)
+    assert after["stored"] - before["stored"] == int(not found)
+    cache.clear_memory()

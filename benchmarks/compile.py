@@ -36,9 +36,15 @@ loaded machine the figures to compare.
 
 - ``prebuilt_library`` (``--prebuilt-library`` only): ``jaxtile prebuild --library`` into a
   fresh directory, then the ``cold`` calls on the host target with it and without.
+- ``installed`` (``--installed`` only): the ``cold`` calls of the jaxtile this interpreter
+  imports, as installed (a wheel ships the library prebuilt in its package), with no
+  ``$JAXTILE_PREBUILT_DIR``, beside the same calls with the package's prebuilt folder hidden
+  (they compile), interleaved. Run it with the interpreter of the installation to measure
+  (the repository's ``benchmarks`` folder, not its root, is then first on ``sys.path``).
 
     python benchmarks/compile.py [--processes 3] [--max-ops 2000]
-                                 [--prebuilt-only | --warm-only | --prebuilt-library]
+                                 [--prebuilt-only | --warm-only | --prebuilt-library |
+                                  --installed]
                                  [--tvm-entry-checks]
 
 ``--tvm-entry-checks`` (with ``--warm-only``) builds with TVM's entry assertions, which the
@@ -224,8 +230,10 @@ def _operands(name: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     raise ValueError(name)
 
 
-def child_cold(name: str) -> dict[str, Any]:
-    """First call of one kernel in this fresh process (see the module doc)."""
+def child_cold(name: str, hide_package_prebuilt: bool = False) -> dict[str, Any]:
+    """First call of one kernel in this fresh process (see the module doc);
+    ``hide_package_prebuilt``: with the package's prebuilt folder replaced by an empty one
+    after the import, so that the call compiles (the ``installed`` case's comparison)."""
     import jax
     import jax.numpy as jnp
 
@@ -236,6 +244,9 @@ def child_cold(name: str) -> dict[str, Any]:
     t0, c0 = time.perf_counter(), time.process_time()
     import jaxtile as jt
     import_s, import_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    from jaxtile.compiler import cache
+    if hide_package_prebuilt:
+        cache.PACKAGE_PREBUILT = cache.PACKAGE_PREBUILT.with_name("hidden-by-benchmark")
     phases = Phases()
     phases.install()
     fn = call or getattr(jt.ops, name)
@@ -249,6 +260,7 @@ def child_cold(name: str) -> dict[str, Any]:
     row["over_import_jax_cpu_s"] = round(import_cpu_s + row["cpu_s"], 4)
     row["tvm_imported"] = "tvm" in sys.modules
     row["gpu_modules"] = _gpu_modules()
+    row["cache_stats"] = cache.stats()
     return row
 
 
@@ -406,7 +418,7 @@ def prebuilt_library_case(processes: int, root: str) -> dict[str, Any]:
     wall = time.perf_counter() - t0
     rows: dict[str, dict[str, list[dict[str, Any]]]] = {
         n: {"prebuilt": [], "compiled": []} for n in (*COLD_KERNELS, "attention_grad")}
-    with _without_isa_override():
+    with _without_env("JAXTILE_CPU_ISA"):
         for i in range(processes):
             for name, found in rows.items():
                 found["prebuilt"].append(run_child(["cold", name], tempfile.mkdtemp(dir=root),
@@ -425,15 +437,48 @@ def prebuilt_library_case(processes: int, root: str) -> dict[str, Any]:
                 for case, found in cases.items()} for name, cases in rows.items()}}
 
 
+def installed_case(processes: int, root: str) -> dict[str, Any]:
+    """``--installed``: the ``cold`` first call of each library kernel (and the
+    ``value_and_grad`` of attention) of the jaxtile this interpreter imports, on the host
+    target, ``processes`` fresh processes each with an empty cache and no
+    ``$JAXTILE_PREBUILT_DIR``: as installed, and with the package's prebuilt folder hidden
+    (compiling), interleaved."""
+    import jaxtile
+    from jaxtile.compiler import cache
+
+    rows: dict[str, dict[str, list[dict[str, Any]]]] = {
+        n: {"installed": [], "compiled": []} for n in (*COLD_KERNELS, "attention_grad")}
+    with _without_env("JAXTILE_CPU_ISA"), _without_env("JAXTILE_PREBUILT_DIR"):
+        for i in range(processes):
+            for name, found in rows.items():
+                found["installed"].append(run_child(["cold", name], tempfile.mkdtemp(dir=root)))
+                found["compiled"].append(run_child(["cold-hidden", name],
+                                                   tempfile.mkdtemp(dir=root)))
+            log(f"compile: installed round {i + 1}/{processes} done")
+    return {"package": os.path.dirname(jaxtile.__file__),
+            "package_prebuilt_entries": len(list(cache.PACKAGE_PREBUILT.glob("*/*.so"))),
+            "first_calls": {name: {case: {
+                "over_import_jax_cpu_s": _median([r["over_import_jax_cpu_s"] for r in found]),
+                "min_over_import_jax_cpu_s": min(r["over_import_jax_cpu_s"] for r in found),
+                "over_import_jax_s": _median([r["over_import_jax_s"] for r in found]),
+                "samples_over_import_jax_cpu_s": [r["over_import_jax_cpu_s"] for r in found],
+                "prebuilt_hits": max(r["cache_stats"]["prebuilt_hits"] for r in found),
+                "stored": max(r["cache_stats"]["stored"] for r in found),
+                "tvm_imported": any(r["tvm_imported"] for r in found),
+                "gpu_modules": max(r["gpu_modules"] for r in found)}
+                for case, found in cases.items()} for name, cases in rows.items()}}
+
+
 @contextlib.contextmanager
-def _without_isa_override() -> Iterator[None]:
-    """The children run on the host target: the prebuilt entries are found by its level."""
-    before = os.environ.pop("JAXTILE_CPU_ISA", None)
+def _without_env(name: str) -> Iterator[None]:
+    """The children run without the environment variable ``name`` (without
+    ``JAXTILE_CPU_ISA``: on the host target, which finds prebuilt entries by its level)."""
+    before = os.environ.pop(name, None)
     try:
         yield
     finally:
         if before is not None:
-            os.environ["JAXTILE_CPU_ISA"] = before
+            os.environ[name] = before
 
 
 def _median(values: list[float]) -> float:
@@ -475,6 +520,9 @@ def main() -> None:
     parser.add_argument("--prebuilt-library", action="store_true",
                         help="only the first calls with the library prebuilt per x86-64 "
                         "level (jaxtile prebuild --library) and without")
+    parser.add_argument("--installed", action="store_true",
+                        help="only the first calls of the installed jaxtile (a wheel's "
+                        "prebuilt library) and, interleaved, the same compiling")
     parser.add_argument("--tvm-entry-checks", action="store_true",
                         help="build the CPU kernels with TVM's entry assertions (the "
                         "compile time before the FFI handler checked calls)")
@@ -482,7 +530,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         mode, *rest = args.child
-        result = (child_warm(int(rest[0])) if mode == "warm" else child_cold(rest[0]))
+        result = (child_warm(int(rest[0])) if mode == "warm"
+                  else child_cold(rest[0], hide_package_prebuilt=mode == "cold-hidden"))
         print(json.dumps(result))
         return
     if args.prebuilt_library:
@@ -498,6 +547,22 @@ def main() -> None:
                       "cold_prebuilt_max": max(library) <= TARGET_COLD_OVER_JAX_S,
                       "cold_value_and_grad_attention_prebuilt":
                           calls["attention_grad"]["prebuilt"]["over_import_jax_cpu_s"]
+                          <= TARGET_COLD_GRAD_S},
+                  "environment": environment()})
+        return
+    if args.installed:
+        with tempfile.TemporaryDirectory(prefix="jaxtile-bench-") as root:
+            case = installed_case(args.processes, root)
+            calls = case["first_calls"]
+            library = [calls[n]["installed"]["over_import_jax_cpu_s"] for n in COLD_KERNELS]
+            emit({"benchmark": "compile", "processes_per_case": args.processes,
+                  "installed": case,
+                  "targets": {"cold_over_import_jax_s": TARGET_COLD_OVER_JAX_S,
+                              "cold_value_and_grad_attention_s": TARGET_COLD_GRAD_S},
+                  "meets_target": {
+                      "cold_installed_max": max(library) <= TARGET_COLD_OVER_JAX_S,
+                      "cold_value_and_grad_attention_installed":
+                          calls["attention_grad"]["installed"]["over_import_jax_cpu_s"]
                           <= TARGET_COLD_GRAD_S},
                   "environment": environment()})
         return

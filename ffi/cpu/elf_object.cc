@@ -284,13 +284,6 @@ class Linker {
     }
     stubs_offset_ = reserve(kCode, stub_count_ * kStubBytes, 16);
     got_offset_ = reserve(kConstants, got_count_ * sizeof(uint64_t), 8);
-    // Storage for runtime slots the object only declares (see resolve_symbols).
-    for (uint64_t i = 0; i < symbols_.size(); ++i) {
-      if (symbols_[i].st_shndx == SHN_UNDEF && !names_[i].empty() &&
-          runtime_function(names_[i]) == nullptr && runtime_slot(names_[i]) != nullptr) {
-        cells_.push_back({i, reserve(kData, sizeof(void*), sizeof(void*))});
-      }
-    }
   }
 
   void map() {
@@ -331,14 +324,10 @@ class Linker {
   void resolve_symbols() {
     values_.assign(symbols_.size(), 0);
     for (const auto& [sym, offset] : commons_) values_[sym] = address(kData, offset);
-    for (const auto& [sym, offset] : cells_) {
-      values_[sym] = address(kData, offset);
-      *reinterpret_cast<void**>(values_[sym]) = runtime_slot(names_[sym]);
-    }
     std::string missing;
     for (uint64_t i = 0; i < symbols_.size(); ++i) {
       const Elf64_Sym& s = symbols_[i];
-      if (s.st_shndx == SHN_COMMON || values_[i] != 0) continue;
+      if (s.st_shndx == SHN_COMMON) continue;
       if (s.st_shndx == SHN_ABS) {
         values_[i] = s.st_value;
       } else if (s.st_shndx != SHN_UNDEF) {
@@ -537,7 +526,6 @@ class Linker {
   std::vector<Elf64_Sym> symbols_;
   std::vector<std::string_view> names_;
   std::vector<std::pair<uint64_t, uint64_t>> commons_;  // {symbol, offset in the data region}
-  std::vector<std::pair<uint64_t, uint64_t>> cells_;    // likewise, declared runtime slots
   std::vector<uint64_t> relocation_sections_;
   std::vector<int64_t> got_index_, stub_index_;
   int64_t got_count_ = 0, stub_count_ = 0;

@@ -22,7 +22,9 @@ from jaxtile import _ffi
 pytestmark = pytest.mark.skipif(not _ffi.CPU_LINKS_OBJECTS,
                                 reason="the FFI links objects on x86-64 Linux only")
 
+SHT_SYMTAB = 2
 SHT_INIT_ARRAY = 14
+SHN_COMMON = 0xFFF2
 R_X86_64_PLT32 = 4
 
 
@@ -107,16 +109,31 @@ def test_pages_are_never_writable_and_executable(ffi, kernel_object):
 # Editing objects: the section headers of a little-endian ELF64 file.
 
 
-def _sections(data):
+def _headers(data):
     shoff, = struct.unpack_from("<Q", data, 0x28)
-    shnum, shstrndx = struct.unpack_from("<HH", data, 0x3C)
-    headers = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + 64 * i) for i in range(shnum)]
-    names = headers[shstrndx][4]
-    out = {}
-    for i, h in enumerate(headers):
-        start = names + h[0]
-        out[data[start:data.index(b"\0", start)].decode()] = (shoff + 64 * i, h)
-    return out
+    shnum, = struct.unpack_from("<H", data, 0x3C)
+    return shoff, [struct.unpack_from("<IIQQQQIIQQ", data, shoff + 64 * i) for i in range(shnum)]
+
+
+def _string(data, table, offset):
+    start = table[4] + offset
+    return data[start:data.index(b"\0", start)].decode()
+
+
+def _sections(data):
+    """Section name: (where its header is, the header's fields)."""
+    shoff, headers = _headers(data)
+    shstrndx, = struct.unpack_from("<H", data, 0x3E)
+    return {_string(data, headers[shstrndx], h[0]): (shoff + 64 * i, h)
+            for i, h in enumerate(headers)}
+
+
+def _symbols(data):
+    """(where its entry is, its name) for every symbol."""
+    _, headers = _headers(data)
+    (symtab,) = [h for h in headers if h[1] == SHT_SYMTAB]
+    for at in range(symtab[4], symtab[4] + symtab[5], 24):
+        yield at, _string(data, headers[symtab[6]], struct.unpack_from("<I", data, at)[0])
 
 
 def _load_bytes(ffi, data, tmp_path, symbol="vadd"):
@@ -160,6 +177,23 @@ def test_unsupported_objects_are_clear_errors(ffi, kernel_object, tmp_path):
     with pytest.raises(RuntimeError, match="defines no function '__tvm_ffi_nope'"):
         _load_bytes(ffi, good, tmp_path, symbol="nope")
     assert not [k for k in ffi.loaded_keys() if k.startswith("elf-bad-")]
+
+
+def test_common_slots_are_allocated_and_filled(ffi, kernel_object, tmp_path):
+    """The runtime's slots as common symbols (uninitialised globals no section holds yet, as
+    a C compiler emits tentative definitions): given storage and filled, so the kernel that
+    allocates its scratch through one runs."""
+    data = bytearray(kernel_object.read_bytes())
+    slots = [at for at, name in _symbols(data) if name.startswith("__TVMBackend")]
+    assert len(slots) == 3
+    for at in slots:
+        struct.pack_into("<HQ", data, at + 6, SHN_COMMON, 8)  # section index, alignment
+    path = tmp_path / "common.o"
+    path.write_bytes(bytes(data))
+    rows, key = 3, _key("common")
+    ffi.load_kernel(key, str(path), "reverse_rows", rows, alignment=TVM_ALIGNMENT)
+    a = jnp.arange(rows * ROW, dtype=jnp.float32).reshape(rows, ROW)
+    np.testing.assert_array_equal(_call(key, a.shape, a.dtype, a), 2 * np.asarray(a)[:, ::-1])
 
 
 # Damaged objects, in a process of their own, so that a crash fails the test with the case

@@ -1,6 +1,7 @@
 """Content-addressed build cache, in memory and on disk.
 
-An entry is a compiled artifact ``<key>.so`` (a cubin too keeps that name) plus
+An entry is a compiled artifact ``<key>.so`` (a relocatable object or a cubin too keeps that
+name) plus
 ``<key>.json``, its record: the artifact's kind (see :data:`KINDS`), its metadata (entry
 symbol, number of blocks, buffer alignment, a cubin's launch configuration, a CPU library's
 signature) and checksums, under ``$JAXTILE_CACHE_DIR`` (default ``~/.cache/jaxtile``).
@@ -47,9 +48,19 @@ from pathlib import Path
 
 from .cpu_abi import DATA_ALIGNMENT
 
-FORMAT = 3
+FORMAT = 4
+"""The record format this jaxtile writes. Format 4 added the kind :data:`CPU_OBJECT`."""
+READ_FORMATS = frozenset({3, FORMAT})
+"""Record formats a lookup accepts. A format-3 entry's CPU artifact is a shared library, which
+the FFI still loads (it tells the two apart by the artifact's ELF header); older formats are a
+miss, rebuilt and rewritten in the current one."""
 
+CPU_OBJECT = "cpu-object"
+"""A CPU kernel as a relocatable ELF object, which the FFI links into the process itself
+(``ffi/cpu/elf_object.h``): no ``ld``, no ``dlopen``."""
 CPU_SHARED_LIBRARY = "cpu-shared-library"
+"""A CPU kernel as a shared library, opened with ``dlopen``: what format-3 entries hold, and
+what machines whose FFI does not link objects (``_ffi.CPU_LINKS_OBJECTS``) still build."""
 EMULATOR_LIBRARY = "cuda-emulator-library"
 """CUDA code compiled for the SIMT emulator: a CPU kernel library that needs the emulator
 runtime loaded first (``compiler/cuda/emulated.py``)."""
@@ -57,8 +68,11 @@ CUDA_CUBIN = "cuda-cubin"
 """A cubin (with its PTX) for the CUDA handler."""
 HIP_CODE_OBJECT = "hip-code-object"
 """An AMDGPU code object for the ROCm handler."""
-KINDS = frozenset({CPU_SHARED_LIBRARY, EMULATOR_LIBRARY, CUDA_CUBIN, HIP_CODE_OBJECT})
+KINDS = frozenset({CPU_OBJECT, CPU_SHARED_LIBRARY, EMULATOR_LIBRARY, CUDA_CUBIN,
+                   HIP_CODE_OBJECT})
 """Artifact kinds an entry may hold."""
+CPU_KINDS = frozenset({CPU_OBJECT, CPU_SHARED_LIBRARY})
+"""Kinds of a CPU kernel, which carry the buffers it was compiled for (its signature)."""
 GPU_KINDS = frozenset({CUDA_CUBIN, HIP_CODE_OBJECT})
 """Kinds a GPU handler loads from the call's payload; they carry a launch configuration,
 whose grid a kernel with dynamic sizes computes from the shapes of each call."""
@@ -201,9 +215,10 @@ def _read_entry(root: Path, key: str) -> Entry | None:
     lib, meta_path = _paths(root, key)
     try:
         record = json.loads(meta_path.read_text())
-        if (not isinstance(record, dict) or record.get("format") != FORMAT
+        if (not isinstance(record, dict) or record.get("format") not in READ_FORMATS
                 or record.get("checksum") != _record_digest(record)
-                or record.get("key") != key or record.get("kind") not in KINDS):
+                or record.get("key") != key or record.get("kind") not in KINDS
+                or (record["format"] < FORMAT and record["kind"] == CPU_OBJECT)):
             return None
         meta = Metadata(record["symbol"], record["num_blocks"], record["alignment"],
                         record.get("launch", ""), record.get("ptx_bytes", 0),
@@ -393,8 +408,8 @@ def store(key: str, library_bytes: bytes, symbol: str, num_blocks: int, *,
         raise ValueError(f"ptx_bytes {ptx_bytes} exceed the artifact's {len(library_bytes)}")
     if kind not in KINDS:
         raise ValueError(f"unknown artifact kind {kind!r}; expected one of {sorted(KINDS)}")
-    if signature and kind != CPU_SHARED_LIBRARY:
-        raise ValueError("a signature goes with a CPU shared library only")
+    if signature and kind not in CPU_KINDS:
+        raise ValueError("a signature goes with a CPU kernel's artifact only")
     if (kind in GPU_KINDS) != bool(launch):
         raise ValueError("a launch configuration goes with a cubin or a code object, and "
                          "only with them")

@@ -1,9 +1,10 @@
 """``jaxtile doctor``: what this machine has for each backend, and what to do where
 something is missing.
 
-Every check asks the module that uses the tool how it finds it (the CPU backend's TVM and
-linker, the emulator's C++ compiler, NVRTC's loader, nvcc's and the AMD clang's search,
-the host ISA the CPU target is keyed on), so the answer is the one a compile would get.
+Every check asks the module that uses the tool how it finds it (the CPU backend's TVM, and
+whether it needs ``ld``: only where the FFI cannot link objects itself; the emulator's C++
+compiler, NVRTC's loader, nvcc's and the AMD clang's search, the host ISA the CPU target is
+keyed on), so the answer is the one a compile would get.
 """
 
 from __future__ import annotations
@@ -69,7 +70,14 @@ def _cpu_isa() -> Check:
 
 
 def _linker() -> Check:
+    from jaxtile import _ffi
+
     ld = shutil.which("ld")
+    if _ffi.CPU_LINKS_OBJECTS:
+        # The FFI links CPU kernels' objects itself (ffi/cpu/elf_object.h).
+        where = f"{ld} is there" if ld else "none on PATH"
+        return Check("linker (ld)", True, f"not needed: CPU kernels are linked in process "
+                     f"({where})")
     if ld is None:
         return Check("linker (ld)", False, "ld is not on PATH",
                      "install binutils (apt-get install binutils): CPU kernels are linked "

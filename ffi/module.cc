@@ -13,6 +13,7 @@
 
 #include "common/payload.h"
 #include "common/registry.h"
+#include "cpu/elf_object.h"
 #include "cpu/exported_kernel.h"
 #include "cpu/handler.h"
 #include "cpu/heap.h"
@@ -215,6 +216,9 @@ NB_MODULE(_ffi, m) {
       "XLA FFI handler for 'jaxtile_cpu_exported_call', the kernel call of an exported program "
       "(attributes `key` and `payload`, the kernel library it carries).");
   m.attr("PAYLOAD_FORMAT") = kPayloadFormat;
+  // Whether CPU kernels are compiled to objects linked in process (cpu/elf_object.h), or to
+  // shared libraries linked with `ld` and opened with dlopen (machines other than x86-64).
+  m.attr("CPU_LINKS_OBJECTS") = kLinksObjects;
   m.attr("CUDA_PAYLOAD_FORMAT") = kCudaPayloadFormat;
   m.attr("HIP_PAYLOAD_FORMAT") = kHipPayloadFormat;
   m.def(

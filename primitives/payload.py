@@ -3,11 +3,11 @@
 ``jax.export`` lowers a kernel call to the custom call ``jaxtile_cpu_exported_call`` with two
 string attributes, ``key`` and ``payload``, so that the exported program runs in a process
 that never compiled (or cached) the kernel. The C++ handler decodes and verifies the payload
-on the first call there (``ffi/common/payload.cc``, which documents the same format). Format 2 is
+on the first call there (``ffi/common/payload.cc``, which documents the same format). Format 3 is
 text: a header of ``field=value`` lines, then the library in base64::
 
     jaxtile-kernel-payload
-    format=2
+    format=3
     jaxtile=<version of the writer>
     key=<content key>
     name=<kernel name>
@@ -21,10 +21,14 @@ text: a header of ``field=value`` lines, then the library in base64::
     sha256=<hex digest of every byte above, then of the library>
     <base64 library>
 
-``signature`` (``compiler/cpu/lower.py``'s ``entry_signature``, ``ffi/cpu/signature.h``) is
-what the handler checks every call's buffers against: the library is built without TVM's
-entry assertions. Format 1 lacks it; its libraries check their arguments themselves, and
-they are still read.
+In format 3 the library is a relocatable ELF object (cache kind ``cpu-object``), which the
+handler links in process (``ffi/cpu/elf_object.h``). Format 2 has the same header and a shared
+library, opened with ``dlopen``: it is still read, and still written for a kernel whose cache
+entry is a shared library (an entry of cache format 3, or a machine whose FFI does not link
+objects). ``signature`` (``compiler/cpu/lower.py``'s ``entry_signature``,
+``ffi/cpu/signature.h``) is what the handler checks every call's buffers against: the library
+is built without TVM's entry assertions. Format 1 lacks it; its libraries check their
+arguments themselves, and they are still read.
 
 The first three lines keep their meaning in every format, so that an older jaxtile can say
 which version a newer payload needs, and so does the last header line: the checksum, which
@@ -72,7 +76,9 @@ from jaxtile.compiler.errors import kernel_error
 from jaxtile.compiler.target import host_isa
 
 MAGIC = "jaxtile-kernel-payload"
-FORMAT = 2
+FORMAT = 3
+SHARED_LIBRARY_FORMAT = 2
+"""The newest format whose library is a shared library (see the module doc)."""
 CUDA_FORMAT = 1
 HIP_FORMAT = 2
 
@@ -87,7 +93,8 @@ def pack(*, key: str, name: str, symbol: str, num_blocks: int, library: bytes,
          signature: str = "", alignment: int = DATA_ALIGNMENT, arch: str | None = None,
          isa: tuple[str, ...] | None = None,
          format: int = FORMAT, version: str | None = None) -> str:
-    """The payload text for a library; the keyword defaults describe this machine and jaxtile.
+    """The payload text for a library (a relocatable object from format 3 on, a shared
+    library before); the keyword defaults describe this machine and jaxtile.
 
     ``signature`` (required from format 2 on) is the buffers the library's kernel was
     compiled for. ``format`` and ``version`` exist so that tests can write what another
@@ -172,9 +179,10 @@ def encode(kernel_name: str, entry: cache.Entry, isa: tuple[str, ...]) -> str:
     checked against the checksum recorded when it was compiled; ``isa``: the extensions it
     was compiled for (its target's), which the machine that loads it must have."""
     library = _read_checked(kernel_name, entry)
+    fmt = FORMAT if entry.kind == cache.CPU_OBJECT else SHARED_LIBRARY_FORMAT
     return pack(key=entry.key, name=_one_line(kernel_name), symbol=entry.symbol,
                 num_blocks=entry.num_blocks, alignment=entry.alignment, isa=isa,
-                signature=entry.meta.signature, library=library)
+                signature=entry.meta.signature, library=library, format=fmt)
 
 
 def _one_line(kernel_name: str) -> str:

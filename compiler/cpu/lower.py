@@ -689,9 +689,11 @@ def source(kernel: ir.Kernel, target: Target) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class CompiledCpu:
-    """A kernel compiled to a CPU shared library, as :func:`compile_to_library` returns it."""
+    """A kernel compiled for the CPU, as :func:`compile_to_library` returns it."""
 
     library: bytes
+    """A relocatable object (kind :data:`cache.CPU_OBJECT`) or a shared library
+    (:data:`cache.CPU_SHARED_LIBRARY`)."""
     symbol: str
     """The exported symbol of its entry point."""
     num_blocks: int
@@ -699,16 +701,20 @@ class CompiledCpu:
     sets one per size when it is loaded)."""
     signature: str
     """The buffers it was compiled for (:func:`entry_signature`)."""
+    kind: str = cache.CPU_OBJECT
+    """The cache's name for what :attr:`library` holds."""
 
     def store(self, key: str) -> cache.Entry:
-        """Put the library into the build cache under ``key`` (kind ``cpu-shared-library``)."""
+        """Put the library into the build cache under ``key``."""
         return cache.store(key, self.library, self.symbol, self.num_blocks,
-                           signature=self.signature)
+                           signature=self.signature, kind=self.kind)
 
 
 def compile_to_library(kernel: ir.Kernel, target: Target) -> CompiledCpu:
     """Compile a kernel for the CPU ``target`` describes (the host, or an ISA level, which
-    is also LLVM's name for the generic CPU of that level) into a shared library.
+    is also LLVM's name for the generic CPU of that level) into a relocatable object, which
+    the FFI links in process, or, where it cannot (``_ffi.CPU_LINKS_OBJECTS`` is false: not
+    x86-64), a shared library linked with ``ld``.
 
     The library has no entry assertions (``tir_emit.build(checks=False)``): they cost a
     sixth of the compile time, and the FFI handler checks every call against the
@@ -716,14 +722,19 @@ def compile_to_library(kernel: ir.Kernel, target: Target) -> CompiledCpu:
     level = target.caps.level
     cpu = tir_emit.host_cpu() if level == "host" else level
     module = bf16_dot.resolve(tir_emit.build(to_tir(kernel, target), cpu, checks=False))
-    with tempfile.TemporaryDirectory(prefix="jaxtile-build-") as tmp:
-        path = os.path.join(tmp, "kernel.so")
-        tir_emit.export(module, path)
-        with open(path, "rb") as f:
-            data = f.read()
+    from jaxtile import _ffi
+
+    if _ffi.CPU_LINKS_OBJECTS:
+        data, kind = tir_emit.object_code(module), cache.CPU_OBJECT
+    else:
+        with tempfile.TemporaryDirectory(prefix="jaxtile-build-") as tmp:
+            path = os.path.join(tmp, "kernel.so")
+            tir_emit.export(module, path)
+            with open(path, "rb") as f:
+                data, kind = f.read(), cache.CPU_SHARED_LIBRARY
     blocks = kernel.num_blocks if sizes.is_static(kernel.grid) else 1
     return CompiledCpu(data, tir_emit.ffi_symbol(symbol_name(kernel)), blocks,
-                       entry_signature(kernel))
+                       entry_signature(kernel), kind)
 
 
 def entry_signature(kernel: ir.Kernel) -> str:

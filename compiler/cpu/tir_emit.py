@@ -1,15 +1,17 @@
 """Build, compile and export TVM TIR kernels for jaxtile's CPU backend.
 
 The CPU lowering builds one ``PrimFunc`` per kernel with :class:`KernelBuilder` (TIR AST
-nodes, no TVMScript text), compiles it with :func:`build` and writes a shared object with
-:func:`export` (after :func:`reload_ir`, which leaves out the debug info TVM emits).
+nodes, no TVMScript text), compiles it with :func:`build` and emits a relocatable object with
+:func:`object_code`, which jaxtile's FFI links in process (``ffi/cpu/elf_object.h``), or a
+shared object with :func:`export` where it cannot (both after :func:`reload_ir`, which leaves
+out the debug info TVM emits).
 Everything here was checked against apache-tvm 0.27 (``tvm.tirx``) with its
 LLVM backend.
 
 Kernel ABI
 ----------
 Parameters are ``block_begin: int64, block_end: int64`` followed by the buffers, in order.
-The shared object exports the tvm-ffi packed function ``__tvm_ffi_<name>`` (see
+The object (and the shared object) defines the tvm-ffi packed function ``__tvm_ffi_<name>`` (see
 :func:`ffi_symbol`; a weak alias ``__tvm_ffi_main`` is emitted too) with the C signature
 ``int (void* self, const TVMFFIAny* args, int num_args, TVMFFIAny* result)``. Buffers are
 passed as DLTensors on the CPU with exactly the declared shape and dtype, compact row-major
@@ -473,13 +475,26 @@ def reload_ir(module: tvm.runtime.Module,
         return tvm.runtime.load_module(path)
 
 
+def object_code(module: tvm.runtime.Module) -> bytes:
+    """The relocatable ELF object of ``module``: LLVM code generation only, no linking (which
+    took ``ld`` 5-6 ms a kernel and needed binutils). jaxtile's FFI links it into the process
+    (``ffi/cpu/elf_object.h``); TVM's own loader cannot load it."""
+    with tempfile.TemporaryDirectory(prefix="jaxtile-obj-") as tmp:
+        path = os.path.join(tmp, "kernel.o")
+        module.write_to_file(path)
+        with open(path, "rb") as f:
+            return f.read()
+
+
 def export(module: tvm.runtime.Module, path: str) -> None:
     """Write ``module`` as a shared object at ``path``, replacing any existing file atomically.
 
     Emits the object file (LLVM code generation, the bulk of the time) and links it with
     ``ld -shared`` directly, which takes a few ms where ``export_library``'s compiler driver
-    takes 15-40 ms. Load the result with ``tvm_ffi.load_module(path)`` (an absolute path, or
-    ``dlopen`` will search the library path) or ``dlopen`` + ``dlsym(ffi_symbol(name))``.
+    takes 15-40 ms: how jaxtile builds kernels on machines whose FFI does not link objects
+    itself (``jaxtile._ffi.CPU_LINKS_OBJECTS``). Load the result with
+    ``tvm_ffi.load_module(path)`` (an absolute path, or ``dlopen`` will search the library
+    path) or ``dlopen`` + ``dlsym(ffi_symbol(name))``.
     """
     directory = os.path.dirname(os.path.abspath(path))
     with tempfile.TemporaryDirectory(dir=directory) as tmp:

@@ -1,10 +1,10 @@
 // The kernel library an exported program carries: decoding and verifying its payload.
 //
 // jax.export lowers each kernel call to a "jaxtile_cpu_exported_call" custom call whose string
-// attribute `payload` holds the compiled library (primitives/payload.py writes it). Format 2:
+// attribute `payload` holds the compiled kernel (primitives/payload.py writes it). Format 3:
 //
 //   jaxtile-kernel-payload\n        magic          } these three lines keep their meaning in
-//   format=2\n                      format         } every format, so that an old jaxtile can
+//   format=3\n                      format         } every format, so that an old jaxtile can
 //   jaxtile=<version>\n             writer         } name the version a newer payload needs
 //   key=<content key>\n
 //   name=<kernel name>\n
@@ -18,8 +18,11 @@
 //   sha256=<hex>\n                  over every byte above and the library itself
 //   <base64 of the library>
 //
-// Format 1 is format 2 without `signature`: its library checks its arguments itself (it was
-// built with TVM's entry assertions), so it is still read.
+// In format 3 the library is a relocatable ELF object, linked in process (cpu/elf_object.h);
+// a jaxtile that cannot link objects (kLinksObjects) writes format 2. Format 2 is the same
+// header with a shared library, which is still read and opened with dlopen. Format 1 is format
+// 2 without `signature`: its library checks its arguments itself (it was built with TVM's entry
+// assertions), so it is still read.
 //
 // In every format the header ends with the sha256 line, which covers every byte before it and
 // the decoded library: integrity is checked first, so that a damaged `format` digit reads as
@@ -37,7 +40,9 @@
 namespace jaxtile {
 
 // The newest CPU payload format this jaxtile reads.
-constexpr int kPayloadFormat = 2;
+constexpr int kPayloadFormat = 3;
+// The first CPU payload format whose library is a relocatable object.
+constexpr int kObjectPayloadFormat = 3;
 // The newest CUDA payload format this jaxtile reads.
 constexpr int kCudaPayloadFormat = 1;
 // The one format of ROCm payloads this jaxtile reads: format 2 carries a code object per gfx
@@ -61,7 +66,7 @@ struct Payload {
   std::string arch;
   std::vector<std::string> isa;
   std::string signature;  // empty in format 1
-  std::string library;    // the decoded shared library
+  std::string library;    // the decoded object (format 3) or shared library (formats 1, 2)
 };
 
 // The payload of a CUDA kernel call ("jaxtile_cuda_call"), format 1: after the three lines

@@ -53,6 +53,19 @@ const Kernel& load_exported_kernel(std::string_view key, std::string_view payloa
   const Payload p = decode_payload(key, payload);
   check_machine(p);
   const std::string origin = "the library of kernel '" + p.name + "' in an exported program";
+  const std::string what =
+      "jaxtile: cannot load the exported kernel '" + p.name + "' (key " + p.key.substr(0, 16) +
+      "...): ";
+  if (p.format >= kObjectPayloadFormat) {
+    // Linked straight from memory: no file, no dlopen.
+    try {
+      return load_object_kernel(p.key, p.library, p.symbol, p.num_blocks, p.alignment,
+                                p.signature, origin);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(what + e.what());
+    }
+  }
+  // Formats 1 and 2 hold a shared library, which dlopen() needs as a file.
   // A memory file leaves nothing on disk; a temporary file is the fallback where memory files
   // are unavailable or not executable (e.g. a vm.memfd_noexec sysctl).
   std::string errors;
@@ -67,8 +80,7 @@ const Kernel& load_exported_kernel(std::string_view key, std::string_view payloa
       errors += e.what();
     }
   }
-  throw std::runtime_error("jaxtile: cannot load the exported kernel '" + p.name + "' (key " +
-                           p.key.substr(0, 16) + "...): " + errors);
+  throw std::runtime_error(what + errors);
 }
 
 }  // namespace jaxtile

@@ -8,7 +8,8 @@
 namespace jaxtile {
 
 // The kernel registered under `key`, loaded from `payload` (see payload.h) if it is not yet:
-// decoded, verified, put in a process-private file and registered like a cached library.
+// decoded, verified, and its object linked from memory (format 3) or its shared library put
+// in a process-private file and opened (formats 1 and 2), then registered like a cached one.
 // Thread-safe; concurrent first calls load it once. Throws PayloadError for a bad payload
 // and std::runtime_error if a verified library still cannot be loaded.
 const Kernel& load_exported_kernel(std::string_view key, std::string_view payload);

@@ -26,20 +26,15 @@ namespace {
 
 constexpr std::string_view kLibraryCtx = "__tvm_ffi__library_ctx";
 
-// What the loader stores into the library-defined slot `name`, or null if it is not a slot.
-void* slot_value(std::string_view name) {
-  if (name == kLibraryCtx) return library_context();
-  if (name.substr(0, 2) != "__") return nullptr;
-  return runtime_function(name.substr(2));
-}
-
 void fill_slots_by_name(void* handle) {
   size_t count = 0;
   const RuntimeSymbol* fns = runtime_functions(&count);
   std::vector<std::string> names{std::string(kLibraryCtx)};
   for (size_t i = 0; i < count; ++i) names.push_back("__" + std::string(fns[i].name));
   for (const std::string& name : names) {
-    if (void* slot = dlsym(handle, name.c_str())) *static_cast<void**>(slot) = slot_value(name);
+    if (void* slot = dlsym(handle, name.c_str())) {
+      *static_cast<void**>(slot) = runtime_slot(name);
+    }
   }
 }
 
@@ -140,7 +135,7 @@ std::string bind_imports(void* handle) {
       if (type != kGlobDat && type != kJumpSlot) continue;
       std::string_view name = strtab + symtab[ELF64_R_SYM(relocs[i].r_info)].st_name;
       auto** got = reinterpret_cast<void**>(base + relocs[i].r_offset);
-      if (void* value = slot_value(name); value != nullptr && type == kGlobDat) {
+      if (void* value = runtime_slot(name); value != nullptr && type == kGlobDat) {
         // The GOT holds the address of the slot the code really reads, which differs from
         // dlsym's answer if another object interposes the symbol.
         if (*got != nullptr) *static_cast<void**>(*got) = value;
@@ -163,6 +158,12 @@ std::string bind_imports(void*) { return {}; }
 #endif
 
 }  // namespace
+
+void* runtime_slot(std::string_view name) {
+  if (name == kLibraryCtx) return library_context();
+  if (name.substr(0, 2) != "__") return nullptr;
+  return runtime_function(name.substr(2));
+}
 
 void* open_kernel_library(const std::string& path) {
   // RTLD_LAZY so that imports we rebind ourselves need not resolve at load time.

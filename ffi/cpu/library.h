@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 namespace jaxtile {
 
@@ -10,5 +11,9 @@ namespace jaxtile {
 // keep calling into them for the life of the process. Throws std::runtime_error naming the
 // path on failure.
 void* open_kernel_library(const std::string& path);
+
+// What a loader stores into the pointer slot `name` that generated code reads (e.g.
+// "__tvm_ffi__library_ctx", "__TVMBackendAllocWorkspace"), or null if `name` is no slot.
+void* runtime_slot(std::string_view name);
 
 }  // namespace jaxtile

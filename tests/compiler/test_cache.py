@@ -1,6 +1,9 @@
 """The build cache: content keys, atomic entries, corruption recovery, concurrent builders."""
 
+import hashlib
+import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -10,6 +13,7 @@ import numpy as np
 import pytest
 
 import jaxtile as jt
+from jaxtile import _ffi
 from jaxtile.compiler import cache
 from jaxtile.compiler.cpu import lower
 
@@ -188,8 +192,60 @@ def test_the_signature_is_recorded_and_checksummed(fresh_cache):
     record.write_text(record.read_text().replace("[?,4]", "[?,5]"))
     cache.clear_memory()
     assert cache.lookup(entry.key) is None
-    with pytest.raises(ValueError, match="CPU shared library only"):
+    with pytest.raises(ValueError, match="CPU kernel's artifact only"):
         cache.store("cd" * 32, b"code", "f", 1, kind=cache.HIP_CODE_OBJECT, launch="x",
                     signature=sig)
     with pytest.raises(ValueError, match="bad signature"):
         cache.store("ef" * 32, b"library", "f", 1, signature="x:float32[1]\nmore")
+
+
+def _rewrite(root, key, artifact, record):
+    """An entry for ``key`` in ``root`` holding ``artifact`` and ``record`` (re-checksummed)."""
+    record = {**record, "key": key, "sha256": hashlib.sha256(artifact).hexdigest()}
+    record["checksum"] = cache._record_digest(record)
+    folder = root / key[:2]
+    folder.mkdir(exist_ok=True)
+    (folder / f"{key}.so").write_bytes(artifact)
+    (folder / f"{key}.json").write_text(json.dumps(record))
+
+
+def test_entries_of_format_3_still_load(fresh_cache, tmp_path_factory):
+    """Format 3 entries hold shared libraries: still read and run (dlopen). A CPU object
+    came with format 4, so a format-3 record that claims one is a miss, and so is format 2."""
+    from jaxtile.primitives import kernel_call
+
+    if not _ffi.CPU_LINKS_OBJECTS:
+        pytest.skip("the FFI links objects on x86-64 Linux only")
+    ld = shutil.which("ld")
+    if ld is None:
+        pytest.skip("making a shared library as jaxtile did before format 4 needs ld")
+    x = np.arange(8, dtype=np.float32)
+    np.testing.assert_array_equal(_scale_kernel()(jnp.asarray(x)), x * 3)
+    (meta,) = fresh_cache.glob("*/*.json")
+    record = json.loads(meta.read_text())
+    assert record["format"] == cache.FORMAT == 4 and record["kind"] == cache.CPU_OBJECT
+    library = tmp_path_factory.mktemp("old") / "kernel.so"
+    subprocess.run([ld, "-shared", "-o", str(library), str(meta.with_suffix(".so"))], check=True)
+    old = {**record, "format": 3, "kind": cache.CPU_SHARED_LIBRARY}
+    # Keys of their own: this process already runs the object under the first.
+    key, claims_object, format_2 = "0f" * 32, "1f" * 32, "2f" * 32
+    _rewrite(fresh_cache, key, library.read_bytes(), old)
+    _rewrite(fresh_cache, claims_object, meta.with_suffix(".so").read_bytes(),
+             {**old, "kind": cache.CPU_OBJECT})
+    _rewrite(fresh_cache, format_2, library.read_bytes(), {**old, "format": 2})
+    cache.clear_memory()
+    assert cache.lookup(claims_object) is None and cache.lookup(format_2) is None
+    entry = cache.lookup(key)
+    assert entry is not None and entry.kind == cache.CPU_SHARED_LIBRARY
+    kernel_call.load(entry)
+    aligned_x, out = _aligned(8, entry.alignment), _aligned(8, entry.alignment)
+    aligned_x[:] = x
+    _ffi.call_kernel(key, [aligned_x, out])
+    np.testing.assert_array_equal(out, x * 3)
+
+
+def _aligned(n, alignment):
+    """n float32 zeros at the alignment a kernel assumes (numpy only promises 16 bytes)."""
+    raw = np.zeros(n + alignment // 4, np.float32)
+    start = -raw.ctypes.data % alignment // 4
+    return raw[start:start + n]

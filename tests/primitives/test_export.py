@@ -5,10 +5,12 @@ never compiled or loaded the kernels: that is the point of a self-contained expo
 """
 
 import base64
+import dataclasses
 import functools
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -20,6 +22,7 @@ import pytest
 
 import jaxtile as jt
 from jaxtile import _ffi
+from jaxtile.compiler import cache
 from jaxtile.compiler.target import parse_target
 from jaxtile.export import export_checks
 from jaxtile.primitives import kernel_call, payload
@@ -296,6 +299,32 @@ def test_a_payload_of_format_1_is_still_read():
     assert "cannot load the exported kernel 'fake'" in msg and "malformed" not in msg, msg
 
 
+def test_a_payload_of_format_2_with_a_shared_library_still_runs(tmp_path):
+    """What jaxtile exported before format 3: the kernel linked into a shared library, which
+    is opened with dlopen. A format-3 payload must hold an object."""
+    if not _ffi.CPU_LINKS_OBJECTS:
+        pytest.skip("this machine's exports are format 2 already")
+    ld = shutil.which("ld")
+    if ld is None:
+        pytest.skip("making a shared library as jaxtile did before format 3 needs ld")
+    x = jnp.arange(40, dtype=jnp.float32)
+    _, entry, library = _handle_of(jt.ops.add, x, x, block=16)
+    assert entry.kind == cache.CPU_OBJECT
+    (tmp_path / "kernel.o").write_bytes(library)
+    subprocess.run([ld, "-shared", "-o", str(tmp_path / "kernel.so"), str(tmp_path / "kernel.o")],
+                   check=True)
+    shared = (tmp_path / "kernel.so").read_bytes()
+    fields = {"name": "add", "symbol": entry.symbol, "num_blocks": entry.num_blocks,
+              "signature": entry.meta.signature}
+    key = _fake_key()
+    text = payload.pack(key=key, library=shared, format=payload.SHARED_LIBRARY_FORMAT, **fields)
+    call = jax.ffi.ffi_call(CPU_EXPORTED_TARGET_NAME, jax.ShapeDtypeStruct(x.shape, x.dtype))
+    np.testing.assert_array_equal(call(x, x + 1, key=key, payload=text), 2 * x + 1)
+    key = _fake_key()
+    msg = _load(key, payload.pack(key=key, library=shared, **fields))
+    assert "cannot link" in msg and "not a relocatable object" in msg, msg
+
+
 def test_a_payload_of_format_2_needs_a_signature():
     key = _fake_key()
     with pytest.raises(ValueError, match="signature"):
@@ -356,12 +385,16 @@ def test_payload_for_another_machine():
 
 @pytest.mark.parametrize("size", [0, 1, 55, 56, 63, 64, 65, 119, 120, 1000, 4097])
 def test_checksums_of_every_padding_case(size, tmp_path, monkeypatch):
-    # A verified library that is not one reaches dlopen, tried from a memory file and then
-    # from a temporary file, which is deleted.
+    # A verified object that is not one reaches the in-process linker, from memory.
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     key = _fake_key()
     library = np.random.default_rng(size).integers(0, 256, size, np.uint8).tobytes()
     msg = _load(key, _fake(key, library=library))
+    assert "cannot load the exported kernel 'fake'" in msg and "cannot link" in msg, msg
+    assert list(tmp_path.iterdir()) == [] and not _ffi.is_loaded(key)
+    # A verified library of format 2 that is not one reaches dlopen, tried from a memory
+    # file and then from a temporary file, which is deleted.
+    msg = _load(key, _fake(key, library=library, format=payload.SHARED_LIBRARY_FORMAT))
     assert "cannot load the exported kernel 'fake'" in msg, msg
     assert "; then " in msg and str(tmp_path) in msg, msg
     assert list(tmp_path.iterdir()) == []
@@ -376,4 +409,10 @@ def test_encode_describes_the_kernel():
     assert fields["isa"] == "avx2,fma"
     assert fields["key"] == entry.key and fields["symbol"] == entry.symbol
     assert int(fields["num_blocks"]) == entry.num_blocks and int(fields["size"]) == len(library)
-    assert fields["format"] == str(payload.FORMAT) and fields["name"] == "softmax"
+    assert fields["format"] == str(payload.FORMAT if entry.kind == cache.CPU_OBJECT
+                                   else payload.SHARED_LIBRARY_FORMAT)
+    assert fields["name"] == "softmax"
+    # An entry holding a shared library (cache format 3, or a machine whose FFI does not
+    # link objects) exports as format 2, which every jaxtile since format 2 reads.
+    shared = dataclasses.replace(entry, kind=cache.CPU_SHARED_LIBRARY)
+    assert "\nformat=2\n" in payload.encode(handle.name, shared, ("avx2",))

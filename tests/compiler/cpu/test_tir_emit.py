@@ -4,8 +4,12 @@ and for the compiler.cpu.vector_math expressions, compiled through it."""
 from __future__ import annotations
 
 import ctypes
+import math
+import os
 import re
+import shutil
 import subprocess
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -14,6 +18,7 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
+from jaxtile import _ffi
 from jaxtile.compiler.cpu import tir_emit
 from jaxtile.compiler.cpu import vector_math as vm
 
@@ -458,3 +463,67 @@ def test_dynamic_sizes_are_bound_without_checks(n, tmp_path):
     out = tvm.runtime.tensor(np.zeros(n, np.float32))
     fn(0, -(-n // 64), tvm.runtime.tensor(x), tvm.runtime.tensor(y), out)
     np.testing.assert_array_equal(out.numpy(), x + y)
+
+
+def _libm_exp_kernel(n: int) -> tir_emit.KernelBuilder:
+    """out = exp(x) in float64 (one libm call per element: an undefined symbol of the
+    object, resolved in the process) with TVM's entry checks (whose error function is
+    another)."""
+    kb = tir_emit.KernelBuilder("libm_exp", [("x", (n,), "float64"), ("out", (n,), "float64")])
+    x, out = kb.buffers
+    with kb.block_loop():
+        with kb.loop("i", n) as i:
+            kb.store(out, [i], tirx.exp(x[i]))
+    return kb
+
+
+def test_object_code_links_in_process(tmp_path):
+    """object_code's object is what jaxtile's FFI links itself: a relocatable ELF object
+    whose calls to libm and to the runtime resolve, and whose result is exact."""
+    if not _ffi.CPU_LINKS_OBJECTS:
+        pytest.skip("the FFI links objects on x86-64 Linux only")
+    n = 100
+    data = tir_emit.object_code(tir_emit.reload_ir(tir_emit.build(_libm_exp_kernel(n).finish(),
+                                                                  CPU)))
+    assert data[:4] == b"\x7fELF" and data[16] == 1  # e_type ET_REL: not linked
+    assert b"exp\0" in data and b"TVMFFIErrorSetRaisedFromCStrParts" in data
+    path = tmp_path / "kernel.o"
+    path.write_bytes(data)
+    key = f"tir-emit-object-{id(data)}"
+    _ffi.load_kernel(key, str(path), "libm_exp", 1, alignment=16)
+    x = np.concatenate([np.linspace(-700, 700, n - 4), [0.0, -np.inf, np.inf, np.nan]])
+    out = np.zeros(n)
+    _ffi.call_kernel(key, [x, out])
+    # glibc's exp, which the kernel calls (numpy's own differs in the last bit here and there).
+    np.testing.assert_array_equal(out, [math.inf if v >= 710 else math.exp(v) for v in x])
+
+
+# A kernel compiled, cached, loaded and run by a process whose PATH has no `ld`.
+_WITHOUT_LD = r"""
+import shutil, sys
+import jax, jax.numpy as jnp, numpy as np
+import jaxtile as jt
+from jaxtile.compiler import cache
+
+assert shutil.which("ld") is None, shutil.which("ld")
+x = np.random.default_rng(0).standard_normal((37, 200)).astype(np.float32)
+x[3, :5] = -np.inf
+got = np.asarray(jax.jit(jt.ops.softmax)(x))
+e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
+np.testing.assert_allclose(got, e / e.sum(axis=1, keepdims=True), rtol=2e-6, atol=1e-7)
+kinds = sorted({e.kind for e in cache._memory.values()})
+print(cache.stats()["stored"], *kinds)
+"""
+
+
+def test_kernels_compile_and_run_without_ld(tmp_path):
+    if not _ffi.CPU_LINKS_OBJECTS:
+        pytest.skip("machines whose FFI does not link objects link kernels with ld")
+    bin_dir = os.path.dirname(sys.executable)
+    assert shutil.which("ld", path=bin_dir) is None
+    env = dict(os.environ, PATH=bin_dir, JAXTILE_CACHE_DIR=str(tmp_path), JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", _WITHOUT_LD], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stored, *kinds = proc.stdout.split()
+    assert int(stored) >= 1 and kinds == ["cpu-object"], proc.stdout

@@ -382,7 +382,7 @@ def _self_check_kernel(m: int, k: int, n: int, emulated: bool):
     (numpy arrays) returning the new ``c``."""
     import tvm
 
-    from . import tir_emit
+    from . import bf16_dot, tir_emit
 
     kb = tir_emit.KernelBuilder("jaxtile_amx_self_check", [
         ("a", (m, k), "bfloat16"), ("bt", (n, k), "bfloat16"), ("c", (m, n), "float32")])
@@ -392,7 +392,7 @@ def _self_check_kernel(m: int, k: int, n: int, emulated: bool):
                    "host", emulated)
     lower_gemm_amx(kb, lambda p: f"{p}{next(names)}", caps, a, bt, c, transpose_a=False,
                    transpose_b=True)
-    module = tir_emit.build(kb.finish(), tir_emit.host_cpu())
+    module = bf16_dot.resolve(tir_emit.build(kb.finish(), tir_emit.host_cpu()))
 
     def run(a16, bt16, c0):
         args = [tvm.runtime.tensor(x) for x in (a16, bt16, c0)]

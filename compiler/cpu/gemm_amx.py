@@ -191,9 +191,10 @@ def _bits(x: Expr) -> Expr:
 def _element(at, inside: Expr, r: Expr, c: Expr) -> Expr:
     """``at(r, c)``'s bits where ``inside``, else zero, the operand read only where
     ``inside``: ``if_then_else`` evaluates one branch. (A ``Select`` of a read at indices
-    clamped with ``min``, which evaluates both branches, made LLVM (-O3) compile a kernel
-    whose operands are stack arrays to an endless loop, as it does code it proves undefined:
-    the clamp apparently did not survive TVM's simplification under the condition.)"""
+    clamped with ``min`` reads out of bounds: TVM 0.27 drops the ``min`` under the
+    ``Select``'s condition (``Select(i < 24, A[min(i, 23)], 0)`` loads ``A[i]`` for every
+    ``i``), and both branches are evaluated; on stack arrays LLVM -O3 proved the read
+    undefined and compiled the kernel to an endless loop.)"""
     return tirx.if_then_else(inside, _bits(at(r, c)), tirx.const(0, "uint32"))
 
 

@@ -65,8 +65,9 @@ def _cpu_backend() -> Check:
 
 def _cpu_isa() -> Check:
     isa = target.host_isa()
-    return Check("CPU ISA", True, f"{platform.machine()}: {' '.join(isa) or 'baseline only'}",
-                 required=True)
+    note = target.amx_note()
+    return Check("CPU ISA", True, f"{platform.machine()}: {' '.join(isa) or 'baseline only'}"
+                 + (f" ({note})" if note else ""), required=True)
 
 
 def _linker() -> Check:

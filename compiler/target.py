@@ -59,8 +59,14 @@ class CpuCaps:
     sizes vector loops and register tiles such as the GEMM's."""
     level: str = "host"
     """``"host"``: code for this very CPU (LLVM's name for it); else an ISA level of
-    :data:`ISA_LEVELS` (``"x86-64-v3"``), also LLVM's CPU name for it, whose extensions
-    alone ``isa`` then lists."""
+    :data:`ISA_LEVELS` (``"x86-64-v3"``) or a CPU of :data:`ISA_CPUS`
+    (``"sapphirerapids"``), also LLVM's CPU name for it, whose extensions alone ``isa``
+    then lists."""
+    amx_emulated: bool = False
+    """Test-only (:data:`AMX_EMULATION`): the AMX tile operations of the bfloat16 GEMM are
+    emitted as plain loops implementing their definition (:mod:`.cpu.gemm_amx`), so that
+    the very same AMX kernel runs on a CPU without AMX. Part of the content key when set,
+    so emulated code never stands in for native code or the reverse."""
 
     @property
     def vector_registers(self) -> int:
@@ -74,6 +80,15 @@ class CpuCaps:
         uses it (see :mod:`.cpu.gemm_bf16`). Derived from ``isa``, so it is part of every
         content key."""
         return "avx512_bf16" in self.isa and self.vector_bits >= 512
+
+    @property
+    def amx_bf16(self) -> bool:
+        """Whether the GEMM on bfloat16 operands may use AMX tiles (``tdpbf16ps``, see
+        :mod:`.cpu.gemm_amx`): the CPU has AMX-TILE and AMX-BF16, and (for the host) Linux
+        granted this process the tile data state (:func:`host_isa` drops the flags when it
+        refused). Every AMX-BF16 CPU also has AVX512-BF16 (:attr:`bf16_dot`), whose path
+        the AMX one replaces."""
+        return "amx_tile" in self.isa and "amx_bf16" in self.isa and self.bf16_dot
 
 
 @runtime_checkable
@@ -290,8 +305,13 @@ class Target:
 
     def describe(self) -> str:
         """A stable text form, part of every content key."""
+        caps = dataclasses.asdict(self.caps)
+        # Named only when set, so that the keys of real CPUs did not change when the
+        # test-only field came.
+        if caps.get("amx_emulated") is False:
+            del caps["amx_emulated"]
         return json.dumps({"name": self.name, "kind": self.kind, "toolchain": self.toolchain,
-                           "caps": dataclasses.asdict(self.caps)}, sort_keys=True)
+                           "caps": caps}, sort_keys=True)
 
 
 @functools.cache
@@ -312,11 +332,48 @@ def _cpuinfo() -> dict[str, str]:
     return fields
 
 
+AMX_FLAGS = frozenset({"amx_tile", "amx_bf16", "amx_int8"})
+
+AMX_EMULATION = False
+"""Test-only switch (tests set it with ``monkeypatch``): a host whose flags name AMX gets
+:attr:`CpuCaps.amx_emulated`, and no permission is asked of the OS (the emulation touches no
+tile state). Together with flags added to :func:`_cpuinfo`, it runs the AMX kernel on any
+CPU."""
+
+
 def host_isa() -> tuple[str, ...]:
-    """The instruction-set extensions of this machine's CPU that compiled code may use."""
+    """The instruction-set extensions of this machine's CPU that compiled code may use.
+
+    AMX's flags count only once Linux has granted this process the tile data state
+    (``arch_prctl(ARCH_REQ_XCOMP_PERM)``, asked by the FFI library: :func:`amx_permitted`):
+    without it the first tile instruction would kill the process."""
     info = _cpuinfo()
-    flags = (info.get("flags") or info.get("Features") or "").split()
+    flags = set((info.get("flags") or info.get("Features") or "").split())
+    if flags & AMX_FLAGS and not AMX_EMULATION and not amx_permitted():
+        flags -= AMX_FLAGS
     return tuple(sorted(ISA_FLAGS.intersection(flags)))
+
+
+@functools.cache
+def amx_permitted() -> bool:
+    """Whether this process may use AMX tiles: the FFI library asks Linux for the tile data
+    state once (``ffi/cpu/host_cpu.cc``); False where it is refused, where the CPU has no
+    AMX, or where the FFI library cannot be loaded (then no AMX kernel could run anyway)."""
+    try:
+        from jaxtile import _ffi
+    except ImportError:
+        return False
+    return bool(_ffi.amx_permitted())
+
+
+def amx_note() -> str | None:
+    """Why this CPU's AMX goes unused (for ``jaxtile doctor``), or None."""
+    info = _cpuinfo()
+    flags = set((info.get("flags") or info.get("Features") or "").split())
+    if {"amx_tile", "amx_bf16"} <= flags and not AMX_EMULATION and not amx_permitted():
+        return ("the CPU has AMX but Linux refused this process the tile data state "
+                "(arch_prctl ARCH_REQ_XCOMP_PERM); bfloat16 GEMMs use AVX512-BF16 instead")
+    return None
 
 
 _V2 = "sse sse2 pni ssse3 sse4_1 sse4_2 popcnt cx16 lahf_lm"
@@ -327,18 +384,35 @@ ISA_LEVELS = {"x86-64-v3": tuple(sorted(_V3.split())), "x86-64-v4": tuple(sorted
 with their extensions as ``/proc/cpuinfo`` names them (``abm`` is LZCNT): v3 is AVX2 + FMA
 (Haswell, Zen 1-3), v4 adds AVX-512 F/BW/CD/DQ/VL (Skylake-X, Zen 4; not its BF16)."""
 
+_SPR = (_V4 + " aes pclmulqdq adx sha_ni gfni vaes vpclmulqdq avx_vnni avx512ifma avx512vbmi"
+        " avx512_vbmi2 avx512_vnni avx512_bitalg avx512_vpopcntdq avx512_bf16 avx512_fp16"
+        " amx_tile amx_bf16 amx_int8")
+ISA_CPUS = {"sapphirerapids": tuple(sorted(_SPR.split()))}
+"""CPUs a target may name by LLVM's CPU name, for extensions no level has: Sapphire Rapids
+(Intel Xeon 4th generation) brings AMX (tiles, ``tdpbf16ps``). Its extensions are those of
+LLVM's ``sapphirerapids`` that :data:`ISA_FLAGS` names, so code built for it is refused on a
+machine lacking any. Unlike the levels, no prebuilt library is made for them by default:
+they exist so that such code can be compiled and inspected anywhere (``cpu:sapphirerapids``)
+and run where the host has it."""
+
+
+def named_isa(level: str) -> tuple[str, ...]:
+    """The extensions of a level of :data:`ISA_LEVELS` or a CPU of :data:`ISA_CPUS`."""
+    return ISA_LEVELS[level] if level in ISA_LEVELS else ISA_CPUS[level]
+
 
 def check_isa_level(level: str) -> None:
     """Raise ``ValueError`` unless ``level`` is ``"host"`` or a level of
-    :data:`ISA_LEVELS` this machine can run (what running kernels built for it needs)."""
+    :data:`ISA_LEVELS` (or a CPU of :data:`ISA_CPUS`) this machine can run (what running
+    kernels built for it needs)."""
     if level == "host":
         return
-    if level not in ISA_LEVELS:
-        raise ValueError(f"expected host or one of {', '.join(ISA_LEVELS)}")
+    if level not in ISA_LEVELS and level not in ISA_CPUS:
+        raise ValueError(f"expected host or one of {', '.join([*ISA_LEVELS, *ISA_CPUS])}")
     if platform.machine() not in ("x86_64", "AMD64"):
         raise ValueError(f"{level} is an x86-64 level and this machine is "
                          f"{platform.machine()}")
-    if missing := sorted(set(ISA_LEVELS[level]) - set(host_isa())):
+    if missing := sorted(set(named_isa(level)) - set(host_isa())):
         raise ValueError(f"this CPU lacks {' '.join(missing)} of {level}, so code built for "
                          "it could not run here")
 
@@ -371,13 +445,14 @@ def _version(dist: str) -> str:
 def _cpu(level: str = "host") -> Target:
     """The host CPU, or the CPUs of an ISA ``level``: code for a level this machine lacks
     can be compiled and inspected, not run (:func:`check_isa_level` says)."""
-    isa = host_isa() if level == "host" else ISA_LEVELS[level]
+    isa = host_isa() if level == "host" else named_isa(level)
     bits = _cpu_vector_bits() if level == "host" else _vector_bits(isa)
     # A level's code is compiled for the level's generic CPU, whatever the host's model:
     # leaving the model out of its key lets code built on one machine (``jaxtile
     # prebuild``) be found on every machine of the level.
     model = _cpu_model() if level == "host" else ""
-    caps = CpuCaps(platform.machine(), isa, model, bits, level)
+    emulated = level == "host" and AMX_EMULATION and "amx_tile" in isa
+    caps = CpuCaps(platform.machine(), isa, model, bits, level, emulated)
     return Target("cpu" if level == "host" else f"cpu:{level}", "cpu", caps,
                   _version("apache-tvm"))
 
@@ -491,7 +566,8 @@ def _hip(gfx: str) -> Target:
     return Target(f"hip:{gfx}", "hip", _hip_caps(gfx), TOOLCHAINS["hip"]())
 
 
-KNOWN = ("cpu", *(f"cpu:{level}" for level in ISA_LEVELS), *(f"cuda:{arch}" for arch in _CUDA),
+KNOWN = ("cpu", *(f"cpu:{level}" for level in (*ISA_LEVELS, *ISA_CPUS)),
+         *(f"cuda:{arch}" for arch in _CUDA),
          *(f"hip:{g}" for g in HIP_ARCHS))
 
 
@@ -507,7 +583,7 @@ def parse_target(name: str = "cpu") -> Target:
                           f"{name!r}; known targets: {', '.join(KNOWN)}")
     if name == "cpu":
         return _cpu()
-    if name.startswith("cpu:") and name[4:] in ISA_LEVELS:
+    if name.startswith("cpu:") and (name[4:] in ISA_LEVELS or name[4:] in ISA_CPUS):
         return _cpu(name[4:])
     if name.startswith("cuda:") and name[5:] in _CUDA:
         return _cuda(name[5:])

@@ -17,6 +17,7 @@
 #include "cpu/exported_kernel.h"
 #include "cpu/handler.h"
 #include "cpu/heap.h"
+#include "cpu/host_cpu.h"
 #include "cpu/launch.h"
 #include "cpu/loader.h"
 #include "cpu/thread_pool.h"
@@ -230,6 +231,10 @@ NB_MODULE(_ffi, m) {
       "Verify an exported kernel payload and load its library under `key`, as the first call "
       "of an exported program does (a no-op if `key` is loaded). Raises RuntimeError naming "
       "what is wrong with a bad payload.");
+
+  m.def("amx_permitted", &amx_permitted,
+        "Whether this process may run AMX tile instructions: on the first call, on a CPU with "
+        "AMX, asks Linux for the tile data state (ffi/cpu/host_cpu.h).");
 
   m.def(
       "load_kernel",

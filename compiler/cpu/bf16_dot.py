@@ -39,6 +39,8 @@ LANES = 16
 """float32 lanes of the accumulator (32 bfloat16 values per operand)."""
 
 FEATURE = "+avx512bf16"
+AMX_FEATURES = ("+amx-tile", "+amx-bf16")
+"""What the AMX GEMM's intrinsics (:mod:`.gemm_amx`) need of the functions calling them."""
 _FEATURES = re.compile(r'"target-features"(?:="([^"]*)")?')
 _CALL = re.compile(r"^(\s*%[\w.]+ = (?:tail |notail )?call <16 x float> )@"
                    + PLACEHOLDER + r"\((.*)\)(.*)$")
@@ -52,7 +54,8 @@ def dot_pairs(acc: Expr, a: Expr, b: Expr) -> Expr:
 
 def resolve(module: tvm.runtime.Module) -> tvm.runtime.Module:
     """``module`` (from :func:`.tir_emit.build`) ready for :func:`.tir_emit.export`: every
-    call of :data:`PLACEHOLDER` made a ``vdpbf16ps``, and no debug info (the module is
+    call of :data:`PLACEHOLDER` made a ``vdpbf16ps``, AMX's features given to functions that
+    use tiles (:data:`AMX_FEATURES`), and no debug info (the module is
     parsed again from its LLVM IR, which is printed for that anyway: see
     :func:`.tir_emit.reload_ir`). Raises ``RuntimeError`` if a call is left in a form not
     rewritten (so no kernel links against a function that does not exist)."""
@@ -60,7 +63,14 @@ def resolve(module: tvm.runtime.Module) -> tvm.runtime.Module:
 
 
 def _resolve_text(text: str) -> str:
-    return _patch(text) if "@" + PLACEHOLDER in text else text
+    text = _patch(text) if "@" + PLACEHOLDER in text else text
+    if "@llvm.x86.ldtilecfg(" in text:
+        # As for vdpbf16ps, LLVM's name for the CPU need not imply AMX; without the
+        # features LLVM aborts the process ("Cannot select") instead of raising.
+        text = "\n".join(_with_feature(line, *AMX_FEATURES)
+                         if line.startswith("attributes #") and '"target-cpu"' in line
+                         else line for line in text.splitlines()) + "\n"
+    return text
 
 
 def _patch(text: str) -> str:
@@ -89,16 +99,17 @@ def _patch(text: str) -> str:
     return patched
 
 
-def _with_feature(line: str) -> str:
-    """An attribute group with AVX512-BF16 among its target features. The placeholder is
-    only called for a CPU whose ISA has it, but LLVM's name for that CPU (``-mcpu``) need
-    not imply it (a CPU it does not know becomes a generic one)."""
+def _with_feature(line: str, *wanted: str) -> str:
+    """An attribute group with ``wanted`` (default: AVX512-BF16) among its target
+    features. The placeholder (or a tile intrinsic) is only called for a CPU whose ISA has
+    the extension, but LLVM's name for that CPU (``-mcpu``) need not imply it (a CPU it
+    does not know becomes a generic one)."""
+    wanted = wanted or (FEATURE,)
     m = _FEATURES.search(line)
     if m is None:
-        return line.replace(" }", f' "target-features"="{FEATURE}" }}', 1)
+        return line.replace(" }", f' "target-features"="{",".join(wanted)}" }}', 1)
     features = [f for f in (m.group(1) or "").split(",") if f]
-    if FEATURE not in features:
-        features.append(FEATURE)
+    features += [f for f in wanted if f not in features]
     return line[:m.start()] + f'"target-features"="{",".join(features)}"' + line[m.end():]
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.ir import Expr
 
+from . import gemm_amx
 from .bf16_dot import LANES, dot_pairs
 from .context import Lowering
 from .gemm_live import Live, when
@@ -39,7 +40,12 @@ def lower_gemm_bf16(low: Lowering, A: tirx.Buffer, B: tirx.Buffer, C: tirx.Buffe
                     transpose_a: bool, transpose_b: bool, live: Live) -> None:
     """Emit ``C += op(A) @ op(B)`` for whole local buffers ``A``, ``B`` (bfloat16) and
     ``C`` (float32) with static shapes; register tiles with no ``live`` row or column are
-    left out."""
+    left out. On a target with AMX (:func:`.gemm_amx.enabled`) the tiles of
+    :mod:`.gemm_amx` compute it instead (all of ``C``: rows past ``live`` too)."""
+    if gemm_amx.enabled(low.target.caps):
+        gemm_amx.lower_gemm_amx(low.kb, low.name, low.target.caps, A, B, C,
+                                transpose_a=transpose_a, transpose_b=transpose_b)
+        return
     m, n = (int(d) for d in C.shape)
     k = int(A.shape[0] if transpose_a else A.shape[1])
     pairs = (k + 1) // 2

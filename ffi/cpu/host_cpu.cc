@@ -1,6 +1,8 @@
 #include "cpu/host_cpu.h"
 
+#include <sys/syscall.h>
 #include <sys/utsname.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <optional>
@@ -24,6 +26,19 @@ std::optional<std::unordered_set<std::string>> read_cpu_flags() {
   return std::nullopt;
 }
 
+const char* const kAmxFlags[] = {"amx_tile", "amx_bf16", "amx_int8"};
+
+// Asks Linux for the AMX tile data state; see amx_permitted() in the header.
+bool request_amx() {
+#if defined(__linux__) && defined(__x86_64__) && defined(SYS_arch_prctl)
+  constexpr long kArchReqXcompPerm = 0x1023;  // arch/x86/include/uapi/asm/prctl.h
+  constexpr long kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
+
 }  // namespace
 
 const std::string& host_arch() {
@@ -34,8 +49,22 @@ const std::string& host_arch() {
   return arch;
 }
 
+bool amx_permitted() {
+  static const bool permitted = [] {
+    static const std::optional<std::unordered_set<std::string>> flags = read_cpu_flags();
+    return flags && flags->count("amx_tile") != 0 && request_amx();
+  }();
+  return permitted;
+}
+
 const std::unordered_set<std::string>* host_cpu_flags() {
-  static const std::optional<std::unordered_set<std::string>> flags = read_cpu_flags();
+  static const std::optional<std::unordered_set<std::string>> flags = [] {
+    std::optional<std::unordered_set<std::string>> f = read_cpu_flags();
+    if (f && !amx_permitted()) {
+      for (const char* amx : kAmxFlags) f->erase(amx);
+    }
+    return f;
+  }();
   return flags ? &*flags : nullptr;
 }
 

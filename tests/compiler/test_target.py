@@ -192,6 +192,7 @@ def test_capabilities_are_immutable():
 def test_unknown_target_is_a_clear_error(name):
     with pytest.raises(KernelError,
                        match="unknown target.*known targets: cpu, cpu:x86-64-v3, cpu:x86-64-v4, "
+                       "cpu:sapphirerapids, "
                        "cuda:sm_75, cuda:sm_80"):
         target.parse_target(name)
 

@@ -125,7 +125,7 @@ def test_readme_and_design_name_every_target():
     readme = (ROOT / "README.md").read_text()
     assert not [t for t in KNOWN if f'"{t}"' not in readme], KNOWN
     targets = _section(ROOT / "docs" / "design.md", "## Targets")
-    names = set(re.findall(r"(cpu|sm_\d+a?|gfx\w+|x86-64-v\d)", targets))
+    names = set(re.findall(r"(cpu|sm_\d+a?|gfx\w+|x86-64-v\d|sapphirerapids)", targets))
     assert not [t for t in KNOWN if t.split(":")[-1] not in names], KNOWN
 
 

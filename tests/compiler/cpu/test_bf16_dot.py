@@ -68,3 +68,18 @@ def test_a_call_in_an_unexpected_form_is_an_error():
 ])
 def test_functions_get_the_bf16_feature(group, want):
     assert bf16_dot._with_feature(f"attributes #0 = {group}") == f"attributes #0 = {want}"
+
+
+def test_functions_using_tiles_get_the_amx_features():
+    """LLVM aborts the process on a tile intrinsic in a function without AMX's features (a
+    CPU name that does not imply them): the rewrite adds them where tiles are used, and
+    only there."""
+    tiles = ("define void @f(ptr %p) #0 {\n  call void @llvm.x86.ldtilecfg(ptr %p)\n"
+             "  ret void\n}\n\nattributes #0 = { \"target-cpu\"=\"x86-64-v4\" }\n")
+    assert bf16_dot._resolve_text(tiles).splitlines()[-1] == (
+        'attributes #0 = { "target-cpu"="x86-64-v4" "target-features"="+amx-tile,+amx-bf16" }')
+    plain = tiles.replace("@llvm.x86.ldtilecfg", "@g")
+    assert bf16_dot._resolve_text(plain) == plain
+    assert bf16_dot._with_feature('attributes #0 = { "target-cpu"="x" "target-features"='
+                                  '"+avx2,+amx-tile" }', *bf16_dot.AMX_FEATURES) == (
+        'attributes #0 = { "target-cpu"="x" "target-features"="+avx2,+amx-tile,+amx-bf16" }')

@@ -110,10 +110,12 @@ def _pack(low: Lowering, dst: tirx.Buffer, shape: tuple[int, int], k: int, at,
         if k % 2 == 0:
             hi = _bits(element(2 * q + 1))
         else:
-            # The partner of the last K index is zero; the clamped index keeps the read
-            # inside the operand.
-            hi = tirx.Select(2 * q + 1 < k, _bits(element(tirx.min(2 * q + 1, k - 1))),
-                             tirx.const(0, "uint32"))
+            # The partner of the last K index is zero. ``if_then_else`` reads the operand
+            # only where the condition holds: a ``Select`` evaluates both sides, and TVM's
+            # simplifier drops an index clamp under the Select's own condition, so a clamped
+            # read there still read one element past the operand.
+            hi = tirx.if_then_else(2 * q + 1 < k, _bits(element(2 * q + 1)),
+                                   tirx.const(0, "uint32"))
         pair = tirx.bitwise_or(hi, tirx.shift_right(lo, tirx.const(16, "uint32")))
         kb.store(dst, [i, j], tirx.reinterpret("int32", pair))
 

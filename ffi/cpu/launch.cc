@@ -18,16 +18,17 @@ constexpr int32_t kInlineArgs = 32;
 
 // The blocks go in chunks that shrink as they are taken (guided scheduling): each is
 // 1 / (kChunkDivisor * threads) of the blocks not yet handed out, at least one block, and
-// whichever thread is free takes the next. The first chunks are long (one start per chunk:
-// a GEMM block row copies its panel of B again at each chunk's start, copy_reuse.py), the
-// last ones one block, so the threads finish within about a block of each other whatever
-// their speeds. Equal chunks, four per thread, left the call waiting for the slower thread
-// for up to a whole chunk: on the 1024^3 AVX2 GEMM (256 blocks of ~80 us, 8 chunks of
-// 2.6 ms) the two threads' last chunks ended 0.63 ms apart (median, loaded Zen 4), 0.20 ms
-// with these (benchmarks/README.md, "Issue 20, point 1 (2026-12-03, avx2reuse)").
-// (Against one chunk per thread, several already helped when another process holds a
-// core: softmax 4096 x 1024 on 2 shared cores, 3.1-4.5 ms with 1 chunk per thread,
-// 3.0-3.2 with 4.)
+// whichever thread is free takes the next. The first chunks are long (each chunk's start
+// costs something: a GEMM copies its panel of B again there, copy_reuse.py), the last ones
+// single blocks, so the threads finish within about a block of each other whatever their
+// speeds. Equal chunks, four per thread, left the call waiting for the slower thread for
+// up to a whole chunk: on the 1024^3 AVX2 GEMM (256 blocks of ~80 us: 8 chunks of 2.6 ms,
+// against 17 here) the two threads' last chunks ended 2.7 ms apart (median over 120 calls,
+// loaded Zen 4), 1.3 ms with these; 2.8 -> 0.3 ms with the bias+GELU epilogue, 0.7 -> 0.07
+// on the 1000 x 700 x 900 matmul_relu, with no measurable change in CPU time per call
+// (benchmarks/README.md, "Issue 20, point 1 (2026-12-03, avx2reuse)"). Several chunks per
+// thread, not one, were already there for a core held by another process (softmax
+// 4096 x 1024 on 2 shared cores: 3.1-4.5 ms with 1 chunk per thread, 3.0-3.2 with 4).
 constexpr int64_t kChunkDivisor = 2;
 
 std::string call_range(const Kernel& kernel, TVMFFIAny* args, int32_t num_args, int64_t begin,

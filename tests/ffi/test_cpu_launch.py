@@ -80,3 +80,65 @@ def test_a_call_runs_the_planned_chunks(tmp_path, num_blocks):
     # XLA's pool lends at most num_threads() - 1 helpers (thread_pool.h, plan_threads).
     bounds = _ffi.chunk_bounds(num_blocks, _ffi.num_threads())
     assert chunks == list(zip(bounds[:-1], np.diff(bounds).tolist())), chunks
+
+
+@jt.kernel
+def matmul_f32_out(a, b, *, bm=16, bn=16, bk=16):
+    m, k = a.shape
+    n = b.shape[1]
+    c = jt.empty((m, n), jnp.float32)
+    j, i = jt.grid(jt.cdiv(n, bn), jt.cdiv(m, bm))
+    a_s = jt.shared((bm, bk), a.dtype)
+    b_s = jt.shared((bk, bn), b.dtype)
+    acc = jt.fragment((bm, bn), jnp.float32)
+    acc[...] = jnp.zeros((bm, bn), jnp.float32)
+
+    @jt.loop(jt.cdiv(k, bk))
+    def _(kk):
+        jt.copy(a.at[i * bm, kk * bk], a_s)
+        jt.copy(b.at[kk * bk, j * bn], b_s)
+        jt.gemm(a_s, b_s, acc)
+
+    jt.copy(acc, c.at[i * bm, j * bn])
+    return c
+
+
+def _isa_levels():
+    from jaxtile.compiler import target
+    from jaxtile.compiler.target import ISA_LEVELS
+    avx2 = set(ISA_LEVELS["x86-64-v3"]) <= set(target.host_isa())
+    return [pytest.param("x86-64-v3", marks=pytest.mark.skipif(
+        not avx2, reason="this CPU cannot run x86-64-v3 code")), "host"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("level", _isa_levels())
+def test_a_gemm_split_into_shrinking_chunks(monkeypatch, level, dtype):
+    """A GEMM whose blocks reuse one copied panel of B down a column of blocks
+    (compiler/cpu/copy_reuse.py) must copy it again at every chunk's start: the guided split
+    starts chunks in the middle of columns and ends in single blocks. 37 x 5 blocks, ragged
+    on both edges and along K, NaN and infinities, each ISA; against a float64 product of
+    the same (bfloat16-rounded) operands."""
+    monkeypatch.setenv("JAXTILE_CPU_ISA", level)
+    m, k, n = 587, 45, 77
+    rng = np.random.default_rng(7)
+    a = jnp.asarray(rng.standard_normal((m, k)), dtype)
+    b = jnp.asarray(rng.standard_normal((k, n)), dtype)
+    a = a.at[0, 3].set(jnp.nan)             # row 0 of the output: NaN
+    b = b.at[2, 7].set(jnp.inf)             # column 7: +-inf (no zero in A's column 2)
+    b = b.at[2, 70].set(-jnp.inf)           # column 70, in the ragged last column of blocks
+    got = np.asarray(jax.jit(matmul_f32_out)(a, b))
+    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    with np.errstate(invalid="ignore"):
+        want = a64 @ b64
+    assert np.count_nonzero(np.isinf(want)) > 1000
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(got) & (got > 0), np.isinf(want) & (want > 0))
+    np.testing.assert_array_equal(np.isinf(got) & (got < 0), np.isinf(want) & (want < 0))
+    finite = np.isfinite(want)
+    with np.errstate(invalid="ignore"):
+        bound = k * 2.0 ** -23 * (np.abs(a64) @ np.abs(b64))
+    assert (np.abs(got[finite] - want[finite]) <= bound[finite] + 1e-30).all()
+    # More chunks than columns of blocks, so some start mid-column (on two threads or more).
+    if _ffi.num_threads() > 1:
+        assert len(_ffi.chunk_bounds(37 * 5, _ffi.num_threads())) - 1 > 5

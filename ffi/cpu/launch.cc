@@ -23,9 +23,10 @@ constexpr int32_t kInlineArgs = 32;
 // single blocks, so the threads finish within about a block of each other whatever their
 // speeds. Equal chunks, four per thread, left the call waiting for the slower thread for
 // up to a whole chunk (the 1024^3 GEMM: 8 chunks of 2.6 ms, against 17 here). On two free
-// Zen 4 cores the AVX2 GEMMs then kept 1.78-1.92 threads busy per wall second, 1.97-1.98
-// with these, and the f32 one went from 0.925 to 0.969 of XLA's speed; with one core shared
-// by both threads there is nothing to balance and the extra chunk starts cost 0-4%
+// Zen 4 cores the AVX2 GEMMs kept 1.78-1.96 threads busy per wall second, 1.97-1.98 with
+// these (quiet machine, XLA / jaxtile wall: bf16 0.91 -> 0.96, bias+GELU 0.91 -> 0.98,
+// f32 0.96-1.00 either way); with one core shared by both threads there is nothing to
+// balance and the extra chunk starts cost 0-4%
 // (benchmarks/README.md, "Issue 20, point 1 (2026-12-03, avx2reuse)"). Several chunks per
 // thread, not one, were already there for a core held by another process (softmax
 // 4096 x 1024 on 2 shared cores: 3.1-4.5 ms with 1 chunk per thread, 3.0-3.2 with 4).

@@ -324,6 +324,9 @@ NB_MODULE(_ffi, m) {
       "own"_a, "requested"_a, "host_threads"_a,
       "(threads, on_host_pool): how a call with `own` = num_threads(), JAXTILE_NUM_THREADS "
       "set or not and a host (XLA) pool of `host_threads` spreads its blocks. For tests.");
+  m.def("chunk_bounds", &chunk_bounds, "num_blocks"_a, "threads"_a,
+        "How a call splits `num_blocks` blocks over `threads` threads: chunk c is blocks "
+        "[bounds[c], bounds[c + 1]). For tests.");
   m.def("own_pool_started", &own_pool_started,
         "Whether jaxtile's own worker threads have been started in this process.");
   m.def("keep_freed_memory", &keep_freed_memory,

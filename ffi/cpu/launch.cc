@@ -16,11 +16,21 @@ namespace {
 // Enough for any realistic kernel; beyond this a heap copy per chunk is still cheap.
 constexpr int32_t kInlineArgs = 32;
 
-// Several chunks per thread, taken in turn by whichever thread is free: when another
-// process holds a core, one chunk per thread left the call waiting for the slowed thread
-// (softmax 4096 x 1024 on 2 shared cores: 3.1-4.5 ms with 1 chunk per thread, 3.0-3.2 with
-// 4, 3.3-3.7 with 16).
-constexpr int64_t kChunksPerThread = 4;
+// The blocks go in chunks that shrink as they are taken (guided scheduling): each is
+// 1 / (kChunkDivisor * threads) of the blocks not yet handed out, at least one block, and
+// whichever thread is free takes the next. The first chunks are long (each chunk's start
+// costs something: a GEMM copies its panel of B again there, copy_reuse.py), the last ones
+// single blocks, so the threads finish within about a block of each other whatever their
+// speeds. Equal chunks, four per thread, left the call waiting for the slower thread for
+// up to a whole chunk (the 1024^3 GEMM: 8 chunks of 2.6 ms, against 17 here). On two free
+// Zen 4 cores the AVX2 GEMMs kept 1.78-1.96 threads busy per wall second, 1.97-1.98 with
+// these (quiet machine, XLA / jaxtile wall: bf16 0.91 -> 0.96, bias+GELU 0.91 -> 0.98,
+// f32 0.96-1.00 either way); with one core shared by both threads there is nothing to
+// balance and the extra chunk starts cost 0-4%
+// (benchmarks/README.md, "Issue 20, point 1 (2026-12-03, avx2reuse)"). Several chunks per
+// thread, not one, were already there for a core held by another process (softmax
+// 4096 x 1024 on 2 shared cores: 3.1-4.5 ms with 1 chunk per thread, 3.0-3.2 with 4).
+constexpr int64_t kChunkDivisor = 2;
 
 std::string call_range(const Kernel& kernel, TVMFFIAny* args, int32_t num_args, int64_t begin,
                        int64_t end) {
@@ -54,8 +64,7 @@ struct Split {
   const TVMFFIAny* args;
   int32_t num_args;
   int64_t begin;
-  int64_t num_blocks;
-  int64_t num_chunks;
+  const std::vector<int64_t>* bounds;  // chunk c is blocks [bounds[c], bounds[c + 1]) past begin
   std::atomic<bool> failed{false};
   std::mutex error_mu{};
   std::string error{};
@@ -63,11 +72,8 @@ struct Split {
 
 void run_chunk(void* ctx, int64_t chunk) {
   auto& s = *static_cast<Split*>(ctx);
-  // Contiguous, near-equal ranges: the first `extra` chunks get one block more.
-  const int64_t base = s.num_blocks / s.num_chunks;
-  const int64_t extra = s.num_blocks % s.num_chunks;
-  const int64_t begin = s.begin + chunk * base + std::min(chunk, extra);
-  const int64_t end = begin + base + (chunk < extra ? 1 : 0);
+  const int64_t begin = s.begin + (*s.bounds)[chunk];
+  const int64_t end = s.begin + (*s.bounds)[chunk + 1];
 
   // Each chunk needs its own copy because args[0..1] differ per chunk.
   TVMFFIAny local[kInlineArgs];
@@ -104,6 +110,21 @@ std::string check_alignment(const Kernel& kernel, const TVMFFIAny* args, int32_t
 
 }  // namespace
 
+std::vector<int64_t> chunk_bounds(int64_t num_blocks, int threads) {
+  std::vector<int64_t> bounds{0};
+  if (num_blocks <= 0) return bounds;
+  if (threads <= 1) {
+    bounds.push_back(num_blocks);
+    return bounds;
+  }
+  const int64_t parts = kChunkDivisor * threads;
+  for (int64_t done = 0; done < num_blocks;) {
+    done += (num_blocks - done + parts - 1) / parts;  // ceil: at least one block
+    bounds.push_back(done);
+  }
+  return bounds;
+}
+
 std::string run_blocks(const Kernel& kernel, TVMFFIAny* args, int32_t num_args, int64_t begin,
                        int64_t end, const HostPool* host) {
   const int64_t num_blocks = end - begin;
@@ -111,9 +132,10 @@ std::string run_blocks(const Kernel& kernel, TVMFFIAny* args, int32_t num_args, 
   if (std::string msg = check_alignment(kernel, args, num_args); !msg.empty()) return msg;
   const ThreadPlan plan =
       plan_threads(num_threads(), threads_requested(), host ? host->num_threads : 0);
-  const int64_t num_chunks = std::min<int64_t>(num_blocks, plan.threads * kChunksPerThread);
+  const std::vector<int64_t> bounds = chunk_bounds(num_blocks, plan.threads);
+  const auto num_chunks = static_cast<int64_t>(bounds.size()) - 1;
   if (num_chunks > 1) {
-    Split split{&kernel, args, num_args, begin, num_blocks, num_chunks};
+    Split split{&kernel, args, num_args, begin, &bounds};
     bool ran = true;
     if (plan.on_host_pool) {
       // No more helpers than chunks past the caller's first.

@@ -102,7 +102,8 @@ VARIABLES = {v.name: v for v in (
     Variable("JAXTILE_CPU_ISA", _cpu_isa, "host",
              "the instruction set CPU kernels are compiled for: host (this CPU's own) or a "
              "narrower x86-64 level it can run, x86-64-v3 (AVX2 + FMA) or x86-64-v4 "
-             "(AVX-512), e.g. to test the code other machines get"),
+             "(AVX-512), or a named CPU it can run, sapphirerapids (AVX-512 + AMX-BF16), "
+             "e.g. to test the code other machines get"),
     Variable("JAXTILE_INTERPRET", boolean, False,
              "run kernels without an explicit interpret= as their reference semantics"),
     Variable("JAXTILE_NUM_THREADS", _threads, None,

@@ -32,6 +32,30 @@ def matmul(a, b, *, bm=16, bn=32, bk=8):
     return c
 
 
+@jt.kernel
+def transposed_matmul(a, b, *, bm=16, bn=32, bk=8, ta=False, tb=False):
+    """C (float32) = op(A) @ op(B), ``op`` transposing where ``ta``/``tb`` is set: the
+    bfloat16 GEMM tests' kernel (the CPU's transposed panel copies)."""
+    m = a.shape[1] if ta else a.shape[0]
+    k = a.shape[0] if ta else a.shape[1]
+    n = b.shape[0] if tb else b.shape[1]
+    c = jt.empty((m, n), jnp.float32)
+    j, i = jt.grid(jt.cdiv(n, bn), jt.cdiv(m, bm))
+    a_s = jt.shared((bk, bm) if ta else (bm, bk), a.dtype)
+    b_s = jt.shared((bn, bk) if tb else (bk, bn), b.dtype)
+    acc = jt.fragment((bm, bn), jnp.float32)
+    acc[...] = jnp.zeros((bm, bn), jnp.float32)
+
+    @jt.loop(jt.cdiv(k, bk))
+    def _(kk):
+        jt.copy(a.at[kk * bk, i * bm] if ta else a.at[i * bm, kk * bk], a_s)
+        jt.copy(b.at[j * bn, kk * bk] if tb else b.at[kk * bk, j * bn], b_s)
+        jt.gemm(a_s, b_s, acc, transpose_a=ta, transpose_b=tb)
+
+    jt.copy(acc, c.at[i * bm, j * bn])
+    return c
+
+
 @jt.kernel(threads=128)
 def pipelined_gemm(a, b, *, bm=128, bn=128, bk=32, stages=3):
     """The same GEMM as a GPU writes it: 128 threads, the K loop ``jt.pipelined`` over

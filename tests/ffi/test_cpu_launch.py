@@ -2,6 +2,7 @@
 that shrink as they are handed out (guided scheduling), so the threads finish close together
 whatever their speeds, while the first chunks stay long."""
 
+import functools
 import gzip
 import json
 import math
@@ -10,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from gemm_kernels import matmul
 
 import jaxtile as jt
 from jaxtile import _ffi
@@ -82,27 +84,6 @@ def test_a_call_runs_the_planned_chunks(tmp_path, num_blocks):
     assert chunks == list(zip(bounds[:-1], np.diff(bounds).tolist())), chunks
 
 
-@jt.kernel
-def matmul_f32_out(a, b, *, bm=16, bn=16, bk=16):
-    m, k = a.shape
-    n = b.shape[1]
-    c = jt.empty((m, n), jnp.float32)
-    j, i = jt.grid(jt.cdiv(n, bn), jt.cdiv(m, bm))
-    a_s = jt.shared((bm, bk), a.dtype)
-    b_s = jt.shared((bk, bn), b.dtype)
-    acc = jt.fragment((bm, bn), jnp.float32)
-    acc[...] = jnp.zeros((bm, bn), jnp.float32)
-
-    @jt.loop(jt.cdiv(k, bk))
-    def _(kk):
-        jt.copy(a.at[i * bm, kk * bk], a_s)
-        jt.copy(b.at[kk * bk, j * bn], b_s)
-        jt.gemm(a_s, b_s, acc)
-
-    jt.copy(acc, c.at[i * bm, j * bn])
-    return c
-
-
 def _isa_levels():
     from jaxtile.compiler import target
     from jaxtile.compiler.target import ISA_LEVELS
@@ -127,7 +108,7 @@ def test_a_gemm_split_into_shrinking_chunks(monkeypatch, level, dtype):
     a = a.at[0, 3].set(jnp.nan)             # row 0 of the output: NaN
     b = b.at[2, 7].set(jnp.inf)             # column 7: +-inf (no zero in A's column 2)
     b = b.at[2, 70].set(-jnp.inf)           # column 70, in the ragged last column of blocks
-    got = np.asarray(jax.jit(matmul_f32_out)(a, b))
+    got = np.asarray(jax.jit(functools.partial(matmul, bm=16, bn=16, bk=16))(a, b))
     a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
     with np.errstate(invalid="ignore"):
         want = a64 @ b64

@@ -21,9 +21,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from gemm_kernels import transposed_matmul
 from language_helpers import BF16, data
 
-import jaxtile as jt
 from jaxtile.compiler import build, target
 from jaxtile.compiler.cpu import bf16_dot
 from jaxtile.compiler.target import parse_target
@@ -48,26 +48,7 @@ def path(request, monkeypatch):
     return request.param
 
 
-@jt.kernel
-def matmul(a, b, *, bm=16, bn=32, bk=8, ta=False, tb=False):
-    m = a.shape[1] if ta else a.shape[0]
-    k = a.shape[0] if ta else a.shape[1]
-    n = b.shape[0] if tb else b.shape[1]
-    c = jt.empty((m, n), jnp.float32)
-    j, i = jt.grid(jt.cdiv(n, bn), jt.cdiv(m, bm))
-    a_s = jt.shared((bk, bm) if ta else (bm, bk), a.dtype)
-    b_s = jt.shared((bn, bk) if tb else (bk, bn), b.dtype)
-    acc = jt.fragment((bm, bn), jnp.float32)
-    acc[...] = jnp.zeros((bm, bn), jnp.float32)
-
-    @jt.loop(jt.cdiv(k, bk))
-    def _(kk):
-        jt.copy(a.at[kk * bk, i * bm] if ta else a.at[i * bm, kk * bk], a_s)
-        jt.copy(b.at[j * bn, kk * bk] if tb else b.at[kk * bk, j * bn], b_s)
-        jt.gemm(a_s, b_s, acc, transpose_a=ta, transpose_b=tb)
-
-    jt.copy(acc, c.at[i * bm, j * bn])
-    return c
+matmul = transposed_matmul
 
 
 def _flush(x):

@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from gemm_kernels import transposed_matmul
 
-import jaxtile as jt
 from jaxtile import _ffi
 from jaxtile.compiler import build, target
 from jaxtile.compiler.cpu import bf16_dot, gemm_amx, lower, tir_emit
@@ -33,26 +33,9 @@ ON_X86 = pytest.mark.skipif(target.platform.machine() not in ("x86_64", "AMD64")
                             reason="AMX is an x86-64 extension")
 
 
-@jt.kernel
 def matmul(a, b, *, bm=32, bn=32, bk=64, ta=False, tb=False):
-    m = a.shape[1] if ta else a.shape[0]
-    k = a.shape[0] if ta else a.shape[1]
-    n = b.shape[0] if tb else b.shape[1]
-    c = jt.empty((m, n), jnp.float32)
-    j, i = jt.grid(jt.cdiv(n, bn), jt.cdiv(m, bm))
-    a_s = jt.shared((bk, bm) if ta else (bm, bk), a.dtype)
-    b_s = jt.shared((bn, bk) if tb else (bk, bn), b.dtype)
-    acc = jt.fragment((bm, bn), jnp.float32)
-    acc[...] = jnp.zeros((bm, bn), jnp.float32)
-
-    @jt.loop(jt.cdiv(k, bk))
-    def _(kk):
-        jt.copy(a.at[kk * bk, i * bm] if ta else a.at[i * bm, kk * bk], a_s)
-        jt.copy(b.at[j * bn, kk * bk] if tb else b.at[kk * bk, j * bn], b_s)
-        jt.gemm(a_s, b_s, acc, transpose_a=ta, transpose_b=tb)
-
-    jt.copy(acc, c.at[i * bm, j * bn])
-    return c
+    """The shared transposed GEMM with whole AMX tiles by default."""
+    return transposed_matmul(a, b, bm=bm, bn=bn, bk=bk, ta=ta, tb=tb)
 
 
 @pytest.mark.parametrize("isa, has", [
@@ -80,7 +63,7 @@ def test_a_named_amx_cpu_is_a_target():
 def _asm(dtype, tgt, cpu):
     x = jnp.zeros((70, 45), dtype)
     y = jnp.zeros((45, 37), dtype)
-    kernel = build.lowered_ir(matmul.lower(x, y, bm=32, bn=48, bk=45).kernel, tgt)
+    kernel = build.lowered_ir(transposed_matmul.lower(x, y, bm=32, bn=48, bk=45).kernel, tgt)
     module = bf16_dot.resolve(tir_emit.build(lower.to_tir(kernel, tgt), cpu, checks=False))
     return module.inspect_source("asm")
 

@@ -512,6 +512,22 @@ def _growth_summary(warm: dict[str, Any]) -> dict[str, Any]:
                               for r in growth}}
 
 
+def first_calls_report(key: str, side: str, case: dict, processes: int) -> dict:
+    """The report of a first-calls case (``prebuilt_library_case``, ``installed_case``) under
+    ``key``, judged on its ``side`` (the calls that should compile nothing)."""
+    calls = case["first_calls"]
+    library = [calls[n][side]["over_import_jax_cpu_s"] for n in COLD_KERNELS]
+    return {"benchmark": "compile", "processes_per_case": processes, key: case,
+            "targets": {"cold_over_import_jax_s": TARGET_COLD_OVER_JAX_S,
+                        "cold_value_and_grad_attention_s": TARGET_COLD_GRAD_S},
+            "meets_target": {
+                f"cold_{side}_max": max(library) <= TARGET_COLD_OVER_JAX_S,
+                f"cold_value_and_grad_attention_{side}":
+                    calls["attention_grad"][side]["over_import_jax_cpu_s"]
+                    <= TARGET_COLD_GRAD_S},
+            "environment": environment()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=3, help="fresh processes per case")
@@ -537,37 +553,12 @@ def main() -> None:
                   else child_cold(rest[0], hide_package_prebuilt=mode == "cold-hidden"))
         print(json.dumps(result))
         return
-    if args.prebuilt_library:
+    if args.prebuilt_library or args.installed:
+        key, side, run_case = (("prebuilt_library", "prebuilt", prebuilt_library_case)
+                               if args.prebuilt_library
+                               else ("installed", "installed", installed_case))
         with tempfile.TemporaryDirectory(prefix="jaxtile-bench-") as root:
-            case = prebuilt_library_case(args.processes, root)
-            calls = case["first_calls"]
-            library = [calls[n]["prebuilt"]["over_import_jax_cpu_s"] for n in COLD_KERNELS]
-            emit({"benchmark": "compile", "processes_per_case": args.processes,
-                  "prebuilt_library": case,
-                  "targets": {"cold_over_import_jax_s": TARGET_COLD_OVER_JAX_S,
-                              "cold_value_and_grad_attention_s": TARGET_COLD_GRAD_S},
-                  "meets_target": {
-                      "cold_prebuilt_max": max(library) <= TARGET_COLD_OVER_JAX_S,
-                      "cold_value_and_grad_attention_prebuilt":
-                          calls["attention_grad"]["prebuilt"]["over_import_jax_cpu_s"]
-                          <= TARGET_COLD_GRAD_S},
-                  "environment": environment()})
-        return
-    if args.installed:
-        with tempfile.TemporaryDirectory(prefix="jaxtile-bench-") as root:
-            case = installed_case(args.processes, root)
-            calls = case["first_calls"]
-            library = [calls[n]["installed"]["over_import_jax_cpu_s"] for n in COLD_KERNELS]
-            emit({"benchmark": "compile", "processes_per_case": args.processes,
-                  "installed": case,
-                  "targets": {"cold_over_import_jax_s": TARGET_COLD_OVER_JAX_S,
-                              "cold_value_and_grad_attention_s": TARGET_COLD_GRAD_S},
-                  "meets_target": {
-                      "cold_installed_max": max(library) <= TARGET_COLD_OVER_JAX_S,
-                      "cold_value_and_grad_attention_installed":
-                          calls["attention_grad"]["installed"]["over_import_jax_cpu_s"]
-                          <= TARGET_COLD_GRAD_S},
-                  "environment": environment()})
+            emit(first_calls_report(key, side, run_case(args.processes, root), args.processes))
         return
     if args.prebuilt_only:
         with tempfile.TemporaryDirectory(prefix="jaxtile-bench-") as root:

@@ -341,14 +341,19 @@ tile state). Together with flags added to :func:`_cpuinfo`, it runs the AMX kern
 CPU."""
 
 
+def _cpu_flags() -> set[str]:
+    """Every flag ``/proc/cpuinfo`` gives this CPU (``flags`` on x86, ``Features`` on Arm)."""
+    info = _cpuinfo()
+    return set((info.get("flags") or info.get("Features") or "").split())
+
+
 def host_isa() -> tuple[str, ...]:
     """The instruction-set extensions of this machine's CPU that compiled code may use.
 
     AMX's flags count only once Linux has granted this process the tile data state
     (``arch_prctl(ARCH_REQ_XCOMP_PERM)``, asked by the FFI library: :func:`amx_permitted`):
     without it the first tile instruction would kill the process."""
-    info = _cpuinfo()
-    flags = set((info.get("flags") or info.get("Features") or "").split())
+    flags = _cpu_flags()
     if flags & AMX_FLAGS and not AMX_EMULATION and not amx_permitted():
         flags -= AMX_FLAGS
     return tuple(sorted(ISA_FLAGS.intersection(flags)))
@@ -368,8 +373,7 @@ def amx_permitted() -> bool:
 
 def amx_note() -> str | None:
     """Why this CPU's AMX goes unused (for ``jaxtile doctor``), or None."""
-    info = _cpuinfo()
-    flags = set((info.get("flags") or info.get("Features") or "").split())
+    flags = _cpu_flags()
     if {"amx_tile", "amx_bf16"} <= flags and not AMX_EMULATION and not amx_permitted():
         return ("the CPU has AMX but Linux refused this process the tile data state "
                 "(arch_prctl ARCH_REQ_XCOMP_PERM); bfloat16 GEMMs use AVX512-BF16 instead")

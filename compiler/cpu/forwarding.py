@@ -319,20 +319,24 @@ def gemm_operand(low: Lowering, operand: GemmOperand, idx: Sequence[Expr]) -> Ex
     return low.bufs[src.buffer][tuple(coords)]
 
 
-def gemm_k_parts(low: Lowering, operand: GemmOperand | None,
-                 k: int) -> list[tuple[int | Expr, int | Expr, bool]]:
+def gemm_k_parts(low: Lowering, operand: GemmOperand | None, k: int,
+                 live_k: Expr | None = None) -> list[tuple[int | Expr, int | Expr, bool]]:
     """The gemm's K loop over ``k`` panel columns in parts ``(start, stop, read)``: where
     ``read``, the operand is read (:func:`gemm_operand`); elsewhere (past the source's end
     along K) each of its elements is the copy's ``pad``. One part unless the operand has a
-    K tail."""
+    K tail. With ``live_k`` (the gemm's ``live_k`` note, :mod:`..passes.gemm_edges`), the
+    columns from there on, zero pads in both operands, are left out."""
+    end: int | Expr = k
+    if live_k is not None:
+        end = low.bind(tirx.max(tirx.min(live_k, tirx.const(k, "int32")),
+                                tirx.const(0, "int32")))
     if operand is None or not operand.k_tail:
-        return [(0, k, True)]
+        return [(0, end, True)]
     axis = 1 - operand.rows_axis
     n = extent(low.bufs[operand.src.buffer].shape[axis])
     start = low.start(operand.src.index[axis], n, clamp=False)
-    inside = low.bind(tirx.max(tirx.min(n - start, tirx.const(k, "int32")),
-                               tirx.const(0, "int32")))
-    return [(0, inside, True), (inside, k, False)]
+    inside = low.bind(tirx.max(tirx.min(n - start, end), tirx.const(0, "int32")))
+    return [(0, inside, True), (inside, end, False)]
 
 
 def _accesses(kernel: ir.Kernel) -> dict[str, list[ir.Op]]:

@@ -185,7 +185,7 @@ def _lower_fma(low: Lowering, a: dict, lanes: int, live: Live) -> None:
     acc = str(C.dtype)
 
     source = low.gemm_sources.get(a["a"])   # A forwarded to global memory
-    k_parts = forwarding.gemm_k_parts(low, source, k)
+    k_parts = forwarding.gemm_k_parts(low, source, k, live.k)
 
     def a_at(i: Expr, kk: Expr, read: bool = True) -> Expr:
         idx = (kk, i) if a["transpose_a"] else (i, kk)

@@ -1,5 +1,6 @@
-"""The part of a gemm's accumulator that must be computed: the bounds that
-:mod:`..passes.gemm_edges` notes on gemms at ragged edges, as TIR expressions."""
+"""The part of a gemm that must be computed: the bounds that :mod:`..passes.gemm_edges`
+notes on gemms at ragged edges (accumulator rows and columns, and the contraction), as TIR
+expressions."""
 
 from __future__ import annotations
 
@@ -21,11 +22,14 @@ class Live:
 
     rows: Expr | None = None
     cols: Expr | None = None
+    k: Expr | None = None
+    """Only contraction indices below this one multiply anything but zero pads in both
+    operands (``None``: all of K); the products past it are ``+0`` and may be left out."""
 
     @classmethod
     def of(cls, low: Lowering, op: ir.Op) -> Live:
         """The bounds noted on gemm ``op`` (none if it has no note)."""
-        bounds = op.notes.get("live", (None, None))
+        bounds = (*op.notes.get("live", (None, None)), op.notes.get("live_k"))
         return cls(*(None if v is None else low.scalars[v.id] for v in bounds))
 
     def _bound(self, axis: int) -> Expr | None:

@@ -1,5 +1,5 @@
-"""Ragged edges of GEMMs: which accumulator rows and columns reach an output, a Tile IR ->
-Tile IR pass the CPU runs.
+"""Ragged edges of GEMMs: which accumulator rows and columns reach an output, and how much
+of the contraction multiplies anything but pads; a Tile IR -> Tile IR pass the CPU runs.
 
 A tiled matmul on a shape that the tiles do not divide (M = 1000 with 128-row tiles) has
 edge blocks whose accumulator tile hangs over the end of the output: ``jt.copy(acc,
@@ -20,10 +20,25 @@ depends on element ``(r, j)`` of earlier values, and reaches an output only if `
 is inside it; anything else about the accumulator (a reduction, a second copy, a gemm
 operand, a dynamic size) leaves its gemms as they are.
 
+The contraction has a ragged edge too: with K = 900 in 64-deep steps, the last step's
+panels (or the whole-K panels of :mod:`.gemm_panels`, 960 deep) hold 60 columns of A and
+60 rows of B that the copies padded with zeros, and the gemm multiplies them: 6% of a
+1000 x 700 x 900 product's work. A gemm whose ``a`` and ``b`` are each all of a 2-D static
+scratch buffer with one writer, a copy of all of it from a 2-D global region with pad zero
+earlier in the gemm's own statement list, gets ``notes["live_k"] = n``, a scalar int32
+Value computed right before it: ``max(end of a, end of b)``, where an operand's end is its
+source's extent along K minus the region's start there. Past ``n`` both operands hold zero
+pads, and their products are ``+0``, which leave every sum as it is (a sum that is ``-0``
+would become ``+0``: the only difference leaving them out makes). Where one operand ends
+earlier than the other, its pads still meet the other's values, which may be infinite, so
+the bound is the larger end. No note where the scalar ranges show that one operand never
+runs past its source.
+
 Guarantees: every row and column of every accumulator that reaches an output is computed
-exactly as before (same operands, same order); the others may hold anything. New ops are
-scalar ops at the start of the kernel (a clone of the copy's origin computation and one
-subtraction per axis); no op is removed or changed except for the gemms' notes.
+exactly as before (same operands, same order), up to the sign of a zero sum; the others
+may hold anything. New ops are scalar ops at the start of the kernel (a clone of the copy's
+origin computation and one subtraction per axis) and before noted gemms (a subtraction per
+operand and a ``max``); no op is removed or changed except for the gemms' notes.
 """
 
 from __future__ import annotations
@@ -34,6 +49,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .. import ir, op_defs
+from ..analysis import scalars
 
 _ORIGIN_OPS = frozenset({"const", "elementwise", "convert"})
 """Scalar ops a copy's origin may be computed with (from block indices and constants)."""
@@ -41,7 +57,7 @@ _ORIGIN_OPS = frozenset({"const", "elementwise", "convert"})
 
 def trim_edge_gemms(kernel: ir.Kernel) -> ir.Kernel:
     """Note on each qualifying gemm the accumulator rows and columns that reach an output
-    (see the module doc)."""
+    and the end of its operands' non-pad contraction (see the module doc)."""
     buffers = {b.name: b for b in kernel.buffers}
     defs = {s.result.id: s for s in ir.walk(kernel.body)
             if isinstance(s, ir.Op) and s.result is not None}
@@ -56,9 +72,10 @@ def trim_edge_gemms(kernel: ir.Kernel) -> ir.Kernel:
         if bounds is not None and bounds != (None, None):
             live[name] = bounds
             prologue.extend(ops)
-    if not live:
+    depth = _contraction_bounds(kernel, buffers)
+    if not live and not depth:
         return kernel
-    body = ir.map_ops(kernel.body, lambda op: _annotate(op, live))
+    body = ir.map_ops(kernel.body, lambda op: _annotate(op, live, depth))
     return dataclasses.replace(kernel, body=tuple(prologue) + body)
 
 
@@ -176,7 +193,96 @@ def _clone(v: ir.Value, blocks: set[int], defs: dict[int, ir.Op], prologue: list
     return result
 
 
-def _annotate(op: ir.Op, live: dict[str, tuple[ir.Value | None, ir.Value | None]]) -> list[ir.Op]:
-    if op.kind == "gemm" and op.attrs["c"].buffer in live:
-        return [op.with_notes(live=live[op.attrs["c"].buffer])]
-    return [op]
+def _contraction_bounds(kernel: ir.Kernel, buffers: dict[str, ir.Buffer]
+                        ) -> dict[int, tuple[list[ir.Stmt], ir.Value]]:
+    """Per gemm (by ``id``) whose operands are both padded copies of global tiles along K:
+    the scalar ops computing ``max(bound of a, bound of b)``, to go right before it, and
+    that Value (see the module doc)."""
+    writers: dict[str, int] = {}
+    for s in ir.walk(kernel.body):
+        if isinstance(s, ir.Op):
+            for r in op_defs.writes(s):
+                writers[r.buffer] = writers.get(r.buffer, 0) + 1
+    ranges = scalars.scalar_ranges(kernel)
+    out: dict[int, tuple[list[ir.Stmt], ir.Value]] = {}
+    lists: list[Sequence[ir.Stmt]] = [kernel.body]
+    lists += [blk for s in ir.walk(kernel.body) for blk in ir.blocks(s)]
+    for stmts in lists:
+        for pos, gemm in enumerate(stmts):
+            if not isinstance(gemm, ir.Op) or gemm.kind != "gemm":
+                continue
+            a = gemm.attrs
+            k_axis = {"a": 0 if a["transpose_a"] else 1, "b": 1 if a["transpose_b"] else 0}
+            ends = [_padded_from(a[role], k_axis[role], stmts[:pos], buffers, writers)
+                    for role in ("a", "b")]
+            if None in ends:
+                continue
+            depth = buffers[a["a"].buffer].shape[k_axis["a"]]
+            if max(_least(e, ranges) for e in ends) >= depth:
+                continue            # never past the end of both: nothing to leave out
+            ops: list[ir.Stmt] = []
+            values = [_const(e, ops) if isinstance(e, int) else _sub(e, ops) for e in ends]
+            bound = ir.Value((), np.int32)
+            ops.append(ir.Op("elementwise", tuple(values), bound, {"fn": "max"}, gemm.line))
+            out[id(gemm)] = (ops, bound)
+    return out
+
+
+def _padded_from(region: ir.Region, axis: int, before: Sequence[ir.Stmt],
+                 buffers: dict[str, ir.Buffer], writers: dict[str, int]
+                 ) -> int | tuple[int, ir.Value] | None:
+    """Where along ``axis`` a gemm operand starts holding zero pads: the operand is all of
+    a 2-D static scratch buffer whose one writer is a copy, in ``before``, of all of it
+    from a 2-D static global region with pad zero. Returns ``n - start`` (``n`` the
+    source's extent along the axis) as an int for a static start, else ``(n, start)``;
+    None if the operand is anything else."""
+    buf = buffers[region.buffer]
+    shape = buf.shape
+    if buf.role != "scratch" or len(shape) != 2 or not all(isinstance(d, int) for d in shape) \
+            or region != ir.whole(buf.name, shape) or writers.get(buf.name) != 1:
+        return None
+    copies = [s for s in before if isinstance(s, ir.Op) and s.kind == "copy"
+              and s.attrs["dst"] == region]
+    if len(copies) != 1:
+        return None
+    copy = copies[0]
+    src = copy.attrs["src"]
+    source = buffers[src.buffer]
+    if source.scope != "global" or len(source.shape) != 2 \
+            or not isinstance(source.shape[axis], int) \
+            or [i.size for i in src.index] != list(shape) \
+            or copy.attrs["pad"] not in (None, 0):
+        return None
+    start = src.index[axis].start
+    n = source.shape[axis]
+    return n - start if isinstance(start, int) else (n, start)
+
+
+def _least(end: int | tuple[int, ir.Value], ranges: dict[ir.Value, scalars.Range]) -> int:
+    """The least value an operand's end (:func:`_padded_from`) takes, as far as the scalar
+    ranges tell (a large negative number where they do not)."""
+    if isinstance(end, int):
+        return end
+    n, start = end
+    r = ranges.get(start)
+    return -(1 << 31) if r is None else n - r[1]
+
+
+def _sub(end: tuple[int, ir.Value], ops: list[ir.Stmt]) -> ir.Value:
+    n, start = end
+    v = ir.Value((), np.int32)
+    ops.append(ir.Op("elementwise", (_const(n, ops), start), v, {"fn": "sub"}))
+    return v
+
+
+def _annotate(op: ir.Op, live: dict[str, tuple[ir.Value | None, ir.Value | None]],
+              depth: dict[int, tuple[list[ir.Stmt], ir.Value]]) -> list[ir.Stmt]:
+    if op.kind != "gemm":
+        return [op]
+    notes = {}
+    if op.attrs["c"].buffer in live:
+        notes["live"] = live[op.attrs["c"].buffer]
+    ops: list[ir.Stmt] = []
+    if id(op) in depth:
+        ops, notes["live_k"] = depth[id(op)]
+    return [*ops, op.with_notes(**notes)] if notes else [op]

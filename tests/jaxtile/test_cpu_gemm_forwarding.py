@@ -177,7 +177,8 @@ def test_the_k_tail_multiplies_the_pad(monkeypatch, tmp_path, rng):
                                rtol=1e-5, atol=1e-4)
     a, b, want = _padded_case(rng, 91)
     _fresh_build(monkeypatch, tmp_path / "mutant")
-    monkeypatch.setattr(forwarding, "gemm_k_parts", lambda low, operand, k: [(0, k, True)])
+    monkeypatch.setattr(forwarding, "gemm_k_parts",
+                        lambda low, operand, k, live_k=None: [(0, k, True)])
     mutant = np.asarray(jax.jit(padded_matmul)(a, b))
     assert np.isnan(mutant[4]).all() and not np.isnan(want[4]).any()
 
@@ -348,6 +349,7 @@ def test_nothing_past_the_sources_end_is_read(monkeypatch, tmp_path, rng):
     a, b, _ = _padded_case(rng, 91)
     a[5, 0] = a[33, 0] = 1.0
     _fresh_build(monkeypatch, tmp_path / "mutant")
-    monkeypatch.setattr(forwarding, "gemm_k_parts", lambda low, operand, k: [(0, k, True)])
+    monkeypatch.setattr(forwarding, "gemm_k_parts",
+                        lambda low, operand, k, live_k=None: [(0, k, True)])
     mutant = np.asarray(jax.jit(padded_matmul)(_before_nans(a), _before_nans(b)))
     assert np.isnan(mutant[-1]).all() and not np.isnan(mutant[:-1]).any()

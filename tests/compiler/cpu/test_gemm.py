@@ -152,3 +152,22 @@ def test_a_gemm_reading_the_panel_row_major_is_caught(monkeypatch, rng):
     got = np.asarray(jax.jit(lambda x, y: matmul(x, y))(a, b))
     with pytest.raises(AssertionError):
         _check(a, b, got)
+
+
+# --- register tiles of rows -----------------------------------------------------------------
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_every_block_height_computes_every_row(monkeypatch, rng, level):
+    """Last blocks of 1 to 16 rows and a few more (m = 64 + h rows): every remainder modulo
+    the 8 and 6-row register tiles, so that every split of a block's rows (8 or 6-row tiles,
+    then 4, then rows left to the i-k-j nest) is run and checked."""
+    _use(monkeypatch, level)
+    k, n = 40, 48
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    f = jax.jit(lambda x, y: matmul(x, y, bm=64, bn=48, bk=32))
+    for h in [*range(1, 17), 40, 63, 64]:
+        a = rng.standard_normal((64 + h, k)).astype(np.float32)
+        a[64 + h - 1, 0] = np.nan                       # the block's last row
+        got = np.asarray(f(a, b))
+        assert np.isnan(got[-1]).all() and not np.isnan(got[:-1]).any(), h
+        _check(a, b, got)

@@ -23,9 +23,11 @@ no other code, and no context switch, sees tile state.
 Before a process's first AMX instruction Linux must grant it the tile data state
 (``arch_prctl(ARCH_REQ_XCOMP_PERM)``): the FFI library asks (``ffi/cpu/host_cpu.cc``), and
 without it the host's flags lose AMX (:func:`..target.host_isa`). Before the first AMX
-GEMM a process compiles for its own CPU, :func:`enabled` runs a small GEMM through this
-kernel and compares it with numpy (:func:`self_check`); a mismatch disables AMX for the
-process with a warning, and the bfloat16 GEMMs use ``vdpbf16ps``.
+GEMM a process compiles for its own CPU, :func:`enabled` asks whether a small GEMM through
+this kernel agrees with numpy (:func:`self_check`, run once per machine in a child process
+so that a fault cannot kill the caller, its answer kept in the build cache:
+:func:`verdict`); a mismatch or a fault disables AMX with a warning, and the bfloat16 GEMMs
+use ``vdpbf16ps``.
 
 Emulation (test-only, ``CpuCaps.amx_emulated``): every tile operation is emitted as plain
 TIR loops implementing its definition in Intel's SDM on a local array standing for the
@@ -44,6 +46,9 @@ and zeroes the rest of the tile; ``tilestored`` writes ``rows`` x ``colsb`` byte
 from __future__ import annotations
 
 import functools
+import json
+import subprocess
+import sys
 import warnings
 from collections.abc import Callable
 
@@ -77,12 +82,72 @@ def enabled(caps: CpuCaps) -> bool:
 
 @functools.cache
 def _native_checked() -> bool:
-    problem = self_check(emulated=False)
+    problem = verdict(emulated=False)
     if problem is not None:
         warnings.warn(f"jaxtile: AMX disabled for this process: its self-check failed "
                       f"({problem}); bfloat16 GEMMs use AVX512-BF16", RuntimeWarning,
                       stacklevel=3)
     return problem is None
+
+
+SELF_CHECK_SECONDS = 300
+"""How long the self-check's child process may take (it imports TVM and compiles one
+kernel: a few seconds) before it counts as failed."""
+
+
+def verdict(*, emulated: bool) -> str | None:
+    """:func:`self_check`'s answer for this machine (None: AMX works). It runs in a child
+    process, so that a fault of the AMX code (an illegal instruction, a bad tile address)
+    kills the child and not the caller, and the answer is kept in the build cache
+    (``amx-self-check-<key>.json``, the key covering the compiler's sources and the CPU's
+    model and flags): it is found once per machine and compiler version, and every later
+    process, and a kernel loaded from the cache, rests on the same answer."""
+    from .. import build, cache, target
+
+    info = target._cpuinfo()
+    key = cache.content_key("amx-self-check", build.compiler_version(), str(emulated),
+                            info.get("model name", ""), " ".join(sorted(target._cpu_flags())))
+    path = cache.cache_dir() / f"amx-self-check-{key[:32]}.json"
+    try:
+        return json.loads(path.read_text())["problem"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    problem = _in_child(emulated)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        cache._write_atomic(path, json.dumps({"problem": problem}).encode())
+    except OSError:
+        pass   # an unwritable cache: the check runs again in the next process
+    return problem
+
+
+_CHILD = ("import json; from jaxtile.compiler.cpu import gemm_amx; "
+          "print(json.dumps(gemm_amx.self_check(emulated={emulated})))")
+"""The child's program: prints the self-check's answer as JSON on its last line."""
+
+
+def _in_child(emulated: bool) -> str | None:
+    """:func:`self_check` run by a fresh Python process; what went wrong if the child did
+    not answer (a signal, a timeout, an exception)."""
+    try:
+        done = subprocess.run([sys.executable, "-c", _CHILD.format(emulated=emulated)],
+                              capture_output=True, text=True,
+                              timeout=SELF_CHECK_SECONDS)
+    except subprocess.TimeoutExpired:
+        return f"the self-check process took more than {SELF_CHECK_SECONDS} s"
+    except OSError as e:
+        return f"the self-check process could not start ({e})"
+    if done.returncode < 0:
+        return f"the self-check process died of signal {-done.returncode}"
+    lines = done.stdout.strip().splitlines()
+    if done.returncode or not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"the self-check process failed (exit {done.returncode}: {tail})"
+    try:
+        answer = json.loads(lines[-1])
+    except ValueError:
+        return f"the self-check process answered {lines[-1]!r}"
+    return answer if answer is None else str(answer)
 
 
 def lower_gemm_amx(kb, name: Callable[[str], str], caps: CpuCaps, A: tirx.Buffer,

@@ -267,7 +267,7 @@ def test_a_failed_self_check_disables_amx(monkeypatch):
     host = CpuCaps("x86_64", ("avx512f", "avx512_bf16", *AMX), "model", 512)
     for problem, enabled in (("C[0, 1] is 2.0, numpy 3.0", False), (None, True)):
         gemm_amx._native_checked.cache_clear()
-        monkeypatch.setattr(gemm_amx, "self_check", lambda emulated, p=problem: p)
+        monkeypatch.setattr(gemm_amx, "verdict", lambda emulated, p=problem: p)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             assert gemm_amx.enabled(host) is enabled
@@ -276,6 +276,41 @@ def test_a_failed_self_check_disables_amx(monkeypatch):
         if not enabled:
             assert "AMX disabled" in str(caught[0].message) and problem in str(caught[0].message)
     gemm_amx._native_checked.cache_clear()
+
+
+def test_the_self_check_runs_in_a_child_once_per_machine(monkeypatch, tmp_path):
+    """The verdict comes from a child process running the real self-check (here the
+    emulated one, as this CPU may lack AMX), and is then read from the build cache."""
+    monkeypatch.setenv("JAXTILE_CACHE_DIR", str(tmp_path))
+    assert gemm_amx.verdict(emulated=True) is None
+    assert len(list(tmp_path.glob("amx-self-check-*.json"))) == 1
+
+    def no_child(emulated):
+        raise AssertionError("the verdict was not read from the cache")
+
+    monkeypatch.setattr(gemm_amx, "_in_child", no_child)
+    assert gemm_amx.verdict(emulated=True) is None
+
+
+@pytest.mark.parametrize("program, expected", [
+    ("import os, signal; os.kill(os.getpid(), signal.SIGILL)", "died of signal 4"),
+    ("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", "died of signal 11"),
+    ("raise SystemExit(3)", "exit 3"),
+    ("print('tiles!')", "answered 'tiles!'"),
+    ("print('\"C[0, 1] is 2.0, numpy 3.0\"')", "C[0, 1] is 2.0"),
+    ("import time; time.sleep(30)", "took more than 2 s"),
+], ids=["sigill", "sigsegv", "exit", "garbage", "mismatch", "hang"])
+def test_a_child_that_faults_is_a_failed_check_not_a_dead_caller(monkeypatch, tmp_path,
+                                                                   program, expected):
+    """Whatever the AMX code does to the child, the caller gets a verdict saying what
+    happened, keeps it, and AMX stays off."""
+    monkeypatch.setenv("JAXTILE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(gemm_amx, "_CHILD", program + "  # {emulated}")
+    monkeypatch.setattr(gemm_amx, "SELF_CHECK_SECONDS", 2)
+    problem = gemm_amx.verdict(emulated=False)
+    assert problem is not None and expected in problem, problem
+    monkeypatch.setattr(gemm_amx, "_CHILD", "print('null')  # {emulated}")
+    assert gemm_amx.verdict(emulated=False) == problem      # kept: not asked again
 
 
 @ON_X86

@@ -26,6 +26,17 @@ loop) selects ``pad`` past the end and reads a clamped address; such a store is 
 past the end. Nothing is read or written outside the regions' valid columns, so a row's
 end never reads the next row, and the last row never reads past the buffer.
 
+An accumulator's epilogue is forwarded in a tail form: a fragment that earlier statements
+of the kernel's body filled (zeroed, accumulated into by gemms, in loops or not), whose
+last accesses are loads of all of it, a store of all of it and its copy to the output,
+``acc[...] = relu(acc[...])`` then ``jt.copy(acc, c.at[...])``. The loads read the
+fragment as it is, the store goes to the output (masked edges as above) and the copy
+disappears: one pass over the tile less. 1000 x 700 x 900 ``ops.matmul_relu`` in 64 x 64
+tiles, one thread, process CPU time per call, the two forms interleaved in one process,
+four runs: 0.2-5% less on both ISAs (AVX2 16.05 / 16.43 ms, 15.94 / 16.77; AVX-512 12.71 /
+12.80, 15.88 / 15.91). Only in the kernel's own body, run once per block: in a loop's body
+the statements before the segment run again after it.
+
 The first operand of a gemm is forwarded too (:func:`gemm_operands`), without the test:
 when its panel is filled by a float32 copy of a region that starts inside the source in
 every block (a static proof over the grid), the gemm broadcasts ``A``'s elements from the
@@ -100,21 +111,31 @@ def plan(kernel: ir.Kernel, body: Sequence[ir.Stmt]) -> Segment | None:
     whole fragment (only after that copy); an optional ``store`` of the whole fragment
     followed, with no other access in between, by a ``copy`` of the whole fragment to a
     region of a global output that nothing else in between touches. Neither region may
-    take positions from an index tile (gather, scatter). Between the first and last
-    forwarded statement there may be no loops or conditionals, and the scalar ops there
-    must not read buffers (they are moved before the test).
+    take positions from an index tile (gather, scatter). In the kernel's own body a
+    fragment is also forwardable in the tail form (:func:`_forward_tail`: filled by
+    anything before the segment, its last accesses loads, a store and the copy out), with
+    no access of it inside the segment but those. Between the first and last forwarded
+    statement there may be no loops or conditionals, and the scalar ops there must not
+    read buffers (they are moved before the test).
     """
     accesses = _accesses(kernel)
     roles = {b.name: b for b in kernel.buffers}
     top = {id(s): pos for pos, s in enumerate(body) if isinstance(s, ir.Op)}
+    # The tail form only in the kernel's own body, which runs once per block: in a loop's
+    # body the statements before the segment run again after it, and would read what the
+    # forwarded store no longer wrote into the fragment.
+    whole_body = len(body) == len(kernel.body) and all(
+        x is y for x, y in zip(body, kernel.body))
     forwards, positions, skip = [], [], set()
     for b in kernel.buffers:
         if b.role != "scratch" or not accesses.get(b.name):
             continue
         ops = accesses[b.name]
-        if not all(id(op) in top for op in ops):
-            continue
-        found = _forward(b, [(top[id(op)], op) for op in ops], roles, body)
+        found = None
+        if all(id(op) in top for op in ops):
+            found = _forward(b, [(top[id(op)], op) for op in ops], roles, body)
+        if found is None and whole_body:
+            found = _forward_tail(b, ops, top, roles, body)
         if found is not None:
             fwd, pos, copies = found
             forwards.append(fwd)
@@ -123,6 +144,13 @@ def plan(kernel: ir.Kernel, body: Sequence[ir.Stmt]) -> Segment | None:
     if not forwards:
         return None
     first, last = min(positions), max(positions)
+    # A tail form's fragment is filled before the segment, and nothing in it but the tail
+    # may touch the fragment (a store there would go to the output).
+    filled = {id(s) for s in ir.walk(body[:first])}
+    inside = {id(body[p]) for p in positions}
+    if not all(id(op) in filled or id(op) in inside
+               for f in forwards for op in accesses[f.fragment]):
+        return None
     used_at: dict[int, list[int]] = {}
     for pos, stmt in enumerate(body):
         for sub in ir.walk([stmt]):
@@ -385,6 +413,38 @@ def _forward(buf: ir.Buffer, ops: list[tuple[int, ir.Op]], roles: dict[str, ir.B
     if src is None and dst is None:
         return None
     return Forward(buf.name, src, dst, pad), [p for p, _ in ops], copies
+
+
+def _forward_tail(buf: ir.Buffer, ops: list[ir.Op], top: dict[int, int],
+                  roles: dict[str, ir.Buffer], body: Sequence[ir.Stmt]
+                  ) -> tuple[Forward, list[int], set[int]] | None:
+    """The tail form: a fragment filled by earlier statements of ``body`` (an accumulator
+    the gemms wrote, in loops or not) whose last accesses, ops of ``body`` itself, are loads
+    of all of it, a store of all of it and the copy of all of it to a global output. The
+    loads keep reading the fragment; the store goes to the output and the copy is left
+    out, one pass over the tile less (``relu(acc)`` stored into ``acc`` and copied out)."""
+    whole = ir.whole(buf.name, buf.shape)
+    if len(ops) < 3 or not all(id(op) in top for op in ops[-2:]):
+        return None
+    (store, out) = ops[-2:]
+    if store.kind != "store" or store.attrs["dst"] != whole or out.kind != "copy" \
+            or out.attrs["src"] != whole:
+        return None
+    tail = len(ops) - 2
+    while tail and ops[tail - 1].kind == "load" and id(ops[tail - 1]) in top \
+            and ops[tail - 1].attrs["src"] == whole:
+        tail -= 1
+    first = top[id(ops[tail])]
+    before = {id(s) for s in ir.walk(body[:first])}
+    if not tail or not all(id(op) in before for op in ops[:tail]):
+        return None
+    p_store, p_out = top[id(store)], top[id(out)]
+    dst = out.attrs["dst"]
+    if not _plain_global(dst, roles, "output") or any(
+            dst.buffer in {r.buffer for r in ir.regions(s)}
+            for s in body[p_store + 1:p_out] if isinstance(s, ir.Op)):
+        return None
+    return Forward(buf.name, None, dst), [top[id(op)] for op in ops[tail:]], {p_out}
 
 
 def _plain_global(region: ir.Region, roles: dict[str, ir.Buffer], role: str) -> bool:

@@ -601,7 +601,7 @@ def _concatenate(lw: _Lowering, op: ir.Op, idx: Sequence[Expr]) -> Expr:
 @element("load")
 def _load(lw: _Lowering, op: ir.Op, idx: Sequence[Expr]) -> Expr:
     src = op.attrs["src"]
-    if src.buffer in lw.forwards:
+    if src.buffer in lw.forwards and lw.forwards[src.buffer].src is not None:
         return forwarding.load(lw, lw.forwards[src.buffer], idx)
     coords = lw.element(src, idx, clamp=True)
     if lw.while_depth and op.result.shape == () and src.buffer in lw.written_globals:

@@ -60,8 +60,16 @@ def test_forwarding_plans_the_staging_fragments_only():
     x_t = next(f for f in segment.forwards if f.dst is not None)
     assert (x_t.src.buffer, x_t.dst.buffer) == ("x", "out0")
     assert len(segment.skip) == 3            # both copies in, the copy out
+    # Read again after its first copy out, the fragment stays a real buffer up to its last
+    # use: only that (its loads, the store, the copy to `twice`) is forwarded, the store
+    # going to the output and the fragment read as it is (the tail form).
     kernel = _cpu_ir(reread.lower(x))
-    assert forwarding.plan(kernel, kernel.body) is None
+    segment = forwarding.plan(kernel, kernel.body)
+    (tail,) = segment.forwards
+    assert tail.src is None and tail.dst.buffer == "out1" and len(segment.skip) == 1
+    copies = [pos for pos, s in enumerate(kernel.body)
+              if isinstance(s, ir.Op) and s.kind == "copy"]
+    assert segment.skip == {copies[-1]} and segment.first > copies[1]
 
 
 @pytest.mark.parametrize("shape", [(13, 37), (16, 32)], ids=["ragged", "even"])
@@ -77,6 +85,119 @@ def test_forwarded_elementwise_kernel_matches_jnp(rng, shape, dtype):
 def test_forwarding_keeps_a_fragment_that_is_read_after_its_copy_out(rng):
     x = data(rng, (13, 37), F32, edges=False)
     check(reread, [x], (x * 3.0, x * 6.0), rtol=1e-6, atol=0)
+
+
+@jt.kernel
+def relu_every_step(a, b, *, bm=16, bn=16, bk=8):
+    """The accumulator's epilogue (relu, copy out) inside the K loop: every step starts
+    from the relu of the last one, so the fragment must hold it (no tail form there)."""
+    m, k = a.shape
+    n = b.shape[1]
+    c = jt.empty((m, n), jnp.float32)
+    j, i = jt.grid(jt.cdiv(n, bn), jt.cdiv(m, bm))
+    a_s = jt.shared((bm, bk), a.dtype)
+    b_s = jt.shared((bk, bn), b.dtype)
+    acc = jt.fragment((bm, bn), jnp.float32)
+    acc[...] = jnp.zeros((bm, bn), jnp.float32)
+
+    @jt.loop(jt.cdiv(k, bk))
+    def _(kk):
+        jt.copy(a.at[i * bm, kk * bk], a_s)
+        jt.copy(b.at[kk * bk, j * bn], b_s)
+        jt.gemm(a_s, b_s, acc)
+        acc[...] = jnp.maximum(acc[...], 0.0)
+        jt.copy(acc, c.at[i * bm, j * bn])
+
+    return c
+
+
+def _tail_forwards(kernel):
+    """The tail-form forwards (no copy in) of every statement list of ``kernel``."""
+    lists = [kernel.body, *(blk for s in ir.walk(kernel.body) for blk in ir.blocks(s))]
+    return [(stmts is kernel.body, f) for stmts in lists
+            for f in getattr(forwarding.plan(kernel, stmts), "forwards", ())
+            if f.src is None]
+
+
+def test_an_accumulators_epilogue_is_forwarded_in_the_tail_form():
+    """``relu(acc)`` stored into the accumulator and copied out becomes one store into the
+    output: the accumulator the gemm filled is read as it is, the copy is left out."""
+    a, b = jnp.zeros((100, 70), F32), jnp.zeros((70, 90), F32)
+    kernel = _cpu_ir(jt.ops.matmul_relu.lower(a, b, bm=32, bn=32, bk=32))
+    segment = forwarding.plan(kernel, kernel.body)
+    (acc,) = [f for f in segment.forwards if f.src is None]
+    assert acc.dst.buffer == "out0"
+    copies = [pos for pos, s in enumerate(kernel.body) if isinstance(s, ir.Op)
+              and s.kind == "copy" and s.attrs["src"].buffer == acc.fragment]
+    assert segment.skip == set(copies)
+    # In a loop, the statements before the segment run again after it (and the fragment is
+    # filled outside the loop's body): no tail form.
+    kernel = _cpu_ir(relu_every_step.lower(a, b))
+    assert _tail_forwards(kernel) == []
+
+
+@jt.kernel
+def scaled_bias_relu(a, b, bias, *, bm=16, bn=16):
+    """A store into the accumulator between the bias's copy in (where a segment starts) and
+    the accumulator's last store: it must land in the accumulator, not the output."""
+    m, k = a.shape
+    n = b.shape[1]
+    c = jt.empty((m, n), jnp.float32)
+    j, i = jt.grid(jt.cdiv(n, bn), jt.cdiv(m, bm))
+    a_s = jt.shared((bm, k), a.dtype)
+    b_s = jt.shared((k, bn), b.dtype)
+    bias_t = jt.fragment((bn,), jnp.float32)
+    acc = jt.fragment((bm, bn), jnp.float32)
+    acc[...] = jnp.zeros((bm, bn), jnp.float32)
+    jt.copy(a.at[i * bm, 0], a_s)
+    jt.copy(b.at[0, j * bn], b_s)
+    jt.gemm(a_s, b_s, acc)
+    jt.copy(bias.at[j * bn], bias_t)
+    acc[...] = acc[...] * 2.0
+    acc[...] = jnp.maximum(acc[...] + bias_t[...][None, :], 0.0)
+    jt.copy(acc, c.at[i * bm, j * bn])
+    return c
+
+
+def test_a_store_inside_the_segment_keeps_the_accumulator(rng):
+    a = data(rng, (37, 20), F32, edges=False)
+    b = data(rng, (20, 45), F32, edges=False)
+    bias = data(rng, (45,), F32, edges=False)
+    kernel = _cpu_ir(scaled_bias_relu.lower(a, b, bias))
+    assert not any(f.src is None for f in getattr(forwarding.plan(kernel, kernel.body),
+                                                  "forwards", ()))
+    want = np.maximum(2 * (np.asarray(a, np.float64) @ np.asarray(b, np.float64))
+                      + np.asarray(bias, np.float64), 0.0)
+    check(scaled_bias_relu, [a, b, bias], want.astype(np.float32), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mkn", [(32, 24, 32), (37, 29, 45)], ids=["even", "ragged"])
+def test_a_per_step_epilogue_is_computed_every_step(rng, mkn):
+    m, k, n = mkn
+    a = data(rng, (m, k), F32, edges=False)
+    b = data(rng, (k, n), F32, edges=False)
+    want = np.zeros((m, n))
+    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    for k0 in range(0, k, 8):
+        want = np.maximum(want + a64[:, k0:k0 + 8] @ b64[k0:k0 + 8], 0.0)
+    check(relu_every_step, [a, b], want.astype(np.float32), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mkn", [(64, 32, 64), (70, 45, 50), (5, 3, 100)],
+                         ids=["even", "ragged", "thin"])
+def test_the_tail_forwarded_epilogue_matches_jnp(rng, mkn):
+    """Blocks inside the output take the forwarded store, edge blocks (rows or columns
+    past the end) the masked store or the statements as written; NaN and infinities
+    pass through relu as jnp's maximum passes them."""
+    m, k, n = mkn
+    a = np.array(data(rng, (m, k), F32, edges=False))
+    b = np.asarray(data(rng, (k, n), F32, edges=False))
+    a[m - 1, 0], a[0, k - 1] = np.nan, np.inf
+    with np.errstate(invalid="ignore"):       # inf * 0 in numpy's product: NaN, as wanted
+        want = np.maximum(np.asarray(a, np.float64) @ b, 0.0)
+    got = check(jt.ops.matmul_relu, [jnp.asarray(a), jnp.asarray(b)],
+                want.astype(np.float32), dict(bm=32, bn=32, bk=32), rtol=1e-5, atol=1e-4)
+    assert np.isnan(np.asarray(got)[m - 1]).all()
 
 
 @jt.kernel

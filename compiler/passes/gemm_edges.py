@@ -198,11 +198,13 @@ def _contraction_bounds(kernel: ir.Kernel, buffers: dict[str, ir.Buffer]
     """Per gemm (by ``id``) whose operands are both padded copies of global tiles along K:
     the scalar ops computing ``max(bound of a, bound of b)``, to go right before it, and
     that Value (see the module doc)."""
+    ops = [s for s in ir.walk(kernel.body) if isinstance(s, ir.Op)]
+    if not any(s.kind == "gemm" for s in ops):
+        return {}
     writers: dict[str, int] = {}
-    for s in ir.walk(kernel.body):
-        if isinstance(s, ir.Op):
-            for r in op_defs.writes(s):
-                writers[r.buffer] = writers.get(r.buffer, 0) + 1
+    for s in ops:
+        for r in op_defs.writes(s):
+            writers[r.buffer] = writers.get(r.buffer, 0) + 1
     ranges = scalars.scalar_ranges(kernel)
     out: dict[int, tuple[list[ir.Stmt], ir.Value]] = {}
     lists: list[Sequence[ir.Stmt]] = [kernel.body]

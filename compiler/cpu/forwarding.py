@@ -32,9 +32,9 @@ last accesses are loads of all of it, a store of all of it and its copy to the o
 ``acc[...] = relu(acc[...])`` then ``jt.copy(acc, c.at[...])``. The loads read the
 fragment as it is, the store goes to the output (masked edges as above) and the copy
 disappears: one pass over the tile less. 1000 x 700 x 900 ``ops.matmul_relu`` in 64 x 64
-tiles, one thread, process CPU time per call, the two forms interleaved in one process,
-four runs: 0.2-5% less on both ISAs (AVX2 16.05 / 16.43 ms, 15.94 / 16.77; AVX-512 12.71 /
-12.80, 15.88 / 15.91). Only in the kernel's own body, run once per block: in a loop's body
+tiles, one thread, process CPU time per call (medians of 40), the two forms interleaved in
+one process, two runs per ISA: 0.2-5% less (AVX2 13.09 / 13.27 ms, 15.94 / 16.77; AVX-512
+15.88 / 15.91, 16.83 / 16.96). Only in the kernel's own body, run once per block: in a loop's body
 the statements before the segment run again after it.
 
 The first operand of a gemm is forwarded too (:func:`gemm_operands`), without the test:

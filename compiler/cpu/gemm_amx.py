@@ -46,11 +46,13 @@ and zeroes the rest of the tile; ``tilestored`` writes ``rows`` x ``colsb`` byte
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import subprocess
 import sys
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 from tvm import tirx
@@ -99,13 +101,13 @@ def verdict(*, emulated: bool) -> str | None:
     """:func:`self_check`'s answer for this machine (None: AMX works). It runs in a child
     process, so that a fault of the AMX code (an illegal instruction, a bad tile address)
     kills the child and not the caller, and the answer is kept in the build cache
-    (``amx-self-check-<key>.json``, the key covering the compiler's sources and the CPU's
+    (``amx-self-check-<key>.json``, the key covering the CPU backend's sources and the CPU's
     model and flags): it is found once per machine and compiler version, and every later
     process, and a kernel loaded from the cache, rests on the same answer."""
-    from .. import build, cache, target
+    from .. import cache, target
 
     info = target._cpuinfo()
-    key = cache.content_key("amx-self-check", build.compiler_version(), str(emulated),
+    key = cache.content_key("amx-self-check", _lowering_digest(), str(emulated),
                             info.get("model name", ""), " ".join(sorted(target._cpu_flags())))
     path = cache.cache_dir() / f"amx-self-check-{key[:32]}.json"
     try:
@@ -119,6 +121,17 @@ def verdict(*, emulated: bool) -> str | None:
     except OSError:
         pass   # an unwritable cache: the check runs again in the next process
     return problem
+
+
+def _lowering_digest() -> str:
+    """A digest of the sources the self-check's kernel comes from: the CPU backend and the
+    target capabilities (the driver's ``compiler_version`` lies above this tier)."""
+    here = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in [*sorted(here.glob("*.py")), here.parent / "target.py"]:
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 _CHILD = ("import json; from jaxtile.compiler.cpu import gemm_amx; "

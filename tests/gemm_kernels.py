@@ -10,9 +10,10 @@ import jaxtile as jt
 
 
 @jt.kernel
-def matmul(a, b, *, bm=16, bn=32, bk=8):
-    """C (float32) = A @ B, one (bm, bn) tile a block, K in steps of ``bk`` through shared
-    tiles: a plain ``jt.loop`` (the CPU backend's shape of a GEMM)."""
+def matmul(a, b, *, bm=16, bn=32, bk=8, pad_b=None):
+    """C (float32) = A @ B[:K] for K = A's columns, one (bm, bn) tile a block, K in steps of
+    ``bk`` through shared tiles: a plain ``jt.loop`` (the CPU backend's shape of a GEMM).
+    ``pad_b``: what B's copies read past its end (zero by default)."""
     m, k = a.shape
     n = b.shape[1]
     c = jt.empty((m, n), jnp.float32)
@@ -25,7 +26,7 @@ def matmul(a, b, *, bm=16, bn=32, bk=8):
     @jt.loop(jt.cdiv(k, bk))
     def _(kk):
         jt.copy(a.at[i * bm, kk * bk], a_s)
-        jt.copy(b.at[kk * bk, j * bn], b_s)
+        jt.copy(b.at[kk * bk, j * bn], b_s, pad=pad_b)
         jt.gemm(a_s, b_s, acc)
 
     jt.copy(acc, c.at[i * bm, j * bn])

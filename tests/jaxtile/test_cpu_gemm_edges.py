@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from gemm_kernels import matmul
 from language_helpers import BF16, F32, check, data
 
 import jaxtile as jt
@@ -152,29 +153,8 @@ def _pad(x, shape):
 
 
 # --- the contraction: K past both operands' ends ------------------------------------------
-
-@jt.kernel
-def matmul_k_sources(a, b, *, bm=16, bn=32, bk=8, pad_b=None):
-    """``a @ b[:K]`` for ``K = a.shape[1]``: ``b`` may have more rows than ``a`` has
-    columns, so past ``a``'s end along K, ``b``'s panel holds real values, not pads."""
-    m, k = a.shape
-    n = b.shape[1]
-    c = jt.empty((m, n), jnp.float32)
-    j, i = jt.grid(jt.cdiv(n, bn), jt.cdiv(m, bm))
-    a_s = jt.shared((bm, bk), a.dtype)
-    b_s = jt.shared((bk, bn), b.dtype)
-    acc = jt.fragment((bm, bn), jnp.float32)
-    acc[...] = jnp.zeros((bm, bn), jnp.float32)
-
-    @jt.loop(jt.cdiv(k, bk))
-    def _(kk):
-        jt.copy(a.at[i * bm, kk * bk], a_s)
-        jt.copy(b.at[kk * bk, j * bn], b_s, pad=pad_b)
-        jt.gemm(a_s, b_s, acc)
-
-    jt.copy(acc, c.at[i * bm, j * bn])
-    return c
-
+# ``matmul`` (tests/gemm_kernels.py) computes A @ B[:K] for K = A's columns: B may have more
+# rows than A has columns, and its panel then holds real values where A's holds pads.
 
 def _k_notes(kernel, *args, **params):
     lowered = build.lowered_ir(kernel.lower(*args, **params).kernel, parse_target("cpu"))
@@ -186,15 +166,15 @@ def test_a_ragged_contraction_gets_a_bound_only_where_both_operands_pad():
     z = jnp.zeros
     # K = 29 in 8-deep steps: the last panel runs 3 past the end of both operands.
     assert None not in _k_notes(matmul_bias_relu, z((37, 29)), z((29, 45)), z((45,)))
-    assert None not in _k_notes(matmul_k_sources, z((37, 29)), z((29, 45)))
+    assert None not in _k_notes(matmul, z((37, 29)), z((29, 45)))
     # b is deeper than a: its panel holds values where a's holds pads, still a bound (the
     # larger of the two ends), unless b fills the whole 32-deep panel ...
-    assert None not in _k_notes(matmul_k_sources, z((37, 29)), z((31, 45)))
-    assert _k_notes(matmul_k_sources, z((37, 29)), z((32, 45))) == [None]
+    assert None not in _k_notes(matmul, z((37, 29)), z((31, 45)))
+    assert _k_notes(matmul, z((37, 29)), z((32, 45))) == [None]
     # ... but a pad that is not zero multiplies into the sum: no bound.
-    assert _k_notes(matmul_k_sources, z((37, 29)), z((29, 45)), pad_b=1.0) == [None]
+    assert _k_notes(matmul, z((37, 29)), z((29, 45)), pad_b=1.0) == [None]
     # K a multiple of the panel with static starts: nothing to leave out.
-    assert _k_notes(matmul_k_sources, z((16, 32)), z((32, 32)), bm=16, bn=32, bk=32) == [None]
+    assert _k_notes(matmul, z((16, 32)), z((32, 32)), bm=16, bn=32, bk=32) == [None]
 
 
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=["f32", "bf16"])
@@ -208,12 +188,12 @@ def test_a_ragged_contraction_matches_zero_padded_inputs_bitwise(rng, dtype, mkn
     a = data(rng, (m, k), dtype, edges=False)
     b = data(rng, (k, n), dtype, edges=False)
     exact = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
-    got = check(matmul_k_sources, [a, b], exact.astype(np.float32), tiles,
+    got = check(matmul, [a, b], exact.astype(np.float32), tiles,
                 rtol=2e-5, atol=5e-4 * np.sqrt(k))
     # K padded with zeros to whole steps: the kernel reads them all and adds the same
     # products, plus zeros, in the same order.
     kp = -(-k // tiles["bk"]) * tiles["bk"]
-    whole = jax.jit(lambda *x: matmul_k_sources(*x, **tiles))(_pad(a, (m, kp)), _pad(b, (kp, n)))
+    whole = jax.jit(lambda *x: matmul(*x, **tiles))(_pad(a, (m, kp)), _pad(b, (kp, n)))
     np.testing.assert_array_equal(np.asarray(got), np.asarray(whole))
 
 
@@ -227,9 +207,9 @@ def test_values_past_one_operands_end_still_multiply_the_others_pads(rng, dtype)
     b[k, 5] = np.inf             # rows k, k + 1: inside b, past a's end, in the last step
     b[k + 1, 7] = np.nan         # (32 deep: its last row pads both, and is left out)
     b = jnp.asarray(b, dtype)
-    assert None not in _k_notes(matmul_k_sources, a, b)
+    assert None not in _k_notes(matmul, a, b)
     want = np.asarray(a, np.float64) @ np.asarray(b, np.float64)[:k]
     want[:, [5, 7]] = np.nan     # 0 * inf and 0 * nan, in every row
-    got = check(matmul_k_sources, [a, b], want.astype(np.float32), dict(bm=16, bn=32, bk=8),
+    got = check(matmul, [a, b], want.astype(np.float32), dict(bm=16, bn=32, bk=8),
                 rtol=2e-5, atol=2e-3)
     assert np.isnan(np.asarray(got)[:, [5, 7]]).all()

@@ -330,6 +330,15 @@ def _is_prebuilt(entry: Entry) -> bool:
     return any(Path(entry.library).is_relative_to(root) for root in prebuilt_dirs())
 
 
+def store_record(path: Path, record: dict) -> None:
+    """Write ``record`` as JSON to ``path`` (a file under :func:`cache_dir` that is not a
+    kernel entry, such as a self-check's verdict) atomically; a directory that cannot be
+    written costs the record only."""
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(path, json.dumps(record).encode())
+
+
 def _write_atomic(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary name and a rename. No ``fsync``: it
     cost 4-20 ms per file, two files per compile, and a cache needs no durability. An entry

@@ -354,9 +354,15 @@ def host_isa() -> tuple[str, ...]:
     (``arch_prctl(ARCH_REQ_XCOMP_PERM)``, asked by the FFI library: :func:`amx_permitted`):
     without it the first tile instruction would kill the process."""
     flags = _cpu_flags()
-    if flags & AMX_FLAGS and not AMX_EMULATION and not amx_permitted():
+    if _amx_refused(flags):
         flags -= AMX_FLAGS
     return tuple(sorted(ISA_FLAGS.intersection(flags)))
+
+
+def _amx_refused(flags: set[str]) -> bool:
+    """Whether a CPU with these flags has AMX that this process may not use (no tile data
+    state granted; the test-only emulation needs none)."""
+    return bool(flags & AMX_FLAGS) and not AMX_EMULATION and not amx_permitted()
 
 
 @functools.cache
@@ -374,7 +380,7 @@ def amx_permitted() -> bool:
 def amx_note() -> str | None:
     """Why this CPU's AMX goes unused (for ``jaxtile doctor``), or None."""
     flags = _cpu_flags()
-    if {"amx_tile", "amx_bf16"} <= flags and not AMX_EMULATION and not amx_permitted():
+    if {"amx_tile", "amx_bf16"} <= flags and _amx_refused(flags):
         return ("the CPU has AMX but Linux refused this process the tile data state "
                 "(arch_prctl ARCH_REQ_XCOMP_PERM); bfloat16 GEMMs use AVX512-BF16 instead")
     return None

@@ -422,7 +422,9 @@ def _forward_tail(buf: ir.Buffer, ops: list[ir.Op], top: dict[int, int],
     the gemms wrote, in loops or not) whose last accesses, ops of ``body`` itself, are loads
     of all of it, a store of all of it and the copy of all of it to a global output. The
     loads keep reading the fragment; the store goes to the output and the copy is left
-    out, one pass over the tile less (``relu(acc)`` stored into ``acc`` and copied out)."""
+    out, one pass over the tile less (``relu(acc)`` stored into ``acc`` and copied out).
+    That the earlier accesses all lie before the segment, :func:`plan` checks for every
+    forward at once."""
     whole = ir.whole(buf.name, buf.shape)
     if len(ops) < 3 or not all(id(op) in top for op in ops[-2:]):
         return None
@@ -434,9 +436,7 @@ def _forward_tail(buf: ir.Buffer, ops: list[ir.Op], top: dict[int, int],
     while tail and ops[tail - 1].kind == "load" and id(ops[tail - 1]) in top \
             and ops[tail - 1].attrs["src"] == whole:
         tail -= 1
-    first = top[id(ops[tail])]
-    before = {id(s) for s in ir.walk(body[:first])}
-    if not tail or not all(id(op) in before for op in ops[:tail]):
+    if not tail:
         return None
     p_store, p_out = top[id(store)], top[id(out)]
     dst = out.attrs["dst"]

@@ -72,19 +72,19 @@ CONFIG_BYTES = 64
 
 def enabled(caps: CpuCaps) -> bool:
     """Whether bfloat16 GEMMs for ``caps`` use AMX tiles: the capability says so and, for
-    the host's own CPU, :func:`self_check` passed in this process (code for a named CPU,
+    the host's own CPU, :func:`self_check` passed (:func:`verdict`; code for a named CPU,
     ``cpu:sapphirerapids``, cannot run here, so nothing can be checked before it is
     built)."""
     if not getattr(caps, "amx_bf16", False):
         return False
     if caps.amx_emulated or caps.level != "host":
         return True
-    return _native_checked()
+    return _native_checked(caps)
 
 
 @functools.cache
-def _native_checked() -> bool:
-    problem = verdict(emulated=False)
+def _native_checked(caps: CpuCaps) -> bool:
+    problem = verdict(caps)
     if problem is not None:
         warnings.warn(f"jaxtile: AMX disabled for this process: its self-check failed "
                       f"({problem}); bfloat16 GEMMs use AVX512-BF16", RuntimeWarning,
@@ -97,29 +97,25 @@ SELF_CHECK_SECONDS = 300
 kernel: a few seconds) before it counts as failed."""
 
 
-def verdict(*, emulated: bool) -> str | None:
-    """:func:`self_check`'s answer for this machine (None: AMX works). It runs in a child
-    process, so that a fault of the AMX code (an illegal instruction, a bad tile address)
-    kills the child and not the caller, and the answer is kept in the build cache
-    (``amx-self-check-<key>.json``, the key covering the CPU backend's sources and the CPU's
-    model and flags): it is found once per machine and compiler version, and every later
-    process, and a kernel loaded from the cache, rests on the same answer."""
-    from .. import cache, target
+def verdict(caps: CpuCaps) -> str | None:
+    """:func:`self_check`'s answer for the host CPU ``caps`` describes (None: AMX works;
+    emulated where ``caps.amx_emulated``). It runs in a child process, so that a fault of
+    the AMX code (an illegal instruction, a bad tile address) kills the child and not the
+    caller, and the answer is kept in the build cache (``amx-self-check-<key>.json``, the
+    key covering the CPU backend's sources and ``caps``: the CPU's model and flags): it is
+    found once per machine and compiler version (an unwritable cache: once per process),
+    and every later process, and a kernel loaded from the cache, rests on the same
+    answer."""
+    from .. import cache
 
-    info = target._cpuinfo()
-    key = cache.content_key("amx-self-check", _lowering_digest(), str(emulated),
-                            info.get("model name", ""), " ".join(sorted(target._cpu_flags())))
+    key = cache.content_key("amx-self-check", _lowering_digest(), repr(caps))
     path = cache.cache_dir() / f"amx-self-check-{key[:32]}.json"
     try:
         return json.loads(path.read_text())["problem"]
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    problem = _in_child(emulated)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        cache._write_atomic(path, json.dumps({"problem": problem}).encode())
-    except OSError:
-        pass   # an unwritable cache: the check runs again in the next process
+    problem = _in_child(caps.amx_emulated)
+    cache.store_record(path, {"problem": problem})
     return problem
 
 

@@ -222,11 +222,13 @@ def _contraction_bounds(kernel: ir.Kernel, buffers: dict[str, ir.Buffer]
             depth = buffers[a["a"].buffer].shape[k_axis["a"]]
             if max(_least(e, ranges) for e in ends) >= depth:
                 continue            # never past the end of both: nothing to leave out
-            ops: list[ir.Stmt] = []
-            values = [_const(e, ops) if isinstance(e, int) else _sub(e, ops) for e in ends]
+            emitted: list[ir.Stmt] = []
+            values = [_const(e, emitted) if isinstance(e, int) else _sub(e, emitted)
+                      for e in ends]
             bound = ir.Value((), np.int32)
-            ops.append(ir.Op("elementwise", tuple(values), bound, {"fn": "max"}, gemm.line))
-            out[id(gemm)] = (ops, bound)
+            emitted.append(ir.Op("elementwise", tuple(values), bound, {"fn": "max"},
+                                 gemm.line))
+            out[id(gemm)] = (emitted, bound)
     return out
 
 

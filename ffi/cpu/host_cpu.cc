@@ -26,6 +26,12 @@ std::optional<std::unordered_set<std::string>> read_cpu_flags() {
   return std::nullopt;
 }
 
+// The flags as /proc/cpuinfo lists them, read once.
+const std::optional<std::unordered_set<std::string>>& cpuinfo_flags() {
+  static const std::optional<std::unordered_set<std::string>> flags = read_cpu_flags();
+  return flags;
+}
+
 const char* const kAmxFlags[] = {"amx_tile", "amx_bf16", "amx_int8"};
 
 // Asks Linux for the AMX tile data state; see amx_permitted() in the header.
@@ -51,7 +57,7 @@ const std::string& host_arch() {
 
 bool amx_permitted() {
   static const bool permitted = [] {
-    static const std::optional<std::unordered_set<std::string>> flags = read_cpu_flags();
+    const auto& flags = cpuinfo_flags();
     return flags && flags->count("amx_tile") != 0 && request_amx();
   }();
   return permitted;
@@ -59,7 +65,7 @@ bool amx_permitted() {
 
 const std::unordered_set<std::string>* host_cpu_flags() {
   static const std::optional<std::unordered_set<std::string>> flags = [] {
-    std::optional<std::unordered_set<std::string>> f = read_cpu_flags();
+    std::optional<std::unordered_set<std::string>> f = cpuinfo_flags();
     if (f && !amx_permitted()) {
       for (const char* amx : kAmxFlags) f->erase(amx);
     }

@@ -29,6 +29,8 @@ from jaxtile.compiler.target import CpuCaps, parse_target
 BF16 = np.dtype(ml_dtypes.bfloat16)
 TINY = np.float32(2.0 ** -126)
 AMX = ("amx_bf16", "amx_tile")
+NATIVE_HOST = CpuCaps("x86_64", ("avx512f", "avx512_bf16", *AMX), "model", 512)
+EMULATED_HOST = CpuCaps("x86_64", ("avx512f", "avx512_bf16", *AMX), "model", 512, "host", True)
 ON_X86 = pytest.mark.skipif(target.platform.machine() not in ("x86_64", "AMD64"),
                             reason="AMX is an x86-64 extension")
 
@@ -264,10 +266,10 @@ def test_the_self_check_passes_on_the_emulation():
 def test_a_failed_self_check_disables_amx(monkeypatch):
     """On a host reporting AMX, a self-check that fails keeps the GEMMs on AVX512-BF16,
     with a warning; one that passes enables AMX (once per process)."""
-    host = CpuCaps("x86_64", ("avx512f", "avx512_bf16", *AMX), "model", 512)
+    host = NATIVE_HOST
     for problem, enabled in (("C[0, 1] is 2.0, numpy 3.0", False), (None, True)):
         gemm_amx._native_checked.cache_clear()
-        monkeypatch.setattr(gemm_amx, "verdict", lambda emulated, p=problem: p)
+        monkeypatch.setattr(gemm_amx, "verdict", lambda caps, p=problem: p)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             assert gemm_amx.enabled(host) is enabled
@@ -282,14 +284,14 @@ def test_the_self_check_runs_in_a_child_once_per_machine(monkeypatch, tmp_path):
     """The verdict comes from a child process running the real self-check (here the
     emulated one, as this CPU may lack AMX), and is then read from the build cache."""
     monkeypatch.setenv("JAXTILE_CACHE_DIR", str(tmp_path))
-    assert gemm_amx.verdict(emulated=True) is None
+    assert gemm_amx.verdict(EMULATED_HOST) is None
     assert len(list(tmp_path.glob("amx-self-check-*.json"))) == 1
 
     def no_child(emulated):
         raise AssertionError("the verdict was not read from the cache")
 
     monkeypatch.setattr(gemm_amx, "_in_child", no_child)
-    assert gemm_amx.verdict(emulated=True) is None
+    assert gemm_amx.verdict(EMULATED_HOST) is None
 
 
 @pytest.mark.parametrize("program, expected", [
@@ -307,10 +309,10 @@ def test_a_child_that_faults_is_a_failed_check_not_a_dead_caller(monkeypatch, tm
     monkeypatch.setenv("JAXTILE_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(gemm_amx, "_CHILD", program + "  # {emulated}")
     monkeypatch.setattr(gemm_amx, "SELF_CHECK_SECONDS", 2)
-    problem = gemm_amx.verdict(emulated=False)
+    problem = gemm_amx.verdict(NATIVE_HOST)
     assert problem is not None and expected in problem, problem
     monkeypatch.setattr(gemm_amx, "_CHILD", "print('null')  # {emulated}")
-    assert gemm_amx.verdict(emulated=False) == problem      # kept: not asked again
+    assert gemm_amx.verdict(NATIVE_HOST) == problem      # kept: not asked again
 
 
 @ON_X86

@@ -57,6 +57,7 @@ import jax  # noqa: E402  (after XLA_FLAGS is set)
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from _timing import emit, environment, interleaved, log, summary  # noqa: E402
+from _ynnpack_isa import cap_to_avx2  # noqa: E402
 
 import jaxtile as jt  # noqa: E402
 from jaxtile import _config  # noqa: E402
@@ -526,10 +527,23 @@ def _meets_targets(results: dict, geomean: float, lowest: float) -> bool:
         if name in results)
 
 
-def _environment() -> dict:
-    """``_timing.environment`` and the ISA each side compiled for."""
+def _cap_ynnpack() -> str:
+    """Where XLA is capped at AVX2, cap the YNNPACK kernels it calls for dots too (the
+    XLA flag does not reach them: on an AVX-512 host they would run AVX-512 code against
+    jaxtile's AVX2 code, see ``_ynnpack_isa``). Returns what was done, for the JSON."""
+    if XLA_ISA != "AVX2":
+        return "host"
+    done = cap_to_avx2()
+    log(f"XLA's YNNPACK kernels: {done}")
+    return done
+
+
+def _environment(ynnpack: str) -> dict:
+    """``_timing.environment`` and the ISA each side compiled for (``ynnpack``: what
+    ``_cap_ynnpack`` did)."""
     return {**environment(), "jaxtile_cpu_target": _config.cpu_target_name(),
-            "xla_cpu_max_isa": XLA_ISA, "xla_flags": os.environ.get("XLA_FLAGS", "")}
+            "xla_cpu_max_isa": XLA_ISA, "xla_ynnpack_isa": ynnpack,
+            "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
 
 def main() -> None:
@@ -548,9 +562,10 @@ def main() -> None:
     if args.thread_time and os.environ.get("JAXTILE_NUM_THREADS") != "1":
         parser.error("--thread-time needs JAXTILE_NUM_THREADS=1")
     clock = time.thread_time if args.thread_time else time.perf_counter
+    ynnpack = _cap_ynnpack()
     if args.sweep_only:
         emit({"benchmark": "plain_kernels_sweep", "clock": clock.__name__,
-              "sweep": sweep(args.rounds, clock), "environment": _environment()})
+              "sweep": sweep(args.rounds, clock), "environment": _environment(ynnpack)})
         return
     cases = _cases(jax.random.key(0))
     if args.only:
@@ -574,7 +589,7 @@ def main() -> None:
     }
     if args.sweep:
         report["sweep"] = sweep(args.rounds, clock)
-    report["environment"] = _environment()
+    report["environment"] = _environment(ynnpack)
     emit(report)
 
 

@@ -332,8 +332,8 @@ def _is_prebuilt(entry: Entry) -> bool:
 
 def store_record(path: Path, record: dict) -> None:
     """Write ``record`` as JSON to ``path`` (a file under :func:`cache_dir` that is not a
-    kernel entry, such as a self-check's verdict) atomically; a directory that cannot be
-    written costs the record only."""
+    kernel entry, such as a self-check's verdict or an autotuning record) atomically; a
+    directory that cannot be written costs the record only."""
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
         _write_atomic(path, json.dumps(record).encode())

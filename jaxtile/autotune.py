@@ -25,13 +25,10 @@ that survives pruning.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import dataclasses
 import json
-import os
 import statistics
 import sys
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -301,7 +298,7 @@ class TunedKernel:
         best = self.configs[min(timed, key=lambda i: times[i])]
         report = TuningReport(self.name, target.name, candidates, best, False, True)
         _stats["tuned"] += 1
-        _write_record(path, {
+        cache.store_record(path, {
             "format": _FORMAT, "kernel": self.name, "target": target.name,
             "configs": [_fmt(c) for c in self.configs],  # for people reading the file
             "specs": _specs_json(specs), "ir_keys": [k for k, _ in keyed],
@@ -527,21 +524,6 @@ def _read_record(path: Path, count: int) -> dict[str, Any] | None:
 def _candidate_record(c: Any) -> bool:
     return isinstance(c, dict) and isinstance(c.get("seconds"), float | int | type(None)) \
         and isinstance(c.get("pruned"), str | type(None))
-
-
-def _write_record(path: Path, record: dict[str, Any]) -> None:
-    """Write atomically; a cache directory that cannot be written costs the record only."""
-    with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(record, f)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
 
 
 def _specs_json(specs: Sequence[jax.ShapeDtypeStruct]) -> list[list[Any]]:

@@ -17,9 +17,10 @@ bf16 matmuls over ``bk`` from 16 to 128.
     JAXTILE_CPU_ISA=x86-64-v3 python benchmarks/plain_kernels.py [--xla-host-isa]
 
 Under ``JAXTILE_CPU_ISA=x86-64-v3`` (AVX2 code on a wider host) XLA is narrowed to AVX2 as
-well (``XLA_FLAGS=--xla_cpu_max_isa=AVX2``, set before jax is imported), so that the run
-stands for an AVX2 machine; ``--xla-host-isa`` leaves XLA on the host's ISA. The JSON's
-``environment`` records both ISAs.
+well (``XLA_FLAGS=--xla_cpu_max_isa=AVX2``, set before jax is imported, and the YNNPACK
+kernels XLA calls for dots through ``_ynnpack_isa.cap_to_avx2``, which that flag does not
+reach), so that the run stands for an AVX2 machine; ``--xla-host-isa`` leaves XLA on the
+host's ISA. The JSON's ``environment`` records both ISAs.
 """
 
 from __future__ import annotations

@@ -301,8 +301,10 @@ def _library_specialisations() -> list[tuple[Any, Any]]:
         if not isinstance(k, jt.Kernel):
             continue
         for spec in k._specs.values():
+            if spec.batch:
+                continue
             key = build.ir_key(spec.compiled_ir)
-            if not spec.batch and key not in seen:
+            if key not in seen:
                 seen.add(key)
                 found.append((k, spec))
     return found

@@ -411,16 +411,22 @@ def _seq(stmts: list[tirx.Stmt]) -> tirx.Stmt:
 
 
 def build(
-    func: tirx.PrimFunc, cpu: str, *, opt_level: int = 3, checks: bool = True
+    func: tirx.PrimFunc, cpu: str, *, opt_level: int = 2, checks: bool = True
 ) -> tvm.runtime.Module:
     """Compile ``func`` for the host with LLVM and return the (not yet exported) module.
 
     Args:
         func: a function from :meth:`KernelBuilder.finish`.
         cpu: LLVM CPU name, normally :func:`host_cpu`.
-        opt_level: LLVM optimisation level 0-3. Level 1 compiles ~35% faster than 3 and
-            ran explicitly vectorised kernels as fast; level 0 compiles ~5x faster but its
-            code ran 1.7-5x slower.
+        opt_level: LLVM optimisation level 0-3 (TVM runs LLVM's ``default<On>``
+            pipeline and code generation at that level). Level 2 builds a new
+            specialisation in about three quarters of level 3's time: the TIR is already
+            vectorised and its GEMM micro-kernels unrolled, and what level 3 adds is mostly
+            more unrolling (the plain kernels gave bitwise-equal results at both levels and
+            the same speed; the one loop whose full unrolling mattered, a reduction's, is
+            unrolled in the TIR, :data:`.reductions.UNROLLED_VECTORS`). Level 1's code ran
+            up to 3.4x slower (softmax); level 0 compiles ~5x faster but its code ran
+            1.7-5x slower.
         checks: verify argument count, types, shapes, dtypes, strides and device at entry
             (TVM's ``MakePackedAPI`` assertions). Without them the entry still binds the
             shape variables from the first buffer dimension that has each, and compiles

@@ -18,8 +18,11 @@ an empty ``$JAXTILE_CACHE_DIR``:
   every specialisation the library's kernels need (their calls, gradients and jvps) is
   built again as a *user* kernel (the same body under another name, so nothing is cached),
   one at a time: the "new specialisation" of the issue, with the size of the shared object
-  it produced (``artifact_bytes``: LLVM's time follows the amount of code). Also the growth
-  series: a kernel of N chained elementwise ops, N up to 2000.
+  it produced (``artifact_bytes``: LLVM's time follows the amount of code). Each is built
+  ``--builds`` times (3) under as many names and counts with its median build: this VM's
+  cores run at two speeds by the minute, and one build per kernel let a few slow builds
+  move the median. Also the growth series: a kernel of N chained elementwise ops, N up to
+  2000.
 
 Each timed build is split into phases by wrapping the compiler's functions (they are
 disjoint; ``other`` is the rest of the call, e.g. JAX's jit of the call and XLA's compile):

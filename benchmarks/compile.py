@@ -335,7 +335,7 @@ def _chain_kernel(n: int) -> Any:
     return jt.kernel(chain, name=f"chain{n}")
 
 
-def child_warm(max_ops: int, builds: int = 1) -> dict[str, Any]:
+def child_warm(max_ops: int, builds: int) -> dict[str, Any]:
     """New specialisations in a warm process (see the module doc); each kernel is built
     ``builds`` times under as many names (so every build compiles: the name is part of the
     content key), and its row is the build of median time, with all the times in
@@ -357,15 +357,15 @@ def child_warm(max_ops: int, builds: int = 1) -> dict[str, Any]:
         tries, libraries = [], set()
         for n in range(builds):
             user = jt.kernel(k.fn, threads=k.threads, name=f"user{n}_{k.name}")
-            row: dict[str, Any] = {"kernel": spec.label}
-            with phases.measure(row):
+            trial: dict[str, Any] = {"kernel": spec.label}
+            with phases.measure(trial):
                 entry = user.specialisation(spec.specs, spec.params, ()).build(
                     target, kernel_call.load)
             # LLVM's share grows with the code it is given: the artifact's size shows how
             # much.
-            row["artifact_bytes"] = os.path.getsize(entry.library)
+            trial["artifact_bytes"] = os.path.getsize(entry.library)
             libraries.add(entry.library)
-            tries.append(row)
+            tries.append(trial)
         if len(libraries) != builds:
             raise RuntimeError(f"{spec.label}: a build was a cache hit, not a compile")
         row = sorted(tries, key=lambda r: r["total_s"])[(builds - 1) // 2]

@@ -82,6 +82,7 @@ class _Lowering:
         self._size_vars: dict[str, tirx.Var] = {}
         self.kb = tir_emit.KernelBuilder(
             symbol_name(kernel), data_alignment=abi.DATA_ALIGNMENT,
+            blocks=kernel.num_blocks if sizes.is_static(kernel.grid) else None,
             buffers=[(b.name, [self._param_dim(b.name, a, d) for a, d in enumerate(b.shape)],
                       ew.tvm_dtype(b.dtype)) for b in params])
         self.bufs: dict[str, tirx.Buffer] = dict(zip((b.name for b in params),

@@ -10,7 +10,8 @@ LLVM backend.
 
 Kernel ABI
 ----------
-Parameters are ``block_begin: int64, block_end: int64`` followed by the buffers, in order.
+Parameters are ``block_begin: int64, block_end: int64`` followed by the buffers, in order
+(a builder given the grid's ``blocks`` clamps them to ``[0, blocks)``).
 The object (and the shared object) defines the tvm-ffi packed function ``__tvm_ffi_<name>`` (see
 :func:`ffi_symbol`; a weak alias ``__tvm_ffi_main`` is emitted too) with the C signature
 ``int (void* self, const TVMFFIAny* args, int num_args, TVMFFIAny* result)``. Buffers are
@@ -72,6 +73,7 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 from tvm.ir import Expr, PrimType
+from tvm.sym import Analyzer
 from tvm.tirx.layout import S, TileLayout
 
 from jaxtile.compiler.cpu import tir_passes
@@ -198,6 +200,31 @@ def involves_bfloat16(value: Expr) -> bool:
     )
 
 
+_INTEGER_NODES = (
+    tirx.IntImm, tirx.Var, tirx.Add, tirx.Sub, tirx.Mul, tirx.Div, tirx.Mod, tirx.FloorDiv,
+    tirx.FloorMod, tirx.Min, tirx.Max, tirx.EQ, tirx.NE, tirx.LT, tirx.LE, tirx.GT, tirx.GE,
+    tirx.And, tirx.Or, tirx.Not, tirx.Cast,
+)
+
+
+def _decidable(value: ExprLike) -> bool:
+    """Whether ``value`` is integer arithmetic on variables and constants alone: what the
+    analyzer of :meth:`KernelBuilder.if_` may reason about. A load is excluded because
+    memory changes between two reads the analyzer would take as equal; calls, because
+    they may read memory or have effects."""
+    if isinstance(value, int):
+        return True
+    if not isinstance(value, Expr):
+        return False
+    for node in _nodes(value):
+        if type(node) not in _INTEGER_NODES:
+            return False
+        dtype = dtype_of(node)
+        if not (dtype.startswith(("int", "uint")) or dtype == "bool"):
+            return False
+    return True
+
+
 def _check_bindings(func: tirx.PrimFunc) -> None:
     """Reject bindings that TVM 0.27 miscompiles.
 
@@ -241,6 +268,7 @@ class KernelBuilder:
         buffers: Sequence[tuple[str, Sequence[int], str]],
         *,
         data_alignment: int = 16,
+        blocks: int | None = None,
     ) -> None:
         """Declare the kernel signature.
 
@@ -250,6 +278,10 @@ class KernelBuilder:
                 ``("x", (128, 64), "bfloat16")``; ``shape == ()`` declares a 0-d buffer.
             data_alignment: alignment in bytes the generated code may assume for every
                 buffer's data pointer.
+            blocks: the grid's number of blocks, where it is static: the kernel then clamps
+                ``[block_begin, block_end)`` to ``[0, blocks)``, and :meth:`if_` decides
+                from it (and from the loops' ranges and the bindings made with :meth:`let`)
+                the conditions it can, emitting only the branch taken (see :meth:`if_`).
         """
         if not name.isidentifier():
             raise ValueError(f"kernel name {name!r} is not a valid C identifier")
@@ -262,6 +294,19 @@ class KernelBuilder:
         self._allocations: list[tuple[int, tirx.Buffer]] = []
         self._stack: list[list[tirx.Stmt]] = [[]]
         self._vector_loops: list[tuple[tirx.Var, int]] = []
+        # What the conditions of if_ may be decided from: loop ranges, pure integer lets, the
+        # block range. Only ever asked to decide integer conditions, never to rewrite.
+        self._facts = Analyzer()
+        self._folded: tuple[int, int, bool] | None = None
+        self._params = (self.block_begin, self.block_end)
+        self._blocks = blocks
+        if blocks is not None:
+            # The FFI launches [0, blocks) in chunks; clamping makes what the conditions are
+            # decided from true of any call, so a folded guard can never be out of bounds.
+            top = tirx.const(blocks, "int64")
+            zero = tirx.const(0, "int64")
+            self.block_begin = self._clamped("begin", self.block_begin, zero, top)
+            self.block_end = self._clamped("end", self.block_end, zero, top)
 
     def alloc_local(self, name: str, shape: Sequence[int], dtype: str) -> tirx.Buffer:
         """Declare a local array, allocated once at function entry: on the stack while the
@@ -308,6 +353,8 @@ class KernelBuilder:
                 isinstance(node, tirx.Let) for node in _nodes(value)):
             var = tirx.Var(name, dtype)
             self.emit(tirx.Bind(var, value))
+            if _decidable(value):
+                self._facts.bind(var, value)
             return var
         shape = tuple(extent for _, extent in self._vector_loops) or (1,)
         indices = [var for var, _ in self._vector_loops] or [0]
@@ -315,9 +362,18 @@ class KernelBuilder:
         self.store(scratch, indices, value)
         return scratch[tuple(indices)]
 
+    def _clamped(self, name: str, value: Expr, low: Expr, high: Expr) -> tirx.Var:
+        """``value`` clamped to ``[low, high]`` as a new variable the analyzer knows the
+        range of."""
+        var = tirx.Var(name, dtype_of(value))
+        self.emit(tirx.Bind(var, tirx.min(tirx.max(value, low), high)))
+        self._facts.bind(var, tvm.ir.Range(low, high + 1))
+        return var
+
     @contextlib.contextmanager
     def loop(
-        self, name: str, extent: ExprLike, *, start: ExprLike = 0, kind: str = "serial"
+        self, name: str, extent: ExprLike, *, start: ExprLike = 0, kind: str = "serial",
+        within: tuple[int, int] | None = None,
     ) -> Iterator[tirx.Var]:
         """Open ``for name in range(start, start + extent)``; yields the loop variable.
 
@@ -326,7 +382,8 @@ class KernelBuilder:
         TVM scalarises ``if`` statements and ``tirx.if_then_else`` in it and makes every
         load full-width even under a ``tirx.Select`` (see "Partial tiles" in the module
         docs). The variable is int64 if ``start`` or ``extent`` is an int64 expression, else
-        int32.
+        int32. ``within`` is a ``[low, high)`` known to hold the variable's values where its
+        bounds alone do not tell (:meth:`if_` decides from it).
         """
         if kind not in _LOOP_KINDS:
             raise ValueError(f"unknown loop kind {kind!r}; expected one of {list(_LOOP_KINDS)}")
@@ -334,6 +391,11 @@ class KernelBuilder:
             raise ValueError(f"a {kind} loop needs a constant int extent, got {extent!r}")
         dtype = _index_dtype(start, extent)
         var = tirx.Var(name, dtype)
+        if within is not None:
+            self._facts.bind(var, tvm.ir.Range(*within))
+        elif _decidable(start) and _decidable(extent):
+            self._facts.bind(var, tvm.ir.Range.from_min_extent(
+                _as_index(start, dtype), _as_index(extent, dtype)))
         self._stack.append([])
         if kind == "vectorized":
             self._vector_loops.append((var, extent))
@@ -350,15 +412,41 @@ class KernelBuilder:
     @contextlib.contextmanager
     def block_loop(self, name: str = "block") -> Iterator[tirx.Var]:
         """Open the serial int64 loop over this call's blocks, ``[block_begin, block_end)``."""
-        with self.loop(name, self.block_end - self.block_begin, start=self.block_begin) as b:
+        within = None if self._blocks is None else (0, self._blocks)
+        with self.loop(name, self.block_end - self.block_begin, start=self.block_begin,
+                       within=within) as b:
             yield b
 
     @contextlib.contextmanager
     def if_(self, cond: Expr) -> Iterator[None]:
-        """Open ``if cond:``; may be followed directly by :meth:`else_`."""
+        """Open ``if cond:``; may be followed directly by :meth:`else_`.
+
+        A condition of integers alone (no loads, no calls) that the loops' ranges, the
+        :meth:`let` bindings and the grid (``blocks``) decide is not emitted: its body is
+        emitted bare when it holds, dropped when it cannot (and an :meth:`else_` after it
+        likewise). A static shape that divides its tiles then leaves no masked edge path
+        for TVM and LLVM to compile."""
+        decided = self._decide(cond)
         self._stack.append([])
         yield
-        self.emit(tirx.IfThenElse(cond, self._pop_body(), None))
+        body = self._pop_body()
+        if decided is None:
+            self.emit(tirx.IfThenElse(cond, body, None))
+            self._folded = None
+            return
+        if decided:
+            self.emit(body)
+        self._folded = (id(self._stack[-1]), len(self._stack[-1]), decided)
+
+    def _decide(self, cond: Expr) -> bool | None:
+        """``True`` or ``False`` where the known facts decide ``cond``, else ``None``."""
+        if not _decidable(cond):
+            return None
+        if self._facts.can_prove(cond):
+            return True
+        if self._facts.can_prove(tirx.Not(cond)):
+            return False
+        return None
 
     @contextlib.contextmanager
     def while_(self, cond: Expr) -> Iterator[None]:
@@ -371,6 +459,14 @@ class KernelBuilder:
     def else_(self) -> Iterator[None]:
         """Open the ``else:`` of the ``if_`` block that was closed just before."""
         body = self._stack[-1]
+        folded, self._folded = self._folded, None
+        if folded is not None and folded[:2] == (id(body), len(body)):
+            self._stack.append([])
+            yield
+            taken = self._pop_body()
+            if not folded[2]:
+                self.emit(taken)
+            return
         last = body[-1] if body else None
         if not isinstance(last, tirx.IfThenElse) or last.else_case is not None:
             raise ValueError("else_() must directly follow an if_() block without else")
@@ -384,7 +480,7 @@ class KernelBuilder:
         if len(self._stack) != 1:
             raise ValueError("finish() called inside an open loop/if block")
         body = self._placed_allocations() + self._stack.pop()
-        params = [self.block_begin, self.block_end, *self.buffers]
+        params = [*self._params, *self.buffers]
         attrs = tvm.ir.make_node("ir.DictAttrs", global_symbol=self.name)
         return tirx.PrimFunc(params, _seq(body), attrs=attrs)
 

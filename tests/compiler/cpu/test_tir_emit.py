@@ -438,6 +438,77 @@ def test_raw_c_abi_without_checks(tmp_path):
     np.testing.assert_array_equal(arrays[2], np.arange(n) + 0.5)
 
 
+def _ifs(func: tirx.PrimFunc) -> int:
+    return sum(isinstance(node, tirx.IfThenElse) for node in tir_emit._nodes(func.body))
+
+
+def _gridded_add(n: int, blocks: int | None) -> tir_emit.KernelBuilder:
+    """:func:`_vector_add` on a kernel that declares its grid."""
+    kb = tir_emit.KernelBuilder(f"gadd_{n}_{blocks}", [("x", (n,), "float32"),
+                                                      ("out", (n,), "float32")], blocks=blocks)
+    x, out = kb.buffers
+    with kb.block_loop() as b:
+        start = kb.let("start", tirx.Cast("int32", b) * 64)
+        with kb.if_(start + 64 <= n):
+            with kb.loop("i", 64, kind="vectorized") as i:
+                kb.store(out, [start + i], x[start + i] + 1.0)
+        with kb.else_():
+            with kb.loop("t", n - start) as i:
+                kb.store(out, [start + i], x[start + i] + 2.0)
+    return kb
+
+
+def test_static_grid_decides_guards_and_clamps_the_block_range(tmp_path):
+    # 4 blocks of 64 cover 256 exactly: every block is whole, so only the vector path is
+    # emitted, and blocks asked for outside [0, 4) are not run.
+    kb = _gridded_add(256, 4)
+    func = kb.finish()
+    assert _ifs(func) == 0
+    x = np.arange(256, dtype=np.float32)
+    lib = tir_emit.reload_ir(tir_emit.build(func, CPU))
+    path = str(tmp_path / "gadd.so")
+    tir_emit.export(lib, path)
+    fn = tvm.runtime.load_module(path)[kb.name]
+    for begin, end, written in [(0, 4, (0, 256)), (2, 100, (128, 256)), (-7, 1, (0, 64)),
+                                (5, 9, (0, 0))]:
+        out = tvm.runtime.tensor(np.zeros(256, np.float32))
+        fn(begin, end, tvm.runtime.tensor(x), out)
+        expected = np.zeros(256, np.float32)
+        expected[written[0]:written[1]] = x[written[0]:written[1]] + 1.0
+        np.testing.assert_array_equal(out.numpy(), expected)
+    # A fifth block would straddle the end: the guard stays, and the tail path runs.
+    assert _ifs(_gridded_add(256, 5).finish()) == 1
+    # Without a declared grid nothing is decided.
+    assert _ifs(_gridded_add(256, None).finish()) == 1
+    kb = _gridded_add(300, 5)
+    x = np.arange(300, dtype=np.float32)
+    _, fn = _compile_and_load(kb, tmp_path)
+    out = tvm.runtime.tensor(np.zeros(300, np.float32))
+    fn(0, 5, tvm.runtime.tensor(x), out)
+    np.testing.assert_array_equal(out.numpy(), np.concatenate([x[:256] + 1.0, x[256:] + 2.0]))
+
+
+def test_guards_decided_false_keep_the_else_and_loads_are_never_decided():
+    kb = tir_emit.KernelBuilder("guards", [("c", (4,), "int32")], blocks=4)
+    (c,) = kb.buffers
+    with kb.block_loop() as b:
+        with kb.if_(b >= 4):            # never: the grid has 4 blocks
+            kb.store(c, [0], 1)
+        with kb.else_():
+            kb.store(c, [1], 2)
+        with kb.if_(c[0] == c[0]):      # a load: memory may change between two reads
+            kb.store(c, [2], 3)
+        with kb.if_(b < 4):             # always
+            kb.store(c, [3], 4)
+        with kb.else_():
+            kb.store(c, [3], 5)
+    func = kb.finish()
+    stores = [(int(n.indices[0].value), int(n.value.value)) for n in tir_emit._nodes(func.body)
+              if isinstance(n, tirx.BufferStore)]
+    assert sorted(stores) == [(1, 2), (2, 3), (3, 4)]
+    assert _ifs(func) == 1
+
+
 def test_builder_rejects_misuse():
     kb = tir_emit.KernelBuilder("bad", [("x", (8,), "float32")])
     with pytest.raises(ValueError):

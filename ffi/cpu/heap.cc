@@ -38,7 +38,7 @@ bool keep_freed_memory() {
 
 void prefer_huge_pages(void* data, size_t bytes) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-  if (bytes < kFreshMappingBytes) return;
+  if (bytes < kHugePageResultBytes) return;
   constexpr uintptr_t kHuge = uintptr_t{2} << 20;
   const auto begin = (reinterpret_cast<uintptr_t>(data) + kHuge - 1) & ~(kHuge - 1);
   const auto end = (reinterpret_cast<uintptr_t>(data) + bytes) & ~(kHuge - 1);

@@ -1,6 +1,7 @@
 """``jt.copy``'s bounds tests in the CPU lowering (``compiler/cpu/copies.py``): a test the
-static shapes decide is not emitted, so neither TVM nor LLVM compile a path that never
-runs; the copy still reads the pad past the end and drops writes there."""
+static shapes (and the static grid, through the block index's range) decide is not emitted,
+so neither TVM nor LLVM compile a path that never runs; the copy still reads the pad past
+the end and drops writes there."""
 
 import re
 
@@ -38,3 +39,41 @@ def test_statically_decided_bounds_emit_no_test():
     # (the copies that cross x's end take only the masked path, out's only the plain one).
     assert not re.search(r"T\.And\(T\.bool|if T\.bool", source), source
     assert "if " in source   # the masked paths still test each element
+
+
+@jt.kernel
+def tiled_matmul(a, b, *, bm=64, bn=64, bk=64):
+    """The plain matmul: tiles of A and B copied on chip, multiplied, the result copied out."""
+    m, k = a.shape
+    n = b.shape[1]
+    c = jt.empty((m, n), a.dtype)
+    bx, by = jt.grid(jt.cdiv(n, bn), jt.cdiv(m, bm))
+    a_s = jt.shared((bm, bk), a.dtype)
+    b_s = jt.shared((bk, bn), b.dtype)
+    acc = jt.fragment((bm, bn), jnp.float32)
+    acc[...] = jnp.zeros((bm, bn), jnp.float32)
+
+    @jt.loop(jt.cdiv(k, bk))
+    def _(kk):
+        jt.copy(a.at[by * bm, kk * bk], a_s)
+        jt.copy(b.at[kk * bk, bx * bn], b_s)
+        jt.gemm(a_s, b_s, acc)
+
+    jt.copy(acc, c.at[by * bm, bx * bn])
+    return c
+
+
+def test_tiles_the_grid_keeps_inside_emit_no_masked_path():
+    # 256 / 64: every block's tiles lie inside A, B and C, which the block index's range
+    # (the static grid) proves, so the copies' masked paths (their pad selects, their
+    # per-element tests) are not emitted; at 250 they are, and the edges come out right.
+    rng = np.random.default_rng(0)
+    for size, masked in ((256, False), (250, True)):
+        a = jnp.asarray(rng.standard_normal((size, size)), jnp.float32)
+        b = jnp.asarray(rng.standard_normal((size, size)), jnp.float32)
+        got = np.asarray(tiled_matmul(a, b))
+        want = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-3)
+        source = build.source(tiled_matmul.lower(a, b).kernel, parse_target("cpu"))
+        assert ("T.Select" in source) == masked, source
+        assert ("else:" in source) == masked, source

@@ -415,6 +415,68 @@ def _map_eqns(closed: ClosedJaxpr, f: Callable[[JaxprEqn], list[JaxprEqn]]) -> C
     return closed.replace(jaxpr=rewrite(closed.jaxpr))
 
 
+def refs_as_inputs(closed: ClosedJaxpr, count: int,
+                   order: list[int]) -> ClosedJaxpr | None:
+    """``closed`` with the refs its top level creates (``count`` ``new_ref`` eqns, in the
+    order they appear) made inputs instead, appended after its inputs in ``order`` (indices
+    into the creation order), and the eqns that only computed their initial values left
+    out. ``None`` where the jaxpr is not of that shape (a ref created inside a nested
+    jaxpr, a count that differs): the caller then traces with the refs as inputs.
+
+    The eqns that use a ref name it by its variable (so do their read and write effects),
+    which stays the same as an input: only the jaxpr's own effects change, from creating
+    refs to reading and writing inputs."""
+    jaxpr = closed.jaxpr
+    created = [e for e in jaxpr.eqns if e.primitive.name == "new_ref"]
+    if len(created) != count or len(order) != count or _creates_refs_inside(jaxpr):
+        return None
+    refs = [e.outvars[0] for e in created]
+    dropped = {id(e) for e in created}
+    # The initial values (zeros) fed only their new_ref: leave out the eqns that computed
+    # them and that nothing left reads.
+    inits = {v for e in created for v in e.invars if isinstance(v, Var)}
+    while True:
+        kept = [e for e in jaxpr.eqns if id(e) not in dropped]
+        used = {v for e in kept for v in e.invars if isinstance(v, Var)}
+        used.update(v for v in jaxpr.outvars if isinstance(v, Var))
+        dead = [e for e in kept if not e.effects and e.outvars
+                and all(v in inits and v not in used for v in e.outvars)]
+        if not dead:
+            break
+        for e in dead:
+            dropped.add(id(e))
+            inits.update(v for v in e.invars if isinstance(v, Var))
+    eqns = [e for e in jaxpr.eqns if id(e) not in dropped]
+    invars = [*jaxpr.invars, *(refs[k] for k in order)]
+    effects = _core.join_effects(*(e.effects for e in eqns))
+    info = jaxpr.debug_info
+    if info is not None:
+        info = info._replace(arg_names=(*info.arg_names, *([""] * count)))
+    return closed.replace(jaxpr=jaxpr.replace(invars=invars, eqns=eqns, effects=effects,
+                                              debug_info=info))
+
+
+def _creates_refs_inside(jaxpr: Jaxpr) -> bool:
+    """Whether a jaxpr nested in ``jaxpr``'s eqns creates a ref."""
+    def inner(v: Any) -> list[Jaxpr]:
+        if isinstance(v, ClosedJaxpr):
+            return [v.jaxpr]
+        if isinstance(v, Jaxpr):
+            return [v]
+        if isinstance(v, tuple):
+            return [j for b in v for j in inner(b)]
+        return []
+
+    pending = [j for e in jaxpr.eqns for v in e.params.values() for j in inner(v)]
+    while pending:
+        sub = pending.pop()
+        for eqn in sub.eqns:
+            if eqn.primitive.name == "new_ref":
+                return True
+            pending += [j for v in eqn.params.values() for j in inner(v)]
+    return False
+
+
 def saturate_ref_indices(closed: ClosedJaxpr) -> ClosedJaxpr:
     """``closed`` with every scalar index of a ``get``/``swap``/``addupdate`` (``x[i]``,
     ``x[ds(i, n)]``) of an integer type wider than int32 first clamped into int32's range,

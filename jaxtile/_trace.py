@@ -1,10 +1,12 @@
 """Tracing a kernel body into a stateful jaxpr.
 
-The body runs twice under ``jax.make_jaxpr``. The first pass discovers what the body
-allocates (``jt.empty`` outputs, ``jt.shared``/``jt.fragment``/``jt.local`` scratch), the grid
-and which refs it returns. The second pass runs the body with every allocation already an input
-ref of the jaxpr, so the jaxpr's inputs are ``[block indices, kernel inputs, outputs (in the
-order the body returns them), scratch]`` and nothing is allocated inside it. That shape suits
+The body runs under ``jax.make_jaxpr``, which discovers what it allocates (``jt.empty``
+outputs, ``jt.shared``/``jt.fragment``/``jt.local`` scratch, each a ``new_ref``), the grid and
+which refs it returns. The allocations then become input refs of the jaxpr, so its inputs
+are ``[block indices, kernel inputs, outputs (in the order the body returns them), scratch]``
+and nothing is allocated inside it: the jaxpr is rewritten so where every allocation was made
+at the body's top level (``jax_internals.refs_as_inputs``), and otherwise the body is traced
+a second time with the allocations passed in. That shape suits
 both the compiler (buffers are parameters or hoisted scratch) and the reference semantics
 (outputs persist across grid blocks, scratch is fresh per block).
 
@@ -251,28 +253,20 @@ def trace(fn: Callable[..., Any], name: str, arg_names: Sequence[str],
 
     first = _TraceState(name, batch, None, symbolic=bool(dynamic))
     first.threads = threads
-    _run_user(name, lambda: jax.make_jaxpr(lambda *ops: run(first, ops))(
+    created = _run_user(name, lambda: jax.make_jaxpr(lambda *ops: run(first, ops))(
         *index_avals, *in_avals), symbolic=bool(dynamic))
     out_tree, returned = _returned_outputs(first)
 
-    # Second pass: outputs in returned order, then scratch in creation order.
+    # The allocations become inputs: outputs in returned order, then scratch in creation
+    # order. Where every one was made at the body's top level, the first pass's jaxpr is
+    # rewritten so; otherwise a second pass runs the body with them as inputs.
     scratch = [k for k, a in enumerate(first.allocations) if a.scope != "global"]
     order = returned + scratch
-    second = _TraceState(name, batch, first.allocations, symbolic=bool(dynamic))
-    second.threads = threads
-    second.slots = [order.index(k) for k in range(len(first.allocations))]
+    jaxpr = ji.refs_as_inputs(created, len(first.allocations), order)
+    if jaxpr is None:
+        jaxpr = _second_pass(name, first, order, run, batch, index_avals, in_avals,
+                             n_idx + n_in, bool(dynamic))
     lead = tuple(level.size for level in batch)
-    alloc_avals = [ji.ref_aval((lead if first.allocations[k].scope == "global" else ())
-                               + first.allocations[k].shape, first.allocations[k].dtype)
-                   for k in order]
-
-    def second_pass(*operands):
-        second.prepared_refs = operands[n_idx + n_in:]
-        run(second, operands)
-        return ()
-
-    jaxpr = _run_user(name, lambda: jax.make_jaxpr(second_pass)(
-        *index_avals, *in_avals, *alloc_avals), symbolic=bool(dynamic))
 
     buffers = [ir.Buffer(n, _sizes(s), np.dtype(a.dtype), "global", "input")
                for n, s, a in zip(arg_names, full_shapes, args)]
@@ -289,6 +283,29 @@ def trace(fn: Callable[..., Any], name: str, arg_names: Sequence[str],
         len(user_grid) + len(batch) - 1 - level for level in range(len(batch)))
     grid = _sizes(tuple(user_grid) + tuple(level.size for level in reversed(batch)))
     return Traced(name, jaxpr, grid, index_axes, tuple(buffers), n_in, out_tree)
+
+
+def _second_pass(name: str, first: _TraceState, order: list[int],
+                 run: Callable[[_TraceState, Sequence[Any]], None],
+                 batch: Sequence[BatchLevel], index_avals: list[Any], in_avals: list[Any],
+                 n_before: int, symbolic: bool) -> ji.ClosedJaxpr:
+    """The body traced again with its allocations (found by ``first``) as inputs, in
+    ``order`` after the ``n_before`` index and input refs."""
+    second = _TraceState(name, batch, first.allocations, symbolic=symbolic)
+    second.threads = first.threads
+    second.slots = [order.index(k) for k in range(len(first.allocations))]
+    lead = tuple(level.size for level in batch)
+    alloc_avals = [ji.ref_aval((lead if first.allocations[k].scope == "global" else ())
+                               + first.allocations[k].shape, first.allocations[k].dtype)
+                   for k in order]
+
+    def second_pass(*operands):
+        second.prepared_refs = operands[n_before:]
+        run(second, operands)
+        return ()
+
+    return _run_user(name, lambda: jax.make_jaxpr(second_pass)(
+        *index_avals, *in_avals, *alloc_avals), symbolic=symbolic)
 
 
 def _symbolic_shapes(shapes: list[tuple[int, ...]], arg_names: Sequence[str],

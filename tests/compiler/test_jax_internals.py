@@ -185,3 +185,49 @@ def test_array_impl_is_the_type_of_concrete_arrays_only():
     seen = []
     jax.jit(lambda x: seen.append(type(x)) or x)(jnp.zeros(3))
     assert seen and seen[0] is not ji.ArrayImpl
+
+
+def test_refs_created_at_the_top_become_inputs_in_the_order_asked():
+    def created(x):
+        a = jax.ref.new_ref(jnp.zeros((4,), jnp.float32))
+        b = jax.ref.new_ref(jnp.zeros((2, 3), jnp.int32))
+        a[...] = x[...] * 2.0
+        b[0, :] = jnp.arange(3, dtype=jnp.int32)
+        x[...] = a[...] + 1.0
+        return ()
+
+    def passed(x, b, a):
+        a[...] = x[...] * 2.0
+        b[0, :] = jnp.arange(3, dtype=jnp.int32)
+        x[...] = a[...] + 1.0
+        return ()
+
+    x = ji.ref_aval((4,), jnp.float32)
+    rewritten = ji.refs_as_inputs(_jaxpr(created, x), 2, [1, 0])
+    want = _jaxpr(passed, x, ji.ref_aval((2, 3), jnp.int32), ji.ref_aval((4,), jnp.float32))
+    # The same eqns (no new_ref, no zeros left) on the same inputs, and effects on inputs.
+    assert str(rewritten) == str(want)
+    assert len(rewritten.jaxpr.effects) == len(want.jaxpr.effects)
+    assert {type(e) for e in rewritten.jaxpr.effects} == {ji.ReadEffect, ji.WriteEffect}
+    x_out, b_out, a_out = ji.eval_jaxpr(ji.discharge_state(rewritten), jnp.ones(4),
+                                        jnp.zeros((2, 3), jnp.int32), jnp.zeros(4))
+    assert list(x_out) == [3.0] * 4 and list(a_out) == [2.0] * 4
+    assert b_out.tolist() == [[0, 1, 2], [0, 0, 0]]
+
+
+def test_refs_created_inside_a_loop_are_left_to_a_second_trace():
+    def created(x):
+        a = jax.ref.new_ref(jnp.zeros((4,), jnp.float32))
+
+        def body(i, carry):
+            t = jax.ref.new_ref(jnp.zeros((4,), jnp.float32))
+            t[...] = x[...] + a[...]
+            a[...] = t[...]
+            return carry
+
+        lax.fori_loop(0, 3, body, 0)
+        return ()
+
+    closed = _jaxpr(created, ji.ref_aval((4,), jnp.float32))
+    assert ji.refs_as_inputs(closed, 1, [0]) is None
+    assert ji.refs_as_inputs(closed, 2, [0, 1]) is None

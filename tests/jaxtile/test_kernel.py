@@ -171,3 +171,45 @@ def test_eager_calls_tell_apart_parameters_python_deems_equal():
         np.testing.assert_array_equal(typed(x, p=1.0), x + 10)
         np.testing.assert_array_equal(typed(x, p=-0.0), -x + 10)
         np.testing.assert_array_equal(typed(x, p=0.0), x + 10)
+
+
+@jt.kernel
+def _tile_made_in_a_loop(x):
+    out = jt.empty(x.shape, x.dtype)
+
+    @jt.loop(2)
+    def _(i):
+        t = jt.fragment((8,), x.dtype)          # allocated inside the loop's body
+        jt.copy(x.at[i * 8], t)
+        t[...] = t[...] * 2.0
+        jt.copy(t, out.at[i * 8])
+
+    return out
+
+
+@jt.kernel
+def _tiles_made_at_the_top(x):
+    out = jt.empty(x.shape, x.dtype)
+    scratch = jt.empty((4,), x.dtype)           # an output returned second, made first
+    t = jt.fragment((16,), x.dtype)
+    jt.copy(x.at[0], t)
+    t[...] = t[...] + 1.0
+    jt.copy(t, out.at[0])
+    scratch[...] = t[:4] * 1.0
+    return out, scratch
+
+
+def test_allocations_become_inputs_in_one_trace_or_two():
+    # The body is traced once and its jaxpr rewritten where every allocation is made at its
+    # top level; one made inside a loop's body takes a second trace. Same results either way,
+    # in the compiled kernel and in the reference semantics.
+    x = jnp.arange(16.0, dtype=jnp.float32)
+    for mode in (False, True):
+        jt.set_interpret(mode)
+        try:
+            np.testing.assert_array_equal(np.asarray(_tile_made_in_a_loop(x)), np.asarray(x) * 2)
+            out, scratch = _tiles_made_at_the_top(x)
+            np.testing.assert_array_equal(np.asarray(out), np.asarray(x) + 1)
+            np.testing.assert_array_equal(np.asarray(scratch), np.asarray(x[:4]) + 1)
+        finally:
+            jt.set_interpret(False)

@@ -7,12 +7,14 @@ import re
 
 import jax.numpy as jnp
 import numpy as np
+from gemm_kernels import matmul
 
 import jaxtile as jt
 from jaxtile.compiler import build
 from jaxtile.compiler.target import parse_target
 
 N, TILE = 1000, 1024
+TILES = {"bm": 64, "bn": 64, "bk": 64}
 
 
 @jt.kernel
@@ -41,28 +43,6 @@ def test_statically_decided_bounds_emit_no_test():
     assert "if " in source   # the masked paths still test each element
 
 
-@jt.kernel
-def tiled_matmul(a, b, *, bm=64, bn=64, bk=64):
-    """The plain matmul: tiles of A and B copied on chip, multiplied, the result copied out."""
-    m, k = a.shape
-    n = b.shape[1]
-    c = jt.empty((m, n), a.dtype)
-    bx, by = jt.grid(jt.cdiv(n, bn), jt.cdiv(m, bm))
-    a_s = jt.shared((bm, bk), a.dtype)
-    b_s = jt.shared((bk, bn), b.dtype)
-    acc = jt.fragment((bm, bn), jnp.float32)
-    acc[...] = jnp.zeros((bm, bn), jnp.float32)
-
-    @jt.loop(jt.cdiv(k, bk))
-    def _(kk):
-        jt.copy(a.at[by * bm, kk * bk], a_s)
-        jt.copy(b.at[kk * bk, bx * bn], b_s)
-        jt.gemm(a_s, b_s, acc)
-
-    jt.copy(acc, c.at[by * bm, bx * bn])
-    return c
-
-
 def test_tiles_the_grid_keeps_inside_emit_no_masked_path():
     # 256 / 64: every block's tiles lie inside A, B and C, which the block index's range
     # (the static grid) proves, so the copies' masked paths (their pad selects, their
@@ -71,9 +51,9 @@ def test_tiles_the_grid_keeps_inside_emit_no_masked_path():
     for size, masked in ((256, False), (250, True)):
         a = jnp.asarray(rng.standard_normal((size, size)), jnp.float32)
         b = jnp.asarray(rng.standard_normal((size, size)), jnp.float32)
-        got = np.asarray(tiled_matmul(a, b))
+        got = np.asarray(matmul(a, b, **TILES))
         want = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
         np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-3)
-        source = build.source(tiled_matmul.lower(a, b).kernel, parse_target("cpu"))
+        source = build.source(matmul.lower(a, b, **TILES).kernel, parse_target("cpu"))
         assert ("T.Select" in source) == masked, source
         assert ("else:" in source) == masked, source

@@ -348,12 +348,14 @@ class KernelBuilder:
         """
         dtype = dtype_of(value)
         # TVM's vectorizer also rejects a Bind whose value holds Let expressions (it binds
-        # their variables twice), so those go through a store as well.
-        if not through_memory and not involves_bfloat16(value) and not any(
-                isinstance(node, tirx.Let) for node in _nodes(value)):
+        # their variables twice), so those go through a store as well. Integer arithmetic
+        # alone (most bindings: indices, tile starts) has neither, found in one walk.
+        decidable = _decidable(value)
+        if not through_memory and (decidable or (not involves_bfloat16(value) and not any(
+                isinstance(node, tirx.Let) for node in _nodes(value)))):
             var = tirx.Var(name, dtype)
             self.emit(tirx.Bind(var, value))
-            if _decidable(value):
+            if decidable:
                 self._facts.bind(var, value)
             return var
         shape = tuple(extent for _, extent in self._vector_loops) or (1,)

@@ -53,9 +53,11 @@ using TensorMapEncoder =
     std::function<std::string(const TensorMapDesc& d, void* address, TensorMapBytes* out)>;
 
 // The dimensions of one XLA buffer.
+// Trivial (no member initialisers), so that the handlers' inline arrays of these, set before
+// they are read, are not zeroed on every call.
 struct BufferDims {
-  const int64_t* dims = nullptr;
-  size_t rank = 0;
+  const int64_t* dims;
+  size_t rank;
 };
 
 // A size expression over buffer dimensions, as a tree in postfix order (the root last).

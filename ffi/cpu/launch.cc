@@ -130,8 +130,13 @@ std::string run_blocks(const Kernel& kernel, TVMFFIAny* args, int32_t num_args, 
   const int64_t num_blocks = end - begin;
   if (num_blocks <= 0) return {};
   if (std::string msg = check_alignment(kernel, args, num_args); !msg.empty()) return msg;
+  // One block or one thread is one chunk: it runs here, and the plan and the chunk list
+  // (an allocation) are not made. A small kernel's whole call costs a few hundred ns, so
+  // each allocation and each cache line it touches shows.
+  if (num_blocks == 1) return call_range(kernel, args, num_args, begin, end);
   const ThreadPlan plan =
       plan_threads(num_threads(), threads_requested(), host ? host->num_threads : 0);
+  if (plan.threads <= 1) return call_range(kernel, args, num_args, begin, end);
   const std::vector<int64_t> bounds = chunk_bounds(num_blocks, plan.threads);
   const auto num_chunks = static_cast<int64_t>(bounds.size()) - 1;
   if (num_chunks > 1) {

@@ -82,7 +82,7 @@ std::string shape_text(std::string_view dtype, const int64_t* dims, size_t rank)
 // dynamic size as `?` (any), an expression's value (or `?` if it cannot be evaluated).
 std::string expected_text(const Signature& s, size_t i, const BufferDims* dims, size_t n) {
   const Signature::Buffer& b = s.buffers[i];
-  std::string out = b.dtype_name + '[';
+  std::string out = std::string(dtype_name(b.dtype)) + '[';
   for (size_t d = 0; d < b.rank; ++d) {
     const Signature::Dim& dim = s.dims[b.first_dim + d];
     out += d ? "," : "";
@@ -103,8 +103,7 @@ std::string expected_text(const Signature& s, size_t i, const BufferDims* dims, 
 
 std::string mismatch(const Signature& s, size_t i, const ffi::DataType* types,
                      const BufferDims* dims, size_t n, const std::string& why) {
-  const Signature::Buffer& b = s.buffers[i];
-  return "argument '" + b.name + "' (buffer #" + std::to_string(i) + ") is " +
+  return "argument '" + s.names[i] + "' (buffer #" + std::to_string(i) + ") is " +
          shape_text(dtype_name(types[i]), dims[i].dims, dims[i].rank) +
          " but the kernel was compiled for " + expected_text(s, i, dims, n) + ": " + why;
 }
@@ -122,15 +121,14 @@ Signature parse_signature(std::string_view text) {
       bad(text, "expected <name>:<dtype>[<dims>], found '" + std::string(entry) + "'");
     }
     Signature::Buffer b;
-    b.name = std::string(entry.substr(0, colon));
-    b.dtype_name = std::string(entry.substr(colon + 1, open - colon - 1));
-    if (!dtype_of(b.dtype_name, &b.dtype)) {
-      bad(text, "element type '" + b.dtype_name + "' is not one jaxtile passes to kernels");
+    const std::string_view dtype = entry.substr(colon + 1, open - colon - 1);
+    if (!dtype_of(dtype, &b.dtype)) {
+      bad(text, "element type '" + std::string(dtype) + "' is not one jaxtile passes to kernels");
     }
     b.first_dim = s.dims.size();
     const std::string_view inside = entry.substr(open + 1, entry.size() - open - 2);
     const auto dims = inside.empty() ? std::vector<std::string_view>{} : split_top(inside, ',');
-    b.rank = dims.size();
+    b.rank = static_cast<uint32_t>(dims.size());
     for (std::string_view d : dims) {
       int64_t value = 0;
       auto [end, ec] = std::from_chars(d.data(), d.data() + d.size(), value);
@@ -147,7 +145,8 @@ Signature parse_signature(std::string_view text) {
         s.dims.push_back({Signature::Dim::kExpr, static_cast<int64_t>(s.exprs.size() - 1)});
       }
     }
-    s.buffers.push_back(std::move(b));
+    s.buffers.push_back(b);
+    s.names.emplace_back(entry.substr(0, colon));
   }
   // An expression reads dimensions of the call's buffers: each must exist in the signature,
   // which the call's ranks are checked against first.
@@ -187,6 +186,7 @@ std::string check_call(const Signature& s, const ffi::DataType* types, const Buf
       }
     }
   }
+  if (s.exprs.empty()) return {};
   for (size_t i = 0; i < num_buffers; ++i) {
     const Signature::Buffer& b = s.buffers[i];
     for (size_t d = 0; d < b.rank; ++d) {

@@ -24,11 +24,12 @@
 namespace jaxtile {
 
 struct Signature {
+  // What every call reads is kept apart from the names messages need, so that checking a
+  // call touches few cache lines: between two calls of a small kernel the rest of the process
+  // evicts them, and each miss costs about what the check computes.
   struct Buffer {
-    std::string name;
-    std::string dtype_name;
     xla::ffi::DataType dtype;
-    size_t rank;
+    uint32_t rank;
     size_t first_dim;  // its dimensions are dims[first_dim, first_dim + rank)
   };
   struct Dim {
@@ -39,6 +40,7 @@ struct Signature {
   std::vector<Buffer> buffers;
   std::vector<Dim> dims;
   std::vector<SizeExpr> exprs;
+  std::vector<std::string> names;  // per buffer
 };
 
 // Throws std::invalid_argument saying what is wrong with `text`.

@@ -219,7 +219,8 @@ int detect_num_threads() {
 }  // namespace
 
 int num_threads() {
-  g_fixed.store(true);
+  // Read first: a store on every kernel call would be a locked instruction on the hot path.
+  if (!g_fixed.load(std::memory_order_relaxed)) g_fixed.store(true);
   static const int n = detect_num_threads();
   return n;
 }

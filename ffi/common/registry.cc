@@ -1,5 +1,6 @@
 #include "common/registry.h"
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -23,6 +24,13 @@ Registry& registry() {
   return *r;
 }
 
+const Kernel* find_registered(std::string_view key) {
+  Registry& r = registry();
+  std::shared_lock<std::shared_mutex> lock(r.mu);
+  auto it = r.kernels.find(key);
+  return it == r.kernels.end() ? nullptr : it->second.get();
+}
+
 }  // namespace
 
 const Kernel& register_kernel(std::string_view key,
@@ -38,10 +46,16 @@ const Kernel& register_kernel(std::string_view key,
 }
 
 const Kernel* find_kernel(std::string_view key) {
-  Registry& r = registry();
-  std::shared_lock<std::shared_mutex> lock(r.mu);
-  auto it = r.kernels.find(key);
-  return it == r.kernels.end() ? nullptr : it->second.get();
+  // The kernel found last, checked by its key's bytes: a loop calling one small kernel then
+  // takes neither the lock (an atomic read-modify-write) nor the hash of a 64-byte key. It is
+  // shared by all threads; a thread calling another kernel only replaces it.
+  static std::atomic<const Kernel*> last{nullptr};
+  if (const Kernel* k = last.load(std::memory_order_acquire); k != nullptr && k->key == key) {
+    return k;
+  }
+  const Kernel* found = find_registered(key);
+  if (found != nullptr) last.store(found, std::memory_order_release);
+  return found;
 }
 
 std::vector<std::string> loaded_keys() {

@@ -146,6 +146,32 @@ def test_load_is_idempotent(ffi, kernel_lib):
     assert ffi.num_threads() >= 1
 
 
+def test_alternating_kernels_each_run_their_own(ffi, kernel_lib):
+    """The handler keeps the kernel it found last and checks it by its key: calls that
+    alternate between two kernels whose keys differ only in their last character, one after
+    the other and inside one program, each run their own; an unknown key after them is still
+    an error."""
+    n = 21
+    ffi.load_kernel("alternate-kernel-1", kernel_lib, "vadd", blocks_for(n),
+                    alignment=TVM_ALIGNMENT)
+    ffi.load_kernel("alternate-kernel-2", kernel_lib, "vmul", blocks_for(n),
+                    alignment=TVM_ALIGNMENT)
+    x = jnp.arange(n, dtype=jnp.float32)
+    y = jnp.full(n, 3.0, jnp.float32)
+    add, mul = jitted_vadd("alternate-kernel-1"), jitted_vadd("alternate-kernel-2")
+    both = jax.jit(lambda x, y: (ffi_call("alternate-kernel-1", x.shape, x.dtype, x, y),
+                                 ffi_call("alternate-kernel-2", x.shape, x.dtype, x, y)))
+    xs, ys = np.asarray(x), np.asarray(y)
+    for _ in range(3):
+        np.testing.assert_array_equal(add(x, y), xs + ys)
+        np.testing.assert_array_equal(mul(x, y), xs * ys)
+        summed, product = both(x, y)
+        np.testing.assert_array_equal(summed, xs + ys)
+        np.testing.assert_array_equal(product, xs * ys)
+    with pytest.raises(Exception, match="no kernel is loaded for key 'alternate-kernel-3'"):
+        jitted_vadd("alternate-kernel-3")(x, y).block_until_ready()
+
+
 def test_unknown_key_raises(ffi):
     x = jnp.ones(4, jnp.float32)
     with pytest.raises(Exception, match="no kernel is loaded for key 'no-such-kernel'"):

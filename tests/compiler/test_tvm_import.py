@@ -4,6 +4,7 @@ Each import runs in a fresh process, with JAX imported first as in a user's prog
 """
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -51,17 +52,31 @@ _DUMP_STATE = textwrap.dedent("""
 """)
 
 
-def _state_after(import_line: str) -> dict:
-    code = f"import jax\n{import_line}\n{_DUMP_STATE}"
+def _run(code: str, **env: str) -> str:
+    environ = {k: v for k, v in os.environ.items() if k != AUTOLOAD}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300, check=False)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+                          timeout=300, check=False, env={**environ, **env})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def _state_after(import_line: str, **env: str) -> dict:
+    return json.loads(_run(f"import jax\n{import_line}\n{_DUMP_STATE}", **env))
+
+
+AUTOLOAD = "TVM_DEVICE_BACKEND_AUTOLOAD"
+
+
+# What a plain `import tvm` does at its end that jaxtile's import leaves out: loading the
+# device backends (the tests at the end of this file check that they are left out).
+_LOAD_BACKENDS = ("import jaxtile.compiler.cpu\n"
+                  "from tvm.backend._autoload_backends import _load_builtin_backends\n"
+                  "_load_builtin_backends()")
 
 
 @pytest.fixture(scope="module")
 def states():
-    return (_state_after("import tvm"), _state_after("import jaxtile.compiler.cpu"))
+    return (_state_after("import tvm"), _state_after(_LOAD_BACKENDS))
 
 
 def test_same_operators_and_attributes(states):
@@ -116,3 +131,52 @@ def test_a_second_thread_waits_for_the_import_in_flight():
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "complete"
+
+
+_BACKENDS = """
+import os, sys
+{first}
+import jaxtile.compiler.cpu
+print(int("tvm.tirx.cuda" in sys.modules), int("TVM_DEVICE_BACKEND_AUTOLOAD" in os.environ))
+"""
+
+
+@pytest.mark.parametrize("first, env, loaded", [
+    ("", {}, "0"),                                         # left out, the variable restored
+    ("", {AUTOLOAD: "1"}, "1"),                            # the user's setting holds
+    ("import tvm", {}, "1"),                               # so does the user's own import
+])
+def test_device_backends_are_left_out_unless_the_user_wants_them(first, env, loaded):
+    assert _run(_BACKENDS.format(first=first), **env) == f"{loaded} {int(bool(env))}"
+
+
+def test_a_cpu_kernel_compiles_and_runs_without_the_device_backends(tmp_path):
+    code = textwrap.dedent("""
+        import sys
+        import jax.numpy as jnp, numpy as np
+        import jaxtile as jt
+
+        @jt.kernel
+        def double(x):
+            out = jt.empty(x.shape, x.dtype)
+            i = jt.grid(jt.cdiv(x.shape[0], 8))
+            t = jt.fragment((8,), x.dtype)
+            jt.copy(x.at[i * 8], t)
+            t[...] = t[...] * 2
+            jt.copy(t, out.at[i * 8])
+            return out
+
+        x = jnp.arange(21, dtype=jnp.float32)
+        np.testing.assert_array_equal(np.asarray(double(x)), 2 * np.arange(21))
+        print(int("tvm" in sys.modules), int("tvm.tirx.cuda" in sys.modules))
+    """)
+    assert _run("import jax\n" + code, JAXTILE_CACHE_DIR=str(tmp_path)) == "1 0"
+
+
+def test_disco_is_importable_without_the_device_backends():
+    # TVM's backend loading also opens libtvm_runtime_extra, which tvm.runtime.disco needs;
+    # the import opens it itself when it leaves the backends out.
+    code = ("import jaxtile.compiler.cpu, sys\nimport tvm.runtime.disco\n"
+            "print(int(hasattr(tvm.runtime.disco, 'Session')),"
+            " int('tvm.tirx.cuda' in sys.modules))")
+    assert _run(code) == "1 0"

@@ -1,7 +1,7 @@
 """Import TVM for the CPU backend, in about half the time a plain ``import tvm`` takes.
 
 A cold kernel compile pays for importing TVM, so this import is on the critical path of
-every first compile. A plain ``import tvm`` spends most of its time on three things that
+every first compile. A plain ``import tvm`` spends most of its time on five things that
 jaxtile does not need:
 
 1. **The first C++ exception.** TVM's Python import provokes about a hundred C++
@@ -15,10 +15,8 @@ jaxtile does not need:
 2. **``tvm.relax``**, the graph-level IR and its pipelines: a placeholder module stands in
    for it during the import and is removed afterwards, so a later ``import tvm.relax`` (or
    ``tvm.relax`` attribute access, which TVMScript's parser does) gets the real package.
-3. **The same list of global functions, built again by each of the ~23 ``_ffi_api``
-   modules** (those of ``tvm.s_tir``, imported right after ``tvm``, included) to pick out
-   their own: it is reused while its length is unchanged (about 0.1 s of CPU time, half of
-   it in ``tvm.s_tir``'s modules, whose import pulls in ``tvm.rpc`` and ``meta_schedule``).
+3. **The same list of global functions, built again by each of the ``_ffi_api`` modules**
+   to pick out their own: it is reused while its length is unchanged.
 4. **TVM's device backends** (CUDA, ROCm, Metal, ...: the Python hooks of their code
    generators, loaded by ``tvm.backend`` at the end of ``import tvm``; CUDA's alone imports
    ``meta_schedule``). jaxtile compiles CPU code with LLVM and asks TVM's analyzer about GPU
@@ -26,9 +24,13 @@ jaxtile does not need:
    runs as if it were ``0``: about 0.3 s less (0.60 to 0.28 s after ``import jax`` on a
    Zen 4 VM). A program that uses TVM's device backends itself imports ``tvm`` before its
    first jaxtile compile; that import is then left as it is.
+5. **``tvm.s_tir``**, the scheduling dialect, which a plain import brings in with its
+   device backends or ``tvm.relax`` (``meta_schedule``, ``dlight``: about 0.1 s). Of it
+   the CPU pipeline needs one pass, which it looks up by name
+   (:mod:`jaxtile.compiler.cpu.tir_passes`); ``import tvm.s_tir`` still works afterwards.
 
-Every shim is removed once ``import tvm.s_tir`` returns; TVM's state afterwards is the state a
-plain import leaves under the same ``$TVM_DEVICE_BACKEND_AUTOLOAD``
+Every shim is removed once ``import tvm`` returns; TVM's state afterwards is the state a plain
+import leaves once ``tvm.s_tir`` and the device backends are loaded as well
 (tests/compiler/test_tvm_import.py compares the two). If TVM is already imported, nothing is
 done.
 """
@@ -49,7 +51,7 @@ _imported = False
 
 
 def import_tvm() -> types.ModuleType:
-    """Import TVM (and ``tvm.s_tir``, which the tirx lowering pipeline refers to). Safe from
+    """Import TVM (see the module's documentation for what is left out). Safe from
     several threads at once (builds run on compile threads): while one thread imports, the
     module is already in ``sys.modules`` half initialised, so the others wait for it here."""
     global _imported
@@ -67,9 +69,6 @@ def _import() -> None:
     with _guard_ir_api(), _reuse_global_func_names(), _without_device_backends() as left_out:
         with _stand_ins():
             import tvm
-        # With tvm.relax absent, tvm.s_tir is not imported by TVM itself. It registers
-        # its own ``_ffi_api`` modules, so the shims stay on for it.
-        import tvm.s_tir  # noqa: F401
     if left_out:
         _load_runtime_extra()
 

@@ -67,9 +67,11 @@ def _state_after(import_line: str, **env: str) -> dict:
 AUTOLOAD = "TVM_DEVICE_BACKEND_AUTOLOAD"
 
 
-# What a plain `import tvm` does at its end that jaxtile's import leaves out: loading the
-# device backends (the tests at the end of this file check that they are left out).
+# What a plain `import tvm` does that jaxtile's import leaves out: importing tvm.s_tir and
+# loading the device backends (the tests at the end of this file check that they are left
+# out).
 _LOAD_BACKENDS = ("import jaxtile.compiler.cpu\n"
+                  "import tvm.s_tir\n"
                   "from tvm.backend._autoload_backends import _load_builtin_backends\n"
                   "_load_builtin_backends()")
 
@@ -118,7 +120,7 @@ first.start()
 while "tvm" not in sys.modules:   # the first thread's import has begun: tvm is half made
     time.sleep(0.0005)
 tvm = tvm_import.import_tvm()
-complete = hasattr(tvm, "tirx") and "tvm.s_tir" in sys.modules
+complete = hasattr(tvm, "tirx") and hasattr(tvm, "target") and "tvm.tirx.transform" in sys.modules
 first.join()
 print("complete" if complete else "partial")
 """

@@ -70,15 +70,19 @@ def floor_target() -> str | None:
     if compiler is None:
         log("dispatch: no C++ compiler on PATH, so XLA's floor is not measured")
         return None
-    tmp = Path(tempfile.mkdtemp(prefix="jaxtile_dispatch_"))
-    (tmp / "floor.cc").write_text(_FLOOR_SOURCE)
-    build = subprocess.run(
-        [compiler, "-O2", "-shared", "-fPIC", "-std=c++17", "-w", f"-I{jax.ffi.include_dir()}",
-         str(tmp / "floor.cc"), "-o", str(tmp / "floor.so")], capture_output=True, text=True)
-    if build.returncode != 0:
-        log(f"dispatch: the floor handler did not build, so it is not measured:\n{build.stderr}")
-        return None
-    lib = ctypes.cdll.LoadLibrary(str(tmp / "floor.so"))
+    # The library stays mapped once loaded, so its folder can go at once.
+    with tempfile.TemporaryDirectory(prefix="jaxtile_dispatch_") as folder:
+        tmp = Path(folder)
+        (tmp / "floor.cc").write_text(_FLOOR_SOURCE)
+        build = subprocess.run(
+            [compiler, "-O2", "-shared", "-fPIC", "-std=c++17", "-w",
+             f"-I{jax.ffi.include_dir()}", str(tmp / "floor.cc"), "-o", str(tmp / "floor.so")],
+            capture_output=True, text=True)
+        if build.returncode != 0:
+            log(f"dispatch: the floor handler did not build, so it is not measured:\n"
+                f"{build.stderr}")
+            return None
+        lib = ctypes.cdll.LoadLibrary(str(tmp / "floor.so"))
     jax.ffi.register_ffi_target("jaxtile_bench_floor", jax.ffi.pycapsule(lib.JaxtileBenchFloor),
                                 platform="cpu")
     return "jaxtile_bench_floor"

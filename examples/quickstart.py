@@ -15,14 +15,20 @@ import numpy as np
 import jaxtile as jt
 
 
-def _median_ms(fn, *args, repeats=20):
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+def _median_ms(ours, theirs, *args, rounds=15, calls=3):
+    """Median ms per call of each, timed in alternation: the two share whatever the machine
+    does meanwhile (a core slowed down, another process), which timing one after the other
+    would charge to whichever ran then."""
+    for fn in (ours, theirs):
         jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return 1e3 * float(np.median(times))
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(rounds):
+        for fn, out in zip((ours, theirs), times):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                jax.block_until_ready(fn(*args))
+            out.append((time.perf_counter() - t0) / calls)
+    return tuple(1e3 * float(np.median(t)) for t in times)
 
 
 def main() -> None:
@@ -43,12 +49,12 @@ def main() -> None:
         ours = jax.jit(kernel)
         got = jax.block_until_ready(ours(*args))
         compile_s = time.perf_counter() - t0
-        want = jax.jit(formula)(*args)
+        xla = jax.jit(formula)
+        want = xla(*args)
         err = float(jnp.max(jnp.abs(got - want) / (1 + jnp.abs(want))))
         if not err <= tol:
             raise SystemExit(f"{name}: jaxtile and jnp differ by {err:.3g} (> {tol})")
-        t_ours = _median_ms(ours, *args)
-        t_xla = _median_ms(jax.jit(formula), *args)
+        t_ours, t_xla = _median_ms(ours, xla, *args)
         print(f"{name:40s} {err:10.2e} {t_ours:11.2f} {t_xla:8.2f} {t_ours / t_xla:6.2f}"
               f"   (first call incl. compile: {compile_s:.2f} s)")
     print("\nGenerated Tile IR of matmul_relu for 1000x700x900:\n")

@@ -25,7 +25,8 @@ Before a process's first AMX instruction Linux must grant it the tile data state
 without it the host's flags lose AMX (:func:`..target.host_isa`). Before the first AMX
 GEMM a process compiles for its own CPU, :func:`enabled` asks whether a small GEMM through
 this kernel agrees with numpy (:func:`self_check`, run once per machine in a child process
-so that a fault cannot kill the caller, its answer kept in the build cache:
+so that a fault cannot kill the caller, the child asking for the tile data state itself,
+its answer kept in the build cache:
 :func:`verdict`); a mismatch or a fault disables AMX with a warning, and the bfloat16 GEMMs
 use ``vdpbf16ps``.
 
@@ -58,7 +59,7 @@ import numpy as np
 from tvm import tirx
 from tvm.ir import Expr
 
-from ..target import CpuCaps
+from ..target import CpuCaps, amx_permitted
 
 ROWS = 16
 """Rows of every tile (palette 1's maximum)."""
@@ -429,6 +430,11 @@ def self_check(*, emulated: bool) -> str | None:
     within the error bound of K float32 additions (``K * 2**-24 * sum |a_ik b_kj|``)."""
     import ml_dtypes
 
+    # Linux grants the tile data state per process, and the child running this has not
+    # asked yet (nothing it imports does): without it the first tile instruction is an
+    # illegal instruction.
+    if not emulated and not amx_permitted():
+        return "Linux did not grant this process the AMX tile data state"
     m, k, n = 37, 70, 45
     rng = np.random.default_rng(20)
     cases = (("integers", rng.integers(-8, 9, (m, k)), rng.integers(-8, 9, (n, k))),

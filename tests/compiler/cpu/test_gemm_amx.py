@@ -1,4 +1,5 @@
-"""The AMX-BF16 GEMM (``compiler/cpu/gemm_amx.py``), proven on CPUs without AMX.
+"""The AMX-BF16 GEMM (``compiler/cpu/gemm_amx.py``), proven on CPUs without AMX, and run on
+its own tiles where the CPU has them (the same checks, bitwise against the model included).
 
 Structurally: a bfloat16 GEMM compiled for ``cpu:sapphirerapids`` has ``ldtilecfg`` before
 its tile operations and ``tilerelease`` after them, a float32 GEMM no tile instruction.
@@ -108,6 +109,27 @@ def emulated(monkeypatch):
     return caps
 
 
+def _host_has_amx() -> bool:
+    """Whether this process may run AMX tile instructions natively."""
+    return bool(target.platform.machine() in ("x86_64", "AMD64")
+                and parse_target("cpu").caps.amx_bf16)
+
+
+@pytest.fixture(params=["emulated", "native"])
+def amx(request, monkeypatch):
+    """The AMX kernel emulated (any machine), and on its own tiles where this machine has
+    AMX: the same checks, the numpy model of ``tdpbf16ps`` bitwise included, hold for
+    both."""
+    if request.param == "emulated":
+        return request.getfixturevalue("emulated")
+    if not _host_has_amx():
+        pytest.skip("this CPU has no AMX-BF16 (or Linux refused this process the tile data "
+                    "state): the native kernel cannot run here")
+    caps = parse_target("cpu").caps
+    assert gemm_amx.enabled(caps), "the native self-check failed on a CPU with AMX"
+    return caps
+
+
 def _flush(x):
     return np.where(np.abs(x) < TINY, np.copysign(0, x), x)
 
@@ -180,19 +202,19 @@ def _bf16(rng, shape, scale=1.0):
     ((20, 1, 70), dict(bm=16, bn=64, bk=1)),        # K = 1
     ((48, 70, 16), dict(bm=48, bn=16, bk=64)),      # 3 x 1 tiles: a pair and a single
 ], ids=["even", "ragged", "k1", "blocks"])
-def test_emulated_amx_matches(emulated, rng, mkn, tiles):
+def test_amx_matches(amx, rng, mkn, tiles):
     m, k, n = mkn
     _check(_bf16(rng, (m, k)), _bf16(rng, (k, n)), **tiles)
 
 
-def test_emulated_amx_transposed_and_large_k(emulated, rng):
+def test_amx_transposed_and_large_k(amx, rng):
     a, b = _bf16(rng, (37, 45)), _bf16(rng, (29, 37))     # A is K x M, B is N x K
     _check(a, b, 37, bm=40, bn=24, ta=True, tb=True)
     # Large K: 1200 in panels of 384 (12 steps of 32), the last partial (48 of K).
     _check(_bf16(rng, (20, 1200)), _bf16(rng, (1200, 18)), 384, bm=32, bn=32)
 
 
-def test_emulated_amx_edge_values(emulated, rng):
+def test_amx_edge_values(amx, rng):
     """NaN, infinities (times positive, negative and zero), huge sums that stay finite,
     subnormal products and inputs (flushed), and an empty K (no gemm runs: zeros)."""
     m, k, n = 12, 24, 20
@@ -261,6 +283,22 @@ def test_mutations_are_caught(emulated, monkeypatch, rng, attr, mutant):
 
 def test_the_self_check_passes_on_the_emulation():
     assert gemm_amx.self_check(emulated=True) is None
+
+
+def test_the_native_self_check_asks_for_the_tile_state_first(monkeypatch):
+    """The self-check's child asks Linux for the tile data state itself (nothing it imports
+    does): refused, it says so and runs no tile instruction, which would be illegal."""
+    monkeypatch.setattr(gemm_amx, "amx_permitted", lambda: False)
+    assert "did not grant" in gemm_amx.self_check(emulated=False)
+
+
+@pytest.mark.skipif(not _host_has_amx(), reason="this CPU has no AMX-BF16 (or Linux refused "
+                    "this process the tile data state): the native kernel cannot run here")
+def test_the_native_self_check_passes_in_a_child():
+    """On a CPU with AMX, the child that decides whether AMX is used runs the native kernel
+    and agrees with numpy (before it asked for the tile state, it died of SIGILL and AMX
+    stayed off)."""
+    assert gemm_amx._in_child(False) is None
 
 
 def test_a_failed_self_check_disables_amx(monkeypatch):

@@ -404,6 +404,10 @@ def run_case(name: str, case, rounds: int) -> dict:
             dot = _bf16_dot_peak_tflops()
             out["fraction_of_bf16_dot_peak"] = {side: round(v / dot, 3)
                                                 for side, v in out["tflops"].items()}
+        if args[0].dtype == jnp.bfloat16 and _cpu_caps().amx_bf16:
+            amx = _amx_peak_tflops()
+            out["fraction_of_amx_peak"] = {side: round(v / amx, 3)
+                                           for side, v in out["tflops"].items()}
     return out
 
 
@@ -440,6 +444,13 @@ def _bf16_dot_peak_tflops() -> float:
     """cores x one ``vdpbf16ps`` on 512-bit registers per cycle (32 bfloat16 multiply-adds,
     64 flops) x clock: Zen 4's rate, measured here (one per cycle, latency 6 cycles)."""
     return len(os.sched_getaffinity(0)) * 64 * _clock_hz() / 1e12
+
+
+def _amx_peak_tflops() -> float:
+    """cores x 1024 bfloat16 flops per cycle (one ``tdpbf16ps``, 16 x 16 x 32 multiply-adds,
+    every 16 cycles: Intel's nominal AMX-BF16 rate for Sapphire Rapids, not measured here)
+    x clock."""
+    return len(os.sched_getaffinity(0)) * 1024 * _clock_hz() / 1e12
 
 
 def sweep(rounds: int, clock=time.perf_counter) -> dict:
@@ -581,6 +592,7 @@ def main() -> None:
                        "speedup = jnp time / jaxtile time (above 1: jaxtile faster)",
         "f32_fma_peak_tflops": round(_fma_peak_tflops(), 4),
         "bf16_dot_peak_tflops": round(_bf16_dot_peak_tflops(), 4),
+        **({"amx_peak_tflops": round(_amx_peak_tflops(), 4)} if _cpu_caps().amx_bf16 else {}),
         "cpu_target": _config.cpu_target_name(),
         **results,
         "geomean_speedup": None if geomean is None else round(geomean, 3),

@@ -33,18 +33,24 @@ TINY = np.float32(2.0 ** -126)
 F32_MAX = float(np.finfo(np.float32).max)
 
 
+def _describe_host_without(monkeypatch, flags: frozenset[str]) -> None:
+    """This machine described without ``flags``."""
+    info = dict(target._cpuinfo())
+    info["flags"] = " ".join(f for f in info.get("flags", "").split() if f not in flags)
+    monkeypatch.setattr(target, "_cpuinfo", lambda: info)
+
+
 @pytest.fixture(params=["dot", "fma"])
 def path(request, monkeypatch):
     """The GEMM path kernels compile for: ``dot`` (this machine, if it has AVX512-BF16) or
-    ``fma`` (this machine described without it)."""
+    ``fma`` (this machine described without it). Both describe it without AMX, whose
+    tiles would take the GEMMs over (``tests/compiler/cpu/test_gemm_amx.py`` has them)."""
     if request.param == "dot" and not HAS_DOT:
         pytest.skip("the host CPU has no AVX512-BF16 (vdpbf16ps)")
-    if request.param == "fma":
-        info = dict(target._cpuinfo())
-        info["flags"] = " ".join(f for f in info.get("flags", "").split()
-                                 if f != "avx512_bf16")
-        monkeypatch.setattr(target, "_cpuinfo", lambda: info)
-    assert parse_target("cpu").caps.bf16_dot == (request.param == "dot")
+    _describe_host_without(monkeypatch, target.AMX_FLAGS | (
+        {"avx512_bf16"} if request.param == "fma" else set()))
+    caps = parse_target("cpu").caps
+    assert caps.bf16_dot == (request.param == "dot") and not caps.amx_bf16
     return request.param
 
 
@@ -108,6 +114,7 @@ def _check(path, a, b, **params):
         ok = close | overflows
         assert ok.all(), f"{name}: at {np.argwhere(~ok)[:5].tolist()}: {value[~ok][:5]}, " \
                          f"want {want[~ok][:5]}"
+    # (AMX's bitwise model is tests/compiler/cpu/test_gemm_amx.py's.)
     if path == "dot":
         np.testing.assert_array_equal(got, _vdpbf16ps(a_op, b_op))
     return got
@@ -165,13 +172,15 @@ def test_bf16_gemm_edge_values(rng, path):
     _check(path, *_operands(rng, 19, 17, 23, edges=True), bm=8, bn=16, bk=8)
 
 
-def test_the_dot_path_uses_vdpbf16ps():
+def test_the_dot_path_uses_vdpbf16ps(monkeypatch):
     """The generated code of a bfloat16 gemm calls ``vdpbf16ps`` on this machine (if it has
-    it), and a float32 gemm does not."""
+    it; described without AMX, whose tiles would take the gemm over), and a float32 gemm
+    does not."""
     if not HAS_DOT:
         pytest.skip("the host CPU has no AVX512-BF16 (vdpbf16ps)")
     from jaxtile.compiler.cpu import lower, tir_emit
 
+    _describe_host_without(monkeypatch, target.AMX_FLAGS)
     cpu = parse_target("cpu")
     for dtype, uses in ((BF16, True), (np.float32, False)):
         x = jnp.zeros((40, 40), dtype)
@@ -194,7 +203,7 @@ def test_the_dot_path_is_checked_on_any_x86_host(monkeypatch):
     from jaxtile.compiler.cpu import lower, tir_emit
 
     info = dict(target._cpuinfo())
-    flags = set(info.get("flags", "").split())
+    flags = set(info.get("flags", "").split()) - target.AMX_FLAGS
     flags |= set(target.ISA_LEVELS["x86-64-v4"]) | {"avx512_bf16"}
     info["flags"] = " ".join(sorted(flags))
     monkeypatch.setattr(target, "_cpuinfo", lambda: info)

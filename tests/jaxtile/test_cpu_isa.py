@@ -26,7 +26,7 @@ from test_cpu_gemm_bf16 import matmul as bf16_matmul
 import jaxtile as jt
 from jaxtile import _config, _ffi
 from jaxtile.compiler import build, cache, target
-from jaxtile.compiler.cpu import gemm
+from jaxtile.compiler.cpu import gemm, gemm_amx
 from jaxtile.compiler.target import ISA_LEVELS, parse_target
 from jaxtile.primitives import payload
 
@@ -318,10 +318,11 @@ def test_matmul_relu_follows_the_gemm(monkeypatch, rng, level):
 @pytest.mark.parametrize("level", LEVELS)
 def test_bf16_gemm(monkeypatch, rng, level):
     """bfloat16 operands: widened to float32 FMAs on AVX2 (6 x 2 and 4 x 2 tiles of a 64 x
-    16 accumulator), ``vdpbf16ps`` on a host with it; then NaN, infinities, huge and
-    subnormal values among the operands (``language_helpers.edge_values``), ragged."""
+    16 accumulator), ``vdpbf16ps`` on a host with it, AMX tiles on a host with them; then
+    NaN, infinities, huge and subnormal values among the operands
+    (``language_helpers.edge_values``), ragged."""
     tgt = _use(monkeypatch, level)
-    path = "dot" if tgt.caps.bf16_dot else "fma"
+    path = "amx" if gemm_amx.enabled(tgt.caps) else "dot" if tgt.caps.bf16_dot else "fma"
     check_bf16_gemm(path, *bf16_operands(rng, 70, 300, 33), bm=64, bn=16, bk=32)
     got = check_bf16_gemm(path, *bf16_operands(rng, 45, 40, 37, edges=True), bm=32, bn=32,
                           bk=16)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tvm import tirx
 from tvm.ir import Expr
@@ -13,6 +13,9 @@ from tvm.ir import Expr
 from .. import ir
 from ..target import Target
 from . import tir_emit
+
+if TYPE_CHECKING:
+    from .copy_reuse import Relayout
 
 FALLBACK_LANES = 8
 """Vector lanes tried when the target's width does not divide a loop."""
@@ -60,3 +63,4 @@ class Lowering(Protocol):
                     past: bool = True) -> Iterator[list[Expr]]: ...
     def snapshot(self, region: ir.Region, transpose: bool = False) -> str: ...
     def write_back(self, name: str, region: ir.Region) -> None: ...
+    def relayout(self, op: ir.Op, role: str) -> Relayout | None: ...

@@ -158,8 +158,12 @@ def lower_gemm(low: Lowering, op: ir.Op, *, lanes: int) -> None:
     # whole accumulator, so the bounds are in c's coordinates).
     live = Live.of(low, op)
     if _uses_bf16_dot(low, *(low.bufs[a[role]] for role in ("a", "b", "c"))):
+        # An operand that a copy shared by the blocks fills is re-laid only after that copy.
+        kept = {role: low.relayout(op, role) for role in ("a", "b")
+                if a[role] == op.attrs[role].buffer}
         lower_gemm_bf16(low, low.bufs[a["a"]], low.bufs[a["b"]], low.bufs[a["c"]],
-                        transpose_a=a["transpose_a"], transpose_b=a["transpose_b"], live=live)
+                        transpose_a=a["transpose_a"], transpose_b=a["transpose_b"], live=live,
+                        kept={role: r for role, r in kept.items() if r is not None})
     else:
         _lower_fma(low, a, lanes, live)
     if a["c"] != c_region.buffer:

@@ -52,7 +52,7 @@ import json
 import subprocess
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +60,7 @@ from tvm import tirx
 from tvm.ir import Expr
 
 from ..target import CpuCaps, amx_permitted
+from .copy_reuse import Relayout, relaid_array, relaying
 
 ROWS = 16
 """Rows of every tile (palette 1's maximum)."""
@@ -162,17 +163,19 @@ def _in_child(emulated: bool) -> str | None:
 
 def lower_gemm_amx(kb, name: Callable[[str], str], caps: CpuCaps, A: tirx.Buffer,
                    B: tirx.Buffer, C: tirx.Buffer, *, transpose_a: bool,
-                   transpose_b: bool) -> None:
+                   transpose_b: bool, kept: Mapping[str, Relayout] | None = None) -> None:
     """Emit ``C += op(A) @ op(B)`` with ``kb`` (a :class:`.tir_emit.KernelBuilder`) for whole
     local buffers ``A``, ``B`` (bfloat16) and ``C`` (float32) with static shapes; ``name``
-    makes fresh names. Tile operations are native instructions, or their emulation where
-    ``caps.amx_emulated``."""
+    makes fresh names. An operand named in ``kept`` (``"a"``, ``"b"``) is re-laid into its
+    :class:`.copy_reuse.Relayout`'s array only while that is stale. Tile operations are
+    native instructions, or their emulation where ``caps.amx_emulated``."""
+    kept = kept or {}
     m, n = (int(d) for d in C.shape)
     k = int(A.shape[0] if transpose_a else A.shape[1])
     mp, np_ = _up(m, ROWS), _up(n, WORDS)
     kp = _up(k, 2 * WORDS) // 2            # pairs of K, whole tiles of them
-    ap = kb.alloc_local(name("amx_a"), (mp * kp,), "int32")
-    bp = kb.alloc_local(name("amx_b"), (kp * np_,), "int32")
+    ap = relaid_array(kb, name, kept.get("a"), "amx_a", (mp * kp,), "int32")
+    bp = relaid_array(kb, name, kept.get("b"), "amx_b", (kp * np_,), "int32")
     cp = kb.alloc_local(name("amx_c"), (mp * np_,), "float32")
     cfg = kb.alloc_local(name("amx_cfg"), (CONFIG_BYTES,), "uint8")
     tiles = (_Emulated if caps.amx_emulated else _Native)(kb, name, cfg)
@@ -183,8 +186,10 @@ def lower_gemm_amx(kb, name: Callable[[str], str], caps: CpuCaps, A: tirx.Buffer
     def b_at(kk: Expr, j: Expr) -> Expr:
         return B[j, kk] if transpose_b else B[kk, j]
 
-    _pack_a(kb, name, ap, (m, k), (mp, kp), a_at)
-    _pack_b(kb, name, bp, (k, n), (kp, np_), b_at)
+    with relaying(kb, kept.get("a")):
+        _pack_a(kb, name, ap, (m, k), (mp, kp), a_at)
+    with relaying(kb, kept.get("b")):
+        _pack_b(kb, name, bp, (k, n), (kp, np_), b_at)
     with kb.loop(name("i"), mp) as i, kb.loop(name("j"), np_) as j:
         inside = tirx.all(i < m, j < n)
         kb.store(cp, [i * np_ + j], tirx.if_then_else(inside, C[i, j],

@@ -20,12 +20,15 @@ stored element by element, and its lanes past ``n`` (fed by the zero padding) ar
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from tvm import tirx
 from tvm.ir import Expr
 
 from . import gemm_amx
 from .bf16_dot import LANES, dot_pairs
 from .context import Lowering
+from .copy_reuse import Relayout, relaid_array, relaying
 from .gemm_live import Live, when
 
 ROWS = 4
@@ -37,22 +40,26 @@ accumulators keep it busy."""
 
 
 def lower_gemm_bf16(low: Lowering, A: tirx.Buffer, B: tirx.Buffer, C: tirx.Buffer, *,
-                    transpose_a: bool, transpose_b: bool, live: Live) -> None:
+                    transpose_a: bool, transpose_b: bool, live: Live,
+                    kept: Mapping[str, Relayout] | None = None) -> None:
     """Emit ``C += op(A) @ op(B)`` for whole local buffers ``A``, ``B`` (bfloat16) and
     ``C`` (float32) with static shapes; register tiles with no ``live`` row or column are
-    left out. On a target with AMX (:func:`.gemm_amx.enabled`) the tiles of
-    :mod:`.gemm_amx` compute it instead (all of ``C``: rows past ``live`` too)."""
+    left out. An operand named in ``kept`` (``"a"``, ``"b"``) is re-laid into its
+    :class:`.copy_reuse.Relayout`'s arrays only while that is stale, else every time. On a
+    target with AMX (:func:`.gemm_amx.enabled`) the tiles of :mod:`.gemm_amx` compute it
+    instead (all of ``C``: rows past ``live`` too)."""
+    kept = kept or {}
     if gemm_amx.enabled(low.target.caps):
         gemm_amx.lower_gemm_amx(low.kb, low.name, low.target.caps, A, B, C,
-                                transpose_a=transpose_a, transpose_b=transpose_b)
+                                transpose_a=transpose_a, transpose_b=transpose_b, kept=kept)
         return
     m, n = (int(d) for d in C.shape)
     k = int(A.shape[0] if transpose_a else A.shape[1])
     pairs = (k + 1) // 2
     vectors = -(-n // LANES)
     kb = low.kb
-    ap = kb.alloc_local(low.name("a_pairs"), (m, pairs), "int32")
-    bp = kb.alloc_local(low.name("b_pairs"), (pairs, vectors * LANES), "int32")
+    ap = relaid_array(kb, low.name, kept.get("a"), "a_pairs", (m, pairs), "int32")
+    bp = relaid_array(kb, low.name, kept.get("b"), "b_pairs", (pairs, vectors * LANES), "int32")
 
     def a_at(i: Expr, kk: Expr) -> Expr:
         return A[kk, i] if transpose_a else A[i, kk]
@@ -60,12 +67,14 @@ def lower_gemm_bf16(low: Lowering, A: tirx.Buffer, B: tirx.Buffer, C: tirx.Buffe
     def b_at(kk: Expr, j: Expr) -> Expr:
         return B[j, kk] if transpose_b else B[kk, j]
 
-    _pack(low, ap, (m, pairs), k, a_at, pair_axis=1)
-    _pack(low, bp, (pairs, n), k, b_at, pair_axis=0, vectorize=not transpose_b)
-    if n < vectors * LANES:
-        with kb.loop(low.name("p"), pairs) as p, \
-                kb.loop(low.name("j"), vectors * LANES - n, start=n) as j:
-            kb.store(bp, [p, j], tirx.const(0, "int32"))
+    with relaying(kb, kept.get("a")):
+        _pack(low, ap, (m, pairs), k, a_at, pair_axis=1)
+    with relaying(kb, kept.get("b")):
+        _pack(low, bp, (pairs, n), k, b_at, pair_axis=0, vectorize=not transpose_b)
+        if n < vectors * LANES:
+            with kb.loop(low.name("p"), pairs) as p, \
+                    kb.loop(low.name("j"), vectors * LANES - n, start=n) as j:
+                kb.store(bp, [p, j], tirx.const(0, "int32"))
 
     cols = VECTORS * LANES
     row_tiles, rows_left = divmod(m, ROWS)

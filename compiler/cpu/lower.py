@@ -409,6 +409,11 @@ class _Lowering:
             self.kb.store(dst, self.element(region, idx, clamp=True),
                           self.bufs[name][tuple(idx)])
 
+    def relayout(self, op: ir.Op, role: str) -> copy_reuse.Relayout | None:
+        """Where gemm ``op`` keeps its re-laid operand ``role`` between blocks
+        (:meth:`.copy_reuse.Shared.relayout`), or None."""
+        return self._shared.relayout(op, role)
+
     @lowers("gemm")
     def gemm(self, op: ir.Op) -> None:
         lower_gemm(self, op, lanes=self.target.caps.vector_bits // 32)

@@ -1,6 +1,9 @@
 """Copies shared by the blocks of a call on the CPU (``compiler/cpu/copy_reuse.py``): which
 copies are made once and in which block order, and the results, for whole calls and for
-calls that run any part of the grid, against the reference semantics and numpy."""
+calls that run any part of the grid, against the reference semantics and numpy; and the
+re-layouts of a shared operand that the bfloat16 gemms keep from one block to the next."""
+
+import re
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +14,7 @@ from language_helpers import BF16, F32, aligned, data
 
 import jaxtile as jt
 from jaxtile import _ffi
-from jaxtile.compiler import build
+from jaxtile.compiler import build, target
 from jaxtile.compiler.cpu import copy_reuse, forwarding
 from jaxtile.compiler.target import parse_target
 
@@ -103,3 +106,51 @@ def test_calls_over_parts_of_the_grid(rng, cuts):
         _ffi.call_kernel(lowered.key, args, begin, end)
     np.testing.assert_array_equal(out, want)
     assert (np.abs(out - np.asarray(a, np.float64) @ b) <= _bound(a, b)).all()
+
+
+@pytest.fixture(params=["amx_emulated", "dot"])
+def relaying(request, monkeypatch):
+    """A bfloat16 gemm path that re-lays its operands first: AMX's tiles, emulated (any
+    machine; ``tests/compiler/cpu/test_gemm_amx.py`` runs them natively too), or
+    ``vdpbf16ps`` (this machine described without AMX, where it has AVX512-BF16)."""
+    info = dict(target._cpuinfo())
+    flags = set(info.get("flags", "").split())
+    if request.param == "dot":
+        if "avx512_bf16" not in flags:
+            pytest.skip("the host CPU has no AVX512-BF16 (vdpbf16ps)")
+        flags -= set(target.AMX_FLAGS)
+    else:
+        flags |= {"amx_bf16", "amx_tile", "avx512f", "avx512_bf16"}
+        monkeypatch.setattr(target, "AMX_EMULATION", True)
+    info["flags"] = " ".join(sorted(flags))
+    monkeypatch.setattr(target, "_cpuinfo", lambda: info)
+    caps = parse_target("cpu").caps
+    assert caps.bf16_dot and caps.amx_bf16 == (request.param == "amx_emulated")
+    return request.param
+
+
+@pytest.mark.parametrize("cuts", [(0, 16), (0, 5, 16), (0, 7, 9, 16), tuple(range(17))])
+def test_a_shared_operand_is_relaid_again_only_after_its_copy(relaying, rng, cuts):
+    """The gemm re-lays B's panel under a flag that the call starts with raised and the
+    shared copy of B raises again: the blocks of one column of C (fastest) re-lay it
+    once. However the grid is split into calls, and wherever a call crosses from one
+    column of blocks to the next (B's panel changes), the product is right: bitwise what
+    the whole call computes, within the float32 bound of the float64 product."""
+    a = np.asarray(data(rng, (64, 96), BF16, edges=False))
+    b = np.asarray(data(rng, (96, 128), BF16, edges=False))
+    lowered = matmul.lower(a, b)                       # grid (4, 4)
+    source = lowered.source
+    stale = sorted(set(re.findall(r"\b(stale\d*)\[0\]", source)))
+    assert len(stale) == 1, stale                      # B's; A's copy is not shared
+    raised = re.findall(rf"{stale[0]}\[0\] = 1\b", source)
+    assert len(raised) == 2                            # before the blocks, by the copy
+    assert len(re.findall(rf"if {stale[0]}\[0\] != 0", source)) == 1
+    # A fresh function, traced for this target (jax.jit(matmul) may hold another's).
+    want = np.asarray(jax.jit(lambda x, y: matmul(x, y))(a, b))   # also loads the kernel
+    out = aligned(np.full((64, 128), np.nan, np.float32))
+    args = [jnp.asarray(a), jnp.asarray(b), out]        # numpy's bfloat16 has no DLPack
+    for begin, end in zip(cuts, cuts[1:]):
+        _ffi.call_kernel(lowered.key, args, begin, end)
+    np.testing.assert_array_equal(out, want)
+    exact = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
+    assert (np.abs(out - exact) <= _bound(a, b)).all()

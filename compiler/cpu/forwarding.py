@@ -51,6 +51,11 @@ because they feed accumulator rows that reach no output, proven block by block f
 gemm's ``live`` note. In the quickstart's 1000 x 700 x 900 (64 x 64 x 64 tiles) neither
 edge divides: copied, every block's A panel goes through the masked copy for the K tail,
 14.5-16.0 ms a call against 13.1 forwarded (one Zen 4 core, thread CPU time, AVX-512).
+A bfloat16 panel is forwarded too where its gemms re-lay it anyway (the bfloat16-dot and
+AMX paths pair its K values first, :mod:`.gemm_bf16`): its copy widened 64 x 1024 values
+into 256 KiB of float32 in every block, and the re-layout read them back, half the time
+of the 1024^3 AMX GEMM (3.0 -> 2.0 ms, Sapphire Rapids class, 2 cores); on the FMA path
+it stays copied, as the register tiles would widen each element once per tile of columns.
 B's panels are not forwarded: their rows are the source's rows cut to ``bn`` columns, so a
 register tile's strip of B would stride a whole source row per ``k`` (and
 :mod:`.copy_reuse` already copies each of them once per call).
@@ -60,8 +65,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
+import ml_dtypes
 import numpy as np
 import tvm_ffi
 from tvm import tirx
@@ -69,6 +75,7 @@ from tvm.ir import Expr
 
 from .. import ir, op_defs
 from ..analysis import scalars
+from ..target import CpuCaps
 from . import elementwise as ew
 from .context import Lowering, extent
 from .copies import all_of
@@ -192,15 +199,17 @@ MAX_BLOCKS_CHECKED = 1 << 16
 """The most block index combinations :func:`_dead_past_end` evaluates, per gemm."""
 
 
-def gemm_operands(kernel: ir.Kernel) -> dict[str, GemmOperand]:
+def gemm_operands(kernel: ir.Kernel, caps: CpuCaps | None = None) -> dict[str, GemmOperand]:
     """Scratch buffers whose gemm reads are forwarded to global memory: buffer name -> the
     operand (:class:`GemmOperand`: the global region its copy reads, and how its edges are
     masked).
 
     A buffer qualifies when its accesses are, all in one statement list, one ``copy`` into
     all of it from a 2-D region of a 2-D global input that no op writes, of the same dtype,
-    float32, and after it only gemms that read all of it as their ``a`` operand (and
-    nothing else of theirs), all with one transpose; and the region starts inside the
+    float32 (or bfloat16 where the gemms re-lay it anyway: ``caps`` has the bfloat16 dot
+    and every gemm reading it has a bfloat16 ``b`` and a float32 ``c``, so it takes the path
+    of :mod:`.gemm_bf16`), and after it only gemms that read all of it as their ``a``
+    operand (and nothing else of theirs), all with one transpose; and the region starts inside the
     source for every value the analysis bounds its starts to
     (:func:`..analysis.scalars.scalar_ranges`: over the grid and loops). It may run past
     the source's end along K (the gemm then multiplies ``pad`` in there, as the panel
@@ -223,10 +232,12 @@ def gemm_operands(kernel: ir.Kernel) -> dict[str, GemmOperand]:
         where = {id(s): pos for pos, s in enumerate(stmts) if isinstance(s, ir.Op)}
         for b in kernel.buffers:
             ops = accesses.get(b.name, [])
-            if b.role != "scratch" or b.dtype != np.float32 or not ops \
-                    or not all(id(op) in where for op in ops):
+            if b.role != "scratch" or b.dtype not in (np.float32, ml_dtypes.bfloat16) \
+                    or not ops or not all(id(op) in where for op in ops):
                 continue
             first, *readers = sorted(ops, key=lambda op: where[id(op)])
+            if b.dtype != np.float32 and not _relaid_by_bf16_gemms(readers, roles, caps):
+                continue
             whole = ir.whole(b.name, b.shape)
             if first.kind != "copy" or first.attrs["dst"] != whole or not readers:
                 continue
@@ -256,6 +267,17 @@ def gemm_operands(kernel: ir.Kernel) -> dict[str, GemmOperand]:
             pad = 0 if first.attrs["pad"] is None else first.attrs["pad"]
             out[b.name] = GemmOperand(src, pad, rows_axis, clamp_rows, k_tail)
     return out
+
+
+def _relaid_by_bf16_gemms(readers: Sequence[ir.Op], buffers: dict[str, ir.Buffer],
+                          caps: CpuCaps | None) -> bool:
+    """Whether ``readers`` are all gemms that :mod:`.gemm_bf16` lowers on ``caps``: they
+    re-lay their bfloat16 ``a`` into pairs first, so reading it from global memory costs
+    nothing per use, where the FMA path would widen every element it reads, again for each
+    tile of columns."""
+    return bool(getattr(caps, "bf16_dot", False)) and all(
+        op.kind == "gemm" and buffers[op.attrs["b"].buffer].dtype == ml_dtypes.bfloat16
+        and buffers[op.attrs["c"].buffer].dtype == np.float32 for op in readers)
 
 
 def _starts_inside(i: ir.Index, n: int | str, ranges: dict[ir.Value, scalars.Range]) -> bool:
@@ -345,6 +367,26 @@ def gemm_operand(low: Lowering, operand: GemmOperand, idx: Sequence[Expr]) -> Ex
         axis = operand.rows_axis
         coords[axis] = tirx.min(coords[axis], extent(low.bufs[src.buffer].shape[axis]) - 1)
     return low.bufs[src.buffer][tuple(coords)]
+
+
+def gemm_operand_reader(low: Lowering, operand: GemmOperand, k: int,
+                        transpose: bool) -> Callable[[Expr, Expr], Expr]:
+    """``read(i, kk)``: the element of the forwarded operand's panel at row ``i`` (along the
+    gemm's M) and K index ``kk`` (below ``k``), as float32 (a bfloat16 value widens
+    exactly); past the source's end along K the copy's pad, rounded to the panel's dtype
+    as the copy would store it. For gemms that read each element once, re-laying the
+    panel (:mod:`.gemm_bf16`)."""
+    inside = gemm_k_parts(low, operand, k)[0][1]
+    panel = ml_dtypes.bfloat16 if str(low.bufs[operand.src.buffer].dtype) == "bfloat16" \
+        else np.float32
+    pad = tirx.const(float(np.array(float(operand.pad)).astype(panel)), "float32")
+
+    def read(i: Expr, kk: Expr) -> Expr:
+        value = tirx.Cast("float32", gemm_operand(low, operand, (kk, i) if transpose
+                                                  else (i, kk)))
+        return tirx.if_then_else(kk < inside, value, pad) if operand.k_tail else value
+
+    return read
 
 
 def gemm_k_parts(low: Lowering, operand: GemmOperand | None, k: int,

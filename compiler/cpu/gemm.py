@@ -161,9 +161,15 @@ def lower_gemm(low: Lowering, op: ir.Op, *, lanes: int) -> None:
         # An operand that a copy shared by the blocks fills is re-laid only after that copy.
         kept = {role: low.relayout(op, role) for role in ("a", "b")
                 if a[role] == op.attrs[role].buffer}
-        lower_gemm_bf16(low, low.bufs[a["a"]], low.bufs[a["b"]], low.bufs[a["c"]],
+        A = low.bufs[a["a"]]
+        source = low.gemm_sources.get(a["a"])   # A forwarded to global memory
+        a_read = None if source is None else forwarding.gemm_operand_reader(
+            low, source, int(A.shape[0] if a["transpose_a"] else A.shape[1]),
+            a["transpose_a"])
+        lower_gemm_bf16(low, A, low.bufs[a["b"]], low.bufs[a["c"]],
                         transpose_a=a["transpose_a"], transpose_b=a["transpose_b"], live=live,
-                        kept={role: r for role, r in kept.items() if r is not None})
+                        kept={role: r for role, r in kept.items() if r is not None},
+                        a_read=a_read)
     else:
         _lower_fma(low, a, lanes, live)
     if a["c"] != c_region.buffer:

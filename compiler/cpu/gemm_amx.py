@@ -163,12 +163,15 @@ def _in_child(emulated: bool) -> str | None:
 
 def lower_gemm_amx(kb, name: Callable[[str], str], caps: CpuCaps, A: tirx.Buffer,
                    B: tirx.Buffer, C: tirx.Buffer, *, transpose_a: bool,
-                   transpose_b: bool, kept: Mapping[str, Relayout] | None = None) -> None:
+                   transpose_b: bool, kept: Mapping[str, Relayout] | None = None,
+                   a_read: Callable[[Expr, Expr], Expr] | None = None) -> None:
     """Emit ``C += op(A) @ op(B)`` with ``kb`` (a :class:`.tir_emit.KernelBuilder`) for whole
     local buffers ``A``, ``B`` (bfloat16) and ``C`` (float32) with static shapes; ``name``
     makes fresh names. An operand named in ``kept`` (``"a"``, ``"b"``) is re-laid into its
-    :class:`.copy_reuse.Relayout`'s array only while that is stale. Tile operations are
-    native instructions, or their emulation where ``caps.amx_emulated``."""
+    :class:`.copy_reuse.Relayout`'s array only while that is stale. ``a_read(i, kk)``, where
+    given, is ``op(A)[i, kk]`` (as float32) read from elsewhere: ``A`` is then never read.
+    Tile operations are native instructions, or their emulation where
+    ``caps.amx_emulated``."""
     kept = kept or {}
     m, n = (int(d) for d in C.shape)
     k = int(A.shape[0] if transpose_a else A.shape[1])
@@ -181,6 +184,8 @@ def lower_gemm_amx(kb, name: Callable[[str], str], caps: CpuCaps, A: tirx.Buffer
     tiles = (_Emulated if caps.amx_emulated else _Native)(kb, name, cfg)
 
     def a_at(i: Expr, kk: Expr) -> Expr:
+        if a_read is not None:
+            return a_read(i, kk)
         return A[kk, i] if transpose_a else A[i, kk]
 
     def b_at(kk: Expr, j: Expr) -> Expr:

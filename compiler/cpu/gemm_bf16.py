@@ -20,7 +20,7 @@ stored element by element, and its lanes past ``n`` (fed by the zero padding) ar
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from tvm import tirx
 from tvm.ir import Expr
@@ -41,17 +41,21 @@ accumulators keep it busy."""
 
 def lower_gemm_bf16(low: Lowering, A: tirx.Buffer, B: tirx.Buffer, C: tirx.Buffer, *,
                     transpose_a: bool, transpose_b: bool, live: Live,
-                    kept: Mapping[str, Relayout] | None = None) -> None:
+                    kept: Mapping[str, Relayout] | None = None,
+                    a_read: Callable[[Expr, Expr], Expr] | None = None) -> None:
     """Emit ``C += op(A) @ op(B)`` for whole local buffers ``A``, ``B`` (bfloat16) and
     ``C`` (float32) with static shapes; register tiles with no ``live`` row or column are
     left out. An operand named in ``kept`` (``"a"``, ``"b"``) is re-laid into its
-    :class:`.copy_reuse.Relayout`'s arrays only while that is stale, else every time. On a
-    target with AMX (:func:`.gemm_amx.enabled`) the tiles of :mod:`.gemm_amx` compute it
-    instead (all of ``C``: rows past ``live`` too)."""
+    :class:`.copy_reuse.Relayout`'s arrays only while that is stale, else every time.
+    ``a_read(i, kk)``, where given, is ``op(A)[i, kk]`` (as float32) read from elsewhere
+    (:func:`.forwarding.gemm_operand_reader`): ``A`` is then never read. On a target with
+    AMX (:func:`.gemm_amx.enabled`) the tiles of :mod:`.gemm_amx` compute it instead (all
+    of ``C``: rows past ``live`` too)."""
     kept = kept or {}
     if gemm_amx.enabled(low.target.caps):
         gemm_amx.lower_gemm_amx(low.kb, low.name, low.target.caps, A, B, C,
-                                transpose_a=transpose_a, transpose_b=transpose_b, kept=kept)
+                                transpose_a=transpose_a, transpose_b=transpose_b, kept=kept,
+                                a_read=a_read)
         return
     m, n = (int(d) for d in C.shape)
     k = int(A.shape[0] if transpose_a else A.shape[1])
@@ -62,6 +66,8 @@ def lower_gemm_bf16(low: Lowering, A: tirx.Buffer, B: tirx.Buffer, C: tirx.Buffe
     bp = relaid_array(kb, low.name, kept.get("b"), "b_pairs", (pairs, vectors * LANES), "int32")
 
     def a_at(i: Expr, kk: Expr) -> Expr:
+        if a_read is not None:
+            return a_read(i, kk)
         return A[kk, i] if transpose_a else A[i, kk]
 
     def b_at(kk: Expr, j: Expr) -> Expr:

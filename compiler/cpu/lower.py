@@ -104,7 +104,7 @@ class _Lowering:
                                       lambda v: (v.shape, v.dtype.name))
         self._slots: dict[int, tirx.Buffer] = {}
         self.inline: dict[int, ir.Op] = {}
-        self.gemm_sources = forwarding.gemm_operands(kernel)
+        self.gemm_sources = forwarding.gemm_operands(kernel, target.caps)
         """Buffers the gemms read from global memory instead (:func:`.forwarding.gemm_operands`):
         their copies are left out."""
         self.panel_strips = strip_panels(kernel, target.caps)
@@ -423,7 +423,7 @@ class _Lowering:
         if grouping is not None:
             self._grouped(grouping)
             return self.kb.finish()
-        reuse = copy_reuse.plan(self.kernel)
+        reuse = copy_reuse.plan(self.kernel, self.target.caps)
         order = None
         if reuse is not None:
             order = [reuse.fastest] + [a for a in range(len(self.kernel.grid))

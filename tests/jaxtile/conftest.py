@@ -17,7 +17,7 @@ import jax
 import pytest
 
 import jaxtile as jt
-from jaxtile.compiler import build, ir
+from jaxtile.compiler import build, ir, target
 from jaxtile.compiler.hip import toolchain as hip_toolchain
 from jaxtile.compiler.target import parse_target
 
@@ -133,3 +133,24 @@ def _sweep():
         mp.undo()
     build.wait_idle()
     _compile_for_amd(built)
+
+
+@pytest.fixture(params=["amx_emulated", "dot"])
+def relaying(request, monkeypatch):
+    """A bfloat16 gemm path that re-lays its operands first: AMX's tiles, emulated (any
+    machine; ``tests/compiler/cpu/test_gemm_amx.py`` runs them natively too), or
+    ``vdpbf16ps`` (this machine described without AMX, where it has AVX512-BF16)."""
+    info = dict(target._cpuinfo())
+    flags = set(info.get("flags", "").split())
+    if request.param == "dot":
+        if "avx512_bf16" not in flags:
+            pytest.skip("the host CPU has no AVX512-BF16 (vdpbf16ps)")
+        flags -= set(target.AMX_FLAGS)
+    else:
+        flags |= {"amx_bf16", "amx_tile", "avx512f", "avx512_bf16"}
+        monkeypatch.setattr(target, "AMX_EMULATION", True)
+    info["flags"] = " ".join(sorted(flags))
+    monkeypatch.setattr(target, "_cpuinfo", lambda: info)
+    caps = parse_target("cpu").caps
+    assert caps.bf16_dot and caps.amx_bf16 == (request.param == "amx_emulated")
+    return request.param

@@ -14,7 +14,7 @@ from language_helpers import BF16, F32, aligned, data
 
 import jaxtile as jt
 from jaxtile import _ffi
-from jaxtile.compiler import build, target
+from jaxtile.compiler import build
 from jaxtile.compiler.cpu import copy_reuse, forwarding
 from jaxtile.compiler.target import parse_target
 
@@ -106,27 +106,6 @@ def test_calls_over_parts_of_the_grid(rng, cuts):
         _ffi.call_kernel(lowered.key, args, begin, end)
     np.testing.assert_array_equal(out, want)
     assert (np.abs(out - np.asarray(a, np.float64) @ b) <= _bound(a, b)).all()
-
-
-@pytest.fixture(params=["amx_emulated", "dot"])
-def relaying(request, monkeypatch):
-    """A bfloat16 gemm path that re-lays its operands first: AMX's tiles, emulated (any
-    machine; ``tests/compiler/cpu/test_gemm_amx.py`` runs them natively too), or
-    ``vdpbf16ps`` (this machine described without AMX, where it has AVX512-BF16)."""
-    info = dict(target._cpuinfo())
-    flags = set(info.get("flags", "").split())
-    if request.param == "dot":
-        if "avx512_bf16" not in flags:
-            pytest.skip("the host CPU has no AVX512-BF16 (vdpbf16ps)")
-        flags -= set(target.AMX_FLAGS)
-    else:
-        flags |= {"amx_bf16", "amx_tile", "avx512f", "avx512_bf16"}
-        monkeypatch.setattr(target, "AMX_EMULATION", True)
-    info["flags"] = " ".join(sorted(flags))
-    monkeypatch.setattr(target, "_cpuinfo", lambda: info)
-    caps = parse_target("cpu").caps
-    assert caps.bf16_dot and caps.amx_bf16 == (request.param == "amx_emulated")
-    return request.param
 
 
 @pytest.mark.parametrize("cuts", [(0, 16), (0, 5, 16), (0, 7, 9, 16), tuple(range(17))])

@@ -3,8 +3,9 @@
 inside the source in every block, read only as the gemm's ``a``; rows past the source's end
 only where they feed no output), that their copies are left out of the code, and the
 products with it, plain and transposed, on ragged sizes, with edge values and with sources
-followed by NaN in memory, for AVX2 code and the host's, against the reference semantics and
-numpy; mutation tests show the row proof and the K tail's pad are what keep them right."""
+followed by NaN in memory, for AVX2 code and the host's (and bfloat16 panels on the paths
+that re-lay them), against the reference semantics and numpy; mutation tests show the row
+proof and the K tail's pad are what keep them right."""
 
 import re
 import warnings
@@ -29,10 +30,10 @@ def _lowered(kernel, *args, **params):
     return build.lowered_ir(kernel.lower(*args, **params).kernel, parse_target("cpu"))
 
 
-def _forwarded(kernel, *args, **params):
-    """The source buffer of each forwarded operand."""
+def _forwarded(kernel, *args, caps=None, **params):
+    """The source buffer of each forwarded operand (for a target of ``caps``)."""
     return sorted(r.src.buffer for r in forwarding.gemm_operands(
-        _lowered(kernel, *args, **params)).values())
+        _lowered(kernel, *args, **params), caps).values())
 
 
 def test_a_panels_inside_the_source_are_forwarded():
@@ -70,9 +71,11 @@ def test_ragged_panels_are_forwarded_with_masked_edges():
 
 
 def test_panels_that_convert_or_feed_live_rows_past_the_end_are_copied():
-    # bfloat16 A is widened (or kept for the bf16 dot) by its copy.
-    assert _forwarded(matmul, jnp.zeros((128, 192), BF16), jnp.zeros((192, 64), BF16),
-                      **TILES) == []
+    # bfloat16 A is widened by its copy for the FMA path, on a target without the bfloat16
+    # dot (the gemm would widen each element again for every tile of columns).
+    a, b = jnp.zeros((128, 192), BF16), jnp.zeros((192, 64), BF16)
+    assert _forwarded(matmul, a, b, **TILES) == []
+    assert _forwarded(matmul, a, b, caps=parse_target("cpu:x86-64-v4").caps, **TILES) == []
     # The output has more rows than A: its rows past A's end are live, and a clamped read
     # would give them A's last row where the copy's zeros give 0.
     assert _forwarded(tall_matmul, jnp.zeros((70, 96), F32), jnp.zeros((96, 64), F32)) == []
@@ -181,6 +184,60 @@ def test_the_k_tail_multiplies_the_pad(monkeypatch, tmp_path, rng):
                         lambda low, operand, k, live_k=None: [(0, k, True)])
     mutant = np.asarray(jax.jit(padded_matmul)(a, b))
     assert np.isnan(mutant[4]).all() and not np.isnan(want[4]).any()
+
+
+def test_bfloat16_panels_are_forwarded_where_the_gemm_re_lays_them():
+    """The bfloat16-dot and AMX gemms re-lay A into pairs of K first: they read A from
+    global memory as they would from its panel, once per element."""
+    a, b = jnp.zeros((128, 192), BF16), jnp.zeros((192, 64), BF16)
+    for cpu in ("cpu:sapphirerapids", "cpu"):
+        caps = parse_target(cpu).caps
+        if caps.bf16_dot:
+            assert _forwarded(matmul, a, b, caps=caps, **TILES) == ["a"]
+    (op,) = forwarding.gemm_operands(_lowered(padded_matmul, jnp.zeros((70, 90), BF16),
+                                              jnp.zeros((90, 40), BF16)),
+                                     parse_target("cpu:sapphirerapids").caps).values()
+    assert (op.pad, op.clamp_rows, op.k_tail) == (1.5, True, True)
+
+
+def _padded_bf16_case(rng, k):
+    """``_padded_case`` in bfloat16, its expected product from the rounded inputs."""
+    a, b, _ = _padded_case(rng, k)
+    a, b = a.astype(BF16), b.astype(BF16)
+    return a, b, np.asarray(a, np.float64) @ np.asarray(b, np.float64) + (128 - k) * 0.75
+
+
+def test_a_forwarded_bfloat16_panel_takes_the_pad_past_k(relaying, monkeypatch, tmp_path,
+                                                         rng):
+    """On the paths that re-lay A (AMX's tiles, emulated, and ``vdpbf16ps``): K = 90 in
+    steps of 64 and 70 rows in blocks of 32, both edges masked; the 38 columns past K give
+    1.5 * 0.5 each; NaN and inf that start rows 5 and 33 stay in their rows; with the
+    operands followed by NaN in memory nothing past their ends is read. With the K tail
+    mutated into a read, NaN reaches the row before and past the end of A."""
+    def bound(a, b):   # float32 sums of 128 products, the pad's included
+        a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        return 128 * 2.0 ** -23 * (np.abs(a64) @ np.abs(b64) + 38 * 0.75)
+
+    a, b, want = _padded_bf16_case(rng, 90)
+    _fresh_build(monkeypatch, tmp_path / "plain")
+    assert _forwarded(padded_matmul, jnp.asarray(a), jnp.asarray(b),
+                      caps=parse_target("cpu").caps) == ["a"]
+    got = np.asarray(jax.jit(lambda x, y: padded_matmul(x, y))(a, b))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    finite = np.isfinite(want)
+    np.testing.assert_array_equal(got[~finite], want[~finite])
+    assert (np.abs(got - want)[finite] <= bound(a, b)[finite]).all()
+    a[5, 0] = a[33, 0] = 1.0
+    want = np.asarray(a, np.float64) @ np.asarray(b, np.float64) + 38 * 0.75
+    got = np.asarray(jax.jit(lambda x, y: padded_matmul(x, y))(_before_nans(a),
+                                                                _before_nans(b)))
+    assert (np.abs(got - want) <= bound(a, b)).all()
+    a, b, _ = _padded_bf16_case(rng, 91)
+    _fresh_build(monkeypatch, tmp_path / "mutant")
+    monkeypatch.setattr(forwarding, "gemm_k_parts",
+                        lambda low, operand, k, live_k=None: [(0, k, True)])
+    mutant = np.asarray(jax.jit(lambda x, y: padded_matmul(x, y))(a, b))
+    assert np.isnan(mutant[4]).all()
 
 
 def test_the_forwarded_copy_is_left_out():

@@ -389,6 +389,17 @@ def gemm_operand_reader(low: Lowering, operand: GemmOperand, k: int,
     return read
 
 
+def gemm_operand_rows(low: Lowering, operand: GemmOperand) -> tuple[tirx.Buffer, Expr,
+                                                                    Expr] | None:
+    """Where a forwarded operand's panel lies as it is: ``(buffer, row, col)``, its element
+    ``(i, kk)`` being ``buffer[row + i, col + kk]`` for every element of the panel (not
+    transposed, no edge masked: the whole panel lies inside the source); else None."""
+    if operand.rows_axis != 0 or operand.clamp_rows or operand.k_tail:
+        return None
+    row, col = _coords(low, operand.src, (0, 0))
+    return low.bufs[operand.src.buffer], row, col
+
+
 def gemm_k_parts(low: Lowering, operand: GemmOperand | None, k: int,
                  live_k: Expr | None = None) -> list[tuple[int | Expr, int | Expr, bool]]:
     """The gemm's K loop over ``k`` panel columns in parts ``(start, stop, read)``: where

@@ -169,7 +169,8 @@ def lower_gemm(low: Lowering, op: ir.Op, *, lanes: int) -> None:
         lower_gemm_bf16(low, A, low.bufs[a["b"]], low.bufs[a["c"]],
                         transpose_a=a["transpose_a"], transpose_b=a["transpose_b"], live=live,
                         kept={role: r for role, r in kept.items() if r is not None},
-                        a_read=a_read)
+                        a_read=a_read, a_rows=None if source is None
+                        else forwarding.gemm_operand_rows(low, source))
     else:
         _lower_fma(low, a, lanes, live)
     if a["c"] != c_region.buffer:

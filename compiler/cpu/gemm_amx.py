@@ -164,22 +164,22 @@ def _in_child(emulated: bool) -> str | None:
 def lower_gemm_amx(kb, name: Callable[[str], str], caps: CpuCaps, A: tirx.Buffer,
                    B: tirx.Buffer, C: tirx.Buffer, *, transpose_a: bool,
                    transpose_b: bool, kept: Mapping[str, Relayout] | None = None,
-                   a_read: Callable[[Expr, Expr], Expr] | None = None) -> None:
+                   a_read: Callable[[Expr, Expr], Expr] | None = None,
+                   a_rows: Rows | None = None) -> None:
     """Emit ``C += op(A) @ op(B)`` with ``kb`` (a :class:`.tir_emit.KernelBuilder`) for whole
     local buffers ``A``, ``B`` (bfloat16) and ``C`` (float32) with static shapes; ``name``
     makes fresh names. An operand named in ``kept`` (``"a"``, ``"b"``) is re-laid into its
     :class:`.copy_reuse.Relayout`'s array only while that is stale. ``a_read(i, kk)``, where
-    given, is ``op(A)[i, kk]`` (as float32) read from elsewhere: ``A`` is then never read.
-    Tile operations are native instructions, or their emulation where
-    ``caps.amx_emulated``."""
+    given, is ``op(A)[i, kk]`` (as float32) read from elsewhere: ``A`` is then never read;
+    ``a_rows``, where given too, says where those elements lie as rows of bfloat16 (the
+    same elements, all inside their buffer): where ``A`` is whole tiles (``M`` a multiple
+    of 16, ``K`` of 32) its tiles are loaded from there, with no re-layout at all. Tile
+    operations are native instructions, or their emulation where ``caps.amx_emulated``."""
     kept = kept or {}
     m, n = (int(d) for d in C.shape)
     k = int(A.shape[0] if transpose_a else A.shape[1])
     mp, np_ = _up(m, ROWS), _up(n, WORDS)
     kp = _up(k, 2 * WORDS) // 2            # pairs of K, whole tiles of them
-    ap = relaid_array(kb, name, kept.get("a"), "amx_a", (mp * kp,), "int32")
-    bp = relaid_array(kb, name, kept.get("b"), "amx_b", (kp * np_,), "int32")
-    cp = kb.alloc_local(name("amx_c"), (mp * np_,), "float32")
     cfg = kb.alloc_local(name("amx_cfg"), (CONFIG_BYTES,), "uint8")
     tiles = (_Emulated if caps.amx_emulated else _Native)(kb, name, cfg)
 
@@ -191,10 +191,17 @@ def lower_gemm_amx(kb, name: Callable[[str], str], caps: CpuCaps, A: tirx.Buffer
     def b_at(kk: Expr, j: Expr) -> Expr:
         return B[j, kk] if transpose_b else B[kk, j]
 
-    with relaying(kb, kept.get("a")):
-        _pack_a(kb, name, ap, (m, k), (mp, kp), a_at)
+    if a_rows is not None and (mp, 2 * kp) == (m, k):
+        a_panel: _Panel = a_rows
+    else:
+        ap = relaid_array(kb, name, kept.get("a"), "amx_a", (mp * kp,), "int32")
+        with relaying(kb, kept.get("a")):
+            _pack_a(kb, name, ap, (m, k), (mp, kp), a_at)
+        a_panel = _Local(kb, ap, kp)
+    bp = relaid_array(kb, name, kept.get("b"), "amx_b", (kp * np_,), "int32")
     with relaying(kb, kept.get("b")):
         _pack_b(kb, name, bp, (k, n), (kp, np_), b_at)
+    cp = kb.alloc_local(name("amx_c"), (mp * np_,), "float32")
     with kb.loop(name("i"), mp) as i, kb.loop(name("j"), np_) as j:
         inside = tirx.all(i < m, j < n)
         kb.store(cp, [i * np_ + j], tirx.if_then_else(inside, C[i, j],
@@ -202,14 +209,72 @@ def lower_gemm_amx(kb, name: Callable[[str], str], caps: CpuCaps, A: tirx.Buffer
 
     _configure(kb, cfg)
     tiles.configure()
-    pitch = (kp, np_)
+    panels = (a_panel, _Local(kb, bp, np_), _Local(kb, cp, np_))
     _blocks(kb, name, mp, lambda i0, rows: _blocks(
-        kb, name, np_, lambda j0, cols: _block(kb, name, tiles, (ap, bp, cp), pitch,
-                                               (i0, j0), (rows, cols), kp)))
+        kb, name, np_, lambda j0, cols: _block(kb, name, tiles, panels, (i0, j0),
+                                               (rows, cols), kp)))
     tiles.release()
 
     with kb.loop(name("i"), m) as i, kb.loop(name("j"), n) as j:
         kb.store(C, [i, j], cp[i * np_ + j])
+
+
+class _Panel:
+    """Rows of 32-bit words that tiles are loaded from (and stored to): word ``w`` of row
+    ``r`` is :meth:`word` (for the emulation) at :meth:`address` (for the instructions),
+    rows :attr:`pitch` bytes apart."""
+
+    pitch: Expr | int
+
+    def address(self, r: Expr, w: Expr) -> Expr:
+        raise NotImplementedError
+
+    def word(self, r: Expr, w: Expr) -> Expr:
+        """The word as int32."""
+        raise NotImplementedError
+
+    def store_word(self, r: Expr, w: Expr, value: Expr) -> None:
+        raise NotImplementedError
+
+
+class _Local(_Panel):
+    """A local array of 32-bit elements, ``words`` to a row."""
+
+    def __init__(self, kb, buf: tirx.Buffer, words: int):
+        self.kb, self.buf, self.words, self.pitch = kb, buf, words, 4 * words
+
+    def address(self, r: Expr, w: Expr) -> Expr:
+        return tirx.address_of(self.buf[r * self.words + w])
+
+    def word(self, r: Expr, w: Expr) -> Expr:
+        x = self.buf[r * self.words + w]
+        return x if str(self.buf.dtype) == "int32" else tirx.reinterpret("int32", x)
+
+    def store_word(self, r: Expr, w: Expr, value: Expr) -> None:
+        dtype = str(self.buf.dtype)
+        self.kb.store(self.buf, [r * self.words + w],
+                      value if dtype == "int32" else tirx.reinterpret(dtype, value))
+
+
+class Rows(_Panel):
+    """Rows of bfloat16 where ``op(A)`` lies (its element ``(i, kk)`` is ``buffer[row + i,
+    col + kk]``, a 2-D buffer), each pair of K one 32-bit word of ``A``'s tiles: the layout
+    ``tdpbf16ps`` reads, so the tiles load straight from there."""
+
+    def __init__(self, buffer: tirx.Buffer, row: Expr, col: Expr):
+        self.buffer, self.row, self.col = buffer, row, col
+        self.pitch = buffer.shape[1] * 2
+
+    def address(self, r: Expr, w: Expr) -> Expr:
+        return tirx.address_of(self.buffer[self.row + r, self.col + 2 * w])
+
+    def word(self, r: Expr, w: Expr) -> Expr:
+        lo = self.buffer[self.row + r, self.col + 2 * w]
+        hi = self.buffer[self.row + r, self.col + 2 * w + 1]
+        return _pair(_bits(lo), _bits(hi))
+
+    def store_word(self, r: Expr, w: Expr, value: Expr) -> None:
+        raise AssertionError("A's rows are never stored to")
 
 
 def _up(x: int, step: int) -> int:
@@ -239,27 +304,27 @@ def _blocks(kb, name, extent: int, body: Callable[[Expr, int], None]) -> None:
         body(tirx.const(extent - ROWS, "int32"), 1)
 
 
-def _block(kb, name, tiles, panels, pitch, origin, shape, kp: int) -> None:
+def _block(kb, name, tiles, panels, origin, shape, kp: int) -> None:
     """``rows x cols`` tiles of ``C`` at ``origin`` (element row and column of the padded
-    panel): loaded, K in steps of 32 (one tile of pairs), stored."""
+    panel): loaded, K in steps of 32 (one tile of pairs), stored. ``panels``: ``A`` (rows
+    of M, words of K pairs), ``B`` (rows of K pairs, words of N), ``C`` (rows of M, words
+    of N)."""
     ap, bp, cp = panels
-    (apitch, cpitch), (i0, j0), (rows, cols) = pitch, origin, shape
+    (i0, j0), (rows, cols) = origin, shape
     for r in range(rows):
         for c in range(cols):
-            tiles.load(C_TILES[2 * r + c], cp, (i0 + ROWS * r) * cpitch + j0 + WORDS * c,
-                       cpitch * 4)
+            tiles.load(C_TILES[2 * r + c], cp, i0 + ROWS * r, j0 + WORDS * c)
     with kb.loop(name("kt"), kp // WORDS) as kt:
         for r in range(rows):
-            tiles.load(A_TILES[r], ap, (i0 + ROWS * r) * apitch + kt * WORDS, apitch * 4)
+            tiles.load(A_TILES[r], ap, i0 + ROWS * r, kt * WORDS)
         for c in range(cols):
-            tiles.load(B_TILES[c], bp, kt * ROWS * cpitch + j0 + WORDS * c, cpitch * 4)
+            tiles.load(B_TILES[c], bp, kt * ROWS, j0 + WORDS * c)
         for r in range(rows):
             for c in range(cols):
                 tiles.dot(C_TILES[2 * r + c], A_TILES[r], B_TILES[c])
     for r in range(rows):
         for c in range(cols):
-            tiles.store(C_TILES[2 * r + c], cp, (i0 + ROWS * r) * cpitch + j0 + WORDS * c,
-                        cpitch * 4)
+            tiles.store(C_TILES[2 * r + c], cp, i0 + ROWS * r, j0 + WORDS * c)
 
 
 def _pair(lo: Expr, hi: Expr) -> Expr:
@@ -317,16 +382,16 @@ class _Native:
     def configure(self) -> None:
         self._call("llvm.x86.ldtilecfg", tirx.address_of(self.cfg[0]))
 
-    def load(self, tile: int, buf: tirx.Buffer, offset: Expr, stride: int) -> None:
-        self._call("llvm.x86.tileloadd64", tirx.const(tile, "int8"),
-                   tirx.address_of(buf[offset]), tirx.const(stride, "int64"))
+    def load(self, tile: int, panel: _Panel, r: Expr, w: Expr) -> None:
+        self._call("llvm.x86.tileloadd64", tirx.const(tile, "int8"), panel.address(r, w),
+                   _int64(panel.pitch))
 
     def dot(self, dst: int, a: int, b: int) -> None:
         self._call("llvm.x86.tdpbf16ps", *(tirx.const(t, "int8") for t in (dst, a, b)))
 
-    def store(self, tile: int, buf: tirx.Buffer, offset: Expr, stride: int) -> None:
-        self._call("llvm.x86.tilestored64", tirx.const(tile, "int8"),
-                   tirx.address_of(buf[offset]), tirx.const(stride, "int64"))
+    def store(self, tile: int, panel: _Panel, r: Expr, w: Expr) -> None:
+        self._call("llvm.x86.tilestored64", tirx.const(tile, "int8"), panel.address(r, w),
+                   _int64(panel.pitch))
 
     def release(self) -> None:
         self._call("llvm.x86.tilerelease")
@@ -361,24 +426,19 @@ class _Emulated:
                 kb.loop(self.name("w"), WORDS) as w:
             kb.store(self.tmm, [t, r, w], tirx.const(0, "int32"))
 
-    def load(self, tile: int, buf: tirx.Buffer, offset: Expr, stride: int) -> None:
+    def load(self, tile: int, panel: _Panel, r0: Expr, w0: Expr) -> None:
         kb = self.kb
         with kb.loop(self.name("r"), ROWS) as r, kb.loop(self.name("w"), WORDS) as w:
             with kb.if_(tirx.all(r < self._rows(tile), w < self._words(tile))):
-                word = buf[offset + r * (stride // 4) + w]
-                kb.store(self.tmm, [tile, r, w], word if str(buf.dtype) == "int32"
-                         else tirx.reinterpret("int32", word))
+                kb.store(self.tmm, [tile, r, w], panel.word(r0 + r, w0 + w))
             with kb.else_():
                 kb.store(self.tmm, [tile, r, w], tirx.const(0, "int32"))
 
-    def store(self, tile: int, buf: tirx.Buffer, offset: Expr, stride: int) -> None:
+    def store(self, tile: int, panel: _Panel, r0: Expr, w0: Expr) -> None:
         kb = self.kb
         with kb.loop(self.name("r"), ROWS) as r, kb.loop(self.name("w"), WORDS) as w:
             with kb.if_(tirx.all(r < self._rows(tile), w < self._words(tile))):
-                word = self.tmm[tile, r, w]
-                kb.store(buf, [offset + r * (stride // 4) + w],
-                         word if str(buf.dtype) == "int32"
-                         else tirx.reinterpret(str(buf.dtype), word))
+                panel.store_word(r0 + r, w0 + w, self.tmm[tile, r, w])
 
     def dot(self, dst: int, a: int, b: int) -> None:
         kb, tmm, sums = self.kb, self.tmm, self.sums
@@ -403,6 +463,10 @@ class _Emulated:
     def release(self) -> None:
         """``tilerelease`` returns the tiles to their initial state: nothing a program can
         read afterwards, so nothing to emulate."""
+
+
+def _int64(x: Expr | int) -> Expr:
+    return tirx.const(x, "int64") if isinstance(x, int) else tirx.Cast("int64", x)
 
 
 def _half(word: Expr, half: int) -> Expr:
@@ -430,26 +494,37 @@ def _fma(a: Expr, b: Expr, c: Expr) -> Expr:
 
 
 def self_check(*, emulated: bool) -> str | None:
-    """Run a small GEMM (bfloat16 ``37 x 70`` by ``70 x 45``, ragged in every dimension,
-    one block of 2 x 2 tiles and single ones, three steps of K, a transposed B) through this
-    kernel and compare it with numpy; None if it agrees, else what differed.
+    """Run two small GEMMs through this kernel and compare them with numpy; None if they
+    agree, else what differed: bfloat16 ``37 x 70`` by ``70 x 45`` (ragged in every
+    dimension, one block of 2 x 2 tiles and single ones, three steps of K, a transposed B,
+    A re-laid), and ``32 x 64`` by ``64 x 45`` with A's tiles loaded from its rows
+    (:class:`Rows`).
 
     Two products: one of small integers, whose sums every order of addition computes
     exactly, so the result must be bitwise numpy's (this catches a wrong layout, stride,
     pairing or configuration whatever the instruction's rounding); one of random values,
     within the error bound of K float32 additions (``K * 2**-24 * sum |a_ik b_kj|``)."""
-    import ml_dtypes
 
     # Linux grants the tile data state per process, and the child running this has not
     # asked yet (nothing it imports does): without it the first tile instruction is an
     # illegal instruction.
     if not emulated and not amx_permitted():
         return "Linux did not grant this process the AMX tile data state"
-    m, k, n = 37, 70, 45
     rng = np.random.default_rng(20)
+    for (m, k, n), direct in (((37, 70, 45), False), ((32, 64, 45), True)):
+        problem = _check_one(_self_check_kernel(m, k, n, emulated, direct), (m, k, n), rng)
+        if problem is not None:
+            return f"{m} x {k} x {n}{', A from its rows' if direct else ''}: {problem}"
+    return None
+
+
+def _check_one(run, mkn: tuple[int, int, int], rng) -> str | None:
+    """:func:`self_check`'s comparisons for one kernel ``run`` of shape ``mkn``."""
+    import ml_dtypes
+
+    m, k, n = mkn
     cases = (("integers", rng.integers(-8, 9, (m, k)), rng.integers(-8, 9, (n, k))),
              ("random", rng.standard_normal((m, k)), rng.standard_normal((n, k))))
-    run = _self_check_kernel(m, k, n, emulated)
     for label, a, bt in cases:
         a16, bt16 = a.astype(ml_dtypes.bfloat16), bt.astype(ml_dtypes.bfloat16)
         c0 = rng.integers(-4, 5, (m, n)).astype(np.float32)
@@ -468,9 +543,9 @@ def self_check(*, emulated: bool) -> str | None:
     return None
 
 
-def _self_check_kernel(m: int, k: int, n: int, emulated: bool):
+def _self_check_kernel(m: int, k: int, n: int, emulated: bool, direct: bool):
     """The self-check's GEMM compiled for the host: a function of ``(a, b_transposed, c)``
-    (numpy arrays) returning the new ``c``."""
+    (numpy arrays) returning the new ``c``; with ``direct``, A's tiles load from its rows."""
     import tvm
 
     from . import bf16_dot, tir_emit
@@ -482,7 +557,7 @@ def _self_check_kernel(m: int, k: int, n: int, emulated: bool):
     caps = CpuCaps("x86_64", ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f"), "", 512,
                    "host", emulated)
     lower_gemm_amx(kb, lambda p: f"{p}{next(names)}", caps, a, bt, c, transpose_a=False,
-                   transpose_b=True)
+                   transpose_b=True, a_rows=Rows(a, 0, 0) if direct else None)
     module = bf16_dot.resolve(tir_emit.build(kb.finish(), tir_emit.host_cpu()))
 
     def run(a16, bt16, c0):

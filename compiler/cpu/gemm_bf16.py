@@ -42,20 +42,23 @@ accumulators keep it busy."""
 def lower_gemm_bf16(low: Lowering, A: tirx.Buffer, B: tirx.Buffer, C: tirx.Buffer, *,
                     transpose_a: bool, transpose_b: bool, live: Live,
                     kept: Mapping[str, Relayout] | None = None,
-                    a_read: Callable[[Expr, Expr], Expr] | None = None) -> None:
+                    a_read: Callable[[Expr, Expr], Expr] | None = None,
+                    a_rows: tuple[tirx.Buffer, Expr, Expr] | None = None) -> None:
     """Emit ``C += op(A) @ op(B)`` for whole local buffers ``A``, ``B`` (bfloat16) and
     ``C`` (float32) with static shapes; register tiles with no ``live`` row or column are
     left out. An operand named in ``kept`` (``"a"``, ``"b"``) is re-laid into its
     :class:`.copy_reuse.Relayout`'s arrays only while that is stale, else every time.
     ``a_read(i, kk)``, where given, is ``op(A)[i, kk]`` (as float32) read from elsewhere
-    (:func:`.forwarding.gemm_operand_reader`): ``A`` is then never read. On a target with
-    AMX (:func:`.gemm_amx.enabled`) the tiles of :mod:`.gemm_amx` compute it instead (all
-    of ``C``: rows past ``live`` too)."""
+    (:func:`.forwarding.gemm_operand_reader`): ``A`` is then never read; ``a_rows`` where
+    those elements lie as they are (:func:`.forwarding.gemm_operand_rows`). On a target
+    with AMX (:func:`.gemm_amx.enabled`) the tiles of :mod:`.gemm_amx` compute it instead
+    (all of ``C``: rows past ``live`` too)."""
     kept = kept or {}
     if gemm_amx.enabled(low.target.caps):
         gemm_amx.lower_gemm_amx(low.kb, low.name, low.target.caps, A, B, C,
                                 transpose_a=transpose_a, transpose_b=transpose_b, kept=kept,
-                                a_read=a_read)
+                                a_read=a_read,
+                                a_rows=None if a_rows is None else gemm_amx.Rows(*a_rows))
         return
     m, n = (int(d) for d in C.shape)
     k = int(A.shape[0] if transpose_a else A.shape[1])

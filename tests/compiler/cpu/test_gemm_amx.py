@@ -13,6 +13,7 @@ re-layout, padding that is not zero, a wrong tile configuration) fail these chec
 self-check that guards the native path catches them too.
 """
 
+import re
 import warnings
 
 import jax
@@ -279,6 +280,47 @@ def test_mutations_are_caught(emulated, monkeypatch, rng, attr, mutant):
     with pytest.raises(AssertionError):
         _check(a, b, 45, bm=48, bn=32)
     assert gemm_amx.self_check(emulated=True) is not None
+
+
+def _source(a, b, **tiles):
+    spr = parse_target("cpu:sapphirerapids")
+    return lower.source(build.lowered_ir(transposed_matmul.lower(a, b, **tiles).kernel, spr),
+                        spr)
+
+
+def test_whole_tiles_of_a_load_from_a_itself():
+    """A panel of whole tiles (M a multiple of 16, K of 32) read where it lies (forwarded,
+    ``forwarding.gemm_operand_rows``) is loaded into tiles straight from A, re-laid into
+    nothing; a ragged one, or a transposed one, is re-laid into pairs first."""
+    x = jnp.zeros((64, 64), BF16)
+    even = _source(x, x, bm=32, bn=32, bk=64)
+    assert "amx_a" not in even
+    assert re.search(r'"llvm\.x86\.tileloadd64", T\.int8\(4\), T\.address_of\(a\[', even)
+    ragged = _source(jnp.zeros((37, 29), BF16), jnp.zeros((29, 45), BF16), bm=24, bn=40,
+                     bk=29)
+    assert "amx_a" in ragged
+    transposed = _source(x, x, bm=32, bn=32, bk=64, ta=True)
+    assert "amx_a" in transposed
+
+
+def _swapped_word(self, r, w):
+    """A mutant of ``Rows.word``: the two bfloat16 of a pair of K swapped."""
+    lo = self.buffer[self.row + r, self.col + 2 * w]
+    hi = self.buffer[self.row + r, self.col + 2 * w + 1]
+    return gemm_amx._pair(gemm_amx._bits(hi), gemm_amx._bits(lo))
+
+
+def test_a_mutation_of_the_tiles_read_from_a_is_caught(emulated, monkeypatch, rng):
+    """Whole tiles of A load from A itself (as in the even shape of ``test_amx_matches``):
+    with the pairs swapped there, the checks fail, and so does the self-check (its second
+    GEMM). A shape of its own: a process keeps the kernels it has specialised."""
+    monkeypatch.setattr(gemm_amx.Rows, "word", _swapped_word)
+    monkeypatch.setattr(build, "compiler_version", lambda: "mutated-amx-rows")
+    a, b = _bf16(rng, (48, 96)), _bf16(rng, (96, 32))
+    assert "amx_a" not in _source(a, b, bm=16, bn=32, bk=96)
+    with pytest.raises(AssertionError):
+        _check(a, b, 96, bm=16, bn=32)
+    assert "A from its rows" in gemm_amx.self_check(emulated=True)
 
 
 def test_the_self_check_passes_on_the_emulation():

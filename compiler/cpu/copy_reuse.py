@@ -27,14 +27,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 
 import numpy as np
 from tvm import tirx
 
 from .. import ir, op_defs
-from ..target import CpuCaps
-from . import forwarding
 from .context import Lowering
 from .copies import lower_copy
 from .tir_emit import KernelBuilder
@@ -49,9 +47,10 @@ class Reuse:
     fastest: int
 
 
-def plan(kernel: ir.Kernel, caps: CpuCaps | None = None) -> Reuse | None:
-    """The shared copies of ``kernel`` and the block order for them, or ``None``; ``caps``
-    as for :func:`.forwarding.gemm_operands` (copies it forwards are left out).
+def plan(kernel: ir.Kernel, forwarded: Collection[str]) -> Reuse | None:
+    """The shared copies of ``kernel`` and the block order for them, or ``None``.
+    ``forwarded``: the buffers whose copies the lowering leaves out (the gemm operands of
+    :func:`.forwarding.gemm_operands`).
 
     A copy qualifies when it is a statement of the kernel body itself (not in a loop or
     conditional), reads a region of a global input (which no op writes) at scalar starts,
@@ -76,7 +75,6 @@ def plan(kernel: ir.Kernel, caps: CpuCaps | None = None) -> Reuse | None:
         for r in op_defs.reads(stmt):
             readers.setdefault(r.buffer, set()).add(stmt.kind)
     defs = {s.result.id: s for s in kernel.body if isinstance(s, ir.Op) and s.result is not None}
-    forwarded = forwarding.gemm_operands(kernel, caps)   # copies the lowering leaves out
     axes = {v.id: a for a, v in enumerate(kernel.block_indices)}
     candidates = []   # (copy, the axes its starts depend on, its cost)
     for stmt in kernel.body:

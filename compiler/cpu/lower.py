@@ -423,7 +423,7 @@ class _Lowering:
         if grouping is not None:
             self._grouped(grouping)
             return self.kb.finish()
-        reuse = copy_reuse.plan(self.kernel, self.target.caps)
+        reuse = copy_reuse.plan(self.kernel, self.gemm_sources)
         order = None
         if reuse is not None:
             order = [reuse.fastest] + [a for a in range(len(self.kernel.grid))

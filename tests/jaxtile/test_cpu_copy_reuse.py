@@ -36,7 +36,7 @@ def scaled_rows(x, w, *, rows=8):
 
 def _plan(kernel, *args, **params):
     lowered = build.lowered_ir(kernel.lower(*args, **params).kernel, parse_target("cpu"))
-    return copy_reuse.plan(lowered), lowered
+    return copy_reuse.plan(lowered, forwarding.gemm_operands(lowered)), lowered
 
 
 def _shared_sources(plan, lowered):
@@ -57,7 +57,8 @@ def test_the_panel_of_b_is_shared_with_the_row_blocks_fastest():
     plan, lowered = _plan(matmul, jnp.zeros((16, 96), F32), b)
     assert plan is None
     assert [r.src.buffer for r in forwarding.gemm_operands(lowered).values()] == ["a"]
-    # bfloat16 A is widened by its copy: that copy stays, and is shared.
+    # bfloat16 A is widened by its copy where the gemm takes the FMA path (the operands
+    # forwarded without caps): that copy stays, and is shared.
     plan, lowered = _plan(matmul, jnp.zeros((16, 96), BF16), b.astype(BF16))
     assert plan.fastest == 0 and _shared_sources(plan, lowered) == ["a"]
 

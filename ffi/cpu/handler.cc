@@ -61,22 +61,63 @@ std::string describe(const Kernel& k) {
 // it never dereferences it.
 alignas(256) char g_empty_buffer[256];
 
-ffi::Error to_tensor(const Kernel& k, const ffi::AnyBuffer& buf, size_t index, DLTensor* t) {
-  if (!to_dl_dtype(buf.element_type(), &t->dtype)) {
-    return ffi::Error::InvalidArgument(describe(k) + ": buffer #" + std::to_string(index) +
-                                       " has an element type jaxtile does not support (XLA "
-                                       "type " + std::to_string(int(buf.element_type())) + ")");
+// The call frame's buffers, read in place: `RemainingArgs::get<AnyBuffer>` builds an
+// ErrorOr and a diagnostic engine for each, which with a dtype switch and an element count
+// in passes of their own came to a third of a small call's cost over XLA's custom-call floor
+// (benchmarks/README.md, "Session end (2026-12-04)"). Null: not a buffer (a token).
+class ArgBuffers : public ffi::RemainingArgs {
+ public:
+  explicit ArgBuffers(const ffi::RemainingArgs& a) : ffi::RemainingArgs(a) {}
+  const XLA_FFI_Buffer* at(size_t i) const {
+    const size_t idx = offset() + i;
+    if (args()->types[idx] != XLA_FFI_ArgType_BUFFER) return nullptr;
+    return static_cast<const XLA_FFI_Buffer*>(args()->args[idx]);
   }
-  void* data = buf.untyped_data();
-  if (buf.element_count() == 0) data = g_empty_buffer;
-  auto dims = buf.dimensions();
-  t->data = data;
+};
+
+class RetBuffers : public ffi::RemainingRets {
+ public:
+  explicit RetBuffers(const ffi::RemainingRets& r) : ffi::RemainingRets(r) {}
+  const XLA_FFI_Buffer* at(size_t i) const {
+    const size_t idx = offset() + i;
+    if (rets()->types[idx] != XLA_FFI_RetType_BUFFER) return nullptr;
+    return static_cast<const XLA_FFI_Buffer*>(rets()->rets[idx]);
+  }
+};
+
+// False if `buf` is not a buffer or has an element type kernels do not take.
+bool to_tensor(const XLA_FFI_Buffer* buf, DLTensor* t) {
+  if (buf == nullptr || !to_dl_dtype(static_cast<ffi::DataType>(buf->dtype), &t->dtype)) {
+    return false;
+  }
+  bool empty = false;
+  for (int64_t d = 0; d < buf->rank; ++d) empty |= buf->dims[d] == 0;
+  t->data = empty ? g_empty_buffer : buf->data;
   t->device = DLDevice{kDLCPU, 0};
-  t->ndim = static_cast<int32_t>(dims.size());
-  t->shape = const_cast<int64_t*>(dims.begin());
+  t->ndim = static_cast<int32_t>(buf->rank);
+  t->shape = buf->dims;
   t->strides = nullptr;
   t->byte_offset = 0;
-  return ffi::Error::Success();
+  return true;
+}
+
+// Why to_tensor refused buffer #`index`.
+[[gnu::cold, gnu::noinline]] ffi::Error bad_buffer(const Kernel& k, const XLA_FFI_Buffer* buf,
+                                                   size_t index) {
+  if (buf == nullptr) {
+    return ffi::Error::InvalidArgument(describe(k) + ": operand or result #" +
+                                       std::to_string(index) + " is not an array");
+  }
+  return ffi::Error::InvalidArgument(describe(k) + ": buffer #" + std::to_string(index) +
+                                     " has an element type jaxtile does not support (XLA "
+                                     "type " + std::to_string(int(buf->dtype)) + ")");
+}
+
+// The size of a result in bytes (its tensor was filled by to_tensor).
+size_t result_bytes(const DLTensor& t) {
+  size_t count = 1;
+  for (int32_t d = 0; d < t.ndim; ++d) count *= static_cast<size_t>(t.shape[d]);
+  return count * ((t.dtype.bits * t.dtype.lanes + 7) / 8);
 }
 
 // XLA's intra-op pool as the launch's HostPool.
@@ -88,68 +129,80 @@ struct XlaPool {
   }
 };
 
-ffi::Error run(const Kernel& k, ffi::ThreadPool& xla_pool, ffi::RemainingArgs args,
-               ffi::RemainingRets rets) {
-  const size_t num_buffers = args.size() + rets.size();
-  DLTensor inline_tensors[kInlineBuffers];
-  TVMFFIAny inline_packed[kInlineBuffers + 2];
-  // What the signature check reads: each buffer's XLA element type and dimensions.
-  ffi::DataType inline_types[kInlineBuffers];
-  BufferDims inline_dims[kInlineBuffers];
-  std::vector<DLTensor> heap_tensors;
-  std::vector<TVMFFIAny> heap_packed;
-  std::vector<ffi::DataType> heap_types;
-  std::vector<BufferDims> heap_dims;
-  DLTensor* tensors = inline_tensors;
-  TVMFFIAny* packed = inline_packed;
-  ffi::DataType* types = inline_types;
-  BufferDims* dims = inline_dims;
-  if (num_buffers > kInlineBuffers) {
-    heap_tensors.resize(num_buffers);
-    heap_packed.resize(num_buffers + 2);
-    heap_types.resize(num_buffers);
-    heap_dims.resize(num_buffers);
-    tensors = heap_tensors.data();
-    packed = heap_packed.data();
-    types = heap_types.data();
-    dims = heap_dims.data();
-  }
+// Where a call's buffers are packed for the kernel: `num_buffers` tensors, types and dims,
+// and two more packed arguments (the block range) before the tensors.
+struct CallArrays {
+  DLTensor* tensors;
+  TVMFFIAny* packed;
+  ffi::DataType* types;  // what the signature check reads
+  BufferDims* dims;
+};
 
+// Cold paths, out of line: a small kernel's call costs about as much as XLA's own custom-call
+// path, so the code it runs through is kept to a few cache lines.
+[[gnu::cold, gnu::noinline]] ffi::Error call_refused(const Kernel& k, const std::string& msg) {
+  return ffi::Error::InvalidArgument(describe(k) + ": " + msg);
+}
+
+[[gnu::cold, gnu::noinline]] ffi::Error kernel_failed(const Kernel& k, const std::string& msg) {
+  return ffi::Error::Internal(describe(k) + " failed: " + msg);
+}
+
+ffi::Error run_with(const Kernel& k, ffi::ThreadPool& xla_pool, ffi::RemainingArgs args,
+                    ffi::RemainingRets rets, const CallArrays& c) {
+  const ArgBuffers in(args);
+  const RetBuffers out(rets);
+  const size_t num_args = args.size();
+  const size_t num_buffers = num_args + rets.size();
   for (size_t i = 0; i < num_buffers; ++i) {
-    ffi::Error err;
-    if (i < args.size()) {
-      auto buf = args.get<ffi::AnyBuffer>(i);
-      if (!buf.has_value()) return buf.error();
-      types[i] = buf->element_type();
-      err = to_tensor(k, *buf, i, &tensors[i]);
-    } else {
-      auto buf = rets.get<ffi::AnyBuffer>(i - args.size());
-      if (!buf.has_value()) return buf.error();
-      types[i] = (*buf)->element_type();
-      err = to_tensor(k, **buf, i, &tensors[i]);
-      prefer_huge_pages((*buf)->untyped_data(), (*buf)->size_bytes());
-    }
-    if (err.failure()) return err;
-    dims[i] = BufferDims{tensors[i].shape, static_cast<size_t>(tensors[i].ndim)};
-    TVMFFIAny& a = packed[i + 2];
+    const bool result = i >= num_args;
+    const XLA_FFI_Buffer* buf = result ? out.at(i - num_args) : in.at(i);
+    if (!to_tensor(buf, &c.tensors[i])) return bad_buffer(k, buf, i);
+    c.types[i] = static_cast<ffi::DataType>(buf->dtype);
+    c.dims[i] = BufferDims{buf->dims, static_cast<size_t>(buf->rank)};
+    if (result) prefer_huge_pages(buf->data, result_bytes(c.tensors[i]));
+    TVMFFIAny& a = c.packed[i + 2];
     a.type_index = kTVMFFIDLTensorPtr;
     a.zero_padding = 0;
-    a.v_ptr = &tensors[i];
+    a.v_ptr = &c.tensors[i];
   }
   // The kernel itself checks nothing (it is built without TVM's entry assertions): a call
   // that does not match what it was compiled for must stop here.
   if (k.signature != nullptr) {
-    std::string msg = check_call(*k.signature, types, dims, num_buffers);
-    if (!msg.empty()) return ffi::Error::InvalidArgument(describe(k) + ": " + msg);
+    std::string msg = check_call(*k.signature, c.types, c.dims, num_buffers);
+    if (!msg.empty()) return call_refused(k, msg);
   }
 
   // The pool's size is asked only for a call with blocks to share.
   XlaPool xla{xla_pool};
   const HostPool host{&xla, &XlaPool::schedule, k.num_blocks > 1 ? xla_pool.num_threads() : 0};
   std::string msg =
-      run_blocks(k, packed, static_cast<int32_t>(num_buffers + 2), 0, k.num_blocks, &host);
-  if (!msg.empty()) return ffi::Error::Internal(describe(k) + " failed: " + msg);
+      run_blocks(k, c.packed, static_cast<int32_t>(num_buffers + 2), 0, k.num_blocks, &host);
+  if (!msg.empty()) return kernel_failed(k, msg);
   return ffi::Error::Success();
+}
+
+// A call of more buffers than the handler keeps on its stack.
+[[gnu::cold, gnu::noinline]] ffi::Error run_on_heap(const Kernel& k, ffi::ThreadPool& xla_pool,
+                                                    ffi::RemainingArgs args,
+                                                    ffi::RemainingRets rets) {
+  const size_t n = args.size() + rets.size();
+  std::vector<DLTensor> tensors(n);
+  std::vector<TVMFFIAny> packed(n + 2);
+  std::vector<ffi::DataType> types(n);
+  std::vector<BufferDims> dims(n);
+  return run_with(k, xla_pool, args, rets,
+                  CallArrays{tensors.data(), packed.data(), types.data(), dims.data()});
+}
+
+ffi::Error run(const Kernel& k, ffi::ThreadPool& xla_pool, ffi::RemainingArgs args,
+               ffi::RemainingRets rets) {
+  if (args.size() + rets.size() > kInlineBuffers) return run_on_heap(k, xla_pool, args, rets);
+  DLTensor tensors[kInlineBuffers];
+  TVMFFIAny packed[kInlineBuffers + 2];
+  ffi::DataType types[kInlineBuffers];
+  BufferDims dims[kInlineBuffers];
+  return run_with(k, xla_pool, args, rets, CallArrays{tensors, packed, types, dims});
 }
 
 // An exception escaping into XLA's C API would abort the process.

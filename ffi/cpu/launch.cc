@@ -32,6 +32,14 @@ constexpr int32_t kInlineArgs = 32;
 // 4096 x 1024 on 2 shared cores: 3.1-4.5 ms with 1 chunk per thread, 3.0-3.2 with 4).
 constexpr int64_t kChunkDivisor = 2;
 
+// Out of line and cold, as are the other messages: a small kernel's call runs through little
+// code (benchmarks/dispatch.py).
+[[gnu::cold, gnu::noinline]] std::string kernel_error(int rc) {
+  std::string msg = take_last_error();
+  if (msg.empty()) msg = "kernel returned error code " + std::to_string(rc);
+  return msg;
+}
+
 std::string call_range(const Kernel& kernel, TVMFFIAny* args, int32_t num_args, int64_t begin,
                        int64_t end) {
   args[0].type_index = kTVMFFIInt;
@@ -42,11 +50,8 @@ std::string call_range(const Kernel& kernel, TVMFFIAny* args, int32_t num_args, 
   args[1].v_int64 = end;
   TVMFFIAny result{};
   result.type_index = kTVMFFINone;
-  int rc = kernel.fn(nullptr, args, num_args, &result);
-  if (rc == 0) return {};
-  std::string msg = take_last_error();
-  if (msg.empty()) msg = "kernel returned error code " + std::to_string(rc);
-  return msg;
+  const int rc = kernel.fn(nullptr, args, num_args, &result);
+  return rc == 0 ? std::string() : kernel_error(rc);
 }
 
 // The kernel's name for trace ranges: its symbol without the tvm-ffi and jaxtile prefixes
@@ -93,6 +98,11 @@ void run_chunk(void* ctx, int64_t chunk) {
   }
 }
 
+[[gnu::cold, gnu::noinline]] std::string misaligned(const Kernel& kernel, int32_t buffer) {
+  return "buffer #" + std::to_string(buffer) + " is not " + std::to_string(kernel.alignment) +
+         "-byte aligned";
+}
+
 // TVM tells LLVM every buffer is aligned this much and emits aligned vector accesses, so a
 // misaligned pointer would crash rather than fail.
 std::string check_alignment(const Kernel& kernel, const TVMFFIAny* args, int32_t num_args) {
@@ -100,10 +110,7 @@ std::string check_alignment(const Kernel& kernel, const TVMFFIAny* args, int32_t
   for (int32_t i = 2; i < num_args; ++i) {
     if (args[i].type_index != kTVMFFIDLTensorPtr) continue;
     const auto* t = static_cast<const DLTensor*>(args[i].v_ptr);
-    if ((reinterpret_cast<uintptr_t>(t->data) & mask) != 0) {
-      return "buffer #" + std::to_string(i - 2) + " is not " + std::to_string(kernel.alignment) +
-             "-byte aligned";
-    }
+    if ((reinterpret_cast<uintptr_t>(t->data) & mask) != 0) return misaligned(kernel, i - 2);
   }
   return {};
 }
@@ -125,15 +132,11 @@ std::vector<int64_t> chunk_bounds(int64_t num_blocks, int threads) {
   return bounds;
 }
 
-std::string run_blocks(const Kernel& kernel, TVMFFIAny* args, int32_t num_args, int64_t begin,
-                       int64_t end, const HostPool* host) {
+// Blocks shared by threads when the plan has more than one; out of line, so that a call of
+// one block runs through little code.
+[[gnu::noinline]] std::string run_split(const Kernel& kernel, TVMFFIAny* args, int32_t num_args,
+                                        int64_t begin, int64_t end, const HostPool* host) {
   const int64_t num_blocks = end - begin;
-  if (num_blocks <= 0) return {};
-  if (std::string msg = check_alignment(kernel, args, num_args); !msg.empty()) return msg;
-  // One block or one thread is one chunk: it runs here, and the plan and the chunk list
-  // (an allocation) are not made. A small kernel's whole call costs a few hundred ns, so
-  // each allocation and each cache line it touches shows.
-  if (num_blocks == 1) return call_range(kernel, args, num_args, begin, end);
   const ThreadPlan plan =
       plan_threads(num_threads(), threads_requested(), host ? host->num_threads : 0);
   if (plan.threads <= 1) return call_range(kernel, args, num_args, begin, end);
@@ -156,6 +159,18 @@ std::string run_blocks(const Kernel& kernel, TVMFFIAny* args, int32_t num_args, 
   }
   // One block, one thread, or the pool is serving another call: run everything here.
   return call_range(kernel, args, num_args, begin, end);
+}
+
+std::string run_blocks(const Kernel& kernel, TVMFFIAny* args, int32_t num_args, int64_t begin,
+                       int64_t end, const HostPool* host) {
+  const int64_t num_blocks = end - begin;
+  if (num_blocks <= 0) return {};
+  if (std::string msg = check_alignment(kernel, args, num_args); !msg.empty()) return msg;
+  // One block or one thread is one chunk: it runs here, and the plan and the chunk list
+  // (an allocation) are not made. A small kernel's whole call costs a few hundred ns, so
+  // each allocation and each cache line it touches shows.
+  if (num_blocks == 1) return call_range(kernel, args, num_args, begin, end);
+  return run_split(kernel, args, num_args, begin, end, host);
 }
 
 }  // namespace jaxtile

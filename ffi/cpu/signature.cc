@@ -101,11 +101,36 @@ std::string expected_text(const Signature& s, size_t i, const BufferDims* dims, 
   return out + ']';
 }
 
-std::string mismatch(const Signature& s, size_t i, const ffi::DataType* types,
-                     const BufferDims* dims, size_t n, const std::string& why) {
+[[gnu::cold, gnu::noinline]] std::string wrong_count(const Signature& s, size_t num_buffers) {
+  return "called with " + std::to_string(num_buffers) + " buffers (operands and results) "
+         "but compiled for " + std::to_string(s.buffers.size());
+}
+
+// What is wrong with a buffer, for mismatch's message.
+enum class Misfit { kType, kRank, kFixed, kTooBig, kExpr };
+
+// Out of line and cold: check_call runs on every call, and its code is kept to the checks.
+[[gnu::cold, gnu::noinline]] std::string mismatch(const Signature& s, size_t i,
+                                                  const ffi::DataType* types,
+                                                  const BufferDims* dims, size_t n, Misfit why,
+                                                  size_t d = 0) {
+  std::string reason;
+  switch (why) {
+    case Misfit::kType: reason = "the element type differs"; break;
+    case Misfit::kRank: reason = "the rank differs"; break;
+    case Misfit::kFixed: reason = "dimension " + std::to_string(d) + " differs"; break;
+    case Misfit::kTooBig:
+      reason = "dimension " + std::to_string(d) +
+               " exceeds 2^31-1, the largest dynamic size a kernel takes";
+      break;
+    case Misfit::kExpr:
+      reason = "dimension " + std::to_string(d) + " does not agree with the sizes of the other "
+               "buffers";
+      break;
+  }
   return "argument '" + s.names[i] + "' (buffer #" + std::to_string(i) + ") is " +
          shape_text(dtype_name(types[i]), dims[i].dims, dims[i].rank) +
-         " but the kernel was compiled for " + expected_text(s, i, dims, n) + ": " + why;
+         " but the kernel was compiled for " + expected_text(s, i, dims, n) + ": " + reason;
 }
 
 }  // namespace
@@ -165,24 +190,18 @@ Signature parse_signature(std::string_view text) {
 
 std::string check_call(const Signature& s, const ffi::DataType* types, const BufferDims* dims,
                        size_t num_buffers) {
-  if (num_buffers != s.buffers.size()) {
-    return "called with " + std::to_string(num_buffers) + " buffers (operands and results) "
-           "but compiled for " + std::to_string(s.buffers.size());
-  }
+  if (num_buffers != s.buffers.size()) return wrong_count(s, num_buffers);
   // Element types, ranks and fixed sizes first: the expressions read the ranks' dimensions.
   for (size_t i = 0; i < num_buffers; ++i) {
     const Signature::Buffer& b = s.buffers[i];
-    if (types[i] != b.dtype) return mismatch(s, i, types, dims, num_buffers, "the element type differs");
-    if (dims[i].rank != b.rank) return mismatch(s, i, types, dims, num_buffers, "the rank differs");
+    if (types[i] != b.dtype) return mismatch(s, i, types, dims, num_buffers, Misfit::kType);
+    if (dims[i].rank != b.rank) return mismatch(s, i, types, dims, num_buffers, Misfit::kRank);
     for (size_t d = 0; d < b.rank; ++d) {
       const Signature::Dim& dim = s.dims[b.first_dim + d];
       const int64_t got = dims[i].dims[d];
       if (dim.kind == Signature::Dim::kFixed ? got != dim.value : got > kMaxDynamic) {
         return mismatch(s, i, types, dims, num_buffers,
-                        dim.kind == Signature::Dim::kFixed
-                            ? "dimension " + std::to_string(d) + " differs"
-                            : "dimension " + std::to_string(d) +
-                                  " exceeds 2^31-1, the largest dynamic size a kernel takes");
+                        dim.kind == Signature::Dim::kFixed ? Misfit::kFixed : Misfit::kTooBig, d);
       }
     }
   }
@@ -199,9 +218,7 @@ std::string check_call(const Signature& s, const ffi::DataType* types, const Buf
         want = -1;  // a division by a zero size: no shape fits
       }
       if (dims[i].dims[d] != want) {
-        return mismatch(s, i, types, dims, num_buffers,
-                        "dimension " + std::to_string(d) +
-                            " does not agree with the sizes of the other buffers");
+        return mismatch(s, i, types, dims, num_buffers, Misfit::kExpr, d);
       }
     }
   }

@@ -247,3 +247,33 @@ def test_cache_hit_path_without_tvm(kernel_lib, threads):
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split()[-1] == threads
+
+
+def test_more_buffers_than_the_handler_keeps_on_its_stack(tmp_path, monkeypatch):
+    # The handler packs up to 30 buffers on its stack (ffi/cpu/handler.cc); a call of 34 (33
+    # operands and the result) goes through its heap path and must compute the same sum.
+    names = [f"x{k}" for k in range(33)]
+    adds = "\n".join(f"    jt.copy({x}.at[i * 8], t)\n    acc[...] = acc[...] + t[...]"
+                     for x in names[1:])
+    (tmp_path / "many_operands.py").write_text(textwrap.dedent("""\
+        import jax.numpy as jnp
+        import jaxtile as jt
+
+        @jt.kernel
+        def add_all({params}):
+            (n,) = x0.shape
+            out = jt.empty((n,), jnp.float32)
+            i = jt.grid(jt.cdiv(n, 8))
+            acc = jt.fragment((8,), jnp.float32)
+            t = jt.fragment((8,), jnp.float32)
+            jt.copy(x0.at[i * 8], acc)
+        {adds}
+            jt.copy(acc, out.at[i * 8])
+            return out
+        """).format(params=", ".join(names), adds=adds))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from many_operands import add_all
+
+    xs = [jnp.arange(21, dtype=jnp.float32) * (k + 1) for k in range(33)]
+    got = jax.jit(add_all)(*xs)
+    np.testing.assert_array_equal(np.asarray(got), np.sum([np.asarray(x) for x in xs], axis=0))

@@ -97,3 +97,12 @@ def test_a_bad_signature_loads_nothing(ffi, kernel_lib, signature, words):
                         signature=signature)
     assert words in str(info.value)
     assert not ffi.is_loaded(key)
+
+
+def test_an_element_type_no_kernel_takes_is_refused_before_the_signature(checked):
+    # float8_e4m3b11fnuz has no DLPack type the handler passes on: it stops at packing, with
+    # the buffer's index and XLA's type number, before the signature is read.
+    x = jnp.ones(8, jnp.float8_e4m3b11fnuz)
+    with pytest.raises(Exception, match=r"INVALID_ARGUMENT: jaxtile: kernel 'vadd-signed' .*"
+                       r"buffer #0 has an element type jaxtile does not support \(XLA type \d+\)"):
+        _call(checked, (8,), F32, x, jnp.ones(8, F32))

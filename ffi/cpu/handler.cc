@@ -154,22 +154,29 @@ ffi::Error run_with(const Kernel& k, ffi::ThreadPool& xla_pool, ffi::RemainingAr
   const RetBuffers out(rets);
   const size_t num_args = args.size();
   const size_t num_buffers = num_args + rets.size();
+  // The kernel itself checks nothing (it is built without TVM's entry assertions): a call
+  // that does not match what it was compiled for must stop here. Each buffer is checked as it
+  // is packed; check_call, which says what is wrong, runs only on a misfit or for the sizes
+  // that are expressions over several buffers.
+  const Signature* sig = k.signature.get();
+  bool fits = sig == nullptr || sig->buffers.size() == num_buffers;
   for (size_t i = 0; i < num_buffers; ++i) {
     const bool result = i >= num_args;
     const XLA_FFI_Buffer* buf = result ? out.at(i - num_args) : in.at(i);
     if (!to_tensor(buf, &c.tensors[i])) return bad_buffer(k, buf, i);
-    c.types[i] = static_cast<ffi::DataType>(buf->dtype);
-    c.dims[i] = BufferDims{buf->dims, static_cast<size_t>(buf->rank)};
+    const auto type = static_cast<ffi::DataType>(buf->dtype);
+    const auto rank = static_cast<size_t>(buf->rank);
+    c.types[i] = type;
+    c.dims[i] = BufferDims{buf->dims, rank};
+    fits = fits && (sig == nullptr || buffer_fits(*sig, i, type, buf->dims, rank));
     if (result) prefer_huge_pages(buf->data, result_bytes(c.tensors[i]));
     TVMFFIAny& a = c.packed[i + 2];
     a.type_index = kTVMFFIDLTensorPtr;
     a.zero_padding = 0;
     a.v_ptr = &c.tensors[i];
   }
-  // The kernel itself checks nothing (it is built without TVM's entry assertions): a call
-  // that does not match what it was compiled for must stop here.
-  if (k.signature != nullptr) {
-    std::string msg = check_call(*k.signature, c.types, c.dims, num_buffers);
+  if (sig != nullptr && (!fits || !sig->exprs.empty())) {
+    std::string msg = check_call(*sig, c.types, c.dims, num_buffers);
     if (!msg.empty()) return call_refused(k, msg);
   }
 

@@ -1,7 +1,6 @@
 #include "cpu/signature.h"
 
 #include <charconv>
-#include <limits>
 #include <stdexcept>
 #include <utility>
 
@@ -9,9 +8,6 @@ namespace jaxtile {
 namespace {
 
 namespace ffi = xla::ffi;
-
-// The kernel computes its dynamic sizes in int32 (compiler/cpu/lower.py's size variables).
-constexpr int64_t kMaxDynamic = std::numeric_limits<int32_t>::max();
 
 [[noreturn]] void bad(std::string_view text, const std::string& why) {
   throw std::invalid_argument("bad kernel signature '" + std::string(text) + "': " + why);
@@ -106,31 +102,44 @@ std::string expected_text(const Signature& s, size_t i, const BufferDims* dims, 
          "but compiled for " + std::to_string(s.buffers.size());
 }
 
-// What is wrong with a buffer, for mismatch's message.
-enum class Misfit { kType, kRank, kFixed, kTooBig, kExpr };
-
-// Out of line and cold: check_call runs on every call, and its code is kept to the checks.
-[[gnu::cold, gnu::noinline]] std::string mismatch(const Signature& s, size_t i,
-                                                  const ffi::DataType* types,
-                                                  const BufferDims* dims, size_t n, Misfit why,
-                                                  size_t d = 0) {
-  std::string reason;
-  switch (why) {
-    case Misfit::kType: reason = "the element type differs"; break;
-    case Misfit::kRank: reason = "the rank differs"; break;
-    case Misfit::kFixed: reason = "dimension " + std::to_string(d) + " differs"; break;
-    case Misfit::kTooBig:
-      reason = "dimension " + std::to_string(d) +
-               " exceeds 2^31-1, the largest dynamic size a kernel takes";
-      break;
-    case Misfit::kExpr:
-      reason = "dimension " + std::to_string(d) + " does not agree with the sizes of the other "
-               "buffers";
-      break;
-  }
+std::string mismatch(const Signature& s, size_t i, const ffi::DataType* types,
+                     const BufferDims* dims, size_t n, const std::string& why) {
   return "argument '" + s.names[i] + "' (buffer #" + std::to_string(i) + ") is " +
          shape_text(dtype_name(types[i]), dims[i].dims, dims[i].rank) +
-         " but the kernel was compiled for " + expected_text(s, i, dims, n) + ": " + reason;
+         " but the kernel was compiled for " + expected_text(s, i, dims, n) + ": " + why;
+}
+
+// Which of buffer_fits's conditions buffer `i` fails. Out of line and cold, as are the other
+// messages: the checks run on every call, and their code is kept to a few cache lines.
+[[gnu::cold, gnu::noinline]] std::string misfit(const Signature& s, size_t i,
+                                                const ffi::DataType* types,
+                                                const BufferDims* dims, size_t n) {
+  const Signature::Buffer& b = s.buffers[i];
+  if (types[i] != b.dtype) return mismatch(s, i, types, dims, n, "the element type differs");
+  if (dims[i].rank != b.rank) return mismatch(s, i, types, dims, n, "the rank differs");
+  for (size_t d = 0; d < b.rank; ++d) {
+    const Signature::Dim& dim = s.dims[b.first_dim + d];
+    const int64_t got = dims[i].dims[d];
+    if (dim.kind == Signature::Dim::kFixed && got != dim.value) {
+      return mismatch(s, i, types, dims, n, "dimension " + std::to_string(d) + " differs");
+    }
+    if (dim.kind != Signature::Dim::kFixed && got > kMaxDynamicSize) {
+      return mismatch(s, i, types, dims, n,
+                      "dimension " + std::to_string(d) +
+                          " exceeds 2^31-1, the largest dynamic size a kernel takes");
+    }
+  }
+  // The conditions above are buffer_fits's; were they ever to drift apart, the call is still
+  // refused.
+  return mismatch(s, i, types, dims, n, "it does not fit");
+}
+
+[[gnu::cold, gnu::noinline]] std::string disagrees(const Signature& s, size_t i,
+                                                   const ffi::DataType* types,
+                                                   const BufferDims* dims, size_t n, size_t d) {
+  return mismatch(s, i, types, dims, n,
+                  "dimension " + std::to_string(d) +
+                      " does not agree with the sizes of the other buffers");
 }
 
 }  // namespace
@@ -193,16 +202,8 @@ std::string check_call(const Signature& s, const ffi::DataType* types, const Buf
   if (num_buffers != s.buffers.size()) return wrong_count(s, num_buffers);
   // Element types, ranks and fixed sizes first: the expressions read the ranks' dimensions.
   for (size_t i = 0; i < num_buffers; ++i) {
-    const Signature::Buffer& b = s.buffers[i];
-    if (types[i] != b.dtype) return mismatch(s, i, types, dims, num_buffers, Misfit::kType);
-    if (dims[i].rank != b.rank) return mismatch(s, i, types, dims, num_buffers, Misfit::kRank);
-    for (size_t d = 0; d < b.rank; ++d) {
-      const Signature::Dim& dim = s.dims[b.first_dim + d];
-      const int64_t got = dims[i].dims[d];
-      if (dim.kind == Signature::Dim::kFixed ? got != dim.value : got > kMaxDynamic) {
-        return mismatch(s, i, types, dims, num_buffers,
-                        dim.kind == Signature::Dim::kFixed ? Misfit::kFixed : Misfit::kTooBig, d);
-      }
+    if (!buffer_fits(s, i, types[i], dims[i].dims, dims[i].rank)) {
+      return misfit(s, i, types, dims, num_buffers);
     }
   }
   if (s.exprs.empty()) return {};
@@ -217,9 +218,7 @@ std::string check_call(const Signature& s, const ffi::DataType* types, const Buf
       } catch (const std::invalid_argument&) {
         want = -1;  // a division by a zero size: no shape fits
       }
-      if (dims[i].dims[d] != want) {
-        return mismatch(s, i, types, dims, num_buffers, Misfit::kExpr, d);
-      }
+      if (dims[i].dims[d] != want) return disagrees(s, i, types, dims, num_buffers, d);
     }
   }
   return {};

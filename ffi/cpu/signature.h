@@ -46,6 +46,26 @@ struct Signature {
 // Throws std::invalid_argument saying what is wrong with `text`.
 Signature parse_signature(std::string_view text);
 
+// The kernel computes its dynamic sizes in int32 (compiler/cpu/lower.py's size variables).
+inline constexpr int64_t kMaxDynamicSize = 2147483647;
+
+// Whether buffer `i` of a call has the element type, the rank and the fixed sizes `s` says,
+// and its dynamic sizes fit int32: what the handler checks while it packs the buffers. The
+// size expressions (`s.exprs`) need all buffers and are check_call's.
+inline bool buffer_fits(const Signature& s, size_t i, xla::ffi::DataType type,
+                        const int64_t* dims, size_t rank) {
+  const Signature::Buffer& b = s.buffers[i];
+  if (type != b.dtype || rank != b.rank) return false;
+  const Signature::Dim* want = s.dims.data() + b.first_dim;
+  for (size_t d = 0; d < rank; ++d) {
+    if (want[d].kind == Signature::Dim::kFixed ? dims[d] != want[d].value
+                                               : dims[d] > kMaxDynamicSize) {
+      return false;
+    }
+  }
+  return true;
+}
+
 // "" if buffers of these element types and dimensions (`num_buffers` of each) fit `s`, else
 // which one does not and how, for a message that names the kernel first. Allocates nothing
 // unless it fails.

@@ -106,3 +106,21 @@ def test_an_element_type_no_kernel_takes_is_refused_before_the_signature(checked
     with pytest.raises(Exception, match=r"INVALID_ARGUMENT: jaxtile: kernel 'vadd-signed' .*"
                        r"buffer #0 has an element type jaxtile does not support \(XLA type \d+\)"):
         _call(checked, (8,), F32, x, jnp.ones(8, F32))
+
+
+@pytest.mark.parametrize("operands, result, words", [
+    ((jnp.ones(8, jnp.int32), jnp.ones(8, F32)), ((8,), F32), r"the element type differs"),
+    ((jnp.ones((2, 4), F32), jnp.ones(8, F32)), ((8,), F32), r"the rank differs"),
+    ((jnp.ones(8, F32), jnp.ones(7, F32)), ((8,), F32), r"dimension 0 differs"),
+    ((jnp.ones(8, F32), jnp.ones(8, F32)), ((9,), F32), r"dimension 0 differs"),
+])
+def test_a_signature_without_expressions_is_checked_as_the_buffers_are_packed(
+        ffi, kernel_lib, operands, result, words):
+    # Without size expressions the handler checks each buffer while packing it and calls the
+    # full check (which words the message) only on a misfit: the misfits must still stop.
+    ffi.load_kernel("vadd-fixed", kernel_lib, "vadd", 1, alignment=TVM_ALIGNMENT,
+                    signature="a:float32[8];b:float32[8];c:float32[8]")
+    np.testing.assert_array_equal(
+        _call("vadd-fixed", (8,), F32, jnp.ones(8, F32), jnp.ones(8, F32)), np.full(8, 2.0))
+    with pytest.raises(Exception, match=r"'vadd-fixed'.*compiled for float32\[8\]: " + words):
+        _call("vadd-fixed", *result, *operands)

@@ -15,6 +15,7 @@ import re
 
 import jax
 import pytest
+from described_cpu import describe_host
 
 import jaxtile as jt
 from jaxtile.compiler import build, ir, target
@@ -140,17 +141,13 @@ def relaying(request, monkeypatch):
     """A bfloat16 gemm path that re-lays its operands first: AMX's tiles, emulated (any
     machine; ``tests/compiler/cpu/test_gemm_amx.py`` runs them natively too), or
     ``vdpbf16ps`` (this machine described without AMX, where it has AVX512-BF16)."""
-    info = dict(target._cpuinfo())
-    flags = set(info.get("flags", "").split())
     if request.param == "dot":
-        if "avx512_bf16" not in flags:
+        if "avx512_bf16" not in target._cpuinfo().get("flags", "").split():
             pytest.skip("the host CPU has no AVX512-BF16 (vdpbf16ps)")
-        flags -= set(target.AMX_FLAGS)
+        describe_host(monkeypatch, remove=target.AMX_FLAGS)
     else:
-        flags |= {"amx_bf16", "amx_tile", "avx512f", "avx512_bf16"}
+        describe_host(monkeypatch, add={"amx_bf16", "amx_tile", "avx512f", "avx512_bf16"})
         monkeypatch.setattr(target, "AMX_EMULATION", True)
-    info["flags"] = " ".join(sorted(flags))
-    monkeypatch.setattr(target, "_cpuinfo", lambda: info)
     caps = parse_target("cpu").caps
     assert caps.bf16_dot and caps.amx_bf16 == (request.param == "amx_emulated")
     return request.param

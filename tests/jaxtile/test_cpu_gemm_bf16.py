@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from described_cpu import describe_host
 from gemm_kernels import transposed_matmul
 from language_helpers import BF16, data
 
@@ -33,13 +34,6 @@ TINY = np.float32(2.0 ** -126)
 F32_MAX = float(np.finfo(np.float32).max)
 
 
-def _describe_host_without(monkeypatch, flags: frozenset[str]) -> None:
-    """This machine described without ``flags``."""
-    info = dict(target._cpuinfo())
-    info["flags"] = " ".join(f for f in info.get("flags", "").split() if f not in flags)
-    monkeypatch.setattr(target, "_cpuinfo", lambda: info)
-
-
 @pytest.fixture(params=["dot", "fma"])
 def path(request, monkeypatch):
     """The GEMM path kernels compile for: ``dot`` (this machine, if it has AVX512-BF16) or
@@ -47,7 +41,7 @@ def path(request, monkeypatch):
     tiles would take the GEMMs over (``tests/compiler/cpu/test_gemm_amx.py`` has them)."""
     if request.param == "dot" and not HAS_DOT:
         pytest.skip("the host CPU has no AVX512-BF16 (vdpbf16ps)")
-    _describe_host_without(monkeypatch, target.AMX_FLAGS | (
+    describe_host(monkeypatch, remove=target.AMX_FLAGS | (
         {"avx512_bf16"} if request.param == "fma" else set()))
     caps = parse_target("cpu").caps
     assert caps.bf16_dot == (request.param == "dot") and not caps.amx_bf16
@@ -180,7 +174,7 @@ def test_the_dot_path_uses_vdpbf16ps(monkeypatch):
         pytest.skip("the host CPU has no AVX512-BF16 (vdpbf16ps)")
     from jaxtile.compiler.cpu import lower, tir_emit
 
-    _describe_host_without(monkeypatch, target.AMX_FLAGS)
+    describe_host(monkeypatch, remove=target.AMX_FLAGS)
     cpu = parse_target("cpu")
     for dtype, uses in ((BF16, True), (np.float32, False)):
         x = jnp.zeros((40, 40), dtype)
@@ -202,11 +196,8 @@ def test_the_dot_path_is_checked_on_any_x86_host(monkeypatch):
     registers, for LLVM's generic x86-64-v4 CPU (the rewrite adds the feature)."""
     from jaxtile.compiler.cpu import lower, tir_emit
 
-    info = dict(target._cpuinfo())
-    flags = set(info.get("flags", "").split()) - target.AMX_FLAGS
-    flags |= set(target.ISA_LEVELS["x86-64-v4"]) | {"avx512_bf16"}
-    info["flags"] = " ".join(sorted(flags))
-    monkeypatch.setattr(target, "_cpuinfo", lambda: info)
+    describe_host(monkeypatch, remove=target.AMX_FLAGS,
+                  add={*target.ISA_LEVELS["x86-64-v4"], "avx512_bf16"})
     described = parse_target("cpu")
     assert described.caps.bf16_dot
     x = jnp.zeros((40, 40), BF16)

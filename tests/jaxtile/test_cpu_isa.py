@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from attention_helpers import TOL, np_attention, qkv
+from described_cpu import describe_host
 from gemm_kernels import matmul
 from test_cpu_gemm_bf16 import _check as check_bf16_gemm
 from test_cpu_gemm_bf16 import _operands as bf16_operands
@@ -70,9 +71,7 @@ def test_a_bad_value_warns_and_compiles_for_the_host(monkeypatch, value, words):
 
 def test_a_level_the_cpu_lacks_warns(monkeypatch):
     """On a CPU without AVX-512 (described so), x86-64-v4 code could not run."""
-    info = dict(target._cpuinfo())
-    info["flags"] = " ".join(f for f in info.get("flags", "").split() if f != "avx512f")
-    monkeypatch.setattr(target, "_cpuinfo", lambda: info)
+    describe_host(monkeypatch, remove={"avx512f"})
     monkeypatch.setenv("JAXTILE_CPU_ISA", "x86-64-v4")
     # a CPU with no AVX-512 at all (a Zen 3) lacks the level's other AVX-512 flags too
     with pytest.warns(_config.ConfigWarning,

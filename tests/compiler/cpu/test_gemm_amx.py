@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from described_cpu import describe_host
 from gemm_kernels import transposed_matmul
 
 from jaxtile import _ffi
@@ -100,10 +101,7 @@ def test_sapphirerapids_code_has_the_tile_instructions():
 @pytest.fixture
 def emulated(monkeypatch):
     """This machine described with AMX's flags, its tile operations emulated."""
-    info = dict(target._cpuinfo())
-    info["flags"] = " ".join(sorted({*info.get("flags", "").split(), *AMX,
-                                     "avx512f", "avx512_bf16"}))
-    monkeypatch.setattr(target, "_cpuinfo", lambda: info)
+    describe_host(monkeypatch, add={*AMX, "avx512f", "avx512_bf16"})
     monkeypatch.setattr(target, "AMX_EMULATION", True)
     caps = parse_target("cpu").caps
     assert caps.amx_bf16 and caps.amx_emulated
@@ -400,12 +398,9 @@ def test_amx_needs_the_permission(monkeypatch):
     """Without the tile data state (refused, or no AMX), the host's flags lose AMX and the
     capability is false, with a note for ``jaxtile doctor``; the FFI library's answer is
     false on a CPU without AMX."""
-    cpu_flags = set(target._cpuinfo().get("flags", "").split())
-    if "amx_tile" not in cpu_flags:
+    if "amx_tile" not in target._cpuinfo().get("flags", "").split():
         assert _ffi.amx_permitted() is False
-    info = dict(target._cpuinfo())
-    info["flags"] = " ".join(sorted({*cpu_flags, *AMX, "avx512f", "avx512_bf16"}))
-    monkeypatch.setattr(target, "_cpuinfo", lambda: info)
+    describe_host(monkeypatch, add={*AMX, "avx512f", "avx512_bf16"})
     monkeypatch.setattr(target, "amx_permitted", lambda: False)
     assert not set(AMX) & set(target.host_isa())
     assert not parse_target("cpu").caps.amx_bf16

@@ -74,21 +74,32 @@ class CpuCaps:
         return 32 if "avx512f" in self.isa else 16
 
     @property
-    def bf16_dot(self) -> bool:
-        """Whether bfloat16 pairs can be dotted into float32 lanes in one instruction
-        (``vdpbf16ps`` on 512-bit registers, AVX512-BF16): the GEMM on bfloat16 operands
-        uses it (see :mod:`.cpu.gemm_bf16`). Derived from ``isa``, so it is part of every
-        content key."""
+    def _bf16_pairs(self) -> bool:
+        """AVX512-BF16 on 512-bit registers: what ``vdpbf16ps`` and AMX's GEMM need."""
         return "avx512_bf16" in self.isa and self.vector_bits >= 512
+
+    @property
+    def bf16_dot(self) -> bool:
+        """Whether the GEMM on bfloat16 operands dots bfloat16 pairs into float32 lanes
+        (``vdpbf16ps`` on 512-bit registers, AVX512-BF16; see :mod:`.cpu.gemm_bf16`) instead
+        of widening them for float32 FMAs. The CPU must have the instruction, and it must
+        pay: on AMD's cores (Zen 4) a dot issues as often as a 512-bit FMA and does twice
+        its products, while on Intel's one dot port matches two FMA ports, and the dot path,
+        with its pairs to re-lay, took 1.6x the FMA path's time (the 1024^3 GEMM on a
+        Sapphire Rapids VM with AMX off, ``benchmarks/README.md``). So an Intel CPU dots
+        only where AMX takes its GEMMs (:attr:`amx_bf16`, whose path is built on this one).
+        Derived from ``isa`` and ``model``, so part of every content key."""
+        intel = self.model.startswith("vendor_id=GenuineIntel")
+        return self._bf16_pairs and (not intel or self.amx_bf16)
 
     @property
     def amx_bf16(self) -> bool:
         """Whether the GEMM on bfloat16 operands may use AMX tiles (``tdpbf16ps``, see
         :mod:`.cpu.gemm_amx`): the CPU has AMX-TILE and AMX-BF16, and (for the host) Linux
         granted this process the tile data state (:func:`host_isa` drops the flags when it
-        refused). Every AMX-BF16 CPU also has AVX512-BF16 (:attr:`bf16_dot`), whose path
+        refused). Every AMX-BF16 CPU also has AVX512-BF16, whose path (:attr:`bf16_dot`)
         the AMX one replaces."""
-        return "amx_tile" in self.isa and "amx_bf16" in self.isa and self.bf16_dot
+        return "amx_tile" in self.isa and "amx_bf16" in self.isa and self._bf16_pairs
 
 
 @runtime_checkable

@@ -140,11 +140,12 @@ def _sweep():
 def relaying(request, monkeypatch):
     """A bfloat16 gemm path that re-lays its operands first: AMX's tiles, emulated (any
     machine; ``tests/compiler/cpu/test_gemm_amx.py`` runs them natively too), or
-    ``vdpbf16ps`` (this machine described without AMX, where it has AVX512-BF16)."""
+    ``vdpbf16ps`` (this machine described without AMX, where it has AVX512-BF16, and as an
+    AMD CPU: an Intel one widens for FMAs instead, ``CpuCaps.bf16_dot``)."""
     if request.param == "dot":
         if "avx512_bf16" not in target._cpuinfo().get("flags", "").split():
             pytest.skip("the host CPU has no AVX512-BF16 (vdpbf16ps)")
-        describe_host(monkeypatch, remove=target.AMX_FLAGS)
+        describe_host(monkeypatch, remove=target.AMX_FLAGS, vendor="AuthenticAMD")
     else:
         describe_host(monkeypatch, add={"amx_bf16", "amx_tile", "avx512f", "avx512_bf16"})
         monkeypatch.setattr(target, "AMX_EMULATION", True)

@@ -22,6 +22,24 @@ def test_bf16_dot_follows_the_isa(isa, bits, has):
     assert "bf16_dot" not in dataclasses.asdict(caps)
 
 
+AMD = "vendor_id=AuthenticAMD,cpu family=25,model=17"
+INTEL = "vendor_id=GenuineIntel,cpu family=6,model=143"
+BF16_ISA = ("avx2", "avx512f", "avx512_bf16")
+AMX = ("amx_tile", "amx_bf16")
+
+
+@pytest.mark.parametrize("model, isa, dots", [
+    (AMD, BF16_ISA, True),              # Zen 4: a dot does twice an FMA's products
+    (INTEL, BF16_ISA, False),           # one dot port against two FMA ports: FMAs
+    (INTEL, BF16_ISA + AMX, True),      # AMX's GEMM is built on the dot path
+    ("", BF16_ISA + AMX, True),         # a named CPU (cpu:sapphirerapids) has no model
+])
+def test_an_intel_cpu_dots_only_with_amx(model, isa, dots):
+    caps = CpuCaps("x86_64", isa, model, 512)
+    assert caps.bf16_dot is dots
+    assert caps.amx_bf16 is ("amx_tile" in isa)
+
+
 _IR = """\
 define void @f(ptr %p) #0 {{
   %1 = tail call <16 x float> @{name}(<16 x float> %a, <16 x i32> %b, <16 x i32> %c), !dbg !7

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -47,7 +48,7 @@ struct Signature {
 Signature parse_signature(std::string_view text);
 
 // The kernel computes its dynamic sizes in int32 (compiler/cpu/lower.py's size variables).
-inline constexpr int64_t kMaxDynamicSize = 2147483647;
+inline constexpr int64_t kMaxDynamicSize = std::numeric_limits<int32_t>::max();
 
 // Whether buffer `i` of a call has the element type, the rank and the fixed sizes `s` says,
 // and its dynamic sizes fit int32: what the handler checks while it packs the buffers. The

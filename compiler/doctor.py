@@ -70,6 +70,21 @@ def _cpu_isa() -> Check:
                  + (f" ({note})" if note else ""), required=True)
 
 
+def _bf16_gemm() -> Check:
+    """The path this CPU's bfloat16 GEMMs (float32 accumulators) take."""
+    caps = target.parse_target("cpu").caps
+    if caps.amx_bf16:
+        how = "AMX tiles (tdpbf16ps), once a self-check in a child process has passed"
+    elif caps.bf16_dot:
+        how = "vdpbf16ps (AVX512-BF16)"
+    elif "avx512_bf16" in caps.isa:
+        how = ("float32 FMAs on widened operands: this CPU has vdpbf16ps, but on Intel's "
+               "cores two FMA ports outrun its one")
+    else:
+        how = "float32 FMAs on widened operands"
+    return Check("bfloat16 GEMM", True, how)
+
+
 def _linker() -> Check:
     from jaxtile import _ffi
 
@@ -190,8 +205,8 @@ def _cache() -> Check:
 
 
 CHECKS: tuple[Callable[[], Check], ...] = (
-    _cpu_backend, _cpu_isa, _linker, _cxx, _nvrtc, _nvcc, _amd, _hip_runtime, _gpu_driver,
-    _jax, _cache)
+    _cpu_backend, _cpu_isa, _bf16_gemm, _linker, _cxx, _nvrtc, _nvcc, _amd, _hip_runtime,
+    _gpu_driver, _jax, _cache)
 
 
 def run() -> list[Check]:

@@ -3,6 +3,7 @@
 import shutil
 
 import pytest
+from described_cpu import describe_host
 
 from jaxtile import _ffi
 from jaxtile.compiler import doctor, target
@@ -23,6 +24,17 @@ def test_every_check_runs_and_missing_ones_say_what_to_do(tmp_path, monkeypatch)
     assert found["CPU ISA"].detail.split(": ")[1].split() == (list(target.host_isa())
                                                               or ["baseline", "only"])
     assert found["kernel cache"].ok and found["kernel cache"].detail.startswith(str(tmp_path))
+
+
+@pytest.mark.parametrize("vendor, add, remove, words", [
+    ("GenuineIntel", {"avx512f", "avx512_bf16"}, target.AMX_FLAGS,
+     "float32 FMAs on widened operands: this CPU has vdpbf16ps"),
+    ("AuthenticAMD", {"avx512f", "avx512_bf16"}, target.AMX_FLAGS, "vdpbf16ps (AVX512-BF16)"),
+    ("AuthenticAMD", (), {"avx512_bf16", *target.AMX_FLAGS}, "float32 FMAs on widened"),
+])
+def test_the_bfloat16_gemm_path_is_named(monkeypatch, vendor, add, remove, words):
+    describe_host(monkeypatch, add=add, remove=remove, vendor=vendor)
+    assert _by_name(doctor.run())["bfloat16 GEMM"].detail.startswith(words)
 
 
 def test_missing_tools_are_reported_with_advice(tmp_path, monkeypatch):
